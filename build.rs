@@ -1,0 +1,97 @@
+//! Build script: libfabric bindings (bindgen + cc for the static inline functions) and the
+//! link arguments NCCL needs from the plugin library.
+use std::env;
+use std::path::PathBuf;
+
+fn main() {
+    println!("cargo:rerun-if-changed=src/fabric_wrapper.h");
+    println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
+
+    let lib = match pkg_config_probe("libfabric") {
+        Ok(l) => l,
+        Err(e) => {
+            // One line naming the package, as the README promises.
+            println!(
+                "cargo:warning=libfabric headers not found ({e}); install them: apt-get install libfabric-dev"
+            );
+            eprintln!("error: libfabric headers not found: install the package libfabric-dev (Debian/Ubuntu) or set PKG_CONFIG_PATH");
+            std::process::exit(1);
+        }
+    };
+
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    let wrap_path = out.join("fabric_static_wrappers");
+    let mut builder = bindgen::Builder::default()
+        .header("src/fabric_wrapper.h")
+        .allowlist_function("fi_.*")
+        .allowlist_type("fi_.*|fid.*")
+        .allowlist_var("FI_.*|FID_.*|FI_MAJOR_VERSION|FI_MINOR_VERSION")
+        .derive_default(true)
+        .layout_tests(false)
+        .wrap_static_fns(true)
+        .wrap_static_fns_path(&wrap_path)
+        .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()));
+    for inc in &lib.include_paths {
+        builder = builder.clang_arg(format!("-I{}", inc.display()));
+    }
+    let bindings = match builder.generate() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: bindgen failed on the libfabric headers ({e}); install libclang-dev and libfabric-dev");
+            std::process::exit(1);
+        }
+    };
+    bindings
+        .write_to_file(out.join("fabric_bindings.rs"))
+        .expect("write bindings");
+
+    let mut cc = cc::Build::new();
+    cc.file(wrap_path.with_extension("c"))
+        .include(env::current_dir().unwrap())
+        .flag("-fvisibility=hidden")
+        .warnings(false);
+    for inc in &lib.include_paths {
+        cc.include(inc);
+    }
+    cc.compile("fabricoll_fi_wrappers");
+
+    for dir in &lib.link_paths {
+        println!("cargo:rustc-link-search=native={}", dir.display());
+    }
+    println!("cargo:rustc-link-lib=dylib=fabric");
+
+    // NCCL dlcloses and re-opens net plugins: keep our statics and threads alive (-z nodelete),
+    // and give the library the soname NCCL opens it by.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnccl-net-fabricoll.so");
+}
+
+struct PkgLib {
+    include_paths: Vec<PathBuf>,
+    link_paths: Vec<PathBuf>,
+}
+
+/// Minimal pkg-config query (honours PKG_CONFIG_PATH), so that no extra build dependency is needed.
+fn pkg_config_probe(name: &str) -> Result<PkgLib, String> {
+    let run = |arg: &str| -> Result<String, String> {
+        let o = std::process::Command::new("pkg-config")
+            .args([arg, name])
+            .output()
+            .map_err(|e| format!("pkg-config not runnable: {e}"))?;
+        if !o.status.success() {
+            return Err(String::from_utf8_lossy(&o.stderr).trim().to_string());
+        }
+        Ok(String::from_utf8_lossy(&o.stdout).to_string())
+    };
+    let cflags = run("--cflags")?;
+    let libs = run("--libs")?;
+    let include_paths = cflags
+        .split_whitespace()
+        .filter_map(|f| f.strip_prefix("-I").map(PathBuf::from))
+        .collect();
+    let link_paths = libs
+        .split_whitespace()
+        .filter_map(|f| f.strip_prefix("-L").map(PathBuf::from))
+        .collect();
+    Ok(PkgLib { include_paths, link_paths })
+}
