@@ -93,5 +93,8 @@ fn pkg_config_probe(name: &str) -> Result<PkgLib, String> {
         .split_whitespace()
         .filter_map(|f| f.strip_prefix("-L").map(PathBuf::from))
         .collect();
-    Ok(PkgLib { include_paths, link_paths })
+    Ok(PkgLib {
+        include_paths,
+        link_paths,
+    })
 }

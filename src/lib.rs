@@ -1,1 +1,10 @@
+//! fabricoll: collective communication over libfabric, as an NCCL net / CollNet plugin and a
+//! native C API. See docs in README.md and the design in shared/docs/design.md.
+pub mod config;
+pub mod error;
+pub mod ffi;
+pub mod logging;
+pub mod plugin;
 pub mod transport;
+
+pub use error::{Error, Result};

@@ -1,1 +1,197 @@
+//! The `Transport` trait: tagged send/receive between endpoints, memory registration and
+//! completion polling, with the semantics of a libfabric RDM endpoint. Two backends:
+//! `fabric` (libfabric) and `loopback` (in-process, ranks as threads, for tests).
+use crate::error::Result;
+use std::any::Any;
+use std::time::Duration;
+
 pub mod fabric;
+pub mod loopback;
+
+/// A peer's address as inserted into this endpoint's address vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Peer(pub u64);
+
+/// An operation's identity, chosen by the caller and handed back in its completion.
+pub type OpId = u64;
+
+/// A memory range that a caller has promised stays valid while operations on it run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    addr: usize,
+    len: usize,
+}
+
+impl Region {
+    /// # Safety
+    /// `[ptr, ptr+len)` must be valid memory (writable, for receives) that nobody else touches
+    /// until every operation posted on this region has completed or been cancelled.
+    pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Region {
+        Region {
+            addr: ptr as usize,
+            len,
+        }
+    }
+
+    /// The empty region (a zero-byte message).
+    pub fn empty() -> Region {
+        Region { addr: 0, len: 0 }
+    }
+
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// True when `other` lies inside this region.
+    pub fn contains(&self, other: &Region) -> bool {
+        other.len == 0
+            || (other.addr >= self.addr
+                && other
+                    .addr
+                    .checked_add(other.len)
+                    .is_some_and(|e| e <= self.addr + self.len))
+    }
+}
+
+/// A registration returned by `Transport::register`; deregistered when dropped.
+pub struct Mr {
+    /// The descriptor to pass with operations (`fi_mr_desc`), 0 when none.
+    pub desc: usize,
+    pub region: Region,
+    /// Backend state that closes the registration when dropped.
+    pub keep: Option<Box<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Mr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mr")
+            .field("desc", &self.desc)
+            .field("region", &self.region)
+            .finish()
+    }
+}
+
+/// What a post did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Posted {
+    /// The operation is queued; a completion will follow.
+    Queued,
+    /// The endpoint's queue is full (`-FI_EAGAIN`): progress and try again.
+    Busy,
+}
+
+/// A finished operation.
+#[derive(Debug)]
+pub struct Completion {
+    pub op: OpId,
+    /// Bytes received (receives) or sent (sends).
+    pub len: usize,
+    /// The matched tag (receives).
+    pub tag: u64,
+    pub status: Result<()>,
+    /// The buffer of an owned receive (`recv_owned`).
+    pub data: Option<Vec<u8>>,
+}
+
+/// What a backend can do, probed, not assumed.
+#[derive(Debug, Clone, Default)]
+pub struct Caps {
+    pub provider: String,
+    pub fabric: String,
+    pub domain: String,
+    pub inject_size: usize,
+    pub max_msg_size: usize,
+    /// Raw libfabric `mr_mode` bits the provider asked for.
+    pub mr_mode: u64,
+    /// Registration is required for local buffers (`FI_MR_LOCAL` or HMEM).
+    pub mr_local: bool,
+    pub hmem: bool,
+    pub rma: bool,
+    /// The endpoint's completion queue has a wait object we can sleep on.
+    pub wait_fd: bool,
+    pub tx_size: usize,
+    pub rx_size: usize,
+}
+
+/// Tagged point-to-point messaging over one endpoint, the RDM model.
+pub trait Transport: Send + Sync {
+    fn caps(&self) -> &Caps;
+    /// This endpoint's address, to be handed to peers.
+    fn address(&self) -> Vec<u8>;
+    /// Make a peer reachable; inserting the same address again returns the same `Peer`.
+    fn insert_peer(&self, addr: &[u8]) -> Result<Peer>;
+    fn register(&self, region: Region) -> Result<Mr>;
+    /// Send `region` to `peer` with `tag`.
+    fn send(
+        &self,
+        peer: Peer,
+        tag: u64,
+        region: Region,
+        mr: Option<&Mr>,
+        op: OpId,
+    ) -> Result<Posted>;
+    /// Receive a message whose tag equals `tag` on every bit not set in `ignore`.
+    fn recv(
+        &self,
+        tag: u64,
+        ignore: u64,
+        region: Region,
+        mr: Option<&Mr>,
+        op: OpId,
+    ) -> Result<Posted>;
+    /// Send a buffer the transport owns until completion; never `Busy` (queued inside).
+    fn send_owned(&self, peer: Peer, tag: u64, data: Vec<u8>, op: OpId) -> Result<()>;
+    /// Receive into a buffer of `len` bytes the transport owns; handed back in the completion.
+    fn recv_owned(&self, tag: u64, ignore: u64, len: usize, op: OpId) -> Result<()>;
+    /// Cancel a posted receive; its completion (an error) still follows.
+    fn cancel(&self, op: OpId);
+    /// Append finished operations to `out`; returns how many were added.
+    fn poll(&self, out: &mut Vec<Completion>) -> Result<usize>;
+    /// Sleep until a completion may be ready, at most `timeout`.
+    fn wait(&self, timeout: Duration) -> Result<()>;
+}
+
+impl Region {
+    /// The page-aligned span covering this region, for registration only (never for transfers).
+    pub(crate) fn page_span(&self) -> Region {
+        const PAGE: usize = 4096;
+        if self.len == 0 {
+            return *self;
+        }
+        let start = self.addr & !(PAGE - 1);
+        let end = (self.addr + self.len).div_ceil(PAGE) * PAGE;
+        Region {
+            addr: start,
+            len: end - start,
+        }
+    }
+
+    /// Copy the region's bytes out (in-process transports).
+    pub(crate) fn to_vec(self) -> Vec<u8> {
+        if self.len == 0 {
+            return Vec::new();
+        }
+        // SAFETY: the region's creator promised `len` valid bytes at `addr` for as long as an
+        // operation on it is in flight (Region::from_raw); this read happens during one.
+        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }.to_vec()
+    }
+
+    /// Copy `data` into the start of the region (in-process transports); `data` must fit.
+    pub(crate) fn write(self, data: &[u8]) {
+        assert!(data.len() <= self.len, "Region::write overflow");
+        if data.is_empty() {
+            return;
+        }
+        // SAFETY: as in to_vec, and the creator promised the memory is writable for receives;
+        // the length was checked above.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.addr as *mut u8, data.len()) };
+    }
+}

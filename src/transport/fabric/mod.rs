@@ -1,1 +1,975 @@
+//! libfabric backend: one RDM endpoint per device (libfabric domain), tagged messages,
+//! memory registration that honours the provider's `mr_mode`, and a completion queue we can
+//! sleep on. Every fid is closed by RAII.
 pub mod sys;
+
+use super::{Caps, Completion, Mr, OpId, Peer, Posted, Region, Transport};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{CStr, CString};
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+use std::sync::Arc;
+use std::time::Duration;
+
+const FI_ADDR_UNSPEC: u64 = u64::MAX;
+/// The API version we ask for: the oldest we support (Debian bookworm's 1.17).
+const API_VERSION: u32 = (1 << 16) | 17;
+/// Provider preference when none is named.
+const PREFERENCE: &[&str] = &["efa", "tcp", "shm"];
+
+fn strerror(rc: i64) -> String {
+    let code = rc.unsigned_abs() as c_int;
+    // SAFETY: fi_strerror returns a pointer to a static NUL-terminated string for any value.
+    unsafe { CStr::from_ptr(sys::fi_strerror(code)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn check(what: &str, rc: i64) -> Result<()> {
+    if rc < 0 {
+        Err(Error::System(format!(
+            "{what} failed: {} ({rc})",
+            strerror(rc)
+        )))
+    } else {
+        Ok(())
+    }
+}
+
+fn cstr(p: *const std::os::raw::c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        // SAFETY: libfabric strings in fi_info are NUL-terminated and live as long as the info.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+/// One `fi_info` we own (a duplicate of an entry of `fi_getinfo`'s list).
+struct Info(*mut sys::fi_info);
+
+// SAFETY: the fi_info is never mutated after duplication; libfabric reads it only during
+// fi_fabric/fi_domain/fi_endpoint, which we call with the transport's lock held or before sharing.
+unsafe impl Send for Info {}
+// SAFETY: see Send: read-only after creation.
+unsafe impl Sync for Info {}
+
+impl Drop for Info {
+    fn drop(&mut self) {
+        // SAFETY: we own this duplicate; fi_freeinfo frees it and its attributes once.
+        unsafe { sys::fi_freeinfo(self.0) }
+    }
+}
+
+/// A device: one domain of the chosen provider, with what was probed of it.
+pub struct FabricDevice {
+    info: Info,
+    pub caps: Caps,
+    pub pci_path: Option<String>,
+    pub speed_mbps: Option<u64>,
+    pub mem_tag_format: u64,
+}
+
+impl std::fmt::Debug for FabricDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FabricDevice")
+            .field("caps", &self.caps)
+            .field("pci_path", &self.pci_path)
+            .field("speed_mbps", &self.speed_mbps)
+            .finish()
+    }
+}
+
+/// What discovery found: every provider offering tagged RDM endpoints, and the devices of the one chosen.
+#[derive(Debug, Default)]
+pub struct Discovery {
+    pub providers: Vec<String>,
+    pub chosen: Option<String>,
+    pub devices: Vec<FabricDevice>,
+    /// Domains of the chosen provider that were left out (loopback by default), for diagnostics.
+    pub skipped: Vec<String>,
+}
+
+/// The libfabric version the process runs against, as "major.minor".
+pub fn runtime_version() -> String {
+    // SAFETY: fi_version has no arguments and no preconditions.
+    let v = unsafe { sys::fi_version() };
+    format!("{}.{}", v >> 16, v & 0xffff)
+}
+
+fn provider_rank(name: &str) -> Option<usize> {
+    let core = name.split(';').next().unwrap_or(name);
+    PREFERENCE.iter().position(|p| *p == core)
+}
+
+fn sys_pci_path(nic: *mut sys::fid_nic, domain: &str) -> Option<String> {
+    if !nic.is_null() {
+        // SAFETY: nic points into the fi_info we own; bus_attr may be NULL and is checked.
+        let bus = unsafe { (*nic).bus_attr };
+        // SAFETY: checked for NULL; the union is read as PCI only when bus_type says PCI.
+        if !bus.is_null() && unsafe { (*bus).bus_type } == sys::fi_bus_type_FI_BUS_PCI {
+            // SAFETY: bus_type is PCI, so the pci member is the active one.
+            let p = unsafe { (*bus).attr.pci };
+            let path = format!(
+                "/sys/bus/pci/devices/{:04x}:{:02x}:{:02x}.{:x}",
+                p.domain_id, p.bus_id, p.device_id, p.function_id
+            );
+            if let Ok(real) = std::fs::canonicalize(&path) {
+                return Some(real.to_string_lossy().into_owned());
+            }
+        }
+    }
+    let dev = format!("/sys/class/net/{domain}/device");
+    std::fs::canonicalize(dev)
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned())
+}
+
+fn sys_speed_mbps(nic: *mut sys::fid_nic, domain: &str) -> Option<u64> {
+    if !nic.is_null() {
+        // SAFETY: nic points into the fi_info we own; link_attr may be NULL and is checked.
+        let link = unsafe { (*nic).link_attr };
+        if !link.is_null() {
+            // SAFETY: checked for NULL above.
+            let bps = unsafe { (*link).speed } as u64;
+            if bps >= 1_000_000 {
+                return Some(bps / 1_000_000);
+            }
+        }
+    }
+    std::fs::read_to_string(format!("/sys/class/net/{domain}/speed"))
+        .ok()
+        .and_then(|s| s.trim().parse::<i64>().ok())
+        .filter(|v| *v > 0)
+        .map(|v| v as u64)
+}
+
+struct InfoList(*mut sys::fi_info);
+
+impl Drop for InfoList {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: the head of a list fi_getinfo returned; freed once here.
+            unsafe { sys::fi_freeinfo(self.0) }
+        }
+    }
+}
+
+fn getinfo(provider: Option<&str>) -> Result<InfoList> {
+    // SAFETY: fi_allocinfo returns a zeroed fi_info with allocated attribute structs, or NULL.
+    let hints = unsafe { sys::fi_allocinfo() };
+    if hints.is_null() {
+        return Err(Error::System("fi_allocinfo returned NULL".into()));
+    }
+    let hints = InfoList(hints);
+    // SAFETY: hints and its attribute pointers were allocated by fi_allocinfo and are ours to
+    // fill; prov_name must be malloc'ed because fi_freeinfo frees it.
+    unsafe {
+        let h = &mut *hints.0;
+        h.caps = sys::FI_TAGGED as u64;
+        h.mode = sys::FI_CONTEXT | sys::FI_CONTEXT2;
+        (*h.ep_attr).type_ = sys::fi_ep_type_FI_EP_RDM;
+        (*h.domain_attr).mr_mode = (sys::FI_MR_LOCAL
+            | sys::FI_MR_VIRT_ADDR
+            | sys::FI_MR_ALLOCATED
+            | sys::FI_MR_PROV_KEY
+            | sys::FI_MR_ENDPOINT) as c_int;
+        (*h.domain_attr).threading = sys::fi_threading_FI_THREAD_DOMAIN;
+        if let Some(p) = provider {
+            let c =
+                CString::new(p).map_err(|_| Error::arg("FABRICOLL_PROVIDER", "contains NUL"))?;
+            (*h.fabric_attr).prov_name = libc::strdup(c.as_ptr());
+        }
+    }
+    let mut list: *mut sys::fi_info = ptr::null_mut();
+    // SAFETY: hints is a valid fi_info; list receives a new list we free with InfoList.
+    let rc =
+        unsafe { sys::fi_getinfo(API_VERSION, ptr::null(), ptr::null(), 0, hints.0, &mut list) };
+    let list = InfoList(list);
+    if rc == -(sys::FI_ENODATA as c_int) {
+        return Ok(InfoList(ptr::null_mut()));
+    }
+    check("fi_getinfo", rc as i64)?;
+    Ok(list)
+}
+
+/// Find the provider and its devices, as the configuration asks.
+pub fn discover(cfg: &Config) -> Result<Discovery> {
+    let list = getinfo(cfg.provider.as_deref())?;
+    let mut entries: Vec<*mut sys::fi_info> = Vec::new();
+    let mut cur = list.0;
+    while !cur.is_null() {
+        entries.push(cur);
+        // SAFETY: cur is an element of the list we own.
+        cur = unsafe { (*cur).next };
+    }
+    let prov_of = |i: *mut sys::fi_info| {
+        // SAFETY: i is an element of the list we own; fabric_attr is always allocated.
+        cstr(unsafe { (*(*i).fabric_attr).prov_name })
+    };
+    let mut disc = Discovery::default();
+    for &e in &entries {
+        let p = prov_of(e);
+        if !disc.providers.contains(&p) {
+            disc.providers.push(p);
+        }
+    }
+    let chosen = match &cfg.provider {
+        Some(want) => disc
+            .providers
+            .iter()
+            .find(|p| *p == want || p.split(';').next() == Some(want.as_str()))
+            .cloned(),
+        None => disc
+            .providers
+            .iter()
+            .filter_map(|p| provider_rank(p).map(|r| (r, p)))
+            .min()
+            .map(|(_, p)| p.clone()),
+    };
+    let Some(chosen) = chosen else {
+        return Ok(disc);
+    };
+    // One device per domain: the first entry, but an IPv4 one over IPv6 for IP providers.
+    let mut by_domain: Vec<(String, *mut sys::fi_info)> = Vec::new();
+    for &e in &entries {
+        if prov_of(e) != chosen {
+            continue;
+        }
+        // SAFETY: e is an element of the list we own; domain_attr is always allocated.
+        let dom = cstr(unsafe { (*(*e).domain_attr).name });
+        // SAFETY: as above.
+        let v4 = unsafe { (*e).addr_format } == sys::FI_SOCKADDR_IN;
+        match by_domain.iter_mut().find(|(d, _)| *d == dom) {
+            Some(slot) => {
+                // SAFETY: slot.1 is an element of the list we own.
+                let old_v4 = unsafe { (*slot.1).addr_format } == sys::FI_SOCKADDR_IN;
+                if v4 && !old_v4 {
+                    slot.1 = e;
+                }
+            }
+            None => by_domain.push((dom, e)),
+        }
+    }
+    let order: Vec<(String, *mut sys::fi_info)> = match &cfg.domains {
+        Some(want) => {
+            let mut v = Vec::new();
+            for w in want {
+                match by_domain.iter().find(|(d, _)| d == w) {
+                    Some(x) => v.push(x.clone()),
+                    None => {
+                        let have: Vec<&str> = by_domain.iter().map(|(d, _)| d.as_str()).collect();
+                        return Err(Error::InvalidArgument(format!(
+                            "environment variable FABRICOLL_DOMAIN names {w:?}, which provider {chosen} does not have; accepted values: {}",
+                            have.join(", ")
+                        )));
+                    }
+                }
+            }
+            v
+        }
+        None => {
+            let (lo, rest): (Vec<_>, Vec<_>) = by_domain.into_iter().partition(|(d, _)| d == "lo");
+            disc.skipped = lo.iter().map(|(d, _)| d.clone()).collect();
+            if rest.is_empty() {
+                lo
+            } else {
+                rest
+            }
+        }
+    };
+    for (dom, e) in order {
+        // SAFETY: e is an element of the list we own; fi_dupinfo copies it (and not its next).
+        let dup = unsafe { sys::fi_dupinfo(e) };
+        if dup.is_null() {
+            return Err(Error::System("fi_dupinfo returned NULL".into()));
+        }
+        let info = Info(dup);
+        // SAFETY: dup is a complete fi_info we own; its attribute pointers are valid.
+        let (caps, nic, tag_format) = unsafe {
+            let i = &*dup;
+            let tx = &*i.tx_attr;
+            let rx = &*i.rx_attr;
+            let ep = &*i.ep_attr;
+            let mr_mode = (*i.domain_attr).mr_mode as u64;
+            let hmem = i.caps & sys::FI_HMEM != 0;
+            (
+                Caps {
+                    provider: chosen.clone(),
+                    fabric: cstr((*i.fabric_attr).name),
+                    domain: dom.clone(),
+                    inject_size: tx.inject_size,
+                    max_msg_size: ep.max_msg_size,
+                    mr_mode,
+                    mr_local: mr_mode & sys::FI_MR_LOCAL as u64 != 0,
+                    hmem,
+                    rma: i.caps & sys::FI_RMA as u64 != 0,
+                    wait_fd: false,
+                    tx_size: tx.size,
+                    rx_size: rx.size,
+                },
+                i.nic,
+                ep.mem_tag_format,
+            )
+        };
+        disc.devices.push(FabricDevice {
+            pci_path: sys_pci_path(nic, &dom),
+            speed_mbps: sys_speed_mbps(nic, &dom),
+            mem_tag_format: tag_format,
+            caps,
+            info,
+        });
+    }
+    disc.chosen = Some(chosen);
+    Ok(disc)
+}
+
+/// The fabric and domain, shared by the endpoint and every registration so that a domain is
+/// closed only after the last registration made in it.
+struct DomainFids {
+    domain: *mut sys::fid_domain,
+    fabric: *mut sys::fid_fabric,
+}
+
+// SAFETY: the domain and fabric are only closed (in Drop, once) and passed to libfabric calls
+// that we serialise with the transport's lock.
+unsafe impl Send for DomainFids {}
+// SAFETY: see Send.
+unsafe impl Sync for DomainFids {}
+
+impl Drop for DomainFids {
+    fn drop(&mut self) {
+        // SAFETY: both fids were opened by us and are closed once, domain before fabric.
+        unsafe {
+            if !self.domain.is_null() {
+                sys::fi_close(self.domain as *mut sys::fid);
+            }
+            if !self.fabric.is_null() {
+                sys::fi_close(self.fabric as *mut sys::fid);
+            }
+        }
+    }
+}
+
+struct MrFid {
+    mr: *mut sys::fid_mr,
+    _domain: Arc<DomainFids>,
+}
+
+// SAFETY: a registration handle is immutable after creation; closing it is done once, in Drop.
+unsafe impl Send for MrFid {}
+// SAFETY: see Send.
+unsafe impl Sync for MrFid {}
+
+impl Drop for MrFid {
+    fn drop(&mut self) {
+        // SAFETY: we opened this MR; the domain it belongs to is kept alive by `_domain`.
+        unsafe { sys::fi_close(self.mr as *mut sys::fid) };
+    }
+}
+
+/// Per-operation context; libfabric owns `ctx` while the operation is in flight.
+#[repr(C)]
+struct OpCtx {
+    ctx: sys::fi_context2,
+    op: OpId,
+    len: usize,
+    recv: bool,
+    owned: Option<Vec<u8>>,
+}
+
+struct Inner {
+    ep: *mut sys::fid_ep,
+    cq: *mut sys::fid_cq,
+    av: *mut sys::fid_av,
+    dom: Arc<DomainFids>,
+    /// Operations in flight, keyed by the address of their context.
+    ops: HashMap<usize, Box<OpCtx>>,
+    peers: HashMap<Vec<u8>, u64>,
+    /// Owned sends the provider refused with EAGAIN, retried on poll.
+    backlog: VecDeque<(Peer, u64, Vec<u8>, OpId)>,
+    /// Completions known without the CQ (injected sends).
+    ready: Vec<Completion>,
+}
+
+// SAFETY: every libfabric object here is used only with the transport's Mutex held
+// (FI_THREAD_DOMAIN), except the wait fd, which is only polled.
+unsafe impl Send for Inner {}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // SAFETY: the fids were opened by us and are closed once, endpoint first, then the
+        // objects bound to it; the domain closes when the last Arc<DomainFids> goes.
+        unsafe {
+            sys::fi_close(self.ep as *mut sys::fid);
+            sys::fi_close(self.cq as *mut sys::fid);
+            sys::fi_close(self.av as *mut sys::fid);
+        }
+    }
+}
+
+/// One endpoint on one device.
+pub struct FabricTransport {
+    caps: Caps,
+    addr: Vec<u8>,
+    wait_fd: Option<c_int>,
+    inner: Mutex<Inner>,
+}
+
+impl FabricTransport {
+    pub fn open(dev: &FabricDevice) -> Result<FabricTransport> {
+        let info = dev.info.0;
+        let mut dom = DomainFids {
+            domain: ptr::null_mut(),
+            fabric: ptr::null_mut(),
+        };
+        // SAFETY: info is a complete fi_info we own; out-pointers are valid locals.
+        unsafe {
+            check(
+                "fi_fabric",
+                sys::fi_fabric((*info).fabric_attr, &mut dom.fabric, ptr::null_mut()) as i64,
+            )?;
+            check(
+                "fi_domain",
+                sys::fi_domain(dom.fabric, info, &mut dom.domain, ptr::null_mut()) as i64,
+            )?;
+        }
+        let dom = Arc::new(dom);
+        let mut caps = dev.caps.clone();
+        let mut av: *mut sys::fid_av = ptr::null_mut();
+        let mut av_attr = sys::fi_av_attr {
+            type_: sys::fi_av_type_FI_AV_TABLE,
+            ..Default::default()
+        };
+        // SAFETY: the domain is open; av_attr and av are valid locals.
+        check("fi_av_open", unsafe {
+            sys::fi_av_open(dom.domain, &mut av_attr, &mut av, ptr::null_mut())
+        } as i64)?;
+        let guard_av = scopeguard(av as *mut sys::fid);
+        let cq_size = (caps.tx_size + caps.rx_size).clamp(1024, 65536);
+        let mut cq: *mut sys::fid_cq = ptr::null_mut();
+        let mut wait_fd = None;
+        for wait_obj in [sys::fi_wait_obj_FI_WAIT_FD, sys::fi_wait_obj_FI_WAIT_NONE] {
+            let mut attr = sys::fi_cq_attr {
+                size: cq_size,
+                format: sys::fi_cq_format_FI_CQ_FORMAT_TAGGED,
+                wait_obj,
+                ..Default::default()
+            };
+            // SAFETY: the domain is open; attr and cq are valid locals.
+            let rc = unsafe { sys::fi_cq_open(dom.domain, &mut attr, &mut cq, ptr::null_mut()) };
+            if rc == 0 {
+                if wait_obj == sys::fi_wait_obj_FI_WAIT_FD {
+                    let mut fd: c_int = -1;
+                    // SAFETY: cq is open; FI_GETWAIT writes an int fd for FI_WAIT_FD queues.
+                    let rc = unsafe {
+                        sys::fi_control(
+                            cq as *mut sys::fid,
+                            sys::FI_GETWAIT as c_int,
+                            &mut fd as *mut c_int as *mut c_void,
+                        )
+                    };
+                    if rc == 0 && fd >= 0 {
+                        wait_fd = Some(fd);
+                    }
+                }
+                break;
+            }
+            log::debug!(
+                "fi_cq_open with wait object {wait_obj} failed: {}",
+                strerror(rc as i64)
+            );
+            cq = ptr::null_mut();
+        }
+        if cq.is_null() {
+            return Err(Error::System(format!(
+                "fi_cq_open failed on {}",
+                caps.domain
+            )));
+        }
+        let guard_cq = scopeguard(cq as *mut sys::fid);
+        caps.wait_fd = wait_fd.is_some();
+        let mut ep: *mut sys::fid_ep = ptr::null_mut();
+        // SAFETY: domain and info are valid; ep is a valid local.
+        check(
+            "fi_endpoint",
+            unsafe { sys::fi_endpoint(dom.domain, info, &mut ep, ptr::null_mut()) } as i64,
+        )?;
+        let guard_ep = scopeguard(ep as *mut sys::fid);
+        // SAFETY: ep, av and cq are open objects of the same domain.
+        unsafe {
+            check(
+                "fi_ep_bind(av)",
+                sys::fi_ep_bind(ep, av as *mut sys::fid, 0) as i64,
+            )?;
+            check(
+                "fi_ep_bind(cq)",
+                sys::fi_ep_bind(
+                    ep,
+                    cq as *mut sys::fid,
+                    (sys::FI_TRANSMIT | sys::FI_RECV) as u64,
+                ) as i64,
+            )?;
+            check("fi_enable", sys::fi_enable(ep) as i64)?;
+        }
+        let mut name = vec![0u8; 256];
+        let mut len = name.len();
+        // SAFETY: ep is enabled; name has `len` writable bytes.
+        check("fi_getname", unsafe {
+            sys::fi_getname(
+                ep as *mut sys::fid,
+                name.as_mut_ptr() as *mut c_void,
+                &mut len,
+            )
+        } as i64)?;
+        name.truncate(len);
+        std::mem::forget((guard_av, guard_cq, guard_ep));
+        log::info!(
+            "opened endpoint on {} / {} (inject {} B, mr_mode {:#x}, wait fd {})",
+            caps.provider,
+            caps.domain,
+            caps.inject_size,
+            caps.mr_mode,
+            wait_fd.is_some()
+        );
+        Ok(FabricTransport {
+            caps,
+            addr: name,
+            wait_fd,
+            inner: Mutex::new(Inner {
+                ep,
+                cq,
+                av,
+                dom,
+                ops: HashMap::new(),
+                peers: HashMap::new(),
+                backlog: VecDeque::new(),
+                ready: Vec::new(),
+            }),
+        })
+    }
+}
+
+/// Closes a fid on an error path during construction.
+struct FidGuard(*mut sys::fid);
+
+fn scopeguard(f: *mut sys::fid) -> FidGuard {
+    FidGuard(f)
+}
+
+impl Drop for FidGuard {
+    fn drop(&mut self) {
+        // SAFETY: only reached on an error path, for a fid we opened and nothing else owns yet.
+        unsafe { sys::fi_close(self.0) };
+    }
+}
+
+impl Inner {
+    fn new_ctx(&mut self, op: OpId, len: usize, recv: bool, owned: Option<Vec<u8>>) -> *mut c_void {
+        let mut b = Box::new(OpCtx {
+            ctx: sys::fi_context2::default(),
+            op,
+            len,
+            recv,
+            owned,
+        });
+        let p = &mut *b as *mut OpCtx as *mut c_void;
+        self.ops.insert(p as usize, b);
+        p
+    }
+
+    fn post_send(
+        &mut self,
+        caps: &Caps,
+        peer: Peer,
+        tag: u64,
+        addr: usize,
+        len: usize,
+        desc: usize,
+        op: OpId,
+        owned: Option<Vec<u8>>,
+    ) -> Result<Posted> {
+        if len <= caps.inject_size && owned.is_none() {
+            // SAFETY: the endpoint is enabled; inject copies the buffer before returning.
+            let rc = unsafe { sys::fi_tinject(self.ep, addr as *const c_void, len, peer.0, tag) };
+            if rc == 0 {
+                self.ready.push(Completion {
+                    op,
+                    len,
+                    tag,
+                    status: Ok(()),
+                    data: None,
+                });
+                return Ok(Posted::Queued);
+            }
+            if rc != -(sys::FI_EAGAIN as isize) {
+                check("fi_tinject", rc as i64)?;
+            }
+            return Ok(Posted::Busy);
+        }
+        let ctx = self.new_ctx(op, len, false, owned);
+        // SAFETY: the buffer is valid until completion (Region's contract, or owned by ctx);
+        // ctx is a live fi_context2 we keep until its completion is read.
+        let rc = unsafe {
+            sys::fi_tsend(
+                self.ep,
+                addr as *const c_void,
+                len,
+                desc as *mut c_void,
+                peer.0,
+                tag,
+                ctx,
+            )
+        };
+        if rc == 0 {
+            return Ok(Posted::Queued);
+        }
+        let ctx = self.ops.remove(&(ctx as usize));
+        if rc == -(sys::FI_EAGAIN as isize) {
+            // An owned control message goes back to the front of the backlog.
+            if let Some(data) = ctx.and_then(|c| c.owned) {
+                self.backlog.push_front((peer, tag, data, op));
+            }
+            return Ok(Posted::Busy);
+        }
+        check("fi_tsend", rc as i64)?;
+        Ok(Posted::Busy)
+    }
+
+    fn post_recv(
+        &mut self,
+        tag: u64,
+        ignore: u64,
+        addr: usize,
+        len: usize,
+        desc: usize,
+        op: OpId,
+        owned: Option<Vec<u8>>,
+    ) -> Result<Posted> {
+        let ctx = self.new_ctx(op, len, true, owned);
+        // SAFETY: the buffer is valid until completion (Region's contract, or owned by ctx).
+        let rc = unsafe {
+            sys::fi_trecv(
+                self.ep,
+                addr as *mut c_void,
+                len,
+                desc as *mut c_void,
+                FI_ADDR_UNSPEC,
+                tag,
+                ignore,
+                ctx,
+            )
+        };
+        if rc == 0 {
+            return Ok(Posted::Queued);
+        }
+        self.ops.remove(&(ctx as usize));
+        if rc == -(sys::FI_EAGAIN as isize) {
+            return Ok(Posted::Busy);
+        }
+        check("fi_trecv", rc as i64)?;
+        Ok(Posted::Busy)
+    }
+
+    fn drain_backlog(&mut self, caps: &Caps) -> Result<()> {
+        while let Some((peer, tag, data, op)) = self.backlog.pop_front() {
+            let (addr, len) = (data.as_ptr() as usize, data.len());
+            if self.post_send(caps, peer, tag, addr, len, 0, op, Some(data))? == Posted::Busy {
+                break; // the message is back at the front of the backlog
+            }
+        }
+        Ok(())
+    }
+
+    fn read_error(&mut self, out: &mut Vec<Completion>) -> Result<()> {
+        let mut e = sys::fi_cq_err_entry::default();
+        // SAFETY: cq is open; e is a valid, zeroed error entry (err_data_size 0: the provider
+        // points err_data at its own buffer).
+        let rc = unsafe { sys::fi_cq_readerr(self.cq, &mut e, 0) };
+        if rc == -(sys::FI_EAGAIN as isize) {
+            return Ok(());
+        }
+        check("fi_cq_readerr", rc as i64)?;
+        let mut buf = [0 as std::os::raw::c_char; 256];
+        // SAFETY: cq is open; e came from it; buf has 256 writable bytes.
+        let prov = unsafe {
+            sys::fi_cq_strerror(
+                self.cq,
+                e.prov_errno,
+                e.err_data,
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
+        let prov = cstr(prov);
+        let Some(ctx) = self.ops.remove(&(e.op_context as usize)) else {
+            log::warn!(
+                "completion error for an unknown operation: {} ({prov})",
+                strerror(e.err as i64)
+            );
+            return Ok(());
+        };
+        // Some providers (shm) report a negative errno here: compare magnitudes.
+        let err = e.err.abs();
+        let status = if err == sys::FI_ECANCELED as c_int {
+            Err(Error::InvalidUsage("operation cancelled".into()))
+        } else if err == sys::FI_ETRUNC as c_int {
+            Err(Error::InvalidArgument(format!(
+                "argument 'size': a message of {} bytes arrived for a receive buffer of {} bytes",
+                ctx.len + e.olen,
+                ctx.len
+            )))
+        } else {
+            Err(Error::System(format!(
+                "{} failed: {} (provider: {prov})",
+                if ctx.recv { "receive" } else { "send" },
+                strerror(e.err as i64)
+            )))
+        };
+        out.push(Completion {
+            op: ctx.op,
+            len: 0,
+            tag: e.tag,
+            status,
+            data: None,
+        });
+        Ok(())
+    }
+}
+
+impl Transport for FabricTransport {
+    fn caps(&self) -> &Caps {
+        &self.caps
+    }
+
+    fn address(&self) -> Vec<u8> {
+        self.addr.clone()
+    }
+
+    fn insert_peer(&self, addr: &[u8]) -> Result<Peer> {
+        let mut g = self.inner.lock();
+        if let Some(p) = g.peers.get(addr) {
+            return Ok(Peer(*p));
+        }
+        let mut fi_addr: u64 = FI_ADDR_UNSPEC;
+        // SAFETY: av is open; addr points at `addr.len()` readable bytes in the provider's format.
+        let rc = unsafe {
+            sys::fi_av_insert(
+                g.av,
+                addr.as_ptr() as *const c_void,
+                1,
+                &mut fi_addr,
+                0,
+                ptr::null_mut(),
+            )
+        };
+        if rc != 1 {
+            return Err(Error::System(format!(
+                "fi_av_insert of a peer address ({} bytes) failed: {}",
+                addr.len(),
+                if rc < 0 {
+                    strerror(rc as i64)
+                } else {
+                    "address not accepted".into()
+                }
+            )));
+        }
+        g.peers.insert(addr.to_vec(), fi_addr);
+        Ok(Peer(fi_addr))
+    }
+
+    fn register(&self, region: Region) -> Result<Mr> {
+        if !self.caps.mr_local {
+            return Ok(Mr {
+                desc: 0,
+                region,
+                keep: None,
+            });
+        }
+        let g = self.inner.lock();
+        let mut mr: *mut sys::fid_mr = ptr::null_mut();
+        let access = (sys::FI_SEND | sys::FI_RECV) as u64;
+        // SAFETY: the domain is open; the region is valid memory per its contract.
+        check("fi_mr_reg", unsafe {
+            sys::fi_mr_reg(
+                g.dom.domain,
+                region.addr() as *const c_void,
+                region.len(),
+                access,
+                0,
+                0,
+                0,
+                &mut mr,
+                ptr::null_mut(),
+            )
+        } as i64)?;
+        let keep = MrFid {
+            mr,
+            _domain: g.dom.clone(),
+        };
+        if self.caps.mr_mode & sys::FI_MR_ENDPOINT as u64 != 0 {
+            // SAFETY: mr and ep are open objects of the same domain.
+            unsafe {
+                check(
+                    "fi_mr_bind",
+                    sys::fi_mr_bind(mr, g.ep as *mut sys::fid, 0) as i64,
+                )?;
+                check("fi_mr_enable", sys::fi_mr_enable(mr) as i64)?;
+            }
+        }
+        // SAFETY: mr is open.
+        let desc = unsafe { sys::fi_mr_desc(mr) } as usize;
+        Ok(Mr {
+            desc,
+            region,
+            keep: Some(Box::new(keep)),
+        })
+    }
+
+    fn send(
+        &self,
+        peer: Peer,
+        tag: u64,
+        region: Region,
+        mr: Option<&Mr>,
+        op: OpId,
+    ) -> Result<Posted> {
+        let mut g = self.inner.lock();
+        let desc = mr.map_or(0, |m| m.desc);
+        g.post_send(
+            &self.caps,
+            peer,
+            tag,
+            region.addr(),
+            region.len(),
+            desc,
+            op,
+            None,
+        )
+    }
+
+    fn recv(
+        &self,
+        tag: u64,
+        ignore: u64,
+        region: Region,
+        mr: Option<&Mr>,
+        op: OpId,
+    ) -> Result<Posted> {
+        let mut g = self.inner.lock();
+        let desc = mr.map_or(0, |m| m.desc);
+        g.post_recv(tag, ignore, region.addr(), region.len(), desc, op, None)
+    }
+
+    fn send_owned(&self, peer: Peer, tag: u64, data: Vec<u8>, op: OpId) -> Result<()> {
+        let mut g = self.inner.lock();
+        g.backlog.push_back((peer, tag, data, op));
+        g.drain_backlog(&self.caps)
+    }
+
+    fn recv_owned(&self, tag: u64, ignore: u64, len: usize, op: OpId) -> Result<()> {
+        let mut g = self.inner.lock();
+        let buf = vec![0u8; len];
+        let addr = buf.as_ptr() as usize;
+        match g.post_recv(tag, ignore, addr, len, 0, op, Some(buf))? {
+            Posted::Queued => Ok(()),
+            Posted::Busy => Err(Error::System(
+                "receive queue full while posting a control receive".into(),
+            )),
+        }
+    }
+
+    fn cancel(&self, op: OpId) {
+        let g = self.inner.lock();
+        for (key, ctx) in g.ops.iter() {
+            if ctx.op == op && ctx.recv {
+                // SAFETY: ep is open and *key is the context of an operation posted on it.
+                let rc = unsafe { sys::fi_cancel(g.ep as *mut sys::fid, *key as *mut c_void) };
+                if rc != 0 {
+                    log::debug!("fi_cancel: {}", strerror(rc as i64));
+                }
+            }
+        }
+    }
+
+    fn poll(&self, out: &mut Vec<Completion>) -> Result<usize> {
+        let mut g = self.inner.lock();
+        let start = out.len();
+        out.append(&mut g.ready);
+        if !g.backlog.is_empty() {
+            g.drain_backlog(&self.caps)?;
+        }
+        let mut entries: [sys::fi_cq_tagged_entry; 32] = Default::default();
+        loop {
+            // SAFETY: cq is open; entries has room for 32 tagged entries.
+            let n = unsafe {
+                sys::fi_cq_read(g.cq, entries.as_mut_ptr() as *mut c_void, entries.len())
+            };
+            if n == -(sys::FI_EAGAIN as isize) {
+                break;
+            }
+            if n == -(sys::FI_EAVAIL as isize) {
+                g.read_error(out)?;
+                continue;
+            }
+            check("fi_cq_read", n as i64)?;
+            for e in &entries[..n as usize] {
+                let Some(ctx) = g.ops.remove(&(e.op_context as usize)) else {
+                    log::warn!(
+                        "completion for an unknown operation context {:p}",
+                        e.op_context
+                    );
+                    continue;
+                };
+                let ctx = *ctx;
+                let len = if ctx.recv { e.len } else { ctx.len };
+                let data = ctx.owned.map(|mut v| {
+                    v.truncate(len);
+                    v
+                });
+                out.push(Completion {
+                    op: ctx.op,
+                    len,
+                    tag: e.tag,
+                    status: Ok(()),
+                    data,
+                });
+            }
+            if (n as usize) < entries.len() {
+                break;
+            }
+        }
+        Ok(out.len() - start)
+    }
+
+    fn wait(&self, timeout: Duration) -> Result<()> {
+        let Some(fd) = self.wait_fd else {
+            std::thread::yield_now();
+            return Ok(());
+        };
+        {
+            let g = self.inner.lock();
+            if !g.ready.is_empty() || !g.backlog.is_empty() {
+                return Ok(());
+            }
+            let mut fids = [g.cq as *mut sys::fid];
+            // SAFETY: fabric and cq are open; fids holds one valid fid.
+            let rc = unsafe { sys::fi_trywait(g.dom.fabric, fids.as_mut_ptr(), 1) };
+            if rc != 0 {
+                return Ok(()); // something is ready or needs progress: the caller polls
+            }
+        }
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as c_int;
+        // SAFETY: pfd is one valid pollfd; the fd belongs to our CQ, open while self lives.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
+        Ok(())
+    }
+}

@@ -1,0 +1,249 @@
+//! The one table of `FABRICOLL_*` variables. Parsed once; an invalid value is an error that
+//! names the variable and the accepted values. The README's table is checked against `VARS`
+//! by a test (tests/readme_config.rs).
+use crate::error::{Error, Result};
+use once_cell::sync::OnceCell;
+use std::time::Duration;
+
+/// One configuration variable: its name, accepted values, default and meaning.
+#[derive(Debug, Clone, Copy)]
+pub struct Var {
+    pub name: &'static str,
+    pub accepted: &'static str,
+    pub default: &'static str,
+    pub meaning: &'static str,
+}
+
+pub const VARS: &[Var] = &[
+    Var {
+        name: "FABRICOLL_PROVIDER",
+        accepted: "a libfabric provider name: efa, tcp, shm, ...",
+        default: "FI_PROVIDER if set, else the first found of efa, tcp (ofi_rxm), shm",
+        meaning: "libfabric provider the transport uses",
+    },
+    Var {
+        name: "FABRICOLL_DOMAIN",
+        accepted: "comma-separated libfabric domain names (eth0, lo, rdmap0s6-rdm, shm)",
+        default: "every domain of the provider except loopback (lo)",
+        meaning: "which domains (NICs) become devices, in this order",
+    },
+    Var {
+        name: "FABRICOLL_TIMEOUT_MS",
+        accepted: "integer 1..=86400000",
+        default: "600000",
+        meaning: "deadline for connect, accept and a request without progress",
+    },
+    Var {
+        name: "FABRICOLL_LOG",
+        accepted: "off, error, warn, info, debug, trace (env_logger syntax)",
+        default: "warn (info when NCCL passes its logger)",
+        meaning: "log level; with NCCL the records go to NCCL's logger (subsystem NET)",
+    },
+    Var {
+        name: "FABRICOLL_SPEED_MBPS",
+        accepted: "integer 1..=10000000",
+        default: "10000",
+        meaning: "link speed reported when neither the provider nor sysfs knows it",
+    },
+    Var {
+        name: "FABRICOLL_POLL_US",
+        accepted: "integer 0..=1000000",
+        default: "50",
+        meaning: "busy-poll time before a waiter yields or sleeps on the completion queue",
+    },
+    Var {
+        name: "FABRICOLL_MR_CACHE",
+        accepted: "0 or 1",
+        default: "1",
+        meaning: "registration cache; with 1 the plugin reports regIsGlobal=1",
+    },
+];
+
+/// The resolved configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub provider: Option<String>,
+    pub domains: Option<Vec<String>>,
+    pub timeout: Duration,
+    pub log: Option<String>,
+    pub speed_mbps: u32,
+    pub poll: Duration,
+    pub mr_cache: bool,
+}
+
+fn bad(name: &str, value: &str) -> Error {
+    let accepted = VARS
+        .iter()
+        .find(|v| v.name == name)
+        .map(|v| v.accepted)
+        .unwrap_or("?");
+    Error::InvalidArgument(format!(
+        "environment variable {name}={value:?} is invalid; accepted values: {accepted}"
+    ))
+}
+
+fn int(name: &str, value: &str, lo: u64, hi: u64) -> Result<u64> {
+    match value.trim().parse::<u64>() {
+        Ok(v) if (lo..=hi).contains(&v) => Ok(v),
+        _ => Err(bad(name, value)),
+    }
+}
+
+impl Config {
+    /// Parse from any lookup (the environment in production, a map in tests).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        let nonempty = |n: &str| get(n).filter(|v| !v.trim().is_empty());
+        let provider = nonempty("FABRICOLL_PROVIDER").or_else(|| nonempty("FI_PROVIDER"));
+        if let Some(p) = &provider {
+            if !p
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_;-".contains(c))
+            {
+                return Err(bad("FABRICOLL_PROVIDER", p));
+            }
+        }
+        let domains = match nonempty("FABRICOLL_DOMAIN") {
+            None => None,
+            Some(v) => {
+                let list: Vec<String> = v
+                    .split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                if list.is_empty() {
+                    return Err(bad("FABRICOLL_DOMAIN", &v));
+                }
+                Some(list)
+            }
+        };
+        let timeout = match nonempty("FABRICOLL_TIMEOUT_MS") {
+            None => Duration::from_millis(600_000),
+            Some(v) => Duration::from_millis(int("FABRICOLL_TIMEOUT_MS", &v, 1, 86_400_000)?),
+        };
+        let log = nonempty("FABRICOLL_LOG");
+        if let Some(l) = &log {
+            // Accept env_logger's syntax: level, or module=level pairs.
+            let ok = l.split(',').all(|part| {
+                let lvl = part.rsplit('=').next().unwrap_or("").trim();
+                matches!(
+                    lvl.to_ascii_lowercase().as_str(),
+                    "off" | "error" | "warn" | "info" | "debug" | "trace"
+                )
+            });
+            if !ok {
+                return Err(bad("FABRICOLL_LOG", l));
+            }
+        }
+        let speed_mbps = match nonempty("FABRICOLL_SPEED_MBPS") {
+            None => 10_000,
+            Some(v) => int("FABRICOLL_SPEED_MBPS", &v, 1, 10_000_000)? as u32,
+        };
+        let poll = match nonempty("FABRICOLL_POLL_US") {
+            None => Duration::from_micros(50),
+            Some(v) => Duration::from_micros(int("FABRICOLL_POLL_US", &v, 0, 1_000_000)?),
+        };
+        let mr_cache = match nonempty("FABRICOLL_MR_CACHE").as_deref().map(str::trim) {
+            None | Some("1") => true,
+            Some("0") => false,
+            Some(v) => return Err(bad("FABRICOLL_MR_CACHE", v)),
+        };
+        Ok(Config {
+            provider,
+            domains,
+            timeout,
+            log,
+            speed_mbps,
+            poll,
+            mr_cache,
+        })
+    }
+
+    pub fn from_env() -> Result<Config> {
+        Config::from_lookup(|n| std::env::var(n).ok())
+    }
+}
+
+static CONFIG: OnceCell<Result<Config>> = OnceCell::new();
+
+/// The process-wide configuration, parsed from the environment on first use.
+pub fn get() -> Result<&'static Config> {
+    CONFIG
+        .get_or_init(Config::from_env)
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<Config> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|n| m.get(n).cloned())
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.timeout, Duration::from_secs(600));
+        assert_eq!(c.provider, None);
+        assert!(c.mr_cache);
+        assert_eq!(c.speed_mbps, 10_000);
+    }
+
+    #[test]
+    fn provider_falls_back_to_fi_provider() {
+        assert_eq!(
+            parse(&[("FI_PROVIDER", "shm")])
+                .unwrap()
+                .provider
+                .as_deref(),
+            Some("shm")
+        );
+        let c = parse(&[("FI_PROVIDER", "shm"), ("FABRICOLL_PROVIDER", "tcp")]).unwrap();
+        assert_eq!(c.provider.as_deref(), Some("tcp"));
+    }
+
+    #[test]
+    fn invalid_values_name_the_variable_and_accepted_values() {
+        for (k, v) in [
+            ("FABRICOLL_TIMEOUT_MS", "soon"),
+            ("FABRICOLL_TIMEOUT_MS", "0"),
+            ("FABRICOLL_MR_CACHE", "yes"),
+            ("FABRICOLL_LOG", "loud"),
+            ("FABRICOLL_SPEED_MBPS", "-1"),
+            ("FABRICOLL_POLL_US", "9999999999"),
+            ("FABRICOLL_PROVIDER", "tcp rm -rf"),
+            ("FABRICOLL_DOMAIN", ",,"),
+        ] {
+            let e = parse(&[(k, v)]).unwrap_err().to_string();
+            assert!(e.contains(k), "{e}");
+            assert!(e.contains("accepted values"), "{e}");
+        }
+    }
+
+    #[test]
+    fn domains_list() {
+        let c = parse(&[("FABRICOLL_DOMAIN", "lo, eth0")]).unwrap();
+        assert_eq!(c.domains, Some(vec!["lo".to_string(), "eth0".to_string()]));
+    }
+
+    #[test]
+    fn every_parsed_variable_is_in_the_table() {
+        // Each name the parser reads must be documented in VARS (and so in the README).
+        let src = include_str!("config.rs");
+        for cap in src.split("nonempty(\"").skip(1) {
+            let name = cap.split('"').next().unwrap();
+            if name.starts_with("FABRICOLL_") {
+                assert!(
+                    VARS.iter().any(|v| v.name == name),
+                    "{name} missing in VARS"
+                );
+            }
+        }
+    }
+}

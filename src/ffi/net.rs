@@ -1,0 +1,941 @@
+//! `ncclNetPlugin_v6` ... `ncclNetPlugin_v12`. v12 is native; older versions are thin shims that
+//! differ only in argument widths and order, and share every function whose signature is equal.
+use super::types::*;
+use super::{boundary, h, int_size, ptr, region, Out};
+use crate::error::{Error, Result};
+use crate::logging::{self, NcclLogger};
+use crate::plugin::{self, Kind, Plugin, HANDLE_SIZE, MAX_RECVS};
+use crate::transport::Region;
+use parking_lot::Mutex;
+use std::collections::HashSet;
+use std::os::raw::{c_char, c_int, c_void};
+
+type Res = c_int;
+type Logger = Option<NcclLogger>;
+type VoidP = *mut c_void;
+type VoidPP = *mut *mut c_void;
+
+fn plugin() -> Result<&'static Plugin> {
+    plugin::global()
+}
+
+/// v11+ per-communicator contexts that `init` handed out and `finalize` has not closed.
+static CONTEXTS: Mutex<Option<HashSet<u64>>> = Mutex::new(None);
+
+fn init_common(logger: Logger) -> Result<()> {
+    logging::init(logger);
+    let p = plugin()?;
+    log::info!(
+        "fabricoll {} net plugin: provider {}, {} device(s), libfabric {}",
+        env!("CARGO_PKG_VERSION"),
+        p.provider,
+        p.devices.len(),
+        crate::transport::fabric::runtime_version()
+    );
+    Ok(())
+}
+
+fn new_context(ctx: &Out<VoidP>) -> Result<()> {
+    init_common(None)?;
+    let c = plugin::new_handle(0, Kind::Ctx);
+    CONTEXTS.lock().get_or_insert_with(HashSet::new).insert(c);
+    ctx.set(c as usize as VoidP);
+    Ok(())
+}
+
+fn check_context(ctx: VoidP) -> Result<()> {
+    if CONTEXTS
+        .lock()
+        .as_ref()
+        .is_some_and(|s| s.contains(&h(ctx)))
+    {
+        Ok(())
+    } else {
+        Err(Error::arg(
+            "ctx",
+            "not a context returned by init (or already finalized)",
+        ))
+    }
+}
+
+fn finalize_context(ctx: VoidP) -> Result<()> {
+    if CONTEXTS.lock().as_mut().is_some_and(|s| s.remove(&h(ctx))) {
+        Ok(())
+    } else {
+        Err(Error::arg(
+            "ctx",
+            "not a context returned by init (or already finalized)",
+        ))
+    }
+}
+
+fn handle_bytes<'a>(handle: VoidP) -> Result<&'a mut [u8; HANDLE_SIZE]> {
+    if handle.is_null() {
+        return Err(Error::arg("handle", "NULL"));
+    }
+    // SAFETY: NCCL passes a buffer of NCCL_NET_HANDLE_MAXSIZE (128) bytes, owned by the caller
+    // for the duration of the call; [u8; 128] has alignment 1.
+    Ok(unsafe { &mut *(handle as *mut [u8; HANDLE_SIZE]) })
+}
+
+fn listen(dev: c_int, handle: VoidP, out: &Out<VoidP>) -> Result<()> {
+    let bytes = handle_bytes(handle)?;
+    let (hb, l) = plugin()?.device(dev)?.listen()?;
+    *bytes = hb;
+    out.set(ptr(Some(l)));
+    Ok(())
+}
+
+fn connect(dev: c_int, handle: VoidP, out: &Out<VoidP>, dev_comm: VoidPP) -> Result<()> {
+    if !dev_comm.is_null() {
+        // SAFETY: a non-NULL devComm out-pointer is writable per the ABI; a host plugin has none.
+        unsafe { dev_comm.write(std::ptr::null_mut()) };
+    }
+    let c = plugin()?.device(dev)?.connect(handle_bytes(handle)?)?;
+    out.set(ptr(c));
+    Ok(())
+}
+
+fn accept(listen: VoidP, out: &Out<VoidP>, dev_comm: VoidPP) -> Result<()> {
+    if !dev_comm.is_null() {
+        // SAFETY: as in `connect`.
+        unsafe { dev_comm.write(std::ptr::null_mut()) };
+    }
+    let l = h(listen);
+    let c = plugin()?
+        .device_of(l, Kind::Listen, "listenComm")?
+        .accept(l)?;
+    out.set(ptr(c));
+    Ok(())
+}
+
+/// The device of a send or receive comm.
+fn comm_device(comm: VoidP) -> Result<&'static plugin::net::Device> {
+    let c = h(comm);
+    let p = plugin()?;
+    p.device_of(c, Kind::Send, "comm")
+        .or_else(|_| p.device_of(c, Kind::Recv, "comm"))
+}
+
+fn reg_mr(comm: VoidP, data: VoidP, size: usize, ty: c_int, out: &Out<VoidP>) -> Result<()> {
+    // SAFETY: NCCL keeps registered memory allocated until deregMr.
+    let r = unsafe { region(data, size, "data") }?;
+    out.set(ptr(Some(comm_device(comm)?.reg_mr(h(comm), r, ty)?)));
+    Ok(())
+}
+
+fn isend(
+    comm: VoidP,
+    data: VoidP,
+    size: usize,
+    tag: c_int,
+    mh: VoidP,
+    out: &Out<VoidP>,
+) -> Result<()> {
+    // SAFETY: NCCL keeps the buffer valid until test() reports the request done.
+    let r = unsafe { region(data, size, "data") }?;
+    let c = h(comm);
+    let req = plugin()?
+        .device_of(c, Kind::Send, "sendComm")?
+        .isend(c, r, tag, h(mh))?;
+    out.set(ptr(req));
+    Ok(())
+}
+
+/// Receive buffers from NCCL's parallel arrays (`S` is int for v6-v8, size_t for v9+).
+///
+/// # Safety
+/// Each array has `n` readable elements when `n` is in 1..=MAX_RECVS (checked before reading);
+/// each data pointer is valid for its size until the request completes.
+unsafe fn recv_bufs<S: Copy + TryInto<usize> + std::fmt::Display>(
+    n: c_int,
+    data: VoidPP,
+    sizes: *const S,
+    tags: *const c_int,
+    mhandles: VoidPP,
+) -> Result<Vec<(Region, c_int, u64)>> {
+    if n < 1 || n as usize > MAX_RECVS {
+        return Err(Error::arg(
+            "n",
+            format!("{n} is outside 1..={MAX_RECVS} (maxRecvs)"),
+        ));
+    }
+    for (p, name) in [
+        (data as *const u8, "data"),
+        (sizes as *const u8, "sizes"),
+        (tags as *const u8, "tags"),
+    ] {
+        if p.is_null() {
+            return Err(Error::arg(name, "NULL"));
+        }
+    }
+    let mut v = Vec::with_capacity(n as usize);
+    for i in 0..n as usize {
+        // SAFETY: i < n and the arrays have n elements (this function's contract).
+        let (d, s, t) = unsafe { (*data.add(i), *sizes.add(i), *tags.add(i)) };
+        // SAFETY: as above; mhandles may be NULL as a whole.
+        let m = if mhandles.is_null() {
+            std::ptr::null_mut()
+        } else {
+            unsafe { *mhandles.add(i) }
+        };
+        let s: usize = s
+            .try_into()
+            .map_err(|_| Error::arg("sizes", format!("{s} is negative")))?;
+        // SAFETY: forwarded from the contract.
+        v.push((unsafe { region(d, s, "data") }?, t, h(m)));
+    }
+    Ok(v)
+}
+
+fn irecv(comm: VoidP, bufs: Result<Vec<(Region, c_int, u64)>>, out: &Out<VoidP>) -> Result<()> {
+    let bufs = bufs?;
+    let c = h(comm);
+    let req = plugin()?
+        .device_of(c, Kind::Recv, "recvComm")?
+        .irecv(c, &bufs)?;
+    out.set(ptr(req));
+    Ok(())
+}
+
+fn write_props<T: for<'a> From<&'a plugin::DeviceProps>>(dev: c_int, props: *mut T) -> Result<()> {
+    // SAFETY: NCCL passes a writable props struct of this version's layout.
+    let out = unsafe { Out::new(props, "props") }?;
+    out.set(T::from(&plugin()?.device(dev)?.props));
+    Ok(())
+}
+
+// ---- exported functions, newest signatures first ------------------------------------------
+
+unsafe extern "C" fn init_v6(logger: Logger) -> Res {
+    boundary("init", || init_common(logger))
+}
+
+unsafe extern "C" fn init_v10(logger: Logger, _prof: VoidP) -> Res {
+    boundary("init", || init_common(logger))
+}
+
+unsafe extern "C" fn init_v11(
+    ctx: VoidPP,
+    _comm_id: u64,
+    _config: VoidP,
+    logger: Logger,
+    _prof: VoidP,
+) -> Res {
+    boundary("init", || {
+        logging::init(logger);
+        // SAFETY: NCCL passes a writable void** for the context.
+        new_context(&unsafe { Out::new(ctx, "ctx") }?)
+    })
+}
+
+unsafe extern "C" fn finalize(ctx: VoidP) -> Res {
+    boundary("finalize", || finalize_context(ctx))
+}
+
+unsafe extern "C" fn devices(ndev: *mut c_int) -> Res {
+    boundary("devices", || {
+        // SAFETY: NCCL passes a writable int*.
+        let out = unsafe { Out::new(ndev, "ndev") }?;
+        out.set(plugin()?.devices.len() as c_int);
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn get_properties_v6(dev: c_int, props: *mut PropsV6) -> Res {
+    boundary("getProperties", || write_props(dev, props))
+}
+unsafe extern "C" fn get_properties_v7(dev: c_int, props: *mut PropsV7) -> Res {
+    boundary("getProperties", || write_props(dev, props))
+}
+unsafe extern "C" fn get_properties_v8(dev: c_int, props: *mut PropsV8) -> Res {
+    boundary("getProperties", || write_props(dev, props))
+}
+unsafe extern "C" fn get_properties_v9(dev: c_int, props: *mut PropsV9) -> Res {
+    boundary("getProperties", || write_props(dev, props))
+}
+unsafe extern "C" fn get_properties_v11(dev: c_int, props: *mut PropsV11) -> Res {
+    boundary("getProperties", || write_props(dev, props))
+}
+unsafe extern "C" fn get_properties_v12(dev: c_int, props: *mut PropsV12) -> Res {
+    boundary("getProperties", || write_props(dev, props))
+}
+
+unsafe extern "C" fn listen_v6(dev: c_int, handle: VoidP, listen_comm: VoidPP) -> Res {
+    boundary("listen", || {
+        // SAFETY: NCCL passes a writable void* out-pointer.
+        listen(dev, handle, &unsafe {
+            Out::new(listen_comm, "listenComm")
+        }?)
+    })
+}
+
+unsafe extern "C" fn listen_v11(ctx: VoidP, dev: c_int, handle: VoidP, listen_comm: VoidPP) -> Res {
+    boundary("listen", || {
+        check_context(ctx)?;
+        // SAFETY: NCCL passes a writable void* out-pointer.
+        listen(dev, handle, &unsafe {
+            Out::new(listen_comm, "listenComm")
+        }?)
+    })
+}
+
+unsafe extern "C" fn connect_v6(dev: c_int, handle: VoidP, send_comm: VoidPP) -> Res {
+    boundary("connect", || {
+        // SAFETY: NCCL passes a writable void* out-pointer.
+        connect(
+            dev,
+            handle,
+            &unsafe { Out::new(send_comm, "sendComm") }?,
+            std::ptr::null_mut(),
+        )
+    })
+}
+
+unsafe extern "C" fn connect_v7(
+    dev: c_int,
+    handle: VoidP,
+    send_comm: VoidPP,
+    dev_comm: VoidPP,
+) -> Res {
+    boundary("connect", || {
+        // SAFETY: NCCL passes a writable void* out-pointer.
+        connect(
+            dev,
+            handle,
+            &unsafe { Out::new(send_comm, "sendComm") }?,
+            dev_comm,
+        )
+    })
+}
+
+unsafe extern "C" fn connect_v10(
+    dev: c_int,
+    _config: VoidP,
+    handle: VoidP,
+    send_comm: VoidPP,
+    dev_comm: VoidPP,
+) -> Res {
+    boundary("connect", || {
+        // SAFETY: NCCL passes a writable void* out-pointer.
+        connect(
+            dev,
+            handle,
+            &unsafe { Out::new(send_comm, "sendComm") }?,
+            dev_comm,
+        )
+    })
+}
+
+unsafe extern "C" fn connect_v11(
+    ctx: VoidP,
+    dev: c_int,
+    handle: VoidP,
+    send_comm: VoidPP,
+    dev_comm: VoidPP,
+) -> Res {
+    boundary("connect", || {
+        check_context(ctx)?;
+        // SAFETY: NCCL passes a writable void* out-pointer.
+        connect(
+            dev,
+            handle,
+            &unsafe { Out::new(send_comm, "sendComm") }?,
+            dev_comm,
+        )
+    })
+}
+
+unsafe extern "C" fn accept_v6(listen_comm: VoidP, recv_comm: VoidPP) -> Res {
+    boundary("accept", || {
+        // SAFETY: NCCL passes a writable void* out-pointer.
+        accept(
+            listen_comm,
+            &unsafe { Out::new(recv_comm, "recvComm") }?,
+            std::ptr::null_mut(),
+        )
+    })
+}
+
+unsafe extern "C" fn accept_v7(listen_comm: VoidP, recv_comm: VoidPP, dev_comm: VoidPP) -> Res {
+    boundary("accept", || {
+        // SAFETY: NCCL passes a writable void* out-pointer.
+        accept(
+            listen_comm,
+            &unsafe { Out::new(recv_comm, "recvComm") }?,
+            dev_comm,
+        )
+    })
+}
+
+unsafe extern "C" fn reg_mr_v6(
+    comm: VoidP,
+    data: VoidP,
+    size: c_int,
+    ty: c_int,
+    mh: VoidPP,
+) -> Res {
+    boundary("regMr", || {
+        // SAFETY: NCCL passes a writable void* out-pointer.
+        let out = unsafe { Out::new(mh, "mhandle") }?;
+        reg_mr(comm, data, int_size(size, "size")?, ty, &out)
+    })
+}
+
+unsafe extern "C" fn reg_mr_v8(
+    comm: VoidP,
+    data: VoidP,
+    size: usize,
+    ty: c_int,
+    mh: VoidPP,
+) -> Res {
+    boundary("regMr", || {
+        // SAFETY: NCCL passes a writable void* out-pointer.
+        reg_mr(comm, data, size, ty, &unsafe { Out::new(mh, "mhandle") }?)
+    })
+}
+
+unsafe extern "C" fn reg_mr_dmabuf(
+    _comm: VoidP,
+    _data: VoidP,
+    _size: usize,
+    _ty: c_int,
+    _off: u64,
+    _fd: c_int,
+    mh: VoidPP,
+) -> Res {
+    boundary("regMrDmaBuf", || {
+        if !mh.is_null() {
+            // SAFETY: a non-NULL out-pointer is writable per the ABI.
+            unsafe { mh.write(std::ptr::null_mut()) };
+        }
+        Err(Error::InvalidUsage(
+            "regMrDmaBuf: dma-buf registration is not supported yet (this build advertises NCCL_PTR_HOST only)".into(),
+        ))
+    })
+}
+
+unsafe extern "C" fn dereg_mr(comm: VoidP, mh: VoidP) -> Res {
+    boundary("deregMr", || comm_device(comm)?.dereg_mr(h(comm), h(mh)))
+}
+
+unsafe extern "C" fn isend_v6(
+    comm: VoidP,
+    data: VoidP,
+    size: c_int,
+    tag: c_int,
+    mh: VoidP,
+    req: VoidPP,
+) -> Res {
+    boundary("isend", || {
+        // SAFETY: NCCL passes a writable void* out-pointer.
+        let out = unsafe { Out::new(req, "request") }?;
+        out.set(std::ptr::null_mut());
+        isend(comm, data, int_size(size, "size")?, tag, mh, &out)
+    })
+}
+
+unsafe extern "C" fn isend_v9(
+    comm: VoidP,
+    data: VoidP,
+    size: usize,
+    tag: c_int,
+    mh: VoidP,
+    req: VoidPP,
+) -> Res {
+    boundary("isend", || {
+        // SAFETY: NCCL passes a writable void* out-pointer.
+        let out = unsafe { Out::new(req, "request") }?;
+        out.set(std::ptr::null_mut());
+        isend(comm, data, size, tag, mh, &out)
+    })
+}
+
+unsafe extern "C" fn isend_v10(
+    comm: VoidP,
+    data: VoidP,
+    size: usize,
+    tag: c_int,
+    mh: VoidP,
+    _ph: VoidP,
+    req: VoidPP,
+) -> Res {
+    boundary("isend", || {
+        // SAFETY: NCCL passes a writable void* out-pointer.
+        let out = unsafe { Out::new(req, "request") }?;
+        out.set(std::ptr::null_mut());
+        isend(comm, data, size, tag, mh, &out)
+    })
+}
+
+unsafe extern "C" fn irecv_v6(
+    comm: VoidP,
+    n: c_int,
+    data: VoidPP,
+    sizes: *mut c_int,
+    tags: *mut c_int,
+    mhs: VoidPP,
+    req: VoidPP,
+) -> Res {
+    boundary("irecv", || {
+        // SAFETY: NCCL passes a writable void* out-pointer (it may hold the 0x1 hint: overwritten).
+        let out = unsafe { Out::new(req, "request") }?;
+        out.set(std::ptr::null_mut());
+        // SAFETY: NCCL's arrays have n elements; buffers live until test() reports done.
+        irecv(comm, unsafe { recv_bufs(n, data, sizes, tags, mhs) }, &out)
+    })
+}
+
+unsafe extern "C" fn irecv_v9(
+    comm: VoidP,
+    n: c_int,
+    data: VoidPP,
+    sizes: *mut usize,
+    tags: *mut c_int,
+    mhs: VoidPP,
+    req: VoidPP,
+) -> Res {
+    boundary("irecv", || {
+        // SAFETY: as in irecv_v6.
+        let out = unsafe { Out::new(req, "request") }?;
+        out.set(std::ptr::null_mut());
+        // SAFETY: as in irecv_v6.
+        irecv(comm, unsafe { recv_bufs(n, data, sizes, tags, mhs) }, &out)
+    })
+}
+
+unsafe extern "C" fn irecv_v10(
+    comm: VoidP,
+    n: c_int,
+    data: VoidPP,
+    sizes: *mut usize,
+    tags: *mut c_int,
+    mhs: VoidPP,
+    _phs: VoidPP,
+    req: VoidPP,
+) -> Res {
+    boundary("irecv", || {
+        // SAFETY: as in irecv_v6.
+        let out = unsafe { Out::new(req, "request") }?;
+        out.set(std::ptr::null_mut());
+        // SAFETY: as in irecv_v6.
+        irecv(comm, unsafe { recv_bufs(n, data, sizes, tags, mhs) }, &out)
+    })
+}
+
+unsafe extern "C" fn iflush(
+    comm: VoidP,
+    n: c_int,
+    _data: VoidPP,
+    _sizes: *mut c_int,
+    _mhs: VoidPP,
+    req: VoidPP,
+) -> Res {
+    boundary("iflush", || {
+        // SAFETY: NCCL passes a writable void* out-pointer.
+        let out = unsafe { Out::new(req, "request") }?;
+        out.set(std::ptr::null_mut());
+        let c = h(comm);
+        let r = plugin()?
+            .device_of(c, Kind::Recv, "recvComm")?
+            .iflush(c, n)?;
+        out.set(ptr(r));
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn test(request: VoidP, done: *mut c_int, sizes: *mut c_int) -> Res {
+    boundary("test", || {
+        // SAFETY: NCCL passes a writable int*.
+        let done = unsafe { Out::new(done, "done") }?;
+        done.set(0);
+        let r = h(request);
+        let Some(f) = plugin()?.device_of(r, Kind::Request, "request")?.test(r)? else {
+            return Ok(());
+        };
+        if !sizes.is_null() {
+            for (i, s) in f.sizes.iter().take(f.n).enumerate() {
+                // SAFETY: for a send NCCL passes one int, for a receive an int per buffer (f.n of
+                // them, n <= maxRecvs); sizes fit an int because transfers are <= maxP2pBytes.
+                unsafe { sizes.add(i).write(*s as c_int) };
+            }
+        }
+        done.set(1);
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn close_send(comm: VoidP) -> Res {
+    boundary("closeSend", || {
+        let c = h(comm);
+        plugin()?
+            .device_of(c, Kind::Send, "sendComm")?
+            .close_send(c)
+    })
+}
+
+unsafe extern "C" fn close_recv(comm: VoidP) -> Res {
+    boundary("closeRecv", || {
+        let c = h(comm);
+        plugin()?
+            .device_of(c, Kind::Recv, "recvComm")?
+            .close_recv(c)
+    })
+}
+
+unsafe extern "C" fn close_listen(comm: VoidP) -> Res {
+    boundary("closeListen", || {
+        let c = h(comm);
+        plugin()?
+            .device_of(c, Kind::Listen, "listenComm")?
+            .close_listen(c)
+    })
+}
+
+unsafe extern "C" fn set_net_attr(ctx: VoidP, attr: VoidP) -> Res {
+    boundary("setNetAttr", || {
+        check_context(ctx)?;
+        if attr.is_null() {
+            return Err(Error::arg("netAttr", "NULL"));
+        }
+        // Hints only (concurrency and the operation mix); NCCL allows ignoring them.
+        Ok(())
+    })
+}
+
+// ---- the tables ---------------------------------------------------------------------------
+
+type FDevices = unsafe extern "C" fn(*mut c_int) -> Res;
+type FRegDmaBuf = unsafe extern "C" fn(VoidP, VoidP, usize, c_int, u64, c_int, VoidPP) -> Res;
+type FDereg = unsafe extern "C" fn(VoidP, VoidP) -> Res;
+type FFlush = unsafe extern "C" fn(VoidP, c_int, VoidPP, *mut c_int, VoidPP, VoidPP) -> Res;
+type FTest = unsafe extern "C" fn(VoidP, *mut c_int, *mut c_int) -> Res;
+type FClose = unsafe extern "C" fn(VoidP) -> Res;
+type FGetDeviceMr = Option<unsafe extern "C" fn(VoidP, VoidP, VoidPP) -> Res>;
+type FIrecvConsumed = Option<unsafe extern "C" fn(VoidP, c_int, VoidP) -> Res>;
+type FMakeVDevice<P> = Option<unsafe extern "C" fn(*mut c_int, *mut P) -> Res>;
+
+macro_rules! net_table {
+    ($name:ident { $($field:ident : $ty:ty),* $(,)? }) => {
+        #[repr(C)]
+        pub struct $name {
+            pub name: *const c_char,
+            $(pub $field: $ty,)*
+        }
+        // SAFETY: the table is immutable static data: a pointer to a static string and fn pointers.
+        unsafe impl Sync for $name {}
+    };
+}
+
+net_table!(NetV6 {
+    init: unsafe extern "C" fn(Logger) -> Res,
+    devices: FDevices,
+    get_properties: unsafe extern "C" fn(c_int, *mut PropsV6) -> Res,
+    listen: unsafe extern "C" fn(c_int, VoidP, VoidPP) -> Res,
+    connect: unsafe extern "C" fn(c_int, VoidP, VoidPP) -> Res,
+    accept: unsafe extern "C" fn(VoidP, VoidPP) -> Res,
+    reg_mr: unsafe extern "C" fn(VoidP, VoidP, c_int, c_int, VoidPP) -> Res,
+    reg_mr_dmabuf: FRegDmaBuf,
+    dereg_mr: FDereg,
+    isend: unsafe extern "C" fn(VoidP, VoidP, c_int, c_int, VoidP, VoidPP) -> Res,
+    irecv: unsafe extern "C" fn(VoidP, c_int, VoidPP, *mut c_int, *mut c_int, VoidPP, VoidPP) -> Res,
+    iflush: FFlush,
+    test: FTest,
+    close_send: FClose,
+    close_recv: FClose,
+    close_listen: FClose,
+});
+
+net_table!(NetV7 {
+    init: unsafe extern "C" fn(Logger) -> Res,
+    devices: FDevices,
+    get_properties: unsafe extern "C" fn(c_int, *mut PropsV7) -> Res,
+    listen: unsafe extern "C" fn(c_int, VoidP, VoidPP) -> Res,
+    connect: unsafe extern "C" fn(c_int, VoidP, VoidPP, VoidPP) -> Res,
+    accept: unsafe extern "C" fn(VoidP, VoidPP, VoidPP) -> Res,
+    reg_mr: unsafe extern "C" fn(VoidP, VoidP, c_int, c_int, VoidPP) -> Res,
+    reg_mr_dmabuf: FRegDmaBuf,
+    dereg_mr: FDereg,
+    isend: unsafe extern "C" fn(VoidP, VoidP, c_int, c_int, VoidP, VoidPP) -> Res,
+    irecv: unsafe extern "C" fn(VoidP, c_int, VoidPP, *mut c_int, *mut c_int, VoidPP, VoidPP) -> Res,
+    iflush: FFlush,
+    test: FTest,
+    close_send: FClose,
+    close_recv: FClose,
+    close_listen: FClose,
+    get_device_mr: FGetDeviceMr,
+    irecv_consumed: FIrecvConsumed,
+});
+
+net_table!(NetV8 {
+    init: unsafe extern "C" fn(Logger) -> Res,
+    devices: FDevices,
+    get_properties: unsafe extern "C" fn(c_int, *mut PropsV8) -> Res,
+    listen: unsafe extern "C" fn(c_int, VoidP, VoidPP) -> Res,
+    connect: unsafe extern "C" fn(c_int, VoidP, VoidPP, VoidPP) -> Res,
+    accept: unsafe extern "C" fn(VoidP, VoidPP, VoidPP) -> Res,
+    reg_mr: unsafe extern "C" fn(VoidP, VoidP, usize, c_int, VoidPP) -> Res,
+    reg_mr_dmabuf: FRegDmaBuf,
+    dereg_mr: FDereg,
+    isend: unsafe extern "C" fn(VoidP, VoidP, c_int, c_int, VoidP, VoidPP) -> Res,
+    irecv: unsafe extern "C" fn(VoidP, c_int, VoidPP, *mut c_int, *mut c_int, VoidPP, VoidPP) -> Res,
+    iflush: FFlush,
+    test: FTest,
+    close_send: FClose,
+    close_recv: FClose,
+    close_listen: FClose,
+    get_device_mr: FGetDeviceMr,
+    irecv_consumed: FIrecvConsumed,
+});
+
+net_table!(NetV9 {
+    init: unsafe extern "C" fn(Logger) -> Res,
+    devices: FDevices,
+    get_properties: unsafe extern "C" fn(c_int, *mut PropsV9) -> Res,
+    listen: unsafe extern "C" fn(c_int, VoidP, VoidPP) -> Res,
+    connect: unsafe extern "C" fn(c_int, VoidP, VoidPP, VoidPP) -> Res,
+    accept: unsafe extern "C" fn(VoidP, VoidPP, VoidPP) -> Res,
+    reg_mr: unsafe extern "C" fn(VoidP, VoidP, usize, c_int, VoidPP) -> Res,
+    reg_mr_dmabuf: FRegDmaBuf,
+    dereg_mr: FDereg,
+    isend: unsafe extern "C" fn(VoidP, VoidP, usize, c_int, VoidP, VoidPP) -> Res,
+    irecv: unsafe extern "C" fn(VoidP, c_int, VoidPP, *mut usize, *mut c_int, VoidPP, VoidPP) -> Res,
+    iflush: FFlush,
+    test: FTest,
+    close_send: FClose,
+    close_recv: FClose,
+    close_listen: FClose,
+    get_device_mr: FGetDeviceMr,
+    irecv_consumed: FIrecvConsumed,
+    make_vdevice: FMakeVDevice<VDevPropsV9>,
+});
+
+net_table!(NetV10 {
+    init: unsafe extern "C" fn(Logger, VoidP) -> Res,
+    devices: FDevices,
+    get_properties: unsafe extern "C" fn(c_int, *mut PropsV9) -> Res,
+    listen: unsafe extern "C" fn(c_int, VoidP, VoidPP) -> Res,
+    connect: unsafe extern "C" fn(c_int, VoidP, VoidP, VoidPP, VoidPP) -> Res,
+    accept: unsafe extern "C" fn(VoidP, VoidPP, VoidPP) -> Res,
+    reg_mr: unsafe extern "C" fn(VoidP, VoidP, usize, c_int, VoidPP) -> Res,
+    reg_mr_dmabuf: FRegDmaBuf,
+    dereg_mr: FDereg,
+    isend: unsafe extern "C" fn(VoidP, VoidP, usize, c_int, VoidP, VoidP, VoidPP) -> Res,
+    irecv: unsafe extern "C" fn(VoidP, c_int, VoidPP, *mut usize, *mut c_int, VoidPP, VoidPP, VoidPP) -> Res,
+    iflush: FFlush,
+    test: FTest,
+    close_send: FClose,
+    close_recv: FClose,
+    close_listen: FClose,
+    get_device_mr: FGetDeviceMr,
+    irecv_consumed: FIrecvConsumed,
+    make_vdevice: FMakeVDevice<VDevPropsV9>,
+});
+
+macro_rules! net_table_v11 {
+    ($name:ident, $props:ty, $vprops:ty) => {
+        net_table!($name {
+            init: unsafe extern "C" fn(VoidPP, u64, VoidP, Logger, VoidP) -> Res,
+            devices: FDevices,
+            get_properties: unsafe extern "C" fn(c_int, *mut $props) -> Res,
+            listen: unsafe extern "C" fn(VoidP, c_int, VoidP, VoidPP) -> Res,
+            connect: unsafe extern "C" fn(VoidP, c_int, VoidP, VoidPP, VoidPP) -> Res,
+            accept: unsafe extern "C" fn(VoidP, VoidPP, VoidPP) -> Res,
+            reg_mr: unsafe extern "C" fn(VoidP, VoidP, usize, c_int, VoidPP) -> Res,
+            reg_mr_dmabuf: FRegDmaBuf,
+            dereg_mr: FDereg,
+            isend: unsafe extern "C" fn(VoidP, VoidP, usize, c_int, VoidP, VoidP, VoidPP) -> Res,
+            irecv: unsafe extern "C" fn(VoidP, c_int, VoidPP, *mut usize, *mut c_int, VoidPP, VoidPP, VoidPP) -> Res,
+            iflush: FFlush,
+            test: FTest,
+            close_send: FClose,
+            close_recv: FClose,
+            close_listen: FClose,
+            get_device_mr: FGetDeviceMr,
+            irecv_consumed: FIrecvConsumed,
+            make_vdevice: FMakeVDevice<$vprops>,
+            finalize: FClose,
+            set_net_attr: unsafe extern "C" fn(VoidP, VoidP) -> Res,
+        });
+    };
+}
+net_table_v11!(NetV11, PropsV11, VDevPropsV9);
+net_table_v11!(NetV12, PropsV12, VDevPropsV12);
+
+const _: () = {
+    use std::mem::size_of;
+    assert!(size_of::<NetV6>() == 136);
+    assert!(size_of::<NetV7>() == 152 && size_of::<NetV8>() == 152);
+    assert!(size_of::<NetV9>() == 160 && size_of::<NetV10>() == 160);
+    assert!(size_of::<NetV11>() == 176 && size_of::<NetV12>() == 176);
+};
+
+/// The plugin's name (`NCCL_NET=fabricoll`).
+pub const NAME: &std::ffi::CStr = c"fabricoll";
+
+#[no_mangle]
+pub static ncclNetPlugin_v12: NetV12 = NetV12 {
+    name: NAME.as_ptr(),
+    init: init_v11,
+    devices,
+    get_properties: get_properties_v12,
+    listen: listen_v11,
+    connect: connect_v11,
+    accept: accept_v7,
+    reg_mr: reg_mr_v8,
+    reg_mr_dmabuf,
+    dereg_mr,
+    isend: isend_v10,
+    irecv: irecv_v10,
+    iflush,
+    test,
+    close_send,
+    close_recv,
+    close_listen,
+    get_device_mr: None,
+    irecv_consumed: None,
+    make_vdevice: None,
+    finalize,
+    set_net_attr,
+};
+
+#[no_mangle]
+pub static ncclNetPlugin_v11: NetV11 = NetV11 {
+    name: NAME.as_ptr(),
+    init: init_v11,
+    devices,
+    get_properties: get_properties_v11,
+    listen: listen_v11,
+    connect: connect_v11,
+    accept: accept_v7,
+    reg_mr: reg_mr_v8,
+    reg_mr_dmabuf,
+    dereg_mr,
+    isend: isend_v10,
+    irecv: irecv_v10,
+    iflush,
+    test,
+    close_send,
+    close_recv,
+    close_listen,
+    get_device_mr: None,
+    irecv_consumed: None,
+    make_vdevice: None,
+    finalize,
+    set_net_attr,
+};
+
+#[no_mangle]
+pub static ncclNetPlugin_v10: NetV10 = NetV10 {
+    name: NAME.as_ptr(),
+    init: init_v10,
+    devices,
+    get_properties: get_properties_v9,
+    listen: listen_v6,
+    connect: connect_v10,
+    accept: accept_v7,
+    reg_mr: reg_mr_v8,
+    reg_mr_dmabuf,
+    dereg_mr,
+    isend: isend_v10,
+    irecv: irecv_v10,
+    iflush,
+    test,
+    close_send,
+    close_recv,
+    close_listen,
+    get_device_mr: None,
+    irecv_consumed: None,
+    make_vdevice: None,
+};
+
+#[no_mangle]
+pub static ncclNetPlugin_v9: NetV9 = NetV9 {
+    name: NAME.as_ptr(),
+    init: init_v6,
+    devices,
+    get_properties: get_properties_v9,
+    listen: listen_v6,
+    connect: connect_v7,
+    accept: accept_v7,
+    reg_mr: reg_mr_v8,
+    reg_mr_dmabuf,
+    dereg_mr,
+    isend: isend_v9,
+    irecv: irecv_v9,
+    iflush,
+    test,
+    close_send,
+    close_recv,
+    close_listen,
+    get_device_mr: None,
+    irecv_consumed: None,
+    make_vdevice: None,
+};
+
+#[no_mangle]
+pub static ncclNetPlugin_v8: NetV8 = NetV8 {
+    name: NAME.as_ptr(),
+    init: init_v6,
+    devices,
+    get_properties: get_properties_v8,
+    listen: listen_v6,
+    connect: connect_v7,
+    accept: accept_v7,
+    reg_mr: reg_mr_v8,
+    reg_mr_dmabuf,
+    dereg_mr,
+    isend: isend_v6,
+    irecv: irecv_v6,
+    iflush,
+    test,
+    close_send,
+    close_recv,
+    close_listen,
+    get_device_mr: None,
+    irecv_consumed: None,
+};
+
+#[no_mangle]
+pub static ncclNetPlugin_v7: NetV7 = NetV7 {
+    name: NAME.as_ptr(),
+    init: init_v6,
+    devices,
+    get_properties: get_properties_v7,
+    listen: listen_v6,
+    connect: connect_v7,
+    accept: accept_v7,
+    reg_mr: reg_mr_v6,
+    reg_mr_dmabuf,
+    dereg_mr,
+    isend: isend_v6,
+    irecv: irecv_v6,
+    iflush,
+    test,
+    close_send,
+    close_recv,
+    close_listen,
+    get_device_mr: None,
+    irecv_consumed: None,
+};
+
+#[no_mangle]
+pub static ncclNetPlugin_v6: NetV6 = NetV6 {
+    name: NAME.as_ptr(),
+    init: init_v6,
+    devices,
+    get_properties: get_properties_v6,
+    listen: listen_v6,
+    connect: connect_v6,
+    accept: accept_v6,
+    reg_mr: reg_mr_v6,
+    reg_mr_dmabuf,
+    dereg_mr,
+    isend: isend_v6,
+    irecv: irecv_v6,
+    iflush,
+    test,
+    close_send,
+    close_recv,
+    close_listen,
+};

@@ -1,0 +1,233 @@
+//! NCCL semantics, independent of the ABI version: devices and their properties, handles,
+//! listen/connect/accept state machines, requests and the registration cache.
+pub mod mr;
+pub mod net;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::transport::fabric::{self, FabricTransport};
+use crate::transport::loopback::LoopbackFabric;
+use crate::transport::Transport;
+use net::Device;
+use once_cell::sync::OnceCell;
+use std::ffi::CString;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Largest `n` of a grouped receive.
+pub const MAX_RECVS: usize = 8;
+/// Size of a connection handle (NCCL_NET_HANDLE_MAXSIZE).
+pub const HANDLE_SIZE: usize = 128;
+/// Largest single transfer. NCCL's own chunks are at most 1 GiB, and `test` reports sizes as int.
+pub const MAX_P2P_BYTES: usize = 1 << 30;
+/// Largest CollNet operation (NCCL's MAX_COLLNET_SIZE).
+pub const MAX_COLL_BYTES: usize = 512 << 20;
+/// Comms per device we promise (wire ids have 22 bits; this leaves room for reuse delay).
+pub const MAX_COMMS: i32 = 65536;
+/// `ptrSupport` bit for host memory.
+pub const NCCL_PTR_HOST: i32 = 1;
+/// `ptrSupport` bit for CUDA memory.
+pub const NCCL_PTR_CUDA: i32 = 2;
+
+/// Properties of a device, version-neutral; the ffi layer writes them into each ABI's struct.
+#[derive(Debug, Clone)]
+pub struct DeviceProps {
+    /// The device's index (its own vNIC child in `vProps`).
+    pub index: usize,
+    pub name: CString,
+    pub pci_path: Option<CString>,
+    pub guid: u64,
+    pub ptr_support: i32,
+    pub reg_is_global: bool,
+    pub speed_mbps: i32,
+    pub port: i32,
+    pub latency_us: f32,
+    pub max_comms: i32,
+    pub max_recvs: i32,
+    pub max_p2p_bytes: usize,
+    pub max_coll_bytes: usize,
+}
+
+/// Kinds of objects handed to NCCL as opaque pointers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    Listen = 1,
+    Send = 2,
+    Recv = 3,
+    Mr = 4,
+    Request = 5,
+    Pending = 6,
+    Ctx = 7,
+}
+
+static SERIAL: AtomicU64 = AtomicU64::new(1);
+
+/// A new handle: a never-reused serial, the device index and the kind. Handles are looked up
+/// in tables, never dereferenced, so a garbage pointer from a caller is an error, not a crash.
+pub fn new_handle(dev: usize, kind: Kind) -> u64 {
+    (SERIAL.fetch_add(1, Ordering::Relaxed) << 8) | ((dev as u64 & 0xf) << 4) | kind as u64
+}
+
+pub fn handle_dev(h: u64) -> usize {
+    ((h >> 4) & 0xf) as usize
+}
+
+pub fn handle_kind(h: u64) -> u8 {
+    (h & 0xf) as u8
+}
+
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for p in parts {
+        for b in p.iter().chain(std::iter::once(&0u8)) {
+            h ^= *b as u64;
+            h = h.wrapping_mul(0x100000001b3);
+        }
+    }
+    h
+}
+
+/// Nominal one-way latency per provider, in microseconds (NCCL's `latency` property).
+fn nominal_latency_us(provider: &str) -> f32 {
+    match provider.split(';').next().unwrap_or("") {
+        "shm" => 1.0,
+        "efa" => 15.0,
+        "tcp" => 20.0,
+        _ => 0.0, // NCCL's default
+    }
+}
+
+/// The plugin: its devices and what discovery saw.
+pub struct Plugin {
+    pub devices: Vec<Device>,
+    pub provider: String,
+    pub providers: Vec<String>,
+}
+
+impl Plugin {
+    /// Devices from libfabric discovery, as the configuration asks.
+    pub fn discover(cfg: &Config) -> Result<Plugin> {
+        let disc = fabric::discover(cfg)?;
+        let Some(provider) = disc.chosen.clone() else {
+            return Err(Error::System(format!(
+                "no usable libfabric provider (wanted {}; found: {})",
+                cfg.provider.as_deref().unwrap_or("efa, tcp or shm"),
+                if disc.providers.is_empty() {
+                    "none".to_string()
+                } else {
+                    disc.providers.join(", ")
+                }
+            )));
+        };
+        let mut devices = Vec::new();
+        for (i, d) in disc.devices.into_iter().enumerate().take(16) {
+            let caps = d.caps.clone();
+            let pci = d.pci_path.clone();
+            let props = DeviceProps {
+                index: i,
+                name: CString::new(caps.domain.clone()).unwrap_or_default(),
+                pci_path: pci.as_deref().and_then(|p| CString::new(p).ok()),
+                guid: fnv1a(&[
+                    caps.provider.as_bytes(),
+                    caps.domain.as_bytes(),
+                    pci.as_deref().unwrap_or("").as_bytes(),
+                ]),
+                ptr_support: NCCL_PTR_HOST,
+                reg_is_global: cfg.mr_cache,
+                speed_mbps: d
+                    .speed_mbps
+                    .unwrap_or(cfg.speed_mbps as u64)
+                    .min(i32::MAX as u64) as i32,
+                port: 0,
+                latency_us: nominal_latency_us(&caps.provider),
+                max_comms: MAX_COMMS,
+                max_recvs: MAX_RECVS as i32,
+                max_p2p_bytes: MAX_P2P_BYTES.min(caps.max_msg_size),
+                max_coll_bytes: MAX_COLL_BYTES.min(caps.max_msg_size),
+            };
+            let dev = Arc::new(d);
+            let open = move || -> Result<Arc<dyn Transport>> {
+                Ok(Arc::new(FabricTransport::open(&dev)?))
+            };
+            devices.push(Device::new(i, props, cfg, Box::new(open)));
+        }
+        if devices.is_empty() {
+            return Err(Error::System(format!(
+                "libfabric provider {provider} has no usable domain"
+            )));
+        }
+        Ok(Plugin {
+            devices,
+            provider,
+            providers: disc.providers,
+        })
+    }
+
+    /// `ndev` devices on an in-process fabric (tests).
+    pub fn loopback(fabric: &Arc<LoopbackFabric>, ndev: usize, cfg: &Config) -> Plugin {
+        let devices = (0..ndev)
+            .map(|i| {
+                let props = DeviceProps {
+                    index: i,
+                    name: CString::new(format!("loopback{i}")).unwrap_or_default(),
+                    pci_path: None,
+                    guid: i as u64 + 1,
+                    ptr_support: NCCL_PTR_HOST,
+                    reg_is_global: cfg.mr_cache,
+                    speed_mbps: cfg.speed_mbps as i32,
+                    port: 0,
+                    latency_us: 0.0,
+                    max_comms: MAX_COMMS,
+                    max_recvs: MAX_RECVS as i32,
+                    max_p2p_bytes: MAX_P2P_BYTES,
+                    max_coll_bytes: MAX_COLL_BYTES,
+                };
+                let f = fabric.clone();
+                let open = move || -> Result<Arc<dyn Transport>> { Ok(Arc::new(f.endpoint())) };
+                Device::new(i, props, cfg, Box::new(open))
+            })
+            .collect();
+        Plugin {
+            devices,
+            provider: "loopback".into(),
+            providers: vec!["loopback".into()],
+        }
+    }
+
+    /// The device numbered `dev` (the `dev` argument of NCCL calls).
+    pub fn device(&self, dev: i32) -> Result<&Device> {
+        usize::try_from(dev)
+            .ok()
+            .and_then(|d| self.devices.get(d))
+            .ok_or_else(|| {
+                Error::arg(
+                    "dev",
+                    format!("{dev} is not a device index (0..{})", self.devices.len()),
+                )
+            })
+    }
+
+    /// The device owning handle `h`, which must be of kind `kind`.
+    pub fn device_of(&self, h: u64, kind: Kind, what: &str) -> Result<&Device> {
+        if handle_kind(h) != kind as u8 {
+            return Err(Error::arg(
+                what,
+                format!("{h:#x} is not a {kind:?} handle of this plugin"),
+            ));
+        }
+        self.devices
+            .get(handle_dev(h))
+            .ok_or_else(|| Error::arg(what, format!("{h:#x} is not a handle of this plugin")))
+    }
+}
+
+static PLUGIN: OnceCell<Result<Plugin>> = OnceCell::new();
+
+/// The process-wide plugin, discovered on first use.
+pub fn global() -> Result<&'static Plugin> {
+    PLUGIN
+        .get_or_init(|| Plugin::discover(crate::config::get()?))
+        .as_ref()
+        .map_err(Clone::clone)
+}

@@ -1,0 +1,350 @@
+//! In-process transport: endpoints are objects in one process (ranks as threads), with the
+//! semantics of a libfabric RDM endpoint: tagged messages matched in posted order, an
+//! unexpected-message queue, truncation errors, cancellation, and a waitable completion queue.
+use super::{Caps, Completion, Mr, OpId, Peer, Posted, Region, Transport};
+use crate::error::{Error, Result};
+use parking_lot::{Condvar, Mutex};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// A set of endpoints that can reach each other (one "fabric").
+#[derive(Default)]
+pub struct LoopbackFabric {
+    endpoints: Mutex<HashMap<u64, Weak<Endpoint>>>,
+    next: AtomicU64,
+}
+
+struct PostedRecv {
+    tag: u64,
+    ignore: u64,
+    region: Option<Region>,
+    len: usize,
+    op: OpId,
+}
+
+#[derive(Default)]
+struct State {
+    posted: VecDeque<PostedRecv>,
+    unexpected: VecDeque<(u64, Vec<u8>)>,
+    done: Vec<Completion>,
+}
+
+struct Endpoint {
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl Endpoint {
+    /// Deliver one message: into the oldest matching posted receive, else the unexpected queue.
+    fn deliver(&self, tag: u64, data: Vec<u8>) {
+        let mut st = self.state.lock();
+        let pos = st
+            .posted
+            .iter()
+            .position(|r| (r.tag | r.ignore) == (tag | r.ignore));
+        match pos {
+            Some(i) => {
+                let r = st.posted.remove(i).expect("index from position");
+                let c = complete_recv(r, tag, data);
+                st.done.push(c);
+            }
+            None => st.unexpected.push_back((tag, data)),
+        }
+        drop(st);
+        self.cv.notify_all();
+    }
+}
+
+fn complete_recv(r: PostedRecv, tag: u64, data: Vec<u8>) -> Completion {
+    if data.len() > r.len {
+        return Completion {
+            op: r.op,
+            len: 0,
+            tag,
+            status: Err(Error::InvalidArgument(format!(
+                "argument 'size': a message of {} bytes arrived for a receive buffer of {} bytes",
+                data.len(),
+                r.len
+            ))),
+            data: None,
+        };
+    }
+    let len = data.len();
+    let data = match r.region {
+        Some(region) => {
+            region.write(&data);
+            None
+        }
+        None => Some(data),
+    };
+    Completion {
+        op: r.op,
+        len,
+        tag,
+        status: Ok(()),
+        data,
+    }
+}
+
+/// One endpoint of a `LoopbackFabric`.
+pub struct LoopbackTransport {
+    fabric: Arc<LoopbackFabric>,
+    id: u64,
+    ep: Arc<Endpoint>,
+    caps: Caps,
+}
+
+impl LoopbackFabric {
+    pub fn new() -> Arc<LoopbackFabric> {
+        Arc::new(LoopbackFabric::default())
+    }
+
+    /// A new endpoint on this fabric.
+    pub fn endpoint(self: &Arc<Self>) -> LoopbackTransport {
+        let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let ep = Arc::new(Endpoint {
+            state: Mutex::new(State::default()),
+            cv: Condvar::new(),
+        });
+        self.endpoints.lock().insert(id, Arc::downgrade(&ep));
+        LoopbackTransport {
+            fabric: self.clone(),
+            id,
+            ep,
+            caps: Caps {
+                provider: "loopback".into(),
+                fabric: "loopback".into(),
+                domain: "loopback".into(),
+                inject_size: 0,
+                max_msg_size: usize::MAX,
+                wait_fd: true,
+                tx_size: 1024,
+                rx_size: 1024,
+                ..Default::default()
+            },
+        }
+    }
+}
+
+impl Drop for LoopbackTransport {
+    fn drop(&mut self) {
+        self.fabric.endpoints.lock().remove(&self.id);
+    }
+}
+
+impl LoopbackTransport {
+    fn push(&self, c: Completion) {
+        self.ep.state.lock().done.push(c);
+        self.ep.cv.notify_all();
+    }
+
+    fn send_bytes(&self, peer: Peer, tag: u64, data: Vec<u8>, op: OpId) {
+        let len = data.len();
+        let dest = self
+            .fabric
+            .endpoints
+            .lock()
+            .get(&peer.0)
+            .and_then(Weak::upgrade);
+        let status = match dest {
+            Some(d) => {
+                d.deliver(tag, data);
+                Ok(())
+            }
+            None => Err(Error::Remote(format!("loopback peer {} is closed", peer.0))),
+        };
+        self.push(Completion {
+            op,
+            len,
+            tag,
+            status,
+            data: None,
+        });
+    }
+
+    fn post(&self, r: PostedRecv) {
+        let mut st = self.ep.state.lock();
+        let pos = st
+            .unexpected
+            .iter()
+            .position(|(t, _)| (*t | r.ignore) == (r.tag | r.ignore));
+        match pos {
+            Some(i) => {
+                let (tag, data) = st.unexpected.remove(i).expect("index from position");
+                let c = complete_recv(r, tag, data);
+                st.done.push(c);
+            }
+            None => st.posted.push_back(r),
+        }
+    }
+}
+
+impl Transport for LoopbackTransport {
+    fn caps(&self) -> &Caps {
+        &self.caps
+    }
+
+    fn address(&self) -> Vec<u8> {
+        self.id.to_le_bytes().to_vec()
+    }
+
+    fn insert_peer(&self, addr: &[u8]) -> Result<Peer> {
+        let id: [u8; 8] = addr.try_into().map_err(|_| {
+            Error::arg(
+                "addr",
+                format!("a loopback address has 8 bytes, not {}", addr.len()),
+            )
+        })?;
+        let id = u64::from_le_bytes(id);
+        if self.fabric.endpoints.lock().contains_key(&id) {
+            Ok(Peer(id))
+        } else {
+            Err(Error::Remote(format!("no loopback endpoint {id}")))
+        }
+    }
+
+    fn register(&self, region: Region) -> Result<Mr> {
+        Ok(Mr {
+            desc: 0,
+            region,
+            keep: None,
+        })
+    }
+
+    fn send(
+        &self,
+        peer: Peer,
+        tag: u64,
+        region: Region,
+        _mr: Option<&Mr>,
+        op: OpId,
+    ) -> Result<Posted> {
+        self.send_bytes(peer, tag, region.to_vec(), op);
+        Ok(Posted::Queued)
+    }
+
+    fn recv(
+        &self,
+        tag: u64,
+        ignore: u64,
+        region: Region,
+        _mr: Option<&Mr>,
+        op: OpId,
+    ) -> Result<Posted> {
+        self.post(PostedRecv {
+            tag,
+            ignore,
+            region: Some(region),
+            len: region.len(),
+            op,
+        });
+        Ok(Posted::Queued)
+    }
+
+    fn send_owned(&self, peer: Peer, tag: u64, data: Vec<u8>, op: OpId) -> Result<()> {
+        self.send_bytes(peer, tag, data, op);
+        Ok(())
+    }
+
+    fn recv_owned(&self, tag: u64, ignore: u64, len: usize, op: OpId) -> Result<()> {
+        self.post(PostedRecv {
+            tag,
+            ignore,
+            region: None,
+            len,
+            op,
+        });
+        Ok(())
+    }
+
+    fn cancel(&self, op: OpId) {
+        let mut st = self.ep.state.lock();
+        if let Some(i) = st.posted.iter().position(|r| r.op == op) {
+            st.posted.remove(i);
+            st.done.push(Completion {
+                op,
+                len: 0,
+                tag: 0,
+                status: Err(Error::InvalidUsage("operation cancelled".into())),
+                data: None,
+            });
+        }
+    }
+
+    fn poll(&self, out: &mut Vec<Completion>) -> Result<usize> {
+        let mut st = self.ep.state.lock();
+        let n = st.done.len();
+        out.append(&mut st.done);
+        Ok(n)
+    }
+
+    fn wait(&self, timeout: Duration) -> Result<()> {
+        let mut st = self.ep.state.lock();
+        if st.done.is_empty() {
+            self.ep.cv.wait_for(&mut st, timeout);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(v: &mut [u8]) -> Region {
+        // SAFETY: the vectors outlive every operation in these tests, which complete before
+        // the vectors are dropped.
+        unsafe { Region::from_raw(v.as_mut_ptr(), v.len()) }
+    }
+
+    fn drain(t: &LoopbackTransport) -> Vec<Completion> {
+        let mut v = Vec::new();
+        t.poll(&mut v).unwrap();
+        v
+    }
+
+    #[test]
+    fn matches_in_posted_order_and_queues_unexpected() {
+        let f = LoopbackFabric::new();
+        let (a, b) = (f.endpoint(), f.endpoint());
+        let pb = a.insert_peer(&b.address()).unwrap();
+        let mut m1 = vec![1u8; 4];
+        let mut m2 = vec![2u8; 4];
+        a.send(pb, 7, region(&mut m1), None, 1).unwrap();
+        a.send(pb, 7, region(&mut m2), None, 2).unwrap();
+        let mut r1 = vec![0u8; 8];
+        let mut r2 = vec![0u8; 8];
+        b.recv(7, 0, region(&mut r1), None, 10).unwrap();
+        b.recv(7, 0, region(&mut r2), None, 11).unwrap();
+        let done = drain(&b);
+        assert_eq!(done.len(), 2);
+        assert_eq!((done[0].op, done[0].len), (10, 4));
+        assert_eq!(&r1[..4], &[1, 1, 1, 1]);
+        assert_eq!(&r2[..4], &[2, 2, 2, 2]);
+        assert_eq!(drain(&a).len(), 2);
+    }
+
+    #[test]
+    fn truncation_is_an_error_and_cancel_completes() {
+        let f = LoopbackFabric::new();
+        let (a, b) = (f.endpoint(), f.endpoint());
+        let pb = a.insert_peer(&b.address()).unwrap();
+        let mut small = vec![0u8; 2];
+        b.recv(1, 0, region(&mut small), None, 5).unwrap();
+        let mut big = vec![9u8; 16];
+        a.send(pb, 1, region(&mut big), None, 6).unwrap();
+        let done = drain(&b);
+        assert!(done[0]
+            .status
+            .as_ref()
+            .unwrap_err()
+            .to_string()
+            .contains("'size'"));
+        b.recv(2, 0, region(&mut small), None, 8).unwrap();
+        b.cancel(8);
+        assert!(drain(&b)[0].status.is_err());
+        assert!(a.insert_peer(&[1, 2, 3]).is_err());
+    }
+}
