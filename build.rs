@@ -60,10 +60,35 @@ fn main() {
     }
     println!("cargo:rustc-link-lib=dylib=fabric");
 
+    generate_header(&out);
+
     // NCCL dlcloses and re-opens net plugins: keep our statics and threads alive (-z nodelete),
     // and give the library the soname NCCL opens it by.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnccl-net-fabricoll.so");
+}
+
+/// include/fabricoll.h from the `fabricoll_*` functions (src/ffi/api.rs), written to OUT_DIR;
+/// tests compare it with the committed header.
+fn generate_header(out: &std::path::Path) {
+    println!("cargo:rerun-if-changed=src/ffi/api.rs");
+    println!("cargo:rerun-if-changed=cbindgen.toml");
+    let crate_dir = env::var("CARGO_MANIFEST_DIR").unwrap();
+    let config = cbindgen::Config::from_file(PathBuf::from(&crate_dir).join("cbindgen.toml"))
+        .expect("cbindgen.toml");
+    let mut config = config;
+    // Only the C API module: the NCCL tables have their own declarations in NCCL.
+    config.parse.include = None;
+    match cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(PathBuf::from(&crate_dir).join("src/ffi/api.rs"))
+        .generate()
+    {
+        Ok(b) => {
+            b.write_to_file(out.join("fabricoll.h"));
+        }
+        Err(e) => panic!("cbindgen failed on src/ffi/api.rs: {e}"),
+    }
 }
 
 struct PkgLib {

@@ -161,6 +161,7 @@ pub struct Device {
 }
 
 /// A connection handle's fields (the 128 bytes NCCL carries from listener to connector).
+#[derive(Debug)]
 struct HandleView {
     listen_id: u32,
     state: u64,

@@ -159,6 +159,30 @@ impl Drop for InfoList {
 }
 
 fn getinfo(provider: Option<&str>) -> Result<InfoList> {
+    getinfo_caps(provider, 0)
+}
+
+/// Domains of `provider` that also offer `extra` capabilities (FI_RMA, FI_HMEM), probed with a
+/// separate query because fi_getinfo reports only the capabilities the hints asked for.
+fn domains_with(provider: &str, extra: u64) -> Vec<String> {
+    let Ok(list) = getinfo_caps(Some(provider), extra) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut cur = list.0;
+    while !cur.is_null() {
+        // SAFETY: cur is an element of the list we own; its attributes are allocated.
+        unsafe {
+            if cstr((*(*cur).fabric_attr).prov_name) == provider && (*cur).caps & extra == extra {
+                out.push(cstr((*(*cur).domain_attr).name));
+            }
+            cur = (*cur).next;
+        }
+    }
+    out
+}
+
+fn getinfo_caps(provider: Option<&str>, extra: u64) -> Result<InfoList> {
     // SAFETY: fi_allocinfo returns a zeroed fi_info with allocated attribute structs, or NULL.
     let hints = unsafe { sys::fi_allocinfo() };
     if hints.is_null() {
@@ -169,7 +193,7 @@ fn getinfo(provider: Option<&str>) -> Result<InfoList> {
     // fill; prov_name must be malloc'ed because fi_freeinfo frees it.
     unsafe {
         let h = &mut *hints.0;
-        h.caps = sys::FI_TAGGED as u64;
+        h.caps = sys::FI_TAGGED as u64 | extra;
         h.mode = sys::FI_CONTEXT | sys::FI_CONTEXT2;
         (*h.ep_attr).type_ = sys::fi_ep_type_FI_EP_RDM;
         (*h.domain_attr).mr_mode = (sys::FI_MR_LOCAL
@@ -281,6 +305,8 @@ pub fn discover(cfg: &Config) -> Result<Discovery> {
             }
         }
     };
+    let rma = domains_with(&chosen, sys::FI_RMA as u64);
+    let hmem = domains_with(&chosen, sys::FI_HMEM);
     for (dom, e) in order {
         // SAFETY: e is an element of the list we own; fi_dupinfo copies it (and not its next).
         let dup = unsafe { sys::fi_dupinfo(e) };
@@ -295,7 +321,6 @@ pub fn discover(cfg: &Config) -> Result<Discovery> {
             let rx = &*i.rx_attr;
             let ep = &*i.ep_attr;
             let mr_mode = (*i.domain_attr).mr_mode as u64;
-            let hmem = i.caps & sys::FI_HMEM != 0;
             (
                 Caps {
                     provider: chosen.clone(),
@@ -305,8 +330,8 @@ pub fn discover(cfg: &Config) -> Result<Discovery> {
                     max_msg_size: ep.max_msg_size,
                     mr_mode,
                     mr_local: mr_mode & sys::FI_MR_LOCAL as u64 != 0,
-                    hmem,
-                    rma: i.caps & sys::FI_RMA as u64 != 0,
+                    hmem: hmem.contains(&dom),
+                    rma: rma.contains(&dom),
                     wait_fd: false,
                     tx_size: tx.size,
                     rx_size: rx.size,
@@ -369,6 +394,15 @@ impl Drop for MrFid {
         // SAFETY: we opened this MR; the domain it belongs to is kept alive by `_domain`.
         unsafe { sys::fi_close(self.mr as *mut sys::fid) };
     }
+}
+
+/// The buffer side of one operation.
+struct OpBuf {
+    addr: usize,
+    len: usize,
+    desc: usize,
+    op: OpId,
+    owned: Option<Vec<u8>>,
 }
 
 /// Per-operation context; libfabric owns `ctx` while the operation is in flight.
@@ -581,17 +615,14 @@ impl Inner {
         p
     }
 
-    fn post_send(
-        &mut self,
-        caps: &Caps,
-        peer: Peer,
-        tag: u64,
-        addr: usize,
-        len: usize,
-        desc: usize,
-        op: OpId,
-        owned: Option<Vec<u8>>,
-    ) -> Result<Posted> {
+    fn post_send(&mut self, caps: &Caps, peer: Peer, tag: u64, b: OpBuf) -> Result<Posted> {
+        let OpBuf {
+            addr,
+            len,
+            desc,
+            op,
+            owned,
+        } = b;
         if len <= caps.inject_size && owned.is_none() {
             // SAFETY: the endpoint is enabled; inject copies the buffer before returning.
             let rc = unsafe { sys::fi_tinject(self.ep, addr as *const c_void, len, peer.0, tag) };
@@ -639,16 +670,14 @@ impl Inner {
         Ok(Posted::Busy)
     }
 
-    fn post_recv(
-        &mut self,
-        tag: u64,
-        ignore: u64,
-        addr: usize,
-        len: usize,
-        desc: usize,
-        op: OpId,
-        owned: Option<Vec<u8>>,
-    ) -> Result<Posted> {
+    fn post_recv(&mut self, tag: u64, ignore: u64, b: OpBuf) -> Result<Posted> {
+        let OpBuf {
+            addr,
+            len,
+            desc,
+            op,
+            owned,
+        } = b;
         let ctx = self.new_ctx(op, len, true, owned);
         // SAFETY: the buffer is valid until completion (Region's contract, or owned by ctx).
         let rc = unsafe {
@@ -677,7 +706,14 @@ impl Inner {
     fn drain_backlog(&mut self, caps: &Caps) -> Result<()> {
         while let Some((peer, tag, data, op)) = self.backlog.pop_front() {
             let (addr, len) = (data.as_ptr() as usize, data.len());
-            if self.post_send(caps, peer, tag, addr, len, 0, op, Some(data))? == Posted::Busy {
+            let b = OpBuf {
+                addr,
+                len,
+                desc: 0,
+                op,
+                owned: Some(data),
+            };
+            if self.post_send(caps, peer, tag, b)? == Posted::Busy {
                 break; // the message is back at the front of the backlog
             }
         }
@@ -839,16 +875,14 @@ impl Transport for FabricTransport {
     ) -> Result<Posted> {
         let mut g = self.inner.lock();
         let desc = mr.map_or(0, |m| m.desc);
-        g.post_send(
-            &self.caps,
-            peer,
-            tag,
-            region.addr(),
-            region.len(),
+        let b = OpBuf {
+            addr: region.addr(),
+            len: region.len(),
             desc,
             op,
-            None,
-        )
+            owned: None,
+        };
+        g.post_send(&self.caps, peer, tag, b)
     }
 
     fn recv(
@@ -861,7 +895,14 @@ impl Transport for FabricTransport {
     ) -> Result<Posted> {
         let mut g = self.inner.lock();
         let desc = mr.map_or(0, |m| m.desc);
-        g.post_recv(tag, ignore, region.addr(), region.len(), desc, op, None)
+        let b = OpBuf {
+            addr: region.addr(),
+            len: region.len(),
+            desc,
+            op,
+            owned: None,
+        };
+        g.post_recv(tag, ignore, b)
     }
 
     fn send_owned(&self, peer: Peer, tag: u64, data: Vec<u8>, op: OpId) -> Result<()> {
@@ -874,7 +915,14 @@ impl Transport for FabricTransport {
         let mut g = self.inner.lock();
         let buf = vec![0u8; len];
         let addr = buf.as_ptr() as usize;
-        match g.post_recv(tag, ignore, addr, len, 0, op, Some(buf))? {
+        let b = OpBuf {
+            addr,
+            len,
+            desc: 0,
+            op,
+            owned: Some(buf),
+        };
+        match g.post_recv(tag, ignore, b)? {
             Posted::Queued => Ok(()),
             Posted::Busy => Err(Error::System(
                 "receive queue full while posting a control receive".into(),
