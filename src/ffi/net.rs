@@ -526,19 +526,23 @@ unsafe extern "C" fn irecv_v10(
 unsafe extern "C" fn iflush(
     comm: VoidP,
     n: c_int,
-    _data: VoidPP,
-    _sizes: *mut c_int,
-    _mhs: VoidPP,
+    data: VoidPP,
+    sizes: *mut c_int,
+    mhs: VoidPP,
     req: VoidPP,
 ) -> Res {
     boundary("iflush", || {
         // SAFETY: NCCL passes a writable void* out-pointer.
         let out = unsafe { Out::new(req, "request") }?;
         out.set(std::ptr::null_mut());
+        // The same arrays as the receive being flushed, validated the same way (no tags).
+        let tags = [0 as c_int; MAX_RECVS];
+        // SAFETY: NCCL's arrays have n elements (n is checked against MAX_RECVS before reading).
+        let bufs = unsafe { recv_bufs(n, data, sizes, tags.as_ptr(), mhs) }?;
         let c = h(comm);
         let r = plugin()?
             .device_of(c, Kind::Recv, "recvComm")?
-            .iflush(c, n)?;
+            .iflush(c, bufs.len() as c_int)?;
         out.set(ptr(r));
         Ok(())
     })

@@ -818,6 +818,14 @@ fn dispatch(st: &mut State, t: &dyn Transport, c: Completion) {
                     r.left -= 1;
                 }
                 Ok(()) => {}
+                // We cancel only requests we have already dropped: a cancellation reaching a
+                // live request came from the provider (rxm does this when a peer's connection
+                // is lost).
+                Err(e) if is_cancel(&e) => {
+                    r.error.get_or_insert(Error::Remote(
+                        "the provider aborted the operation (connection to the peer lost)".into(),
+                    ));
+                }
                 Err(e) => {
                     r.error.get_or_insert(e);
                 }
