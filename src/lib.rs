@@ -1,5 +1,6 @@
 //! fabricoll: collective communication over libfabric, as an NCCL net / CollNet plugin and a
 //! native C API. See docs in README.md and the design in shared/docs/design.md.
+pub mod algo;
 pub mod config;
 pub mod error;
 pub mod ffi;

@@ -1,0 +1,627 @@
+//! Collective algorithms as data. PURE: no I/O, no unsafe.
+//!
+//! A `Schedule` is, for each rank, an ordered list of typed steps over three buffers (`In`, the
+//! caller's input; `Out`, the caller's output; `Tmp`, scratch). Each step names the earlier
+//! steps of the same rank it depends on; a step may run once they have completed, so the
+//! executor overlaps whatever the dependencies allow (slices of a ring pipeline naturally).
+//! Messages match in program order per ordered pair: the k-th `Send` from rank a to rank b is
+//! received by the k-th `Recv`/`RecvReduce` from a on rank b.
+//!
+//! Schedules never write `In` and never alias `In` with `Out`: an in-place call is run by the
+//! executor with a backup of the input as `In` (the backup also restores the caller's buffer when
+//! a collective fails). Lengths and offsets are in elements; the executor scales by the type size.
+#![forbid(unsafe_code)]
+
+pub mod check;
+pub mod ring;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+
+/// The collectives of NCCL and MPI that the engines implement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Collective {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    Broadcast,
+    Reduce,
+    AllToAll,
+}
+
+impl Collective {
+    pub const ALL: [Collective; 6] = [
+        Collective::AllReduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::Broadcast,
+        Collective::Reduce,
+        Collective::AllToAll,
+    ];
+
+    /// Does the collective combine values (so a reduction op applies)?
+    pub fn reduces(self) -> bool {
+        matches!(
+            self,
+            Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
+        )
+    }
+}
+
+/// The problem a schedule solves. `count` follows NCCL: AllReduce, Broadcast, Reduce: elements
+/// in the buffer; AllGather: elements each rank contributes; ReduceScatter: elements each rank
+/// receives; AllToAll: elements sent to each peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Problem {
+    pub coll: Collective,
+    pub nranks: usize,
+    pub count: usize,
+    /// Root rank (Broadcast, Reduce); 0 otherwise.
+    pub root: usize,
+}
+
+impl Problem {
+    pub fn new(coll: Collective, nranks: usize, count: usize) -> Problem {
+        Problem {
+            coll,
+            nranks,
+            count,
+            root: 0,
+        }
+    }
+
+    pub fn with_root(mut self, root: usize) -> Problem {
+        self.root = root;
+        self
+    }
+
+    /// Elements of each rank's input buffer.
+    pub fn in_len(&self) -> usize {
+        match self.coll {
+            Collective::ReduceScatter | Collective::AllToAll => self.count * self.nranks,
+            _ => self.count,
+        }
+    }
+
+    /// Elements of each rank's output buffer.
+    pub fn out_len(&self) -> usize {
+        match self.coll {
+            Collective::AllGather | Collective::AllToAll => self.count * self.nranks,
+            _ => self.count,
+        }
+    }
+}
+
+/// Which buffer a span lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Buf {
+    In,
+    Out,
+    Tmp,
+}
+
+/// A range of elements of one buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Span {
+    pub buf: Buf,
+    pub off: usize,
+    pub len: usize,
+}
+
+impl Span {
+    pub fn new(buf: Buf, off: usize, len: usize) -> Span {
+        Span { buf, off, len }
+    }
+
+    /// The sub-range `[off, off+len)` of this span (relative offsets).
+    pub fn sub(&self, off: usize, len: usize) -> Span {
+        debug_assert!(off + len <= self.len, "sub-span out of range");
+        Span {
+            buf: self.buf,
+            off: self.off + off,
+            len,
+        }
+    }
+
+    pub fn end(&self) -> usize {
+        self.off + self.len
+    }
+
+    pub fn overlaps(&self, o: &Span) -> bool {
+        self.buf == o.buf && self.len > 0 && o.len > 0 && self.off < o.end() && o.off < self.end()
+    }
+}
+
+/// One step of one rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Send `src` to `peer`.
+    Send { peer: usize, src: Span },
+    /// Receive from `peer` into `dst`.
+    Recv { peer: usize, dst: Span },
+    /// Receive from `peer` and store `src ⊕ message` in `dst` (`src` may equal `dst`).
+    RecvReduce { peer: usize, src: Span, dst: Span },
+    /// `dst = src`.
+    Copy { src: Span, dst: Span },
+    /// `dst = a ⊕ b` (`dst` may equal `a` or `b`).
+    Reduce { a: Span, b: Span, dst: Span },
+    /// Does nothing; joins dependencies.
+    Nop,
+}
+
+impl Op {
+    /// Spans this op reads.
+    pub fn reads(&self) -> Vec<Span> {
+        match self {
+            Op::Send { src, .. } | Op::Copy { src, .. } | Op::RecvReduce { src, .. } => vec![*src],
+            Op::Reduce { a, b, .. } => vec![*a, *b],
+            Op::Recv { .. } | Op::Nop => vec![],
+        }
+    }
+
+    /// The span this op writes.
+    pub fn writes(&self) -> Option<Span> {
+        match self {
+            Op::Recv { dst, .. }
+            | Op::RecvReduce { dst, .. }
+            | Op::Copy { dst, .. }
+            | Op::Reduce { dst, .. } => Some(*dst),
+            Op::Send { .. } | Op::Nop => None,
+        }
+    }
+
+    /// The peer of a communication op.
+    pub fn peer(&self) -> Option<usize> {
+        match self {
+            Op::Send { peer, .. } | Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => {
+                Some(*peer)
+            }
+            _ => None,
+        }
+    }
+
+    pub fn is_recv(&self) -> bool {
+        matches!(self, Op::Recv { .. } | Op::RecvReduce { .. })
+    }
+}
+
+/// An op and the earlier steps (indices into the same rank's list) it waits for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    pub op: Op,
+    pub deps: Vec<usize>,
+}
+
+/// The algorithms. `Hier` composes an intra-node and an inter-node algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    Ring,
+    BidirRing,
+    Mesh,
+    Mesh1,
+    Rdh,
+    Rd,
+    Tree,
+    DbTree,
+    Bruck,
+    Pairwise,
+    Hier,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 11] = [
+        Algorithm::Ring,
+        Algorithm::BidirRing,
+        Algorithm::Mesh,
+        Algorithm::Mesh1,
+        Algorithm::Rdh,
+        Algorithm::Rd,
+        Algorithm::Tree,
+        Algorithm::DbTree,
+        Algorithm::Bruck,
+        Algorithm::Pairwise,
+        Algorithm::Hier,
+    ];
+
+    /// The name used by `FABRICOLL_ALGO` and the C API.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::BidirRing => "bidir_ring",
+            Algorithm::Mesh => "mesh",
+            Algorithm::Mesh1 => "mesh1",
+            Algorithm::Rdh => "rdh",
+            Algorithm::Rd => "rd",
+            Algorithm::Tree => "tree",
+            Algorithm::DbTree => "dbtree",
+            Algorithm::Bruck => "bruck",
+            Algorithm::Pairwise => "pairwise",
+            Algorithm::Hier => "hier",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| a.name() == s)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Tuning knobs of a schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Options {
+    /// Largest message in elements (messages are sliced to pipeline); 0 = no slicing.
+    pub slice: usize,
+    /// Ranks per node for `Hier` (nodes = nranks / local); must divide nranks.
+    pub local: usize,
+    /// Intra-node and inter-node algorithms of `Hier`.
+    pub intra: Algorithm,
+    pub inter: Algorithm,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            slice: 0,
+            local: 1,
+            intra: Algorithm::Ring,
+            inter: Algorithm::Ring,
+        }
+    }
+}
+
+/// Why a schedule could not be built.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AlgoError {
+    /// The algorithm does not implement this collective.
+    NotApplicable { algo: Algorithm, coll: Collective },
+    /// The problem or the options are invalid; the text names the field.
+    Invalid(String),
+}
+
+impl fmt::Display for AlgoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AlgoError::NotApplicable { algo, coll } => {
+                write!(f, "algorithm {algo} does not implement {coll:?}")
+            }
+            AlgoError::Invalid(s) => f.write_str(s),
+        }
+    }
+}
+
+pub type AlgoResult<T> = Result<T, AlgoError>;
+
+/// A complete schedule: every rank's steps and scratch needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    pub problem: Problem,
+    pub algo: Algorithm,
+    /// Elements of scratch each rank needs.
+    pub tmp_len: Vec<usize>,
+    pub ranks: Vec<Vec<Step>>,
+}
+
+/// Split `len` elements into `n` contiguous chunks, the first `len % n` one element longer:
+/// uneven chunks, never padding. Returns (offset, length) pairs.
+pub fn chunks(len: usize, n: usize) -> Vec<(usize, usize)> {
+    let n = n.max(1);
+    let (q, r) = (len / n, len % n);
+    let mut off = 0;
+    (0..n)
+        .map(|i| {
+            let l = q + usize::from(i < r);
+            let c = (off, l);
+            off += l;
+            c
+        })
+        .collect()
+}
+
+/// Split a span into slices of at most `slice` elements (one slice when `slice` is 0). An
+/// empty span gives one empty slice, so that a message still flows (keeping matching simple).
+pub fn slices(s: Span, slice: usize) -> Vec<Span> {
+    if slice == 0 || s.len <= slice {
+        return vec![s];
+    }
+    let n = s.len.div_ceil(slice);
+    chunks(s.len, n)
+        .into_iter()
+        .map(|(o, l)| s.sub(o, l))
+        .collect()
+}
+
+/// Appends steps to every rank's list. Algorithms are written against it, over a *group* of
+/// ranks (a list of global ranks), so that they compose (Hierarchical runs them on sub-groups).
+#[derive(Clone, Debug)]
+pub struct Builder {
+    pub ranks: Vec<Vec<Step>>,
+    pub tmp_len: Vec<usize>,
+}
+
+/// For each global rank, the steps a phase must wait for (its "frontier").
+pub type Deps = Vec<Vec<usize>>;
+
+impl Builder {
+    pub fn new(nranks: usize) -> Builder {
+        Builder {
+            ranks: vec![Vec::new(); nranks],
+            tmp_len: vec![0; nranks],
+        }
+    }
+
+    pub fn nranks(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// Append `op` to `rank`'s list, after `deps`; returns its index.
+    pub fn push(&mut self, rank: usize, op: Op, deps: &[usize]) -> usize {
+        let v = &mut self.ranks[rank];
+        let mut d: Vec<usize> = deps.to_vec();
+        d.sort_unstable();
+        d.dedup();
+        v.push(Step { op, deps: d });
+        v.len() - 1
+    }
+
+    pub fn send(&mut self, rank: usize, peer: usize, src: Span, deps: &[usize]) -> usize {
+        self.push(rank, Op::Send { peer, src }, deps)
+    }
+
+    pub fn recv(&mut self, rank: usize, peer: usize, dst: Span, deps: &[usize]) -> usize {
+        self.push(rank, Op::Recv { peer, dst }, deps)
+    }
+
+    pub fn recv_reduce(
+        &mut self,
+        rank: usize,
+        peer: usize,
+        src: Span,
+        dst: Span,
+        deps: &[usize],
+    ) -> usize {
+        self.push(rank, Op::RecvReduce { peer, src, dst }, deps)
+    }
+
+    /// `dst = src`; nothing is emitted when they are the same span (returns None).
+    pub fn copy(&mut self, rank: usize, src: Span, dst: Span, deps: &[usize]) -> Option<usize> {
+        if src == dst || src.len == 0 {
+            return None;
+        }
+        Some(self.push(rank, Op::Copy { src, dst }, deps))
+    }
+
+    pub fn reduce(&mut self, rank: usize, a: Span, b: Span, dst: Span, deps: &[usize]) -> usize {
+        self.push(rank, Op::Reduce { a, b, dst }, deps)
+    }
+
+    /// One step that waits for `deps` (to keep dependency lists short).
+    pub fn join(&mut self, rank: usize, deps: &[usize]) -> Vec<usize> {
+        match deps.len() {
+            0 => vec![],
+            1 => deps.to_vec(),
+            _ => vec![self.push(rank, Op::Nop, deps)],
+        }
+    }
+
+    /// Scratch of `len` elements on `rank`, after what it already uses.
+    pub fn tmp(&mut self, rank: usize, len: usize) -> Span {
+        let off = self.tmp_len[rank];
+        self.tmp_len[rank] += len;
+        Span::new(Buf::Tmp, off, len)
+    }
+
+    /// Every step of `rank` so far, joined: the frontier for a phase that must follow them all.
+    pub fn frontier(&mut self, rank: usize) -> Vec<usize> {
+        let n = self.ranks[rank].len();
+        if n == 0 {
+            return vec![];
+        }
+        // Steps that no later step depends on cover everything before them.
+        let mut needed = vec![true; n];
+        for s in &self.ranks[rank] {
+            for d in &s.deps {
+                needed[*d] = false;
+            }
+        }
+        let tips: Vec<usize> = (0..n).filter(|i| needed[*i]).collect();
+        self.join(rank, &tips)
+    }
+
+    /// Frontiers of all ranks.
+    pub fn frontiers(&mut self) -> Deps {
+        (0..self.nranks()).map(|r| self.frontier(r)).collect()
+    }
+
+    pub fn finish(self, problem: Problem, algo: Algorithm) -> Schedule {
+        Schedule {
+            problem,
+            algo,
+            tmp_len: self.tmp_len,
+            ranks: self.ranks,
+        }
+    }
+}
+
+/// No dependencies for any rank.
+pub fn no_deps(nranks: usize) -> Deps {
+    vec![Vec::new(); nranks]
+}
+
+/// Build the schedule of `algo` for `problem`.
+pub fn build(problem: Problem, algo: Algorithm, opts: &Options) -> AlgoResult<Schedule> {
+    let n = problem.nranks;
+    if n == 0 {
+        return Err(AlgoError::Invalid("nranks: must be at least 1".into()));
+    }
+    if problem.root >= n {
+        return Err(AlgoError::Invalid(format!(
+            "root: {} is not a rank of {n}",
+            problem.root
+        )));
+    }
+    if problem.count.checked_mul(n).is_none() {
+        return Err(AlgoError::Invalid("count: count x nranks overflows".into()));
+    }
+    let mut b = Builder::new(n);
+    let group: Vec<usize> = (0..n).collect();
+    let start = no_deps(n);
+    let inp = |len: usize| vec![Span::new(Buf::In, 0, len); n];
+    let out = |len: usize| vec![Span::new(Buf::Out, 0, len); n];
+    let c = problem.count;
+    let na = || AlgoError::NotApplicable {
+        algo,
+        coll: problem.coll,
+    };
+    let algo_impl = implementation(algo).ok_or_else(na)?;
+    match problem.coll {
+        Collective::AllReduce => {
+            algo_impl.all_reduce(&mut b, &group, &inp(c), &out(c), &start, opts)
+        }
+        Collective::AllGather => {
+            let dst = out(c * n);
+            let cs: Vec<(usize, usize)> = (0..n).map(|i| (i * c, c)).collect();
+            algo_impl.all_gather(&mut b, &group, &inp(c), &dst, &cs, &start, opts)
+        }
+        Collective::ReduceScatter => {
+            let cs: Vec<(usize, usize)> = (0..n).map(|i| (i * c, c)).collect();
+            algo_impl.reduce_scatter(&mut b, &group, &inp(c * n), &out(c), &cs, &start, opts)
+        }
+        Collective::Broadcast => {
+            algo_impl.broadcast(&mut b, &group, problem.root, &inp(c), &out(c), &start, opts)
+        }
+        Collective::Reduce => {
+            algo_impl.reduce(&mut b, &group, problem.root, &inp(c), &out(c), &start, opts)
+        }
+        Collective::AllToAll => {
+            algo_impl.all_to_all(&mut b, &group, &inp(c * n), &out(c * n), c, &start, opts)
+        }
+    }
+    .map_err(|e| match e {
+        AlgoError::NotApplicable { .. } => na(),
+        e => e,
+    })?;
+    Ok(b.finish(problem, algo))
+}
+
+/// What each algorithm implements, over a group of ranks. `src[m]`/`dst[m]` are group member
+/// m's spans; `start[g]` are the steps of global rank g the phase waits for. Default methods
+/// answer "not applicable".
+pub trait Collectives {
+    fn algorithm(&self) -> Algorithm;
+
+    fn na(&self, coll: Collective) -> AlgoError {
+        AlgoError::NotApplicable {
+            algo: self.algorithm(),
+            coll,
+        }
+    }
+
+    /// Every member ends with the reduction of all members' `src` in its `dst` (equal lengths).
+    fn all_reduce(
+        &self,
+        _b: &mut Builder,
+        _g: &[usize],
+        _src: &[Span],
+        _dst: &[Span],
+        _start: &Deps,
+        _o: &Options,
+    ) -> AlgoResult<()> {
+        Err(self.na(Collective::AllReduce))
+    }
+
+    /// `src[m]` is member m's chunk (length `chunks[m].1`); every member ends with all chunks
+    /// in `dst` at `chunks[i].0`.
+    #[allow(clippy::too_many_arguments)]
+    fn all_gather(
+        &self,
+        _b: &mut Builder,
+        _g: &[usize],
+        _src: &[Span],
+        _dst: &[Span],
+        _chunks: &[(usize, usize)],
+        _start: &Deps,
+        _o: &Options,
+    ) -> AlgoResult<()> {
+        Err(self.na(Collective::AllGather))
+    }
+
+    /// `src[m]` is member m's whole vector; member m ends with the reduction of chunk m
+    /// (`chunks[m]`) of everyone's vector in `dst[m]` (length `chunks[m].1`).
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_scatter(
+        &self,
+        _b: &mut Builder,
+        _g: &[usize],
+        _src: &[Span],
+        _dst: &[Span],
+        _chunks: &[(usize, usize)],
+        _start: &Deps,
+        _o: &Options,
+    ) -> AlgoResult<()> {
+        Err(self.na(Collective::ReduceScatter))
+    }
+
+    /// Every member ends with member `root`'s `src` in its `dst` (root is a member index).
+    #[allow(clippy::too_many_arguments)]
+    fn broadcast(
+        &self,
+        _b: &mut Builder,
+        _g: &[usize],
+        _root: usize,
+        _src: &[Span],
+        _dst: &[Span],
+        _start: &Deps,
+        _o: &Options,
+    ) -> AlgoResult<()> {
+        Err(self.na(Collective::Broadcast))
+    }
+
+    /// Member `root` ends with the reduction of everyone's `src` in its `dst`.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce(
+        &self,
+        _b: &mut Builder,
+        _g: &[usize],
+        _root: usize,
+        _src: &[Span],
+        _dst: &[Span],
+        _start: &Deps,
+        _o: &Options,
+    ) -> AlgoResult<()> {
+        Err(self.na(Collective::Reduce))
+    }
+
+    /// Block j (length `count`) of member i's `src` lands as block i of member j's `dst`.
+    #[allow(clippy::too_many_arguments)]
+    fn all_to_all(
+        &self,
+        _b: &mut Builder,
+        _g: &[usize],
+        _src: &[Span],
+        _dst: &[Span],
+        _count: usize,
+        _start: &Deps,
+        _o: &Options,
+    ) -> AlgoResult<()> {
+        Err(self.na(Collective::AllToAll))
+    }
+}
+
+/// The implementation of each algorithm (None: not written yet).
+pub fn implementation(algo: Algorithm) -> Option<&'static dyn Collectives> {
+    match algo {
+        Algorithm::Ring => Some(&ring::Ring),
+        _ => None,
+    }
+}
+
+/// The collectives an algorithm implements.
+pub fn supports(algo: Algorithm, coll: Collective) -> bool {
+    build(Problem::new(coll, 2, 1), algo, &Options::default()).is_ok()
+}
