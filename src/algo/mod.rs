@@ -12,10 +12,20 @@
 //! a collective fails). Lengths and offsets are in elements; the executor scales by the type size.
 #![forbid(unsafe_code)]
 
+pub mod bidir_ring;
+pub mod bruck;
 pub mod check;
+pub mod dbtree;
+pub mod hier;
+pub mod mesh;
+pub mod mesh1;
+pub mod pairwise;
+pub mod rd;
+pub mod rdh;
 pub mod ring;
 #[cfg(test)]
 mod tests;
+pub mod tree;
 
 use std::fmt;
 
@@ -613,12 +623,21 @@ pub trait Collectives {
     }
 }
 
-/// The implementation of each algorithm (None: not written yet).
+/// The implementation of each algorithm.
 pub fn implementation(algo: Algorithm) -> Option<&'static dyn Collectives> {
-    match algo {
-        Algorithm::Ring => Some(&ring::Ring),
-        _ => None,
-    }
+    Some(match algo {
+        Algorithm::Ring => &ring::Ring,
+        Algorithm::BidirRing => &bidir_ring::BidirRing,
+        Algorithm::Mesh => &mesh::Mesh,
+        Algorithm::Mesh1 => &mesh1::Mesh1,
+        Algorithm::Rdh => &rdh::Rdh,
+        Algorithm::Rd => &rd::Rd,
+        Algorithm::Tree => &tree::Tree,
+        Algorithm::DbTree => &dbtree::DbTree,
+        Algorithm::Bruck => &bruck::Bruck,
+        Algorithm::Pairwise => &pairwise::Pairwise,
+        Algorithm::Hier => &hier::Hier,
+    })
 }
 
 /// The collectives an algorithm implements.

@@ -66,6 +66,62 @@ fn ring() {
     assert!(check_algorithm(Algorithm::Ring, |_| Some(Options::default())) > 0);
 }
 
+// One test per algorithm file (each asserts that the algorithm implements what it should).
+#[test]
+fn bidir_ring() {
+    check_algorithm(Algorithm::BidirRing, |_| Some(Options::default()));
+}
+
+#[test]
+fn mesh() {
+    check_algorithm(Algorithm::Mesh, |_| Some(Options::default()));
+}
+
+#[test]
+fn mesh1() {
+    check_algorithm(Algorithm::Mesh1, |_| Some(Options::default()));
+}
+
+#[test]
+fn rdh() {
+    check_algorithm(Algorithm::Rdh, |_| Some(Options::default()));
+}
+
+#[test]
+fn rd() {
+    check_algorithm(Algorithm::Rd, |_| Some(Options::default()));
+}
+
+#[test]
+fn tree() {
+    check_algorithm(Algorithm::Tree, |_| Some(Options::default()));
+}
+
+#[test]
+fn dbtree() {
+    check_algorithm(Algorithm::DbTree, |_| Some(Options::default()));
+}
+
+#[test]
+fn bruck() {
+    check_algorithm(Algorithm::Bruck, |_| Some(Options::default()));
+}
+
+#[test]
+fn pairwise() {
+    check_algorithm(Algorithm::Pairwise, |_| Some(Options::default()));
+}
+
+#[test]
+fn hier() {
+    check_algorithm(Algorithm::Hier, |n| {
+        (n % 2 == 0).then_some(Options {
+            local: 2,
+            ..Options::default()
+        })
+    });
+}
+
 #[test]
 fn chunks_are_uneven_never_padded() {
     assert_eq!(chunks(10, 4), vec![(0, 3), (3, 3), (6, 2), (8, 2)]);
