@@ -108,6 +108,8 @@ pub struct Caps {
     pub fabric: String,
     pub domain: String,
     pub inject_size: usize,
+    /// `fi_tinject` may be used for messages up to `inject_size` (see fabric::inject_safe).
+    pub inject_ok: bool,
     pub max_msg_size: usize,
     /// Raw libfabric `mr_mode` bits the provider asked for.
     pub mr_mode: u64,
@@ -193,5 +195,85 @@ impl Region {
         // SAFETY: as in to_vec, and the creator promised the memory is writable for receives;
         // the length was checked above.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.addr as *mut u8, data.len()) };
+    }
+}
+
+impl Region {
+    /// The sub-range `[off, off+len)` (bytes), checked.
+    pub fn sub(&self, off: usize, len: usize) -> Option<Region> {
+        let end = off.checked_add(len)?;
+        (end <= self.len).then_some(Region {
+            addr: if len == 0 { 0 } else { self.addr + off },
+            len,
+        })
+    }
+
+    /// Read access to the region's bytes. The caller is the operation the region's creator
+    /// promised the memory to (Region::from_raw): no one writes these bytes meanwhile.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        if self.len == 0 {
+            return f(&[]);
+        }
+        // SAFETY: Region::from_raw's contract: `len` valid bytes at `addr`, untouched by others
+        // while operations on the region run; the schedule orders conflicting accesses.
+        f(unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) })
+    }
+
+    /// Write access to the region's bytes (same contract as `with`, plus writability).
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        if self.len == 0 {
+            return f(&mut []);
+        }
+        // SAFETY: as in `with`; the creator promised writable memory, and the executor never
+        // holds two overlapping views at once (schedules are race-free by the checker).
+        f(unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len) })
+    }
+}
+
+/// Memory the library owns for transfers (scratch, staging, backups). Its region stays valid
+/// while the `Scratch` lives; owners must not drop it with operations in flight on it (the
+/// executor drains or cancels first, and leaks the memory if it cannot).
+pub struct Scratch {
+    mem: Box<[u64]>,
+    len: usize,
+}
+
+impl Scratch {
+    /// `len` zeroed bytes, 8-byte aligned.
+    pub fn new(len: usize) -> Scratch {
+        Scratch {
+            mem: vec![0u64; len.div_ceil(8)].into_boxed_slice(),
+            len,
+        }
+    }
+
+    pub fn region(&self) -> Region {
+        Region {
+            addr: if self.len == 0 {
+                0
+            } else {
+                self.mem.as_ptr() as usize
+            },
+            len: self.len,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Give up the memory without freeing it (operations may still touch it).
+    pub fn leak(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl std::fmt::Debug for Scratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Scratch({} bytes)", self.len)
     }
 }

@@ -100,6 +100,16 @@ pub fn runtime_version() -> String {
     format!("{}.{}", v >> 16, v & 0xffff)
 }
 
+/// Whether `fi_tinject` is safe on this provider. shm before libfabric 1.19 keeps an unexpected
+/// inject message in the sender's bounce buffer, which the sender reuses once inject returns:
+/// a later message overwrote an earlier one in our tests (ofiwg/libfabric#9143, fixed in 1.19
+/// by #9187). There, small sends go through fi_tsend, whose completion waits for the copy.
+fn inject_safe(provider: &str) -> bool {
+    // SAFETY: fi_version has no arguments and no preconditions.
+    let v = unsafe { sys::fi_version() };
+    !(provider.split(';').next() == Some("shm") && v < ((1 << 16) | 19))
+}
+
 fn provider_rank(name: &str) -> Option<usize> {
     let core = name.split(';').next().unwrap_or(name);
     PREFERENCE.iter().position(|p| *p == core)
@@ -333,6 +343,7 @@ pub fn discover(cfg: &Config) -> Result<Discovery> {
                     hmem: hmem.contains(&dom),
                     rma: rma.contains(&dom),
                     wait_fd: false,
+                    inject_ok: inject_safe(&chosen),
                     tx_size: tx.size,
                     rx_size: rx.size,
                 },
@@ -623,7 +634,7 @@ impl Inner {
             op,
             owned,
         } = b;
-        if len <= caps.inject_size && owned.is_none() {
+        if caps.inject_ok && len <= caps.inject_size && owned.is_none() {
             // SAFETY: the endpoint is enabled; inject copies the buffer before returning.
             let rc = unsafe { sys::fi_tinject(self.ep, addr as *const c_void, len, peer.0, tag) };
             if rc == 0 {

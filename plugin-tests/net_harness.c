@@ -1,0 +1,2349 @@
+/*
+ * net_harness: multi-process conformance tests for an NCCL net plugin (ncclNetPlugin_v6..v12),
+ * written for fabricoll.
+ *
+ *   net_harness --lib PATH [--scenario NAME[,NAME...]|all] [--skip NAME[,...]] [--version 12]
+ *               [--op-timeout-ms 30000] [--kill-timeout-ms 3000] [--cycles 1000] [--time-scale 1.0]
+ *               [--list]
+ *
+ * Process model: the parent never dlopens the plugin. For every scenario it makes an anonymous
+ * MAP_SHARED mapping, then forks the scenario's rank processes; each rank dlopens the plugin
+ * itself (there is no fork after dlopen anywhere). Ranks exchange 128-byte handles and flags
+ * through the mapping by polling with deadlines; nothing blocks on a dead process. The parent
+ * waits with a global deadline, kills what is left, and prints
+ *   PASS name (details)        or        FAIL name: reason
+ * then "net_harness: N passed, M failed", exiting non-zero on any failure.
+ *
+ * Environment: FABRICOLL_* variables are passed through to the plugin unchanged, except that the
+ * kill and badinput ranks get FABRICOLL_TIMEOUT_MS=<--kill-timeout-ms> (default 3000) so that a
+ * dead peer or an unusable handle is reported within a bounded time. HARNESS_VERBOSE=1 prints
+ * progress and the plugin's log messages.
+ */
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "netapi.h"
+
+/* ------------------------------------------------------------------------------ configuration */
+
+static const char* g_lib;
+static int g_version = 12;
+static int g_op_timeout_ms = 30000;
+static int g_kill_timeout_ms = 3000;
+static int g_cycles = 1000;
+static double g_time_scale = 1.0;
+static int g_kill_victim = 1; /* set by the parent before forking the kill ranks */
+
+#define MAXR 4
+#define NSLOT 64
+#define STAGE_LEN 256
+#define FAIL_LEN 2048
+#define DETAIL_LEN 1024
+#define HSIZE NCCL_NET_HANDLE_MAXSIZE
+#define CANARY 0xA5
+#define MIB (1024UL * 1024UL)
+
+/* --------------------------------------------------------------------- shared-memory mailbox */
+
+struct slot {
+  atomic_uint seq;
+  unsigned char data[HSIZE];
+};
+
+struct shm {
+  atomic_int abort;            /* some rank failed or the parent gave up: everybody stop */
+  atomic_int phase[MAXR];      /* barrier counters */
+  atomic_llong progress[MAXR]; /* scenario-defined progress counters (kill) */
+  atomic_llong kill_ns;        /* CLOCK_MONOTONIC time of the parent's SIGKILL (kill) */
+  atomic_llong val[MAXR][8];   /* scenario-defined results */
+  struct slot slot[NSLOT];
+  char stage[MAXR][STAGE_LEN]; /* what each rank is doing, for timeout reports */
+  char fail[MAXR][FAIL_LEN];   /* first failure message of each rank */
+  char detail[MAXR][DETAIL_LEN];
+};
+
+typedef struct rctx {
+  const char* scn;
+  int rank, nranks;
+  struct shm* shm;
+  net_t net;
+  net_props_t props;
+  int ndev, dev;
+  int64_t deadline; /* the rank must finish (or report) before this */
+  int phase;
+  int aborted; /* gave up because another rank failed */
+  /* optional: describes the state of what a timed-out wait was waiting for */
+  void (*diag)(struct rctx* c, char* out, size_t len);
+  void* diag_arg;
+} rctx_t;
+
+/* ------------------------------------------------------------------------------ small helpers */
+
+static void copy_str(char* dst, size_t cap, const char* src) {
+  size_t n = strlen(src);
+  if (n >= cap) n = cap - 1;
+  memcpy(dst, src, n);
+  dst[n] = 0;
+}
+
+static void stagef(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static void stagef(rctx_t* c, const char* fmt, ...) {
+  char b[STAGE_LEN];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(b, sizeof b, fmt, ap);
+  va_end(ap);
+  copy_str(c->shm->stage[c->rank], STAGE_LEN, b);
+  atomic_thread_fence(memory_order_release);
+  vlog("[%s rank %d] %s\n", c->scn, c->rank, b);
+}
+
+static int failf(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static int failf(rctx_t* c, const char* fmt, ...) {
+  char msg[FAIL_LEN - 64];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  /* a failure seen after another rank already failed is most likely a consequence of it */
+  int cascade = atomic_exchange(&c->shm->abort, 1) != 0;
+  if (c->shm->fail[c->rank][0] == 0) {
+    char full[FAIL_LEN];
+    snprintf(full, sizeof full, "rank %d: %s%s", c->rank, cascade ? "(another rank had already failed) " : "", msg);
+    copy_str(c->shm->fail[c->rank], FAIL_LEN, full);
+  }
+  fprintf(stderr, "[%s rank %d pid %d] FAIL: %s\n", c->scn, c->rank, (int)getpid(), msg);
+  return -1;
+}
+
+static void detailf(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static void detailf(rctx_t* c, const char* fmt, ...) {
+  char b[DETAIL_LEN];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(b, sizeof b, fmt, ap);
+  va_end(ap);
+  copy_str(c->shm->detail[c->rank], DETAIL_LEN, b);
+}
+
+/* An error accumulator for scenarios that report every problem they find, not just the first. */
+typedef struct {
+  char text[FAIL_LEN];
+  int count;
+} errs_t;
+
+static void add_err(errs_t* e, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add_err(errs_t* e, const char* fmt, ...) {
+  char b[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(b, sizeof b, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "  problem: %s\n", b);
+  e->count++;
+  size_t used = strlen(e->text);
+  if (used + 8 >= sizeof e->text) return;
+  snprintf(e->text + used, sizeof e->text - used, "%s%s", used ? "; " : "", b);
+}
+
+static int check_abort(rctx_t* c) {
+  if (atomic_load(&c->shm->abort)) {
+    c->aborted = 1;
+    return 1;
+  }
+  return 0;
+}
+
+static int64_t op_deadline(rctx_t* c) {
+  int64_t d = now_ns() + (int64_t)g_op_timeout_ms * 1000000LL;
+  return d < c->deadline ? d : c->deadline;
+}
+
+static const char* rstr(ncclResult_t r) { return nccl_result_str((int)r); }
+
+static uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+static uint64_t seed_of(uint64_t a, uint64_t b, uint64_t c) {
+  return mix64(mix64(a + 0x1234567ULL) ^ mix64(b * 3 + 0x51ULL) * 31 ^ mix64(c * 7 + 0x77ULL)) | 1;
+}
+
+/* The byte at offset i of a message with seed s: depends on both, 8 bytes per hash. */
+static inline uint64_t pat_word(uint64_t seed, uint64_t w) { return mix64(seed * 0x9E3779B97F4A7C15ULL + w); }
+static inline uint8_t pat_byte(uint64_t seed, size_t off) {
+  return (uint8_t)(pat_word(seed, off / 8) >> (8 * (off % 8)));
+}
+
+static void pat_fill(void* buf, size_t len, uint64_t seed) {
+  uint8_t* p = buf;
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    uint64_t w = pat_word(seed, i / 8);
+    memcpy(p + i, &w, 8);
+  }
+  for (; i < len; i++) p[i] = pat_byte(seed, i);
+}
+
+/* Returns the first bad offset or -1; *nbad gets the number of differing bytes. */
+static long pat_check(const void* buf, size_t len, uint64_t seed, size_t* nbad) {
+  const uint8_t* p = buf;
+  long first = -1;
+  size_t bad = 0;
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    uint64_t w = pat_word(seed, i / 8), g;
+    memcpy(&g, p + i, 8);
+    if (g != w) {
+      for (size_t k = 0; k < 8; k++)
+        if (p[i + k] != (uint8_t)(w >> (8 * k))) {
+          if (first < 0) first = (long)(i + k);
+          bad++;
+        }
+    }
+  }
+  for (; i < len; i++)
+    if (p[i] != pat_byte(seed, i)) {
+      if (first < 0) first = (long)i;
+      bad++;
+    }
+  if (nbad) *nbad = bad;
+  return first;
+}
+
+static void* xalloc(rctx_t* c, size_t size, const char* what) {
+  size_t sz = (size + 4095) & ~(size_t)4095;
+  if (sz == 0) sz = 4096;
+  void* p = aligned_alloc(4096, sz);
+  if (!p) {
+    failf(c, "out of memory allocating %zu bytes for %s", size, what);
+    return NULL;
+  }
+  memset(p, 0, sz);
+  return p;
+}
+
+static int count_fds(void) {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int n = 0;
+  struct dirent* e;
+  while ((e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n;
+}
+
+static long rss_bytes(void) {
+  FILE* f = fopen("/proc/self/statm", "r");
+  if (!f) return -1;
+  long size = 0, res = 0;
+  if (fscanf(f, "%ld %ld", &size, &res) != 2) res = -1;
+  fclose(f);
+  return res < 0 ? -1 : res * sysconf(_SC_PAGESIZE);
+}
+
+/* ------------------------------------------------------------------- handles, flags, barriers */
+
+static void publish(rctx_t* c, int slot, unsigned seq, const void* handle) {
+  memcpy(c->shm->slot[slot].data, handle, HSIZE);
+  atomic_store_explicit(&c->shm->slot[slot].seq, seq, memory_order_release);
+}
+
+static int fetch(rctx_t* c, int slot, unsigned seq, void* out, const char* what) {
+  int64_t deadline = op_deadline(c);
+  int spins = 0;
+  stagef(c, "waiting for %s (mailbox slot %d, seq %u)", what, slot, seq);
+  while (atomic_load_explicit(&c->shm->slot[slot].seq, memory_order_acquire) != seq) {
+    if (check_abort(c)) return -1;
+    if (now_ns() > deadline) return failf(c, "timed out waiting for %s (mailbox slot %d, seq %u)", what, slot, seq);
+    backoff(&spins);
+  }
+  memcpy(out, c->shm->slot[slot].data, HSIZE);
+  return 0;
+}
+
+/* Barrier with a deadline; it never blocks on a dead process (the parent sets abort). It does not
+ * call into the plugin: like NCCL, a rank with nothing posted does not drive the plugin. */
+static int sync_ranks(rctx_t* c, const char* what) {
+  int target = ++c->phase;
+  atomic_store(&c->shm->phase[c->rank], target);
+  stagef(c, "barrier '%s' (phase %d)", what, target);
+  int64_t deadline = op_deadline(c);
+  int spins = 0;
+  for (;;) {
+    int all = 1;
+    for (int r = 0; r < c->nranks; r++)
+      if (atomic_load(&c->shm->phase[r]) < target) all = 0;
+    if (all) return 0;
+    if (check_abort(c)) return -1;
+    if (now_ns() > deadline) {
+      char missing[64] = "";
+      for (int r = 0; r < c->nranks; r++)
+        if (atomic_load(&c->shm->phase[r]) < target)
+          snprintf(missing + strlen(missing), sizeof missing - strlen(missing), " %d", r);
+      return failf(c, "timed out in barrier '%s' (phase %d); ranks not there:%s", what, target, missing);
+    }
+    backoff(&spins);
+  }
+}
+
+/* --------------------------------------------------------------------------- plugin plumbing */
+
+static int std_setup(rctx_t* c, uint64_t commId) {
+  char err[512];
+  stagef(c, "dlopen %s (ncclNetPlugin_v%d)", g_lib, g_version);
+  if (net_open(&c->net, g_lib, g_version, err, sizeof err) != 0) return failf(c, "%s", err);
+  stagef(c, "init v%d", g_version);
+  ncclResult_t r = net_init(&c->net, commId);
+  if (r != ncclSuccess) return failf(c, "v%d init returned %d (%s)", g_version, r, rstr(r));
+  r = net_devices(&c->net, &c->ndev);
+  if (r != ncclSuccess) return failf(c, "devices returned %d (%s)", r, rstr(r));
+  if (c->ndev < 1) return failf(c, "devices reported %d devices", c->ndev);
+  c->dev = 0;
+  r = net_get_props(&c->net, c->dev, &c->props);
+  if (r != ncclSuccess) return failf(c, "getProperties(0) returned %d (%s)", r, rstr(r));
+  if (c->props.maxRecvs < 1) return failf(c, "getProperties(0): maxRecvs %d", c->props.maxRecvs);
+  return 0;
+}
+
+static int std_teardown(rctx_t* c) {
+  stagef(c, "finalize");
+  ncclResult_t r = net_finalize(&c->net);
+  if (r != ncclSuccess) return failf(c, "finalize returned %d (%s)", r, rstr(r));
+  return 0;
+}
+
+static int do_listen(rctx_t* c, unsigned char handle[HSIZE], void** lc) {
+  unsigned char buf[HSIZE + 64];
+  memset(buf, 0xEE, sizeof buf);
+  void* l = NULL;
+  stagef(c, "listen(dev %d)", c->dev);
+  ncclResult_t r = net_listen(&c->net, c->dev, buf, &l);
+  if (r != ncclSuccess) return failf(c, "listen(dev %d) returned %d (%s)", c->dev, r, rstr(r));
+  if (l == NULL) return failf(c, "listen returned ncclSuccess with a NULL listenComm");
+  for (int i = HSIZE; i < (int)sizeof buf; i++)
+    if (buf[i] != 0xEE) return failf(c, "listen wrote past the 128-byte handle (byte %d changed)", i);
+  memcpy(handle, buf, HSIZE);
+  *lc = l;
+  return 0;
+}
+
+/* Polls connect (for each handle) and accept (for each listenComm) in one loop until every comm
+ * exists, as NCCL's proxy does. Closes each listenComm right after its accept succeeds. */
+static int establish(rctx_t* c, int nconn, unsigned char (*handles)[HSIZE], void** scs, int nacc, void** lcs,
+                     void** rcs, const char* what) {
+  int64_t deadline = op_deadline(c), t0 = now_ns();
+  int64_t max_call = 0;
+  const char* max_call_what = "";
+  int spins = 0;
+  for (int i = 0; i < nconn; i++) scs[i] = NULL;
+  for (int i = 0; i < nacc; i++) rcs[i] = NULL;
+  stagef(c, "%s: polling %d connect + %d accept", what, nconn, nacc);
+  for (;;) {
+    int pending = 0, progressed = 0;
+    for (int i = 0; i < nconn; i++) {
+      if (scs[i]) continue;
+      int64_t t = now_ns();
+      ncclResult_t r = net_connect(&c->net, c->dev, handles[i], &scs[i]);
+      t = now_ns() - t;
+      if (t > max_call) max_call = t, max_call_what = "connect";
+      if (r != ncclSuccess) return failf(c, "%s: connect #%d returned %d (%s)", what, i, r, rstr(r));
+      if (scs[i]) progressed = 1;
+      else pending++;
+    }
+    for (int i = 0; i < nacc; i++) {
+      if (rcs[i]) continue;
+      int64_t t = now_ns();
+      ncclResult_t r = net_accept(&c->net, lcs[i], &rcs[i]);
+      t = now_ns() - t;
+      if (t > max_call) max_call = t, max_call_what = "accept";
+      if (r != ncclSuccess) return failf(c, "%s: accept #%d returned %d (%s)", what, i, r, rstr(r));
+      if (rcs[i]) {
+        progressed = 1;
+        r = net_close_listen(&c->net, lcs[i]);
+        if (r != ncclSuccess) return failf(c, "%s: closeListen #%d after accept returned %d (%s)", what, i, r, rstr(r));
+        lcs[i] = NULL;
+      } else {
+        pending++;
+      }
+    }
+    if (c->net.devcomm_written)
+      return failf(c, "%s: the plugin stored a non-NULL device handle in *devComm (a HOST plugin must leave it NULL)",
+                   what);
+    if (!pending) break;
+    if (progressed) spins = 0;
+    if (check_abort(c)) return -1;
+    if (now_ns() > deadline) {
+      int nc = 0, na = 0;
+      for (int i = 0; i < nconn; i++) nc += scs[i] != NULL;
+      for (int i = 0; i < nacc; i++) na += rcs[i] != NULL;
+      return failf(c, "%s: connection setup timed out after %.0f ms: %d/%d connects and %d/%d accepts done", what,
+                   ms_since(t0), nc, nconn, na, nacc);
+    }
+    backoff(&spins);
+  }
+  if (max_call > 1000000000LL)
+    return failf(c, "%s: one %s call blocked for %.0f ms (connection setup must not block)", what, max_call_what,
+                 (double)max_call / 1e6);
+  return 0;
+}
+
+typedef struct {
+  void* req;
+  int posted;
+  int done;
+  int is_flush;
+  int sizes[NCCL_PROXY_MAX_SUBS];
+} op_t;
+
+static void op_reset(op_t* op) {
+  memset(op, 0, sizeof *op);
+  memset(op->sizes, 0xFF, sizeof op->sizes); /* -1: "not written" */
+}
+
+/* Test one op if it is posted and not yet done. */
+static int poll_op(rctx_t* c, op_t* op, const char* what) {
+  if (!op->posted || op->done) return 0;
+  int done = 0;
+  ncclResult_t r = net_test(&c->net, op->req, &done, op->is_flush ? NULL : op->sizes);
+  if (r != ncclSuccess) return failf(c, "%s: test() returned %d (%s)", what, r, rstr(r));
+  if (done) op->done = 1;
+  return 0;
+}
+
+static int wait_ops(rctx_t* c, op_t** ops, int n, const char* what) {
+  int64_t deadline = op_deadline(c), t0 = now_ns();
+  int spins = 0;
+  stagef(c, "%s: waiting for %d requests", what, n);
+  for (;;) {
+    int left = 0;
+    for (int i = 0; i < n; i++) {
+      int was = ops[i]->done;
+      if (poll_op(c, ops[i], what)) return -1;
+      if (!ops[i]->done) left++;
+      if (ops[i]->done && !was) spins = 0;
+    }
+    if (!left) return 0;
+    if (check_abort(c)) return -1;
+    if (now_ns() > deadline) {
+      char d[768] = "";
+      if (c->diag) c->diag(c, d, sizeof d);
+      return failf(c, "%s: %d of %d requests not done after %.0f ms of test() polling%s%s", what, left, n, ms_since(t0),
+                   d[0] ? "; " : "", d);
+    }
+    backoff(&spins);
+  }
+}
+
+/* isend, retrying a NULL request while testing the other outstanding ops. */
+static int post_isend(rctx_t* c, void* sc, void* data, size_t size, int tag, void* mh, op_t* op, op_t** others,
+                      int nothers, int* nulls, const char* what) {
+  op_reset(op);
+  int64_t deadline = op_deadline(c), t0 = now_ns();
+  int spins = 0;
+  for (;;) {
+    void* req = NULL;
+    ncclResult_t r = net_isend(&c->net, sc, data, size, tag, mh, &req);
+    if (r != ncclSuccess) return failf(c, "%s: isend(size %zu, tag %d) returned %d (%s)", what, size, tag, r, rstr(r));
+    if (req) {
+      op->req = req;
+      op->posted = 1;
+      return 0;
+    }
+    if (nulls) (*nulls)++;
+    for (int i = 0; i < nothers; i++)
+      if (poll_op(c, others[i], what)) return -1;
+    if (check_abort(c)) return -1;
+    if (now_ns() > deadline)
+      return failf(c, "%s: isend(size %zu) kept returning a NULL request for %.0f ms", what, size, ms_since(t0));
+    backoff(&spins);
+  }
+}
+
+static int post_irecv(rctx_t* c, void* rc, int n, void** data, size_t* sizes, int* tags, void** mhs, op_t* op,
+                      op_t** others, int nothers, int* nulls, const char* what) {
+  op_reset(op);
+  int64_t deadline = op_deadline(c), t0 = now_ns();
+  int spins = 0;
+  for (;;) {
+    void* req = NULL;
+    ncclResult_t r = net_irecv(&c->net, rc, n, data, sizes, tags, mhs, &req);
+    if (r != ncclSuccess) return failf(c, "%s: irecv(n %d, size[0] %zu) returned %d (%s)", what, n, sizes[0], r, rstr(r));
+    if (req) {
+      op->req = req;
+      op->posted = 1;
+      return 0;
+    }
+    if (nulls) (*nulls)++;
+    for (int i = 0; i < nothers; i++)
+      if (poll_op(c, others[i], what)) return -1;
+    if (check_abort(c)) return -1;
+    if (now_ns() > deadline)
+      return failf(c, "%s: irecv kept returning a NULL request for %.0f ms", what, ms_since(t0));
+    backoff(&spins);
+  }
+}
+
+static int flush_nulls, flush_reqs; /* iflush statistics for details */
+
+static int do_flush(rctx_t* c, void* rc, int n, void** data, int* sizes, void** mhs, const char* what) {
+  void* req = NULL;
+  stagef(c, "%s: iflush", what);
+  ncclResult_t r = net_iflush(&c->net, rc, n, data, sizes, mhs, &req);
+  if (r != ncclSuccess) return failf(c, "%s: iflush returned %d (%s)", what, r, rstr(r));
+  if (req == NULL) {
+    flush_nulls++;
+    return 0;
+  }
+  flush_reqs++;
+  op_t op;
+  op_reset(&op);
+  op.req = req;
+  op.posted = 1;
+  op.is_flush = 1; /* test(req, &done, NULL) */
+  op_t* ops[1] = {&op};
+  return wait_ops(c, ops, 1, what);
+}
+
+/* Checks one received buffer: reported size, data, and the canary after the message. */
+static int verify_buf(rctx_t* c, const char* what, const unsigned char* buf, size_t cap, size_t expect, uint64_t seed,
+                      int got_size) {
+  if (got_size != (int)expect)
+    return failf(c, "%s: test() reported %d bytes received, expected %zu", what, got_size, expect);
+  size_t nbad = 0;
+  long bad = pat_check(buf, expect, seed, &nbad);
+  if (bad >= 0)
+    return failf(c, "%s: data mismatch at byte offset %ld of %zu: got 0x%02x expected 0x%02x (%zu bytes differ)", what,
+                 bad, expect, buf[bad], pat_byte(seed, (size_t)bad), nbad);
+  for (size_t i = expect; i < cap; i++)
+    if (buf[i] != CANARY)
+      return failf(c, "%s: receive buffer written past the message end: offset %zu (message %zu B, buffer %zu B) = 0x%02x",
+                   what, i, expect, cap, buf[i]);
+  return 0;
+}
+
+static int check_sizes_tail(rctx_t* c, const char* what, const op_t* op, int n) {
+  for (int i = n; i < NCCL_PROXY_MAX_SUBS; i++)
+    if (op->sizes[i] != -1)
+      return failf(c, "%s: test() wrote sizes[%d]=%d although the receive had n=%d buffers", what, i, op->sizes[i], n);
+  return 0;
+}
+
+typedef struct {
+  void* comm;
+  void* mh;
+  unsigned char* buf;
+  size_t size; /* send: message size; recv: expected message size */
+  size_t cap;  /* recv: buffer capacity */
+  uint64_t seed;
+  int tag;
+} side_t;
+
+/* One message out on s (if any) and one in on r (if any), both verified. The caller fills the send
+ * buffer; the receive buffer is set to the canary here. */
+static int xfer_step(rctx_t* c, const side_t* s, const side_t* r, int flush, const char* what) {
+  op_t sop, rop;
+  op_reset(&sop);
+  op_reset(&rop);
+  void* rdata = NULL;
+  void* rmh = NULL;
+  size_t rcap = 0;
+  int rtag = 0;
+  if (r) {
+    memset(r->buf, CANARY, r->cap);
+    rdata = r->buf;
+    rmh = r->mh;
+    rcap = r->cap;
+    rtag = r->tag;
+    stagef(c, "%s: irecv", what);
+    if (post_irecv(c, r->comm, 1, &rdata, &rcap, &rtag, &rmh, &rop, NULL, 0, NULL, what)) return -1;
+  }
+  if (s) {
+    op_t* others[1] = {&rop};
+    stagef(c, "%s: isend", what);
+    if (post_isend(c, s->comm, s->buf, s->size, s->tag, s->mh, &sop, others, r ? 1 : 0, NULL, what)) return -1;
+  }
+  op_t* ops[2];
+  int n = 0;
+  if (s) ops[n++] = &sop;
+  if (r) ops[n++] = &rop;
+  if (wait_ops(c, ops, n, what)) return -1;
+  if (s && sop.sizes[0] != (int)s->size)
+    return failf(c, "%s: send test() reported %d bytes sent, expected %zu", what, sop.sizes[0], s->size);
+  if (r) {
+    if (check_sizes_tail(c, what, &rop, 1)) return -1;
+    if (flush) {
+      int fs = rop.sizes[0];
+      if (do_flush(c, r->comm, 1, &rdata, &fs, &rmh, what)) return -1;
+    }
+    if (verify_buf(c, what, r->buf, r->cap, r->size, r->seed, rop.sizes[0])) return -1;
+  }
+  return 0;
+}
+
+static int regmr(rctx_t* c, void* comm, void* buf, size_t size, void** mh, const char* what) {
+  *mh = NULL;
+  stagef(c, "%s: regMr(%zu B)", what, size);
+  ncclResult_t r = net_regmr(&c->net, comm, buf, size, NCCL_PTR_HOST, mh);
+  if (r != ncclSuccess) return failf(c, "%s: regMr(%zu B, NCCL_PTR_HOST) returned %d (%s)", what, size, r, rstr(r));
+  return 0;
+}
+
+static int deregmr(rctx_t* c, void* comm, void* mh, const char* what) {
+  stagef(c, "%s: deregMr", what);
+  ncclResult_t r = net_deregmr(&c->net, comm, mh);
+  if (r != ncclSuccess) return failf(c, "%s: deregMr returned %d (%s)", what, r, rstr(r));
+  return 0;
+}
+
+static int close_send(rctx_t* c, void* sc, const char* what) {
+  stagef(c, "%s: closeSend", what);
+  ncclResult_t r = net_close_send(&c->net, sc);
+  if (r != ncclSuccess) return failf(c, "%s: closeSend returned %d (%s)", what, r, rstr(r));
+  return 0;
+}
+
+static int close_recv(rctx_t* c, void* rc, const char* what) {
+  stagef(c, "%s: closeRecv", what);
+  ncclResult_t r = net_close_recv(&c->net, rc);
+  if (r != ncclSuccess) return failf(c, "%s: closeRecv returned %d (%s)", what, r, rstr(r));
+  return 0;
+}
+
+/* Both ranks of a 2-rank scenario get one sendComm to the peer and one recvComm from it. */
+static int pair_both_ways(rctx_t* c, void** sc, void** rc, int slot_base, unsigned seq, const char* what) {
+  unsigned char mine[HSIZE], peer[1][HSIZE];
+  void* lc[1];
+  if (do_listen(c, mine, &lc[0])) return -1;
+  publish(c, slot_base + c->rank, seq, mine);
+  if (fetch(c, slot_base + (1 - c->rank), seq, peer[0], "peer's listen handle")) return -1;
+  return establish(c, 1, peer, sc, 1, lc, rc, what);
+}
+
+/* One direction: rank 1 listens and receives, rank 0 connects and sends. */
+static int pair_one_way(rctx_t* c, void** sc, void** rc, int slot, unsigned seq, const char* what) {
+  unsigned char h[1][HSIZE];
+  void* lc[1];
+  *sc = *rc = NULL;
+  if (c->rank == 1) {
+    if (do_listen(c, h[0], &lc[0])) return -1;
+    publish(c, slot, seq, h[0]);
+    return establish(c, 0, NULL, NULL, 1, lc, rc, what);
+  }
+  if (fetch(c, slot, seq, h[0], "rank 1's listen handle")) return -1;
+  return establish(c, 1, h, sc, 0, NULL, NULL, what);
+}
+
+/* One process: a sendComm and a recvComm connected to each other (NCCL's GDR probe pattern). */
+static int pair_loopback(rctx_t* c, void** sc, void** rc, const char* what) {
+  unsigned char h[1][HSIZE];
+  void* lc[1];
+  if (do_listen(c, h[0], &lc[0])) return -1;
+  return establish(c, 1, h, sc, 1, lc, rc, what);
+}
+
+/* ================================================================================ scenarios */
+
+/* ---------------------------------------------------------------------------------- symbols */
+
+static void check_members(net_t* n, errs_t* e) {
+  int v = n->version;
+#define REQ(t, m) \
+  if (!(t)->m) add_err(e, "v%d: member %s is NULL", v, #m)
+#define REQ_ALL(t)         \
+  do {                     \
+    REQ(t, init);          \
+    REQ(t, devices);       \
+    REQ(t, getProperties); \
+    REQ(t, listen);        \
+    REQ(t, connect);       \
+    REQ(t, accept);        \
+    REQ(t, regMr);         \
+    REQ(t, regMrDmaBuf);   \
+    REQ(t, deregMr);       \
+    REQ(t, isend);         \
+    REQ(t, irecv);         \
+    REQ(t, iflush);        \
+    REQ(t, test);          \
+    REQ(t, closeSend);     \
+    REQ(t, closeRecv);     \
+    REQ(t, closeListen);   \
+  } while (0)
+  switch (v) {
+    case 6: REQ_ALL(n->t6); break;
+    case 7: REQ_ALL(n->t7); break;
+    case 8: REQ_ALL(n->t8); break;
+    case 9: REQ_ALL(n->t9); break;
+    case 10: REQ_ALL(n->t10); break;
+    case 11: REQ_ALL(n->t11); REQ(n->t11, finalize); break;
+    case 12: REQ_ALL(n->t12); REQ(n->t12, finalize); break;
+  }
+#undef REQ_ALL
+#undef REQ
+}
+
+static void check_props(int v, int dev, int ndev, const net_props_t* p, errs_t* e) {
+  if (p->name == NULL) add_err(e, "v%d dev %d: name is NULL", v, dev);
+  else if (strnlen(p->name, 256) == 0 || strnlen(p->name, 256) >= 256)
+    add_err(e, "v%d dev %d: name is empty or not terminated", v, dev);
+  if (!(p->ptrSupport & NCCL_PTR_HOST)) add_err(e, "v%d dev %d: ptrSupport 0x%x lacks NCCL_PTR_HOST", v, dev, p->ptrSupport);
+  if (p->ptrSupport & (NCCL_PTR_CUDA | NCCL_PTR_DMABUF))
+    add_err(e, "v%d dev %d: ptrSupport 0x%x advertises CUDA/DMABUF (host-only plugin)", v, dev, p->ptrSupport);
+  if (p->speed <= 0) add_err(e, "v%d dev %d: speed %d <= 0", v, dev, p->speed);
+  if (!(p->latency >= 0.0f) || isinf(p->latency)) add_err(e, "v%d dev %d: latency %g invalid", v, dev, (double)p->latency);
+  if (p->maxComms <= 0) add_err(e, "v%d dev %d: maxComms %d <= 0", v, dev, p->maxComms);
+  if (v == 6) {
+    if (p->maxRecvs < 1 || p->maxRecvs > NCCL_NET_MAX_REQUESTS_V6)
+      add_err(e, "v6 dev %d: maxRecvs %d not in [1, 8]", dev, p->maxRecvs);
+  } else if (p->maxRecvs != 8) {
+    add_err(e, "v%d dev %d: maxRecvs %d, expected 8", v, dev, p->maxRecvs);
+  }
+  if (v >= 7) {
+    if (p->netDeviceType != NCCL_NET_DEVICE_HOST) add_err(e, "v%d dev %d: netDeviceType %d, expected HOST (0)", v, dev, p->netDeviceType);
+    if (p->netDeviceVersion != 0) add_err(e, "v%d dev %d: netDeviceVersion %d, expected 0", v, dev, p->netDeviceVersion);
+  }
+  if (v >= 8 && p->regIsGlobal != 0 && p->regIsGlobal != 1)
+    add_err(e, "v%d dev %d: regIsGlobal %d not 0/1", v, dev, p->regIsGlobal);
+  if (v >= 9) {
+    if (p->forceFlush != 0 && p->forceFlush != 1) add_err(e, "v%d dev %d: forceFlush %d not 0/1", v, dev, p->forceFlush);
+    if (p->maxP2pBytes == 0 || p->maxP2pBytes > NCCL_MAX_NET_SIZE_BYTES)
+      add_err(e, "v%d dev %d: maxP2pBytes %zu not in (0, 1 TiB]", v, dev, p->maxP2pBytes);
+    if (p->maxCollBytes == 0 || p->maxCollBytes > NCCL_MAX_NET_SIZE_BYTES)
+      add_err(e, "v%d dev %d: maxCollBytes %zu not in (0, 1 TiB]", v, dev, p->maxCollBytes);
+    int maxv = v >= 12 ? NCCL_NET_MAX_DEVS_PER_NIC_V12 : NCCL_NET_MAX_DEVS_PER_NIC_V9;
+    if (p->vndevs < 0 || p->vndevs > maxv) add_err(e, "v%d dev %d: vProps.ndevs %d not in [0, %d]", v, dev, p->vndevs, maxv);
+    else
+      for (int i = 0; i < p->vndevs; i++)
+        if (p->vdevs[i] < 0 || p->vdevs[i] >= ndev)
+          add_err(e, "v%d dev %d: vProps.devs[%d] = %d not a device index", v, dev, i, p->vdevs[i]);
+  }
+  if (v >= 11 && p->maxMultiRequestSize < 1)
+    add_err(e, "v%d dev %d: maxMultiRequestSize %d < 1", v, dev, p->maxMultiRequestSize);
+  if (v >= 12) {
+    if (p->railId < -1) add_err(e, "v12 dev %d: railId %d (expected -1 or >= 0)", dev, p->railId);
+    if (p->planeId < -1) add_err(e, "v12 dev %d: planeId %d (expected -1 or >= 0)", dev, p->planeId);
+  }
+}
+
+static int scn_symbols(rctx_t* c) {
+  errs_t e = {{0}, 0};
+  stagef(c, "dlopen %s", g_lib);
+  dlerror();
+  void* dl = dlopen(g_lib, RTLD_NOW | RTLD_LOCAL);
+  if (!dl) {
+    const char* de = dlerror();
+    return failf(c, "dlopen(%s) failed: %s", g_lib, de ? de : "?");
+  }
+  net_props_t ref;
+  memset(&ref, 0, sizeof ref);
+  int have_ref = 0, ndev0 = 0, setattr_null = 0;
+  char names[64] = "";
+  for (int v = NET_MIN_VERSION; v <= NET_MAX_VERSION; v++) {
+    net_t n;
+    char err[512];
+    stagef(c, "dlsym %s", net_symbol_name(v));
+    if (net_bind(&n, dl, v, err, sizeof err) != 0) {
+      add_err(&e, "%s", err);
+      continue;
+    }
+    const char* name = *(const char* const*)n.table; /* member 1 of every version */
+    if (name == NULL || strcmp(name, "fabricoll") != 0)
+      add_err(&e, "%s.name is \"%s\", expected \"fabricoll\"", net_symbol_name(v), name ? name : "(null)");
+    int before = e.count;
+    check_members(&n, &e);
+    if (e.count != before) continue;
+    stagef(c, "v%d init", v);
+    ncclResult_t r = net_init(&n, 0xfab0c000ULL + (uint64_t)v);
+    if (r != ncclSuccess) {
+      add_err(&e, "v%d init returned %d (%s)", v, r, rstr(r));
+      continue;
+    }
+    if (v >= 11 && n.ctx == NULL) vlog("v%d init left ctx NULL (allowed)\n", v);
+    int ndev = -1;
+    stagef(c, "v%d devices", v);
+    r = net_devices(&n, &ndev);
+    if (r != ncclSuccess || ndev < 1) {
+      add_err(&e, "v%d devices returned %d (%s), ndev %d", v, r, rstr(r), ndev);
+    } else {
+      if (v == NET_MAX_VERSION) ndev0 = ndev;
+      for (int dev = 0; dev < ndev && dev < 4; dev++) {
+        _Alignas(16) unsigned char buf[512];
+        memset(buf, 0xCD, sizeof buf);
+        stagef(c, "v%d getProperties(%d)", v, dev);
+        r = net_get_props_raw(&n, dev, buf);
+        if (r != ncclSuccess) {
+          add_err(&e, "v%d getProperties(%d) returned %d (%s)", v, dev, r, rstr(r));
+          continue;
+        }
+        size_t sz = net_props_size(v);
+        for (size_t i = sz; i < sizeof buf; i++)
+          if (buf[i] != 0xCD) {
+            add_err(&e, "v%d getProperties(%d) wrote past sizeof(ncclNetProperties_v%d_t) = %zu (byte %zu changed)", v,
+                    dev, v, sz, i);
+            break;
+          }
+        net_props_t p;
+        net_props_decode(v, buf, &p);
+        check_props(v, dev, ndev, &p, &e);
+        if (dev == 0) {
+          if (!have_ref) {
+            ref = p;
+            have_ref = 1;
+          } else {
+            if (p.name && ref.name && strcmp(p.name, ref.name) != 0)
+              add_err(&e, "v%d dev 0 name \"%s\" differs from v6's \"%s\"", v, p.name, ref.name);
+            if (p.speed != ref.speed) add_err(&e, "v%d dev 0 speed %d differs from v6's %d", v, p.speed, ref.speed);
+            if (p.guid != ref.guid) add_err(&e, "v%d dev 0 guid differs from v6's", v);
+          }
+        }
+      }
+    }
+    if (v >= 11) {
+      ncclResult_t (*setNetAttr)(void*, ncclNetAttr_v11_t*) = v == 11 ? n.t11->setNetAttr : n.t12->setNetAttr;
+      if (setNetAttr) {
+        ncclNetAttr_v11_t attr;
+        memset(&attr, 0, sizeof attr);
+        attr.sendCommAttr.maxConcurrentPeers = attr.recvCommAttr.maxConcurrentPeers = 8;
+        attr.sendCommAttr.minConcurrentPeers = attr.recvCommAttr.minConcurrentPeers = 1;
+        attr.sendCommAttr.maxFlowsPerPeer = attr.recvCommAttr.maxFlowsPerPeer = 2;
+        attr.sendCommAttr.minFlowsPerPeer = attr.recvCommAttr.minFlowsPerPeer = 1;
+        attr.op = 1u << 4; /* AllReduce */
+        attr.algo = 1u << 1; /* RING */
+        attr.proto = 1u << 2; /* SIMPLE */
+        stagef(c, "v%d setNetAttr", v);
+        r = setNetAttr(n.ctx, &attr);
+        if (r != ncclSuccess) add_err(&e, "v%d setNetAttr (a hint) returned %d (%s)", v, r, rstr(r));
+      } else {
+        setattr_null++;
+      }
+      /* a second communicator's context alongside the first, as NCCL does per comm */
+      net_t n2 = n;
+      n2.ctx = NULL;
+      n2.initialized = 0;
+      stagef(c, "v%d second init (another commId)", v);
+      r = net_init(&n2, 0xfab0d000ULL + (uint64_t)v);
+      if (r != ncclSuccess) {
+        add_err(&e, "v%d second init (another communicator) returned %d (%s)", v, r, rstr(r));
+      } else {
+        stagef(c, "v%d finalize second ctx", v);
+        r = net_finalize(&n2);
+        if (r != ncclSuccess) add_err(&e, "v%d finalize(second ctx) returned %d (%s)", v, r, rstr(r));
+      }
+    }
+    stagef(c, "v%d finalize", v);
+    r = net_finalize(&n);
+    if (r != ncclSuccess) add_err(&e, "v%d finalize returned %d (%s)", v, r, rstr(r));
+    snprintf(names + strlen(names), sizeof names - strlen(names), "%sv%d", names[0] ? "," : "", v);
+  }
+  long bad = atomic_load(&net_logger_bad_calls);
+  if (bad) add_err(&e, "the plugin called the logger %ld times with a NULL format or a bad level", bad);
+  if (e.count) return failf(c, "%d problems: %s", e.count, e.text);
+  if (have_ref)
+    detailf(c, "%s ok; ndev=%d; dev0 \"%s\" speed %d Mbps latency %.1f us maxComms %d maxRecvs %d ptrSupport 0x%x%s; "
+               "logger calls %ld%s",
+            names, ndev0, ref.name ? ref.name : "?", ref.speed, (double)ref.latency, ref.maxComms, ref.maxRecvs,
+            ref.ptrSupport, ref.pciPath ? "" : " pciPath NULL", atomic_load(&net_logger_calls),
+            setattr_null ? "; setNetAttr NULL" : "");
+  return 0;
+}
+
+/* ---------------------------------------------------------------------------------- connect2 */
+
+static int scn_connect2(rctx_t* c) {
+  if (std_setup(c, 0xc0002)) return -1;
+  void *sc = NULL, *rc = NULL;
+  int64_t t0 = now_ns();
+  if (pair_one_way(c, &sc, &rc, 0, 1, "connect2")) return -1;
+  double ms = ms_since(t0);
+  if (sync_ranks(c, "connected")) return -1;
+  if (c->rank == 0 && close_send(c, sc, "connect2")) return -1;
+  if (c->rank == 1 && close_recv(c, rc, "connect2")) return -1;
+  if (sync_ranks(c, "closed")) return -1;
+  if (std_teardown(c)) return -1;
+  detailf(c, "%s in %.1f ms", c->rank == 0 ? "connect" : "accept", ms);
+  return 0;
+}
+
+/* ---------------------------------------------------------------------------------- connect1 */
+
+static int scn_connect1(rctx_t* c) {
+  if (std_setup(c, 0xc0001)) return -1;
+  c->net.devcomm_null = 1; /* NCCL's GDR probe passes NULL devComm pointers */
+  unsigned char h[2][HSIZE];
+  void *lc[2], *sc[2], *rc[2];
+  if (do_listen(c, h[0], &lc[0]) || do_listen(c, h[1], &lc[1])) return -1;
+  int64_t t0 = now_ns();
+  if (establish(c, 2, h, sc, 2, lc, rc, "connect1 (one thread, connect/accept alternately)")) return -1;
+  double ms = ms_since(t0);
+  const size_t size = MIB;
+  unsigned char *sb[2], *rb[2];
+  void *smh[2], *rmh[2];
+  for (int i = 0; i < 2; i++) {
+    sb[i] = xalloc(c, size, "send buffer");
+    rb[i] = xalloc(c, size + 64, "recv buffer");
+    if (!sb[i] || !rb[i]) return -1;
+    if (regmr(c, sc[i], sb[i], size, &smh[i], "connect1") || regmr(c, rc[i], rb[i], size + 64, &rmh[i], "connect1"))
+      return -1;
+  }
+  for (int i = 0; i < 2; i++) {
+    char what[64];
+    snprintf(what, sizeof what, "connect1 1 MiB over loopback pair %d", i);
+    uint64_t seed = seed_of(1, (uint64_t)i, size);
+    pat_fill(sb[i], size, seed);
+    side_t s = {sc[i], smh[i], sb[i], size, 0, 0, 7};
+    side_t r = {rc[i], rmh[i], rb[i], size, size + 64, seed, 7};
+    if (xfer_step(c, &s, &r, 0, what)) return -1;
+  }
+  for (int i = 0; i < 2; i++) {
+    if (deregmr(c, sc[i], smh[i], "connect1") || deregmr(c, rc[i], rmh[i], "connect1")) return -1;
+    if (close_send(c, sc[i], "connect1") || close_recv(c, rc[i], "connect1")) return -1;
+    free(sb[i]);
+    free(rb[i]);
+  }
+  if (std_teardown(c)) return -1;
+  detailf(c, "2 loopback pairs in one thread in %.1f ms, 1 MiB verified on each", ms);
+  return 0;
+}
+
+/* -------------------------------------------------------------------------------------- xfer */
+
+static int scn_xfer(rctx_t* c) {
+  if (std_setup(c, 0xc0003)) return -1;
+  void *sc, *rc;
+  if (pair_both_ways(c, &sc, &rc, 0, 1, "xfer setup")) return -1;
+  static const size_t sizes[] = {0, 1, 7, 8, 4095, 4096, 65536, MIB + 3, 4 * MIB, 64 * MIB};
+  const int nsizes = (int)(sizeof sizes / sizeof sizes[0]);
+  int skipped = 0;
+  int64_t t0 = now_ns();
+  for (int flush = 0; flush <= 1; flush++) {
+    for (int i = 0; i < nsizes; i++) {
+      size_t size = sizes[i];
+      if (c->net.version >= 9 && size > c->props.maxP2pBytes) {
+        skipped++;
+        continue;
+      }
+      char what[96];
+      snprintf(what, sizeof what, "xfer size %zu%s", size, flush ? " +iflush" : "");
+      unsigned char* sb = xalloc(c, size + 64, "send buffer");
+      unsigned char* rb = xalloc(c, size + 64, "recv buffer");
+      if (!sb || !rb) return -1;
+      void *smh, *rmh;
+      if (regmr(c, sc, sb, size + 64, &smh, what) || regmr(c, rc, rb, size + 64, &rmh, what)) return -1;
+      uint64_t sseed = seed_of(size, (uint64_t)c->rank, (uint64_t)flush);
+      uint64_t rseed = seed_of(size, (uint64_t)(1 - c->rank), (uint64_t)flush);
+      pat_fill(sb, size, sseed);
+      side_t s = {sc, smh, sb, size, 0, 0, 0x100 + c->rank};
+      side_t r = {rc, rmh, rb, size, size + 64, rseed, 0x100 + (1 - c->rank)};
+      if (xfer_step(c, &s, &r, flush, what)) return -1;
+      if (deregmr(c, sc, smh, what) || deregmr(c, rc, rmh, what)) return -1;
+      free(sb);
+      free(rb);
+    }
+  }
+  double ms = ms_since(t0);
+  if (sync_ranks(c, "xfer done")) return -1;
+  if (close_send(c, sc, "xfer") || close_recv(c, rc, "xfer")) return -1;
+  if (std_teardown(c)) return -1;
+  detailf(c, "%d sizes 0..64 MiB x {plain, iflush} both ways in %.0f ms; iflush: %d NULL requests, %d tested%s",
+          nsizes, ms, flush_nulls, flush_reqs, skipped ? "; some sizes > maxP2pBytes skipped" : "");
+  return 0;
+}
+
+/* ------------------------------------------------------------------------------------- group */
+
+static void shuffle(int* a, int n, uint64_t seed) {
+  for (int i = 0; i < n; i++) a[i] = i;
+  for (int i = n - 1; i > 0; i--) {
+    seed = mix64(seed + (uint64_t)i);
+    int j = (int)(seed % (uint64_t)(i + 1));
+    int t = a[i];
+    a[i] = a[j];
+    a[j] = t;
+  }
+}
+
+#define GMAX 64
+
+/* What a stuck grouped receive has in its buffers: untouched (canary), complete or partial. */
+typedef struct {
+  int nbuf;
+  unsigned char** buf;
+  const size_t* expect;
+  const uint64_t* seed;
+  const int* tags;
+} gdiag_t;
+
+static void group_diag(rctx_t* c, char* out, size_t len) {
+  const gdiag_t* g = c->diag_arg;
+  size_t used = 0;
+  for (int i = 0; i < g->nbuf && used + 80 < len; i++) {
+    const char* st;
+    size_t nbad = 0;
+    long bad = pat_check(g->buf[i], g->expect[i], g->seed[i], &nbad);
+    if (bad < 0 && (g->expect[i] == 0 ? g->buf[i][0] == CANARY : 1)) st = g->expect[i] ? "complete" : "empty(ok?)";
+    else if (nbad == g->expect[i] && g->buf[i][0] == CANARY) st = "untouched";
+    else st = "partial";
+    used += (size_t)snprintf(out + used, len - used, "%sbuf %d tag %d %zu B: %s", i ? ", " : "buffers: ", i,
+                             g->tags[i], g->expect[i], st);
+    if (strcmp(st, "partial") == 0) {
+      size_t own = 0, can = 0;
+      for (size_t k = 0; k < g->expect[i]; k++) {
+        own += g->buf[i][k] == pat_byte(g->seed[i], k);
+        can += g->buf[i][k] == CANARY;
+      }
+      used += (size_t)snprintf(out + used, len - used, " [%zu B own data, %zu B canary]", own, can);
+    }
+    if (strcmp(st, "partial") == 0 || strcmp(st, "untouched") == 0)
+      for (int j = 0; j < g->nbuf && used + 64 < len; j++) /* holds another buffer's message? */
+        if (j != i && g->expect[j] > 0 && g->expect[j] <= g->expect[i] &&
+            pat_check(g->buf[i], g->expect[j], g->seed[j], NULL) < 0)
+          used += (size_t)snprintf(out + used, len - used, " (holds the %zu-B message for tag %d)", g->expect[j],
+                                   g->tags[j]);
+  }
+}
+
+static size_t group_size(int n, int round, int i) {
+  static const size_t base[8] = {1, 4096, 100000, 0, 65537, 257, MIB, 31};
+  size_t b = base[(i + n + round * 3) % 8];
+  return b == 0 ? 0 : b + (size_t)i * 3 + (size_t)round;
+}
+
+static int scn_group(rctx_t* c) {
+  if (std_setup(c, 0xc0004)) return -1;
+  void *sc, *rc;
+  if (pair_one_way(c, &sc, &rc, 0, 1, "group setup")) return -1;
+  int maxr = c->props.maxRecvs;
+  if (maxr > GMAX) maxr = GMAX;
+  const size_t cap = MIB + 256;
+  unsigned char* buf[2][GMAX];
+  void* mh[2][GMAX];
+  void* comm = c->rank == 0 ? sc : rc;
+  for (int k = 0; k < 2; k++)
+    for (int i = 0; i < maxr; i++) {
+      buf[k][i] = xalloc(c, cap, "group buffer");
+      if (!buf[k][i] || regmr(c, comm, buf[k][i], cap, &mh[k][i], "group")) return -1;
+    }
+  int tags[GMAX];
+  /* Part 1: one grouped receive of n buffers, n = 1..maxRecvs; sends in shuffled order. */
+  for (int n = 1; n <= maxr; n++) {
+    char what[96];
+    snprintf(what, sizeof what, "group n=%d", n);
+    for (int i = 0; i < n; i++) tags[i] = 1000 + n * 100 + i * 7;
+    if (c->rank == 1) {
+      void* data[GMAX];
+      size_t caps[GMAX];
+      void* mhs[GMAX];
+      for (int i = 0; i < n; i++) {
+        memset(buf[0][i], CANARY, cap);
+        data[i] = buf[0][i];
+        caps[i] = group_size(n, 0, i) + 16 + (size_t)i;
+        mhs[i] = mh[0][i];
+      }
+      op_t op;
+      if (post_irecv(c, rc, n, data, caps, tags, mhs, &op, NULL, 0, NULL, what)) return -1;
+      op_t* ops[1] = {&op};
+      size_t expect[GMAX];
+      uint64_t seeds[GMAX];
+      for (int i = 0; i < n; i++) expect[i] = group_size(n, 0, i), seeds[i] = seed_of(n, i, 0);
+      gdiag_t gd = {n, buf[0], expect, seeds, tags};
+      c->diag = group_diag;
+      c->diag_arg = &gd;
+      int wr = wait_ops(c, ops, 1, what);
+      c->diag = NULL;
+      if (wr) return -1;
+      if (check_sizes_tail(c, what, &op, n)) return -1;
+      for (int i = 0; i < n; i++) {
+        char w2[128];
+        snprintf(w2, sizeof w2, "%s buffer %d (tag %d)", what, i, tags[i]);
+        if (verify_buf(c, w2, buf[0][i], caps[i], group_size(n, 0, i), seed_of(n, i, 0), op.sizes[i])) return -1;
+      }
+    } else {
+      int order[GMAX];
+      shuffle(order, n, (uint64_t)n * 77);
+      op_t ops[GMAX];
+      op_t* po[GMAX];
+      for (int k = 0; k < n; k++) {
+        int i = order[k];
+        pat_fill(buf[0][i], group_size(n, 0, i), seed_of(n, i, 0));
+        if (post_isend(c, sc, buf[0][i], group_size(n, 0, i), tags[i], mh[0][i], &ops[k], po, k, NULL, what)) return -1;
+        po[k] = &ops[k];
+      }
+      if (wait_ops(c, po, n, what)) return -1;
+      for (int k = 0; k < n; k++)
+        if (ops[k].sizes[0] != (int)group_size(n, 0, order[k]))
+          return failf(c, "%s: send of buffer %d reported %d bytes, expected %zu", what, order[k], ops[k].sizes[0],
+                       group_size(n, 0, order[k]));
+    }
+  }
+  /* Part 2: two grouped receives outstanding with the same tags: matching is in posted order,
+   * so round 1's sends fill the first, round 2's the second. */
+  {
+    int n = maxr;
+    const char* what = "group posted-order (2 receives, same tags)";
+    for (int i = 0; i < n; i++) tags[i] = 5000 + i * 3;
+    if (c->rank == 1) {
+      void* data[2][GMAX];
+      size_t caps[2][GMAX];
+      void* mhs[2][GMAX];
+      op_t op[2];
+      op_t* po[2] = {&op[0], &op[1]};
+      for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < n; i++) {
+          memset(buf[k][i], CANARY, cap);
+          data[k][i] = buf[k][i];
+          caps[k][i] = MIB + 128;
+          mhs[k][i] = mh[k][i];
+        }
+        if (post_irecv(c, rc, n, data[k], caps[k], tags, mhs[k], &op[k], po, k, NULL, what)) return -1;
+      }
+      if (wait_ops(c, po, 2, what)) return -1;
+      for (int k = 0; k < 2; k++)
+        for (int i = 0; i < n; i++) {
+          char w2[160];
+          snprintf(w2, sizeof w2, "%s: receive #%d buffer %d (tag %d)", what, k + 1, i, tags[i]);
+          if (verify_buf(c, w2, buf[k][i], caps[k][i], group_size(100, k + 1, i), seed_of(100 + k, i, 1),
+                         op[k].sizes[i]))
+            return -1;
+        }
+    } else {
+      op_t ops[2 * GMAX];
+      op_t* po[2 * GMAX];
+      int np = 0;
+      for (int k = 0; k < 2; k++) {
+        int order[GMAX];
+        shuffle(order, n, 991 + (uint64_t)k);
+        for (int j = 0; j < n; j++) {
+          int i = order[j];
+          size_t sz = group_size(100, k + 1, i);
+          pat_fill(buf[k][i], sz, seed_of(100 + k, i, 1));
+          if (post_isend(c, sc, buf[k][i], sz, tags[i], mh[k][i], &ops[np], po, np, NULL, what)) return -1;
+          po[np] = &ops[np];
+          np++;
+        }
+      }
+      if (wait_ops(c, po, np, what)) return -1;
+    }
+  }
+  if (sync_ranks(c, "group done")) return -1;
+  for (int k = 0; k < 2; k++)
+    for (int i = 0; i < maxr; i++) {
+      if (deregmr(c, comm, mh[k][i], "group")) return -1;
+      free(buf[k][i]);
+    }
+  if (c->rank == 0 && close_send(c, sc, "group")) return -1;
+  if (c->rank == 1 && close_recv(c, rc, "group")) return -1;
+  if (std_teardown(c)) return -1;
+  detailf(c, "n=1..%d grouped receives with shuffled tagged sends, plus 2 outstanding same-tag groups in posted order",
+          maxr);
+  return 0;
+}
+
+/* --------------------------------------------------------------------------------- inflight32 */
+
+#define NFLIGHT 32
+
+static size_t flight_size(int i, int round) {
+  static const size_t base[8] = {1, 100, 4096, 65536, 0, 262147, MIB, 17};
+  size_t b = base[(i + round) % 8];
+  return b == 0 ? 0 : b + (size_t)i;
+}
+
+static int scn_inflight32(rctx_t* c) {
+  if (std_setup(c, 0xc0005)) return -1;
+  void *sc, *rc;
+  if (pair_one_way(c, &sc, &rc, 0, 1, "inflight32 setup")) return -1;
+  const size_t cap = MIB + 256;
+  void* comm = c->rank == 0 ? sc : rc;
+  unsigned char* buf[NFLIGHT];
+  void* mh[NFLIGHT];
+  for (int i = 0; i < NFLIGHT; i++) {
+    buf[i] = xalloc(c, cap, "inflight buffer");
+    if (!buf[i] || regmr(c, comm, buf[i], cap, &mh[i], "inflight32")) return -1;
+  }
+  int nulls = 0, min_refused_at = NFLIGHT;
+  const int rounds = 3;
+  for (int round = 0; round < rounds; round++) {
+    char what[64];
+    snprintf(what, sizeof what, "inflight32 round %d", round);
+    op_t ops[NFLIGHT];
+    op_t* po[NFLIGHT];
+    size_t caps[NFLIGHT];
+    stagef(c, "%s: posting %d %s", what, NFLIGHT, c->rank == 0 ? "isends" : "irecvs");
+    for (int i = 0; i < NFLIGHT; i++) {
+      size_t sz = flight_size(i, round);
+      caps[i] = sz + (size_t)(i % 3) * 64;
+      void* data = buf[i];
+      int tag = 42;
+      if (c->rank == 0) pat_fill(buf[i], sz, seed_of(32, i, round));
+      else memset(buf[i], CANARY, cap);
+      op_reset(&ops[i]);
+      /* The plugin promises >= 32 requests in flight per comm: retry a NULL request for 1 s without
+       * testing anything; only then fall back to testing the others (and record the violation). */
+      int64_t t0 = now_ns(), deadline = op_deadline(c);
+      int spins = 0, fallback = 0;
+      for (;;) {
+        void* req = NULL;
+        ncclResult_t r = c->rank == 0 ? net_isend(&c->net, sc, data, sz, tag, mh[i], &req)
+                                      : net_irecv(&c->net, rc, 1, &data, &caps[i], &tag, &mh[i], &req);
+        if (r != ncclSuccess)
+          return failf(c, "%s: %s #%d (size %zu) returned %d (%s)", what, c->rank == 0 ? "isend" : "irecv", i, sz, r,
+                       rstr(r));
+        if (req) {
+          ops[i].req = req;
+          ops[i].posted = 1;
+          break;
+        }
+        nulls++;
+        if (!fallback && now_ns() - t0 > 1000000000LL) {
+          fallback = 1;
+          if (i < min_refused_at) min_refused_at = i;
+          fprintf(stderr, "[inflight32 rank %d] %s #%d: NULL request for 1 s with only %d outstanding; testing others\n",
+                  c->rank, c->rank == 0 ? "isend" : "irecv", i, i);
+        }
+        if (fallback)
+          for (int k = 0; k < i; k++)
+            if (poll_op(c, &ops[k], what)) return -1;
+        if (check_abort(c)) return -1;
+        if (now_ns() > deadline) return failf(c, "%s: request #%d stayed NULL for %.0f ms", what, i, ms_since(t0));
+        backoff(&spins);
+      }
+      po[i] = &ops[i];
+    }
+    if (wait_ops(c, po, NFLIGHT, what)) return -1;
+    for (int i = 0; i < NFLIGHT; i++) {
+      size_t sz = flight_size(i, round);
+      char w2[96];
+      snprintf(w2, sizeof w2, "%s message %d", what, i);
+      if (c->rank == 0) {
+        if (ops[i].sizes[0] != (int)sz)
+          return failf(c, "%s: send test() reported %d bytes, expected %zu", w2, ops[i].sizes[0], sz);
+      } else if (verify_buf(c, w2, buf[i], caps[i], sz, seed_of(32, i, round), ops[i].sizes[0])) {
+        return -1;
+      }
+    }
+  }
+  if (sync_ranks(c, "inflight32 done")) return -1;
+  for (int i = 0; i < NFLIGHT; i++) {
+    if (deregmr(c, comm, mh[i], "inflight32")) return -1;
+    free(buf[i]);
+  }
+  if (c->rank == 0 && close_send(c, sc, "inflight32")) return -1;
+  if (c->rank == 1 && close_recv(c, rc, "inflight32")) return -1;
+  if (std_teardown(c)) return -1;
+  if (min_refused_at < NFLIGHT)
+    return failf(c, "%s refused a request (NULL for > 1 s) with only %d outstanding; the plugin promises >= 32 in flight",
+                 c->rank == 0 ? "isend" : "irecv", min_refused_at);
+  detailf(c, "%d rounds of %d outstanding %s, %d NULL requests", rounds, NFLIGHT, c->rank == 0 ? "isends" : "irecvs",
+          nulls);
+  return 0;
+}
+
+/* ----------------------------------------------------------------------------------- pairs16 */
+
+#define NPAIRS 16
+
+static size_t pair_size(int p, int r) {
+  if ((p + r) % 7 == 0) return MIB + (size_t)p;
+  return 1 + ((size_t)p * 7919 + (size_t)r * 104729) % 300000;
+}
+
+static int scn_pairs16(rctx_t* c) {
+  if (std_setup(c, 0xc0006)) return -1;
+  /* pair p: rank p%2 listens and receives, the other rank connects and sends */
+  int rp[NPAIRS], sp[NPAIRS], nr = 0, ns = 0;
+  for (int p = 0; p < NPAIRS; p++) {
+    if (p % 2 == c->rank) rp[nr++] = p;
+    else sp[ns++] = p;
+  }
+  unsigned char myh[NPAIRS][HSIZE], peerh[NPAIRS][HSIZE];
+  void *lc[NPAIRS], *rc[NPAIRS], *sc[NPAIRS];
+  for (int k = 0; k < nr; k++) {
+    if (do_listen(c, myh[k], &lc[k])) return -1;
+    publish(c, rp[k], 1, myh[k]);
+  }
+  for (int k = 0; k < ns; k++)
+    if (fetch(c, sp[k], 1, peerh[k], "peer's listen handle")) return -1;
+  if (establish(c, ns, peerh, sc, nr, lc, rc, "pairs16 setup")) return -1;
+  const size_t cap = MIB + 4096;
+  unsigned char *sb[NPAIRS], *rb[NPAIRS];
+  void *smh[NPAIRS], *rmh[NPAIRS];
+  for (int k = 0; k < ns; k++) {
+    sb[k] = xalloc(c, cap, "pairs16 send buffer");
+    if (!sb[k] || regmr(c, sc[k], sb[k], cap, &smh[k], "pairs16")) return -1;
+  }
+  for (int k = 0; k < nr; k++) {
+    rb[k] = xalloc(c, cap, "pairs16 recv buffer");
+    if (!rb[k] || regmr(c, rc[k], rb[k], cap, &rmh[k], "pairs16")) return -1;
+  }
+  const int rounds = 10;
+  for (int r = 0; r < rounds; r++) {
+    char what[64];
+    snprintf(what, sizeof what, "pairs16 round %d", r);
+    op_t ops[2 * NPAIRS];
+    op_t* po[2 * NPAIRS];
+    int np = 0;
+    size_t caps[NPAIRS];
+    for (int k = 0; k < nr; k++) {
+      memset(rb[k], CANARY, cap);
+      void* d = rb[k];
+      int tag = 9;
+      caps[k] = cap;
+      if (post_irecv(c, rc[k], 1, &d, &caps[k], &tag, &rmh[k], &ops[np], po, np, NULL, what)) return -1;
+      po[np] = &ops[np];
+      np++;
+    }
+    for (int k = 0; k < ns; k++) {
+      size_t sz = pair_size(sp[k], r);
+      pat_fill(sb[k], sz, seed_of(sp[k], r, 16));
+      if (post_isend(c, sc[k], sb[k], sz, 9, smh[k], &ops[np], po, np, NULL, what)) return -1;
+      po[np] = &ops[np];
+      np++;
+    }
+    if (wait_ops(c, po, np, what)) return -1;
+    for (int k = 0; k < nr; k++) {
+      char w2[96];
+      snprintf(w2, sizeof w2, "%s pair %d", what, rp[k]);
+      if (verify_buf(c, w2, rb[k], cap, pair_size(rp[k], r), seed_of(rp[k], r, 16), ops[k].sizes[0])) return -1;
+    }
+    for (int k = 0; k < ns; k++)
+      if (ops[nr + k].sizes[0] != (int)pair_size(sp[k], r))
+        return failf(c, "%s pair %d: send test() reported %d bytes, expected %zu", what, sp[k], ops[nr + k].sizes[0],
+                     pair_size(sp[k], r));
+  }
+  if (sync_ranks(c, "pairs16 done")) return -1;
+  for (int k = 0; k < ns; k++)
+    if (deregmr(c, sc[k], smh[k], "pairs16") || close_send(c, sc[k], "pairs16")) return -1;
+  for (int k = 0; k < nr; k++)
+    if (deregmr(c, rc[k], rmh[k], "pairs16") || close_recv(c, rc[k], "pairs16")) return -1;
+  for (int k = 0; k < ns; k++) free(sb[k]);
+  for (int k = 0; k < nr; k++) free(rb[k]);
+  if (std_teardown(c)) return -1;
+  detailf(c, "%d comm pairs (8 each way), %d interleaved rounds verified", NPAIRS, rounds);
+  return 0;
+}
+
+/* -------------------------------------------------------------------------------------- ring4 */
+
+static void ring_transform(unsigned char* dst, const unsigned char* src, size_t len, int hop, int rank) {
+  uint8_t x = (uint8_t)(hop * 31 + rank * 7 + 1);
+  for (size_t i = 0; i < len; i++) dst[i] = (uint8_t)((src[i] ^ x) + (uint8_t)(i * 3) + (uint8_t)rank);
+}
+
+static int scn_ring4(rctx_t* c) {
+  if (std_setup(c, 0xc0007)) return -1;
+  const int N = c->nranks, laps = 100;
+  const size_t len = 64 * 1024 + 13, cap = len + 64;
+  unsigned char myh[HSIZE], nh[1][HSIZE];
+  void *lc[1], *sc[1], *rc[1];
+  if (do_listen(c, myh, &lc[0])) return -1;
+  publish(c, c->rank, 1, myh);
+  if (fetch(c, (c->rank + 1) % N, 1, nh[0], "next rank's listen handle")) return -1;
+  if (establish(c, 1, nh, sc, 1, lc, rc, "ring4 setup")) return -1;
+  unsigned char* sb = xalloc(c, cap, "ring send buffer");
+  unsigned char* rb = xalloc(c, cap, "ring recv buffer");
+  unsigned char* expect = xalloc(c, cap, "ring expected buffer");
+  unsigned char* tmp = xalloc(c, cap, "ring temp buffer");
+  if (!sb || !rb || !expect || !tmp) return -1;
+  void *smh, *rmh;
+  if (regmr(c, sc[0], sb, cap, &smh, "ring4") || regmr(c, rc[0], rb, cap, &rmh, "ring4")) return -1;
+  const uint64_t seed0 = seed_of(4, 4, 4);
+  if (c->rank == 0) {
+    pat_fill(tmp, len, seed0); /* tmp: the buffer rank 0 holds */
+    memcpy(expect, tmp, len);
+  }
+  for (int lap = 0; lap < laps; lap++) {
+    char what[64];
+    snprintf(what, sizeof what, "ring4 lap %d", lap);
+    op_t sop, rop;
+    op_t* both[2] = {&sop, &rop};
+    void* d = rb;
+    size_t rcap = cap;
+    int tag = 4;
+    memset(rb, CANARY, cap);
+    if (post_irecv(c, rc[0], 1, &d, &rcap, &tag, &rmh, &rop, NULL, 0, NULL, what)) return -1;
+    if (c->rank == 0) {
+      ring_transform(sb, tmp, len, lap * N, 0);
+      if (post_isend(c, sc[0], sb, len, 4, smh, &sop, both + 1, 1, NULL, what)) return -1;
+      if (wait_ops(c, both, 2, what)) return -1;
+      for (int r = 0; r < N; r++) { /* what the lap should have produced */
+        ring_transform(tmp, expect, len, lap * N + r, r);
+        memcpy(expect, tmp, len);
+      }
+      if (rop.sizes[0] != (int)len) return failf(c, "%s: received %d bytes, expected %zu", what, rop.sizes[0], len);
+      for (size_t i = 0; i < len; i++)
+        if (rb[i] != expect[i])
+          return failf(c, "%s: byte offset %zu after a full lap is 0x%02x, expected 0x%02x (a hop corrupted data)",
+                       what, i, rb[i], expect[i]);
+      for (size_t i = len; i < cap; i++)
+        if (rb[i] != CANARY) return failf(c, "%s: receive buffer written past the message end at offset %zu", what, i);
+      memcpy(tmp, rb, len);
+    } else {
+      op_t* r1[1] = {&rop};
+      if (wait_ops(c, r1, 1, what)) return -1;
+      if (rop.sizes[0] != (int)len) return failf(c, "%s: received %d bytes, expected %zu", what, rop.sizes[0], len);
+      ring_transform(sb, rb, len, lap * N + c->rank, c->rank);
+      if (post_isend(c, sc[0], sb, len, 4, smh, &sop, NULL, 0, NULL, what)) return -1;
+      op_t* s1[1] = {&sop};
+      if (wait_ops(c, s1, 1, what)) return -1;
+    }
+    if (sop.sizes[0] != (int)len) return failf(c, "%s: send reported %d bytes, expected %zu", what, sop.sizes[0], len);
+  }
+  if (sync_ranks(c, "ring4 done")) return -1;
+  if (deregmr(c, sc[0], smh, "ring4") || deregmr(c, rc[0], rmh, "ring4")) return -1;
+  if (close_send(c, sc[0], "ring4") || close_recv(c, rc[0], "ring4")) return -1;
+  free(sb);
+  free(rb);
+  free(expect);
+  free(tmp);
+  if (std_teardown(c)) return -1;
+  if (c->rank == 0) detailf(c, "%d ranks, %d laps (%d hops) of %zu B, every lap verified", N, laps, laps * N, len);
+  return 0;
+}
+
+/* ---------------------------------------------------------------------------------- badinput */
+
+#define GARBAGE ((void*)(uintptr_t)0x12345678)
+
+static int scn_badinput(rctx_t* c) {
+  if (std_setup(c, 0xc0008)) return -1;
+  errs_t e = {{0}, 0};
+  int checks = 0;
+  net_t* n = &c->net;
+  const int v = n->version;
+  const int maxr = c->props.maxRecvs;
+#define EXPECT_ERR(desc, expr)                                                       \
+  do {                                                                               \
+    stagef(c, "badinput: %s", desc);                                                 \
+    ncclResult_t r_ = (expr);                                                        \
+    checks++;                                                                        \
+    if (r_ == ncclSuccess) add_err(&e, "%s returned ncclSuccess", desc);             \
+    else if (r_ == NET_MISSING_MEMBER) add_err(&e, "%s: table member is NULL", desc); \
+  } while (0)
+
+  void *sc, *rc;
+  if (pair_loopback(c, &sc, &rc, "badinput setup")) return -1;
+  unsigned char hdummy[HSIZE];
+  void* lc2 = NULL; /* a live listenComm for type-confusion checks */
+  if (do_listen(c, hdummy, &lc2)) return -1;
+  const size_t bsz = 4096;
+  unsigned char* sb = xalloc(c, bsz, "send buffer");
+  unsigned char* rb = xalloc(c, bsz + 64, "recv buffer");
+  if (!sb || !rb) return -1;
+  void *smh, *rmh;
+  if (regmr(c, sc, sb, bsz, &smh, "badinput") || regmr(c, rc, rb, bsz + 64, &rmh, "badinput")) return -1;
+  void* tmp = NULL;
+  void* req = NULL;
+  int done = 0;
+  int sizes[NCCL_PROXY_MAX_SUBS];
+  void* datav[GMAX + 1];
+  size_t szv[GMAX + 1];
+  int tagv[GMAX + 1];
+  void* mhv[GMAX + 1];
+  int isz[GMAX + 1];
+  for (int i = 0; i <= GMAX; i++) {
+    datav[i] = rb;
+    szv[i] = 16;
+    tagv[i] = 1;
+    mhv[i] = rmh;
+    isz[i] = 16;
+  }
+
+  /* --- devices / properties / listen --- */
+  _Alignas(16) unsigned char pbuf[512];
+  EXPECT_ERR("devices(NULL)", net_devices(n, NULL));
+  EXPECT_ERR("getProperties(dev = ndev)", net_get_props_raw(n, c->ndev, pbuf));
+  EXPECT_ERR("getProperties(dev = -1)", net_get_props_raw(n, -1, pbuf));
+  EXPECT_ERR("getProperties(dev 0, NULL props)", net_get_props_raw(n, 0, NULL));
+  {
+    unsigned char h[HSIZE];
+    void* l = NULL;
+    EXPECT_ERR("listen(dev = -1)", net_listen(n, -1, h, &l));
+    EXPECT_ERR("listen(dev = ndev)", net_listen(n, c->ndev, h, &l));
+    EXPECT_ERR("listen(NULL handle)", net_listen(n, 0, NULL, &l));
+    EXPECT_ERR("listen(NULL listenComm pointer)", net_listen(n, 0, h, NULL));
+  }
+  /* --- connect with unusable handles (polled: it may take until FABRICOLL_TIMEOUT_MS) --- */
+  {
+    unsigned char zero[HSIZE], fill[HSIZE], hlive[HSIZE];
+    memset(zero, 0, sizeof zero);
+    /* 0x7F everywhere: as an IPv4 address any 4 bytes read 127.127.127.127 (loopback), as a
+     * sockaddr family 0x7f7f is invalid; no traffic can leave the host */
+    memset(fill, 0x7F, sizeof fill);
+    memcpy(hlive, hdummy, HSIZE);
+    EXPECT_ERR("connect(dev = -1, live handle)", net_connect(n, -1, hlive, &tmp));
+    EXPECT_ERR("connect(NULL handle)", net_connect(n, 0, NULL, &tmp));
+    EXPECT_ERR("connect(live handle, NULL sendComm pointer)", net_connect(n, 0, hlive, NULL));
+    struct {
+      const char* name;
+      unsigned char* h;
+      void* comm;
+      int state; /* 0 pending, 1 error (good), 2 got a comm (bad) */
+    } hs[2] = {{"zeroed 128-byte handle", zero, NULL, 0}, {"garbage (0x7F-filled) handle", fill, NULL, 0}};
+    int64_t t0 = now_ns(), deadline = t0 + (int64_t)(g_kill_timeout_ms + 5000) * 1000000LL;
+    int spins = 0;
+    stagef(c, "badinput: polling connect with zeroed and garbage handles");
+    for (;;) {
+      int pending = 0;
+      for (int k = 0; k < 2; k++) {
+        if (hs[k].state) continue;
+        ncclResult_t r = net_connect(n, 0, hs[k].h, &hs[k].comm);
+        if (r != ncclSuccess) hs[k].state = 1;
+        else if (hs[k].comm) hs[k].state = 2;
+        else pending++;
+      }
+      if (!pending || now_ns() > deadline) break;
+      backoff(&spins);
+    }
+    for (int k = 0; k < 2; k++) {
+      checks++;
+      if (hs[k].state == 0)
+        add_err(&e, "connect with a %s kept returning ncclSuccess/NULL comm for %.0f ms (expected an error within "
+                    "FABRICOLL_TIMEOUT_MS=%d)", hs[k].name, ms_since(t0), g_kill_timeout_ms);
+      if (hs[k].state == 2) {
+        add_err(&e, "connect with a %s returned a sendComm", hs[k].name);
+        net_close_send(n, hs[k].comm);
+      }
+    }
+  }
+  /* --- accept --- */
+  EXPECT_ERR("accept(NULL listenComm)", net_accept(n, NULL, &tmp));
+  EXPECT_ERR("accept(garbage listenComm 0x12345678)", net_accept(n, GARBAGE, &tmp));
+  EXPECT_ERR("accept(listenComm, NULL recvComm pointer)", net_accept(n, lc2, NULL));
+  EXPECT_ERR("accept(a sendComm as listenComm)", net_accept(n, sc, &tmp));
+  /* --- memory registration --- */
+  EXPECT_ERR("regMr(NULL comm)", net_regmr(n, NULL, sb, bsz, NCCL_PTR_HOST, &tmp));
+  EXPECT_ERR("regMr(garbage comm 0x12345678)", net_regmr(n, GARBAGE, sb, bsz, NCCL_PTR_HOST, &tmp));
+  EXPECT_ERR(v <= 7 ? "regMr(size = -1 int)" : "regMr(size = (size_t)1<<50)",
+             net_regmr(n, sc, sb, (size_t)1 << 50, NCCL_PTR_HOST, &tmp));
+  EXPECT_ERR("regMr(NULL mhandle pointer)", net_regmr(n, sc, sb, bsz, NCCL_PTR_HOST, NULL));
+  EXPECT_ERR("regMrDmaBuf(NCCL_PTR_HOST, fd -1) (dma-buf is not supported)",
+             net_regmr_dmabuf(n, sc, sb, bsz, NCCL_PTR_HOST, 0, -1, &tmp));
+  EXPECT_ERR("regMrDmaBuf(NCCL_PTR_CUDA, fd -1) (dma-buf is not supported)",
+             net_regmr_dmabuf(n, rc, rb, bsz, NCCL_PTR_CUDA, 0, -1, &tmp));
+  {
+    int fd = memfd_create("harness-dmabuf", 0);
+    if (fd >= 0 && ftruncate(fd, 4096) == 0)
+      EXPECT_ERR("regMrDmaBuf(NCCL_PTR_DMABUF, a memfd) (dma-buf is not supported)",
+                 net_regmr_dmabuf(n, sc, sb, bsz, NCCL_PTR_DMABUF, 0, fd, &tmp));
+    if (fd >= 0) close(fd);
+  }
+  EXPECT_ERR("deregMr(NULL comm)", net_deregmr(n, NULL, smh));
+  EXPECT_ERR("deregMr(garbage comm 0x12345678)", net_deregmr(n, GARBAGE, smh));
+  EXPECT_ERR("deregMr(sendComm, NULL mhandle)", net_deregmr(n, sc, NULL));
+  /* --- data path with bad comms (nothing can be posted by these) --- */
+  EXPECT_ERR("isend(NULL comm)", net_isend(n, NULL, sb, 16, 1, smh, &req));
+  EXPECT_ERR("isend(garbage comm 0x12345678)", net_isend(n, GARBAGE, sb, 16, 1, smh, &req));
+  EXPECT_ERR("irecv(NULL comm)", net_irecv(n, NULL, 1, datav, szv, tagv, mhv, &req));
+  EXPECT_ERR("irecv(garbage comm 0x12345678)", net_irecv(n, GARBAGE, 1, datav, szv, tagv, mhv, &req));
+  EXPECT_ERR("iflush(NULL comm)", net_iflush(n, NULL, 1, datav, isz, mhv, &req));
+  EXPECT_ERR("iflush(garbage comm 0x12345678)", net_iflush(n, GARBAGE, 1, datav, isz, mhv, &req));
+  EXPECT_ERR("test(NULL request)", net_test(n, NULL, &done, sizes));
+  EXPECT_ERR("test(garbage request 0x12345678)", net_test(n, GARBAGE, &done, sizes));
+  EXPECT_ERR("closeSend(NULL)", net_close_send(n, NULL));
+  EXPECT_ERR("closeRecv(NULL)", net_close_recv(n, NULL));
+  EXPECT_ERR("closeListen(NULL)", net_close_listen(n, NULL));
+  EXPECT_ERR("closeSend(garbage 0x12345678)", net_close_send(n, GARBAGE));
+  EXPECT_ERR("closeRecv(garbage 0x12345678)", net_close_recv(n, GARBAGE));
+  EXPECT_ERR("closeListen(garbage 0x12345678)", net_close_listen(n, GARBAGE));
+
+  /* --- the 0x1 hint and a NULL done pointer, on a real transfer that must still work --- */
+  {
+    const char* what = "badinput: 0x1-hint transfer";
+    uint64_t seed = seed_of(8, 8, 1);
+    pat_fill(sb, bsz, seed);
+    memset(rb, CANARY, bsz + 64);
+    op_t rop, sop;
+    op_reset(&rop);
+    op_reset(&sop);
+    void* d = rb;
+    size_t cap = bsz + 64;
+    int tag = 3;
+    int64_t deadline = op_deadline(c);
+    int spins = 0, hint_seen = 0;
+    stagef(c, "%s: irecv with *request = 0x1", what);
+    for (;;) {
+      void* r1 = (void*)(uintptr_t)0x1;
+      ncclResult_t r = net_irecv(n, rc, 1, &d, &cap, &tag, &rmh, &r1);
+      if (r != ncclSuccess) return failf(c, "%s: irecv returned %d (%s)", what, r, rstr(r));
+      checks++;
+      if (r1 == (void*)(uintptr_t)0x1) {
+        hint_seen = 1;
+        add_err(&e, "irecv left the 0x1 hint in *request (it must overwrite it)");
+        break;
+      }
+      if (r1) {
+        rop.req = r1;
+        rop.posted = 1;
+        break;
+      }
+      if (now_ns() > deadline) return failf(c, "%s: irecv kept returning NULL", what);
+      backoff(&spins);
+    }
+    if (!hint_seen) {
+      if (post_isend(c, sc, sb, bsz, 3, smh, &sop, NULL, 0, NULL, what)) return -1;
+      EXPECT_ERR("test(live send request, NULL done)", net_test(n, sop.req, NULL, sizes));
+      op_t* ops[2] = {&sop, &rop};
+      if (wait_ops(c, ops, 2, what)) return -1;
+      if (sop.sizes[0] != (int)bsz) return failf(c, "%s: send reported %d bytes", what, sop.sizes[0]);
+      if (verify_buf(c, what, rb, bsz + 64, bsz, seed, rop.sizes[0])) return -1;
+    }
+  }
+
+  /* --- bad arguments on live comms; a wrongly accepted one would post a request --- */
+  int posted_garbage = 0;
+#define EXPECT_ERR_POST(desc, expr)                \
+  do {                                             \
+    int before_ = e.count;                         \
+    EXPECT_ERR(desc, expr);                        \
+    if (e.count != before_) posted_garbage = 1;    \
+  } while (0)
+  EXPECT_ERR_POST(v <= 8 ? "isend(size = -1 int)" : "isend(size = (size_t)1<<50)",
+                  net_isend(n, sc, sb, (size_t)1 << 50, 1, smh, &req));
+  EXPECT_ERR_POST("isend(NULL request pointer)", net_isend(n, sc, sb, 16, 1, smh, NULL));
+  EXPECT_ERR_POST("isend(a recvComm as sendComm)", net_isend(n, rc, sb, 16, 1, smh, &req));
+  EXPECT_ERR_POST("isend(a listenComm as sendComm)", net_isend(n, lc2, sb, 16, 1, smh, &req));
+  {
+    char d1[64], d2[64];
+    snprintf(d1, sizeof d1, "irecv(n = maxRecvs+1 = %d)", maxr + 1);
+    if (maxr + 1 <= GMAX) EXPECT_ERR_POST(d1, net_irecv(n, rc, maxr + 1, datav, szv, tagv, mhv, &req));
+    EXPECT_ERR_POST("irecv(n = 0)", net_irecv(n, rc, 0, datav, szv, tagv, mhv, &req));
+    EXPECT_ERR_POST("irecv(n = -1)", net_irecv(n, rc, -1, datav, szv, tagv, mhv, &req));
+    size_t huge[1] = {(size_t)1 << 50};
+    snprintf(d2, sizeof d2, "%s", v <= 8 ? "irecv(sizes[0] = -1 int)" : "irecv(sizes[0] = (size_t)1<<50)");
+    EXPECT_ERR_POST(d2, net_irecv(n, rc, 1, datav, huge, tagv, mhv, &req));
+  }
+  EXPECT_ERR_POST("irecv(NULL request pointer)", net_irecv(n, rc, 1, datav, szv, tagv, mhv, NULL));
+  EXPECT_ERR_POST("irecv(a sendComm as recvComm)", net_irecv(n, sc, 1, datav, szv, tagv, mhv, &req));
+  EXPECT_ERR_POST("iflush(NULL request pointer)", net_iflush(n, rc, 1, datav, isz, mhv, NULL));
+  {
+    int neg[1] = {-5};
+    EXPECT_ERR_POST("iflush(sizes[0] = -5)", net_iflush(n, rc, 1, datav, neg, mhv, &req));
+  }
+  if (maxr + 1 <= GMAX) EXPECT_ERR_POST("iflush(n = maxRecvs+1)", net_iflush(n, rc, maxr + 1, datav, isz, mhv, &req));
+  EXPECT_ERR_POST("iflush(a sendComm as recvComm)", net_iflush(n, sc, 1, datav, isz, mhv, &req));
+
+  /* --- the comms still work after all that (skipped if something was wrongly accepted) --- */
+  if (!posted_garbage) {
+    uint64_t seed = seed_of(8, 8, 2);
+    pat_fill(sb, bsz, seed);
+    side_t s = {sc, smh, sb, bsz, 0, 0, 5};
+    side_t r = {rc, rmh, rb, bsz, bsz + 64, seed, 5};
+    if (xfer_step(c, &s, &r, 1, "badinput: transfer after the rejected calls")) return -1;
+  }
+  /* --- type confusion on close, then real closes, then stale pointers --- */
+  int closed_rc = 0, closed_sc = 0;
+  {
+    int before = e.count;
+    EXPECT_ERR("closeSend(a recvComm)", net_close_send(n, rc));
+    if (e.count != before) closed_rc = 1;
+    before = e.count;
+    EXPECT_ERR("closeRecv(a sendComm)", net_close_recv(n, sc));
+    if (e.count != before) closed_sc = 1;
+    EXPECT_ERR("closeSend(a listenComm)", net_close_send(n, lc2));
+  }
+  if (deregmr(c, sc, smh, "badinput") || deregmr(c, rc, rmh, "badinput")) return -1;
+  EXPECT_ERR("deregMr(already deregistered mhandle)", net_deregmr(n, sc, smh));
+  if (!closed_sc && close_send(c, sc, "badinput")) return -1;
+  if (!closed_rc && close_recv(c, rc, "badinput")) return -1;
+  {
+    ncclResult_t r = net_close_listen(n, lc2);
+    if (r != ncclSuccess) return failf(c, "badinput: closeListen on an unused listenComm returned %d (%s)", r, rstr(r));
+  }
+  EXPECT_ERR("closeSend(already closed sendComm)", net_close_send(n, sc));
+  EXPECT_ERR("closeRecv(already closed recvComm)", net_close_recv(n, rc));
+  EXPECT_ERR("closeListen(already closed listenComm)", net_close_listen(n, lc2));
+  EXPECT_ERR("isend(closed sendComm)", net_isend(n, sc, sb, 16, 1, smh, &req));
+#undef EXPECT_ERR_POST
+#undef EXPECT_ERR
+  free(sb);
+  free(rb);
+  if (std_teardown(c)) return -1;
+  if (e.count) return failf(c, "%d of %d checks failed: %s", e.count, checks, e.text);
+  detailf(c, "%d bad-input checks rejected without a crash; comms still worked afterwards", checks);
+  return 0;
+}
+
+/* -------------------------------------------------------------------------------------- kill */
+
+#define KILL_MSG (4 * MIB)
+#define KILL_WINDOW 4
+
+static int scn_kill_rank(rctx_t* c) {
+  if (std_setup(c, 0xc0009)) return -1;
+  void *sc, *rc;
+  if (pair_one_way(c, &sc, &rc, 0, 1, "kill setup")) return -1;
+  const int sender = c->rank == 0, victim = c->rank == g_kill_victim;
+  void* comm = sender ? sc : rc;
+  unsigned char* buf = xalloc(c, KILL_MSG, "kill buffer");
+  void* mh;
+  if (!buf || regmr(c, comm, buf, KILL_MSG, &mh, "kill")) return -1;
+  pat_fill(buf, KILL_MSG, 1);
+  op_t ops[KILL_WINDOW];
+  for (int i = 0; i < KILL_WINDOW; i++) op_reset(&ops[i]);
+  long long completed = 0, after_kill = 0;
+  int64_t start = now_ns();
+  int spins = 0;
+  const char* how = NULL;
+  ncclResult_t err = ncclSuccess;
+  stagef(c, "streaming %s (%s)", sender ? "4 MiB isends" : "4 MiB irecvs", victim ? "victim" : "survivor");
+  while (!how) {
+    int64_t kill_ns = atomic_load(&c->shm->kill_ns);
+    int64_t now = now_ns();
+    if (victim && now - start > 60000000000LL) return failf(c, "victim was never killed");
+    if (!victim && !kill_ns && now - start > 60000000000LL) return failf(c, "the parent never killed the peer");
+    if (!victim && kill_ns && now > kill_ns + (int64_t)(g_kill_timeout_ms + 5000) * 1000000LL)
+      return failf(c, "survivor (%s) got no error from test() within %d ms after the peer was SIGKILLed "
+                      "(FABRICOLL_TIMEOUT_MS=%d; %lld messages completed before the kill, %lld after)",
+                   sender ? "sender" : "receiver", g_kill_timeout_ms + 5000, g_kill_timeout_ms, completed - after_kill,
+                   after_kill);
+    if (check_abort(c)) return -1;
+    for (int i = 0; i < KILL_WINDOW && !how; i++) {
+      op_t* op = &ops[i];
+      if (kill_ns && !victim)
+        stagef(c, "survivor %s: calling %s on slot %d, %.0f ms after the peer was SIGKILLed", sender ? "sender" : "receiver",
+               op->posted ? "test()" : (sender ? "isend()" : "irecv()"), i, (double)(now_ns() - kill_ns) / 1e6);
+      else
+        copy_str(c->shm->stage[c->rank], STAGE_LEN,
+                 op->posted ? "streaming: in test()" : (sender ? "streaming: in isend()" : "streaming: in irecv()"));
+      if (!op->posted) {
+        void* req = NULL;
+        void* d = buf;
+        size_t cap = KILL_MSG;
+        int tag = 11;
+        ncclResult_t r = sender ? net_isend(&c->net, sc, buf, KILL_MSG, tag, mh, &req)
+                                : net_irecv(&c->net, rc, 1, &d, &cap, &tag, &mh, &req);
+        if (r != ncclSuccess) {
+          if (victim || !atomic_load(&c->shm->kill_ns))
+            return failf(c, "%s returned %d (%s) before the peer was killed", sender ? "isend" : "irecv", r, rstr(r));
+          how = sender ? "isend" : "irecv";
+          err = r;
+          break;
+        }
+        if (req) {
+          op_reset(op);
+          op->req = req;
+          op->posted = 1;
+        }
+        continue;
+      }
+      int done = 0;
+      ncclResult_t r = net_test(&c->net, op->req, &done, op->sizes);
+      if (r != ncclSuccess) {
+        if (victim || !atomic_load(&c->shm->kill_ns))
+          return failf(c, "test() returned %d (%s) before the peer was killed", r, rstr(r));
+        how = "test";
+        err = r;
+        break;
+      }
+      if (done) {
+        if (op->sizes[0] != (int)KILL_MSG && atomic_load(&c->shm->kill_ns) == 0)
+          return failf(c, "completed message reports %d bytes, expected %zu", op->sizes[0], KILL_MSG);
+        op->posted = 0;
+        completed++;
+        if (atomic_load(&c->shm->kill_ns)) after_kill++;
+        atomic_store(&c->shm->progress[c->rank], completed);
+        spins = 0;
+      }
+    }
+    backoff(&spins);
+  }
+  double ms = (double)(now_ns() - atomic_load(&c->shm->kill_ns)) / 1e6;
+  atomic_store(&c->shm->val[c->rank][0], (long long)(ms * 1000));
+  detailf(c, "%s killed: surviving %s's %s() returned %d (%s) %.0f ms after SIGKILL", sender ? "receiver" : "sender",
+          sender ? "sender" : "receiver", how, err, rstr(err), ms);
+  /* Tear down like NCCL would after an error: close the comm; it must not hang. */
+  stagef(c, "survivor: %s after the peer died", sender ? "closeSend" : "closeRecv");
+  int64_t t0 = now_ns();
+  ncclResult_t r = sender ? net_close_send(&c->net, sc) : net_close_recv(&c->net, rc);
+  double cms = ms_since(t0);
+  if (cms > 5000) return failf(c, "closing the comm after the peer died took %.0f ms", cms);
+  vlog("[kill] survivor close returned %d after %.1f ms\n", r, cms);
+  stagef(c, "survivor: finalize");
+  net_finalize(&c->net);
+  return 0;
+}
+
+/* -------------------------------------------------------------------------------------- cycles */
+
+static int scn_cycles(rctx_t* c) {
+  if (std_setup(c, 0xc000a)) return -1;
+  const size_t sz = 1024;
+  unsigned char* sb = xalloc(c, sz, "cycles buffer");
+  unsigned char* rb = xalloc(c, sz + 64, "cycles buffer");
+  if (!sb || !rb) return -1;
+  int ncyc = g_cycles;
+  int mark = ncyc >= 200 ? 100 : (ncyc / 10 > 0 ? ncyc / 10 : 1);
+  int fd_mark = -1, fd_end = -1;
+  long rss_mark = -1, rss_end = -1;
+  int64_t t0 = now_ns();
+  for (int cyc = 0; cyc < ncyc; cyc++) {
+    char what[64];
+    snprintf(what, sizeof what, "cycle %d", cyc);
+    void *sc = NULL, *rc = NULL, *mh = NULL;
+    if (pair_one_way(c, &sc, &rc, 0, (unsigned)cyc + 1, what)) return -1;
+    uint64_t seed = seed_of(cyc, 10, 10);
+    if (c->rank == 0) {
+      if (regmr(c, sc, sb, sz, &mh, what)) return -1;
+      pat_fill(sb, sz, seed);
+      side_t s = {sc, mh, sb, sz, 0, 0, 1};
+      if (xfer_step(c, &s, NULL, 0, what)) return -1;
+      if (deregmr(c, sc, mh, what)) return -1;
+    } else {
+      if (regmr(c, rc, rb, sz + 64, &mh, what)) return -1;
+      side_t r = {rc, mh, rb, sz, sz + 64, seed, 1};
+      if (xfer_step(c, NULL, &r, 0, what)) return -1;
+      if (deregmr(c, rc, mh, what)) return -1;
+    }
+    if (sync_ranks(c, what)) return -1;
+    if (c->rank == 0 && close_send(c, sc, what)) return -1;
+    if (c->rank == 1 && close_recv(c, rc, what)) return -1;
+    if (cyc + 1 == mark) {
+      fd_mark = count_fds();
+      rss_mark = rss_bytes();
+    }
+  }
+  fd_end = count_fds();
+  rss_end = rss_bytes();
+  double secs = ms_since(t0) / 1000;
+  free(sb);
+  free(rb);
+  if (std_teardown(c)) return -1;
+  detailf(c, "rank %d: fds %d -> %d, RSS %.1f -> %.1f MiB (after cycle %d -> %d)", c->rank, fd_mark, fd_end,
+          rss_mark / (double)MIB, rss_end / (double)MIB, mark, ncyc);
+  atomic_store(&c->shm->val[c->rank][0], (long long)(secs * 1000));
+  if (fd_end > fd_mark)
+    return failf(c, "open fds grew from %d (after cycle %d) to %d (after cycle %d)", fd_mark, mark, fd_end, ncyc);
+  if (rss_end - rss_mark > (long)(8 * MIB))
+    return failf(c, "RSS grew by %.1f MiB between cycle %d and %d (limit 8 MiB)", (rss_end - rss_mark) / (double)MIB,
+                 mark, ncyc);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------------------ versions */
+
+static int scn_versions(rctx_t* c) {
+  char err[512], ok[64] = "";
+  stagef(c, "dlopen %s", g_lib);
+  dlerror();
+  void* dl = dlopen(g_lib, RTLD_NOW | RTLD_LOCAL);
+  if (!dl) {
+    const char* de = dlerror();
+    return failf(c, "dlopen(%s) failed: %s", g_lib, de ? de : "?");
+  }
+  const size_t size = 64 * 1024;
+  unsigned char* sb = xalloc(c, size, "versions send buffer");
+  unsigned char* rb = xalloc(c, size + 64, "versions recv buffer");
+  if (!sb || !rb) return -1;
+  for (int v = NET_MIN_VERSION; v <= NET_MAX_VERSION; v++) {
+    char what[64];
+    snprintf(what, sizeof what, "v%d", v);
+    if (net_bind(&c->net, dl, v, err, sizeof err) != 0) return failf(c, "%s: %s", what, err);
+    stagef(c, "%s init", what);
+    ncclResult_t r = net_init(&c->net, 0xc000b00ULL + (uint64_t)v);
+    if (r != ncclSuccess) return failf(c, "%s init returned %d (%s)", what, r, rstr(r));
+    r = net_devices(&c->net, &c->ndev);
+    if (r != ncclSuccess || c->ndev < 1) return failf(c, "%s devices returned %d, ndev %d", what, r, c->ndev);
+    r = net_get_props(&c->net, 0, &c->props);
+    if (r != ncclSuccess) return failf(c, "%s getProperties returned %d (%s)", what, r, rstr(r));
+    void *sc, *rc, *smh, *rmh;
+    if (pair_both_ways(c, &sc, &rc, 2 * v, 1, what)) return -1;
+    if (regmr(c, sc, sb, size, &smh, what) || regmr(c, rc, rb, size + 64, &rmh, what)) return -1;
+    uint64_t sseed = seed_of(v, c->rank, 64), rseed = seed_of(v, 1 - c->rank, 64);
+    pat_fill(sb, size, sseed);
+    side_t s = {sc, smh, sb, size, 0, 0, 20 + c->rank};
+    side_t rr = {rc, rmh, rb, size, size + 64, rseed, 20 + (1 - c->rank)};
+    if (xfer_step(c, &s, &rr, 0, what)) return -1;
+    if (sync_ranks(c, what)) return -1;
+    if (deregmr(c, sc, smh, what) || deregmr(c, rc, rmh, what)) return -1;
+    if (close_send(c, sc, what) || close_recv(c, rc, what)) return -1;
+    stagef(c, "%s finalize", what);
+    r = net_finalize(&c->net);
+    if (r != ncclSuccess) return failf(c, "%s finalize returned %d (%s)", what, r, rstr(r));
+    snprintf(ok + strlen(ok), sizeof ok - strlen(ok), "%sv%d", ok[0] ? "," : "", v);
+  }
+  free(sb);
+  free(rb);
+  detailf(c, "%s: connect + 64 KiB each way through each table", ok);
+  return 0;
+}
+
+/* --------------------------------------------------------------------------------------- reload */
+
+static int scn_reload(rctx_t* c) {
+  const int iters = 3;
+  const size_t size = 64 * 1024;
+  unsigned char* sb = xalloc(c, size, "reload buffer");
+  unsigned char* rb = xalloc(c, size + 64, "reload buffer");
+  if (!sb || !rb) return -1;
+  for (int it = 0; it < iters; it++) {
+    char what[64];
+    snprintf(what, sizeof what, "reload iteration %d", it);
+    if (std_setup(c, 0xc000c + (uint64_t)it)) return -1;
+    void *sc, *rc, *smh, *rmh;
+    if (pair_loopback(c, &sc, &rc, what)) return -1;
+    if (regmr(c, sc, sb, size, &smh, what) || regmr(c, rc, rb, size + 64, &rmh, what)) return -1;
+    uint64_t seed = seed_of(it, 12, 12);
+    pat_fill(sb, size, seed);
+    side_t s = {sc, smh, sb, size, 0, 0, 1};
+    side_t r = {rc, rmh, rb, size, size + 64, seed, 1};
+    if (xfer_step(c, &s, &r, 0, what)) return -1;
+    if (deregmr(c, sc, smh, what) || deregmr(c, rc, rmh, what)) return -1;
+    if (close_send(c, sc, what) || close_recv(c, rc, what)) return -1;
+    if (std_teardown(c)) return -1;
+    stagef(c, "%s: dlclose", what);
+    net_dlclose(&c->net);
+    struct timespec ts = {0, 50 * 1000 * 1000}; /* let any leftover plugin thread run (and crash, if it would) */
+    nanosleep(&ts, NULL);
+  }
+  free(sb);
+  free(rb);
+  detailf(c, "%d x (dlopen, init, loopback 64 KiB, close, finalize, dlclose)", iters);
+  return 0;
+}
+
+/* ============================================================================ parent / runner */
+
+typedef struct runstate runstate_t;
+
+typedef struct {
+  const char* name;
+  int nranks;
+  int (*fn)(rctx_t*);
+  int timeout_s;
+  int short_timeout_env; /* FABRICOLL_TIMEOUT_MS = g_kill_timeout_ms in the ranks */
+  int (*hook)(runstate_t*); /* called by the parent while waiting; -1 = fail (rs->reason) */
+} runspec_t;
+
+struct runstate {
+  const runspec_t* spec;
+  struct shm* shm;
+  pid_t pid[MAXR];
+  int exited[MAXR];
+  int status[MAXR];
+  int expect_killed[MAXR];
+  int64_t start;
+  char reason[FAIL_LEN];
+};
+
+static void child_main(const runspec_t* spec, int rank, struct shm* shm, pid_t parent, int64_t deadline) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(3);
+  if (spec->short_timeout_env) {
+    char b[32];
+    snprintf(b, sizeof b, "%d", g_kill_timeout_ms);
+    setenv("FABRICOLL_TIMEOUT_MS", b, 1);
+  }
+  rctx_t c;
+  memset(&c, 0, sizeof c);
+  c.scn = spec->name;
+  c.rank = rank;
+  c.nranks = spec->nranks;
+  c.shm = shm;
+  c.deadline = deadline;
+  int rc = spec->fn(&c);
+  stagef(&c, "exit() after %s", rc == 0 ? "success" : "failure");
+  fflush(NULL);
+  exit(rc == 0 ? 0 : (c.aborted ? 2 : 1));
+}
+
+static const char* signame(int s) {
+  switch (s) {
+    case SIGSEGV: return "SIGSEGV";
+    case SIGBUS: return "SIGBUS";
+    case SIGABRT: return "SIGABRT";
+    case SIGKILL: return "SIGKILL";
+    case SIGILL: return "SIGILL";
+    case SIGFPE: return "SIGFPE";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGTERM: return "SIGTERM";
+    default: return "signal";
+  }
+}
+
+static void append(char* dst, size_t cap, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+static void append(char* dst, size_t cap, const char* fmt, ...) {
+  size_t used = strlen(dst);
+  if (used + 1 >= cap) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(dst + used, cap - used, fmt, ap);
+  va_end(ap);
+}
+
+/* Stack traces of a hung rank (gdb, if installed) to stderr, before it is killed; set
+ * HARNESS_NO_STACKS=1 to skip. The parent never loaded the plugin, so it can run gdb freely. */
+static void dump_stacks(const char* scn, int rank, pid_t pid) {
+  const char* no = getenv("HARNESS_NO_STACKS");
+  if ((no && *no && strcmp(no, "0") != 0) || access("/usr/bin/gdb", X_OK) != 0) return;
+  char cmd[256];
+  fprintf(stderr, "---- %s rank %d (pid %d) hung: stacks ----\n", scn, rank, (int)pid);
+  fflush(NULL);
+  snprintf(cmd, sizeof cmd,
+           "timeout 30 /usr/bin/gdb -p %d -batch -nx -ex 'set pagination off' -ex 'thread apply all bt 30' "
+           "</dev/null 2>/dev/null | grep -E '^(Thread|#)' >&2",
+           (int)pid);
+  if (system(cmd) != 0) fprintf(stderr, "(gdb could not attach)\n");
+  fprintf(stderr, "---- end of stacks ----\n");
+}
+
+/* Runs one set of ranks; 0 = all good. reason/details are appended to. */
+static int run_ranks(const runspec_t* spec, char* reason, size_t rlen, char* details, size_t dlen) {
+  struct shm* shm = mmap(NULL, sizeof(struct shm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shm == MAP_FAILED) {
+    append(reason, rlen, "mmap failed: %s", strerror(errno));
+    return -1;
+  }
+  memset(shm, 0, sizeof *shm);
+  runstate_t rs;
+  memset(&rs, 0, sizeof rs);
+  rs.spec = spec;
+  rs.shm = shm;
+  rs.start = now_ns();
+  int timeout_s = (int)(spec->timeout_s * g_time_scale);
+  int64_t deadline = rs.start + (int64_t)timeout_s * 1000000000LL;
+  int64_t child_deadline = deadline - 3000000000LL;
+  pid_t parent = getpid();
+  fflush(NULL);
+  int nforked = 0;
+  for (int r = 0; r < spec->nranks; r++) {
+    pid_t p = fork();
+    if (p < 0) {
+      append(reason, rlen, "fork failed: %s", strerror(errno));
+      atomic_store(&shm->abort, 1);
+      break;
+    }
+    if (p == 0) child_main(spec, r, shm, parent, child_deadline);
+    rs.pid[r] = p;
+    nforked++;
+  }
+  int timed_out = 0, hook_failed = 0;
+  int64_t first_fail = 0;
+  for (;;) {
+    int alive = 0;
+    for (int r = 0; r < nforked; r++) {
+      if (rs.exited[r]) continue;
+      int st;
+      pid_t w = waitpid(rs.pid[r], &st, WNOHANG);
+      if (w == rs.pid[r]) {
+        rs.exited[r] = 1;
+        rs.status[r] = st;
+        int bad = !(WIFEXITED(st) && WEXITSTATUS(st) == 0) &&
+                  !(rs.expect_killed[r] && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+        if (bad && !first_fail) {
+          first_fail = now_ns();
+          atomic_store(&shm->abort, 1);
+        }
+      } else {
+        alive++;
+      }
+    }
+    if (!alive) break;
+    if (spec->hook && !hook_failed && spec->hook(&rs) != 0) {
+      hook_failed = 1;
+      append(reason, rlen, "%s", rs.reason);
+      atomic_store(&shm->abort, 1);
+      first_fail = now_ns();
+    }
+    int64_t now = now_ns();
+    if (now > deadline || (first_fail && now > first_fail + 10000000000LL)) {
+      if (now > deadline) timed_out = 1;
+      for (int r = 0; r < nforked; r++)
+        if (!rs.exited[r]) {
+          if (timed_out) {
+            append(reason, rlen, "%srank %d still running after %d s (stage: %s)", reason[0] ? " | " : "", r, timeout_s,
+                   shm->stage[r][0] ? shm->stage[r] : "?");
+            dump_stacks(spec->name, r, rs.pid[r]);
+          }
+          kill(rs.pid[r], SIGKILL);
+        }
+      for (int r = 0; r < nforked; r++)
+        if (!rs.exited[r]) {
+          waitpid(rs.pid[r], &rs.status[r], 0);
+          rs.exited[r] = 1;
+          rs.status[r] = -1; /* killed by us */
+        }
+      break;
+    }
+    struct timespec ts = {0, 2 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  int ok = !timed_out && !hook_failed && nforked == spec->nranks;
+  int any_root = 0;
+  for (int r = 0; r < nforked; r++) {
+    int st = rs.status[r];
+    if (st == -1) {
+      ok = 0;
+      if (shm->fail[r][0]) append(reason, rlen, "%s%s", reason[0] ? " | " : "", shm->fail[r]);
+      continue;
+    }
+    if (rs.expect_killed[r] && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) continue;
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+      if (shm->fail[r][0]) { /* reported a failure but exited 0: should not happen */
+        ok = 0;
+        append(reason, rlen, "%s%s", reason[0] ? " | " : "", shm->fail[r]);
+      }
+      continue;
+    }
+    ok = 0;
+    if (WIFSIGNALED(st)) {
+      any_root = 1;
+      append(reason, rlen, "%srank %d died of %s (%d) during: %s", reason[0] ? " | " : "", r, signame(WTERMSIG(st)),
+             WTERMSIG(st), shm->stage[r][0] ? shm->stage[r] : "?");
+    } else if (WEXITSTATUS(st) == 1) {
+      any_root = 1;
+      if (shm->fail[r][0]) append(reason, rlen, "%s%s", reason[0] ? " | " : "", shm->fail[r]);
+      else append(reason, rlen, "%srank %d failed (no message; stage: %s)", reason[0] ? " | " : "", r, shm->stage[r]);
+    } else if (WEXITSTATUS(st) != 2) {
+      any_root = 1;
+      append(reason, rlen, "%srank %d exited with code %d (stage: %s)", reason[0] ? " | " : "", r, WEXITSTATUS(st),
+             shm->stage[r]);
+    }
+  }
+  if (!ok && !any_root && !reason[0]) append(reason, rlen, "ranks aborted without a root cause (see stderr)");
+  for (int r = 0; r < nforked; r++) {
+    int dup = 0;
+    for (int k = 0; k < r; k++) dup |= strcmp(shm->detail[k], shm->detail[r]) == 0;
+    if (shm->detail[r][0] && !dup) append(details, dlen, "%s%s", details[0] ? "; " : "", shm->detail[r]);
+  }
+  munmap(shm, sizeof *shm);
+  return ok ? 0 : -1;
+}
+
+/* kill: the parent SIGKILLs the victim once both ranks have completed a few 4 MiB messages. */
+static int kill_hook(runstate_t* rs) {
+  struct shm* shm = rs->shm;
+  int64_t kill_ns = atomic_load(&shm->kill_ns);
+  if (kill_ns) {
+    /* The survivor reports by itself within timeout + 5 s unless it is stuck inside a plugin call. */
+    int s = 1 - g_kill_victim;
+    double since = (double)(now_ns() - kill_ns) / 1e9;
+    if (!rs->exited[s] && since > (g_kill_timeout_ms + 5000) / 1000.0 + 10) {
+      snprintf(rs->reason, sizeof rs->reason,
+               "rank %d (survivor) is stuck inside a plugin call %.0f s after the peer was SIGKILLed (stage: %s); "
+               "stacks on stderr",
+               s, since, shm->stage[s]);
+      dump_stacks("kill", s, rs->pid[s]);
+      return -1;
+    }
+    return 0;
+  }
+  long long p0 = atomic_load(&shm->progress[0]), p1 = atomic_load(&shm->progress[1]);
+  if (p0 >= 3 && p1 >= 3) {
+    int v = g_kill_victim;
+    atomic_store(&shm->kill_ns, now_ns()); /* before the kill: an error seen after this is "after" */
+    rs->expect_killed[v] = 1;
+    kill(rs->pid[v], SIGKILL);
+    vlog("[kill] parent SIGKILLed rank %d (pid %d) after %lld/%lld messages\n", v, (int)rs->pid[v], p0, p1);
+    return 0;
+  }
+  if (now_ns() - rs->start > 40000000000LL) {
+    snprintf(rs->reason, sizeof rs->reason,
+             "the 4 MiB stream never got going (completed messages: rank0 %lld, rank1 %lld after 40 s; stages: '%s' / '%s')",
+             p0, p1, shm->stage[0], shm->stage[1]);
+    return -1;
+  }
+  return 0;
+}
+
+typedef struct scenario scenario_t;
+struct scenario {
+  const char* name;
+  const char* help;
+  int (*parent)(const scenario_t*, char*, size_t, char*, size_t); /* NULL: run_ranks(&spec) */
+  runspec_t spec;
+};
+
+static int parent_kill(const scenario_t* s, char* reason, size_t rlen, char* details, size_t dlen) {
+  int fails = 0;
+  for (int victim = 1; victim >= 0; victim--) {
+    g_kill_victim = victim; /* inherited by the forked ranks */
+    char r1[FAIL_LEN] = "", d1[DETAIL_LEN] = "";
+    if (run_ranks(&s->spec, r1, sizeof r1, d1, sizeof d1) != 0) {
+      fails++;
+      append(reason, rlen, "%s%s killed: %s", reason[0] ? " || " : "", victim == 1 ? "receiver" : "sender", r1);
+    }
+    if (d1[0]) append(details, dlen, "%s%s", details[0] ? "; " : "", d1);
+  }
+  return fails ? -1 : 0;
+}
+
+static int parent_cycles(const scenario_t* s, char* reason, size_t rlen, char* details, size_t dlen) {
+  int64_t t0 = now_ns();
+  int r = run_ranks(&s->spec, reason, rlen, details, dlen);
+  char tmp[DETAIL_LEN];
+  snprintf(tmp, sizeof tmp, "%d cycles in %.1f s; %s", g_cycles, ms_since(t0) / 1000, details);
+  copy_str(details, dlen, tmp);
+  return r;
+}
+
+static scenario_t g_scenarios[] = {
+    {"symbols", "dlsym v6..v12, init/devices/getProperties (canary), finalize", NULL,
+     {"symbols", 1, scn_symbols, 60, 0, NULL}},
+    {"connect2", "2 processes: listen / connect / accept polling, closeListen, close", NULL,
+     {"connect2", 2, scn_connect2, 60, 0, NULL}},
+    {"connect1", "1 thread: connect/accept alternately, NULL devComm, 1 MiB on 2 loopback pairs", NULL,
+     {"connect1", 1, scn_connect1, 60, 0, NULL}},
+    {"xfer", "sizes 0..64 MiB both ways, recv buffer larger, with and without iflush", NULL,
+     {"xfer", 2, scn_xfer, 240, 0, NULL}},
+    {"group", "grouped receives n=1..maxRecvs, shuffled tags, posted-order matching", NULL,
+     {"group", 2, scn_group, 120, 0, NULL}},
+    {"inflight32", "32 isends / 32 irecvs outstanding at once", NULL,
+     {"inflight32", 2, scn_inflight32, 120, 0, NULL}},
+    {"pairs16", "16 comm pairs between two processes, interleaved traffic", NULL,
+     {"pairs16", 2, scn_pairs16, 120, 0, NULL}},
+    {"ring4", "4 processes in a ring, 100 laps, each hop transforms the buffer", NULL,
+     {"ring4", 4, scn_ring4, 180, 0, NULL}},
+    {"badinput", "bad arguments return errors without crashing; 0x1 request hint", NULL,
+     {"badinput", 1, scn_badinput, 120, 1, NULL}},
+    {"kill", "SIGKILL one rank mid-transfer (receiver, then sender): survivor's test() must fail", parent_kill,
+     {"kill", 2, scn_kill_rank, 120, 1, kill_hook}},
+    {"cycles", "N cycles of listen/connect/accept/regMr/1 KiB/deregMr/close; fd and RSS growth", parent_cycles,
+     {"cycles", 2, scn_cycles, 900, 0, NULL}},
+    {"versions", "connect + 64 KiB each way through each of v6..v12", NULL,
+     {"versions", 2, scn_versions, 180, 0, NULL}},
+    {"reload", "dlopen/init/use/finalize/dlclose 3 times (NCCL unloads the plugin with its last comm)", NULL,
+     {"reload", 1, scn_reload, 120, 0, NULL}},
+};
+#define NSCEN ((int)(sizeof g_scenarios / sizeof g_scenarios[0]))
+
+static int in_list(const char* list, const char* name) {
+  if (!list) return 0;
+  size_t n = strlen(name);
+  const char* p = list;
+  while (*p) {
+    const char* q = strchr(p, ',');
+    size_t len = q ? (size_t)(q - p) : strlen(p);
+    if (len == n && strncmp(p, name, n) == 0) return 1;
+    if (!q) break;
+    p = q + 1;
+  }
+  return 0;
+}
+
+static void usage(FILE* f) {
+  fprintf(f,
+          "usage: net_harness --lib PATH [--scenario NAME[,NAME...]|all] [--skip NAME[,...]] [--version 6..12]\n"
+          "                   [--op-timeout-ms MS] [--kill-timeout-ms MS] [--cycles N] [--time-scale F] [--list]\n"
+          "scenarios:\n");
+  for (int i = 0; i < NSCEN; i++) fprintf(f, "  %-11s %s\n", g_scenarios[i].name, g_scenarios[i].help);
+}
+
+int main(int argc, char** argv) {
+  const char* which = "all";
+  const char* skip = NULL;
+  for (int i = 1; i < argc; i++) {
+    const char* a = argv[i];
+    const char* val = i + 1 < argc ? argv[i + 1] : NULL;
+    int takes = !strcmp(a, "--lib") || !strcmp(a, "--scenario") || !strcmp(a, "--skip") || !strcmp(a, "--version") ||
+                !strcmp(a, "--op-timeout-ms") || !strcmp(a, "--kill-timeout-ms") || !strcmp(a, "--cycles") ||
+                !strcmp(a, "--time-scale");
+    if (takes) {
+      if (!val) {
+        fprintf(stderr, "net_harness: %s needs a value\n", a);
+        return 2;
+      }
+      i++;
+    }
+    if (!strcmp(a, "--lib")) g_lib = val;
+    else if (!strcmp(a, "--scenario")) which = val;
+    else if (!strcmp(a, "--skip")) skip = val;
+    else if (!strcmp(a, "--version")) g_version = atoi(val);
+    else if (!strcmp(a, "--op-timeout-ms")) g_op_timeout_ms = atoi(val);
+    else if (!strcmp(a, "--kill-timeout-ms")) g_kill_timeout_ms = atoi(val);
+    else if (!strcmp(a, "--cycles")) g_cycles = atoi(val);
+    else if (!strcmp(a, "--time-scale")) g_time_scale = atof(val);
+    else if (!strcmp(a, "--list") || !strcmp(a, "-h") || !strcmp(a, "--help")) {
+      usage(stdout);
+      return 0;
+    } else {
+      fprintf(stderr, "net_harness: unknown argument %s\n", a);
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (!g_lib) {
+    fprintf(stderr, "net_harness: --lib PATH is required\n");
+    usage(stderr);
+    return 2;
+  }
+  if (g_version < NET_MIN_VERSION || g_version > NET_MAX_VERSION) {
+    fprintf(stderr, "net_harness: --version must be 6..12\n");
+    return 2;
+  }
+  if (g_cycles < 1 || g_op_timeout_ms < 100 || g_kill_timeout_ms < 1 || !(g_time_scale > 0)) {
+    fprintf(stderr, "net_harness: bad numeric option\n");
+    return 2;
+  }
+  int all = !strcmp(which, "all");
+  for (const char* p = which; !all && *p;) { /* validate names */
+    const char* q = strchr(p, ',');
+    size_t len = q ? (size_t)(q - p) : strlen(p);
+    int found = 0;
+    for (int i = 0; i < NSCEN; i++)
+      if (strlen(g_scenarios[i].name) == len && !strncmp(g_scenarios[i].name, p, len)) found = 1;
+    if (!found) {
+      fprintf(stderr, "net_harness: unknown scenario '%.*s'\n", (int)len, p);
+      usage(stderr);
+      return 2;
+    }
+    if (!q) break;
+    p = q + 1;
+  }
+  struct stat stbuf;
+  if (stat(g_lib, &stbuf) != 0)
+    fprintf(stderr, "net_harness: warning: library %s: %s (every scenario will fail at dlopen)\n", g_lib,
+            strerror(errno));
+  signal(SIGPIPE, SIG_IGN);
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  fprintf(stderr, "net_harness: lib %s, table v%d, FABRICOLL_PROVIDER=%s FABRICOLL_DOMAIN=%s\n", g_lib, g_version,
+          getenv("FABRICOLL_PROVIDER") ? getenv("FABRICOLL_PROVIDER") : "(unset)",
+          getenv("FABRICOLL_DOMAIN") ? getenv("FABRICOLL_DOMAIN") : "(unset)");
+  int passed = 0, failed = 0;
+  for (int i = 0; i < NSCEN; i++) {
+    const scenario_t* s = &g_scenarios[i];
+    if (!all && !in_list(which, s->name)) continue;
+    if (in_list(skip, s->name)) continue;
+    char reason[4 * FAIL_LEN] = "", details[2 * DETAIL_LEN] = "";
+    fprintf(stderr, "net_harness: running %s\n", s->name);
+    int64_t t0 = now_ns();
+    int r = s->parent ? s->parent(s, reason, sizeof reason, details, sizeof details)
+                      : run_ranks(&s->spec, reason, sizeof reason, details, sizeof details);
+    double secs = ms_since(t0) / 1000;
+    if (r == 0) {
+      passed++;
+      printf("PASS %s (%s%s%.1f s)\n", s->name, details, details[0] ? "; " : "", secs);
+    } else {
+      failed++;
+      for (char* p = reason; *p; p++)
+        if (*p == '\n') *p = ' ';
+      printf("FAIL %s: %s\n", s->name, reason);
+    }
+    fflush(stdout);
+  }
+  printf("net_harness: %d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}

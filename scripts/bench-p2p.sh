@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# scripts/bench-p2p.sh - point-to-point benchmark: the fabricoll net plugin against raw libfabric.
+# A benchmark, not a test: it prints tables and never fails on a number.
+#
+# For each provider (tcp = libfabric 'tcp;ofi_rxm' RDM on lo, shm = libfabric shm RDM) and each
+# of REPS repetitions, it runs, alternating, on an idle machine (wait-quiet.sh before each run):
+#   raw     ../shared/baselines/fi-pingpong-sweep.sh  (libfabric's fi_pingpong, one size per run)
+#   plugin  plugin-tests/build/net_bench --lib $TARGET/release/libnccl-net-fabricoll.so
+#           (two local processes driving the plugin the way NCCL's proxy does)
+# over BENCH_MIN_BYTES..BENCH_MAX_BYTES (powers of two), then prints one table per provider with
+# the per-size MEDIANS over the repetitions.
+#
+# Environment (defaults in brackets):
+#   REPS [5]                 repetitions; raw and plugin alternate inside each one
+#   BENCH_PROVIDERS [tcp shm]
+#   BENCH_MIN_BYTES [8], BENCH_MAX_BYTES [64M]   sizes (suffixes K, M, G = powers of 1024)
+#   BENCH_T [0.5]            target seconds per size for each run
+#   QUIET [1]                wait for an idle machine (wait-quiet.sh) before every run;
+#                            QUIET_MAX [60] bounds each wait, in seconds; 0 disables
+#   BENCH_PORT [20000]       first control port; ports used stay below 32768
+#   BENCH_RUN_TIMEOUT [300]  seconds allowed to each sweep / net_bench run
+#   BENCH_DEADLINE [2400]    no new repetition starts after this many seconds
+# At the defaults one repetition (both providers, raw and plugin) takes about 3.5 minutes on an
+# idle 2-core machine, so the whole run about 18-20 minutes; the longest possible run is
+# BENCH_DEADLINE + one repetition with every run at BENCH_RUN_TIMEOUT.
+#   BENCH_BUILD [1]          run scripts/deps.sh and scripts/build.sh first (0: use what is built)
+#   BASELINES [../shared/baselines]   where fi-pingpong-sweep.sh and wait-quiet.sh live
+#   CARGO_TARGET_DIR [target]
+# Raw logs go to .bench/p2p-<date>/ (gitignored); the tables also go to summary.txt there.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$(pwd)
+
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi
+
+# to_bytes 64M -> 67108864 (K/M/G are powers of 1024; a trailing B or iB is ignored)
+to_bytes() {
+  local v=${1%B}
+  v=${v%i}
+  case "$v" in
+    *[kK]) echo $((${v%?} << 10)) ;;
+    *[mM]) echo $((${v%?} << 20)) ;;
+    *[gG]) echo $((${v%?} << 30)) ;;
+    *) echo $((v)) ;;
+  esac
+}
+
+reps=${REPS:-5}
+providers=${BENCH_PROVIDERS:-tcp shm}
+min_b=$(to_bytes "${BENCH_MIN_BYTES:-8}")
+max_b=$(to_bytes "${BENCH_MAX_BYTES:-64M}")
+t_size=${BENCH_T:-0.5}
+quiet=${QUIET:-1}
+quiet_max=${QUIET_MAX:-60}
+port0=${BENCH_PORT:-20000}
+run_timeout=${BENCH_RUN_TIMEOUT:-300}
+deadline=${BENCH_DEADLINE:-2400}
+baselines=${BASELINES:-$root/../shared/baselines}
+target_dir=${CARGO_TARGET_DIR:-target}
+lib="$target_dir/release/libnccl-net-fabricoll.so"
+net_bench=plugin-tests/build/net_bench
+
+sweep="$baselines/fi-pingpong-sweep.sh"
+wait_quiet="$baselines/wait-quiet.sh"
+for f in "$sweep" "$wait_quiet"; do
+  [ -x "$f" ] || { echo "bench-p2p.sh: $f not found (set BASELINES=dir)" >&2; exit 1; }
+done
+command -v fi_pingpong >/dev/null 2>&1 ||
+  { echo "bench-p2p.sh: fi_pingpong not found (apt-get install libfabric-bin)" >&2; exit 1; }
+# every (repetition, provider) gets a block of 100 control ports
+nprov=$(wc -w <<<"$providers")
+if [ $((port0 + reps * nprov * 100)) -ge 32768 ]; then
+  echo "bench-p2p.sh: BENCH_PORT=$port0 with REPS=$reps would reach port 32768; lower them" >&2
+  exit 1
+fi
+
+if [ "${BENCH_BUILD:-1}" != 0 ]; then
+  scripts/deps.sh
+  scripts/build.sh
+fi
+have_plugin=1
+if [ ! -x "$net_bench" ] || [ ! -f "$lib" ]; then
+  echo "bench-p2p.sh: WARNING: $net_bench or $lib missing: raw libfabric only" >&2
+  have_plugin=0
+fi
+
+out=".bench/p2p-$(date +%Y%m%d-%H%M%S)"
+mkdir -p "$out"
+echo "# bench-p2p: $(nproc) cpus, REPS=$reps, sizes $min_b..$max_b B, ${t_size}s/size, logs in $out/"
+echo "# $(fi_info --version 2>/dev/null | head -1 || true); git $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+
+quiet_gate() { # quiet_gate WHAT: wait (bounded) for an idle machine; fails if it never was
+  [ "$quiet" != 0 ] || return 0
+  local rc=0
+  "$wait_quiet" "$quiet_max" 15 3 2> "$out/wait-quiet.tmp" || rc=$?
+  sed "s/^/#   [$1] /" "$out/wait-quiet.tmp"
+  rm -f "$out/wait-quiet.tmp"
+  return "$rc"
+}
+
+run_raw() { # run_raw PROV REP PORT
+  local prov=$1 rep=$2 port=$3 args
+  case "$prov" in
+    tcp) args=(-p 'tcp;ofi_rxm' -e rdm -d lo) ;;
+    shm) args=(-p shm -e rdm) ;;
+    *) echo "bench-p2p.sh: unknown provider $prov (tcp|shm)" >&2; return 1 ;;
+  esac
+  # QUIET=0 inside: the gate runs once per run here, for raw and plugin alike
+  QUIET=0 timeout --kill-after=10 "$run_timeout" "$sweep" "${args[@]}" -b "$min_b" -m "$max_b" \
+    -t "$t_size" -P "$port" -r 1 -o "$out/$prov-raw-$rep.log" > "$out/$prov-raw-$rep.txt" 2>&1
+}
+
+run_plugin() { # run_plugin PROV REP  (net_bench needs no port: its ranks meet in shared memory)
+  local prov=$1 rep=$2 env_p
+  case "$prov" in
+    tcp) env_p=(FABRICOLL_PROVIDER=tcp FABRICOLL_DOMAIN=lo) ;;
+    shm) env_p=(FABRICOLL_PROVIDER=shm) ;;
+  esac
+  # net_bench -t is split between its ping-pong and streaming phases
+  env "${env_p[@]}" timeout --kill-after=10 "$run_timeout" "$net_bench" --lib "$lib" \
+    -b "$min_b" -e "$max_b" -t "$(awk -v t="$t_size" 'BEGIN { print 2 * t }')" \
+    > "$out/$prov-plugin-$rep.txt" 2>&1
+}
+
+# Long-format samples, one file per provider: "SIZE METRIC VALUE"
+#   raw_lat   fi_pingpong usec/xfer, one-way = elapsed_us / (2*iters)
+#   raw_pp    fi_pingpong MB/sec = 2*size*iters / elapsed_us  (= size / one-way latency)
+#   plug_lat  net_bench pp_lat_us = elapsed_us / (2*iters)  (plugin-tests/net_bench.c)
+#   plug_pp   net_bench pp_MBps = size / pp_lat_us = 2*size*iters / elapsed_us: the same
+#             definition as fi_pingpong's, so no conversion is needed
+#   plug_st   net_bench stream_MBps = size*n / elapsed_us, WINDOW messages in flight
+# Both print MB/s with 1-2 decimals, too coarse at small sizes (0.01 MB/s at 8 B), so below
+# 100 MB/s the ping-pong figure is recomputed as size / one-way latency, which is the same
+# quantity with more significant digits.
+collect_raw() { # collect_raw FILE -> samples
+  awk '/^ *[0-9]+ / && $3 != "FAIL" && $4 + 0 > 0 {
+         print $1, "raw_lat", $4; print $1, "raw_pp", ($5 >= 100 ? $5 : $1 / $4) }' "$1"
+}
+collect_plugin() { # collect_plugin FILE -> samples
+  awk '/^ *[0-9]+ / && NF >= 4 && $2 ~ /^[0-9.]+$/ && $2 + 0 > 0 {
+         print $1, "plug_lat", $2; print $1, "plug_pp", ($3 >= 100 ? $3 : $1 / $2)
+         print $1, "plug_st", $4 }' "$1"
+}
+
+t0=$(date +%s)
+done_reps=0
+for rep in $(seq 1 "$reps"); do
+  if [ $(($(date +%s) - t0)) -ge "$deadline" ]; then
+    echo "# BENCH_DEADLINE=${deadline}s reached: stopping after $done_reps repetition(s)"
+    break
+  fi
+  pi=0
+  for prov in $providers; do
+    port=$((port0 + ((rep - 1) * nprov + pi) * 100))
+    pi=$((pi + 1))
+    # alternate which one goes first, so neither always runs right after the other
+    if [ $((rep % 2)) = 1 ]; then order="raw plugin"; else order="plugin raw"; fi
+    for kind in $order; do
+      [ "$kind" = plugin ] && [ "$have_plugin" = 0 ] && continue
+      quiet_gate "$prov $kind $rep" || echo "$kind $rep" >> "$out/$prov.busy"
+      ts=$(date +%s)
+      rc=0
+      if [ "$kind" = raw ]; then
+        run_raw "$prov" "$rep" "$port" || rc=$?
+        collect_raw "$out/$prov-raw-$rep.txt" >> "$out/$prov.samples"
+      else
+        run_plugin "$prov" "$rep" || rc=$?
+        collect_plugin "$out/$prov-plugin-$rep.txt" >> "$out/$prov.samples"
+      fi
+      echo "# rep $rep/$reps $prov $kind: $(($(date +%s) - ts)) s, exit $rc"
+      if [ "$rc" != 0 ]; then
+        tail -5 "$out/$prov-$kind-$rep.txt" | sed 's/^/#     /'
+      fi
+    done
+  done
+  done_reps=$rep
+done
+
+summarize() { # summarize PROV : the table of medians
+  local prov=$1
+  echo
+  echo "## $prov: medians over $done_reps repetition(s); raw = fi_pingpong ($(
+    [ "$prov" = tcp ] && echo "-p 'tcp;ofi_rxm' -e rdm -d lo" || echo "-p shm -e rdm")), plugin = net_bench"
+  echo "## lat = one-way latency (half a round trip); pp MB/s = 2*size*iters/elapsed (fi_pingpong's"
+  echo "## definition, MB = 1e6 B, one message in flight); stream = plugin with many messages in flight."
+  echo "## pp_x = plugin pp / raw pp (like for like); st_x = plugin stream / raw pp; lat_x = plugin / raw"
+  if [ -s "$out/$prov.busy" ]; then
+    echo "## WARNING: $(wc -l < "$out/$prov.busy") run(s) started on a busy machine (wait-quiet gave up):" \
+      "$(tr '\n' ' ' < "$out/$prov.busy")"
+  fi
+  [ -s "$out/$prov.samples" ] || { echo "## (no samples)"; return 0; }
+  sort -k1,1n -k2,2 -k3,3g "$out/$prov.samples" | awk '
+    function flush(   m) {
+      if (n == 0) return
+      m = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+      med[key] = m; cnt[key] = n; n = 0
+    }
+    { k = $1 " " $2; if (k != key) { flush(); key = k; sizes[$1] = 1 } v[++n] = $3 }
+    END {
+      flush()
+      printf "%10s %10s %10s %7s %10s %10s %7s %10s %7s %5s\n", "size(B)", "raw_lat", "plug_lat",
+             "lat_x", "raw_pp", "plug_pp", "pp_x", "plug_st", "st_x", "n"
+      printf "%10s %10s %10s %7s %10s %10s %7s %10s %7s %5s\n", "", "us", "us", "", "MB/s",
+             "MB/s", "", "MB/s", "", "r/p"
+      ns = 0
+      for (s in sizes) list[++ns] = s + 0
+      for (i = 2; i <= ns; i++) { x = list[i]; for (j = i - 1; j >= 1 && list[j] > x; j--) list[j + 1] = list[j]; list[j + 1] = x }
+      for (i = 1; i <= ns; i++) {
+        s = list[i]
+        rl = med[s " raw_lat"]; pl = med[s " plug_lat"]; rp = med[s " raw_pp"]
+        pp = med[s " plug_pp"]; st = med[s " plug_st"]
+        printf "%10d %10s %10s %7s %10s %10s %7s %10s %7s %5s\n", s,
+          f(rl, "%.2f"), f(pl, "%.2f"), r(pl, rl), mb(rp), mb(pp), r(pp, rp),
+          mb(st), r(st, rp), (cnt[s " raw_lat"] + 0) "/" (cnt[s " plug_lat"] + 0)
+      }
+    }
+    function f(x, fmt) { return (x == "") ? "-" : sprintf(fmt, x) }
+    function mb(x) { return (x == "") ? "-" : sprintf(x < 10 ? "%.3f" : (x < 100 ? "%.2f" : "%.1f"), x) }
+    function r(a, b) { return (a == "" || b == "" || b + 0 == 0) ? "-" : sprintf("%.2f", a / b) }'
+}
+
+{
+  for prov in $providers; do summarize "$prov"; done
+  echo
+  echo "# total $(($(date +%s) - t0)) s; raw logs: $out/"
+} | tee "$out/summary.txt"

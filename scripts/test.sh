@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# scripts/test.sh - THE test command (README and CI run this, nothing else).
+#
+# Stages, in order; the first failure stops the run (fail fast):
+#   deps          scripts/deps.sh
+#   build         scripts/build.sh (release library, binaries, C harness)
+#   fmt           cargo fmt --all -- --check
+#   clippy        cargo clippy --all-targets --release -- -D warnings
+#   cargo-test    cargo test --release (unit tests and tests/: header, README config table,
+#                 exported symbols, multi-process tests over tcp and shm)
+#   plugin-tests  plugin-tests/run.sh (C harness over tcp and shm, normal and ASan builds)
+# Prints the elapsed time of each stage and a summary at the end (with the test counts); exits
+# non-zero on any failure.  Each stage's output is also saved in $CARGO_TARGET_DIR/test-logs/.
+# Every stage runs under `timeout` (its own limit, or TEST_STAGE_TIMEOUT seconds for all stages),
+# and the whole run stops after TEST_TOTAL_TIMEOUT seconds (default 1680 = 28 min), so a hung
+# test cannot hang CI.  Honours CARGO_TARGET_DIR (default target/).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi
+
+t_start=$(date +%s)
+all_stages=(deps build fmt clippy cargo-test plugin-tests)
+names=() results=() times=() details=()
+current="" failed=""
+# each stage's output is also kept in $log_dir/<stage>.log
+log_dir="${CARGO_TARGET_DIR:-target}/test-logs"
+mkdir -p "$log_dir"
+
+# stage_detail NAME: the test counts a stage printed, for the summary
+stage_detail() {
+  case "$1" in
+    cargo-test)
+      awk '/^test result:/ { for (i = 1; i < NF; i++) { v = $(i + 1); sub(/[;,]$/, "", v)
+             if ($i ~ /^[0-9]+$/ && v == "passed") p += $i
+             if ($i ~ /^[0-9]+$/ && v == "failed") f += $i
+             if ($i ~ /^[0-9]+$/ && v == "ignored") g += $i } n++ }
+           END { if (n) printf "%d passed, %d failed, %d ignored (%d test binaries)", p, f, g, n }' \
+        "$log_dir/$1.log" ;;
+    plugin-tests) grep -E '^plugin-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
+  esac
+}
+
+fmt_secs() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+
+# shellcheck disable=SC2317  # (summary and on_exit run from the EXIT trap)
+summary() {
+  local i
+  echo
+  echo "==================== test.sh summary ===================="
+  for i in "${!names[@]}"; do
+    printf '  %-14s %-8s %-7s %s\n' "${names[$i]}" "${results[$i]}" "${times[$i]}" \
+      "${details[$i]:-}" | sed 's/ *$//'
+  done
+  for i in "${all_stages[@]:${#names[@]}}"; do
+    printf '  %-14s %s\n' "$i" "not run"
+  done
+  echo "  total          $(fmt_secs $(($(date +%s) - t_start)))"
+}
+
+# shellcheck disable=SC2317
+on_exit() {
+  local rc=$?
+  if [ -n "$current" ]; then # interrupted inside a stage
+    names+=("$current") results+=("ABORTED") times+=("-") details+=("")
+    failed=$current
+  fi
+  summary
+  if [ "$rc" -eq 0 ]; then
+    echo "test.sh: ALL STAGES PASSED"
+  else
+    if [ -n "$failed" ]; then
+      echo "test.sh: FAILED at stage \"$failed\" (exit $rc)" >&2
+    else
+      echo "test.sh: FAILED (exit $rc)" >&2
+    fi
+  fi
+}
+trap on_exit EXIT
+
+# stage NAME TIMEOUT_S CMD... : run one stage, time it, stop everything if it fails.
+stage() {
+  local name=$1 limit=${TEST_STAGE_TIMEOUT:-$2} t0 rc=0 dt left
+  shift 2
+  # never let the whole run pass TEST_TOTAL_TIMEOUT (default 28 minutes)
+  left=$((${TEST_TOTAL_TIMEOUT:-1680} - ($(date +%s) - t_start)))
+  if [ "$left" -le 0 ]; then
+    fail "$name" "no time left (TEST_TOTAL_TIMEOUT=${TEST_TOTAL_TIMEOUT:-1680}s reached)"
+  fi
+  [ "$limit" -le "$left" ] || limit=$left
+  echo
+  echo "==================== [$name] $* ===================="
+  current=$name
+  t0=$(date +%s)
+  set +e
+  timeout --kill-after=30 "$limit" "$@" 2>&1 | tee "$log_dir/$name.log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  dt=$(($(date +%s) - t0))
+  current=""
+  failed=$name
+  names+=("$name") times+=("$(fmt_secs "$dt")") details+=("$(stage_detail "$name")")
+  if [ "$rc" -eq 0 ]; then
+    results+=("ok")
+    failed=""
+    echo "---- [$name] ok in $(fmt_secs "$dt")"
+    return 0
+  fi
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    results+=("TIMEOUT")
+    echo "test.sh: stage '$name' TIMED OUT after ${limit}s: $*" >&2
+  else
+    results+=("FAILED")
+    echo "test.sh: stage '$name' FAILED (exit $rc) after $(fmt_secs "$dt"): $*" >&2
+  fi
+  exit 1
+}
+
+# fail NAME MESSAGE : record NAME as failed without running it, and stop.
+fail() {
+  names+=("$1") results+=("FAILED") times+=("-") details+=("$2")
+  failed=$1
+  echo "test.sh: stage '$1' FAILED: $2" >&2
+  exit 1
+}
+
+stage deps 600 scripts/deps.sh
+stage build 900 scripts/build.sh
+cargo fmt --version >/dev/null 2>&1 ||
+  fail fmt "rustfmt is not installed; run: rustup component add rustfmt"
+stage fmt 120 cargo fmt --all -- --check
+cargo clippy --version >/dev/null 2>&1 ||
+  fail clippy "clippy is not installed; run: rustup component add clippy"
+stage clippy 600 cargo clippy --all-targets --release -- -D warnings
+stage cargo-test 600 cargo test --release
+[ -x plugin-tests/run.sh ] ||
+  fail plugin-tests "plugin-tests/run.sh is missing or not executable"
+stage plugin-tests 600 env \
+  FABRICOLL_LIB="${FABRICOLL_LIB:-${CARGO_TARGET_DIR:-target}/release/libnccl-net-fabricoll.so}" \
+  plugin-tests/run.sh
+exit 0
