@@ -232,7 +232,25 @@ fn getinfo_caps(provider: Option<&str>, extra: u64) -> Result<InfoList> {
 
 /// Find the provider and its devices, as the configuration asks.
 pub fn discover(cfg: &Config) -> Result<Discovery> {
-    let list = getinfo(cfg.provider.as_deref())?;
+    let mut list = getinfo(cfg.provider.as_deref())?;
+    // shm before 1.19 also needs untagged messages (software matching of small messages); ask
+    // for them only there: rxm keeps receive buffers per connection for them.
+    let mut cur = list.0;
+    while !cur.is_null() {
+        // SAFETY: cur is an element of the list we own; fabric_attr is always allocated.
+        let p = cstr(unsafe { (*(*cur).fabric_attr).prov_name });
+        if !inject_safe(&p)
+            && cfg
+                .provider
+                .as_deref()
+                .is_some_and(|w| p == w || p.split(';').next() == Some(w))
+        {
+            list = getinfo_caps(Some(&p), sys::FI_MSG as u64)?;
+            break;
+        }
+        // SAFETY: as above.
+        cur = unsafe { (*cur).next };
+    }
     let mut entries: Vec<*mut sys::fi_info> = Vec::new();
     let mut cur = list.0;
     while !cur.is_null() {
@@ -267,6 +285,16 @@ pub fn discover(cfg: &Config) -> Result<Discovery> {
     let Some(chosen) = chosen else {
         return Ok(disc);
     };
+    if cfg.provider.is_none() && !inject_safe(&chosen) {
+        // Chosen by preference: query again naming it, so that untagged messages are included.
+        let named = Config {
+            provider: Some(chosen.clone()),
+            ..cfg.clone()
+        };
+        let mut d = discover(&named)?;
+        d.providers = disc.providers;
+        return Ok(d);
+    }
     // One device per domain: the first entry, but an IPv4 one over IPv6 for IP providers.
     let mut by_domain: Vec<(String, *mut sys::fi_info)> = Vec::new();
     for &e in &entries {
@@ -424,6 +452,50 @@ struct OpCtx {
     len: usize,
     recv: bool,
     owned: Option<Vec<u8>>,
+    role: Role,
+}
+
+/// What a completion means to us.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// The caller's operation.
+    User,
+    /// A receive of the small-message pool (software matching).
+    Pool,
+    /// The provider half of a receive that also waits in the software matcher.
+    Dual,
+    /// A provider receive we cancelled ourselves: its completion is dropped.
+    Swallow,
+}
+
+/// Messages up to this size bypass the provider's tag matching on shm before libfabric 1.19:
+/// they travel untagged into library-owned receives and are matched here, so that the
+/// provider never holds an unexpected small message (see `inject_safe`).
+const POOL_BUFS: usize = 256;
+
+/// Where a software-matched receive puts its data.
+#[derive(Clone, Copy, Debug)]
+enum SoftDst {
+    Region(Region),
+    Owned,
+}
+
+#[derive(Debug)]
+struct SoftRecv {
+    tag: u64,
+    ignore: u64,
+    len: usize,
+    dst: SoftDst,
+    op: OpId,
+    /// Context of the provider receive posted for messages too large for the pool.
+    provider: Option<usize>,
+}
+
+#[derive(Default)]
+struct Soft {
+    small: usize,
+    posted: VecDeque<SoftRecv>,
+    unexpected: VecDeque<(u64, Vec<u8>)>,
 }
 
 struct Inner {
@@ -438,6 +510,8 @@ struct Inner {
     backlog: VecDeque<(Peer, u64, Vec<u8>, OpId)>,
     /// Completions known without the CQ (injected sends).
     ready: Vec<Completion>,
+    /// Software matching of small messages (shm before libfabric 1.19), else None.
+    soft: Option<Soft>,
 }
 
 // SAFETY: every libfabric object here is used only with the transport's Mutex held
@@ -593,8 +667,60 @@ impl FabricTransport {
                 peers: HashMap::new(),
                 backlog: VecDeque::new(),
                 ready: Vec::new(),
+                soft: None,
             }),
         })
+        .and_then(|t: FabricTransport| {
+            if !t.caps.inject_ok {
+                let mut g = t.inner.lock();
+                g.soft = Some(Soft {
+                    small: t.caps.inject_size.max(256),
+                    ..Default::default()
+                });
+                for _ in 0..POOL_BUFS {
+                    g.post_pool()?;
+                }
+                drop(g);
+                log::info!(
+                    "{}: small messages are matched in software (libfabric {} shm, issue #9143)",
+                    t.caps.domain,
+                    runtime_version()
+                );
+            }
+            Ok(t)
+        })
+    }
+}
+
+/// Complete a software-matched receive with a message.
+fn deliver(r: &SoftRecv, tag: u64, data: Vec<u8>) -> Completion {
+    if data.len() > r.len {
+        return Completion {
+            op: r.op,
+            len: 0,
+            tag,
+            status: Err(Error::InvalidArgument(format!(
+                "argument 'size': a message of {} bytes arrived for a receive buffer of {} bytes",
+                data.len(),
+                r.len
+            ))),
+            data: None,
+        };
+    }
+    let len = data.len();
+    let data = match r.dst {
+        SoftDst::Region(region) => {
+            region.write(&data);
+            None
+        }
+        SoftDst::Owned => Some(data),
+    };
+    Completion {
+        op: r.op,
+        len,
+        tag,
+        status: Ok(()),
+        data,
     }
 }
 
@@ -620,6 +746,7 @@ impl Inner {
             len,
             recv,
             owned,
+            role: Role::User,
         });
         let p = &mut *b as *mut OpCtx as *mut c_void;
         self.ops.insert(p as usize, b);
@@ -634,6 +761,11 @@ impl Inner {
             op,
             owned,
         } = b;
+        if let Some(small) = self.soft.as_ref().map(|x| x.small) {
+            if len <= small {
+                return self.post_small(peer, tag, addr, len, op, owned);
+            }
+        }
         if caps.inject_ok && len <= caps.inject_size && owned.is_none() {
             // SAFETY: the endpoint is enabled; inject copies the buffer before returning.
             let rc = unsafe { sys::fi_tinject(self.ep, addr as *const c_void, len, peer.0, tag) };
@@ -682,6 +814,21 @@ impl Inner {
     }
 
     fn post_recv(&mut self, tag: u64, ignore: u64, b: OpBuf) -> Result<Posted> {
+        if self.soft.is_some() {
+            return self.post_soft_recv(tag, ignore, b);
+        }
+        self.post_provider_recv(tag, ignore, b, Role::User)
+            .map(|p| p.0)
+    }
+
+    /// Post a tagged receive to the provider; returns what happened and the context.
+    fn post_provider_recv(
+        &mut self,
+        tag: u64,
+        ignore: u64,
+        b: OpBuf,
+        role: Role,
+    ) -> Result<(Posted, usize)> {
         let OpBuf {
             addr,
             len,
@@ -690,6 +837,9 @@ impl Inner {
             owned,
         } = b;
         let ctx = self.new_ctx(op, len, true, owned);
+        if let Some(c) = self.ops.get_mut(&(ctx as usize)) {
+            c.role = role;
+        }
         // SAFETY: the buffer is valid until completion (Region's contract, or owned by ctx).
         let rc = unsafe {
             sys::fi_trecv(
@@ -704,14 +854,165 @@ impl Inner {
             )
         };
         if rc == 0 {
+            return Ok((Posted::Queued, ctx as usize));
+        }
+        self.ops.remove(&(ctx as usize));
+        if rc == -(sys::FI_EAGAIN as isize) {
+            return Ok((Posted::Busy, 0));
+        }
+        check("fi_trecv", rc as i64)?;
+        Ok((Posted::Busy, 0))
+    }
+
+    /// A small message as an untagged send of `[tag][payload]` into the peer's pool.
+    fn post_small(
+        &mut self,
+        peer: Peer,
+        tag: u64,
+        addr: usize,
+        len: usize,
+        op: OpId,
+        owned: Option<Vec<u8>>,
+    ) -> Result<Posted> {
+        let mut msg = Vec::with_capacity(8 + len);
+        msg.extend_from_slice(&tag.to_le_bytes());
+        match &owned {
+            Some(d) => msg.extend_from_slice(d),
+            // SAFETY: Region's contract (the caller promised `len` readable bytes at `addr`).
+            None => {
+                msg.extend_from_slice(&unsafe { Region::from_raw(addr as *mut u8, len) }.to_vec())
+            }
+        }
+        let (maddr, mlen) = (msg.as_ptr() as usize, msg.len());
+        let ctx = self.new_ctx(op, len, false, Some(msg));
+        // SAFETY: the message buffer is owned by ctx until its completion; ctx lives until then.
+        let rc = unsafe {
+            sys::fi_send(
+                self.ep,
+                maddr as *const c_void,
+                mlen,
+                ptr::null_mut(),
+                peer.0,
+                ctx,
+            )
+        };
+        if rc == 0 {
             return Ok(Posted::Queued);
         }
         self.ops.remove(&(ctx as usize));
         if rc == -(sys::FI_EAGAIN as isize) {
+            if let Some(data) = owned {
+                self.backlog.push_front((peer, tag, data, op));
+            }
             return Ok(Posted::Busy);
         }
-        check("fi_trecv", rc as i64)?;
+        check("fi_send", rc as i64)?;
         Ok(Posted::Busy)
+    }
+
+    fn post_pool(&mut self) -> Result<()> {
+        let Some(small) = self.soft.as_ref().map(|x| x.small) else {
+            return Ok(());
+        };
+        let buf = vec![0u8; small + 8];
+        let (addr, len) = (buf.as_ptr() as usize, buf.len());
+        let ctx = self.new_ctx(0, len, true, Some(buf));
+        if let Some(c) = self.ops.get_mut(&(ctx as usize)) {
+            c.role = Role::Pool;
+        }
+        // SAFETY: the buffer is owned by ctx until its completion.
+        let rc = unsafe {
+            sys::fi_recv(
+                self.ep,
+                addr as *mut c_void,
+                len,
+                ptr::null_mut(),
+                FI_ADDR_UNSPEC,
+                ctx,
+            )
+        };
+        if rc != 0 {
+            self.ops.remove(&(ctx as usize));
+            check("fi_recv (small-message pool)", rc as i64)?;
+        }
+        Ok(())
+    }
+
+    /// A receive matched in software, plus a provider receive when a large message may come.
+    fn post_soft_recv(&mut self, tag: u64, ignore: u64, b: OpBuf) -> Result<Posted> {
+        let soft = self.soft.as_mut().expect("soft mode");
+        let small = soft.small;
+        let dst = if b.owned.is_some() {
+            SoftDst::Owned
+        } else {
+            // SAFETY: Region's contract, forwarded from the caller's recv().
+            SoftDst::Region(unsafe { Region::from_raw(b.addr as *mut u8, b.len) })
+        };
+        let mut r = SoftRecv {
+            tag,
+            ignore,
+            len: b.len,
+            dst,
+            op: b.op,
+            provider: None,
+        };
+        if let Some(i) = soft
+            .unexpected
+            .iter()
+            .position(|(t, _)| (*t | ignore) == (tag | ignore))
+        {
+            let (t, data) = soft.unexpected.remove(i).expect("index from position");
+            let c = deliver(&r, t, data);
+            self.ready.push(c);
+            return Ok(Posted::Queued);
+        }
+        if b.len > small {
+            let op = b.op;
+            let (p, ctx) =
+                self.post_provider_recv(tag, ignore, OpBuf { owned: None, ..b }, Role::Dual)?;
+            if p == Posted::Busy {
+                return Ok(Posted::Busy);
+            }
+            r.provider = Some(ctx);
+            let _ = op;
+        }
+        self.soft.as_mut().expect("soft mode").posted.push_back(r);
+        Ok(Posted::Queued)
+    }
+
+    /// A pool message arrived: match it in posted order or keep it as unexpected.
+    fn on_small(&mut self, msg: &[u8]) {
+        if msg.len() < 8 {
+            log::warn!("runt small message ({} bytes) dropped", msg.len());
+            return;
+        }
+        let tag = u64::from_le_bytes(msg[0..8].try_into().expect("8 bytes"));
+        let data = msg[8..].to_vec();
+        let soft = self.soft.as_mut().expect("soft mode");
+        match soft
+            .posted
+            .iter()
+            .position(|r| (r.tag | r.ignore) == (tag | r.ignore))
+        {
+            Some(i) => {
+                let r = soft.posted.remove(i).expect("index from position");
+                if let Some(ctx) = r.provider {
+                    self.swallow(ctx);
+                }
+                let c = deliver(&r, tag, data);
+                self.ready.push(c);
+            }
+            None => soft.unexpected.push_back((tag, data)),
+        }
+    }
+
+    /// Cancel a provider receive whose completion we will drop.
+    fn swallow(&mut self, ctx: usize) {
+        if let Some(c) = self.ops.get_mut(&ctx) {
+            c.role = Role::Swallow;
+            // SAFETY: ep is open; ctx is the context of a receive posted on it.
+            unsafe { sys::fi_cancel(self.ep as *mut sys::fid, ctx as *mut c_void) };
+        }
     }
 
     fn drain_backlog(&mut self, caps: &Caps) -> Result<()> {
@@ -759,6 +1060,25 @@ impl Inner {
             );
             return Ok(());
         };
+        match ctx.role {
+            Role::Swallow => return Ok(()),
+            Role::Pool => {
+                if e.err.abs() != sys::FI_ECANCELED as c_int {
+                    log::warn!(
+                        "small-message pool receive failed: {} ({prov})",
+                        strerror(e.err as i64)
+                    );
+                    self.post_pool()?;
+                }
+                return Ok(());
+            }
+            Role::Dual => {
+                if let Some(soft) = self.soft.as_mut() {
+                    soft.posted.retain(|r| r.op != ctx.op);
+                }
+            }
+            Role::User => {}
+        }
         // Some providers (shm) report a negative errno here: compare magnitudes.
         let err = e.err.abs();
         let status = if err == sys::FI_ECANCELED as c_int {
@@ -942,9 +1262,25 @@ impl Transport for FabricTransport {
     }
 
     fn cancel(&self, op: OpId) {
-        let g = self.inner.lock();
+        let mut g = self.inner.lock();
+        if let Some(soft) = g.soft.as_mut() {
+            if let Some(i) = soft.posted.iter().position(|r| r.op == op) {
+                let r = soft.posted.remove(i).expect("index from position");
+                if let Some(ctx) = r.provider {
+                    g.swallow(ctx);
+                }
+                g.ready.push(Completion {
+                    op,
+                    len: 0,
+                    tag: r.tag,
+                    status: Err(Error::InvalidUsage("operation cancelled".into())),
+                    data: None,
+                });
+                return;
+            }
+        }
         for (key, ctx) in g.ops.iter() {
-            if ctx.op == op && ctx.recv {
+            if ctx.op == op && ctx.recv && ctx.role == Role::User {
                 // SAFETY: ep is open and *key is the context of an operation posted on it.
                 let rc = unsafe { sys::fi_cancel(g.ep as *mut sys::fid, *key as *mut c_void) };
                 if rc != 0 {
@@ -984,6 +1320,21 @@ impl Transport for FabricTransport {
                     continue;
                 };
                 let ctx = *ctx;
+                match ctx.role {
+                    Role::Swallow => continue,
+                    Role::Pool => {
+                        let msg = ctx.owned.unwrap_or_default();
+                        g.on_small(&msg[..e.len.min(msg.len())]);
+                        g.post_pool()?;
+                        continue;
+                    }
+                    Role::Dual => {
+                        if let Some(soft) = g.soft.as_mut() {
+                            soft.posted.retain(|r| r.op != ctx.op);
+                        }
+                    }
+                    Role::User => {}
+                }
                 let len = if ctx.recv { e.len } else { ctx.len };
                 let data = ctx.owned.map(|mut v| {
                     v.truncate(len);
@@ -1001,6 +1352,7 @@ impl Transport for FabricTransport {
                 break;
             }
         }
+        out.append(&mut g.ready);
         Ok(out.len() - start)
     }
 
