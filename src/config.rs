@@ -52,6 +52,43 @@ pub const VARS: &[Var] = &[
         meaning: "busy-poll time before a waiter yields or sleeps on the completion queue",
     },
     Var {
+        name: "FABRICOLL_ALGO",
+        accepted:
+            "auto, ring, bidir_ring, mesh, mesh1, rdh, rd, tree, dbtree, bruck, pairwise, hier",
+        default: "auto",
+        meaning: "collective algorithm of the engines; auto takes the smallest predicted time",
+    },
+    Var {
+        name: "FABRICOLL_ALPHA_US",
+        accepted: "number > 0 (microseconds)",
+        default: "measured at communicator creation",
+        meaning: "cost model: latency of one message",
+    },
+    Var {
+        name: "FABRICOLL_BETA_GBPS",
+        accepted: "number > 0 (GB/s)",
+        default: "measured at communicator creation",
+        meaning: "cost model: link bandwidth (beta = 1 / bandwidth)",
+    },
+    Var {
+        name: "FABRICOLL_GAMMA_GBPS",
+        accepted: "number > 0 (GB/s)",
+        default: "measured at communicator creation",
+        meaning: "cost model: local reduction speed (gamma = 1 / speed)",
+    },
+    Var {
+        name: "FABRICOLL_LOCAL_RANKS",
+        accepted: "integer >= 1 dividing the rank count",
+        default: "1",
+        meaning: "ranks per node for the hier algorithm",
+    },
+    Var {
+        name: "FABRICOLL_BOOTSTRAP_ADDR",
+        accepted: "an IPv4 or IPv6 address of this host",
+        default: "127.0.0.1",
+        meaning: "address the unique id's bootstrap root listens on (set it for several hosts)",
+    },
+    Var {
         name: "FABRICOLL_MR_CACHE",
         accepted: "0 or 1",
         default: "1",
@@ -69,6 +106,12 @@ pub struct Config {
     pub speed_mbps: u32,
     pub poll: Duration,
     pub mr_cache: bool,
+    pub algo: Option<crate::algo::Algorithm>,
+    pub alpha_us: Option<f64>,
+    pub beta_gbps: Option<f64>,
+    pub gamma_gbps: Option<f64>,
+    pub local_ranks: Option<usize>,
+    pub bootstrap_addr: Option<std::net::IpAddr>,
 }
 
 fn bad(name: &str, value: &str) -> Error {
@@ -147,7 +190,44 @@ impl Config {
             Some("0") => false,
             Some(v) => return Err(bad("FABRICOLL_MR_CACHE", v)),
         };
+        let algo = match nonempty("FABRICOLL_ALGO").map(|v| v.trim().to_ascii_lowercase()) {
+            None => None,
+            Some(v) if v == "auto" => None,
+            Some(v) => Some(
+                crate::algo::Algorithm::from_name(&v).ok_or_else(|| bad("FABRICOLL_ALGO", &v))?,
+            ),
+        };
+        let positive = |name: &str| -> Result<Option<f64>> {
+            match nonempty(name) {
+                None => Ok(None),
+                Some(v) => match v.trim().parse::<f64>() {
+                    Ok(x) if x.is_finite() && x > 0.0 => Ok(Some(x)),
+                    _ => Err(bad(name, &v)),
+                },
+            }
+        };
+        let alpha_us = positive("FABRICOLL_ALPHA_US")?;
+        let beta_gbps = positive("FABRICOLL_BETA_GBPS")?;
+        let gamma_gbps = positive("FABRICOLL_GAMMA_GBPS")?;
+        let local_ranks = match nonempty("FABRICOLL_LOCAL_RANKS") {
+            None => None,
+            Some(v) => Some(int("FABRICOLL_LOCAL_RANKS", &v, 1, 1 << 20)? as usize),
+        };
+        let bootstrap_addr = match nonempty("FABRICOLL_BOOTSTRAP_ADDR") {
+            None => None,
+            Some(v) => Some(
+                v.trim()
+                    .parse()
+                    .map_err(|_| bad("FABRICOLL_BOOTSTRAP_ADDR", &v))?,
+            ),
+        };
         Ok(Config {
+            algo,
+            alpha_us,
+            beta_gbps,
+            gamma_gbps,
+            local_ranks,
+            bootstrap_addr,
             provider,
             domains,
             timeout,
@@ -219,6 +299,11 @@ mod tests {
             ("FABRICOLL_POLL_US", "9999999999"),
             ("FABRICOLL_PROVIDER", "tcp rm -rf"),
             ("FABRICOLL_DOMAIN", ",,"),
+            ("FABRICOLL_ALGO", "fastest"),
+            ("FABRICOLL_ALPHA_US", "0"),
+            ("FABRICOLL_BETA_GBPS", "nan"),
+            ("FABRICOLL_LOCAL_RANKS", "0"),
+            ("FABRICOLL_BOOTSTRAP_ADDR", "localhost:1"),
         ] {
             let e = parse(&[(k, v)]).unwrap_err().to_string();
             assert!(e.contains(k), "{e}");

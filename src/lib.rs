@@ -1,11 +1,15 @@
 //! fabricoll: collective communication over libfabric, as an NCCL net / CollNet plugin and a
 //! native C API. See docs in README.md and the design in shared/docs/design.md.
 pub mod algo;
+pub mod coll;
 pub mod config;
 pub mod error;
+pub mod exec;
 pub mod ffi;
 pub mod logging;
 pub mod plugin;
+pub mod reduce;
 pub mod transport;
+pub mod tune;
 
 pub use error::{Error, Result};

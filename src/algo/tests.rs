@@ -69,57 +69,199 @@ fn ring() {
 // One test per algorithm file (each asserts that the algorithm implements what it should).
 #[test]
 fn bidir_ring() {
-    check_algorithm(Algorithm::BidirRing, |_| Some(Options::default()));
+    for coll in Collective::ALL {
+        let want = matches!(
+            coll,
+            Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter
+        );
+        assert_eq!(supports(Algorithm::BidirRing, coll), want, "{coll:?}");
+    }
+    assert!(check_algorithm(Algorithm::BidirRing, |_| Some(Options::default())) > 0);
 }
 
 #[test]
 fn mesh() {
-    check_algorithm(Algorithm::Mesh, |_| Some(Options::default()));
+    for coll in Collective::ALL {
+        assert!(supports(Algorithm::Mesh, coll), "{coll:?}");
+    }
+    assert!(check_algorithm(Algorithm::Mesh, |_| Some(Options::default())) > 0);
 }
 
 #[test]
 fn mesh1() {
-    check_algorithm(Algorithm::Mesh1, |_| Some(Options::default()));
+    for coll in Collective::ALL {
+        let want = coll == Collective::AllReduce;
+        assert_eq!(supports(Algorithm::Mesh1, coll), want, "{coll:?}");
+    }
+    assert!(check_algorithm(Algorithm::Mesh1, |_| Some(Options::default())) > 0);
 }
 
 #[test]
 fn rdh() {
-    check_algorithm(Algorithm::Rdh, |_| Some(Options::default()));
+    for coll in Collective::ALL {
+        let want = matches!(
+            coll,
+            Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter
+        );
+        assert_eq!(supports(Algorithm::Rdh, coll), want, "{coll:?}");
+    }
+    assert!(check_algorithm(Algorithm::Rdh, |_| Some(Options::default())) > 0);
 }
 
 #[test]
 fn rd() {
-    check_algorithm(Algorithm::Rd, |_| Some(Options::default()));
+    for coll in Collective::ALL {
+        let want = coll == Collective::AllReduce;
+        assert_eq!(supports(Algorithm::Rd, coll), want, "{coll:?}");
+    }
+    assert!(check_algorithm(Algorithm::Rd, |_| Some(Options::default())) > 0);
 }
 
 #[test]
 fn tree() {
-    check_algorithm(Algorithm::Tree, |_| Some(Options::default()));
+    for coll in Collective::ALL {
+        let want = matches!(
+            coll,
+            Collective::AllReduce | Collective::Broadcast | Collective::Reduce
+        );
+        assert_eq!(supports(Algorithm::Tree, coll), want, "{coll:?}");
+    }
+    assert!(check_algorithm(Algorithm::Tree, |_| Some(Options::default())) > 0);
 }
 
 #[test]
 fn dbtree() {
-    check_algorithm(Algorithm::DbTree, |_| Some(Options::default()));
+    for coll in Collective::ALL {
+        let want = coll == Collective::AllReduce;
+        assert_eq!(supports(Algorithm::DbTree, coll), want, "{coll:?}");
+    }
+    assert!(check_algorithm(Algorithm::DbTree, |_| Some(Options::default())) > 0);
 }
 
 #[test]
 fn bruck() {
-    check_algorithm(Algorithm::Bruck, |_| Some(Options::default()));
+    for coll in Collective::ALL {
+        let want = matches!(coll, Collective::AllGather | Collective::AllToAll);
+        assert_eq!(supports(Algorithm::Bruck, coll), want, "{coll:?}");
+    }
+    assert!(check_algorithm(Algorithm::Bruck, |_| Some(Options::default())) > 0);
 }
 
 #[test]
 fn pairwise() {
-    check_algorithm(Algorithm::Pairwise, |_| Some(Options::default()));
+    for coll in Collective::ALL {
+        let want = coll == Collective::AllToAll;
+        assert_eq!(supports(Algorithm::Pairwise, coll), want, "{coll:?}");
+    }
+    assert!(check_algorithm(Algorithm::Pairwise, |_| Some(Options::default())) > 0);
 }
 
 #[test]
 fn hier() {
-    check_algorithm(Algorithm::Hier, |n| {
-        (n % 2 == 0).then_some(Options {
-            local: 2,
+    for coll in Collective::ALL {
+        let want = coll != Collective::AllToAll;
+        assert_eq!(supports(Algorithm::Hier, coll), want, "{coll:?}");
+    }
+    assert!(
+        check_algorithm(Algorithm::Hier, |n| {
+            (n % 2 == 0).then_some(Options {
+                local: 2,
+                ..Options::default()
+            })
+        }) > 0
+    );
+    // Bad shapes and nesting are errors that name the field.
+    let ar = Problem::new(Collective::AllReduce, 6, 5);
+    let bad = [
+        (0, Algorithm::Ring, Algorithm::Ring, "local"),
+        (4, Algorithm::Ring, Algorithm::Ring, "local"),
+        (2, Algorithm::Hier, Algorithm::Ring, "intra"),
+        (2, Algorithm::Ring, Algorithm::Hier, "inter"),
+    ];
+    for (local, intra, inter, field) in bad {
+        let o = Options {
+            local,
+            intra,
+            inter,
             ..Options::default()
-        })
-    });
+        };
+        match build(ar, Algorithm::Hier, &o) {
+            Err(AlgoError::Invalid(e)) => assert!(e.contains(field), "{e}"),
+            r => panic!("{o:?}: {:?}", r.map(|_| ())),
+        }
+    }
+    // Other shapes (1, 2, 4, 8 and all ranks per node; 0 stands for all) and level pairs, for
+    // every collective that both levels offer what hier needs of them for (else skipped).
+    use Algorithm::*;
+    let runs = [
+        (1, Ring, Ring),
+        (4, Ring, Ring),
+        (8, Ring, Ring),
+        (0, Ring, Ring),
+        (4, Rdh, Rdh),
+        (2, Ring, Rdh),
+        (8, Rdh, Ring),
+        (0, Rdh, Ring),
+        (4, Mesh, Ring),
+        (2, Ring, Mesh),
+        (4, BidirRing, Tree),
+        (2, Ring, DbTree),
+        (4, Tree, Ring),
+        (2, Bruck, Rdh),
+        (4, Ring, Rd),
+        (2, Ring, Mesh1),
+    ];
+    let mut total = 0;
+    for (local, intra, inter) in runs {
+        let tt = std::time::Instant::now();
+        let t0 = total;
+        for coll in Collective::ALL {
+            let probe = Options {
+                local: 2,
+                intra,
+                inter,
+                ..Options::default()
+            };
+            if build(Problem::new(coll, 4, 4), Algorithm::Hier, &probe).is_err() {
+                continue;
+            }
+            for n in ranks()
+                .into_iter()
+                .filter(|&n| local == 0 || n % local == 0)
+            {
+                let o = Options {
+                    local: if local == 0 { n } else { local },
+                    ..probe
+                };
+                for count in counts(n, coll) {
+                    for slice in [0usize, 3] {
+                        let o = Options { slice, ..o };
+                        let roots: Vec<usize> =
+                            if matches!(coll, Collective::Broadcast | Collective::Reduce) {
+                                vec![0, n / 2, n - 1]
+                            } else {
+                                vec![0]
+                            };
+                        for root in roots {
+                            let p = Problem::new(coll, n, count).with_root(root);
+                            let s = build(p, Algorithm::Hier, &o)
+                                .unwrap_or_else(|e| panic!("hier {o:?} {p:?}: {e}"));
+                            if let Err(e) = check(&s) {
+                                panic!("hier {o:?} {p:?}: {e}");
+                            }
+                            total += 1;
+                        }
+                    }
+                }
+            }
+        }
+        eprintln!(
+            "TIMING {local} {intra} {inter} {} {:?}",
+            total - t0,
+            tt.elapsed()
+        );
+    }
+    assert!(total > 0);
 }
 
 #[test]

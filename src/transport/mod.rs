@@ -177,7 +177,7 @@ impl Region {
     }
 
     /// Copy the region's bytes out (in-process transports).
-    pub(crate) fn to_vec(self) -> Vec<u8> {
+    pub fn to_vec(self) -> Vec<u8> {
         if self.len == 0 {
             return Vec::new();
         }
@@ -187,7 +187,7 @@ impl Region {
     }
 
     /// Copy `data` into the start of the region (in-process transports); `data` must fit.
-    pub(crate) fn write(self, data: &[u8]) {
+    pub fn write(self, data: &[u8]) {
         assert!(data.len() <= self.len, "Region::write overflow");
         if data.is_empty() {
             return;

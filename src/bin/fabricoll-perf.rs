@@ -1,0 +1,599 @@
+//! fabricoll-perf: nccl-tests-style benchmark of the collective engines.
+//!
+//! `fabricoll-perf --ranks 4 --coll allreduce -b 8 -e 256M -f 2 -d float -o sum -n 20 -w 5 -c 1`
+//! forks the ranks itself; under a launcher it runs as one rank (`FABRICOLL_RANK`,
+//! `FABRICOLL_NRANKS`, `FABRICOLL_UNIQUE_ID`, or torchrun's `RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
+//! `MASTER_PORT`). Rank 0 prints one row per size: size, count, type, redop, algorithm, time,
+//! algbw, busbw (as nccl-tests defines them) and #wrong, then `# Avg bus bandwidth`.
+use nccl_net_fabricoll::algo::{Algorithm, Collective};
+use nccl_net_fabricoll::coll::bootstrap::{self, UniqueId};
+use nccl_net_fabricoll::coll::{Call, Comm, Kind};
+use nccl_net_fabricoll::config::Config;
+use nccl_net_fabricoll::reduce::{conv, fp8, DataType, RedOp};
+use nccl_net_fabricoll::transport::{Region, Scratch};
+use std::net::SocketAddr;
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Debug)]
+struct Args {
+    ranks: usize,
+    coll: Collective,
+    algo: Option<Algorithm>,
+    min: usize,
+    max: usize,
+    factor: usize,
+    dtype: DataType,
+    op: RedOp,
+    iters: usize,
+    warmup: usize,
+    check: bool,
+    root: usize,
+    in_place: bool,
+}
+
+const USAGE: &str = "usage: fabricoll-perf [--ranks R] [--coll allreduce|allgather|reducescatter|broadcast|reduce|alltoall]
+                      [--algo auto|ring|bidir_ring|mesh|mesh1|rdh|rd|tree|dbtree|bruck|pairwise|hier]
+                      [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-d TYPE] [-o OP] [-n ITERS] [-w WARMUP]
+                      [-c 0|1] [-r ROOT] [--inplace]
+sizes accept K, M, G suffixes; TYPE: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 fp8_e4m3 fp8_e5m2;
+OP: sum prod max min avg";
+
+fn size_arg(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>()
+        .map(|v| v * mul)
+        .map_err(|_| format!("not a size: {s:?}"))
+}
+
+fn parse(argv: &[String]) -> Result<Args, String> {
+    let mut a = Args {
+        ranks: 2,
+        coll: Collective::AllReduce,
+        algo: None,
+        min: 8,
+        max: 64 << 20,
+        factor: 2,
+        dtype: DataType::Float32,
+        op: RedOp::Sum,
+        iters: 20,
+        warmup: 5,
+        check: true,
+        root: 0,
+        in_place: false,
+    };
+    let mut i = 0;
+    while i < argv.len() {
+        let k = argv[i].as_str();
+        let mut v = || -> Result<String, String> {
+            i += 1;
+            argv.get(i)
+                .cloned()
+                .ok_or_else(|| format!("{k} needs a value"))
+        };
+        match k {
+            "--ranks" | "-R" => {
+                a.ranks = v()?
+                    .parse()
+                    .map_err(|_| "--ranks: not a number".to_string())?
+            }
+            "--coll" => {
+                let c = v()?;
+                a.coll = match c.as_str() {
+                    "allreduce" => Collective::AllReduce,
+                    "allgather" => Collective::AllGather,
+                    "reducescatter" | "reduce_scatter" => Collective::ReduceScatter,
+                    "broadcast" | "bcast" => Collective::Broadcast,
+                    "reduce" => Collective::Reduce,
+                    "alltoall" => Collective::AllToAll,
+                    _ => return Err(format!("--coll: unknown collective {c:?}")),
+                }
+            }
+            "--algo" => {
+                let s = v()?;
+                a.algo = if s == "auto" {
+                    None
+                } else {
+                    Some(Algorithm::from_name(&s).ok_or_else(|| {
+                        let names: Vec<&str> = Algorithm::ALL.iter().map(|x| x.name()).collect();
+                        format!(
+                            "--algo: unknown algorithm {s:?}; accepted values: auto, {}",
+                            names.join(", ")
+                        )
+                    })?)
+                }
+            }
+            "-b" | "--minbytes" => a.min = size_arg(&v()?)?,
+            "-e" | "--maxbytes" => a.max = size_arg(&v()?)?,
+            "-f" | "--stepfactor" => {
+                a.factor = v()?.parse().map_err(|_| "-f: not a number".to_string())?
+            }
+            "-d" | "--datatype" => {
+                let s = v()?;
+                a.dtype =
+                    DataType::from_name(&s).ok_or_else(|| format!("-d: unknown type {s:?}"))?
+            }
+            "-o" | "--op" => {
+                let s = v()?;
+                a.op = RedOp::from_name(&s).ok_or_else(|| format!("-o: unknown op {s:?}"))?
+            }
+            "-n" | "--iters" => {
+                a.iters = v()?.parse().map_err(|_| "-n: not a number".to_string())?
+            }
+            "-w" | "--warmup_iters" => {
+                a.warmup = v()?.parse().map_err(|_| "-w: not a number".to_string())?
+            }
+            "-c" | "--check" => a.check = v()? != "0",
+            "-r" | "--root" => a.root = v()?.parse().map_err(|_| "-r: not a number".to_string())?,
+            "--inplace" => a.in_place = true,
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            _ => return Err(format!("unknown argument {k:?}\n{USAGE}")),
+        }
+        i += 1;
+    }
+    if a.ranks == 0 || a.factor < 2 || a.min > a.max || a.iters == 0 {
+        return Err(format!(
+            "invalid arguments (ranks >= 1, -f >= 2, -b <= -e, -n >= 1)\n{USAGE}"
+        ));
+    }
+    Ok(a)
+}
+
+/// The rank-r, element-i input value: small integers, so sums are exact in every type but fp8.
+fn value(op: RedOp, r: usize, i: usize) -> f64 {
+    match op {
+        RedOp::Prod => {
+            if (r + i) % 7 == 0 {
+                2.0
+            } else {
+                1.0
+            }
+        }
+        _ => ((r * 7 + i * 3) % 5 + 1) as f64,
+    }
+}
+
+fn enc(dt: DataType, v: f64, out: &mut Vec<u8>) {
+    match dt {
+        DataType::Int8 => out.extend_from_slice(&(v as i8).to_le_bytes()),
+        DataType::Uint8 => out.extend_from_slice(&(v as u8).to_le_bytes()),
+        DataType::Int32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
+        DataType::Uint32 => out.extend_from_slice(&(v as u32).to_le_bytes()),
+        DataType::Int64 => out.extend_from_slice(&(v as i64).to_le_bytes()),
+        DataType::Uint64 => out.extend_from_slice(&(v as u64).to_le_bytes()),
+        DataType::Float16 => out.extend_from_slice(&conv::f32_to_f16(v as f32).to_le_bytes()),
+        DataType::Float32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
+        DataType::Float64 => out.extend_from_slice(&v.to_le_bytes()),
+        DataType::Bfloat16 => out.extend_from_slice(&conv::f32_to_bf16(v as f32).to_le_bytes()),
+        DataType::Float8E4M3 => out.push(fp8::f32_to_e4m3(v as f32)),
+        DataType::Float8E5M2 => out.push(fp8::f32_to_e5m2(v as f32)),
+    }
+}
+
+fn dec(dt: DataType, b: &[u8]) -> f64 {
+    match dt {
+        DataType::Int8 => b[0] as i8 as f64,
+        DataType::Uint8 => b[0] as f64,
+        DataType::Int32 => i32::from_le_bytes(b[..4].try_into().unwrap()) as f64,
+        DataType::Uint32 => u32::from_le_bytes(b[..4].try_into().unwrap()) as f64,
+        DataType::Int64 => i64::from_le_bytes(b[..8].try_into().unwrap()) as f64,
+        DataType::Uint64 => u64::from_le_bytes(b[..8].try_into().unwrap()) as f64,
+        DataType::Float16 => conv::f16_to_f32(u16::from_le_bytes([b[0], b[1]])) as f64,
+        DataType::Float32 => f32::from_le_bytes(b[..4].try_into().unwrap()) as f64,
+        DataType::Float64 => f64::from_le_bytes(b[..8].try_into().unwrap()),
+        DataType::Bfloat16 => conv::bf16_to_f32(u16::from_le_bytes([b[0], b[1]])) as f64,
+        DataType::Float8E4M3 => fp8::e4m3_to_f32(b[0]) as f64,
+        DataType::Float8E5M2 => fp8::e5m2_to_f32(b[0]) as f64,
+    }
+}
+
+/// Relative tolerance of a type for a reduction over n ranks (exact types: 0).
+fn tolerance(dt: DataType, n: usize) -> f64 {
+    let eps = match dt {
+        DataType::Float16 => 1.0 / 1024.0,
+        DataType::Bfloat16 => 1.0 / 128.0,
+        DataType::Float8E4M3 => 1.0 / 8.0,
+        DataType::Float8E5M2 => 1.0 / 4.0,
+        _ => 0.0,
+    };
+    eps * n as f64
+}
+
+fn reference(op: RedOp, dt: DataType, vals: impl Iterator<Item = f64>, n: usize) -> f64 {
+    let v: Vec<f64> = vals.collect();
+    match op {
+        RedOp::Sum => v.iter().sum(),
+        RedOp::Prod => v.iter().product(),
+        RedOp::Max => v.iter().cloned().fold(f64::MIN, f64::max),
+        RedOp::Min => v.iter().cloned().fold(f64::MAX, f64::min),
+        RedOp::Avg => {
+            let s: f64 = v.iter().sum();
+            if dt.is_float() {
+                s / n as f64
+            } else {
+                (s as i64 / n as i64) as f64
+            }
+        }
+    }
+}
+
+/// Elements each rank sends/receives for a row of `bytes` (nccl-tests' size column), and the
+/// per-call count.
+fn counts(coll: Collective, bytes: usize, elem: usize, n: usize) -> (usize, usize) {
+    let total = bytes / elem;
+    match coll {
+        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
+            (total / n * n, total / n)
+        }
+        _ => (total, total),
+    }
+}
+
+fn bus_factor(coll: Collective, n: usize) -> f64 {
+    let n = n as f64;
+    match coll {
+        Collective::AllReduce => 2.0 * (n - 1.0) / n,
+        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => (n - 1.0) / n,
+        Collective::Broadcast | Collective::Reduce => 1.0,
+    }
+}
+
+/// Count elements of this rank's output that differ from the independent reference.
+fn wrong(a: &Args, comm: &Comm, out: &[u8], count: usize) -> usize {
+    let n = comm.nranks;
+    let r = comm.rank;
+    let el = a.dtype.size();
+    let elems = out.len() / el;
+    let tol = tolerance(a.dtype, n);
+    let mut bad = 0;
+    for j in 0..elems {
+        let want = match a.coll {
+            Collective::AllReduce => reference(a.op, a.dtype, (0..n).map(|q| value(a.op, q, j)), n),
+            Collective::ReduceScatter => reference(
+                a.op,
+                a.dtype,
+                (0..n).map(|q| value(a.op, q, r * count + j)),
+                n,
+            ),
+            Collective::Reduce if r == a.root => {
+                reference(a.op, a.dtype, (0..n).map(|q| value(a.op, q, j)), n)
+            }
+            Collective::Reduce => continue,
+            Collective::AllGather => value(a.op, j / count, j % count),
+            Collective::Broadcast => value(a.op, a.root, j),
+            Collective::AllToAll => value(a.op, j / count, r * count + j % count),
+        };
+        // Integer types wrap like the library's kernels.
+        let mut w = Vec::new();
+        enc(a.dtype, want, &mut w);
+        let want_t = dec(a.dtype, &w);
+        let got = dec(a.dtype, &out[j * el..(j + 1) * el]);
+        let ok = if tol == 0.0 {
+            got == want_t
+        } else {
+            (got - want).abs() <= tol * want.abs().max(1.0)
+        };
+        if !ok {
+            bad += 1;
+        }
+    }
+    bad
+}
+
+fn run_rank(a: &Args, comm: &Comm) -> Result<usize, String> {
+    let n = comm.nranks;
+    let el = a.dtype.size();
+    if comm.rank == 0 {
+        println!(
+            "# fabricoll-perf: {:?} on {n} ranks, algorithm {}, type {}, op {}, {} warm-up + {} timed iterations, {}",
+            a.coll,
+            a.algo.map_or("auto".to_string(), |x| x.name().to_string()),
+            a.dtype.name(),
+            a.op.name(),
+            a.warmup,
+            a.iters,
+            if a.in_place { "in place" } else { "out of place" }
+        );
+        println!(
+            "# model: alpha {:.2} us, beta {:.3} GB/s, gamma {:.2} GB/s",
+            comm.model().alpha_us,
+            1e-3 / comm.model().beta_us_per_byte,
+            1e-3 / comm.model().gamma_us_per_byte
+        );
+        println!("#");
+        println!(
+            "#{:>11} {:>12} {:>9} {:>6} {:>10} {:>10} {:>8} {:>8} {:>7}",
+            "size", "count", "type", "redop", "algo", "time", "algbw", "busbw", "#wrong"
+        );
+        println!(
+            "#{:>11} {:>12} {:>9} {:>6} {:>10} {:>10} {:>8} {:>8} {:>7}",
+            "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""
+        );
+    }
+    let mut sum_bus = 0.0;
+    let mut rows = 0usize;
+    let mut total_wrong = 0usize;
+    let mut bytes = a.min.max(el);
+    let timing = Scratch::new(8);
+    let timing_out = Scratch::new(8);
+    loop {
+        let (total, count) = counts(a.coll, bytes, el, n);
+        let p = nccl_net_fabricoll::algo::Problem::new(a.coll, n, count).with_root(a.root);
+        let in_len = p.in_len() * el;
+        let out_len = p.out_len() * el;
+        let send = Scratch::new(in_len.max(out_len));
+        let recv = Scratch::new(out_len);
+        let mut data = Vec::with_capacity(in_len);
+        for i in 0..p.in_len() {
+            enc(a.dtype, value(a.op, comm.rank, i), &mut data);
+        }
+        let (sr, rr): (Region, Region) = if a.in_place {
+            // In place: the input sits where the output goes (NCCL's layout for every collective).
+            let off = match a.coll {
+                Collective::AllGather => comm.rank * count * el,
+                _ => 0,
+            };
+            let base = send.region();
+            let inp = base.sub(off, in_len).ok_or("in-place layout")?;
+            (
+                inp,
+                base.sub(0, out_len.max(in_len)).ok_or("in-place layout")?,
+            )
+        } else {
+            (send.region().sub(0, in_len).ok_or("layout")?, recv.region())
+        };
+        let call = Call {
+            kind: Kind::Coll(a.coll),
+            send: sr,
+            recv: rr,
+            count,
+            dtype: a.dtype,
+            op: a.op,
+            root: a.root,
+            algo: a.algo,
+        };
+        let (algo, _) = comm.choose(&p, el, a.algo).map_err(|e| e.to_string())?;
+        let mut nwrong = 0;
+        if a.check {
+            sr.write(&data);
+            comm.run(&call).map_err(|e| format!("size {bytes}: {e}"))?;
+            let out = if a.in_place {
+                rr.to_vec()
+            } else {
+                recv.region().to_vec()
+            };
+            nwrong = wrong(a, comm, &out[..out_len.min(out.len())], count);
+        }
+        sr.write(&data);
+        for _ in 0..a.warmup {
+            comm.run(&call).map_err(|e| format!("size {bytes}: {e}"))?;
+        }
+        let t0 = Instant::now();
+        for _ in 0..a.iters {
+            comm.run(&call).map_err(|e| format!("size {bytes}: {e}"))?;
+        }
+        let us = t0.elapsed().as_secs_f64() * 1e6 / a.iters as f64;
+        // The slowest rank's time is the collective's time.
+        timing.region().write(&us.to_le_bytes());
+        comm.run(&Call {
+            kind: Kind::Coll(Collective::AllReduce),
+            send: timing.region(),
+            recv: timing_out.region(),
+            count: 1,
+            dtype: DataType::Float64,
+            op: RedOp::Max,
+            root: 0,
+            algo: Some(Algorithm::Ring),
+        })
+        .map_err(|e| e.to_string())?;
+        let us = f64::from_le_bytes(timing_out.region().to_vec()[..8].try_into().unwrap());
+        timing.region().write(&(nwrong as f64).to_le_bytes());
+        comm.run(&Call {
+            kind: Kind::Coll(Collective::AllReduce),
+            send: timing.region(),
+            recv: timing_out.region(),
+            count: 1,
+            dtype: DataType::Float64,
+            op: RedOp::Sum,
+            root: 0,
+            algo: Some(Algorithm::Ring),
+        })
+        .map_err(|e| e.to_string())?;
+        let all_wrong =
+            f64::from_le_bytes(timing_out.region().to_vec()[..8].try_into().unwrap()) as usize;
+        total_wrong += all_wrong;
+        let size = total * el;
+        let algbw = size as f64 / us / 1e3;
+        let busbw = algbw * bus_factor(a.coll, n);
+        if comm.rank == 0 {
+            println!(
+                "{:>12} {:>12} {:>9} {:>6} {:>10} {:>10.2} {:>8.3} {:>8.3} {:>7}",
+                size,
+                total,
+                a.dtype.name(),
+                if a.coll.reduces() {
+                    a.op.name()
+                } else {
+                    "none"
+                },
+                algo.name(),
+                us,
+                algbw,
+                busbw,
+                if a.check {
+                    all_wrong.to_string()
+                } else {
+                    "N/A".into()
+                }
+            );
+        }
+        sum_bus += busbw;
+        rows += 1;
+        match bytes.checked_mul(a.factor) {
+            Some(b) if b <= a.max => bytes = b,
+            _ => break,
+        }
+    }
+    if comm.rank == 0 {
+        println!(
+            "# Out of bounds values : {total_wrong} {}",
+            if total_wrong == 0 { "OK" } else { "FAILED" }
+        );
+        println!(
+            "# Avg bus bandwidth    : {:.4}",
+            sum_bus / rows.max(1) as f64
+        );
+        println!("#");
+    }
+    Ok(total_wrong)
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// This process's rank, rank count and unique id when a launcher started it.
+fn launched(cfg: &Config) -> Result<Option<(usize, usize, UniqueId)>, String> {
+    if let (Some(r), Some(n), Some(id)) = (
+        env("FABRICOLL_RANK"),
+        env("FABRICOLL_NRANKS"),
+        env("FABRICOLL_UNIQUE_ID"),
+    ) {
+        let r = r.parse().map_err(|_| "FABRICOLL_RANK: not a number")?;
+        let n = n.parse().map_err(|_| "FABRICOLL_NRANKS: not a number")?;
+        return Ok(Some((
+            r,
+            n,
+            UniqueId::from_hex(&id).map_err(|e| e.to_string())?,
+        )));
+    }
+    if let (Some(r), Some(n), Some(addr), Some(port)) = (
+        env("RANK"),
+        env("WORLD_SIZE"),
+        env("MASTER_ADDR"),
+        env("MASTER_PORT"),
+    ) {
+        let r: usize = r.parse().map_err(|_| "RANK: not a number")?;
+        let n = n.parse().map_err(|_| "WORLD_SIZE: not a number")?;
+        let port: u16 = port.parse().map_err(|_| "MASTER_PORT: not a number")?;
+        let ip = std::net::ToSocketAddrs::to_socket_addrs(&(addr.as_str(), port))
+            .map_err(|e| format!("MASTER_ADDR {addr:?}: {e}"))?
+            .next()
+            .ok_or("MASTER_ADDR: no address")?;
+        // torchrun's store port is taken: our root listens on MASTER_PORT + 1.
+        let at = SocketAddr::new(ip.ip(), port.wrapping_add(1));
+        let id = if r == 0 {
+            bootstrap::serve(at, Some(0x7472_6368), cfg.timeout).map_err(|e| e.to_string())?
+        } else {
+            UniqueId {
+                addr: at,
+                nonce: 0x7472_6368,
+            }
+        };
+        return Ok(Some((r, n, id)));
+    }
+    Ok(None)
+}
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let a = match parse(&argv) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cfg = match Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fabricoll-perf: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    nccl_net_fabricoll::logging::init(None);
+    match launched(&cfg) {
+        Err(e) => {
+            eprintln!("fabricoll-perf: {e}");
+            ExitCode::from(2)
+        }
+        Ok(Some((rank, n, id))) => {
+            let comm = match Comm::init_rank(n, &id, rank, &cfg) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("fabricoll-perf rank {rank}: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            if a.root >= n {
+                eprintln!("fabricoll-perf: -r {} is not a rank of {n}", a.root);
+                return ExitCode::from(2);
+            }
+            match run_rank(&a, &comm) {
+                Ok(0) => ExitCode::SUCCESS,
+                Ok(_) => ExitCode::from(1),
+                Err(e) => {
+                    eprintln!("fabricoll-perf rank {rank}: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Ok(None) => {
+            // Fork the ranks ourselves: this process runs the bootstrap root.
+            let id = match bootstrap::new_unique_id(bootstrap::default_bind_ip(&cfg), cfg.timeout) {
+                Ok(id) => id,
+                Err(e) => {
+                    eprintln!("fabricoll-perf: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            let exe = std::env::current_exe().expect("own path");
+            let mut kids = Vec::new();
+            for r in 0..a.ranks {
+                match Command::new(&exe)
+                    .args(&argv)
+                    .env("FABRICOLL_RANK", r.to_string())
+                    .env("FABRICOLL_NRANKS", a.ranks.to_string())
+                    .env("FABRICOLL_UNIQUE_ID", id.to_hex())
+                    .env_remove("RANK")
+                    .spawn()
+                {
+                    Ok(k) => kids.push(k),
+                    Err(e) => {
+                        eprintln!("fabricoll-perf: cannot start rank {r}: {e}");
+                        for k in &mut kids {
+                            let _ = k.kill();
+                        }
+                        return ExitCode::from(1);
+                    }
+                }
+            }
+            let mut ok = true;
+            for (r, mut k) in kids.into_iter().enumerate() {
+                match k.wait() {
+                    Ok(s) if s.success() => {}
+                    Ok(s) => {
+                        eprintln!("fabricoll-perf: rank {r} exited with {s}");
+                        ok = false;
+                    }
+                    Err(e) => {
+                        eprintln!("fabricoll-perf: rank {r}: {e}");
+                        ok = false;
+                    }
+                }
+            }
+            let _ = Duration::ZERO;
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}

@@ -1,0 +1,646 @@
+//! Communicators and the collective front end: choose an algorithm (`tune`), build (and cache)
+//! its schedule (`algo`), run it (`exec`). Progress is polled in the caller's thread: blocking
+//! calls poll, then sleep on the transport's completion queue instead of spinning.
+pub mod bootstrap;
+
+use crate::algo::{self, Algorithm, Collective, Options, Problem, Schedule, Span};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::exec::{self, Exec, Job, Plan, Tags};
+use crate::reduce::{DataType, RedOp};
+use crate::transport::{Completion, Peer, Region, Scratch, Transport};
+use crate::tune::{self, Model};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What to run: a collective, or one side of a point-to-point transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Coll(Collective),
+    Send { peer: usize },
+    Recv { peer: usize },
+}
+
+/// One call. `count` follows NCCL (see `algo::Problem`).
+#[derive(Clone, Copy, Debug)]
+pub struct Call {
+    pub kind: Kind,
+    pub send: Region,
+    pub recv: Region,
+    pub count: usize,
+    pub dtype: DataType,
+    pub op: RedOp,
+    pub root: usize,
+    /// Per-call algorithm (None: the communicator's choice).
+    pub algo: Option<Algorithm>,
+}
+
+/// A request of a non-blocking call.
+pub type RequestId = u64;
+
+enum ReqState {
+    Running(Box<Exec>),
+    Done,
+    Failed(Error),
+}
+
+struct Engine {
+    execs: HashMap<u32, ReqState>,
+    next_id: u32,
+    seq: u32,
+    p2p_send: Vec<u64>,
+    p2p_recv: Vec<u64>,
+    /// Memory of failed collectives that operations may still touch.
+    graveyard: Vec<Scratch>,
+    scratch: Vec<Completion>,
+    /// Schedules and this rank's plan of them, per (problem, algorithm, options, element size).
+    cache: HashMap<(Problem, Algorithm, Options, usize), (Arc<Schedule>, Arc<Plan>)>,
+}
+
+/// A communicator: `nranks` ranks, this one being `rank`, over one transport endpoint.
+pub struct Comm {
+    pub rank: usize,
+    pub nranks: usize,
+    transport: Arc<dyn Transport>,
+    peers: Vec<Peer>,
+    engine: Mutex<Engine>,
+    timeout: Duration,
+    poll: Duration,
+    algo: Mutex<Option<Algorithm>>,
+    model: Model,
+    aborted: AtomicBool,
+    /// Ranks per node, for `hier`.
+    local: usize,
+}
+
+/// Bytes per message when slicing: small enough to pipeline, large enough to amortise latency.
+const SLICE_BYTES: usize = 1 << 20;
+
+impl Comm {
+    /// A communicator over `transport`, whose peers have the endpoint addresses `addrs`.
+    pub fn new(
+        rank: usize,
+        transport: Arc<dyn Transport>,
+        addrs: &[Vec<u8>],
+        cfg: &Config,
+    ) -> Result<Comm> {
+        let nranks = addrs.len();
+        if nranks == 0 || nranks > exec::MAX_RANKS {
+            return Err(Error::arg(
+                "nranks",
+                format!("{nranks} is outside 1..={}", exec::MAX_RANKS),
+            ));
+        }
+        if rank >= nranks {
+            return Err(Error::arg(
+                "rank",
+                format!("{rank} is not below nranks ({nranks})"),
+            ));
+        }
+        let peers = addrs
+            .iter()
+            .map(|a| transport.insert_peer(a))
+            .collect::<Result<Vec<_>>>()?;
+        let local = local_ranks(addrs, cfg);
+        let comm = Comm {
+            rank,
+            nranks,
+            transport,
+            peers,
+            engine: Mutex::new(Engine {
+                execs: HashMap::new(),
+                next_id: 1,
+                seq: 0,
+                p2p_send: vec![0; nranks],
+                p2p_recv: vec![0; nranks],
+                graveyard: Vec::new(),
+                scratch: Vec::new(),
+                cache: HashMap::new(),
+            }),
+            timeout: cfg.timeout,
+            poll: cfg.poll,
+            algo: Mutex::new(cfg.algo),
+            model: Model::from_config(cfg),
+            aborted: AtomicBool::new(false),
+            local,
+        };
+        Ok(comm)
+    }
+
+    /// Join the communicator of `id` over a new endpoint of the default device.
+    pub fn init_rank(
+        nranks: usize,
+        id: &bootstrap::UniqueId,
+        rank: usize,
+        cfg: &Config,
+    ) -> Result<Comm> {
+        if nranks == 0 {
+            return Err(Error::arg("nranks", "must be at least 1"));
+        }
+        if rank >= nranks {
+            return Err(Error::arg(
+                "rank",
+                format!("{rank} is not below nranks ({nranks})"),
+            ));
+        }
+        let t = open_endpoint(cfg)?;
+        let addrs = bootstrap::exchange(id, rank, nranks, &t.address(), cfg.timeout)?;
+        let mut comm = Comm::new(rank, t, &addrs, cfg)?;
+        comm.calibrate(cfg)?;
+        Ok(comm)
+    }
+
+    /// Measure alpha, beta and gamma unless the configuration fixes them.
+    fn calibrate(&mut self, cfg: &Config) -> Result<()> {
+        if self.nranks > 1 && self.model.needs_calibration() {
+            self.model = tune::calibrate(self, cfg)?;
+        }
+        Ok(())
+    }
+
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.transport
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The communicator's algorithm override (None: automatic).
+    pub fn set_algo(&self, a: Option<Algorithm>) {
+        *self.algo.lock() = a;
+    }
+
+    /// Abort: every collective in flight fails (restoring in-place inputs); later calls fail.
+    pub fn abort(&self) {
+        self.aborted.store(true, Ordering::SeqCst);
+        let mut e = self.engine.lock();
+        let ids: Vec<u32> = e.execs.keys().copied().collect();
+        for id in ids {
+            if let Some(ReqState::Running(x)) = e.execs.remove(&id) {
+                let keep = x.fail(&*self.transport);
+                e.graveyard.extend(keep);
+                e.execs.insert(
+                    id,
+                    ReqState::Failed(Error::InvalidUsage("communicator aborted".into())),
+                );
+            }
+        }
+    }
+
+    fn check_alive(&self) -> Result<()> {
+        if self.aborted.load(Ordering::SeqCst) {
+            Err(Error::InvalidUsage("communicator aborted".into()))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Which algorithm runs `p` (override, else the cost model), with its options.
+    pub fn choose(
+        &self,
+        p: &Problem,
+        elem: usize,
+        per_call: Option<Algorithm>,
+    ) -> Result<(Algorithm, Options)> {
+        let opts = Options {
+            slice: (SLICE_BYTES / elem.max(1)).max(1),
+            local: self.local,
+            intra: Algorithm::Ring,
+            inter: Algorithm::Ring,
+        };
+        if let Some(a) = per_call.or(*self.algo.lock()) {
+            if !algo::supports(a, p.coll) {
+                let ok: Vec<&str> = Algorithm::ALL
+                    .iter()
+                    .filter(|x| algo::supports(**x, p.coll))
+                    .map(|x| x.name())
+                    .collect();
+                return Err(Error::InvalidArgument(format!(
+                    "algorithm '{a}' does not implement {:?}; accepted values: auto, {}",
+                    p.coll,
+                    ok.join(", ")
+                )));
+            }
+            let opts = if a == Algorithm::Hier {
+                tune::hier_options(self.nranks, self.local, opts)
+            } else {
+                opts
+            };
+            return Ok((a, opts));
+        }
+        Ok(self.model.choose(p, elem, opts, self.local))
+    }
+
+    fn schedule(
+        &self,
+        e: &mut Engine,
+        p: Problem,
+        a: Algorithm,
+        o: Options,
+        elem: usize,
+    ) -> Result<(Arc<Schedule>, Arc<Plan>)> {
+        if let Some(s) = e.cache.get(&(p, a, o, elem)) {
+            return Ok(s.clone());
+        }
+        let s =
+            Arc::new(algo::build(p, a, &o).map_err(|err| Error::InvalidArgument(err.to_string()))?);
+        let plan = Arc::new(Plan::new(&s, self.rank, elem)?);
+        if e.cache.len() > 256 {
+            e.cache.clear();
+        }
+        e.cache.insert((p, a, o, elem), (s.clone(), plan.clone()));
+        Ok((s, plan))
+    }
+
+    /// Start a call; returns its request.
+    pub fn start(&self, call: &Call) -> Result<RequestId> {
+        self.check_alive()?;
+        let elem = call.dtype.size();
+        let (schedule, rank) = match call.kind {
+            Kind::Coll(coll) => {
+                let p = Problem::new(coll, self.nranks, call.count).with_root(call.root);
+                if matches!(coll, Collective::Broadcast | Collective::Reduce)
+                    && call.root >= self.nranks
+                {
+                    return Err(Error::arg(
+                        "root",
+                        format!("{} is not a rank of {}", call.root, self.nranks),
+                    ));
+                }
+                p.count
+                    .checked_mul(self.nranks)
+                    .and_then(|c| c.checked_mul(elem))
+                    .ok_or_else(|| Error::arg("count", "count x nranks x type size overflows"))?;
+                let (a, o) = self.choose(&p, elem, call.algo)?;
+                let mut e = self.engine.lock();
+                (Some((self.schedule(&mut e, p, a, o, elem)?, a)), self.rank)
+            }
+            Kind::Send { peer } | Kind::Recv { peer } => {
+                if peer >= self.nranks {
+                    return Err(Error::arg(
+                        "peer",
+                        format!("{peer} is not a rank of {}", self.nranks),
+                    ));
+                }
+                (None, self.rank)
+            }
+        };
+        let mut e = self.engine.lock();
+        let id = e.next_id;
+        e.next_id = e.next_id.wrapping_add(1).max(1);
+        let exec = match (schedule, call.kind) {
+            (Some(((s, plan), a)), _) => {
+                let seq = e.seq;
+                e.seq = e.seq.wrapping_add(1);
+                log::debug!(
+                    "collective #{seq}: {:?} count {} with {a}",
+                    s.problem.coll,
+                    s.problem.count
+                );
+                Exec::new(
+                    Job {
+                        schedule: s,
+                        rank,
+                        dtype: call.dtype,
+                        op: call.op,
+                        inp: call.send,
+                        out: call.recv,
+                        tags: Tags::Coll(seq),
+                        timeout: self.timeout,
+                    },
+                    plan,
+                    id,
+                )?
+            }
+            (None, Kind::Send { peer }) => {
+                let k = e.p2p_send[peer];
+                e.p2p_send[peer] += 1;
+                Exec::p2p(
+                    true,
+                    self.rank,
+                    peer,
+                    self.nranks,
+                    call.send,
+                    call.count,
+                    call.dtype,
+                    k,
+                    self.timeout,
+                    id,
+                )?
+            }
+            (None, Kind::Recv { peer }) => {
+                let k = e.p2p_recv[peer];
+                e.p2p_recv[peer] += 1;
+                Exec::p2p(
+                    false,
+                    self.rank,
+                    peer,
+                    self.nranks,
+                    call.recv,
+                    call.count,
+                    call.dtype,
+                    k,
+                    self.timeout,
+                    id,
+                )?
+            }
+            (None, Kind::Coll(_)) => unreachable!("collectives have schedules"),
+        };
+        e.execs.insert(id, ReqState::Running(Box::new(exec)));
+        self.progress(&mut e)?;
+        Ok(id as RequestId)
+    }
+
+    /// Poll the transport, route completions, advance every running collective.
+    fn progress(&self, e: &mut Engine) -> Result<bool> {
+        let t = &*self.transport;
+        let mut comps = std::mem::take(&mut e.scratch);
+        t.poll(&mut comps)?;
+        let mut moved = !comps.is_empty();
+        for c in comps.drain(..) {
+            let id = Exec::exec_of(c.op);
+            let r = match e.execs.get_mut(&id) {
+                Some(ReqState::Running(x)) => x.on_completion(c),
+                _ => Ok(()), // a failed or finished collective's late completion
+            };
+            if let Err(err) = r {
+                fail(e, t, id, err);
+            }
+        }
+        e.scratch = comps;
+        let ids: Vec<u32> = e
+            .execs
+            .iter()
+            .filter(|(_, s)| matches!(s, ReqState::Running(_)))
+            .map(|(k, _)| *k)
+            .collect();
+        for id in ids {
+            let Some(ReqState::Running(x)) = e.execs.get_mut(&id) else {
+                continue;
+            };
+            let r = x
+                .advance(t, &self.peers)
+                .and_then(|m| x.check_deadline().map(|_| m));
+            match r {
+                Ok(m) => {
+                    moved |= m;
+                    if x.is_finished() {
+                        e.execs.insert(id, ReqState::Done);
+                    }
+                }
+                Err(err) => fail(e, t, id, err),
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Is the request done? Done and failed requests are released when reported.
+    pub fn test(&self, req: RequestId) -> Result<bool> {
+        let id = u32::try_from(req)
+            .map_err(|_| Error::arg("request", "not a request of this communicator"))?;
+        let mut e = self.engine.lock();
+        if !e.execs.contains_key(&id) {
+            return Err(Error::arg(
+                "request",
+                "not a pending request of this communicator",
+            ));
+        }
+        self.progress(&mut e)?;
+        match e.execs.get(&id) {
+            Some(ReqState::Running(_)) => Ok(false),
+            Some(ReqState::Done) => {
+                e.execs.remove(&id);
+                Ok(true)
+            }
+            Some(ReqState::Failed(_)) => match e.execs.remove(&id) {
+                Some(ReqState::Failed(err)) => Err(err),
+                _ => unreachable!(),
+            },
+            None => Err(Error::Internal("request vanished".into())),
+        }
+    }
+
+    /// Wait for a request: poll for `FABRICOLL_POLL_US`, then sleep on the completion queue.
+    pub fn wait(&self, req: RequestId) -> Result<()> {
+        let mut idle_since = Instant::now();
+        loop {
+            if self.test(req)? {
+                return Ok(());
+            }
+            if idle_since.elapsed() >= self.poll {
+                self.transport.wait(Duration::from_millis(1))?;
+                idle_since = Instant::now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// A blocking call.
+    pub fn run(&self, call: &Call) -> Result<()> {
+        let r = self.start(call)?;
+        self.wait(r)
+    }
+
+    /// Split by colour (negative: not part of any new communicator), ordered by key then rank.
+    pub fn split(&self, color: i32, key: i32, cfg: &Config) -> Result<Option<Comm>> {
+        let t = open_endpoint(cfg)?;
+        let mine = t.address();
+        if mine.len() > 240 {
+            return Err(Error::Internal("endpoint address too long to split".into()));
+        }
+        let mut rec = [0u8; 256];
+        rec[0..4].copy_from_slice(&color.to_le_bytes());
+        rec[4..8].copy_from_slice(&key.to_le_bytes());
+        rec[8..10].copy_from_slice(&(mine.len() as u16).to_le_bytes());
+        rec[10..10 + mine.len()].copy_from_slice(&mine);
+        let all = Scratch::new(256 * self.nranks);
+        let own = Scratch::new(256);
+        own.region().write(&rec);
+        self.run(&Call {
+            kind: Kind::Coll(Collective::AllGather),
+            send: own.region(),
+            recv: all.region(),
+            count: 256,
+            dtype: DataType::Uint8,
+            op: RedOp::Sum,
+            root: 0,
+            algo: Some(Algorithm::Ring),
+        })?;
+        let table = all.region().to_vec();
+        if color < 0 {
+            return Ok(None);
+        }
+        let mut members: Vec<(i32, usize, Vec<u8>)> = Vec::new();
+        for r in 0..self.nranks {
+            let b = &table[r * 256..(r + 1) * 256];
+            let c = i32::from_le_bytes(b[0..4].try_into().expect("4"));
+            let k = i32::from_le_bytes(b[4..8].try_into().expect("4"));
+            let l = u16::from_le_bytes([b[8], b[9]]) as usize;
+            if c == color {
+                members.push((k, r, b[10..10 + l].to_vec()));
+            }
+        }
+        members.sort_by_key(|m| (m.0, m.1));
+        let new_rank = members
+            .iter()
+            .position(|m| m.1 == self.rank)
+            .expect("self is a member");
+        let addrs: Vec<Vec<u8>> = members.into_iter().map(|m| m.2).collect();
+        let mut c = Comm::new(new_rank, t, &addrs, cfg)?;
+        c.model = self.model.clone();
+        Ok(Some(c))
+    }
+
+    /// Collectives and transfers not yet reported.
+    pub fn pending(&self) -> usize {
+        self.engine.lock().execs.len()
+    }
+}
+
+fn fail(e: &mut Engine, t: &dyn Transport, id: u32, err: Error) {
+    if let Some(ReqState::Running(x)) = e.execs.remove(&id) {
+        let keep = x.fail(t);
+        e.graveyard.extend(keep);
+    }
+    e.execs.insert(id, ReqState::Failed(err));
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        // Operations of failed collectives may still touch their memory: give them a moment
+        // to drain, then leak what is left rather than free memory a provider may write.
+        let mut e = self.engine.lock();
+        let deadline = Instant::now() + Duration::from_millis(100);
+        let mut comps = Vec::new();
+        while Instant::now() < deadline && !e.graveyard.is_empty() {
+            comps.clear();
+            if self.transport.poll(&mut comps).is_err() || comps.is_empty() {
+                break;
+            }
+        }
+        for s in e.graveyard.drain(..) {
+            s.leak();
+        }
+    }
+}
+
+/// Ranks per node: how many leading ranks share the first rank's host (by address), if every
+/// host has the same number; else 1 (no hierarchy).
+fn local_ranks(addrs: &[Vec<u8>], cfg: &Config) -> usize {
+    if let Some(l) = cfg.local_ranks {
+        return l;
+    }
+    let _ = addrs;
+    1
+}
+
+/// A new endpoint on the configured device (FABRICOLL_PROVIDER / FABRICOLL_DOMAIN).
+pub fn open_endpoint(cfg: &Config) -> Result<Arc<dyn Transport>> {
+    use crate::transport::fabric::{self, FabricTransport};
+    static DISCOVERY: once_cell::sync::OnceCell<std::result::Result<fabric::Discovery, Error>> =
+        once_cell::sync::OnceCell::new();
+    let d = DISCOVERY
+        .get_or_init(|| fabric::discover(cfg))
+        .as_ref()
+        .map_err(Clone::clone)?;
+    let dev = d.devices.first().ok_or_else(|| {
+        Error::System(format!(
+            "no libfabric device (providers found: {})",
+            if d.providers.is_empty() {
+                "none".to_string()
+            } else {
+                d.providers.join(", ")
+            }
+        ))
+    })?;
+    Ok(Arc::new(FabricTransport::open(dev)?))
+}
+
+/// Measure alpha (tiny ring AllReduce), beta (1 MiB ring AllReduce) and gamma (a local
+/// reduction) on rank 0, and broadcast them so that every rank chooses the same algorithms.
+pub fn calibrate(comm: &Comm, _cfg: &Config) -> Result<Model> {
+    use crate::reduce;
+    let n = comm.nranks;
+    let small = Scratch::new(4);
+    let small_out = Scratch::new(4);
+    let big_len = 1 << 20;
+    let big = Scratch::new(big_len);
+    let big_out = Scratch::new(big_len);
+    let ar = |send: &Scratch, recv: &Scratch| Call {
+        kind: Kind::Coll(Collective::AllReduce),
+        send: send.region(),
+        recv: recv.region(),
+        count: send.len() / 4,
+        dtype: DataType::Float32,
+        op: RedOp::Sum,
+        root: 0,
+        algo: Some(Algorithm::Ring),
+    };
+    for _ in 0..3 {
+        comm.run(&ar(&small, &small_out))?;
+    }
+    let iters = 20;
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        comm.run(&ar(&small, &small_out))?;
+    }
+    let small_us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    let mut large_us = f64::MAX;
+    for _ in 0..3 {
+        let t = Instant::now();
+        comm.run(&ar(&big, &big_out))?;
+        large_us = large_us.min(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let mut red_us = f64::MAX;
+    let acc = Scratch::new(big_len);
+    for _ in 0..3 {
+        let t = Instant::now();
+        big.region()
+            .with(|b| {
+                acc.region()
+                    .with_mut(|a| reduce::reduce_inplace(DataType::Float32, RedOp::Sum, a, b))
+            })
+            .map_err(|e| Error::Internal(format!("calibration reduction: {e}")))?;
+        red_us = red_us.min(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let (a, b, g) = tune::fit(n, small_us, (big_len, large_us), (big_len, red_us));
+    // Rank 0's measurement is everyone's.
+    let params = Scratch::new(24);
+    if comm.rank == 0 {
+        let mut v = Vec::with_capacity(24);
+        for x in [a, b, g] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        params.region().write(&v);
+    }
+    comm.run(&Call {
+        kind: Kind::Coll(Collective::Broadcast),
+        send: params.region(),
+        recv: params.region(),
+        count: 24,
+        dtype: DataType::Uint8,
+        op: RedOp::Sum,
+        root: 0,
+        algo: Some(Algorithm::Ring),
+    })?;
+    let v = params.region().to_vec();
+    let f = |i: usize| f64::from_le_bytes(v[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    let m = comm.model.with_measured(f(0), f(1), f(2));
+    log::info!(
+        "calibration on {n} ranks: alpha {:.2} us, beta {:.3} GB/s, gamma {:.2} GB/s",
+        m.alpha_us,
+        1.0 / (m.beta_us_per_byte * 1e3),
+        1.0 / (m.gamma_us_per_byte * 1e3)
+    );
+    Ok(m)
+}
+
+/// Spans of a whole buffer, for tests and tools.
+pub fn whole(buf: algo::Buf, len: usize) -> Span {
+    Span::new(buf, 0, len)
+}

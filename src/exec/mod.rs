@@ -1,0 +1,488 @@
+//! Runs one rank's part of a `Schedule` over a `Transport` as a polled state machine.
+//!
+//! A step runs once its dependencies are done: sends and receives are posted to the transport,
+//! copies and reductions run in the polling thread, so receive, reduce and send of consecutive
+//! slices overlap. A `RecvReduce` receives into a staging buffer and reduces when the message
+//! is in; staging is bounded (`STAGING_LIMIT` bytes per collective, beyond which receives wait
+//! for earlier ones to finish; one message larger than the limit is still staged alone).
+//! An in-place call runs on a backup of the input, which also restores the caller's buffer if
+//! the collective fails, so a failed collective never leaves a half-reduced buffer behind.
+#![forbid(unsafe_code)]
+
+use crate::algo::{Buf, Collective, Op, Schedule, Span};
+use crate::error::{Error, Result};
+use crate::reduce::{self, DataType, RedOp};
+use crate::transport::{Completion, OpId, Peer, Posted, Region, Scratch, Transport};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Staging memory one collective may hold for receive-and-reduce.
+pub const STAGING_LIMIT: usize = 16 << 20;
+
+/// Wire tags of collective messages: `kind:1 | sequence:23 | source rank:20 | message:20`.
+pub fn coll_tag(seq: u32, src: usize, k: usize) -> u64 {
+    (1u64 << 63)
+        | ((seq as u64 & 0x7f_ffff) << 40)
+        | ((src as u64 & 0xf_ffff) << 20)
+        | (k as u64 & 0xf_ffff)
+}
+
+/// Wire tags of point-to-point messages: `kind:1 (0) | source rank:20 | sequence per pair:43`.
+pub fn p2p_tag(src: usize, seq: u64) -> u64 {
+    ((src as u64 & 0xf_ffff) << 43) | (seq & ((1 << 43) - 1))
+}
+
+/// Largest rank count the tags carry.
+pub const MAX_RANKS: usize = 1 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum St {
+    Waiting,
+    Posted,
+    Done,
+}
+
+/// Tagging of a job's messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tags {
+    /// A collective: its sequence number on the communicator (the same on every rank).
+    Coll(u32),
+    /// A point-to-point transfer: its number among the transfers between the two ranks.
+    P2p(u64),
+}
+
+/// Everything one rank needs to run its part of a collective.
+pub struct Job {
+    pub schedule: Arc<Schedule>,
+    pub rank: usize,
+    pub dtype: DataType,
+    pub op: RedOp,
+    /// The caller's buffers (in bytes). For an in-place call pass the same region twice.
+    pub inp: Region,
+    pub out: Region,
+    /// How messages are tagged.
+    pub tags: Tags,
+    pub timeout: Duration,
+}
+
+/// What the executor derives from one rank's steps, computed once per (schedule, rank) and
+/// shared by every call that runs it.
+#[derive(Debug)]
+pub struct Plan {
+    pending: Vec<u32>,
+    dependents: Vec<Vec<u32>>,
+    keys: Vec<u32>,
+    ready: Vec<usize>,
+    need_in: usize,
+    need_out: usize,
+}
+
+impl Plan {
+    /// Rank `rank`'s plan of `schedule`, for elements of `elem` bytes.
+    pub fn new(schedule: &Schedule, rank: usize, elem: usize) -> Result<Plan> {
+        let steps = &schedule.ranks[rank];
+        let n = steps.len();
+        let reach = |b: Buf| {
+            steps
+                .iter()
+                .flat_map(|s| s.op.reads().into_iter().chain(s.op.writes()))
+                .filter(|sp| sp.buf == b)
+                .map(|sp| sp.end())
+                .max()
+                .unwrap_or(0)
+                * elem
+        };
+        let mut dependents = vec![Vec::new(); n];
+        let mut pending = vec![0u32; n];
+        for (i, s) in steps.iter().enumerate() {
+            pending[i] = s.deps.len() as u32;
+            for &d in &s.deps {
+                dependents[d].push(i as u32);
+            }
+        }
+        // Message numbers per peer, in program order (the matching rule of schedules).
+        let nr = schedule.problem.nranks;
+        let mut sent = vec![0u32; nr];
+        let mut recvd = vec![0u32; nr];
+        let mut keys = vec![0u32; n];
+        for (i, s) in steps.iter().enumerate() {
+            match &s.op {
+                Op::Send { peer, .. } => {
+                    keys[i] = sent[*peer];
+                    sent[*peer] += 1;
+                }
+                Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => {
+                    keys[i] = recvd[*peer];
+                    recvd[*peer] += 1;
+                }
+                _ => {}
+            }
+        }
+        if sent.iter().chain(&recvd).any(|k| *k as usize >= MAX_RANKS) {
+            return Err(Error::InvalidUsage(
+                "schedule has too many messages per peer for the tag space".into(),
+            ));
+        }
+        Ok(Plan {
+            ready: (0..n).filter(|i| pending[*i] == 0).collect(),
+            pending,
+            dependents,
+            keys,
+            need_in: reach(Buf::In),
+            need_out: reach(Buf::Out),
+        })
+    }
+}
+
+/// One rank's collective in progress.
+pub struct Exec {
+    job: Job,
+    elem: usize,
+    inp: Region,
+    out: Region,
+    tmp: Scratch,
+    /// The input's copy when in place: (copy, the caller's buffer it restores).
+    backup: Option<Scratch>,
+    state: Vec<St>,
+    pending: Vec<u32>,
+    plan: Arc<Plan>,
+    ready: VecDeque<usize>,
+    staging: Vec<Option<Scratch>>,
+    staged: usize,
+    done: usize,
+    last: Instant,
+    id: u64,
+    posted_recvs: usize,
+    finished: bool,
+}
+
+fn bytes(elem: usize, s: &Span) -> (usize, usize) {
+    (s.off * elem, s.len * elem)
+}
+
+impl Exec {
+    /// Prepare rank `job.rank`'s steps (`plan` is `Plan::new` of the same schedule and rank);
+    /// `id` distinguishes concurrent collectives' operations.
+    pub fn new(job: Job, plan: Arc<Plan>, id: u32) -> Result<Exec> {
+        let elem = job.dtype.size();
+        let (need_in, need_out) = (plan.need_in, plan.need_out);
+        if job.inp.len() < need_in {
+            return Err(Error::arg(
+                "sendbuff",
+                format!("{} bytes, the collective reads {need_in}", job.inp.len()),
+            ));
+        }
+        if job.out.len() < need_out {
+            return Err(Error::arg(
+                "recvbuff",
+                format!("{} bytes, the collective writes {need_out}", job.out.len()),
+            ));
+        }
+        let inp = job.inp.sub(0, need_in).expect("checked");
+        let out = job.out.sub(0, need_out).expect("checked");
+        // Overlap of input and output: run on a copy of the input (also the restore point).
+        let overlap = !inp.is_empty()
+            && !out.is_empty()
+            && inp.addr() < out.addr() + out.len()
+            && out.addr() < inp.addr() + inp.len();
+        let (inp, backup) = if overlap {
+            let b = Scratch::new(inp.len());
+            inp.with(|src| b.region().with_mut(|dst| dst.copy_from_slice(src)));
+            (b.region(), Some(b))
+        } else {
+            (inp, None)
+        };
+        let n = plan.pending.len();
+        let tmp = Scratch::new(job.schedule.tmp_len[job.rank] * elem);
+        let out = if need_out == 0 { Region::empty() } else { out };
+        Ok(Exec {
+            elem,
+            inp,
+            out,
+            tmp,
+            backup,
+            state: vec![St::Waiting; n],
+            pending: plan.pending.clone(),
+            ready: plan.ready.iter().copied().collect(),
+            plan,
+            staging: (0..n).map(|_| None).collect(),
+            staged: 0,
+            done: 0,
+            last: Instant::now(),
+            id: id as u64,
+            posted_recvs: 0,
+            finished: false,
+            job,
+        })
+    }
+
+    fn region(&self, s: &Span) -> Region {
+        let base = match s.buf {
+            Buf::In => self.inp,
+            Buf::Out => self.out,
+            Buf::Tmp => self.tmp.region(),
+        };
+        let (off, len) = bytes(self.elem, s);
+        base.sub(off, len)
+            .expect("schedule spans are checked against buffer sizes")
+    }
+
+    fn tag(&self, src: usize, step: usize) -> u64 {
+        match self.job.tags {
+            Tags::Coll(seq) => coll_tag(seq, src, self.plan.keys[step] as usize),
+            Tags::P2p(k) => p2p_tag(src, k),
+        }
+    }
+
+    fn op_id(&self, step: usize) -> OpId {
+        (self.id << 32) | step as u64
+    }
+
+    /// The collective id of an operation id.
+    pub fn exec_of(op: OpId) -> u32 {
+        (op >> 32) as u32
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    fn complete(&mut self, i: usize) {
+        self.state[i] = St::Done;
+        self.done += 1;
+        self.last = Instant::now();
+        let plan = self.plan.clone();
+        for &d in &plan.dependents[i] {
+            let d = d as usize;
+            self.pending[d] -= 1;
+            if self.pending[d] == 0 {
+                self.ready.push_back(d);
+            }
+        }
+    }
+
+    fn reduce_into(&self, a: Region, b: Region, dst: Region) -> Result<()> {
+        let (dt, op) = (self.job.dtype, self.job.op);
+        let r = if dst == a {
+            b.with(|bb| dst.with_mut(|d| reduce::reduce_inplace(dt, op, d, bb)))
+        } else if dst == b {
+            a.with(|aa| dst.with_mut(|d| reduce::reduce_inplace(dt, op, d, aa)))
+        } else {
+            a.with(|aa| b.with(|bb| dst.with_mut(|d| reduce::reduce(dt, op, aa, bb, d))))
+        };
+        r.map_err(|e| Error::Internal(format!("reduction: {e}")))
+    }
+
+    /// Post or run every ready step; returns whether anything happened.
+    pub fn advance(&mut self, t: &dyn Transport, peers: &[Peer]) -> Result<bool> {
+        let mut progressed = false;
+        let mut deferred = VecDeque::new();
+        while let Some(i) = self.ready.pop_front() {
+            let op = self.job.schedule.ranks[self.job.rank][i].op.clone();
+            match op {
+                Op::Nop => self.complete(i),
+                Op::Copy { src, dst } => {
+                    let (s, d) = (self.region(&src), self.region(&dst));
+                    s.with(|a| d.with_mut(|b| b.copy_from_slice(a)));
+                    self.complete(i);
+                }
+                Op::Reduce { a, b, dst } => {
+                    self.reduce_into(self.region(&a), self.region(&b), self.region(&dst))?;
+                    self.complete(i);
+                }
+                Op::Send { peer, src } => {
+                    let tag = self.tag(self.job.rank, i);
+                    match t.send(peers[peer], tag, self.region(&src), None, self.op_id(i))? {
+                        Posted::Queued => self.state[i] = St::Posted,
+                        Posted::Busy => {
+                            deferred.push_back(i);
+                            continue;
+                        }
+                    }
+                }
+                Op::Recv { peer, dst } => {
+                    let tag = self.tag(peer, i);
+                    match t.recv(tag, 0, self.region(&dst), None, self.op_id(i))? {
+                        Posted::Queued => {
+                            self.state[i] = St::Posted;
+                            self.posted_recvs += 1;
+                        }
+                        Posted::Busy => {
+                            deferred.push_back(i);
+                            continue;
+                        }
+                    }
+                }
+                Op::RecvReduce { peer, dst, .. } => {
+                    let need = dst.len * self.elem;
+                    if self.staged > 0 && self.staged + need > STAGING_LIMIT {
+                        deferred.push_back(i);
+                        continue;
+                    }
+                    let buf = Scratch::new(need);
+                    let tag = self.tag(peer, i);
+                    match t.recv(tag, 0, buf.region(), None, self.op_id(i))? {
+                        Posted::Queued => {
+                            self.state[i] = St::Posted;
+                            self.posted_recvs += 1;
+                            self.staged += need;
+                            self.staging[i] = Some(buf);
+                        }
+                        Posted::Busy => {
+                            deferred.push_back(i);
+                            continue;
+                        }
+                    }
+                }
+            }
+            progressed = true;
+        }
+        self.ready = deferred;
+        self.check_finished();
+        Ok(progressed)
+    }
+
+    /// Handle a transport completion of one of our operations.
+    pub fn on_completion(&mut self, c: Completion) -> Result<()> {
+        let i = (c.op & 0xffff_ffff) as usize;
+        if i >= self.state.len() || self.state[i] != St::Posted {
+            return Err(Error::Internal(format!(
+                "unexpected completion for step {i}"
+            )));
+        }
+        c.status?;
+        let step = self.job.schedule.ranks[self.job.rank][i].op.clone();
+        match step {
+            Op::Send { .. } => {}
+            Op::Recv { dst, .. } => {
+                self.posted_recvs -= 1;
+                if c.len != dst.len * self.elem {
+                    return Err(Error::Remote(format!(
+                        "received {} bytes where {} were expected: do all ranks call the same collective with the same count and type?",
+                        c.len,
+                        dst.len * self.elem
+                    )));
+                }
+            }
+            Op::RecvReduce { src, dst, .. } => {
+                self.posted_recvs -= 1;
+                let buf = self.staging[i].take().expect("staged receive");
+                self.staged -= buf.len();
+                if c.len != buf.len() {
+                    return Err(Error::Remote(format!(
+                        "received {} bytes where {} were expected: do all ranks call the same collective with the same count and type?",
+                        c.len,
+                        buf.len()
+                    )));
+                }
+                self.reduce_into(self.region(&src), buf.region(), self.region(&dst))?;
+            }
+            _ => return Err(Error::Internal("completion for a local step".into())),
+        }
+        self.complete(i);
+        self.check_finished();
+        Ok(())
+    }
+
+    fn check_finished(&mut self) {
+        if self.finished || self.done < self.state.len() {
+            return;
+        }
+        let p = self.job.schedule.problem;
+        if self.job.op == RedOp::Avg
+            && p.coll.reduces()
+            && (p.coll != Collective::Reduce || self.job.rank == p.root)
+        {
+            let dt = self.job.dtype;
+            let n = p.nranks;
+            self.out.with_mut(|o| {
+                let _ = reduce::scale_avg(dt, o, n);
+            });
+        }
+        self.finished = true;
+    }
+
+    /// The deadline check: an error if nothing moved for the timeout.
+    pub fn check_deadline(&self) -> Result<()> {
+        if !self.finished && self.last.elapsed() > self.job.timeout {
+            return Err(Error::Timeout(format!(
+                "{:?} made no progress for {} ms (FABRICOLL_TIMEOUT_MS): {} of {} steps done; is every rank alive and calling it?",
+                self.job.tags,
+                self.job.timeout.as_millis(),
+                self.done,
+                self.state.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Give up: cancel posted receives, restore an in-place input, and hand back the memory
+    /// that operations may still touch (the caller keeps it until they drain, or leaks it).
+    pub fn fail(mut self, t: &dyn Transport) -> Vec<Scratch> {
+        for i in 0..self.state.len() {
+            if self.state[i] == St::Posted && self.job.schedule.ranks[self.job.rank][i].op.is_recv()
+            {
+                t.cancel(self.op_id(i));
+            }
+        }
+        if let Some(b) = &self.backup {
+            let user = self.job.inp.sub(0, b.len()).expect("backup length");
+            b.region()
+                .with(|src| user.with_mut(|d| d.copy_from_slice(src)));
+        }
+        let mut keep: Vec<Scratch> = self.staging.drain(..).flatten().collect();
+        keep.push(std::mem::replace(&mut self.tmp, Scratch::new(0)));
+        keep.extend(self.backup.take());
+        keep
+    }
+
+    /// One side of a point-to-point transfer of `count` elements, as a one-step schedule.
+    #[allow(clippy::too_many_arguments)]
+    pub fn p2p(
+        send: bool,
+        rank: usize,
+        peer: usize,
+        nranks: usize,
+        buf: Region,
+        count: usize,
+        dtype: DataType,
+        k: u64,
+        timeout: Duration,
+        id: u32,
+    ) -> Result<Exec> {
+        use crate::algo::{Algorithm, Builder, Problem};
+        let mut b = Builder::new(nranks);
+        let (inp, out) = if send {
+            b.send(rank, peer, Span::new(Buf::In, 0, count), &[]);
+            (buf, Region::empty())
+        } else {
+            b.recv(rank, peer, Span::new(Buf::Out, 0, count), &[]);
+            (Region::empty(), buf)
+        };
+        let schedule = Arc::new(b.finish(
+            Problem::new(Collective::Broadcast, nranks, count),
+            Algorithm::Ring,
+        ));
+        let plan = Arc::new(Plan::new(&schedule, rank, dtype.size())?);
+        Exec::new(
+            Job {
+                schedule,
+                rank,
+                dtype,
+                op: RedOp::Sum,
+                inp,
+                out,
+                tags: Tags::P2p(k),
+                timeout,
+            },
+            plan,
+            id,
+        )
+    }
+
+    /// Steps posted to the transport and not completed.
+    pub fn in_flight(&self) -> usize {
+        self.state.iter().filter(|s| **s == St::Posted).count()
+    }
+}

@@ -1,0 +1,369 @@
+//! x86_64 AVX2 + F16C kernels for f32, f16, bf16 and fp8 (sum, prod, max, min, and Avg's
+//! scaling).
+//!
+//! Each lane widens to f32 (exactly), combines with exactly the scalar rules (`scalar::fmax32`
+//! etc.: canonical NaN, maxNum / minNum, +0 > -0) and rounds back to nearest even (fp8:
+//! saturating), so every kernel gives the scalar kernels' bits. The kernels process whole
+//! vectors of 8 elements and return how many elements they did; the caller finishes the tail
+//! with the scalar kernel. The safe wrappers check the CPU (`is_x86_feature_detected!`, cached
+//! by std) and the slice lengths.
+//!
+//! This is the only file of `reduce/` with `unsafe`.
+
+use core::arch::x86_64::*;
+
+use super::Kind;
+
+/// Element formats, as const-generic parameters.
+pub(super) const F32: u8 = 0;
+pub(super) const F16: u8 = 1;
+pub(super) const BF16: u8 = 2;
+pub(super) const E4M3: u8 = 3;
+pub(super) const E5M2: u8 = 4;
+
+const SUM: u8 = 0;
+const PROD: u8 = 1;
+const MAX: u8 = 2;
+const MIN: u8 = 3;
+
+/// Whether this CPU runs the kernels (AVX2 and F16C: every x86-64-v3 CPU).
+#[inline]
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
+}
+
+const fn width(fmt: u8) -> usize {
+    match fmt {
+        F32 => 4,
+        F16 | BF16 => 2,
+        _ => 1,
+    }
+}
+
+/// fp8 format constants: mantissa bits, bias, largest finite code, canonical NaN code.
+const fn fp8_params(fmt: u8) -> (i32, i32, i32, i32) {
+    if fmt == E4M3 {
+        (3, 7, 0x7e, 0x7f)
+    } else {
+        (2, 15, 0x7b, 0x7e)
+    }
+}
+
+/// Loads 8 elements of format `FMT` from `p` (any alignment) as 8 f32.
+///
+/// # Safety
+/// AVX2 and F16C are available; `p` is valid for reading 8 elements.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn load8<const FMT: u8>(p: *const u8) -> __m256 {
+    match FMT {
+        F32 => _mm256_loadu_ps(p as *const f32),
+        F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+        BF16 => {
+            let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w))
+        }
+        _ => {
+            let (man, bias, _, _) = fp8_params(FMT);
+            let c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
+            let sign = _mm256_slli_epi32::<24>(_mm256_and_si256(c, _mm256_set1_epi32(0x80)));
+            let em = _mm256_and_si256(c, _mm256_set1_epi32(0x7f));
+            // Normal: exponent and mantissa move up into place, the bias changes.
+            let normal = _mm256_add_epi32(
+                _mm256_sll_epi32(em, _mm_cvtsi32_si128(23 - man)),
+                _mm256_set1_epi32((127 - bias) << 23),
+            );
+            // Subnormal (exponent field 0): em * 2^(1 - bias - man), exact in f32.
+            let sub = _mm256_mul_ps(
+                _mm256_cvtepi32_ps(em),
+                _mm256_castsi256_ps(_mm256_set1_epi32((128 - bias - man) << 23)),
+            );
+            let is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(1 << man), em);
+            let v = _mm256_blendv_ps(
+                _mm256_castsi256_ps(normal),
+                sub,
+                _mm256_castsi256_ps(is_sub),
+            );
+            // Specials: e4m3 S.1111.111 is NaN; e5m2 S.11111.mm is infinity (mm = 0) or NaN.
+            let special = if FMT == E4M3 {
+                let nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f)));
+                _mm256_blendv_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc0_0000)), nan)
+            } else {
+                let is_special =
+                    _mm256_castsi256_ps(_mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7b)));
+                let infnan =
+                    _mm256_or_si256(_mm256_slli_epi32::<21>(em), _mm256_set1_epi32(0x7f80_0000));
+                _mm256_blendv_ps(v, _mm256_castsi256_ps(infnan), is_special)
+            };
+            _mm256_or_ps(special, _mm256_castsi256_ps(sign))
+        }
+    }
+}
+
+/// Stores 8 f32 as format `FMT` at `p` (any alignment), rounding to nearest even (fp8:
+/// saturating). `v` holds no NaN other than the canonical one (the bf16 rounding relies on it).
+///
+/// # Safety
+/// AVX2 and F16C are available; `p` is valid for writing 8 elements.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn store8<const FMT: u8>(p: *mut u8, v: __m256) {
+    match FMT {
+        F32 => _mm256_storeu_ps(p as *mut f32, v),
+        F16 => _mm_storeu_si128(
+            p as *mut __m128i,
+            _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v),
+        ),
+        BF16 => {
+            // bits + 0x7fff + lsb, >> 16: round to nearest even (0x7fc00000 -> 0x7fc0).
+            let x = _mm256_castps_si256(v);
+            let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
+            let x = _mm256_add_epi32(x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+            let x = _mm256_srli_epi32::<16>(x);
+            let packed =
+                _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256::<1>(x));
+            _mm_storeu_si128(p as *mut __m128i, packed)
+        }
+        _ => {
+            let (man, bias, max_code, nan_code) = fp8_params(FMT);
+            let shift = _mm_cvtsi32_si128(23 - man);
+            let x = _mm256_castps_si256(v);
+            let sign = _mm256_and_si256(_mm256_srli_epi32::<24>(x), _mm256_set1_epi32(0x80));
+            let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7fff_ffff));
+            // Normal: round the f32 pattern to `man` mantissa bits (nearest even), re-bias.
+            let lsb = _mm256_and_si256(_mm256_srl_epi32(abs, shift), _mm256_set1_epi32(1));
+            let half = _mm256_set1_epi32((1 << (22 - man)) - 1);
+            let r = _mm256_srl_epi32(_mm256_add_epi32(_mm256_add_epi32(abs, half), lsb), shift);
+            let normal = _mm256_sub_epi32(r, _mm256_set1_epi32((127 - bias) << man));
+            // Subnormal: adding 2^(24 - bias - man), whose ulp is the fp8 subnormal quantum,
+            // rounds |v| to nearest even in the f32 adder; the low bits are then the code.
+            let magic = _mm256_set1_epi32((151 - bias - man) << 23);
+            let sum = _mm256_add_ps(_mm256_castsi256_ps(abs), _mm256_castsi256_ps(magic));
+            let sub = _mm256_sub_epi32(_mm256_castps_si256(sum), magic);
+            let is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32((128 - bias) << 23), abs);
+            let code = _mm256_blendv_epi8(normal, sub, is_sub);
+            // Saturate above the largest finite value (infinity included).
+            let max_bits = (max_code + ((127 - bias) << man)) << (23 - man);
+            let over = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(max_bits));
+            let code = _mm256_blendv_epi8(code, _mm256_set1_epi32(max_code), over);
+            let code = _mm256_or_si256(code, sign);
+            // NaN: the canonical code, without sign.
+            let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f80_0000));
+            let code = _mm256_blendv_epi8(code, _mm256_set1_epi32(nan_code), nan);
+            let w = _mm_packus_epi32(
+                _mm256_castsi256_si128(code),
+                _mm256_extracti128_si256::<1>(code),
+            );
+            _mm_storel_epi64(p as *mut __m128i, _mm_packus_epi16(w, w))
+        }
+    }
+}
+
+/// NaN lanes -> the canonical NaN.
+///
+/// # Safety
+/// AVX2 is available.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn canon(r: __m256) -> __m256 {
+    let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(r, r);
+    _mm256_blendv_ps(r, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc0_0000)), nan)
+}
+
+/// `a op b` per lane, with the scalar rules.
+///
+/// # Safety
+/// AVX2 is available.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn combine<const OP: u8>(a: __m256, b: __m256) -> __m256 {
+    match OP {
+        SUM => canon(_mm256_add_ps(a, b)),
+        PROD => canon(_mm256_mul_ps(a, b)),
+        _ => {
+            // vmaxps / vminps return the second operand when either is NaN or both are zero.
+            let t = if OP == MAX {
+                _mm256_max_ps(a, b)
+            } else {
+                _mm256_min_ps(a, b)
+            };
+            // b NaN: a (maxNum).
+            let t = _mm256_blendv_ps(t, a, _mm256_cmp_ps::<_CMP_UNORD_Q>(b, b));
+            // Equal (±0 included): +0 wins for max (and), -0 for min (or).
+            let eq = _mm256_cmp_ps::<_CMP_EQ_OQ>(a, b);
+            let z = if OP == MAX {
+                _mm256_and_ps(a, b)
+            } else {
+                _mm256_or_ps(a, b)
+            };
+            // Both NaN: t is a's NaN here; canonicalize.
+            canon(_mm256_blendv_ps(t, z, eq))
+        }
+    }
+}
+
+/// `dst[i] = a[i] op b[i]` for `i < n / 8 * 8`; returns that count. `dst` may equal `a`
+/// (in-place), element for element; no other overlap.
+///
+/// # Safety
+/// AVX2 and F16C are available; `a`, `b` valid for reading and `dst` for writing `n` elements
+/// of format `FMT`; `dst` either is `a` or overlaps neither `a` nor `b`.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn binary_kernel<const FMT: u8, const OP: u8>(
+    a: *const u8,
+    b: *const u8,
+    dst: *mut u8,
+    n: usize,
+) -> usize {
+    let w = width(FMT);
+    let mut i = 0;
+    // Two vectors per round; each round loads before it stores, so dst == a is fine.
+    while i + 16 <= n {
+        let (x0, x1) = (load8::<FMT>(a.add(i * w)), load8::<FMT>(a.add((i + 8) * w)));
+        let (y0, y1) = (load8::<FMT>(b.add(i * w)), load8::<FMT>(b.add((i + 8) * w)));
+        store8::<FMT>(dst.add(i * w), combine::<OP>(x0, y0));
+        store8::<FMT>(dst.add((i + 8) * w), combine::<OP>(x1, y1));
+        i += 16;
+    }
+    if i + 8 <= n {
+        let r = combine::<OP>(load8::<FMT>(a.add(i * w)), load8::<FMT>(b.add(i * w)));
+        store8::<FMT>(dst.add(i * w), r);
+        i += 8;
+    }
+    i
+}
+
+/// `acc[i] = acc[i] / d` (canonical NaN) for `i < n / 8 * 8`; returns that count.
+///
+/// # Safety
+/// AVX2 and F16C are available; `acc` valid for reading and writing `n` elements of `FMT`.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn scale_kernel<const FMT: u8>(acc: *mut u8, n: usize, d: f32) -> usize {
+    let w = width(FMT);
+    let dv = _mm256_set1_ps(d);
+    let mut i = 0;
+    while i + 8 <= n {
+        let p = acc.add(i * w);
+        store8::<FMT>(p, canon(_mm256_div_ps(load8::<FMT>(p), dv)));
+        i += 8;
+    }
+    i
+}
+
+/// # Safety
+/// As `binary_kernel`.
+unsafe fn dispatch<const FMT: u8>(
+    op: Kind,
+    a: *const u8,
+    b: *const u8,
+    dst: *mut u8,
+    n: usize,
+) -> usize {
+    match op {
+        Kind::Sum => binary_kernel::<FMT, SUM>(a, b, dst, n),
+        Kind::Prod => binary_kernel::<FMT, PROD>(a, b, dst, n),
+        Kind::Max => binary_kernel::<FMT, MAX>(a, b, dst, n),
+        Kind::Min => binary_kernel::<FMT, MIN>(a, b, dst, n),
+    }
+}
+
+/// `dst = a op b` over the longest prefix of whole vectors; returns the bytes done (0 when the
+/// CPU lacks AVX2 / F16C). The caller does the rest.
+pub(super) fn binary<const FMT: u8>(op: Kind, a: &[u8], b: &[u8], dst: &mut [u8]) -> usize {
+    if !available() {
+        return 0;
+    }
+    let w = width(FMT);
+    let n = dst.len() / w;
+    assert!(a.len() >= n * w && b.len() >= n * w);
+    // SAFETY: AVX2 and F16C were detected just above. `a` and `b` hold at least `n` elements
+    // (asserted) and `dst` holds `n`; the kernel only does unaligned loads and stores inside
+    // those. `dst` is a `&mut` borrow, so it overlaps neither `a` nor `b`.
+    let done = unsafe { dispatch::<FMT>(op, a.as_ptr(), b.as_ptr(), dst.as_mut_ptr(), n) };
+    done * w
+}
+
+/// `acc = acc op b` over the longest prefix of whole vectors; returns the bytes done.
+pub(super) fn inplace<const FMT: u8>(op: Kind, acc: &mut [u8], b: &[u8]) -> usize {
+    if !available() {
+        return 0;
+    }
+    let w = width(FMT);
+    let n = acc.len() / w;
+    assert!(b.len() >= n * w);
+    let p = acc.as_mut_ptr();
+    // SAFETY: AVX2 and F16C were detected just above. `acc` (read and written through the one
+    // pointer `p`, derived from the `&mut` borrow) and `b` hold at least `n` elements; `b`
+    // cannot overlap `acc`. Each vector is loaded from `acc` before it is stored back.
+    let done = unsafe { dispatch::<FMT>(op, p, b.as_ptr(), p, n) };
+    done * w
+}
+
+/// `acc = acc / d` over the longest prefix of whole vectors; returns the bytes done.
+pub(super) fn scale<const FMT: u8>(acc: &mut [u8], d: f32) -> usize {
+    if !available() {
+        return 0;
+    }
+    let w = width(FMT);
+    let n = acc.len() / w;
+    // SAFETY: AVX2 and F16C were detected just above; `acc` holds `n` elements and the kernel
+    // only does unaligned loads and stores inside them.
+    let done = unsafe { scale_kernel::<FMT>(acc.as_mut_ptr(), n, d) };
+    done * w
+}
+
+/// F16C conversions of whole slices, to check the scalar conversions against the hardware.
+#[cfg(test)]
+pub(super) mod hw {
+    use super::*;
+
+    /// `None` when the CPU lacks F16C.
+    pub(in super::super) fn f32_to_f16(x: &[f32]) -> Option<Vec<u16>> {
+        if !available() {
+            return None;
+        }
+        let mut out = vec![0u16; x.len()];
+        for (src, dst) in x.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
+            // SAFETY: F16C (and AVX2) detected above; `src` holds 8 f32 and `dst` 8 u16, read
+            // and written with unaligned loads and stores.
+            unsafe { f32_to_f16_8(src.as_ptr(), dst.as_mut_ptr()) }
+        }
+        let tail = x.len() / 8 * 8;
+        let mut buf = [0f32; 8];
+        buf[..x.len() - tail].copy_from_slice(&x[tail..]);
+        let mut res = [0u16; 8];
+        // SAFETY: as above, on local arrays of 8.
+        unsafe { f32_to_f16_8(buf.as_ptr(), res.as_mut_ptr()) }
+        out[tail..].copy_from_slice(&res[..x.len() - tail]);
+        Some(out)
+    }
+
+    /// `None` when the CPU lacks F16C.
+    pub(in super::super) fn f16_to_f32(x: &[u16]) -> Option<Vec<f32>> {
+        if !available() {
+            return None;
+        }
+        assert_eq!(x.len() % 8, 0);
+        let mut out = vec![0f32; x.len()];
+        for (src, dst) in x.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
+            // SAFETY: F16C detected above; `src` holds 8 u16 and `dst` 8 f32 (unaligned ok).
+            unsafe { f16_to_f32_8(src.as_ptr(), dst.as_mut_ptr()) }
+        }
+        Some(out)
+    }
+
+    /// # Safety
+    /// F16C available; `src` valid for 8 reads, `dst` for 8 writes.
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn f32_to_f16_8(src: *const f32, dst: *mut u16) {
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src));
+        _mm_storeu_si128(dst as *mut __m128i, h)
+    }
+
+    /// # Safety
+    /// F16C available; `src` valid for 8 reads, `dst` for 8 writes.
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn f16_to_f32_8(src: *const u16, dst: *mut f32) {
+        _mm256_storeu_ps(dst, _mm256_cvtph_ps(_mm_loadu_si128(src as *const __m128i)))
+    }
+}

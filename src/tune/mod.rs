@@ -1,0 +1,261 @@
+//! The alpha-beta-gamma cost model: a message of m bytes costs `alpha + m*beta`, reducing m
+//! bytes costs `m*gamma`, and every message also costs the sending CPU `o = alpha/4` (so that
+//! algorithms that send many messages at once pay for it on a CPU-driven transport). The formulas
+//! are those of shared/docs/algorithms.md. PURE: the measurements are taken by `coll`.
+#![forbid(unsafe_code)]
+
+use crate::algo::{self, Algorithm, Collective, Options, Problem};
+use crate::config::Config;
+use parking_lot::Mutex;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// Measured or configured link parameters (microseconds, microseconds per byte).
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub alpha_us: f64,
+    pub beta_us_per_byte: f64,
+    pub gamma_us_per_byte: f64,
+    /// Which of the three came from the configuration (the rest are measured).
+    pub fixed: [bool; 3],
+    logged: Arc<Mutex<HashSet<(Collective, u32)>>>,
+}
+
+impl PartialEq for Model {
+    fn eq(&self, o: &Model) -> bool {
+        self.alpha_us == o.alpha_us
+            && self.beta_us_per_byte == o.beta_us_per_byte
+            && self.gamma_us_per_byte == o.gamma_us_per_byte
+    }
+}
+
+/// GB/s to microseconds per byte.
+pub fn gbps_to_us_per_byte(gbps: f64) -> f64 {
+    1.0 / (gbps * 1e3)
+}
+
+impl Model {
+    /// Defaults: 10 us, 2 GB/s links, 8 GB/s reductions, unless the configuration says otherwise.
+    pub fn from_config(cfg: &Config) -> Model {
+        Model {
+            alpha_us: cfg.alpha_us.unwrap_or(10.0),
+            beta_us_per_byte: gbps_to_us_per_byte(cfg.beta_gbps.unwrap_or(2.0)),
+            gamma_us_per_byte: gbps_to_us_per_byte(cfg.gamma_gbps.unwrap_or(8.0)),
+            fixed: [
+                cfg.alpha_us.is_some(),
+                cfg.beta_gbps.is_some(),
+                cfg.gamma_gbps.is_some(),
+            ],
+            logged: Arc::default(),
+        }
+    }
+
+    pub fn new(alpha_us: f64, beta_gbps: f64, gamma_gbps: f64) -> Model {
+        Model {
+            alpha_us,
+            beta_us_per_byte: gbps_to_us_per_byte(beta_gbps),
+            gamma_us_per_byte: gbps_to_us_per_byte(gamma_gbps),
+            fixed: [true; 3],
+            logged: Arc::default(),
+        }
+    }
+
+    pub fn needs_calibration(&self) -> bool {
+        !self.fixed.iter().all(|f| *f)
+    }
+
+    /// Replace the measured parameters, keeping configured ones.
+    pub fn with_measured(
+        &self,
+        alpha_us: f64,
+        beta_us_per_byte: f64,
+        gamma_us_per_byte: f64,
+    ) -> Model {
+        let mut m = self.clone();
+        if !m.fixed[0] {
+            m.alpha_us = alpha_us;
+        }
+        if !m.fixed[1] {
+            m.beta_us_per_byte = beta_us_per_byte;
+        }
+        if !m.fixed[2] {
+            m.gamma_us_per_byte = gamma_us_per_byte;
+        }
+        m
+    }
+
+    /// Predicted time (us) of `algo` for `p` with `elem`-byte elements; None if not applicable.
+    pub fn predict(&self, algo: Algorithm, p: &Problem, elem: usize) -> Option<f64> {
+        let n = p.nranks as f64;
+        if p.nranks == 1 {
+            return Some(0.0);
+        }
+        let (a, b, g) = (self.alpha_us, self.beta_us_per_byte, self.gamma_us_per_byte);
+        let o = a / 4.0;
+        let lg = n.log2();
+        let clg = n.log2().ceil();
+        let pow2 = p.nranks.is_power_of_two();
+        // Total bytes of the "whole vector": AllReduce/Bcast/Reduce buffer, AG/RS/A2A N*count.
+        let bytes = (p.count * elem) as f64;
+        let big = match p.coll {
+            Collective::AllReduce | Collective::Broadcast | Collective::Reduce => bytes,
+            _ => bytes * n,
+        };
+        let f = (n - 1.0) / n;
+        let fold = if pow2 { 0.0 } else { 1.0 };
+        use Algorithm::*;
+        use Collective::*;
+        let t = match (algo, p.coll) {
+            (Ring, AllReduce) => 2.0 * (n - 1.0) * a + 2.0 * f * big * b + f * big * g,
+            (Ring, AllGather) => (n - 1.0) * a + f * big * b,
+            (Ring, ReduceScatter) => (n - 1.0) * a + f * big * b + f * big * g,
+            (Ring, Broadcast) => (n - 1.0) * a + big * b,
+            (Ring, Reduce) => (n - 1.0) * a + big * b + big * g,
+            // Two rings use both neighbours: twice the messages, the same bytes per link.
+            (BidirRing, AllReduce) => 2.0 * (n - 1.0) * (a + o) + 2.0 * f * big * b + f * big * g,
+            (BidirRing, AllGather) => (n - 1.0) * (a + o) + f * big * b,
+            (BidirRing, ReduceScatter) => (n - 1.0) * (a + o) + f * big * b + f * big * g,
+            (Mesh, AllReduce) => 2.0 * a + 2.0 * (n - 1.0) * o + 2.0 * f * big * b + f * big * g,
+            (Mesh, AllGather) => a + (n - 1.0) * o + f * big * b,
+            (Mesh, ReduceScatter) => a + (n - 1.0) * o + f * big * b + f * big * g,
+            (Mesh, Broadcast) => a + (n - 1.0) * o + (n - 1.0) * big * b,
+            (Mesh, Reduce) => a + (n - 1.0) * o + (n - 1.0) * big * b + f * big * g,
+            (Mesh, AllToAll) => a + (n - 1.0) * o + f * big * b,
+            (Mesh1, AllReduce) => a + (n - 1.0) * o + (n - 1.0) * big * (b + g),
+            (Rdh, AllReduce) => {
+                (2.0 * lg.floor() + 2.0 * fold) * a
+                    + (2.0 * f + 2.0 * fold) * big * b
+                    + (f + fold) * big * g
+            }
+            (Rdh, AllGather) => (lg.floor() + fold) * a + (f + fold) * big * b,
+            (Rdh, ReduceScatter) => {
+                (lg.floor() + fold) * a + (f + fold) * big * b + (f + fold) * big * g
+            }
+            (Rd, AllReduce) => (lg.floor() + 2.0 * fold) * (a + big * b + big * g),
+            (Tree, AllReduce) => 2.0 * clg * a + 3.0 * big * b + big * g,
+            (Tree, Broadcast) => clg * (a + big * b),
+            (Tree, Reduce) => clg * (a + big * b + big * g),
+            (DbTree, AllReduce) => 2.0 * clg * (a + o) + 2.0 * big * b + big * g,
+            (Bruck, AllGather) => clg * a + f * big * b + big * b / 4.0,
+            (Bruck, AllToAll) => clg * a + big / 2.0 * clg * b + big * b / 2.0,
+            (Pairwise, AllToAll) => (n - 1.0) * a + f * big * b,
+            _ => return None,
+        };
+        Some(t)
+    }
+
+    /// The algorithm with the smallest predicted time (hier is only chosen when asked for).
+    pub fn choose(
+        &self,
+        p: &Problem,
+        elem: usize,
+        opts: Options,
+        _local: usize,
+    ) -> (Algorithm, Options) {
+        let mut cands: Vec<(f64, Algorithm)> = Algorithm::ALL
+            .iter()
+            .filter(|a| **a != Algorithm::Hier && algo::supports(**a, p.coll))
+            .filter_map(|a| self.predict(*a, p, elem).map(|t| (t, *a)))
+            .collect();
+        cands.sort_by(|x, y| x.0.total_cmp(&y.0));
+        let best = cands.first().map_or(Algorithm::Ring, |c| c.1);
+        let class = (p.count * elem).max(1).ilog2();
+        if log::log_enabled!(log::Level::Info) && self.logged.lock().insert((p.coll, class)) {
+            let list: Vec<String> = cands
+                .iter()
+                .map(|(t, a)| format!("{a} {t:.1} us"))
+                .collect();
+            log::info!(
+                "{:?} of {} B on {} ranks (alpha {:.2} us, beta {:.3} GB/s, gamma {:.2} GB/s): predicted {}; chose {best}",
+                p.coll,
+                p.count * elem,
+                p.nranks,
+                self.alpha_us,
+                1.0 / (self.beta_us_per_byte * 1e3),
+                1.0 / (self.gamma_us_per_byte * 1e3),
+                list.join(", ")
+            );
+        }
+        (best, opts)
+    }
+}
+
+/// Options for `hier` on `nranks` ranks with `local` per node (1 node if `local` does not divide).
+pub fn hier_options(nranks: usize, local: usize, opts: Options) -> Options {
+    let local = if local >= 1 && nranks % local == 0 {
+        local
+    } else {
+        nranks
+    };
+    Options { local, ..opts }
+}
+
+/// Alpha, beta and gamma from timings: `small_us` per ring AllReduce step of a tiny message,
+/// `large` = (bytes, us) of a ring AllReduce, `reduce` = (bytes, us) of a local reduction.
+pub fn fit(
+    nranks: usize,
+    small_us: f64,
+    large: (usize, f64),
+    reduce: (usize, f64),
+) -> (f64, f64, f64) {
+    let n = nranks as f64;
+    let alpha = (small_us / (2.0 * (n - 1.0))).max(0.05);
+    let gamma = (reduce.1 / reduce.0.max(1) as f64).max(1e-7);
+    let f = (n - 1.0) / n;
+    let bytes = large.0 as f64;
+    let rest = large.1 - 2.0 * (n - 1.0) * alpha - f * bytes * gamma;
+    let beta = (rest / (2.0 * f * bytes)).max(1e-7);
+    (alpha, beta, gamma)
+}
+
+pub use crate::coll::calibrate;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_messages_prefer_latency_algorithms_large_prefer_bandwidth() {
+        let m = Model::new(10.0, 2.0, 8.0);
+        let small = Problem::new(Collective::AllReduce, 16, 2);
+        let large = Problem::new(Collective::AllReduce, 16, 16 << 20);
+        let (a, _) = m.choose(&small, 4, Options::default(), 1);
+        let (b, _) = m.choose(&large, 4, Options::default(), 1);
+        assert!(
+            matches!(
+                a,
+                Algorithm::Rd
+                    | Algorithm::Rdh
+                    | Algorithm::Tree
+                    | Algorithm::DbTree
+                    | Algorithm::Mesh1
+            ),
+            "{a}"
+        );
+        assert!(matches!(b, Algorithm::Ring | Algorithm::Rdh), "{b}");
+        assert_eq!(
+            m.predict(
+                Algorithm::Ring,
+                &Problem::new(Collective::AllReduce, 1, 5),
+                4
+            ),
+            Some(0.0)
+        );
+    }
+
+    #[test]
+    fn fit_recovers_parameters() {
+        let (a, b, g) = (5.0, gbps_to_us_per_byte(3.0), gbps_to_us_per_byte(10.0));
+        let n = 4;
+        let bytes = 1 << 22;
+        let f = 0.75;
+        let t = 2.0 * 3.0 * a + 2.0 * f * bytes as f64 * b + f * bytes as f64 * g;
+        let (fa, fb, fg) = fit(
+            n,
+            2.0 * 3.0 * a,
+            (bytes, t),
+            (1 << 20, (1 << 20) as f64 * g),
+        );
+        assert!((fa - a).abs() < 1e-9 && (fb - b).abs() / b < 1e-9 && (fg - g).abs() / g < 1e-9);
+    }
+}

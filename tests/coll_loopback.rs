@@ -1,0 +1,435 @@
+//! Ranks as threads over the loopback transport: every algorithm x collective x a dtype/op
+//! sample, in place and out of place, against an independent reference, bit-identical across
+//! ranks; plus point-to-point, non-blocking calls, abort and bad arguments.
+use nccl_net_fabricoll::algo::{self, Algorithm, Collective};
+use nccl_net_fabricoll::coll::{Call, Comm, Kind};
+use nccl_net_fabricoll::config::Config;
+use nccl_net_fabricoll::reduce::{conv, fp8, DataType, RedOp};
+use nccl_net_fabricoll::transport::loopback::LoopbackFabric;
+use nccl_net_fabricoll::transport::{Region, Transport};
+use std::sync::Arc;
+
+fn cfg(extra: &[(&str, &str)]) -> Config {
+    let mut kv: Vec<(String, String)> = vec![
+        ("FABRICOLL_ALPHA_US".into(), "5".into()),
+        ("FABRICOLL_BETA_GBPS".into(), "2".into()),
+        ("FABRICOLL_GAMMA_GBPS".into(), "8".into()),
+        ("FABRICOLL_TIMEOUT_MS".into(), "20000".into()),
+        ("FABRICOLL_POLL_US".into(), "20".into()),
+    ];
+    kv.extend(extra.iter().map(|(a, b)| (a.to_string(), b.to_string())));
+    Config::from_lookup(|n| {
+        kv.iter()
+            .rev()
+            .find(|(k, _)| k == n)
+            .map(|(_, v)| v.clone())
+    })
+    .unwrap()
+}
+
+/// Communicators for `n` ranks over one in-process fabric.
+fn comms(n: usize, c: &Config) -> Vec<Comm> {
+    let f = LoopbackFabric::new();
+    let eps: Vec<Arc<dyn Transport>> = (0..n)
+        .map(|_| Arc::new(f.endpoint()) as Arc<dyn Transport>)
+        .collect();
+    let addrs: Vec<Vec<u8>> = eps.iter().map(|e| e.address()).collect();
+    eps.into_iter()
+        .enumerate()
+        .map(|(r, e)| Comm::new(r, e, &addrs, c).unwrap())
+        .collect()
+}
+
+/// Encode a small integer-valued number as `dt` (independently of the reduction kernels).
+fn enc(dt: DataType, v: f64) -> Vec<u8> {
+    match dt {
+        DataType::Int8 => (v as i8).to_le_bytes().to_vec(),
+        DataType::Uint8 => (v as u8).to_le_bytes().to_vec(),
+        DataType::Int32 => (v as i32).to_le_bytes().to_vec(),
+        DataType::Uint32 => (v as u32).to_le_bytes().to_vec(),
+        DataType::Int64 => (v as i64).to_le_bytes().to_vec(),
+        DataType::Uint64 => (v as u64).to_le_bytes().to_vec(),
+        DataType::Float16 => conv::f32_to_f16(v as f32).to_le_bytes().to_vec(),
+        DataType::Float32 => (v as f32).to_le_bytes().to_vec(),
+        DataType::Float64 => v.to_le_bytes().to_vec(),
+        DataType::Bfloat16 => conv::f32_to_bf16(v as f32).to_le_bytes().to_vec(),
+        DataType::Float8E4M3 => vec![fp8::f32_to_e4m3(v as f32)],
+        DataType::Float8E5M2 => vec![fp8::f32_to_e5m2(v as f32)],
+    }
+}
+
+fn value(r: usize, i: usize) -> f64 {
+    ((r * 7 + i * 3) % 5 + 1) as f64
+}
+
+fn combine(op: RedOp, vals: &[f64], dt: DataType) -> f64 {
+    match op {
+        RedOp::Sum => vals.iter().sum(),
+        RedOp::Prod => vals.iter().product(),
+        RedOp::Max => vals.iter().cloned().fold(f64::MIN, f64::max),
+        RedOp::Min => vals.iter().cloned().fold(f64::MAX, f64::min),
+        RedOp::Avg => {
+            let s: f64 = vals.iter().sum();
+            if dt.is_float() {
+                (s as f32 / vals.len() as f32) as f64
+            } else {
+                (s as i64 / vals.len() as i64) as f64
+            }
+        }
+    }
+}
+
+fn buf(dt: DataType, vals: impl Iterator<Item = f64>) -> Vec<u8> {
+    vals.flat_map(|v| enc(dt, v)).collect()
+}
+
+fn region(v: &mut [u8]) -> Region {
+    // SAFETY: each buffer outlives the blocking call that uses it.
+    unsafe { Region::from_raw(v.as_mut_ptr(), v.len()) }
+}
+
+/// Run one collective on n ranks; check every rank against the reference and each other.
+fn run_case(
+    comms: &[Comm],
+    algo: Algorithm,
+    coll: Collective,
+    count: usize,
+    dt: DataType,
+    op: RedOp,
+    in_place: bool,
+) {
+    let n = comms.len();
+    let root = n / 2;
+    let results: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                s.spawn(move || {
+                    let p = algo::Problem::new(coll, n, count);
+                    let mut send = buf(dt, (0..p.in_len()).map(|i| value(r, i)));
+                    let mut out = vec![0xeeu8; p.out_len() * dt.size()];
+                    let (sr, rr) = if in_place
+                        && matches!(coll, Collective::AllReduce | Collective::Broadcast)
+                    {
+                        out[..send.len()].copy_from_slice(&send);
+                        (region(&mut out), region(&mut out))
+                    } else {
+                        (region(&mut send), region(&mut out))
+                    };
+                    let call = Call {
+                        kind: Kind::Coll(coll),
+                        send: sr,
+                        recv: rr,
+                        count,
+                        dtype: dt,
+                        op,
+                        root,
+                        algo: Some(algo),
+                    };
+                    c.run(&call).unwrap_or_else(|e| {
+                        panic!("{algo} {coll:?} n={n} count={count} {dt:?} {op:?} rank {r}: {e}")
+                    });
+                    out
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let el = dt.size();
+    for (r, out) in results.iter().enumerate() {
+        let p = algo::Problem::new(coll, n, count);
+        for j in 0..p.out_len() {
+            let want = match coll {
+                Collective::AllReduce => {
+                    combine(op, &(0..n).map(|q| value(q, j)).collect::<Vec<_>>(), dt)
+                }
+                Collective::ReduceScatter => combine(
+                    op,
+                    &(0..n).map(|q| value(q, r * count + j)).collect::<Vec<_>>(),
+                    dt,
+                ),
+                Collective::Reduce if r == root => {
+                    combine(op, &(0..n).map(|q| value(q, j)).collect::<Vec<_>>(), dt)
+                }
+                Collective::Reduce => continue,
+                Collective::AllGather => value(j / count, j % count),
+                Collective::Broadcast => value(root, j),
+                Collective::AllToAll => value(j / count, r * count + j % count),
+            };
+            assert_eq!(
+                &out[j * el..(j + 1) * el],
+                &enc(dt, want)[..],
+                "{algo} {coll:?} n={n} count={count} {dt:?} {op:?} in_place={in_place}: rank {r} element {j}"
+            );
+        }
+    }
+    if matches!(coll, Collective::AllReduce) {
+        for r in 1..n {
+            assert_eq!(
+                results[r], results[0],
+                "{algo}: AllReduce results differ between ranks 0 and {r}"
+            );
+        }
+    }
+}
+
+const SAMPLE: &[(DataType, RedOp)] = &[
+    (DataType::Int32, RedOp::Sum),
+    (DataType::Float32, RedOp::Sum),
+    (DataType::Float64, RedOp::Max),
+    (DataType::Bfloat16, RedOp::Sum),
+    (DataType::Uint8, RedOp::Min),
+    (DataType::Float16, RedOp::Max),
+    (DataType::Int64, RedOp::Avg),
+    (DataType::Float32, RedOp::Avg),
+    (DataType::Float8E4M3, RedOp::Max),
+    (DataType::Uint64, RedOp::Prod),
+];
+
+#[test]
+fn every_algorithm_and_collective_on_threads() {
+    for n in [1usize, 2, 3, 4, 5, 8] {
+        let c = cfg(&[("FABRICOLL_LOCAL_RANKS", if n % 2 == 0 { "2" } else { "1" })]);
+        let cs = comms(n, &c);
+        for algo in Algorithm::ALL {
+            for coll in Collective::ALL {
+                if !algo::supports(algo, coll) {
+                    continue;
+                }
+                for count in [0usize, 1, 7, 1000] {
+                    let sample: &[(DataType, RedOp)] =
+                        if coll.reduces() { SAMPLE } else { &SAMPLE[..3] };
+                    for (i, &(dt, op)) in sample.iter().enumerate() {
+                        // The full sample at one size, one pair elsewhere.
+                        if count != 7 && i > 0 {
+                            continue;
+                        }
+                        run_case(&cs, algo, coll, count, dt, op, false);
+                    }
+                    run_case(&cs, algo, coll, count, DataType::Float32, RedOp::Sum, true);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn large_sliced_collectives_and_auto_choice() {
+    let cs = comms(4, &cfg(&[]));
+    for coll in Collective::ALL {
+        let count = if matches!(
+            coll,
+            Collective::AllReduce | Collective::Broadcast | Collective::Reduce
+        ) {
+            600_001
+        } else {
+            150_001
+        };
+        for algo in [
+            Algorithm::Ring,
+            Algorithm::Rdh,
+            Algorithm::Pairwise,
+            Algorithm::Tree,
+        ] {
+            if algo::supports(algo, coll) {
+                run_case(&cs, algo, coll, count, DataType::Float32, RedOp::Sum, false);
+            }
+        }
+    }
+    // auto (no override): whatever the model picks is correct too.
+    for (i, c) in cs.iter().enumerate() {
+        c.set_algo(None);
+        let _ = i;
+    }
+    let results: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let hs: Vec<_> = cs
+            .iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let mut send = buf(DataType::Float32, (0..1000).map(|i| value(c.rank, i)));
+                    let mut out = vec![0u8; 4000];
+                    let call = Call {
+                        kind: Kind::Coll(Collective::AllReduce),
+                        send: region(&mut send),
+                        recv: region(&mut out),
+                        count: 1000,
+                        dtype: DataType::Float32,
+                        op: RedOp::Sum,
+                        root: 0,
+                        algo: None,
+                    };
+                    c.run(&call).unwrap();
+                    out
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(results.iter().all(|r| r == &results[0]));
+}
+
+#[test]
+fn point_to_point_nonblocking_and_errors() {
+    let cs = comms(3, &cfg(&[("FABRICOLL_TIMEOUT_MS", "500")]));
+    std::thread::scope(|s| {
+        let c0 = &cs[0];
+        let c2 = &cs[2];
+        s.spawn(move || {
+            let mut a = vec![7u8; 100];
+            let mut b = vec![9u8; 50];
+            let r1 = c0
+                .start(&Call {
+                    kind: Kind::Send { peer: 2 },
+                    send: region(&mut a),
+                    recv: Region::empty(),
+                    count: 25,
+                    dtype: DataType::Int32,
+                    op: RedOp::Sum,
+                    root: 0,
+                    algo: None,
+                })
+                .unwrap();
+            let r2 = c0
+                .start(&Call {
+                    kind: Kind::Send { peer: 2 },
+                    send: region(&mut b),
+                    recv: Region::empty(),
+                    count: 50,
+                    dtype: DataType::Uint8,
+                    op: RedOp::Sum,
+                    root: 0,
+                    algo: None,
+                })
+                .unwrap();
+            c0.wait(r1).unwrap();
+            c0.wait(r2).unwrap();
+        });
+        s.spawn(move || {
+            let mut a = vec![0u8; 100];
+            let mut b = vec![0u8; 50];
+            c2.run(&Call {
+                kind: Kind::Recv { peer: 0 },
+                send: Region::empty(),
+                recv: region(&mut a),
+                count: 25,
+                dtype: DataType::Int32,
+                op: RedOp::Sum,
+                root: 0,
+                algo: None,
+            })
+            .unwrap();
+            c2.run(&Call {
+                kind: Kind::Recv { peer: 0 },
+                send: Region::empty(),
+                recv: region(&mut b),
+                count: 50,
+                dtype: DataType::Uint8,
+                op: RedOp::Sum,
+                root: 0,
+                algo: None,
+            })
+            .unwrap();
+            assert_eq!(a, vec![7u8; 100]);
+            assert_eq!(b, vec![9u8; 50]);
+        });
+    });
+    // Bad arguments are errors naming the argument.
+    let c = &cs[1];
+    let mut x = vec![0u8; 16];
+    let bad_peer = c.run(&Call {
+        kind: Kind::Send { peer: 9 },
+        send: region(&mut x),
+        recv: Region::empty(),
+        count: 1,
+        dtype: DataType::Int32,
+        op: RedOp::Sum,
+        root: 0,
+        algo: None,
+    });
+    assert!(bad_peer.unwrap_err().to_string().contains("'peer'"));
+    let bad_root = c.run(&Call {
+        kind: Kind::Coll(Collective::Broadcast),
+        send: region(&mut x),
+        recv: region(&mut x),
+        count: 1,
+        dtype: DataType::Int32,
+        op: RedOp::Sum,
+        root: 7,
+        algo: None,
+    });
+    assert!(bad_root.unwrap_err().to_string().contains("'root'"));
+    let overflow = c.run(&Call {
+        kind: Kind::Coll(Collective::AllGather),
+        send: region(&mut x),
+        recv: region(&mut x),
+        count: usize::MAX / 2,
+        dtype: DataType::Int32,
+        op: RedOp::Sum,
+        root: 0,
+        algo: None,
+    });
+    assert!(overflow.unwrap_err().to_string().contains("'count'"));
+    let short = c.run(&Call {
+        kind: Kind::Coll(Collective::AllReduce),
+        send: region(&mut x),
+        recv: region(&mut x),
+        count: 100,
+        dtype: DataType::Int32,
+        op: RedOp::Sum,
+        root: 0,
+        algo: Some(Algorithm::Ring),
+    });
+    assert!(short.unwrap_err().to_string().contains("sendbuff"));
+    let na = c.run(&Call {
+        kind: Kind::Coll(Collective::AllToAll),
+        send: region(&mut x),
+        recv: region(&mut x),
+        count: 1,
+        dtype: DataType::Int32,
+        op: RedOp::Sum,
+        root: 0,
+        algo: Some(Algorithm::Ring),
+    });
+    assert!(na.unwrap_err().to_string().contains("accepted values"));
+}
+
+#[test]
+fn a_missing_peer_times_out_and_in_place_input_is_restored() {
+    // Rank 1 never joins: rank 0's in-place AllReduce fails within the deadline and its buffer
+    // holds the original data, not a half-reduced one.
+    let cs = comms(2, &cfg(&[("FABRICOLL_TIMEOUT_MS", "300")]));
+    let mut data = buf(DataType::Float32, (0..1000).map(|i| value(0, i)));
+    let orig = data.clone();
+    let r = region(&mut data);
+    let t = std::time::Instant::now();
+    let e = cs[0]
+        .run(&Call {
+            kind: Kind::Coll(Collective::AllReduce),
+            send: r,
+            recv: r,
+            count: 1000,
+            dtype: DataType::Float32,
+            op: RedOp::Sum,
+            root: 0,
+            algo: Some(Algorithm::Ring),
+        })
+        .unwrap_err();
+    assert!(t.elapsed() < std::time::Duration::from_secs(5));
+    assert!(e.to_string().contains("FABRICOLL_TIMEOUT_MS"), "{e}");
+    assert_eq!(data, orig);
+    // Abort makes later calls fail.
+    cs[0].abort();
+    assert!(cs[0]
+        .run(&Call {
+            kind: Kind::Coll(Collective::AllReduce),
+            send: r,
+            recv: r,
+            count: 1,
+            dtype: DataType::Float32,
+            op: RedOp::Sum,
+            root: 0,
+            algo: None
+        })
+        .is_err());
+}
