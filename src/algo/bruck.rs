@@ -1,16 +1,12 @@
-//! Bruck AllGather and AllToAll: ceil(log2 N) steps at any member count, one message per step.
-//!
-//! AllGather: member i keeps the blocks it has in scratch in rotated order (block j = chunk
-//! i+j); at step k it sends its first min(2^k, N-2^k) blocks to i-2^k and receives as many from
-//! i+2^k behind them, so the blocks it holds stay contiguous. Each received slice is copied to
-//! its place in the output as soon as it lands (the final rotation, overlapped).
-//! AllToAll: position j of member i starts as its block i+j (destined to i+j); at step k every
-//! position with bit k set moves to member i+2^k (received from i-2^k), so position j travels
-//! j members and lands where its final place is: block i-j of the output, which serves as the
-//! positions' home (no rotation copies). Positions not in one contiguous span are packed into
-//! scratch before the send and unpacked from scratch after the receive.
-//! Tmp: AllGather the whole output per member; AllToAll two areas of at most ceil(N/2) blocks
-//! (packing and unpacking, reused by every step; none when N <= 2).
+//! Bruck AllGather and AllToAll: ceil(log2 N) steps, one message each, at any member count.
+//! AllGather: member i keeps its blocks in scratch in rotated order (chunk i+j at slot j); at step
+//! k it sends its first min(2^k, N-2^k) blocks to i-2^k and receives as many from i+2^k behind
+//! them; received blocks are copied to their place as they land (the final rotation, overlapped).
+//! AllToAll: slot j of member i starts as its input block i+j; at step k the slots with bit k set
+//! move to member i+2^k, so slot j travels j members and ends in output block i-j, which serves as
+//! the slot's home (no rotation copies); slots that are not contiguous are packed into scratch
+//! before the send and unpacked after the receive.
+//! Tmp: AllGather the output's size; AllToAll two areas of at most N/2 blocks (none for N <= 3).
 #![forbid(unsafe_code)]
 
 use super::rdh::{grid, Sched};
@@ -211,42 +207,5 @@ impl Collectives for Bruck {
             d *= 2;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tmp_timing {
-    use super::super::*;
-    #[test]
-    fn tmp_timing() {
-        let cases = [
-            (Algorithm::Rdh, Collective::AllReduce, 64),
-            (Algorithm::Rdh, Collective::ReduceScatter, 8),
-            (Algorithm::Rdh, Collective::AllGather, 8),
-            (Algorithm::Rd, Collective::AllReduce, 64),
-            (Algorithm::Bruck, Collective::AllGather, 8),
-            (Algorithm::Bruck, Collective::AllToAll, 8),
-            (Algorithm::Pairwise, Collective::AllToAll, 8),
-        ];
-        for (a, coll, count) in cases {
-            for n in [2usize, 3, 6, 8, 13] {
-                let p = Problem::new(coll, n, count);
-                let s = build(p, a, &Options::default()).unwrap();
-                let sends: Vec<usize> = s
-                    .ranks
-                    .iter()
-                    .map(|r| r.iter().filter(|x| matches!(x.op, Op::Send { .. })).count())
-                    .collect();
-                let copies: Vec<usize> = s
-                    .ranks
-                    .iter()
-                    .map(|r| r.iter().filter(|x| matches!(x.op, Op::Copy { .. })).count())
-                    .collect();
-                eprintln!(
-                    "{a} {coll:?} n={n} c={count} sends={sends:?} copies={copies:?} tmp={:?}",
-                    s.tmp_len
-                );
-            }
-        }
     }
 }

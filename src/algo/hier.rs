@@ -1,17 +1,13 @@
-//! Hierarchical: X nodes of Y = `Options::local` members (member m = node * Y + local index),
-//! any intra-node algorithm (`Options::intra`) composed with any inter-node one
-//! (`Options::inter`); the members with the same local index form an inter-node group.
-//! AllGather: inter-node AllGather of the group's chunks, then on each node one intra-node
-//! AllGather per node x' (chunks x'Y..x'Y+Y are contiguous; the X instances run concurrently).
-//! ReduceScatter: on each node one intra-node ReduceScatter per node x' (member l gets chunk
-//! x'Y+l reduced over the node, stored in scratch in x' order), then an inter-node
-//! ReduceScatter over that scratch: member (x, l) ends with chunk xY+l, as the problem wants.
-//! AllReduce: intra-node ReduceScatter (local index l gets 1/Y of the buffer, in scratch),
-//! inter-node AllReduce of that part into the output, intra-node AllGather. Broadcast: inter-node
-//! broadcast in the root's group, then intra-node broadcasts; Reduce the reverse. Phases are
-//! separated by frontiers. Y = 1 or X = 1 runs the inter (intra) algorithm alone.
-//! Tmp: AllReduce 1/Y of the buffer; ReduceScatter 1/Y of the input; Reduce a buffer on the
-//! members that reduce across nodes; plus what the sub-algorithms use.
+//! Hierarchical: X nodes of Y = `local` members (member m = node*Y + local index l); an intra-node
+//! algorithm composed with an inter-node one (the members with the same l form an inter group).
+//! AllGather: inter-node AllGather, then per node one intra-node AllGather per source node x'
+//! (chunks x'Y..x'Y+Y are contiguous; the X instances run concurrently). ReduceScatter: per node
+//! one intra-node ReduceScatter per x' (l gets chunk x'Y+l, kept in scratch in node order), then an
+//! inter-node ReduceScatter of that scratch: member m ends with chunk m. AllReduce: intra-node
+//! ReduceScatter (l gets 1/Y, in scratch), inter-node AllReduce of it into the output, intra-node
+//! AllGather. Broadcast: inter-node in the root's group, then intra-node; Reduce the reverse.
+//! Frontiers separate phases; Y = 1 (X = 1) runs the inter (intra) algorithm alone. Tmp: AllReduce
+//! 1/Y of the buffer, ReduceScatter 1/Y of the input, Reduce a buffer per inter-node reducer.
 #![forbid(unsafe_code)]
 
 use super::{
@@ -95,11 +91,11 @@ impl Collectives for Hier {
             self.sub(c, rs)?;
         }
         let mid = b.frontiers();
-        for l in 0..y {
+        for (l, &(off, len)) in ch.iter().enumerate() {
             let ms: Vec<usize> = (0..x).map(|node| node * y + l).collect();
             let gl: Vec<usize> = ms.iter().map(|&m| g[m]).collect();
             let sl: Vec<Span> = ms.iter().map(|&m| part[m]).collect();
-            let dl: Vec<Span> = ms.iter().map(|&m| dst[m].sub(ch[l].0, ch[l].1)).collect();
+            let dl: Vec<Span> = ms.iter().map(|&m| dst[m].sub(off, len)).collect();
             self.sub(c, inter.all_reduce(b, &gl, &sl, &dl, &mid, o))?;
         }
         let mid = b.frontiers();
@@ -243,16 +239,11 @@ impl Collectives for Hier {
         let mid = b.frontiers();
         for node in 0..x {
             let r = node * y..(node + 1) * y;
-            // The node's root sends what it received (the global root its input).
+            // The node's root sends what it has in its output (the global root's input is
+            // there too, since the inter-node broadcast put it there).
             let si: Vec<Span> = r
                 .clone()
-                .map(|m| {
-                    if m % y == lr && node != xr {
-                        dst[m]
-                    } else {
-                        src[m]
-                    }
-                })
+                .map(|m| if m % y == lr { dst[m] } else { src[m] })
                 .collect();
             let bc = intra.broadcast(b, &g[r.clone()], lr, &si, &dst[r], &mid, o);
             self.sub(c, bc)?;
@@ -282,11 +273,11 @@ impl Collectives for Hier {
         let len = src[0].len;
         // The node's sum, on its member with the root's local index.
         let part: Vec<Span> = (0..x).map(|node| b.tmp(g[node * y + lr], len)).collect();
-        for node in 0..x {
+        for (node, &acc) in part.iter().enumerate() {
             let r = node * y..(node + 1) * y;
             let di: Vec<Span> = r
                 .clone()
-                .map(|m| if m % y == lr { part[node] } else { dst[m] })
+                .map(|m| if m % y == lr { acc } else { dst[m] })
                 .collect();
             let rd = intra.reduce(b, &g[r.clone()], lr, &src[r], &di, start, o);
             self.sub(c, rd)?;

@@ -1,14 +1,11 @@
-//! Recursive-doubling AllReduce for tiny messages: log2 N exchanges of the whole buffer.
-//!
-//! At step k member i swaps its partial result with i XOR 2^k and both compute
-//! (lower member's partial) ⊕ (higher member's partial): the same reduction tree on both, so
-//! after the last step every member holds bit-identical values. Other N (Thakur et al.): with
-//! P = 2^floor(log2 N) and r = N - P, member 2v (v < r) first hands its input to 2v+1, which
-//! reduces it into its output; the P members {2v+1 : v < r} and {2r, .., N-1} run the
-//! power-of-two exchanges, and 2v+1 finally sends the result to 2v. Each exchange receives into
-//! scratch (the buffer being sent must stay intact) and reduces into the output once both the
-//! send and the receive of a slice are done. Tmp: one buffer-sized receive area per member that
-//! takes part in the exchanges (reused by every step; the dependencies order the reuse).
+//! Recursive-doubling AllReduce for tiny messages: log2 N exchanges of the whole buffer. At step k
+//! member i swaps its partial result with i XOR 2^k and both compute (lower member's partial) ⊕
+//! (higher member's partial): the same tree on both, so all results are bit-identical. Other N
+//! (Thakur et al.): with P = 2^floor(log2 N), r = N - P, member 2v (v < r) first hands its input
+//! to 2v+1, the P survivors exchange, and 2v+1 finally sends 2v the result. An exchange receives
+//! into scratch (the partial being sent must stay intact) and reduces into the output once both
+//! the send and the receive of a slice are done. Tmp: one buffer per exchanging member, reused by
+//! every step (the dependencies order the reuse).
 #![forbid(unsafe_code)]
 
 use super::rdh::{fold, grid, real, Sched};

@@ -1,18 +1,13 @@
 //! RDH: recursive-halving ReduceScatter, recursive-doubling AllGather and Rabenseifner AllReduce
-//! (halving ReduceScatter, then doubling AllGather), for any member count.
-//!
-//! Power of two P: ReduceScatter step s pairs member i with i XOR P/2^(s+1); each sends the half
-//! of its current range of chunks that the peer keeps and reduces the half it keeps, so after
-//! log2 P steps member i holds chunk i. AllGather pairs i with i XOR 2^s and sends everything
-//! collected so far. Other N (Thakur et al.): P = 2^floor(log2 N), r = N - P; member 2v hands its
-//! data to 2v+1 (v < r, "fold"), the P members {2v+1 : v < r} and {2r, .., N-1} run the
-//! power-of-two algorithm on virtual chunks (chunks 2v and 2v+1 together for v < r, so ownership
-//! stays in problem order), then 2v+1 hands 2v its result ("unfold"). AllReduce cuts its buffer
-//! into P chunks; every element is reduced on one member and copied: bit-identical everywhere.
-//! Messages are cut on a grid of `slice` elements (pieces of a step nest in the previous step's)
-//! and every step waits only for the steps that touched its elements, so slices pipeline.
-//! Tmp: AllReduce and AllGather none; ReduceScatter the first kept half (about half the vector)
-//! per member, a whole vector on the members that absorb a fold.
+//! (the two in a row) for any member count. Halving step s pairs member i with i XOR P/2^(s+1):
+//! each sends the half of its chunk range that the peer keeps and reduces the other half; doubling
+//! pairs i with i XOR 2^s and sends all it has. Non-powers of two (Thakur et al.): with
+//! P = 2^floor(log2 N), r = N - P, member 2v (v < r) first hands its data to 2v+1; the P survivors
+//! run on virtual chunks (chunks 2v and 2v+1 together: ownership keeps problem order); then 2v+1
+//! hands 2v its result. AllReduce cuts its buffer into P chunks and reduces each element on one
+//! member only (bit-identical everywhere). Slices are cut on a grid of `slice` elements and each
+//! step waits only for the steps that touched its elements, so slices pipeline across steps.
+//! Tmp: AllReduce and AllGather none; ReduceScatter half a vector (a whole one where a fold lands).
 #![forbid(unsafe_code)]
 
 use super::{AlgoResult, Algorithm, Buf, Builder, Collectives, Deps, Op, Options, Span};
@@ -196,10 +191,9 @@ pub(crate) fn grid(lo: usize, hi: usize, slice: usize) -> Vec<(usize, usize)> {
     let mut v = Vec::new();
     let mut a = lo;
     while a < hi {
-        let e = if slice == 0 {
-            hi
-        } else {
-            ((a / slice + 1) * slice).min(hi)
+        let e = match a.checked_div(slice) {
+            Some(q) => ((q + 1) * slice).min(hi),
+            None => hi,
         };
         v.push((a, e - a));
         a = e;
@@ -424,11 +418,11 @@ pub(crate) fn reduce_scatter(
     let fin = |v: usize, u: usize| (u == real(v, r)).then_some(dst[u]);
     halving(&mut s, &lay, &who, &from, &work, &fin, o.slice);
     // Unfold: 2v+1 hands 2v its chunk.
-    for v in 0..r {
+    for (v, acc) in work.iter().enumerate().take(r) {
         let (m, e) = (2 * v + 1, 2 * v);
         let (off, l) = chunks[e];
         for (po, pl) in grid(off, off + l, o.slice) {
-            s.send(g[m], g[e], work[v].at(po, pl));
+            s.send(g[m], g[e], acc.at(po, pl));
             s.recv(g[e], g[m], dst[e].sub(po - off, pl));
         }
     }

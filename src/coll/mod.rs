@@ -47,6 +47,8 @@ enum ReqState {
     Failed(Error),
 }
 
+type ScheduleKey = (Problem, Algorithm, Options, usize);
+
 struct Engine {
     execs: HashMap<u32, ReqState>,
     next_id: u32,
@@ -57,7 +59,7 @@ struct Engine {
     graveyard: Vec<Scratch>,
     scratch: Vec<Completion>,
     /// Schedules and this rank's plan of them, per (problem, algorithm, options, element size).
-    cache: HashMap<(Problem, Algorithm, Options, usize), (Arc<Schedule>, Arc<Plan>)>,
+    cache: HashMap<ScheduleKey, (Arc<Schedule>, Arc<Plan>)>,
 }
 
 /// A communicator: `nranks` ranks, this one being `rank`, over one transport endpoint.

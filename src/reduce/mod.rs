@@ -32,14 +32,15 @@
 //!   reductions do: results beyond the largest finite value, infinities included, become
 //!   ±448 (e4m3) or ±57344 (e5m2), so an e5m2 infinity in an input comes out as ±57344.
 //!   Avg's scaling of these types is `x / n` in f32, rounded once the same way.
-//! - **Denormals** are kept (the default MXCSR; no flush-to-zero).
+//! - **Subnormals** are kept. The kernels assume the default floating-point environment (round
+//!   to nearest even, no flush-to-zero / denormals-are-zero in MXCSR).
 //!
 //! # Paths
 //! f32, f16 and bf16 use AVX2 (+F16C) kernels on x86_64 when the CPU has them (runtime
 //! detection), and the scalar kernels otherwise and for tails; the two agree bit for bit (the
-//! tests check). fp8 also has AVX2 kernels; without them, large fp8 slices go through a 64 KiB
-//! table per (type, op), built on first use from the scalar reference. Integers and f64 use
-//! scalar loops that the compiler vectorizes.
+//! tests check). Large fp8 slices go through a 64 KiB table per (type, op), `t[a << 8 | b]`,
+//! built on first use from the scalar reference: exact by construction, and an AVX2 fp8 kernel
+//! measured no faster. Integers and f64 use scalar loops that the compiler vectorizes.
 #![deny(unsafe_code)]
 
 pub mod conv;
@@ -208,8 +209,6 @@ fn binary(dt: DataType, k: Kind, a: &[u8], b: &[u8], dst: &mut [u8], fast: bool)
             DataType::Float32 => simd::binary::<{ simd::F32 }>(k, a, b, dst),
             DataType::Float16 => simd::binary::<{ simd::F16 }>(k, a, b, dst),
             DataType::Bfloat16 => simd::binary::<{ simd::BF16 }>(k, a, b, dst),
-            DataType::Float8E4M3 => simd::binary::<{ simd::E4M3 }>(k, a, b, dst),
-            DataType::Float8E5M2 => simd::binary::<{ simd::E5M2 }>(k, a, b, dst),
             _ => 0,
         };
         if done > 0 {
@@ -245,8 +244,6 @@ fn inplace(dt: DataType, k: Kind, acc: &mut [u8], b: &[u8], fast: bool) {
             DataType::Float32 => simd::inplace::<{ simd::F32 }>(k, acc, b),
             DataType::Float16 => simd::inplace::<{ simd::F16 }>(k, acc, b),
             DataType::Bfloat16 => simd::inplace::<{ simd::BF16 }>(k, acc, b),
-            DataType::Float8E4M3 => simd::inplace::<{ simd::E4M3 }>(k, acc, b),
-            DataType::Float8E5M2 => simd::inplace::<{ simd::E5M2 }>(k, acc, b),
             _ => 0,
         };
         if done > 0 {
@@ -302,6 +299,8 @@ fn scale(dt: DataType, acc: &mut [u8], n: usize, fast: bool) {
         }
         DataType::Int8 => scalar::scale::<i8>(acc, n),
         DataType::Uint8 => scalar::scale::<u8>(acc, n),
+        DataType::Int32 if fast => scalar::scale_i32(acc, n),
+        DataType::Uint32 if fast => scalar::scale_u32(acc, n),
         DataType::Int32 => scalar::scale::<i32>(acc, n),
         DataType::Uint32 => scalar::scale::<u32>(acc, n),
         DataType::Int64 => scalar::scale::<i64>(acc, n),
@@ -315,11 +314,12 @@ fn scale(dt: DataType, acc: &mut [u8], n: usize, fast: bool) {
     }
 }
 
-/// Without SIMD, fp8 slices of at least this many elements go through a table.
+/// fp8 slices of at least this many elements go through a table (smaller ones are not worth
+/// building it for).
 const FP8_TABLE_MIN: usize = 4096;
 
 /// The 64 KiB table `t[a << 8 | b] = a ⊕ b` of an fp8 type and op, built once from the scalar
-/// reference (the fp8 path of CPUs without AVX2).
+/// reference.
 fn fp8_table(dt: DataType, k: Kind) -> &'static [u8] {
     static TABLES: [OnceLock<Box<[u8]>>; 8] = [const { OnceLock::new() }; 8];
     let (slot, build): (usize, fn(Kind, u8, u8) -> u8) = match dt {

@@ -348,6 +348,58 @@ pub(super) fn scale<T: Elem>(acc: &mut [u8], n: usize) {
     }
 }
 
+/// Exact division of 32-bit integers by a fixed divisor, by a multiplication (Lemire, Kaser and
+/// Kurz, "Faster remainder by direct computation", 2019: for x < 2^32 and 1 <= d <= 2^32,
+/// floor(x / d) = floor(c * x / 2^64) with c = ceil(2^64 / d)). Hardware division of 64-bit
+/// operands costs ten or more cycles per element; this, two or three.
+#[derive(Clone, Copy)]
+pub(super) struct Div32 {
+    /// 0 when d > u32::MAX (every quotient is 0).
+    c: u128,
+}
+
+impl Div32 {
+    pub(super) fn new(d: usize) -> Div32 {
+        assert!(d >= 1);
+        let c = if d as u128 > u128::from(u32::MAX) {
+            0
+        } else {
+            ((1u128 << 64) + d as u128 - 1) / d as u128
+        };
+        Div32 { c }
+    }
+
+    #[inline(always)]
+    pub(super) fn div(self, x: u32) -> u32 {
+        ((self.c * u128::from(x)) >> 64) as u32
+    }
+
+    /// Truncating toward zero.
+    #[inline(always)]
+    pub(super) fn div_signed(self, x: i32) -> i32 {
+        // |x| / d <= 2^31, and 2^31 only for x < 0. Negate without a branch: s is 0 or -1.
+        let q = self.div(x.unsigned_abs()) as i32;
+        let s = x >> 31;
+        (q ^ s).wrapping_sub(s)
+    }
+}
+
+/// `acc[i] = acc[i] / n` for i32 (truncating), by `Div32`.
+pub(super) fn scale_i32(acc: &mut [u8], n: usize) {
+    let d = Div32::new(n);
+    for e in acc.chunks_exact_mut(4) {
+        d.div_signed(i32::read(e)).write(e);
+    }
+}
+
+/// `acc[i] = acc[i] / n` for u32, by `Div32`.
+pub(super) fn scale_u32(acc: &mut [u8], n: usize) {
+    let d = Div32::new(n);
+    for e in acc.chunks_exact_mut(4) {
+        d.div(u32::read(e)).write(e);
+    }
+}
+
 /// `acc[i] = map[acc[i]]` for one-byte types.
 pub(super) fn map_bytes(acc: &mut [u8], map: &[u8; 256]) {
     for x in acc.iter_mut() {

@@ -1,12 +1,10 @@
-//! x86_64 AVX2 + F16C kernels for f32, f16, bf16 and fp8 (sum, prod, max, min, and Avg's
-//! scaling).
+//! x86_64 AVX2 + F16C kernels for f32, f16 and bf16 (sum, prod, max, min, and Avg's scaling).
 //!
 //! Each lane widens to f32 (exactly), combines with exactly the scalar rules (`scalar::fmax32`
-//! etc.: canonical NaN, maxNum / minNum, +0 > -0) and rounds back to nearest even (fp8:
-//! saturating), so every kernel gives the scalar kernels' bits. The kernels process whole
-//! vectors of 8 elements and return how many elements they did; the caller finishes the tail
-//! with the scalar kernel. The safe wrappers check the CPU (`is_x86_feature_detected!`, cached
-//! by std) and the slice lengths.
+//! etc.: canonical NaN, maxNum / minNum, +0 > -0) and rounds back to nearest even, so every
+//! kernel gives the scalar kernels' bits. The kernels process whole vectors of 8 elements and
+//! return how many elements they did; the caller finishes the tail with the scalar kernel. The
+//! safe wrappers check the CPU (`is_x86_feature_detected!`, cached by std) and the lengths.
 //!
 //! This is the only file of `reduce/` with `unsafe`.
 
@@ -18,8 +16,6 @@ use super::Kind;
 pub(super) const F32: u8 = 0;
 pub(super) const F16: u8 = 1;
 pub(super) const BF16: u8 = 2;
-pub(super) const E4M3: u8 = 3;
-pub(super) const E5M2: u8 = 4;
 
 const SUM: u8 = 0;
 const PROD: u8 = 1;
@@ -33,19 +29,10 @@ pub(super) fn available() -> bool {
 }
 
 const fn width(fmt: u8) -> usize {
-    match fmt {
-        F32 => 4,
-        F16 | BF16 => 2,
-        _ => 1,
-    }
-}
-
-/// fp8 format constants: mantissa bits, bias, largest finite code, canonical NaN code.
-const fn fp8_params(fmt: u8) -> (i32, i32, i32, i32) {
-    if fmt == E4M3 {
-        (3, 7, 0x7e, 0x7f)
+    if fmt == F32 {
+        4
     } else {
-        (2, 15, 0x7b, 0x7e)
+        2
     }
 }
 
@@ -59,49 +46,15 @@ unsafe fn load8<const FMT: u8>(p: *const u8) -> __m256 {
     match FMT {
         F32 => _mm256_loadu_ps(p as *const f32),
         F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
-        BF16 => {
+        _ => {
             let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
             _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w))
-        }
-        _ => {
-            let (man, bias, _, _) = fp8_params(FMT);
-            let c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
-            let sign = _mm256_slli_epi32::<24>(_mm256_and_si256(c, _mm256_set1_epi32(0x80)));
-            let em = _mm256_and_si256(c, _mm256_set1_epi32(0x7f));
-            // Normal: exponent and mantissa move up into place, the bias changes.
-            let normal = _mm256_add_epi32(
-                _mm256_sll_epi32(em, _mm_cvtsi32_si128(23 - man)),
-                _mm256_set1_epi32((127 - bias) << 23),
-            );
-            // Subnormal (exponent field 0): em * 2^(1 - bias - man), exact in f32.
-            let sub = _mm256_mul_ps(
-                _mm256_cvtepi32_ps(em),
-                _mm256_castsi256_ps(_mm256_set1_epi32((128 - bias - man) << 23)),
-            );
-            let is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(1 << man), em);
-            let v = _mm256_blendv_ps(
-                _mm256_castsi256_ps(normal),
-                sub,
-                _mm256_castsi256_ps(is_sub),
-            );
-            // Specials: e4m3 S.1111.111 is NaN; e5m2 S.11111.mm is infinity (mm = 0) or NaN.
-            let special = if FMT == E4M3 {
-                let nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f)));
-                _mm256_blendv_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc0_0000)), nan)
-            } else {
-                let is_special =
-                    _mm256_castsi256_ps(_mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7b)));
-                let infnan =
-                    _mm256_or_si256(_mm256_slli_epi32::<21>(em), _mm256_set1_epi32(0x7f80_0000));
-                _mm256_blendv_ps(v, _mm256_castsi256_ps(infnan), is_special)
-            };
-            _mm256_or_ps(special, _mm256_castsi256_ps(sign))
         }
     }
 }
 
-/// Stores 8 f32 as format `FMT` at `p` (any alignment), rounding to nearest even (fp8:
-/// saturating). `v` holds no NaN other than the canonical one (the bf16 rounding relies on it).
+/// Stores 8 f32 as format `FMT` at `p` (any alignment), rounding to nearest even. `v` holds no
+/// NaN other than the canonical one (the bf16 rounding relies on it).
 ///
 /// # Safety
 /// AVX2 and F16C are available; `p` is valid for writing 8 elements.
@@ -114,47 +67,15 @@ unsafe fn store8<const FMT: u8>(p: *mut u8, v: __m256) {
             p as *mut __m128i,
             _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v),
         ),
-        BF16 => {
+        _ => {
             // bits + 0x7fff + lsb, >> 16: round to nearest even (0x7fc00000 -> 0x7fc0).
             let x = _mm256_castps_si256(v);
             let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
             let x = _mm256_add_epi32(x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
             let x = _mm256_srli_epi32::<16>(x);
-            let packed =
-                _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256::<1>(x));
+            let lo = _mm256_castsi256_si128(x);
+            let packed = _mm_packus_epi32(lo, _mm256_extracti128_si256::<1>(x));
             _mm_storeu_si128(p as *mut __m128i, packed)
-        }
-        _ => {
-            let (man, bias, max_code, nan_code) = fp8_params(FMT);
-            let shift = _mm_cvtsi32_si128(23 - man);
-            let x = _mm256_castps_si256(v);
-            let sign = _mm256_and_si256(_mm256_srli_epi32::<24>(x), _mm256_set1_epi32(0x80));
-            let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7fff_ffff));
-            // Normal: round the f32 pattern to `man` mantissa bits (nearest even), re-bias.
-            let lsb = _mm256_and_si256(_mm256_srl_epi32(abs, shift), _mm256_set1_epi32(1));
-            let half = _mm256_set1_epi32((1 << (22 - man)) - 1);
-            let r = _mm256_srl_epi32(_mm256_add_epi32(_mm256_add_epi32(abs, half), lsb), shift);
-            let normal = _mm256_sub_epi32(r, _mm256_set1_epi32((127 - bias) << man));
-            // Subnormal: adding 2^(24 - bias - man), whose ulp is the fp8 subnormal quantum,
-            // rounds |v| to nearest even in the f32 adder; the low bits are then the code.
-            let magic = _mm256_set1_epi32((151 - bias - man) << 23);
-            let sum = _mm256_add_ps(_mm256_castsi256_ps(abs), _mm256_castsi256_ps(magic));
-            let sub = _mm256_sub_epi32(_mm256_castps_si256(sum), magic);
-            let is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32((128 - bias) << 23), abs);
-            let code = _mm256_blendv_epi8(normal, sub, is_sub);
-            // Saturate above the largest finite value (infinity included).
-            let max_bits = (max_code + ((127 - bias) << man)) << (23 - man);
-            let over = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(max_bits));
-            let code = _mm256_blendv_epi8(code, _mm256_set1_epi32(max_code), over);
-            let code = _mm256_or_si256(code, sign);
-            // NaN: the canonical code, without sign.
-            let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f80_0000));
-            let code = _mm256_blendv_epi8(code, _mm256_set1_epi32(nan_code), nan);
-            let w = _mm_packus_epi32(
-                _mm256_castsi256_si128(code),
-                _mm256_extracti128_si256::<1>(code),
-            );
-            _mm_storel_epi64(p as *mut __m128i, _mm_packus_epi16(w, w))
         }
     }
 }
