@@ -217,8 +217,10 @@ fn execute(s: &Schedule) -> Result<Vec<Mem>, String> {
     assert!(n <= 64, "the checker handles up to 64 ranks");
     let mut mem: Vec<Mem> = (0..n)
         .map(|r| Mem {
-            inp: (0..p.in_len()).map(|i| leaf(i, r)).collect(),
-            out: vec![Sym::Undef; p.out_len()],
+            inp: (0..p.in_len_of(r))
+                .map(|i| leaf(input_index(p, r, i), r))
+                .collect(),
+            out: vec![Sym::Undef; p.out_len_of(r)],
             tmp: vec![Sym::Undef; s.tmp_len[r]],
         })
         .collect();
@@ -366,6 +368,15 @@ fn execute(s: &Schedule) -> Result<Vec<Mem>, String> {
     Ok(mem)
 }
 
+/// The global index of rank r's input element i (windows shift it).
+fn input_index(p: &super::Problem, r: usize, i: usize) -> usize {
+    match (p.window, p.coll) {
+        (Some(_), Collective::AllGather) => p.slice_start(r) + i,
+        (Some((off, _)), Collective::ReduceScatter) => off + i,
+        _ => i,
+    }
+}
+
 fn expected(s: &Schedule, r: usize, j: usize) -> Option<(usize, u64)> {
     let p = &s.problem;
     let c = p.count;
@@ -374,6 +385,17 @@ fn expected(s: &Schedule, r: usize, j: usize) -> Option<(usize, u64)> {
     } else {
         (1u64 << p.nranks) - 1
     };
+    if let Some((off, _)) = p.window {
+        return Some(match p.coll {
+            // Output j is global element off + j, from the rank whose slice holds it.
+            Collective::AllGather => {
+                let g = off + j;
+                (g % c.max(1), 1 << (g / c.max(1)))
+            }
+            // Rank r's output j is global element (start of its windowed slice) + j.
+            _ => (r * c + p.slice_start(r) + j, all),
+        });
+    }
     match p.coll {
         Collective::AllReduce => Some((j, all)),
         Collective::AllGather => Some((j % c, 1 << (j / c))),
@@ -391,7 +413,7 @@ pub fn check(s: &Schedule) -> Result<(), String> {
     let mem = execute(s)?;
     let p = &s.problem;
     for (r, m) in mem.iter().enumerate() {
-        for j in 0..p.out_len() {
+        for j in 0..p.out_len_of(r) {
             let Some((idx, mask)) = expected(s, r, j) else {
                 continue;
             };

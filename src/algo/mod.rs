@@ -69,6 +69,10 @@ pub struct Problem {
     pub count: usize,
     /// Root rank (Broadcast, Reduce); 0 otherwise.
     pub root: usize,
+    /// AllGather / ReduceScatter restricted to elements `[offset, offset+len)` of the global
+    /// `nranks x count` vector (NCCL CollNet's windows): each rank contributes (AllGather) or
+    /// receives (ReduceScatter) only the part of its own slice inside the window.
+    pub window: Option<(usize, usize)>,
 }
 
 impl Problem {
@@ -78,6 +82,36 @@ impl Problem {
             nranks,
             count,
             root: 0,
+            window: None,
+        }
+    }
+
+    /// A windowed AllGather or ReduceScatter (see `window`).
+    pub fn with_window(mut self, offset: usize, len: usize) -> Problem {
+        self.window = Some((offset, len));
+        self
+    }
+
+    /// Rank k's slice of the (windowed) global vector: (offset in the window, length).
+    pub fn slice(&self, k: usize) -> (usize, usize) {
+        match self.window {
+            None => (k * self.count, self.count),
+            Some((off, len)) => {
+                let lo = (k * self.count).clamp(off, off + len);
+                let hi = ((k + 1) * self.count).clamp(off, off + len);
+                (lo - off, hi - lo)
+            }
+        }
+    }
+
+    /// Where rank k's windowed slice starts inside its own slice (0 without a window).
+    pub fn slice_start(&self, k: usize) -> usize {
+        match self.window {
+            None => 0,
+            Some((off, len)) => {
+                let lo = (k * self.count).clamp(off, off + len);
+                lo.saturating_sub(k * self.count).min(self.count)
+            }
         }
     }
 
@@ -86,16 +120,39 @@ impl Problem {
         self
     }
 
-    /// Elements of each rank's input buffer.
+    /// Elements of each rank's input buffer (rank-independent upper bound for windows: use
+    /// `in_len_of`).
     pub fn in_len(&self) -> usize {
+        if let (Some((_, len)), Collective::ReduceScatter) = (self.window, self.coll) {
+            return len;
+        }
         match self.coll {
             Collective::ReduceScatter | Collective::AllToAll => self.count * self.nranks,
             _ => self.count,
         }
     }
 
+    /// Elements of rank k's input buffer.
+    pub fn in_len_of(&self, k: usize) -> usize {
+        match (self.window, self.coll) {
+            (Some(_), Collective::AllGather) => self.slice(k).1,
+            _ => self.in_len(),
+        }
+    }
+
+    /// Elements of rank k's output buffer.
+    pub fn out_len_of(&self, k: usize) -> usize {
+        match (self.window, self.coll) {
+            (Some(_), Collective::ReduceScatter) => self.slice(k).1,
+            _ => self.out_len(),
+        }
+    }
+
     /// Elements of each rank's output buffer.
     pub fn out_len(&self) -> usize {
+        if let (Some((_, len)), Collective::AllGather) = (self.window, self.coll) {
+            return len;
+        }
         match self.coll {
             Collective::AllGather | Collective::AllToAll => self.count * self.nranks,
             _ => self.count,
@@ -478,6 +535,28 @@ pub fn build(problem: Problem, algo: Algorithm, opts: &Options) -> AlgoResult<Sc
     if problem.count.checked_mul(n).is_none() {
         return Err(AlgoError::Invalid("count: count x nranks overflows".into()));
     }
+    if let Some((off, len)) = problem.window {
+        if !matches!(
+            problem.coll,
+            Collective::AllGather | Collective::ReduceScatter
+        ) {
+            return Err(AlgoError::Invalid(
+                "window: only AllGather and ReduceScatter take a window".into(),
+            ));
+        }
+        if off.checked_add(len).map_or(true, |e| e > problem.count * n) {
+            return Err(AlgoError::Invalid(format!(
+                "window: [{off}, +{len}) is outside the {} elements",
+                problem.count * n
+            )));
+        }
+        if algo == Algorithm::Hier {
+            return Err(AlgoError::NotApplicable {
+                algo,
+                coll: problem.coll,
+            });
+        }
+    }
     let mut b = Builder::new(n);
     let group: Vec<usize> = (0..n).collect();
     let start = no_deps(n);
@@ -494,13 +573,30 @@ pub fn build(problem: Problem, algo: Algorithm, opts: &Options) -> AlgoResult<Sc
             algo_impl.all_reduce(&mut b, &group, &inp(c), &out(c), &start, opts)
         }
         Collective::AllGather => {
-            let dst = out(c * n);
-            let cs: Vec<(usize, usize)> = (0..n).map(|i| (i * c, c)).collect();
-            algo_impl.all_gather(&mut b, &group, &inp(c), &dst, &cs, &start, opts)
+            let cs: Vec<(usize, usize)> = (0..n).map(|i| problem.slice(i)).collect();
+            let src: Vec<Span> = (0..n).map(|i| Span::new(Buf::In, 0, cs[i].1)).collect();
+            algo_impl.all_gather(
+                &mut b,
+                &group,
+                &src,
+                &out(problem.out_len()),
+                &cs,
+                &start,
+                opts,
+            )
         }
         Collective::ReduceScatter => {
-            let cs: Vec<(usize, usize)> = (0..n).map(|i| (i * c, c)).collect();
-            algo_impl.reduce_scatter(&mut b, &group, &inp(c * n), &out(c), &cs, &start, opts)
+            let cs: Vec<(usize, usize)> = (0..n).map(|i| problem.slice(i)).collect();
+            let dst: Vec<Span> = (0..n).map(|i| Span::new(Buf::Out, 0, cs[i].1)).collect();
+            algo_impl.reduce_scatter(
+                &mut b,
+                &group,
+                &inp(problem.in_len()),
+                &dst,
+                &cs,
+                &start,
+                opts,
+            )
         }
         Collective::Broadcast => {
             algo_impl.broadcast(&mut b, &group, problem.root, &inp(c), &out(c), &start, opts)

@@ -350,3 +350,63 @@ fn invalid_problems_are_errors() {
         Err(AlgoError::NotApplicable { .. })
     ));
 }
+
+/// CollNet's windows: AllGather / ReduceScatter over a sub-range of the global vector, for
+/// every algorithm that implements them (hier excepted), with windows that start and end
+/// inside slices, cover one slice, several, or nothing.
+#[test]
+fn windowed_allgather_and_reducescatter() {
+    let mut checked = 0;
+    for algo in [
+        Algorithm::Ring,
+        Algorithm::BidirRing,
+        Algorithm::Mesh,
+        Algorithm::Rdh,
+        Algorithm::Bruck,
+    ] {
+        for coll in [Collective::AllGather, Collective::ReduceScatter] {
+            if !supports(algo, coll) {
+                continue;
+            }
+            for n in [1usize, 2, 3, 4, 5, 7, 8] {
+                for count in [1usize, 5, 12] {
+                    let total = n * count;
+                    let mut windows = vec![
+                        (0, total),
+                        (0, 0),
+                        (total / 2, 0),
+                        (1.min(total), total.saturating_sub(2)),
+                        (count / 2, count),
+                    ];
+                    windows.push((total.saturating_sub(count + 1), (count + 1).min(total)));
+                    for (off, len) in windows {
+                        if off + len > total {
+                            continue;
+                        }
+                        for slice in [0usize, 2] {
+                            let p = Problem::new(coll, n, count).with_window(off, len);
+                            let o = Options {
+                                slice,
+                                ..Options::default()
+                            };
+                            let s =
+                                build(p, algo, &o).unwrap_or_else(|e| panic!("{algo} {p:?}: {e}"));
+                            if let Err(e) = check(&s) {
+                                panic!("{algo} {p:?} slice {slice}: {e}");
+                            }
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 500, "{checked}");
+    let bad = Problem::new(Collective::AllGather, 4, 4).with_window(10, 10);
+    assert!(build(bad, Algorithm::Ring, &Options::default())
+        .unwrap_err()
+        .to_string()
+        .contains("window"));
+    let bad = Problem::new(Collective::AllReduce, 4, 4).with_window(0, 1);
+    assert!(build(bad, Algorithm::Ring, &Options::default()).is_err());
+}

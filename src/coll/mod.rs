@@ -20,8 +20,19 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Coll(Collective),
-    Send { peer: usize },
-    Recv { peer: usize },
+    /// AllGather or ReduceScatter over elements `[offset, offset+len)` of the global
+    /// `nranks x count` vector (NCCL CollNet's windows; see `algo::Problem::window`).
+    Window {
+        coll: Collective,
+        offset: usize,
+        len: usize,
+    },
+    Send {
+        peer: usize,
+    },
+    Recv {
+        peer: usize,
+    },
 }
 
 /// One call. `count` follows NCCL (see `algo::Problem`).
@@ -263,8 +274,14 @@ impl Comm {
         self.check_alive()?;
         let elem = call.dtype.size();
         let (schedule, rank) = match call.kind {
-            Kind::Coll(coll) => {
-                let p = Problem::new(coll, self.nranks, call.count).with_root(call.root);
+            Kind::Coll(_) | Kind::Window { .. } => {
+                let (coll, window) = match call.kind {
+                    Kind::Window { coll, offset, len } => (coll, Some((offset, len))),
+                    Kind::Coll(c) => (c, None),
+                    _ => unreachable!("matched above"),
+                };
+                let mut p = Problem::new(coll, self.nranks, call.count).with_root(call.root);
+                p.window = window;
                 if matches!(coll, Collective::Broadcast | Collective::Reduce)
                     && call.root >= self.nranks
                 {
@@ -350,7 +367,9 @@ impl Comm {
                     id,
                 )?
             }
-            (None, Kind::Coll(_)) => unreachable!("collectives have schedules"),
+            (None, Kind::Coll(_) | Kind::Window { .. }) => {
+                unreachable!("collectives have schedules")
+            }
         };
         e.execs.insert(id, ReqState::Running(Box::new(exec)));
         self.progress(&mut e)?;

@@ -1,6 +1,7 @@
 //! The C ABI: NCCL's versioned tables and (later) the `fabricoll_*` API. Each export checks its
 //! pointers, makes one call into safe Rust, and runs inside the panic boundary. No logic here.
 pub mod api;
+pub mod collnet;
 pub mod net;
 pub mod types;
 

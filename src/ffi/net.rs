@@ -10,19 +10,19 @@ use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::os::raw::{c_char, c_int, c_void};
 
-type Res = c_int;
-type Logger = Option<NcclLogger>;
-type VoidP = *mut c_void;
-type VoidPP = *mut *mut c_void;
+pub(crate) type Res = c_int;
+pub(crate) type Logger = Option<NcclLogger>;
+pub(crate) type VoidP = *mut c_void;
+pub(crate) type VoidPP = *mut *mut c_void;
 
-fn plugin() -> Result<&'static Plugin> {
+pub(crate) fn plugin() -> Result<&'static Plugin> {
     plugin::global()
 }
 
 /// v11+ per-communicator contexts that `init` handed out and `finalize` has not closed.
 static CONTEXTS: Mutex<Option<HashSet<u64>>> = Mutex::new(None);
 
-fn init_common(logger: Logger) -> Result<()> {
+pub(crate) fn init_common(logger: Logger) -> Result<()> {
     logging::init(logger);
     let p = plugin()?;
     log::info!(
@@ -35,7 +35,7 @@ fn init_common(logger: Logger) -> Result<()> {
     Ok(())
 }
 
-fn new_context(ctx: &Out<VoidP>) -> Result<()> {
+pub(crate) fn new_context(ctx: &Out<VoidP>) -> Result<()> {
     init_common(None)?;
     let c = plugin::new_handle(0, Kind::Ctx);
     CONTEXTS.lock().get_or_insert_with(HashSet::new).insert(c);
@@ -43,7 +43,7 @@ fn new_context(ctx: &Out<VoidP>) -> Result<()> {
     Ok(())
 }
 
-fn check_context(ctx: VoidP) -> Result<()> {
+pub(crate) fn check_context(ctx: VoidP) -> Result<()> {
     if CONTEXTS
         .lock()
         .as_ref()
@@ -58,7 +58,7 @@ fn check_context(ctx: VoidP) -> Result<()> {
     }
 }
 
-fn finalize_context(ctx: VoidP) -> Result<()> {
+pub(crate) fn finalize_context(ctx: VoidP) -> Result<()> {
     if CONTEXTS.lock().as_mut().is_some_and(|s| s.remove(&h(ctx))) {
         Ok(())
     } else {
@@ -69,7 +69,7 @@ fn finalize_context(ctx: VoidP) -> Result<()> {
     }
 }
 
-fn handle_bytes<'a>(handle: VoidP) -> Result<&'a mut [u8; HANDLE_SIZE]> {
+pub(crate) fn handle_bytes<'a>(handle: VoidP) -> Result<&'a mut [u8; HANDLE_SIZE]> {
     if handle.is_null() {
         return Err(Error::arg("handle", "NULL"));
     }
@@ -198,7 +198,10 @@ fn irecv(comm: VoidP, bufs: Result<Vec<(Region, c_int, u64)>>, out: &Out<VoidP>)
     Ok(())
 }
 
-fn write_props<T: for<'a> From<&'a plugin::DeviceProps>>(dev: c_int, props: *mut T) -> Result<()> {
+pub(crate) fn write_props<T: for<'a> From<&'a plugin::DeviceProps>>(
+    dev: c_int,
+    props: *mut T,
+) -> Result<()> {
     // SAFETY: NCCL passes a writable props struct of this version's layout.
     let out = unsafe { Out::new(props, "props") }?;
     out.set(T::from(&plugin()?.device(dev)?.props));
@@ -207,7 +210,7 @@ fn write_props<T: for<'a> From<&'a plugin::DeviceProps>>(dev: c_int, props: *mut
 
 // ---- exported functions, newest signatures first ------------------------------------------
 
-unsafe extern "C" fn init_v6(logger: Logger) -> Res {
+pub(crate) unsafe extern "C" fn init_v6(logger: Logger) -> Res {
     boundary("init", || init_common(logger))
 }
 
@@ -229,11 +232,11 @@ unsafe extern "C" fn init_v11(
     })
 }
 
-unsafe extern "C" fn finalize(ctx: VoidP) -> Res {
+pub(crate) unsafe extern "C" fn finalize(ctx: VoidP) -> Res {
     boundary("finalize", || finalize_context(ctx))
 }
 
-unsafe extern "C" fn devices(ndev: *mut c_int) -> Res {
+pub(crate) unsafe extern "C" fn devices(ndev: *mut c_int) -> Res {
     boundary("devices", || {
         // SAFETY: NCCL passes a writable int*.
         let out = unsafe { Out::new(ndev, "ndev") }?;
@@ -242,22 +245,22 @@ unsafe extern "C" fn devices(ndev: *mut c_int) -> Res {
     })
 }
 
-unsafe extern "C" fn get_properties_v6(dev: c_int, props: *mut PropsV6) -> Res {
+pub(crate) unsafe extern "C" fn get_properties_v6(dev: c_int, props: *mut PropsV6) -> Res {
     boundary("getProperties", || write_props(dev, props))
 }
-unsafe extern "C" fn get_properties_v7(dev: c_int, props: *mut PropsV7) -> Res {
+pub(crate) unsafe extern "C" fn get_properties_v7(dev: c_int, props: *mut PropsV7) -> Res {
     boundary("getProperties", || write_props(dev, props))
 }
-unsafe extern "C" fn get_properties_v8(dev: c_int, props: *mut PropsV8) -> Res {
+pub(crate) unsafe extern "C" fn get_properties_v8(dev: c_int, props: *mut PropsV8) -> Res {
     boundary("getProperties", || write_props(dev, props))
 }
-unsafe extern "C" fn get_properties_v9(dev: c_int, props: *mut PropsV9) -> Res {
+pub(crate) unsafe extern "C" fn get_properties_v9(dev: c_int, props: *mut PropsV9) -> Res {
     boundary("getProperties", || write_props(dev, props))
 }
-unsafe extern "C" fn get_properties_v11(dev: c_int, props: *mut PropsV11) -> Res {
+pub(crate) unsafe extern "C" fn get_properties_v11(dev: c_int, props: *mut PropsV11) -> Res {
     boundary("getProperties", || write_props(dev, props))
 }
-unsafe extern "C" fn get_properties_v12(dev: c_int, props: *mut PropsV12) -> Res {
+pub(crate) unsafe extern "C" fn get_properties_v12(dev: c_int, props: *mut PropsV12) -> Res {
     boundary("getProperties", || write_props(dev, props))
 }
 
@@ -395,7 +398,7 @@ unsafe extern "C" fn reg_mr_v8(
     })
 }
 
-unsafe extern "C" fn reg_mr_dmabuf(
+pub(crate) unsafe extern "C" fn reg_mr_dmabuf(
     _comm: VoidP,
     _data: VoidP,
     _size: usize,
@@ -609,15 +612,16 @@ unsafe extern "C" fn set_net_attr(ctx: VoidP, attr: VoidP) -> Res {
 
 // ---- the tables ---------------------------------------------------------------------------
 
-type FDevices = unsafe extern "C" fn(*mut c_int) -> Res;
-type FRegDmaBuf = unsafe extern "C" fn(VoidP, VoidP, usize, c_int, u64, c_int, VoidPP) -> Res;
-type FDereg = unsafe extern "C" fn(VoidP, VoidP) -> Res;
+pub(crate) type FDevices = unsafe extern "C" fn(*mut c_int) -> Res;
+pub(crate) type FRegDmaBuf =
+    unsafe extern "C" fn(VoidP, VoidP, usize, c_int, u64, c_int, VoidPP) -> Res;
+pub(crate) type FDereg = unsafe extern "C" fn(VoidP, VoidP) -> Res;
 type FFlush = unsafe extern "C" fn(VoidP, c_int, VoidPP, *mut c_int, VoidPP, VoidPP) -> Res;
-type FTest = unsafe extern "C" fn(VoidP, *mut c_int, *mut c_int) -> Res;
-type FClose = unsafe extern "C" fn(VoidP) -> Res;
+pub(crate) type FTest = unsafe extern "C" fn(VoidP, *mut c_int, *mut c_int) -> Res;
+pub(crate) type FClose = unsafe extern "C" fn(VoidP) -> Res;
 type FGetDeviceMr = Option<unsafe extern "C" fn(VoidP, VoidP, VoidPP) -> Res>;
 type FIrecvConsumed = Option<unsafe extern "C" fn(VoidP, c_int, VoidP) -> Res>;
-type FMakeVDevice<P> = Option<unsafe extern "C" fn(*mut c_int, *mut P) -> Res>;
+pub(crate) type FMakeVDevice<P> = Option<unsafe extern "C" fn(*mut c_int, *mut P) -> Res>;
 
 macro_rules! net_table {
     ($name:ident { $($field:ident : $ty:ty),* $(,)? }) => {

@@ -1,5 +1,6 @@
 //! NCCL semantics, independent of the ABI version: devices and their properties, handles,
 //! listen/connect/accept state machines, requests and the registration cache.
+pub mod collnet;
 pub mod mr;
 pub mod net;
 
@@ -59,6 +60,10 @@ pub enum Kind {
     Request = 5,
     Pending = 6,
     Ctx = 7,
+    CollListen = 8,
+    CollComm = 9,
+    CollRequest = 10,
+    CollMr = 11,
 }
 
 static SERIAL: AtomicU64 = AtomicU64::new(1);

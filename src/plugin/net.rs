@@ -209,6 +209,11 @@ impl Device {
         }
     }
 
+    /// A new endpoint of its own on this device (CollNet gives each collective comm one).
+    pub fn open_endpoint(&self) -> Result<Arc<dyn Transport>> {
+        (self.open)()
+    }
+
     fn transport(&self, st: &mut State) -> Result<Arc<dyn Transport>> {
         if let Some(t) = &st.t {
             return Ok(t.clone());

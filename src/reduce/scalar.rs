@@ -364,7 +364,7 @@ impl Div32 {
         let c = if d as u128 > u128::from(u32::MAX) {
             0
         } else {
-            ((1u128 << 64) + d as u128 - 1) / d as u128
+            (1u128 << 64).div_ceil(d as u128)
         };
         Div32 { c }
     }
