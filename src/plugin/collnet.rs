@@ -137,7 +137,9 @@ pub fn connect(
             format!("handle {rank} is not this listen comm's (rank {rank})"),
         ));
     }
+    let domain = t.caps().domain.clone();
     let comm = Comm::new(rank, t, &addrs, cfg)?;
+    log::info!("CollNet comm connected: node {rank} of {} over {domain}; AllReduce/AllGather/ReduceScatter run on fabricoll's engines", addrs.len());
     let id = new_handle(super::handle_dev(listen), Kind::CollComm);
     with(|t| {
         t.comms.insert(
