@@ -148,7 +148,10 @@ pub struct Exec {
     pending: Vec<u32>,
     plan: Arc<Plan>,
     ready: VecDeque<usize>,
-    staging: Vec<Option<Scratch>>,
+    /// Staging of posted receive-and-reduce steps: the buffer and the message length.
+    staging: Vec<Option<(Scratch, usize)>>,
+    /// Staging buffers free for reuse (slices of one collective mostly share a size).
+    spare: Vec<Scratch>,
     staged: usize,
     done: usize,
     last: Instant,
@@ -207,6 +210,7 @@ impl Exec {
             ready: plan.ready.iter().copied().collect(),
             plan,
             staging: (0..n).map(|_| None).collect(),
+            spare: Vec::new(),
             staged: 0,
             done: 0,
             last: Instant::now(),
@@ -320,16 +324,21 @@ impl Exec {
                         deferred.push_back(i);
                         continue;
                     }
-                    let buf = Scratch::new(need);
+                    let buf = match self.spare.iter().position(|b| b.len() >= need) {
+                        Some(k) => self.spare.swap_remove(k),
+                        None => Scratch::new(need),
+                    };
                     let tag = self.tag(peer, i);
-                    match t.recv(tag, 0, buf.region(), None, self.op_id(i))? {
+                    let into = buf.region().sub(0, need).expect("spare is large enough");
+                    match t.recv(tag, 0, into, None, self.op_id(i))? {
                         Posted::Queued => {
                             self.state[i] = St::Posted;
                             self.posted_recvs += 1;
                             self.staged += need;
-                            self.staging[i] = Some(buf);
+                            self.staging[i] = Some((buf, need));
                         }
                         Posted::Busy => {
+                            self.spare.push(buf);
                             deferred.push_back(i);
                             continue;
                         }
@@ -367,16 +376,17 @@ impl Exec {
             }
             Op::RecvReduce { src, dst, .. } => {
                 self.posted_recvs -= 1;
-                let buf = self.staging[i].take().expect("staged receive");
-                self.staged -= buf.len();
-                if c.len != buf.len() {
+                let (buf, need) = self.staging[i].take().expect("staged receive");
+                self.staged -= need;
+                if c.len != need {
                     return Err(Error::Remote(format!(
-                        "received {} bytes where {} were expected: do all ranks call the same collective with the same count and type?",
-                        c.len,
-                        buf.len()
+                        "received {} bytes where {need} were expected: do all ranks call the same collective with the same count and type?",
+                        c.len
                     )));
                 }
-                self.reduce_into(self.region(&src), buf.region(), self.region(&dst))?;
+                let msg = buf.region().sub(0, need).expect("staged length");
+                self.reduce_into(self.region(&src), msg, self.region(&dst))?;
+                self.spare.push(buf);
             }
             _ => return Err(Error::Internal("completion for a local step".into())),
         }
@@ -431,7 +441,7 @@ impl Exec {
             b.region()
                 .with(|src| user.with_mut(|d| d.copy_from_slice(src)));
         }
-        let mut keep: Vec<Scratch> = self.staging.drain(..).flatten().collect();
+        let mut keep: Vec<Scratch> = self.staging.drain(..).flatten().map(|(b, _)| b).collect();
         keep.push(std::mem::replace(&mut self.tmp, Scratch::new(0)));
         keep.extend(self.backup.take());
         keep
