@@ -1,6 +1,7 @@
 //! libfabric backend: one RDM endpoint per device (libfabric domain), tagged messages,
 //! memory registration that honours the provider's `mr_mode`, and a completion queue we can
 //! sleep on. Every fid is closed by RAII.
+mod shm;
 pub mod sys;
 
 use super::{Caps, Completion, Mr, OpId, Peer, Posted, Region, Transport};
@@ -512,6 +513,8 @@ struct Inner {
     ready: Vec<Completion>,
     /// Software matching of small messages (shm before libfabric 1.19), else None.
     soft: Option<Soft>,
+    /// The shared-memory region's name (shm), unlinked at exit if still open.
+    shm_name: Option<String>,
 }
 
 // SAFETY: every libfabric object here is used only with the transport's Mutex held
@@ -526,6 +529,9 @@ impl Drop for Inner {
             sys::fi_close(self.ep as *mut sys::fid);
             sys::fi_close(self.cq as *mut sys::fid);
             sys::fi_close(self.av as *mut sys::fid);
+        }
+        if let Some(n) = self.shm_name.take() {
+            shm::closed(&n);
         }
     }
 }
@@ -618,6 +624,11 @@ impl FabricTransport {
             unsafe { sys::fi_endpoint(dom.domain, info, &mut ep, ptr::null_mut()) } as i64,
         )?;
         let guard_ep = scopeguard(ep as *mut sys::fid);
+        let shm_name = if caps.provider.split(';').next() == Some("shm") {
+            Some(shm::name_endpoint(ep)?)
+        } else {
+            None
+        };
         // SAFETY: ep, av and cq are open objects of the same domain.
         unsafe {
             check(
@@ -668,6 +679,7 @@ impl FabricTransport {
                 backlog: VecDeque::new(),
                 ready: Vec::new(),
                 soft: None,
+                shm_name,
             }),
         })
         .and_then(|t: FabricTransport| {
