@@ -22,6 +22,65 @@
 #include <stddef.h>
 
 /*
+ Algorithms (`FABRICOLL_ALGO` names). Passed as `int`; AUTO lets the cost model choose.
+ */
+typedef enum {
+  FABRICOLL_ALGO_AUTO = 0,
+  FABRICOLL_ALGO_RING = 1,
+  FABRICOLL_ALGO_BIDIR_RING = 2,
+  FABRICOLL_ALGO_MESH = 3,
+  FABRICOLL_ALGO_MESH1 = 4,
+  FABRICOLL_ALGO_RDH = 5,
+  FABRICOLL_ALGO_RD = 6,
+  FABRICOLL_ALGO_TREE = 7,
+  FABRICOLL_ALGO_DBTREE = 8,
+  FABRICOLL_ALGO_BRUCK = 9,
+  FABRICOLL_ALGO_PAIRWISE = 10,
+  FABRICOLL_ALGO_HIER = 11,
+} fabricoll_algo;
+
+/*
+ Collectives, for `fabricoll_call`. Passed as `int`.
+ */
+typedef enum {
+  FABRICOLL_COLL_ALLREDUCE = 0,
+  FABRICOLL_COLL_ALLGATHER = 1,
+  FABRICOLL_COLL_REDUCESCATTER = 2,
+  FABRICOLL_COLL_BROADCAST = 3,
+  FABRICOLL_COLL_REDUCE = 4,
+  FABRICOLL_COLL_ALLTOALL = 5,
+} fabricoll_coll;
+
+/*
+ Data types (NCCL's values). Passed as `int`.
+ */
+typedef enum {
+  FABRICOLL_INT8 = 0,
+  FABRICOLL_UINT8 = 1,
+  FABRICOLL_INT32 = 2,
+  FABRICOLL_UINT32 = 3,
+  FABRICOLL_INT64 = 4,
+  FABRICOLL_UINT64 = 5,
+  FABRICOLL_FLOAT16 = 6,
+  FABRICOLL_FLOAT32 = 7,
+  FABRICOLL_FLOAT64 = 8,
+  FABRICOLL_BFLOAT16 = 9,
+  FABRICOLL_FP8_E4M3 = 10,
+  FABRICOLL_FP8_E5M2 = 11,
+} fabricoll_datatype;
+
+/*
+ Reduction operations (NCCL's values). Passed as `int`.
+ */
+typedef enum {
+  FABRICOLL_SUM = 0,
+  FABRICOLL_PROD = 1,
+  FABRICOLL_MAX = 2,
+  FABRICOLL_MIN = 3,
+  FABRICOLL_AVG = 4,
+} fabricoll_redop;
+
+/*
  Status codes of the C API. The values are stable: new codes are only ever appended.
  */
 typedef enum {
