@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # plugin-tests/run.sh: build the C harness and run every scenario against the fabricoll plugin,
 # over FABRICOLL_PROVIDER=tcp (loopback only: FABRICOLL_DOMAIN=lo) and shm, each with the normal
-# and the AddressSanitizer build. Prints "plugin-tests: N passed, M failed" (scenario counts over
-# all four runs) and exits non-zero on any failure.
+# and the AddressSanitizer build; then the CollNet harness (collnet_harness) the same way; then
+# the C API examples (capi_example, its ASan build, and the
+# C++ capi_example_cpp), which link the library and fork CAPI_RANKS ranks, over the same
+# providers. Prints "plugin-tests: N passed, M failed" (scenario and check counts over all runs)
+# and exits non-zero on any failure.
 #
 #   FABRICOLL_LIB   the plugin (default: <repo>/target/release/libnccl-net-fabricoll.so)
 #   PROVIDERS       providers to run (default: "tcp shm")
@@ -10,7 +13,18 @@
 #   HARNESS_ARGS    extra net_harness arguments, e.g. "--scenario xfer,group" or "--cycles 200"
 #   RUN_TIMEOUT     seconds allowed per harness run (default 1800); the harness also has its own
 #                   per-scenario deadlines, this is the outer bound
-# Logs: plugin-tests/build/logs/<provider>-<build>.log (stderr of the run).
+#   CAPI            1 (default): also run the C API examples; 0: only the net harness
+#   COLLNET         1 (default): also run collnet_harness (the ncclCollNetPlugin_v6..v12 tables:
+#                   every scenario for 2, 3, 4 and 5 ranks, kill with 4; see COLLNET_ASAN_RANKS);
+#                   0: skip it
+#   COLLNET_ARGS    extra collnet_harness arguments, e.g. "--scenario allreduce --ranks 3"
+#   COLLNET_ASAN_RANKS  rank counts of the ASan CollNet runs (default "2,5"; kill always runs
+#                   with 4); the normal build runs 2, 3, 4 and 5
+#   CAPI_RANKS      ranks of each C API example run (default 4)
+#   CAPI_TIMEOUT    seconds the example's parent waits for its ranks before killing them (180)
+# Logs: plugin-tests/build/logs/<provider>-<build>.log (stderr of the run),
+#       plugin-tests/build/logs/collnet-<provider>-<build>.log (stderr of the CollNet run), and
+#       plugin-tests/build/logs/capi-<program>-<provider>.log (full output of an example run).
 set -u
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -20,8 +34,17 @@ case "$LIB" in /*) ;; *) LIB="$PWD/$LIB" ;; esac
 PROVIDERS=${PROVIDERS:-"tcp shm"}
 BUILDS=${BUILDS:-"normal asan"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-1800}
+CAPI=${CAPI:-1}
+COLLNET=${COLLNET:-1}
+CAPI_RANKS=${CAPI_RANKS:-4}
+CAPI_TIMEOUT=${CAPI_TIMEOUT:-180}
 
-if ! timeout 300 make -C "$HERE" all >/dev/null; then
+# The library's directory, for the C API examples (they link it, with an rpath).
+export FABRICOLL_LIBDIR
+FABRICOLL_LIBDIR=$(cd "$(dirname "$LIB")" 2>/dev/null && pwd || dirname "$LIB")
+make_targets=(all)
+[ "$CAPI" = 1 ] && make_targets+=(capi)
+if ! timeout 300 make -C "$HERE" "${make_targets[@]}" >/dev/null; then
   echo "plugin-tests: build failed" >&2
   echo "plugin-tests: 0 passed, 1 failed"
   exit 1
@@ -34,6 +57,24 @@ fi
 
 LOGDIR="$HERE/build/logs"
 mkdir -p "$LOGDIR"
+
+# Ranks killed on purpose (the kill scenario) or by a deadline cannot close their libfabric shm
+# endpoints, so their regions /dev/shm/<pid>:<i>:<j> stay behind; a later process that is given
+# the same pid then fails fi_enable with EBUSY (a library bug, reported separately). Remove the
+# regions this run left: created after it started, by a process that no longer exists.
+stamp="$LOGDIR/.run-start"
+: >"$stamp"
+shm_cleanup() {
+  local f b n=0
+  for f in /dev/shm/*; do
+    b=${f##*/}
+    [[ $b =~ ^([0-9]+):[0-9]+:[0-9]+$ ]] || continue
+    [ "$f" -nt "$stamp" ] || continue
+    [ -d "/proc/${BASH_REMATCH[1]}" ] && continue
+    rm -f "$f" && n=$((n + 1))
+  done
+  [ "$n" -eq 0 ] || echo "plugin-tests: removed $n stale libfabric shm region(s) left by killed ranks"
+}
 total_pass=0
 total_fail=0
 summary=""
@@ -59,8 +100,16 @@ for build in $BUILDS; do
     fi
     # The kill and badinput ranks run with FABRICOLL_TIMEOUT_MS=3000 (--kill-timeout-ms), so a dead
     # peer must be reported within 3 s (+5 s slack); the other scenarios use the plugin's default.
+    scen=all
+    if [ "$prov" = shm ] && [ "${SHM_KILL:-0}" != 1 ]; then
+      # libfabric 1.17's shm: a rank SIGKILLed while holding a lock in its shared region leaves
+      # the survivor spinning inside the provider (fi_cq_read), out of reach of any deadline
+      # (README, known limitations). The kill scenario runs over tcp; SHM_KILL=1 runs it here.
+      scen=symbols,connect2,connect1,xfer,group,inflight32,pairs16,ring4,badinput,cycles,versions,reload
+      echo "SKIP kill on shm: libfabric 1.17 shm cannot survive a peer killed holding its lock (SHM_KILL=1 runs it)"
+    fi
     out=$(timeout --kill-after=15 "$RUN_TIMEOUT" env -u FABRICOLL_DOMAIN "${envs[@]}" "$exe" --lib "$LIB" \
-      --scenario all --kill-timeout-ms 3000 ${HARNESS_ARGS:-} 2>"$log")
+      --scenario "$scen" --kill-timeout-ms 3000 ${HARNESS_ARGS:-} 2>"$log")
     rc=$?
     printf '%s\n' "$out"
     line=$(printf '%s\n' "$out" | grep -E '^net_harness: [0-9]+ passed, [0-9]+ failed$' | tail -1)
@@ -80,8 +129,100 @@ for build in $BUILDS; do
     total_pass=$((total_pass + p))
     total_fail=$((total_fail + f))
     summary="$summary  $prov/$build: $p passed, $f failed (log: $log)\n"
+    shm_cleanup
   done
 done
+
+# ---- CollNet harness ------------------------------------------------------------------------
+if [ "$COLLNET" = 1 ]; then
+  for build in $BUILDS; do
+    case "$build" in
+      normal) exe="$HERE/build/collnet_harness" ;;
+      asan) exe="$HERE/build/collnet_harness_asan" ;;
+    esac
+    for prov in $PROVIDERS; do
+      log="$LOGDIR/collnet-$prov-$build.log"
+      echo "== CollNet harness, provider $prov, $build build ($exe) =="
+      envs=(FABRICOLL_PROVIDER="$prov")
+      [ "$prov" = tcp ] && envs+=(FABRICOLL_DOMAIN=lo)
+      cn_ranks=()
+      if [ "$build" = asan ]; then
+        envs+=(ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:print_summary=1")
+        cn_ranks=(--ranks "${COLLNET_ASAN_RANKS:-2,5}") # the ASan runs are slow: fewer rank counts
+      fi
+      # kill: the ranks run with FABRICOLL_TIMEOUT_MS=3000; survivors must fail within 3 s + 5 s
+      cn_scen=()
+      if [ "$prov" = shm ] && [ "${SHM_KILL:-0}" != 1 ]; then
+        # See the net harness above: the kill scenario runs over tcp only.
+        cn_scen=(--scenario symbols,support,allreduce,allgather,reducescatter,inflight,versions,twocomms)
+        echo "SKIP CollNet kill on shm: libfabric 1.17 shm cannot survive a peer killed holding its lock (SHM_KILL=1 runs it)"
+      fi
+      out=$(timeout --kill-after=15 "$RUN_TIMEOUT" env -u FABRICOLL_DOMAIN "${envs[@]}" "$exe" --lib "$LIB" \
+        --kill-timeout-ms 3000 "${cn_ranks[@]}" "${cn_scen[@]}" ${COLLNET_ARGS:-} 2>"$log")
+      rc=$?
+      printf '%s\n' "$out"
+      line=$(printf '%s\n' "$out" | grep -E '^collnet_harness: [0-9]+ passed, [0-9]+ failed$' | tail -1)
+      if [ -n "$line" ]; then
+        p=$(echo "$line" | sed -E 's/^collnet_harness: ([0-9]+) passed, ([0-9]+) failed$/\1/')
+        f=$(echo "$line" | sed -E 's/^collnet_harness: ([0-9]+) passed, ([0-9]+) failed$/\2/')
+      else
+        echo "FAIL collnet-run: $prov/$build exited with $rc without a summary (timeout is $RUN_TIMEOUT s); see $log"
+        p=0
+        f=1
+      fi
+      if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        echo "FAIL collnet-run: $prov/$build exited with $rc although no scenario failed; see $log"
+        f=1
+      fi
+      total_pass=$((total_pass + p))
+      total_fail=$((total_fail + f))
+      summary="$summary  collnet $prov/$build: $p passed, $f failed (log: $log)\n"
+      if declare -F shm_cleanup >/dev/null; then shm_cleanup; fi
+    done
+  done
+fi
+
+# ---- C API examples ------------------------------------------------------------------------
+if [ "$CAPI" = 1 ]; then
+  for build in $BUILDS; do
+    case "$build" in
+      normal) progs="capi_example capi_example_cpp" ;;
+      asan) progs="capi_example_asan" ;;
+    esac
+    for prog in $progs; do
+      for prov in $PROVIDERS; do
+        log="$LOGDIR/capi-$prog-$prov.log"
+        echo "== C API example $prog, provider $prov, $CAPI_RANKS ranks =="
+        envs=(FABRICOLL_PROVIDER="$prov")
+        [ "$prov" = tcp ] && envs+=(FABRICOLL_DOMAIN=lo)
+        [ "$build" = asan ] && envs+=(ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:print_summary=1")
+        # FABRICOLL_TIMEOUT_MS: a lost rank turns into an error well before the parent's deadline
+        timeout --kill-after=15 "$RUN_TIMEOUT" env -u FABRICOLL_DOMAIN FABRICOLL_TIMEOUT_MS=60000 \
+          "${envs[@]}" "$HERE/build/$prog" -n "$CAPI_RANKS" -t "$CAPI_TIMEOUT" >"$log" 2>&1
+        rc=$?
+        # the failures, the error-path messages of the first failing rank, and the summary
+        grep -E '^(rank [0-9]+: FAIL|FAIL |capi_example)' "$log"
+        line=$(grep -E '^capi_example: [0-9]+ passed, [0-9]+ failed$' "$log" | tail -1)
+        if [ -n "$line" ]; then
+          p=$(echo "$line" | sed -E 's/^capi_example: ([0-9]+) passed, ([0-9]+) failed$/\1/')
+          f=$(echo "$line" | sed -E 's/^capi_example: ([0-9]+) passed, ([0-9]+) failed$/\2/')
+        else
+          echo "FAIL capi-run: $prog/$prov exited with $rc without a summary; see $log"
+          p=0
+          f=1
+        fi
+        if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+          echo "FAIL capi-run: $prog/$prov exited with $rc although no check failed; see $log"
+          f=1
+        fi
+        total_pass=$((total_pass + p))
+        total_fail=$((total_fail + f))
+        summary="$summary  capi $prog/$prov: $p passed, $f failed (log: $log)\n"
+        shm_cleanup
+      done
+    done
+  done
+fi
 
 printf '%b' "$summary"
 echo "plugin-tests: $total_pass passed, $total_fail failed"

@@ -363,9 +363,9 @@ impl Exec {
         // We cancel only operations of collectives we have given up: a cancellation reaching a
         // live one came from the provider (rxm does this when a peer's connection is lost).
         c.status.map_err(|e| match e {
-            Error::InvalidUsage(m) if m.contains("cancelled") => {
-                Error::Remote("the provider aborted the operation (connection to the peer lost)".into())
-            }
+            Error::InvalidUsage(m) if m.contains("cancelled") => Error::Remote(
+                "the provider aborted the operation (connection to the peer lost)".into(),
+            ),
             e => e,
         })?;
         let step = self.job.schedule.ranks[self.job.rank][i].op.clone();

@@ -515,6 +515,8 @@ struct Inner {
     soft: Option<Soft>,
     /// The shared-memory region's name (shm), unlinked at exit if still open.
     shm_name: Option<String>,
+    /// shm peers' processes, checked before every post to them.
+    watch: HashMap<u64, shm::PeerWatch>,
 }
 
 // SAFETY: every libfabric object here is used only with the transport's Mutex held
@@ -680,6 +682,7 @@ impl FabricTransport {
                 ready: Vec::new(),
                 soft: None,
                 shm_name,
+                watch: HashMap::new(),
             }),
         })
         .and_then(|t: FabricTransport| {
@@ -766,6 +769,23 @@ impl Inner {
     }
 
     fn post_send(&mut self, caps: &Caps, peer: Peer, tag: u64, b: OpBuf) -> Result<Posted> {
+        if let Some(w) = self.watch.get(&peer.0) {
+            if w.dead() {
+                let e = Error::Remote(format!("the peer process {} has exited", w.pid()));
+                if b.owned.is_some() {
+                    // A control message: its operation fails, the endpoint goes on.
+                    self.ready.push(Completion {
+                        op: b.op,
+                        len: 0,
+                        tag,
+                        status: Err(e),
+                        data: None,
+                    });
+                    return Ok(Posted::Queued);
+                }
+                return Err(e);
+            }
+        }
         let OpBuf {
             addr,
             len,
@@ -1157,6 +1177,11 @@ impl Transport for FabricTransport {
             )));
         }
         g.peers.insert(addr.to_vec(), fi_addr);
+        if g.shm_name.is_some() {
+            if let Some(w) = shm::PeerWatch::of_address(addr) {
+                g.watch.insert(fi_addr, w);
+            }
+        }
         Ok(Peer(fi_addr))
     }
 

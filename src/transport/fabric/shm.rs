@@ -92,3 +92,62 @@ pub(super) fn name_endpoint(ep: *mut sys::fid_ep) -> Result<String> {
 pub(super) fn closed(name: &str) {
     OPEN.lock().retain(|n| n != name);
 }
+
+/// The process behind an shm peer, watched so that we never post to a dead one: a process
+/// killed while holding a lock in its shared region leaves libfabric 1.17's shm spinning on it
+/// forever inside `fi_tsend`, where no deadline of ours can reach.
+pub(super) struct PeerWatch {
+    pid: i32,
+    /// A pidfd (readable once the process has exited, zombies included), or -1.
+    fd: i32,
+}
+
+impl PeerWatch {
+    /// Watch the process named in a peer's address (our region names carry the pid).
+    pub(super) fn of_address(addr: &[u8]) -> Option<PeerWatch> {
+        let s = String::from_utf8_lossy(addr);
+        let rest = &s[s.find(PREFIX)? + PREFIX.len()..];
+        let pid: i32 = rest.split('-').next()?.parse().ok()?;
+        if pid <= 0 || pid as u32 == std::process::id() {
+            return None;
+        }
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+        Some(PeerWatch { pid, fd })
+    }
+
+    /// Has the peer's process exited?
+    pub(super) fn dead(&self) -> bool {
+        if self.fd >= 0 {
+            let mut p = libc::pollfd {
+                fd: self.fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd for a descriptor we own; zero timeout.
+            return unsafe { libc::poll(&mut p, 1, 0) } > 0;
+        }
+        // No pidfd (kernel before 5.3): gone, or a zombie.
+        !alive(self.pid)
+            || std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
+                .map(|st| {
+                    st.rsplit(')')
+                        .next()
+                        .is_some_and(|r| r.trim_start().starts_with('Z'))
+                })
+                .unwrap_or(true)
+    }
+
+    pub(super) fn pid(&self) -> i32 {
+        self.pid
+    }
+}
+
+impl Drop for PeerWatch {
+    fn drop(&mut self) {
+        if self.fd >= 0 {
+            // SAFETY: we own this descriptor and close it once.
+            unsafe { libc::close(self.fd) };
+        }
+    }
+}
