@@ -8,7 +8,10 @@
 #   clippy        cargo clippy --all-targets --release -- -D warnings
 #   cargo-test    cargo test --release (unit tests and tests/: header, README config table,
 #                 exported symbols, multi-process tests over tcp and shm)
-#   plugin-tests  plugin-tests/run.sh (C harness over tcp and shm, normal and ASan builds)
+#   coll-tests    scripts/coll-tests.sh (fabricoll-perf: every algorithm x collective it
+#                 implements, 2-8 ranks, tcp on lo and shm, results checked element by element)
+#   plugin-tests  plugin-tests/run.sh (C harness over tcp and shm, normal and ASan builds, and
+#                 the C API examples in C and C++)
 # Prints the elapsed time of each stage and a summary at the end (with the test counts); exits
 # non-zero on any failure.  Each stage's output is also saved in $CARGO_TARGET_DIR/test-logs/.
 # Every stage runs under `timeout` (its own limit, or TEST_STAGE_TIMEOUT seconds for all stages),
@@ -22,7 +25,7 @@ if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
 fi
 
 t_start=$(date +%s)
-all_stages=(deps build fmt clippy cargo-test plugin-tests)
+all_stages=(deps build fmt clippy cargo-test coll-tests plugin-tests)
 names=() results=() times=() details=()
 current="" failed=""
 # each stage's output is also kept in $log_dir/<stage>.log
@@ -39,6 +42,7 @@ stage_detail() {
              if ($i ~ /^[0-9]+$/ && v == "ignored") g += $i } n++ }
            END { if (n) printf "%d passed, %d failed, %d ignored (%d test binaries)", p, f, g, n }' \
         "$log_dir/$1.log" ;;
+    coll-tests) grep -E '^coll-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
     plugin-tests) grep -E '^plugin-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
   esac
 }
@@ -135,6 +139,11 @@ cargo clippy --version >/dev/null 2>&1 ||
   fail clippy "clippy is not installed; run: rustup component add clippy"
 stage clippy 600 cargo clippy --all-targets --release -- -D warnings
 stage cargo-test 600 cargo test --release
+[ -x scripts/coll-tests.sh ] ||
+  fail coll-tests "scripts/coll-tests.sh is missing or not executable"
+stage coll-tests 600 env \
+  FABRICOLL_PERF="${FABRICOLL_PERF:-${CARGO_TARGET_DIR:-target}/release/fabricoll-perf}" \
+  scripts/coll-tests.sh
 [ -x plugin-tests/run.sh ] ||
   fail plugin-tests "plugin-tests/run.sh is missing or not executable"
 stage plugin-tests 600 env \

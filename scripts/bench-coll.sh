@@ -1,0 +1,287 @@
+#!/usr/bin/env bash
+# scripts/bench-coll.sh - collective benchmark: fabricoll's engines next to Open MPI.
+# A benchmark, not a test: it prints tables and never fails on a number.
+#
+# For each repetition, transport, rank count and collective it runs, alternating (which one goes
+# first alternates with the repetition), each on an idle machine (wait-quiet.sh before each run):
+#   ours  $TARGET/release/fabricoll-perf --ranks R --coll C --algo $ALGO -d float -o sum -c 0
+#   ompi  mpirun.openmpi ... mpi_coll_bench.openmpi -o C  (../shared/baselines/mpi_coll_bench.c:
+#         MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block, float sum, out of place)
+# with the same transport class:
+#   shm   ours FABRICOLL_PROVIDER=shm          | Open MPI --mca pml ob1 --mca btl self,vader
+#   tcp   ours FABRICOLL_PROVIDER=tcp, FABRICOLL_DOMAIN=lo
+#                                              | Open MPI --mca pml ob1 --mca btl self,tcp
+#                                                         --mca btl_tcp_if_include lo
+# (the mpirun flags of ../shared/baselines/run-mpi-baselines.sh), then prints, per collective /
+# ranks / transport, the per-size MEDIANS over the repetitions: busbw of both, ratio ours/OMPI,
+# time of both, and the median time at the smallest size both report (8 B, or 16 B for allgather
+# and reducescatter at 4 ranks) with the time ratio.
+#
+# Definitions (identical in both tools, nccl-tests conventions, checked in the sources):
+#   size    allreduce: bytes of the buffer; allgather: bytes of the gathered OUTPUT (n x per-rank
+#           send); reducescatter: bytes of the INPUT (n x per-rank receive). Both round the element
+#           count down to a multiple of n for allgather / reducescatter, so the size columns match
+#           row for row; a size below n x 4 B gives no row in either (fabricoll-perf prints a
+#           size-0 row, which is ignored).
+#   busbw   algbw x 2(n-1)/n (allreduce), x (n-1)/n (allgather, reducescatter); GB/s = 1e9 B/s.
+#   time    per-iteration mean. fabricoll-perf reports the SLOWEST rank's mean, mpi_coll_bench the
+#           mean over ranks: ours is the stricter figure (slightly pessimistic for us).
+#   iterations  mpi_coll_bench: clamp(BENCH_T / estimate, 5, 1000) per size; fabricoll-perf: fixed
+#           per size band (below 128 KiB: 500 + 50 warm-up; below 4 MiB: 50 + 5; above: 10 + 2).
+#
+# Environment (defaults in brackets):
+#   REPS [5]                     repetitions (ours and OMPI alternate inside each)
+#   ALGO [auto]                  fabricoll algorithm (--algo)
+#   BENCH_COLLS [allreduce allgather reducescatter]
+#   BENCH_RANKS [2 4]            BENCH_TRANSPORTS [shm tcp]
+#   BENCH_MIN_BYTES [8], BENCH_MAX_BYTES [64M]   sizes, powers of two (K, M, G = powers of 1024)
+#   BENCH_T [0.2]                mpi_coll_bench's target seconds per size (run-mpi-baselines.sh)
+#   QUIET [1]                    wait-quiet.sh before every run; QUIET_MAX [60] bounds each wait
+#   BENCH_RUN_TIMEOUT [600]      seconds allowed to each run
+#   BENCH_LIB_TIMEOUT_MS [60000] FABRICOLL_TIMEOUT_MS of our ranks: a rank that dies (or never
+#                                starts) fails the others after this long instead of the
+#                                library's default 10 minutes
+#   BENCH_DEADLINE [3600]        no new repetition starts after this many seconds; the longest
+#                                run is BENCH_DEADLINE + one repetition
+#   BENCH_BUILD [1]              scripts/deps.sh --bench (Open MPI) and scripts/build.sh first,
+#                                and ../shared/baselines/build.sh when mpi_coll_bench is missing
+#   BASELINES [../shared/baselines]   BASELINE_BUILD [~/.cache/fabricoll-baselines]
+#   CARGO_TARGET_DIR [target]
+# At the defaults one repetition takes roughly 6-10 minutes on an idle 2-core machine (64 MiB at
+# 4 ranks over tcp dominates), so REPS=5 about 30-50 minutes.
+# Raw logs go to .bench/coll-<date>/ (gitignored); the tables also go to summary.txt there.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$(pwd)
+
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi
+
+to_bytes() { # 64M -> 67108864 (K/M/G are powers of 1024; a trailing B or iB is ignored)
+  local v=${1%B}
+  v=${v%i}
+  case "$v" in
+    *[kK]) echo $((${v%?} << 10)) ;;
+    *[mM]) echo $((${v%?} << 20)) ;;
+    *[gG]) echo $((${v%?} << 30)) ;;
+    *) echo $((v)) ;;
+  esac
+}
+
+reps=${REPS:-5}
+algo=${ALGO:-auto}
+colls=${BENCH_COLLS:-allreduce allgather reducescatter}
+ranks_list=${BENCH_RANKS:-2 4}
+transports=${BENCH_TRANSPORTS:-shm tcp}
+min_b=$(to_bytes "${BENCH_MIN_BYTES:-8}")
+max_b=$(to_bytes "${BENCH_MAX_BYTES:-64M}")
+t_size=${BENCH_T:-0.2}
+quiet=${QUIET:-1}
+quiet_max=${QUIET_MAX:-60}
+run_timeout=${BENCH_RUN_TIMEOUT:-600}
+lib_timeout_ms=${BENCH_LIB_TIMEOUT_MS:-60000}
+deadline=${BENCH_DEADLINE:-3600}
+baselines=${BASELINES:-$root/../shared/baselines}
+mpi_build=${BASELINE_BUILD:-${XDG_CACHE_HOME:-$HOME/.cache}/fabricoll-baselines}
+target_dir=${CARGO_TARGET_DIR:-target}
+perf="$target_dir/release/fabricoll-perf"
+mpi_bench="$mpi_build/mpi_coll_bench.openmpi"
+wait_quiet="$baselines/wait-quiet.sh"
+
+for c in $colls; do
+  case "$c" in allreduce | allgather | reducescatter) ;;
+    *) echo "bench-coll.sh: BENCH_COLLS: $c has no Open MPI counterpart here (allreduce allgather reducescatter)" >&2; exit 2 ;;
+  esac
+done
+for t in $transports; do
+  case "$t" in shm | tcp) ;; *) echo "bench-coll.sh: BENCH_TRANSPORTS: unknown $t (shm tcp)" >&2; exit 2 ;; esac
+done
+
+if [ "${BENCH_BUILD:-1}" != 0 ]; then
+  scripts/deps.sh --bench
+  scripts/build.sh
+fi
+[ -x "$perf" ] || { echo "bench-coll.sh: $perf not found: run scripts/build.sh" >&2; exit 1; }
+[ -x "$wait_quiet" ] || { echo "bench-coll.sh: $wait_quiet not found (set BASELINES=dir)" >&2; exit 1; }
+command -v mpirun.openmpi >/dev/null 2>&1 ||
+  { echo "bench-coll.sh: mpirun.openmpi not found: run scripts/deps.sh --bench" >&2; exit 1; }
+if [ ! -x "$mpi_bench" ]; then
+  # build.sh also builds the MPICH binary and nfq-delay (needs libnetfilter-queue-dev): only the
+  # Open MPI binary matters here, so compile it directly if build.sh stops early
+  BASELINE_BUILD="$mpi_build" "$baselines/build.sh" >/dev/null 2>&1 || true
+  if [ ! -x "$mpi_bench" ]; then
+    mkdir -p "$mpi_build"
+    mpicc.openmpi -O2 -Wall -o "$mpi_bench" "$baselines/mpi_coll_bench.c" -lm
+  fi
+fi
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+ompi=(mpirun.openmpi --oversubscribe --allow-run-as-root --mca oob_tcp_if_include lo)
+
+out=".bench/coll-$(date +%Y%m%d-%H%M%S)"
+mkdir -p "$out"
+{
+  echo "# bench-coll: $(nproc) cpus, REPS=$reps, ALGO=$algo, sizes $min_b..$max_b B, colls: $colls," \
+    "ranks: $ranks_list, transports: $transports; logs in $out/"
+  echo "# $(mpirun.openmpi --version 2>/dev/null | head -1); $(fi_info --version 2>/dev/null | head -1 || true);" \
+    "git $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+dirty')"
+} | tee "$out/header.txt"
+
+quiet_gate() { # quiet_gate WHAT: wait (bounded) for an idle machine; fails if it never was
+  [ "$quiet" != 0 ] || return 0
+  local rc=0
+  "$wait_quiet" "$quiet_max" 15 3 2>"$out/wait-quiet.tmp" || rc=$?
+  sed "s/^/#   [$1] /" "$out/wait-quiet.tmp"
+  rm -f "$out/wait-quiet.tmp"
+  return "$rc"
+}
+
+# size bands of fabricoll-perf: "lo hi iters warmup" (consecutive sizes with the same iterations)
+bands() {
+  local s=$min_b lo=0 hi=0 it w cur=""
+  while [ "$s" -le "$max_b" ]; do
+    if [ "$s" -lt $((128 << 10)) ]; then it="500 50"; elif [ "$s" -lt $((4 << 20)) ]; then it="50 5"; else it="10 2"; fi
+    if [ "$it" != "$cur" ]; then
+      [ -n "$cur" ] && echo "$lo $hi $cur"
+      cur=$it lo=$s
+    fi
+    hi=$s
+    s=$((s * 2))
+  done
+  [ -n "$cur" ] && echo "$lo $hi $cur"
+}
+
+run_ours() { # run_ours TRANSPORT RANKS COLL FILE
+  local tr=$1 r=$2 c=$3 f=$4 env_p lo hi it w rc=0
+  case "$tr" in
+    shm) env_p=(FABRICOLL_PROVIDER=shm) ;;
+    tcp) env_p=(FABRICOLL_PROVIDER=tcp FABRICOLL_DOMAIN=lo) ;;
+  esac
+  env_p+=(FABRICOLL_TIMEOUT_MS="$lib_timeout_ms")
+  : >"$f"
+  while read -r lo hi it w; do
+    echo "# cmd: ${env_p[*]} $perf --ranks $r --coll $c --algo $algo -b $lo -e $hi -f 2 -n $it -w $w -c 0" >>"$f"
+    env -u FABRICOLL_DOMAIN -u FABRICOLL_ALGO "${env_p[@]}" timeout --kill-after=10 "$run_timeout" \
+      "$perf" --ranks "$r" --coll "$c" --algo "$algo" -b "$lo" -e "$hi" -f 2 -n "$it" -w "$w" \
+      -d float -o sum -c 0 >>"$f" 2>&1 || rc=$?
+  done < <(bands)
+  return "$rc"
+}
+
+run_ompi() { # run_ompi TRANSPORT RANKS COLL FILE
+  local tr=$1 r=$2 c=$3 f=$4 btl
+  case "$tr" in
+    shm) btl=(--mca pml ob1 --mca btl self,vader) ;;
+    tcp) btl=(--mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo) ;;
+  esac
+  local cmd=("${ompi[@]}" -np "$r" "${btl[@]}" "$mpi_bench" -o "$c" -b "$min_b" -e "$max_b"
+    -t "$t_size" -w 5 -m 5 -n 1000 -r 1 -c 0)
+  echo "# cmd: ${cmd[*]}" >"$f"
+  timeout --kill-after=10 "$run_timeout" "${cmd[@]}" >>"$f" 2>&1
+}
+
+# Long-format samples: "COLL RANKS TRANSPORT SIZE WHO METRIC VALUE" (WHO = ours | ompi)
+collect_ours() { # fabricoll-perf rows: size count type redop algo time algbw busbw #wrong
+  awk -v k="$1 $2 $3" '/^ *[0-9]+ / && NF >= 9 && $1 + 0 > 0 && $6 + 0 > 0 {
+         print k, $1, "ours", "time", $6; print k, $1, "ours", "busbw", $8; print k, $1, "algo", $5, 0 }' "$4"
+}
+collect_ompi() { # mpi_coll_bench rows: size count type redop iters time tmin algbw busbw #wrong
+  awk -v k="$1 $2 $3" '/^# op=/ { ok = ($2 == "op='"$1"'") }
+       ok && /^ *[0-9]+ / && NF >= 10 && $1 + 0 > 0 && $6 + 0 > 0 {
+         print k, $1, "ompi", "time", $6; print k, $1, "ompi", "busbw", $9 }' "$4"
+}
+
+t0=$(date +%s)
+done_reps=0
+samples="$out/samples.txt"
+: >"$samples"
+for rep in $(seq 1 "$reps"); do
+  if [ $(($(date +%s) - t0)) -ge "$deadline" ]; then
+    echo "# BENCH_DEADLINE=${deadline}s reached: stopping after $done_reps repetition(s)"
+    break
+  fi
+  if [ $((rep % 2)) = 1 ]; then order="ours ompi"; else order="ompi ours"; fi
+  for tr in $transports; do
+    for r in $ranks_list; do
+      for c in $colls; do
+        for who in $order; do
+          f="$out/$c-np$r-$tr-$who-$rep.txt"
+          quiet_gate "$c np$r $tr $who $rep" || echo "$c np$r $tr $who $rep" >>"$out/busy.txt"
+          ts=$(date +%s)
+          rc=0
+          if [ "$who" = ours ]; then
+            run_ours "$tr" "$r" "$c" "$f" || rc=$?
+            collect_ours "$c" "$r" "$tr" "$f" >>"$samples"
+          else
+            run_ompi "$tr" "$r" "$c" "$f" || rc=$?
+            collect_ompi "$c" "$r" "$tr" "$f" >>"$samples"
+          fi
+          echo "# rep $rep/$reps $c np$r $tr $who: $(($(date +%s) - ts)) s, exit $rc"
+          if [ "$rc" != 0 ]; then
+            grep -v '^#' "$f" | tail -5 | sed 's/^/#     /'
+          fi
+        done
+      done
+    done
+  done
+  done_reps=$rep
+done
+
+summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
+  local c=$1 r=$2 tr=$3
+  echo
+  echo "## $c, $r ranks, $tr: medians over $done_reps repetition(s); ours = fabricoll-perf --algo $algo" \
+    "($([ "$tr" = tcp ] && echo "tcp, FABRICOLL_DOMAIN=lo" || echo "shm")), OMPI = $(
+      [ "$tr" = tcp ] && echo "btl self,tcp on lo" || echo "btl self,vader")"
+  grep "^$c $r $tr " "$samples" | sort -k4,4n -k5,5 -k6,6 -k7,7g | awk '
+    function flush(   m) {
+      if (n == 0) return
+      m = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+      med[key] = m; cnt[key] = n; n = 0
+    }
+    $5 == "algo" { algos[$4] = (algos[$4] ~ ("(^|,)" $6 "(,|$)")) ? algos[$4] : (algos[$4] == "" ? $6 : algos[$4] "," $6); next }
+    { k = $4 " " $5 " " $6; if (k != key) { flush(); key = k; sizes[$4] = 1 } v[++n] = $7 }
+    END {
+      flush()
+      printf "%10s %10s %10s %7s %11s %11s %7s %5s  %s\n", "size(B)", "ours", "OMPI", "bw_x",
+             "ours", "OMPI", "t_x", "n", "our algo"
+      printf "%10s %10s %10s %7s %11s %11s %7s %5s\n", "", "busbw GB/s", "busbw GB/s", "ours/OMPI",
+             "time us", "time us", "ours/OMPI", "o/m"
+      ns = 0
+      for (s in sizes) list[++ns] = s + 0
+      for (i = 2; i <= ns; i++) { x = list[i]; for (j = i - 1; j >= 1 && list[j] > x; j--) list[j + 1] = list[j]; list[j + 1] = x }
+      first = ""
+      for (i = 1; i <= ns; i++) {
+        s = list[i]
+        ob = med[s " ours busbw"]; mb = med[s " ompi busbw"]; ot = med[s " ours time"]; mt = med[s " ompi time"]
+        if (first == "" && ot != "" && mt != "") first = s
+        printf "%10d %10s %10s %7s %11s %11s %7s %5s  %s\n", s, f(ob, "%.3f"), f(mb, "%.3f"),
+          r(ob, mb), f(ot, "%.2f"), f(mt, "%.2f"), r(ot, mt),
+          (cnt[s " ours time"] + 0) "/" (cnt[s " ompi time"] + 0), algos[s]
+      }
+      if (first != "")
+        printf "   smallest common size %d B: median time ours %.2f us, OMPI %.2f us, time ratio ours/OMPI %.2f\n",
+          first, med[first " ours time"], med[first " ompi time"], med[first " ours time"] / med[first " ompi time"]
+      else
+        print "   (no size reported by both)"
+    }
+    function f(x, fmt) { return (x == "") ? "-" : sprintf(fmt, x) }
+    function r(a, b) { return (a == "" || b == "" || b + 0 == 0) ? "-" : sprintf("%.2f", a / b) }'
+}
+
+{
+  echo
+  echo "# busbw: higher is better (bw_x > 1: ours faster); time: lower is better (t_x < 1: ours faster)."
+  echo "# time = per-iteration mean; ours: the slowest rank's, OMPI: averaged over ranks."
+  if [ -s "$out/busy.txt" ]; then
+    echo "# WARNING: $(wc -l <"$out/busy.txt") run(s) started on a busy machine (wait-quiet gave up); see $out/busy.txt"
+  fi
+  for tr in $transports; do
+    for r in $ranks_list; do
+      for c in $colls; do summarize "$c" "$r" "$tr"; done
+    done
+  done
+  echo
+  echo "# total $(($(date +%s) - t0)) s; raw logs: $out/"
+} | tee "$out/summary.txt"
