@@ -37,7 +37,10 @@
 #   COLL_DEADLINE [0]          if > 0: runs not started after this many seconds are NOT RUN
 #                              (counted as failed, so an incomplete run never passes)
 #   FABRICOLL_PERF [$CARGO_TARGET_DIR/release/fabricoll-perf]
-# Logs: $CARGO_TARGET_DIR/coll-tests/<provider>-r<R>-<algo>-<coll>.log (default target/).
+#   COLL_LOGDIR [$CARGO_TARGET_DIR/coll-tests/<date>-<pid>]   where the run logs go
+# Logs: one directory per run (so concurrent runs never touch each other's files), with one
+# <provider>-r<R>-<algo>-<coll>.log per run of fabricoll-perf; directories older than a day
+# are removed; $CARGO_TARGET_DIR/coll-tests/latest points to the newest.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -51,7 +54,8 @@ full=${COLL_FULL:-0}
 run_timeout=${COLL_RUN_TIMEOUT:-90}
 lib_timeout_ms=${COLL_LIB_TIMEOUT_MS:-20000}
 deadline=${COLL_DEADLINE:-0}
-logdir="$target_dir/coll-tests"
+logroot="$target_dir/coll-tests"
+logdir=${COLL_LOGDIR:-$logroot/$(date +%Y%m%d-%H%M%S)-$$}
 
 if [ ! -x "$perf" ]; then
   echo "coll-tests: $perf not found: run scripts/build.sh (or set FABRICOLL_PERF)" >&2
@@ -59,26 +63,11 @@ if [ ! -x "$perf" ]; then
   exit 1
 fi
 mkdir -p "$logdir"
-rm -f "$logdir"/*.log
-stamp="$logdir/.start"
-: >"$stamp"
-
-# A rank killed by a timeout cannot close its libfabric shm endpoint: its region
-# /dev/shm/<pid>:<i>:<j> stays, and a later process given the same pid fails fi_enable with
-# EBUSY (a library bug, reported separately). Remove the regions this run left behind: created
-# after it started, by processes that no longer exist.
-shm_cleanup() {
-  local f b n=0
-  for f in /dev/shm/*; do
-    b=${f##*/}
-    [[ $b =~ ^([0-9]+):[0-9]+:[0-9]+$ ]] || continue
-    [ "$f" -nt "$stamp" ] || continue
-    [ -d "/proc/${BASH_REMATCH[1]}" ] && continue
-    rm -f "$f" && n=$((n + 1))
-  done
-  [ "$n" -eq 0 ] || echo "coll-tests: removed $n stale libfabric shm region(s) left by killed ranks"
-}
-trap shm_cleanup EXIT
+if [ -z "${COLL_LOGDIR:-}" ]; then
+  find "$logroot" -mindepth 1 -maxdepth 1 -type d -mmin +1440 -exec rm -rf {} + 2>/dev/null || true
+  find "$logroot" -maxdepth 1 -type f -name '*.log' -mmin +60 -delete 2>/dev/null || true # old layout
+  ln -sfn "${logdir##*/}" "$logroot/latest" 2>/dev/null || true
+fi
 
 dtypes=("float sum" "double max" "int32 sum" "bfloat16 sum" "half avg" "int64 prod" "uint8 min"
   "fp8_e4m3 sum")
@@ -181,7 +170,8 @@ for r in $ranks_list; do
           grep -q '^# Out of bounds values : [1-9]' "$log" && why="$why, wrong elements"
           printf 'FAIL %-34s %-40s %5ss  (%s)\n' "$tag" "$desc" "$dt_s" "$why"
           echo "     reproduce: env ${envs[*]} $perf ${args[*]}"
-          grep -vE '^#|^ *$' "$log" | grep -vE ' 0$' | tail -12 | sed 's/^/     | /'
+          [ -f "$log" ] || echo "     | (the log is gone: was $logdir removed by someone else?)"
+          grep -vE '^#|^ *$' "$log" 2>/dev/null | grep -vE ' 0$' | tail -12 | sed 's/^/     | /'
           echo "     log: $log"
           fail=$((fail + 1))
           failed_list+=("$tag ($desc): $why")

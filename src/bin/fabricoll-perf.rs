@@ -574,21 +574,35 @@ fn main() -> ExitCode {
                     }
                 }
             }
+            // Wait for all ranks; the first that fails takes the others down with it, rather
+            // than leaving them to wait for it until FABRICOLL_TIMEOUT_MS.
             let mut ok = true;
-            for (r, mut k) in kids.into_iter().enumerate() {
-                match k.wait() {
-                    Ok(s) if s.success() => {}
-                    Ok(s) => {
-                        eprintln!("fabricoll-perf: rank {r} exited with {s}");
-                        ok = false;
-                    }
-                    Err(e) => {
-                        eprintln!("fabricoll-perf: rank {r}: {e}");
-                        ok = false;
+            let mut left: Vec<(usize, std::process::Child)> =
+                kids.into_iter().enumerate().collect();
+            while !left.is_empty() {
+                let mut i = 0;
+                while i < left.len() {
+                    match left[i].1.try_wait() {
+                        Ok(Some(s)) => {
+                            let (r, _) = left.remove(i);
+                            if !s.success() {
+                                eprintln!("fabricoll-perf: rank {r} exited with {s}; stopping the other ranks");
+                                ok = false;
+                                for (_, k) in left.iter_mut() {
+                                    let _ = k.kill();
+                                }
+                            }
+                        }
+                        Ok(None) => i += 1,
+                        Err(e) => {
+                            eprintln!("fabricoll-perf: rank {}: {e}", left[i].0);
+                            ok = false;
+                            left.remove(i);
+                        }
                     }
                 }
+                std::thread::sleep(Duration::from_millis(20));
             }
-            let _ = Duration::ZERO;
             if ok {
                 ExitCode::SUCCESS
             } else {
