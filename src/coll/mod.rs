@@ -517,6 +517,11 @@ impl Comm {
         Ok(Some(c))
     }
 
+    /// Did a collective fail (so that operations may still be pending in the provider)?
+    pub fn had_failures(&self) -> bool {
+        !self.engine.lock().graveyard.is_empty()
+    }
+
     /// Collectives and transfers not yet reported.
     pub fn pending(&self) -> usize {
         self.engine.lock().execs.len()
