@@ -1052,14 +1052,14 @@ mod tests {
     use std::ffi::CStr;
 
     /// The committed header must be exactly what cbindgen generates (build.rs writes it to
-    /// OUT_DIR). Refresh with `scripts/build.sh --header`.
+    /// OUT_DIR). Refresh by copying the generated one into include/.
     #[test]
     fn committed_header_is_current() {
         let generated = include_str!(concat!(env!("OUT_DIR"), "/fabricoll.h"));
         let committed = include_str!("../../include/fabricoll.h");
         assert!(
             generated == committed,
-            "include/fabricoll.h is stale: run scripts/build.sh --header (or copy {}/fabricoll.h)",
+            "include/fabricoll.h is stale: copy {}/fabricoll.h (what build.rs generated) to include/",
             env!("OUT_DIR")
         );
     }
