@@ -1,8 +1,9 @@
 /*
  * capi_example.c - the fabricoll native C API (include/fabricoll.h), end to end, in C.
  *
- * The parent makes the unique id (it then hosts the bootstrap root, so it stays alive and waits),
- * forks N ranks (default 4), and each rank:
+ * The parent forks N ranks (default 4) and waits for them with a deadline; rank 0 makes the unique
+ * id (its process hosts the bootstrap root) and hands it to the others through shared memory, as
+ * an MPI program would with MPI_Bcast. Each rank:
  *   - creates its communicator (fabricoll_comm_init_rank), checks rank and size;
  *   - runs every collective blocking (allreduce float sum / int32 max / double avg / int64 min,
  *     count 0, 1 and 256 Ki, in place; allgather, also in place; reducescatter; broadcast from
@@ -64,6 +65,15 @@ enum { FABRICOLL_COLL_ALLREDUCE = 0, FABRICOLL_COLL_ALLGATHER = 1,
 /* One slot per rank in a MAP_SHARED mapping: the parent reads the counts after the ranks end. */
 struct slot {
   int pass, fail, finished;
+};
+
+/* The unique id goes from rank 0 to the other ranks through this shared page (any channel
+ * works: MPI, a file, a socket). Rank 0 makes it, which starts the bootstrap root's thread in
+ * rank 0's process. The parent starts no thread before fork(): a child forked while another
+ * thread holds a lock (malloc's, ASan's allocator's) can wait on it forever. */
+struct idbox {
+  int ready; /* 0 not yet, 1 id valid, -1 rank 0 failed to make it */
+  fabricoll_unique_id id;
 };
 
 static int g_rank, g_n, g_verbose;
@@ -660,9 +670,32 @@ static int header_check(void) {
 #endif
 }
 
-static int rank_main(const fabricoll_unique_id *id) {
+/* Rank 0 makes the unique id and publishes it; the others wait for it (up to deadline). */
+static int share_id(struct idbox *box, fabricoll_unique_id *id, double deadline) {
+  if (g_rank == 0) {
+    int ok = ok_call(fabricoll_get_unique_id(id), "get_unique_id");
+    if (ok) memcpy(&box->id, id, sizeof *id);
+    __atomic_store_n(&box->ready, ok ? 1 : -1, __ATOMIC_RELEASE);
+    return ok ? 0 : -1;
+  }
+  while (now_s() < deadline) {
+    int r = __atomic_load_n(&box->ready, __ATOMIC_ACQUIRE);
+    if (r == 1) {
+      memcpy(id, &box->id, sizeof *id);
+      return 0;
+    }
+    if (r < 0) return check(0, "get_unique_id", "rank 0 could not make the unique id"), -1;
+    usleep(1000);
+  }
+  return check(0, "get_unique_id", "rank 0 did not publish the unique id in time"), -1;
+}
+
+static int rank_main(struct idbox *box, double deadline) {
   fabricoll_comm *comm = NULL;
   double t0 = now_s();
+  fabricoll_unique_id idv;
+  const fabricoll_unique_id *id = &idv;
+  if (share_id(box, &idv, deadline)) return 1;
   if (!ok_call(fabricoll_comm_init_rank(&comm, g_n, id, g_rank), "comm_init_rank")) return 1;
   check(1, "comm_init_rank", NULL);
   int r = -1, s = -1;
@@ -702,23 +735,17 @@ int main(int argc, char **argv) {
   printf("capi_example: fabricoll %s, %d ranks, provider %s\n", fabricoll_version(), n,
          getenv("FABRICOLL_PROVIDER") ? getenv("FABRICOLL_PROVIDER") : "(default)");
 
-  struct slot *slots = mmap(NULL, sizeof(struct slot) * (MAX_RANKS + 1), PROT_READ | PROT_WRITE,
-                            MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (slots == MAP_FAILED) {
+  size_t map_len = sizeof(struct slot) * (MAX_RANKS + 1) + sizeof(struct idbox);
+  void *map = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (map == MAP_FAILED) {
     perror("mmap");
     return 1;
   }
-  memset(slots, 0, sizeof(struct slot) * (MAX_RANKS + 1));
+  memset(map, 0, map_len);
+  struct slot *slots = map;
+  struct idbox *box = (struct idbox *)(slots + MAX_RANKS + 1);
   /* the parent's own checks go to slot MAX_RANKS */
   g_rank = -1, g_n = n, g_slot = &slots[MAX_RANKS];
-
-  fabricoll_unique_id id;
-  fabricoll_status st = fabricoll_get_unique_id(&id);
-  if (st != FABRICOLL_SUCCESS) {
-    printf("FAIL get_unique_id: %s: %s\n", fabricoll_status_string((int)st), fabricoll_last_error());
-    printf("capi_example: 0 passed, 1 failed\n");
-    return 1;
-  }
   fflush(stdout);
   /* a closed stdout (e.g. `| head`) must not kill the parent before it has reaped the ranks */
   signal(SIGPIPE, SIG_IGN);
@@ -736,7 +763,7 @@ int main(int argc, char **argv) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(4);
       g_rank = r, g_slot = &slots[r];
-      int rc = rank_main(&id);
+      int rc = rank_main(box, now_s() + timeout_s);
       g_slot->finished = 1;
       fflush(stdout);
       _exit(rc); /* never run the parent's atexit handlers in a rank */

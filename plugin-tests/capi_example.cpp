@@ -2,8 +2,9 @@
 //
 // Comm owns a fabricoll_comm (its destructor calls fabricoll_comm_destroy; move-only), Request
 // owns a pending request (its destructor waits, so buffers never outlive a running collective).
-// The parent makes the unique id (it hosts the bootstrap root: it stays alive and waits, with a
-// deadline), forks N ranks (default 4); each rank runs every collective blocking and
+// The parent forks N ranks (default 4) and waits for them with a deadline; rank 0 makes the unique
+// id (its process hosts the bootstrap root) and hands it to the others through shared memory.
+// Each rank runs every collective blocking and
 // non-blocking with float / int32 / double data, checks the results, sends around the ring,
 // splits into even and odd ranks, calls fabricoll_collective with per-call algorithms and
 // exercises the error paths. Prints "capi_example: N passed, M failed" (checks summed over
@@ -46,6 +47,14 @@ constexpr int kMaxRanks = 64;
 
 struct Slot {
   int pass, fail, finished;
+};
+
+// The unique id goes from rank 0 to the others through this shared page. Rank 0 makes it (which
+// starts the bootstrap root's thread in rank 0's process); the parent starts no thread before
+// fork(), since a child forked while another thread holds a lock may wait on it forever.
+struct IdBox {
+  int ready;  // 0 not yet, 1 id valid, -1 rank 0 failed to make it
+  fabricoll_unique_id id;
 };
 Slot *g_slot = nullptr;
 int g_rank = -1, g_n = 0;
@@ -250,8 +259,32 @@ void expect_error(fabricoll_status s, const char *what, const char *arg) {
         "status " + std::to_string(int(s)) + ", last_error \"" + e + "\"");
 }
 
-int rank_main(const fabricoll_unique_id &id) {
+// Rank 0 makes the unique id and publishes it; the others wait for it (up to deadline).
+bool share_id(IdBox *box, fabricoll_unique_id &id, double deadline) {
+  if (g_rank == 0) {
+    fabricoll_status s = fabricoll_get_unique_id(&id);
+    bool ok = check(s == FABRICOLL_SUCCESS, "get_unique_id",
+                    std::string(fabricoll_status_string(int(s))) + ": " + fabricoll_last_error());
+    if (ok) std::memcpy(&box->id, &id, sizeof id);
+    __atomic_store_n(&box->ready, ok ? 1 : -1, __ATOMIC_RELEASE);
+    return ok;
+  }
+  while (now_s() < deadline) {
+    int r = __atomic_load_n(&box->ready, __ATOMIC_ACQUIRE);
+    if (r == 1) {
+      std::memcpy(&id, &box->id, sizeof id);
+      return true;
+    }
+    if (r < 0) return check(false, "get_unique_id", "rank 0 could not make the unique id");
+    usleep(1000);
+  }
+  return check(false, "get_unique_id", "rank 0 did not publish the unique id in time");
+}
+
+int rank_main(IdBox *box, double deadline) {
   const int n = g_n, me = g_rank;
+  fabricoll_unique_id id;
+  if (!share_id(box, id, deadline)) return 1;
 #ifdef CAPI_ENUM_FALLBACK
   if (me == 0)
     check(false, "include/fabricoll.h defines the datatype/op/algo/coll enums",
@@ -450,21 +483,16 @@ int main(int argc, char **argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::printf("capi_example (C++): fabricoll %s, %d ranks, provider %s\n", fabricoll_version(), n,
               std::getenv("FABRICOLL_PROVIDER") ? std::getenv("FABRICOLL_PROVIDER") : "(default)");
-  void *m = mmap(nullptr, sizeof(Slot) * (kMaxRanks + 1), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  const size_t map_len = sizeof(Slot) * (kMaxRanks + 1) + sizeof(IdBox);
+  void *m = mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) {
     std::perror("mmap");
     return 1;
   }
+  std::memset(m, 0, map_len);
   auto *slots = static_cast<Slot *>(m);
-  std::memset(slots, 0, sizeof(Slot) * (kMaxRanks + 1));
+  auto *box = reinterpret_cast<IdBox *>(slots + kMaxRanks + 1);
   g_n = n, g_slot = &slots[kMaxRanks];
-
-  fabricoll_unique_id id;
-  if (fabricoll_status s = fabricoll_get_unique_id(&id); s != FABRICOLL_SUCCESS) {
-    std::printf("FAIL get_unique_id: %s: %s\ncapi_example: 0 passed, 1 failed\n", fabricoll_status_string(s),
-                fabricoll_last_error());
-    return 1;
-  }
   std::fflush(stdout);
   std::signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill the parent before it reaps
   const pid_t parent = getpid();
@@ -480,7 +508,7 @@ int main(int argc, char **argv) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // a rank never outlives the parent
       if (getppid() != parent) _exit(4);
       g_rank = r, g_slot = &slots[r];
-      int rc = rank_main(id);
+      int rc = rank_main(box, now_s() + timeout_s);
       g_slot->finished = 1;
       std::fflush(stdout);
       _exit(rc);

@@ -72,7 +72,7 @@ on_exit() {
     failed=$current
   fi
   summary
-  if [ "$rc" -eq 0 ]; then
+  if [ "$rc" -eq 0 ] && [ -z "$failed" ]; then
     echo "test.sh: ALL STAGES PASSED"
   else
     if [ -n "$failed" ]; then
@@ -83,6 +83,9 @@ on_exit() {
   fi
 }
 trap on_exit EXIT
+# killed (CI's limit, ^C): stop with a failing status, so the summary never reads as a pass
+trap 'exit 143' TERM
+trap 'exit 130' INT
 
 # stage NAME TIMEOUT_S CMD... : run one stage, time it, stop everything if it fails.
 stage() {
