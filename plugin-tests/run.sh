@@ -22,6 +22,9 @@
 #                   with 4); the normal build runs 2, 3, 4 and 5
 #   CAPI_RANKS      ranks of each C API example run (default 4)
 #   CAPI_TIMEOUT    seconds the example's parent waits for its ranks before killing them (180)
+#   NCCL_TORCH      1 (default): run nccl_torch.py (PyTorch's NCCL loads the plugin; two ranks on
+#                   GPU 0 with their own NCCL_HOSTID, so all NCCL traffic crosses the plugin); it
+#                   prints SKIP and counts nothing without PyTorch or a CUDA device; 0: skip it
 # Logs: plugin-tests/build/logs/<provider>-<build>.log (stderr of the run),
 #       plugin-tests/build/logs/collnet-<provider>-<build>.log (stderr of the CollNet run), and
 #       plugin-tests/build/logs/capi-<program>-<provider>.log (full output of an example run).
@@ -38,6 +41,7 @@ CAPI=${CAPI:-1}
 COLLNET=${COLLNET:-1}
 CAPI_RANKS=${CAPI_RANKS:-4}
 CAPI_TIMEOUT=${CAPI_TIMEOUT:-180}
+NCCL_TORCH=${NCCL_TORCH:-1}
 
 # The library's directory, for the C API examples (they link it, with an rpath).
 export FABRICOLL_LIBDIR
@@ -206,6 +210,31 @@ if [ "$CAPI" = 1 ]; then
       done
     done
   done
+fi
+
+# ---- real NCCL (PyTorch's NCCL backend) over the plugin: needs a GPU, skipped without one -----
+if [ "$NCCL_TORCH" = 1 ]; then
+  log="$LOGDIR/nccl-torch.log"
+  echo "== NCCL through PyTorch (plugin-tests/nccl_torch.py), provider tcp, 2 ranks on GPU 0 =="
+  if ! command -v python3 >/dev/null 2>&1; then
+    echo "SKIP nccl-torch: no python3"
+    summary="$summary  nccl-torch: skipped (no python3)\n"
+  else
+    out=$(timeout --kill-after=15 400 python3 "$HERE/nccl_torch.py" --lib "$LIB" --ranks 2 \
+      --provider tcp --timeout 300 2>&1)
+    rc=$?
+    printf '%s\n' "$out" >"$log"
+    if printf '%s\n' "$out" | grep -q '^SKIP'; then
+      printf '%s\n' "$out" | grep '^SKIP' | sed 's/^SKIP/SKIP nccl-torch/'
+      summary="$summary  nccl-torch: skipped ($(printf '%s\n' "$out" | grep -m1 '^SKIP' | cut -c7-))\n"
+    else
+      printf '%s\n' "$out" | grep -E 'WRONG|passed|plugin loaded|allreduce 64'
+      if [ "$rc" -eq 0 ]; then p=1 f=0; else p=0 f=1; fi
+      total_pass=$((total_pass + p))
+      total_fail=$((total_fail + f))
+      summary="$summary  nccl-torch: exit $rc (log: $log)\n"
+    fi
+  fi
 fi
 
 printf '%b' "$summary"

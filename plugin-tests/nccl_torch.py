@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""Real NCCL over fabricoll: PyTorch's NCCL backend with our net (and CollNet) plugin.
+
+Starts R ranks on GPU 0 of this machine, each with its own NCCL_HOSTID, so that NCCL takes every
+rank for a separate node and carries all of its traffic through the network plugin: the plugin
+is exercised by NCCL's own proxy thread, not by our harness.  Each rank runs AllReduce (several
+types, ops and sizes, up to 64 MiB), AllGather, ReduceScatter, Broadcast, AllToAll and Send/Recv,
+checks every element against a value computed independently (small integers, exact in every
+type), then times a 64 MiB AllReduce.  The parent checks NCCL's log for the lines that prove the
+plugin carried the data ("Using network fabricoll", "via NET/fabricoll").
+
+Usage:
+    plugin-tests/nccl_torch.py --lib target/release/libnccl-net-fabricoll.so \
+        [--ranks 2] [--provider tcp] [--collnet] [--timeout 300]
+
+Exit status: 0 passed, 1 failed, 0 with a line starting "SKIP" when there is no PyTorch with CUDA
+(this test needs a GPU; CI machines have none and skip it).
+"""
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    p.add_argument("--lib", required=True, help="path to libnccl-net-fabricoll.so")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--provider", default="tcp", help="FABRICOLL_PROVIDER of the ranks")
+    p.add_argument("--collnet", action="store_true", help="NCCL_COLLNET_ENABLE=1")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole run")
+    p.add_argument("--child", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child(a):
+    import torch
+    import torch.distributed as dist
+
+    rank, n = a.child, a.ranks
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    dist.init_process_group(
+        "nccl", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank, world_size=n, device_id=dev
+    )
+    checks = 0
+    bad = []
+
+    def expect(name, got, want):
+        nonlocal checks
+        checks += 1
+        if not torch.equal(got.cpu(), want.cpu()):
+            diff = (got.cpu().double() != want.cpu().double()).nonzero()
+            bad.append(f"{name}: {diff.numel()} wrong elements, first at {diff[0].tolist()}")
+
+    def pattern(r, count, dtype):
+        # small integers: exact in every type, sums over <= 8 ranks stay exact in bf16/f16
+        return ((torch.arange(count, device=dev) + 3 * r) % 7 + 1).to(dtype)
+
+    sizes = [1, 7, 1000, (1 << 16) + 3, 1 << 20, 16 << 20]  # elements; 16M f32 = 64 MiB
+    for count in sizes:
+        for dtype in (torch.float32, torch.bfloat16, torch.int32):
+            if dtype != torch.float32 and count > (1 << 20):
+                continue
+            x = pattern(rank, count, dtype)
+            dist.all_reduce(x, op=dist.ReduceOp.SUM)
+            want = sum(pattern(r, count, torch.int64) for r in range(n)).to(dtype)
+            expect(f"allreduce sum {dtype} x{count}", x, want)
+        x = pattern(rank, count, torch.int32)
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+        want = torch.stack([pattern(r, count, torch.int32) for r in range(n)]).amax(0)
+        expect(f"allreduce max int32 x{count}", x, want)
+
+    for per in (1, 1000, 1 << 18):
+        x = pattern(rank, per, torch.float32)
+        out = torch.empty(per * n, device=dev)
+        dist.all_gather_into_tensor(out, x)
+        expect(f"allgather x{per}", out, torch.cat([pattern(r, per, torch.float32) for r in range(n)]))
+
+        x = torch.cat([pattern(rank + j, per, torch.float32) for j in range(n)])
+        out = torch.empty(per, device=dev)
+        dist.reduce_scatter_tensor(out, x)
+        want = sum(pattern(r + rank, per, torch.int64) for r in range(n)).to(torch.float32)
+        expect(f"reducescatter x{per}", out, want)
+
+        root = n - 1
+        x = pattern(rank, per, torch.float32)
+        dist.broadcast(x, src=root)
+        expect(f"broadcast x{per}", x, pattern(root, per, torch.float32))
+
+        x = torch.cat([pattern(rank * n + j, per, torch.float32) for j in range(n)])
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x)
+        want = torch.cat([pattern(j * n + rank, per, torch.float32) for j in range(n)])
+        expect(f"alltoall x{per}", out, want)
+
+        # send/recv around a ring
+        x = pattern(rank, per, torch.float32)
+        out = torch.empty_like(x)
+        ops = [
+            dist.P2POp(dist.isend, x, (rank + 1) % n),
+            dist.P2POp(dist.irecv, out, (rank - 1) % n),
+        ]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        expect(f"sendrecv x{per}", out, pattern((rank - 1) % n, per, torch.float32))
+
+    # time a 64 MiB AllReduce (nccl-tests' busbw: algbw * 2(n-1)/n)
+    x = torch.ones(16 << 20, device=dev)
+    for _ in range(3):
+        dist.all_reduce(x)
+    torch.cuda.synchronize()
+    iters = 10
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(x)
+    torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / iters
+    if rank == 0:
+        algbw = x.numel() * 4 / dt / 1e9
+        print(f"rank 0: allreduce 64 MiB: {dt * 1e6:.0f} us, algbw {algbw:.2f} GB/s, "
+              f"busbw {algbw * 2 * (n - 1) / n:.2f} GB/s", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    for b in bad:
+        print(f"rank {rank}: WRONG {b}", flush=True)
+    print(f"rank {rank}: {checks - len(bad)} passed, {len(bad)} failed", flush=True)
+    return 1 if bad else 0
+
+
+def parent(a):
+    try:
+        import torch
+    except ImportError:
+        print("SKIP: PyTorch is not installed")
+        return 0
+    if not torch.cuda.is_available():
+        print("SKIP: no CUDA device")
+        return 0
+    lib = os.path.abspath(a.lib)
+    if not os.path.isfile(lib):
+        print(f"nccl_torch: no plugin library at {lib}", file=sys.stderr)
+        return 1
+    port = free_port()
+    procs = []
+    for r in range(a.ranks):
+        env = dict(os.environ)
+        env.update(
+            NCCL_NET_PLUGIN=lib,
+            NCCL_NET="fabricoll",
+            NCCL_HOSTID=f"fabricoll-node-{r}",  # every rank its own node: all traffic via the plugin
+            NCCL_DEBUG="INFO",
+            NCCL_DEBUG_SUBSYS="INIT,NET,COLL" if a.collnet else "INIT,NET",
+            NCCL_SOCKET_IFNAME="lo",  # NCCL's own bootstrap
+            FABRICOLL_PROVIDER=a.provider,
+            FABRICOLL_TIMEOUT_MS="60000",
+        )
+        if a.provider == "tcp":
+            env["FABRICOLL_DOMAIN"] = "lo"
+        if a.collnet:
+            env["NCCL_COLLNET_ENABLE"] = "1"
+        cmd = [sys.executable, os.path.abspath(__file__), "--lib", lib, "--ranks", str(a.ranks),
+               "--child", str(r), "--port", str(port)]
+        log = open(f"/tmp/nccl_torch.{os.getpid()}.{r}.log", "w+")
+        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    deadline = time.time() + a.timeout
+    rcs = []
+    for p, _ in procs:
+        try:
+            rcs.append(p.wait(timeout=max(1.0, deadline - time.time())))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rcs.append("timeout")
+    failed = 0
+    for r, (p, log) in enumerate(procs):
+        log.seek(0)
+        text = log.read()
+        lines = text.splitlines()
+        keep = [l for l in lines if any(k in l for k in (
+            "fabricoll", "NET/Plugin", "CollNet", "passed", "WRONG", "Error", "error", "rank 0:"))]
+        print(f"---- rank {r} (exit {rcs[r]}): {len(lines)} log lines, the relevant ones:")
+        for l in keep[:60]:
+            print("   ", l)
+        if rcs[r] != 0:
+            failed += 1
+            print("    ... last lines:")
+            for l in lines[-25:]:
+                print("   ", l)
+        if r == 0:
+            used = "via NET/fabricoll" in text
+            loaded = "fabricoll" in text and "NET/Plugin" in text
+            print(f"rank 0: plugin loaded by NCCL: {loaded}; NCCL channels via NET/fabricoll: {used}")
+            if not (used and loaded):
+                failed += 1
+            if a.collnet:
+                print(f"rank 0: CollNet in use: {'via COLLNET/fabricoll' in text or 'CollNet' in text}")
+    ok_ranks = sum(1 for rc in rcs if rc == 0)
+    print(f"nccl_torch: {ok_ranks} ranks passed, {failed} failed checks (ranks or plugin use)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    args = parse()
+    sys.exit(child(args) if args.child >= 0 else parent(args))
