@@ -433,3 +433,62 @@ fn a_missing_peer_times_out_and_in_place_input_is_restored() {
         })
         .is_err());
 }
+
+#[test]
+fn mismatched_counts_across_ranks_are_errors_not_hangs() {
+    // Rank 1 passes a larger count than rank 0. Each algorithm must end both calls with an error
+    // within the deadline (a message of the wrong size is detected where it lands; the other
+    // rank then loses its peer), never report success, and restore in-place inputs.
+    for algo in [Algorithm::Ring, Algorithm::Mesh, Algorithm::Rdh] {
+        let cs = comms(2, &cfg(&[("FABRICOLL_TIMEOUT_MS", "1500")]));
+        let counts = [1000usize, 1200];
+        let t = std::time::Instant::now();
+        let outcomes: Vec<(String, bool)> = std::thread::scope(|s| {
+            let hs: Vec<_> = cs
+                .iter()
+                .enumerate()
+                .map(|(r, c)| {
+                    s.spawn(move || {
+                        let mut data = buf(DataType::Float32, (0..counts[r]).map(|i| value(r, i)));
+                        let orig = data.clone();
+                        let reg = region(&mut data);
+                        let res = c.run(&Call {
+                            kind: Kind::Coll(Collective::AllReduce),
+                            send: reg,
+                            recv: reg,
+                            count: counts[r],
+                            dtype: DataType::Float32,
+                            op: RedOp::Sum,
+                            root: 0,
+                            algo: Some(algo),
+                        });
+                        let msg = match res {
+                            Ok(()) => String::from("OK"),
+                            Err(e) => e.to_string(),
+                        };
+                        (msg, data == orig)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "{algo:?}: took {:?}",
+            t.elapsed()
+        );
+        for (r, (msg, restored)) in outcomes.iter().enumerate() {
+            assert_ne!(msg, "OK", "{algo:?}: rank {r} reported success");
+            assert!(
+                restored,
+                "{algo:?}: rank {r}'s in-place input was not restored"
+            );
+        }
+        assert!(
+            outcomes
+                .iter()
+                .any(|(m, _)| m.contains("with the same count and type")),
+            "{algo:?}: no rank said what was wrong: {outcomes:?}"
+        );
+    }
+}

@@ -366,6 +366,13 @@ impl Exec {
             Error::InvalidUsage(m) if m.contains("cancelled") => Error::Remote(
                 "the provider aborted the operation (connection to the peer lost)".into(),
             ),
+            // A peer sent more than this rank's schedule expects: the ranks disagree on the call.
+            Error::InvalidArgument(m) if m.contains("arrived for a receive buffer") => {
+                Error::InvalidUsage(format!(
+                    "{}: do the ranks make the same call with the same count and type?",
+                    m.trim_start_matches("argument 'size': ")
+                ))
+            }
             e => e,
         })?;
         let step = self.job.schedule.ranks[self.job.rank][i].op.clone();
