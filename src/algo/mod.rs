@@ -738,5 +738,22 @@ pub fn implementation(algo: Algorithm) -> Option<&'static dyn Collectives> {
 
 /// The collectives an algorithm implements.
 pub fn supports(algo: Algorithm, coll: Collective) -> bool {
+    // The cost model asks this for every candidate on every call, so the answer is probed once
+    // per pair (by building a 2-rank, 1-element schedule) and then read from a table.
+    static TABLE: once_cell::sync::Lazy<Vec<(Algorithm, Collective, bool)>> =
+        once_cell::sync::Lazy::new(|| {
+            Algorithm::ALL
+                .iter()
+                .flat_map(|a| Collective::ALL.iter().map(move |c| (*a, *c)))
+                .map(|(a, c)| (a, c, probe_support(a, c)))
+                .collect()
+        });
+    TABLE
+        .iter()
+        .find(|(a, c, _)| *a == algo && *c == coll)
+        .map_or_else(|| probe_support(algo, coll), |t| t.2)
+}
+
+fn probe_support(algo: Algorithm, coll: Collective) -> bool {
     build(Problem::new(coll, 2, 1), algo, &Options::default()).is_ok()
 }
