@@ -693,10 +693,9 @@ static int share_id(struct idbox *box, fabricoll_unique_id *id, double deadline)
 static int rank_main(struct idbox *box, double deadline) {
   fabricoll_comm *comm = NULL;
   double t0 = now_s();
-  fabricoll_unique_id idv;
-  const fabricoll_unique_id *id = &idv;
-  if (share_id(box, &idv, deadline)) return 1;
-  if (!ok_call(fabricoll_comm_init_rank(&comm, g_n, id, g_rank), "comm_init_rank")) return 1;
+  fabricoll_unique_id id;
+  if (share_id(box, &id, deadline)) return 1;
+  if (!ok_call(fabricoll_comm_init_rank(&comm, g_n, &id, g_rank), "comm_init_rank")) return 1;
   check(1, "comm_init_rank", NULL);
   int r = -1, s = -1;
   ok_call(fabricoll_comm_rank(comm, &r), "comm_rank");

@@ -748,10 +748,7 @@ pub fn supports(algo: Algorithm, coll: Collective) -> bool {
                 .map(|(a, c)| (a, c, probe_support(a, c)))
                 .collect()
         });
-    TABLE
-        .iter()
-        .find(|(a, c, _)| *a == algo && *c == coll)
-        .map_or_else(|| probe_support(algo, coll), |t| t.2)
+    TABLE.iter().any(|&(a, c, ok)| a == algo && c == coll && ok)
 }
 
 fn probe_support(algo: Algorithm, coll: Collective) -> bool {
