@@ -106,14 +106,22 @@ pub(crate) fn all_gather(
             let cs = md(i as isize - s as isize, m);
             let cr = md(i as isize - s as isize - 1, m);
             let mut new_prev = Vec::new();
-            for (j, sl) in slices(chunk(i, cs), o.slice).into_iter().enumerate() {
-                let mut deps = start[r].clone();
-                if let Some(&d) = prev[i].get(j) {
-                    if d != usize::MAX {
-                        deps.push(d);
-                    }
+            if s == 0 {
+                // The own chunk goes straight from the input: the first send waits for
+                // nothing, not for the local copy into the output.
+                for sl in slices(src[i], o.slice) {
+                    b.send(r, next, sl, &start[r]);
                 }
-                b.send(r, next, sl, &deps);
+            } else {
+                for (j, sl) in slices(chunk(i, cs), o.slice).into_iter().enumerate() {
+                    let mut deps = start[r].clone();
+                    if let Some(&d) = prev[i].get(j) {
+                        if d != usize::MAX {
+                            deps.push(d);
+                        }
+                    }
+                    b.send(r, next, sl, &deps);
+                }
             }
             for rl in slices(chunk(i, cr), o.slice) {
                 new_prev.push(b.recv(r, pv, rl, &start[r]));

@@ -6,12 +6,12 @@ pub mod bootstrap;
 use crate::algo::{self, Algorithm, Collective, Options, Problem, Schedule, Span};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::exec::{self, Exec, Job, Plan, Tags};
+use crate::exec::{self, BufPool, Exec, Job, Plan, Tags};
+use crate::hash::FastMap;
 use crate::reduce::{DataType, RedOp};
 use crate::transport::{Completion, Peer, Region, Scratch, Transport};
 use crate::tune::{self, Model};
 use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,7 +61,7 @@ enum ReqState {
 type ScheduleKey = (Problem, Algorithm, Options, usize);
 
 struct Engine {
-    execs: HashMap<u32, ReqState>,
+    execs: FastMap<u32, ReqState>,
     next_id: u32,
     seq: u32,
     p2p_send: Vec<u64>,
@@ -70,7 +70,9 @@ struct Engine {
     graveyard: Vec<Scratch>,
     scratch: Vec<Completion>,
     /// Schedules and this rank's plan of them, per (problem, algorithm, options, element size).
-    cache: HashMap<ScheduleKey, (Arc<Schedule>, Arc<Plan>)>,
+    cache: FastMap<ScheduleKey, (Arc<Schedule>, Arc<Plan>)>,
+    /// Staging, Tmp and backup memory kept between calls.
+    pool: BufPool,
 }
 
 /// A communicator: `nranks` ranks, this one being `rank`, over one transport endpoint.
@@ -124,14 +126,15 @@ impl Comm {
             transport,
             peers,
             engine: Mutex::new(Engine {
-                execs: HashMap::new(),
+                execs: FastMap::default(),
                 next_id: 1,
                 seq: 0,
                 p2p_send: vec![0; nranks],
                 p2p_recv: vec![0; nranks],
                 graveyard: Vec::new(),
                 scratch: Vec::new(),
-                cache: HashMap::new(),
+                cache: FastMap::default(),
+                pool: BufPool::default(),
             }),
             timeout: cfg.timeout,
             poll: cfg.poll,
@@ -333,6 +336,7 @@ impl Comm {
                     },
                     plan,
                     id,
+                    &mut e.pool,
                 )?
             }
             (None, Kind::Send { peer }) => {
@@ -349,6 +353,7 @@ impl Comm {
                     k,
                     self.timeout,
                     id,
+                    &mut e.pool,
                 )?
             }
             (None, Kind::Recv { peer }) => {
@@ -365,6 +370,7 @@ impl Comm {
                     k,
                     self.timeout,
                     id,
+                    &mut e.pool,
                 )?
             }
             (None, Kind::Coll(_) | Kind::Window { .. }) => {
@@ -385,7 +391,7 @@ impl Comm {
         for c in comps.drain(..) {
             let id = Exec::exec_of(c.op);
             let r = match e.execs.get_mut(&id) {
-                Some(ReqState::Running(x)) => x.on_completion(c),
+                Some(ReqState::Running(x)) => x.on_completion(c, &mut e.pool),
                 _ => Ok(()), // a failed or finished collective's late completion
             };
             if let Err(err) = r {
@@ -393,34 +399,40 @@ impl Comm {
             }
         }
         e.scratch = comps;
-        let ids: Vec<u32> = e
-            .execs
-            .iter()
-            .filter(|(_, s)| matches!(s, ReqState::Running(_)))
-            .map(|(k, _)| *k)
-            .collect();
-        for id in ids {
-            let Some(ReqState::Running(x)) = e.execs.get_mut(&id) else {
+        let mut failed = Vec::new();
+        let Engine { execs, pool, .. } = &mut *e;
+        for (id, st) in execs.iter_mut() {
+            let ReqState::Running(x) = st else {
                 continue;
             };
             let r = x
-                .advance(t, &self.peers)
+                .advance(t, &self.peers, pool)
                 .and_then(|m| x.check_deadline().map(|_| m));
             match r {
                 Ok(m) => {
                     moved |= m;
                     if x.is_finished() {
-                        e.execs.insert(id, ReqState::Done);
+                        if let ReqState::Running(x) = std::mem::replace(st, ReqState::Done) {
+                            x.recycle(pool);
+                        }
                     }
                 }
-                Err(err) => fail(e, t, id, err),
+                Err(err) => failed.push((*id, err)),
             }
+        }
+        for (id, err) in failed {
+            fail(e, t, id, err);
         }
         Ok(moved)
     }
 
     /// Is the request done? Done and failed requests are released when reported.
     pub fn test(&self, req: RequestId) -> Result<bool> {
+        self.test_moved(req).map(|(done, _)| done)
+    }
+
+    /// `test`, and whether anything moved (for the waiter's idle clock).
+    fn test_moved(&self, req: RequestId) -> Result<(bool, bool)> {
         let id = u32::try_from(req)
             .map_err(|_| Error::arg("request", "not a request of this communicator"))?;
         let mut e = self.engine.lock();
@@ -430,12 +442,12 @@ impl Comm {
                 "not a pending request of this communicator",
             ));
         }
-        self.progress(&mut e)?;
+        let moved = self.progress(&mut e)?;
         match e.execs.get(&id) {
-            Some(ReqState::Running(_)) => Ok(false),
+            Some(ReqState::Running(_)) => Ok((false, moved)),
             Some(ReqState::Done) => {
                 e.execs.remove(&id);
-                Ok(true)
+                Ok((true, moved))
             }
             Some(ReqState::Failed(_)) => match e.execs.remove(&id) {
                 Some(ReqState::Failed(err)) => Err(err),
@@ -445,18 +457,34 @@ impl Comm {
         }
     }
 
-    /// Wait for a request: poll for `FABRICOLL_POLL_US`, then sleep on the completion queue.
+    /// Wait for a request. While something moved in the last `FABRICOLL_POLL_US`, poll: a
+    /// few rounds back to back, then yielding the core between rounds, so that ranks that
+    /// outnumber the cores get to run (a yield with nothing else runnable returns at once).
+    /// After that long without progress, sleep on the completion queue until it signals
+    /// (at most 1 ms at a time; every collective's own deadline still applies).
     pub fn wait(&self, req: RequestId) -> Result<()> {
+        const SPINS: u32 = 64;
         let mut idle_since = Instant::now();
+        let mut idle_rounds = 0u32;
         loop {
-            if self.test(req)? {
+            let (done, moved) = self.test_moved(req)?;
+            if done {
                 return Ok(());
             }
-            if idle_since.elapsed() >= self.poll {
+            if moved {
+                idle_since = Instant::now();
+                idle_rounds = 0;
+                continue;
+            }
+            idle_rounds += 1;
+            if idle_rounds <= SPINS {
+                std::hint::spin_loop();
+            } else if idle_since.elapsed() < self.poll {
+                std::thread::yield_now();
+            } else {
                 self.transport.wait(Duration::from_millis(1))?;
                 idle_since = Instant::now();
-            } else {
-                std::hint::spin_loop();
+                idle_rounds = 0;
             }
         }
     }

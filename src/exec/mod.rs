@@ -20,6 +20,49 @@ use std::time::{Duration, Instant};
 /// Staging memory one collective may hold for receive-and-reduce.
 pub const STAGING_LIMIT: usize = 16 << 20;
 
+/// Memory a communicator keeps between calls for staging, Tmp and in-place backups.
+pub const POOL_LIMIT: usize = 32 << 20;
+
+/// Scratch buffers kept between calls, so that a collective neither allocates nor zeroes its
+/// staging and Tmp memory again (zeroing alone costs as much as a copy). At most `POOL_LIMIT`
+/// bytes are kept; a reused buffer holds whatever its last user left (schedules write Tmp and
+/// staging before reading them: the symbolic checker proves it).
+#[derive(Default)]
+pub struct BufPool {
+    bufs: Vec<Scratch>,
+    bytes: usize,
+}
+
+impl BufPool {
+    /// A buffer of at least `len` bytes: the smallest kept one that fits, else a new one.
+    pub fn take(&mut self, len: usize) -> Scratch {
+        let best = self
+            .bufs
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.len() >= len)
+            .min_by_key(|(_, b)| b.len())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => {
+                let b = self.bufs.swap_remove(i);
+                self.bytes -= b.len();
+                b
+            }
+            None => Scratch::new(len),
+        }
+    }
+
+    /// Keep `b` for later calls, unless the pool is full.
+    pub fn put(&mut self, b: Scratch) {
+        if b.is_empty() || self.bytes + b.len() > POOL_LIMIT {
+            return;
+        }
+        self.bytes += b.len();
+        self.bufs.push(b);
+    }
+}
+
 /// Wire tags of collective messages: `kind:1 | sequence:23 | source rank:20 | message:20`.
 pub fn coll_tag(seq: u32, src: usize, k: usize) -> u64 {
     (1u64 << 63)
@@ -142,7 +185,7 @@ pub struct Exec {
     inp: Region,
     out: Region,
     tmp: Scratch,
-    /// The input's copy when in place: (copy, the caller's buffer it restores).
+    /// The input's copy when in place (`inp` then points into it).
     backup: Option<Scratch>,
     state: Vec<St>,
     pending: Vec<u32>,
@@ -150,11 +193,14 @@ pub struct Exec {
     ready: VecDeque<usize>,
     /// Staging of posted receive-and-reduce steps: the buffer and the message length.
     staging: Vec<Option<(Scratch, usize)>>,
-    /// Staging buffers free for reuse (slices of one collective mostly share a size).
-    spare: Vec<Scratch>,
     staged: usize,
     done: usize,
+    /// Progress since the deadline clock was last read, and polls since then.
+    moved: bool,
+    polls: u32,
     last: Instant,
+    /// Ready steps being run (kept to reuse its memory).
+    batch: Vec<usize>,
     id: u64,
     posted_recvs: usize,
     finished: bool,
@@ -167,7 +213,7 @@ fn bytes(elem: usize, s: &Span) -> (usize, usize) {
 impl Exec {
     /// Prepare rank `job.rank`'s steps (`plan` is `Plan::new` of the same schedule and rank);
     /// `id` distinguishes concurrent collectives' operations.
-    pub fn new(job: Job, plan: Arc<Plan>, id: u32) -> Result<Exec> {
+    pub fn new(job: Job, plan: Arc<Plan>, id: u32, pool: &mut BufPool) -> Result<Exec> {
         let elem = job.dtype.size();
         let (need_in, need_out) = (plan.need_in, plan.need_out);
         if job.inp.len() < need_in {
@@ -190,14 +236,20 @@ impl Exec {
             && inp.addr() < out.addr() + out.len()
             && out.addr() < inp.addr() + inp.len();
         let (inp, backup) = if overlap {
-            let b = Scratch::new(inp.len());
-            inp.with(|src| b.region().with_mut(|dst| dst.copy_from_slice(src)));
-            (b.region(), Some(b))
+            let b = pool.take(inp.len());
+            let copy = b.region().sub(0, inp.len()).expect("pool buffers fit");
+            inp.with(|src| copy.with_mut(|dst| dst.copy_from_slice(src)));
+            (copy, Some(b))
         } else {
             (inp, None)
         };
         let n = plan.pending.len();
-        let tmp = Scratch::new(job.schedule.tmp_len[job.rank] * elem);
+        let tmp_len = job.schedule.tmp_len[job.rank] * elem;
+        let tmp = if tmp_len == 0 {
+            Scratch::new(0)
+        } else {
+            pool.take(tmp_len)
+        };
         let out = if need_out == 0 { Region::empty() } else { out };
         Ok(Exec {
             elem,
@@ -210,10 +262,12 @@ impl Exec {
             ready: plan.ready.iter().copied().collect(),
             plan,
             staging: (0..n).map(|_| None).collect(),
-            spare: Vec::new(),
             staged: 0,
             done: 0,
+            moved: false,
+            polls: 0,
             last: Instant::now(),
+            batch: Vec::new(),
             id: id as u64,
             posted_recvs: 0,
             finished: false,
@@ -255,14 +309,23 @@ impl Exec {
     fn complete(&mut self, i: usize) {
         self.state[i] = St::Done;
         self.done += 1;
-        self.last = Instant::now();
-        let plan = self.plan.clone();
-        for &d in &plan.dependents[i] {
+        self.moved = true;
+        for &d in &self.plan.dependents[i] {
             let d = d as usize;
             self.pending[d] -= 1;
             if self.pending[d] == 0 {
                 self.ready.push_back(d);
             }
+        }
+    }
+
+    /// Order of the ready steps: receives first (so that peers' messages find them posted
+    /// instead of waiting in the provider's unexpected queue), then sends, then local work.
+    fn priority(&self, i: usize) -> u8 {
+        match self.job.schedule.ranks[self.job.rank][i].op {
+            Op::Recv { .. } | Op::RecvReduce { .. } => 0,
+            Op::Send { .. } => 1,
+            _ => 2,
         }
     }
 
@@ -279,10 +342,58 @@ impl Exec {
     }
 
     /// Post or run every ready step; returns whether anything happened.
-    pub fn advance(&mut self, t: &dyn Transport, peers: &[Peer]) -> Result<bool> {
+    pub fn advance(
+        &mut self,
+        t: &dyn Transport,
+        peers: &[Peer],
+        pool: &mut BufPool,
+    ) -> Result<bool> {
         let mut progressed = false;
         let mut deferred = VecDeque::new();
-        while let Some(i) = self.ready.pop_front() {
+        let mut batch = std::mem::take(&mut self.batch);
+        let r = self.run_ready(t, peers, pool, &mut batch, &mut deferred, &mut progressed);
+        batch.clear();
+        self.batch = batch;
+        r?;
+        self.ready = deferred;
+        self.check_finished();
+        Ok(progressed)
+    }
+
+    fn run_ready(
+        &mut self,
+        t: &dyn Transport,
+        peers: &[Peer],
+        pool: &mut BufPool,
+        batch: &mut Vec<usize>,
+        deferred: &mut VecDeque<usize>,
+        progressed: &mut bool,
+    ) -> Result<()> {
+        while !self.ready.is_empty() {
+            batch.clear();
+            batch.extend(self.ready.drain(..));
+            if batch.len() > 1 {
+                batch.sort_by_key(|&i| self.priority(i));
+            }
+            for &i in batch.iter() {
+                if self.step(t, peers, pool, i, deferred)? {
+                    *progressed = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Post or run ready step `i`; false if it had to wait (deferred).
+    fn step(
+        &mut self,
+        t: &dyn Transport,
+        peers: &[Peer],
+        pool: &mut BufPool,
+        i: usize,
+        deferred: &mut VecDeque<usize>,
+    ) -> Result<bool> {
+        {
             let op = self.job.schedule.ranks[self.job.rank][i].op.clone();
             match op {
                 Op::Nop => self.complete(i),
@@ -301,7 +412,7 @@ impl Exec {
                         Posted::Queued => self.state[i] = St::Posted,
                         Posted::Busy => {
                             deferred.push_back(i);
-                            continue;
+                            return Ok(false);
                         }
                     }
                 }
@@ -314,7 +425,7 @@ impl Exec {
                         }
                         Posted::Busy => {
                             deferred.push_back(i);
-                            continue;
+                            return Ok(false);
                         }
                     }
                 }
@@ -322,12 +433,9 @@ impl Exec {
                     let need = dst.len * self.elem;
                     if self.staged > 0 && self.staged + need > STAGING_LIMIT {
                         deferred.push_back(i);
-                        continue;
+                        return Ok(false);
                     }
-                    let buf = match self.spare.iter().position(|b| b.len() >= need) {
-                        Some(k) => self.spare.swap_remove(k),
-                        None => Scratch::new(need),
-                    };
+                    let buf = pool.take(need);
                     let tag = self.tag(peer, i);
                     let into = buf.region().sub(0, need).expect("spare is large enough");
                     match t.recv(tag, 0, into, None, self.op_id(i))? {
@@ -338,22 +446,19 @@ impl Exec {
                             self.staging[i] = Some((buf, need));
                         }
                         Posted::Busy => {
-                            self.spare.push(buf);
+                            pool.put(buf);
                             deferred.push_back(i);
-                            continue;
+                            return Ok(false);
                         }
                     }
                 }
             }
-            progressed = true;
         }
-        self.ready = deferred;
-        self.check_finished();
-        Ok(progressed)
+        Ok(true)
     }
 
     /// Handle a transport completion of one of our operations.
-    pub fn on_completion(&mut self, c: Completion) -> Result<()> {
+    pub fn on_completion(&mut self, c: Completion, pool: &mut BufPool) -> Result<()> {
         let i = (c.op & 0xffff_ffff) as usize;
         if i >= self.state.len() || self.state[i] != St::Posted {
             return Err(Error::Internal(format!(
@@ -393,14 +498,16 @@ impl Exec {
                 let (buf, need) = self.staging[i].take().expect("staged receive");
                 self.staged -= need;
                 if c.len != need {
+                    pool.put(buf);
                     return Err(Error::Remote(format!(
                         "received {} bytes where {need} were expected: do all ranks call the same collective with the same count and type?",
                         c.len
                     )));
                 }
                 let msg = buf.region().sub(0, need).expect("staged length");
-                self.reduce_into(self.region(&src), msg, self.region(&dst))?;
-                self.spare.push(buf);
+                let r = self.reduce_into(self.region(&src), msg, self.region(&dst));
+                pool.put(buf);
+                r?;
             }
             _ => return Err(Error::Internal("completion for a local step".into())),
         }
@@ -427,9 +534,23 @@ impl Exec {
         self.finished = true;
     }
 
-    /// The deadline check: an error if nothing moved for the timeout.
-    pub fn check_deadline(&self) -> Result<()> {
-        if !self.finished && self.last.elapsed() > self.job.timeout {
+    /// The deadline check: an error if nothing moved for the timeout. The clock is read every
+    /// `DEADLINE_POLLS` polls (a poll that finds nothing is a few hundred ns, and a waiter
+    /// that sleeps polls at least every millisecond), so the error comes at most that many
+    /// polls late.
+    pub fn check_deadline(&mut self) -> Result<()> {
+        const DEADLINE_POLLS: u32 = 32;
+        self.polls += 1;
+        if self.finished || self.polls < DEADLINE_POLLS {
+            return Ok(());
+        }
+        self.polls = 0;
+        let now = Instant::now();
+        if std::mem::take(&mut self.moved) {
+            self.last = now;
+            return Ok(());
+        }
+        if now.duration_since(self.last) > self.job.timeout {
             return Err(Error::Timeout(format!(
                 "{:?} made no progress for {} ms (FABRICOLL_TIMEOUT_MS): {} of {} steps done; is every rank alive and calling it?",
                 self.job.tags,
@@ -450,9 +571,9 @@ impl Exec {
                 t.cancel(self.op_id(i));
             }
         }
-        if let Some(b) = &self.backup {
-            let user = self.job.inp.sub(0, b.len()).expect("backup length");
-            b.region()
+        if self.backup.is_some() {
+            let user = self.job.inp.sub(0, self.inp.len()).expect("backup length");
+            self.inp
                 .with(|src| user.with_mut(|d| d.copy_from_slice(src)));
         }
         let mut keep: Vec<Scratch> = self.staging.drain(..).flatten().map(|(b, _)| b).collect();
@@ -474,6 +595,7 @@ impl Exec {
         k: u64,
         timeout: Duration,
         id: u32,
+        pool: &mut BufPool,
     ) -> Result<Exec> {
         use crate::algo::{Algorithm, Builder, Problem};
         let mut b = Builder::new(nranks);
@@ -502,7 +624,16 @@ impl Exec {
             },
             plan,
             id,
+            pool,
         )
+    }
+
+    /// A finished collective's memory, back to the pool.
+    pub fn recycle(mut self, pool: &mut BufPool) {
+        pool.put(std::mem::replace(&mut self.tmp, Scratch::new(0)));
+        if let Some(b) = self.backup.take() {
+            pool.put(b);
+        }
     }
 
     /// Steps posted to the transport and not completed.

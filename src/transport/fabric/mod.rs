@@ -7,6 +7,7 @@ pub mod sys;
 use super::{Caps, Completion, Mr, OpId, Peer, Posted, Region, Transport};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::hash::FastMap;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{CStr, CString};
@@ -467,6 +468,8 @@ enum Role {
     Dual,
     /// A provider receive we cancelled ourselves: its completion is dropped.
     Swallow,
+    /// A small message sent through the peer's pool: its framed buffer is reused.
+    SmallSend,
 }
 
 /// Messages up to this size bypass the provider's tag matching on shm before libfabric 1.19:
@@ -497,7 +500,12 @@ struct Soft {
     small: usize,
     posted: VecDeque<SoftRecv>,
     unexpected: VecDeque<(u64, Vec<u8>)>,
+    /// Framed send buffers (`small + 8` bytes of capacity) whose sends completed.
+    free: Vec<Vec<u8>>,
 }
+
+/// Framed small-message buffers kept for reuse.
+const FREE_BUFS: usize = 64;
 
 struct Inner {
     ep: *mut sys::fid_ep,
@@ -505,7 +513,9 @@ struct Inner {
     av: *mut sys::fid_av,
     dom: Arc<DomainFids>,
     /// Operations in flight, keyed by the address of their context.
-    ops: HashMap<usize, Box<OpCtx>>,
+    ops: FastMap<usize, Box<OpCtx>>,
+    /// Completion entries read per `fi_cq_read` (kept: zeroing them per poll shows in profiles).
+    entries: Vec<sys::fi_cq_tagged_entry>,
     peers: HashMap<Vec<u8>, u64>,
     /// Owned sends the provider refused with EAGAIN, retried on poll.
     backlog: VecDeque<(Peer, u64, Vec<u8>, OpId)>,
@@ -676,7 +686,8 @@ impl FabricTransport {
                 cq,
                 av,
                 dom,
-                ops: HashMap::new(),
+                ops: FastMap::default(),
+                entries: vec![sys::fi_cq_tagged_entry::default(); 32],
                 peers: HashMap::new(),
                 backlog: VecDeque::new(),
                 ready: Vec::new(),
@@ -693,7 +704,7 @@ impl FabricTransport {
                     ..Default::default()
                 });
                 for _ in 0..POOL_BUFS {
-                    g.post_pool()?;
+                    g.post_pool(None)?;
                 }
                 drop(g);
                 log::info!(
@@ -708,7 +719,7 @@ impl FabricTransport {
 }
 
 /// Complete a software-matched receive with a message.
-fn deliver(r: &SoftRecv, tag: u64, data: Vec<u8>) -> Completion {
+fn deliver(r: &SoftRecv, tag: u64, data: &[u8]) -> Completion {
     if data.len() > r.len {
         return Completion {
             op: r.op,
@@ -725,10 +736,10 @@ fn deliver(r: &SoftRecv, tag: u64, data: Vec<u8>) -> Completion {
     let len = data.len();
     let data = match r.dst {
         SoftDst::Region(region) => {
-            region.write(&data);
+            region.write(data);
             None
         }
-        SoftDst::Owned => Some(data),
+        SoftDst::Owned => Some(data.to_vec()),
     };
     Completion {
         op: r.op,
@@ -906,17 +917,28 @@ impl Inner {
         op: OpId,
         owned: Option<Vec<u8>>,
     ) -> Result<Posted> {
-        let mut msg = Vec::with_capacity(8 + len);
+        let mut msg = self
+            .soft
+            .as_mut()
+            .and_then(|s| s.free.pop())
+            .unwrap_or_default();
+        msg.clear();
+        msg.reserve(8 + len);
         msg.extend_from_slice(&tag.to_le_bytes());
         match &owned {
             Some(d) => msg.extend_from_slice(d),
             // SAFETY: Region's contract (the caller promised `len` readable bytes at `addr`).
             None => {
-                msg.extend_from_slice(&unsafe { Region::from_raw(addr as *mut u8, len) }.to_vec())
+                unsafe { Region::from_raw(addr as *mut u8, len) }.with(|d| msg.extend_from_slice(d))
             }
         }
         let (maddr, mlen) = (msg.as_ptr() as usize, msg.len());
         let ctx = self.new_ctx(op, len, false, Some(msg));
+        if owned.is_none() {
+            if let Some(c) = self.ops.get_mut(&(ctx as usize)) {
+                c.role = Role::SmallSend;
+            }
+        }
         // SAFETY: the message buffer is owned by ctx until its completion; ctx lives until then.
         let rc = unsafe {
             sys::fi_send(
@@ -942,11 +964,19 @@ impl Inner {
         Ok(Posted::Busy)
     }
 
-    fn post_pool(&mut self) -> Result<()> {
+    /// Post one receive of the small-message pool, into `reuse` if given (a pool buffer whose
+    /// message has been consumed).
+    fn post_pool(&mut self, reuse: Option<Vec<u8>>) -> Result<()> {
         let Some(small) = self.soft.as_ref().map(|x| x.small) else {
             return Ok(());
         };
-        let buf = vec![0u8; small + 8];
+        let buf = match reuse {
+            Some(mut b) if b.capacity() >= small + 8 => {
+                b.resize(small + 8, 0);
+                b
+            }
+            _ => vec![0u8; small + 8],
+        };
         let (addr, len) = (buf.as_ptr() as usize, buf.len());
         let ctx = self.new_ctx(0, len, true, Some(buf));
         if let Some(c) = self.ops.get_mut(&(ctx as usize)) {
@@ -994,7 +1024,7 @@ impl Inner {
             .position(|(t, _)| (*t | ignore) == (tag | ignore))
         {
             let (t, data) = soft.unexpected.remove(i).expect("index from position");
-            let c = deliver(&r, t, data);
+            let c = deliver(&r, t, &data);
             self.ready.push(c);
             return Ok(Posted::Queued);
         }
@@ -1019,7 +1049,7 @@ impl Inner {
             return;
         }
         let tag = u64::from_le_bytes(msg[0..8].try_into().expect("8 bytes"));
-        let data = msg[8..].to_vec();
+        let data = &msg[8..];
         let soft = self.soft.as_mut().expect("soft mode");
         match soft
             .posted
@@ -1034,7 +1064,7 @@ impl Inner {
                 let c = deliver(&r, tag, data);
                 self.ready.push(c);
             }
-            None => soft.unexpected.push_back((tag, data)),
+            None => soft.unexpected.push_back((tag, data.to_vec())),
         }
     }
 
@@ -1062,6 +1092,76 @@ impl Inner {
             }
         }
         Ok(())
+    }
+
+    /// Read the completion queue dry into `out` (`entries` is the read buffer).
+    fn read_cq(
+        &mut self,
+        entries: &mut [sys::fi_cq_tagged_entry],
+        out: &mut Vec<Completion>,
+    ) -> Result<()> {
+        loop {
+            // SAFETY: cq is open; entries has room for entries.len() tagged entries.
+            let n = unsafe {
+                sys::fi_cq_read(self.cq, entries.as_mut_ptr() as *mut c_void, entries.len())
+            };
+            if n == -(sys::FI_EAGAIN as isize) {
+                return Ok(());
+            }
+            if n == -(sys::FI_EAVAIL as isize) {
+                self.read_error(out)?;
+                continue;
+            }
+            check("fi_cq_read", n as i64)?;
+            for e in &entries[..n as usize] {
+                let Some(ctx) = self.ops.remove(&(e.op_context as usize)) else {
+                    log::warn!(
+                        "completion for an unknown operation context {:p}",
+                        e.op_context
+                    );
+                    continue;
+                };
+                let ctx = *ctx;
+                let mut owned = ctx.owned;
+                match ctx.role {
+                    Role::Swallow => continue,
+                    Role::Pool => {
+                        let msg = owned.unwrap_or_default();
+                        self.on_small(&msg[..e.len.min(msg.len())]);
+                        self.post_pool(Some(msg))?;
+                        continue;
+                    }
+                    Role::SmallSend => {
+                        if let (Some(soft), Some(b)) = (self.soft.as_mut(), owned.take()) {
+                            if soft.free.len() < FREE_BUFS {
+                                soft.free.push(b);
+                            }
+                        }
+                    }
+                    Role::Dual => {
+                        if let Some(soft) = self.soft.as_mut() {
+                            soft.posted.retain(|r| r.op != ctx.op);
+                        }
+                    }
+                    Role::User => {}
+                }
+                let len = if ctx.recv { e.len } else { ctx.len };
+                let data = owned.map(|mut v| {
+                    v.truncate(len);
+                    v
+                });
+                out.push(Completion {
+                    op: ctx.op,
+                    len,
+                    tag: e.tag,
+                    status: Ok(()),
+                    data,
+                });
+            }
+            if (n as usize) < entries.len() {
+                return Ok(());
+            }
+        }
     }
 
     fn read_error(&mut self, out: &mut Vec<Completion>) -> Result<()> {
@@ -1100,7 +1200,7 @@ impl Inner {
                         "small-message pool receive failed: {} ({prov})",
                         strerror(e.err as i64)
                     );
-                    self.post_pool()?;
+                    self.post_pool(None)?;
                 }
                 return Ok(());
             }
@@ -1109,7 +1209,7 @@ impl Inner {
                     soft.posted.retain(|r| r.op != ctx.op);
                 }
             }
-            Role::User => {}
+            Role::User | Role::SmallSend => {}
         }
         // Some providers (shm) report a negative errno here: compare magnitudes.
         let err = e.err.abs();
@@ -1334,61 +1434,10 @@ impl Transport for FabricTransport {
         if !g.backlog.is_empty() {
             g.drain_backlog(&self.caps)?;
         }
-        let mut entries: [sys::fi_cq_tagged_entry; 32] = Default::default();
-        loop {
-            // SAFETY: cq is open; entries has room for 32 tagged entries.
-            let n = unsafe {
-                sys::fi_cq_read(g.cq, entries.as_mut_ptr() as *mut c_void, entries.len())
-            };
-            if n == -(sys::FI_EAGAIN as isize) {
-                break;
-            }
-            if n == -(sys::FI_EAVAIL as isize) {
-                g.read_error(out)?;
-                continue;
-            }
-            check("fi_cq_read", n as i64)?;
-            for e in &entries[..n as usize] {
-                let Some(ctx) = g.ops.remove(&(e.op_context as usize)) else {
-                    log::warn!(
-                        "completion for an unknown operation context {:p}",
-                        e.op_context
-                    );
-                    continue;
-                };
-                let ctx = *ctx;
-                match ctx.role {
-                    Role::Swallow => continue,
-                    Role::Pool => {
-                        let msg = ctx.owned.unwrap_or_default();
-                        g.on_small(&msg[..e.len.min(msg.len())]);
-                        g.post_pool()?;
-                        continue;
-                    }
-                    Role::Dual => {
-                        if let Some(soft) = g.soft.as_mut() {
-                            soft.posted.retain(|r| r.op != ctx.op);
-                        }
-                    }
-                    Role::User => {}
-                }
-                let len = if ctx.recv { e.len } else { ctx.len };
-                let data = ctx.owned.map(|mut v| {
-                    v.truncate(len);
-                    v
-                });
-                out.push(Completion {
-                    op: ctx.op,
-                    len,
-                    tag: e.tag,
-                    status: Ok(()),
-                    data,
-                });
-            }
-            if (n as usize) < entries.len() {
-                break;
-            }
-        }
+        let mut entries = std::mem::take(&mut g.entries);
+        let r = g.read_cq(&mut entries, out);
+        g.entries = entries;
+        r?;
         out.append(&mut g.ready);
         Ok(out.len() - start)
     }
