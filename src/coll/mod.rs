@@ -463,7 +463,7 @@ impl Comm {
     /// After that long without progress, sleep on the completion queue until it signals
     /// (at most 1 ms at a time; every collective's own deadline still applies).
     pub fn wait(&self, req: RequestId) -> Result<()> {
-        const SPINS: u32 = 64;
+        const SPINS: u32 = 0;
         let mut idle_since = Instant::now();
         let mut idle_rounds = 0u32;
         loop {
