@@ -457,15 +457,14 @@ impl Comm {
         }
     }
 
-    /// Wait for a request. While something moved in the last `FABRICOLL_POLL_US`, poll: a
-    /// few rounds back to back, then yielding the core between rounds, so that ranks that
-    /// outnumber the cores get to run (a yield with nothing else runnable returns at once).
-    /// After that long without progress, sleep on the completion queue until it signals
-    /// (at most 1 ms at a time; every collective's own deadline still applies).
+    /// Wait for a request. While something moved in the last `FABRICOLL_POLL_US`, poll,
+    /// yielding the core between idle rounds so that ranks that outnumber the cores get to
+    /// run (a yield with nothing else runnable returns at once; spinning first only delayed
+    /// the rank that had to make progress). After that long without progress, sleep on the
+    /// completion queue until it signals (at most 1 ms at a time; every collective's own
+    /// deadline still applies).
     pub fn wait(&self, req: RequestId) -> Result<()> {
-        const SPINS: u32 = 0;
         let mut idle_since = Instant::now();
-        let mut idle_rounds = 0u32;
         loop {
             let (done, moved) = self.test_moved(req)?;
             if done {
@@ -473,18 +472,11 @@ impl Comm {
             }
             if moved {
                 idle_since = Instant::now();
-                idle_rounds = 0;
-                continue;
-            }
-            idle_rounds += 1;
-            if idle_rounds <= SPINS {
-                std::hint::spin_loop();
             } else if idle_since.elapsed() < self.poll {
                 std::thread::yield_now();
             } else {
                 self.transport.wait(Duration::from_millis(1))?;
                 idle_since = Instant::now();
-                idle_rounds = 0;
             }
         }
     }

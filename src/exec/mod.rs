@@ -238,7 +238,7 @@ impl Exec {
         let (inp, backup) = if overlap {
             let b = pool.take(inp.len());
             let copy = b.region().sub(0, inp.len()).expect("pool buffers fit");
-            inp.with(|src| copy.with_mut(|dst| dst.copy_from_slice(src)));
+            inp.with(|src| copy.with_mut(|dst| reduce::copy(dst, src)));
             (copy, Some(b))
         } else {
             (inp, None)
@@ -399,7 +399,7 @@ impl Exec {
                 Op::Nop => self.complete(i),
                 Op::Copy { src, dst } => {
                     let (s, d) = (self.region(&src), self.region(&dst));
-                    s.with(|a| d.with_mut(|b| b.copy_from_slice(a)));
+                    s.with(|a| d.with_mut(|b| reduce::copy(b, a)));
                     self.complete(i);
                 }
                 Op::Reduce { a, b, dst } => {
@@ -573,8 +573,7 @@ impl Exec {
         }
         if self.backup.is_some() {
             let user = self.job.inp.sub(0, self.inp.len()).expect("backup length");
-            self.inp
-                .with(|src| user.with_mut(|d| d.copy_from_slice(src)));
+            self.inp.with(|src| user.with_mut(|d| reduce::copy(d, src)));
         }
         let mut keep: Vec<Scratch> = self.staging.drain(..).flatten().map(|(b, _)| b).collect();
         keep.push(std::mem::replace(&mut self.tmp, Scratch::new(0)));

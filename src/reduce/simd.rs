@@ -1,4 +1,5 @@
-//! x86_64 AVX2 + F16C kernels for f32, f16 and bf16 (sum, prod, max, min, and Avg's scaling).
+//! x86_64 AVX2 + F16C kernels for f32, f16 and bf16 (sum, prod, max, min, and Avg's scaling), and
+//! the AVX2 copy that `reduce::copy` uses where `rep movsb` is slow.
 //!
 //! Each lane widens to f32 (exactly), combines with exactly the scalar rules (`scalar::fmax32`
 //! etc.: canonical NaN, maxNum / minNum, +0 > -0) and rounds back to nearest even, so every
@@ -234,6 +235,52 @@ pub(super) fn scale<const FMT: u8>(acc: &mut [u8], d: f32) -> usize {
 }
 
 /// F16C conversions of whole slices, to check the scalar conversions against the hardware.
+/// Copy `src` into `dst` (same length) with 32-byte AVX2 loads and stores; false (nothing
+/// copied) without AVX2. See `reduce::copy` for why this exists.
+pub(super) fn copy(dst: &mut [u8], src: &[u8]) -> bool {
+    assert_eq!(dst.len(), src.len(), "copy of unequal lengths");
+    if !is_x86_feature_detected!("avx2") {
+        return false;
+    }
+    // SAFETY: AVX2 is present (checked above) and both slices have the same length.
+    unsafe { copy_kernel(dst.as_mut_ptr(), src.as_ptr(), src.len()) };
+    true
+}
+
+/// # Safety
+/// AVX2 must be available; `dst` and `src` must be valid for `n` bytes and must not overlap.
+#[target_feature(enable = "avx2")]
+unsafe fn copy_kernel(dst: *mut u8, src: *const u8, n: usize) {
+    let mut i = 0;
+    while i + 128 <= n {
+        // SAFETY: i + 128 <= n, so all four 32-byte loads and stores are in bounds.
+        unsafe {
+            let a = _mm256_loadu_si256(src.add(i) as *const __m256i);
+            let b = _mm256_loadu_si256(src.add(i + 32) as *const __m256i);
+            let c = _mm256_loadu_si256(src.add(i + 64) as *const __m256i);
+            let d = _mm256_loadu_si256(src.add(i + 96) as *const __m256i);
+            _mm256_storeu_si256(dst.add(i) as *mut __m256i, a);
+            _mm256_storeu_si256(dst.add(i + 32) as *mut __m256i, b);
+            _mm256_storeu_si256(dst.add(i + 64) as *mut __m256i, c);
+            _mm256_storeu_si256(dst.add(i + 96) as *mut __m256i, d);
+        }
+        i += 128;
+    }
+    while i + 32 <= n {
+        // SAFETY: i + 32 <= n.
+        unsafe {
+            let a = _mm256_loadu_si256(src.add(i) as *const __m256i);
+            _mm256_storeu_si256(dst.add(i) as *mut __m256i, a);
+        }
+        i += 32;
+    }
+    while i < n {
+        // SAFETY: i < n.
+        unsafe { *dst.add(i) = *src.add(i) };
+        i += 1;
+    }
+}
+
 #[cfg(test)]
 pub(super) mod hw {
     use super::*;

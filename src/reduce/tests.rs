@@ -1323,3 +1323,21 @@ fn throughput() {
         );
     }
 }
+
+#[test]
+fn copy_matches_copy_from_slice_at_every_gap_class() {
+    // Source and destination in one allocation, so that every gap modulo 4 KiB can be made.
+    let mut mem = vec![0u8; 3 * 8192 + 4096];
+    for len in [0usize, 1, 31, 33, 1023, 1024, 1025, 4096, 5000, 8192] {
+        for gap in [0usize, 1, 8, 16, 31, 63, 64, 100, 4080] {
+            for (i, b) in mem.iter_mut().enumerate() {
+                *b = (i * 7 + len + gap) as u8;
+            }
+            let want: Vec<u8> = mem[0..len].to_vec();
+            let (src, dst) = mem.split_at_mut(8192 + 4096);
+            let d = &mut dst[gap..gap + len];
+            super::copy(d, &src[..len]);
+            assert_eq!(d, &want[..], "len {len} gap {gap}");
+        }
+    }
+}

@@ -193,8 +193,9 @@ impl Region {
             return;
         }
         // SAFETY: as in to_vec, and the creator promised the memory is writable for receives;
-        // the length was checked above.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.addr as *mut u8, data.len()) };
+        // the length was checked above. `data` is the transport's own buffer, not the region.
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, data.len()) };
+        crate::reduce::copy(dst, data);
     }
 }
 
@@ -233,18 +234,43 @@ impl Region {
 /// Memory the library owns for transfers (scratch, staging, backups). Its region stays valid
 /// while the `Scratch` lives; owners must not drop it with operations in flight on it (the
 /// executor drains or cancels first, and leaks the memory if it cannot).
+///
+/// Buffers of 4 KiB and more start on a page boundary, smaller ones on 64 bytes. Copies whose
+/// destination lies 1 to 31 bytes past the source modulo 4 KiB run about 6 to 20 times slower
+/// on CPUs with fast `rep movsb` (glibc's memcpy and the kernel's copies for shared-memory
+/// transfers both use it; see `reduce::copy`). Page-aligned staging never makes that gap with
+/// another page-aligned or 64-byte-aligned buffer, which is what NCCL's and PyTorch's
+/// allocators hand out.
 pub struct Scratch {
-    mem: Box<[u64]>,
+    ptr: std::ptr::NonNull<u8>,
     len: usize,
+    layout: std::alloc::Layout,
 }
 
+// SAFETY: Scratch owns its allocation exclusively (like Box<[u8]>); access to the bytes goes
+// through Region, whose users synchronise (the transport's lock, the executor's steps).
+unsafe impl Send for Scratch {}
+// SAFETY: as above; &Scratch only hands out the address.
+unsafe impl Sync for Scratch {}
+
 impl Scratch {
-    /// `len` zeroed bytes, 8-byte aligned.
+    /// `len` zeroed bytes, aligned to 4 KiB from 4 KiB up, else to 64 bytes.
     pub fn new(len: usize) -> Scratch {
-        Scratch {
-            mem: vec![0u64; len.div_ceil(8)].into_boxed_slice(),
-            len,
+        let align = if len >= 4096 { 4096 } else { 64 };
+        let layout = std::alloc::Layout::from_size_align(len.max(1), align)
+            .expect("scratch size overflows a Layout");
+        if len == 0 {
+            return Scratch {
+                ptr: std::ptr::NonNull::dangling(),
+                len,
+                layout,
+            };
         }
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr =
+            std::ptr::NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        Scratch { ptr, len, layout }
     }
 
     pub fn region(&self) -> Region {
@@ -252,7 +278,7 @@ impl Scratch {
             addr: if self.len == 0 {
                 0
             } else {
-                self.mem.as_ptr() as usize
+                self.ptr.as_ptr() as usize
             },
             len: self.len,
         }
@@ -272,8 +298,36 @@ impl Scratch {
     }
 }
 
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: allocated in `new` with this layout and not freed since (leak forgets).
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+        }
+    }
+}
+
 impl std::fmt::Debug for Scratch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Scratch({} bytes)", self.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Scratch;
+
+    #[test]
+    fn scratch_is_zeroed_and_aligned_for_fast_copies() {
+        for len in [1usize, 63, 64, 4095, 4096, 65536, 1 << 20] {
+            let s = Scratch::new(len);
+            let r = s.region();
+            let align = if len >= 4096 { 4096 } else { 64 };
+            assert_eq!(r.addr() % align, 0, "len {len}");
+            assert_eq!(r.len(), len);
+            assert!(r.to_vec().iter().all(|b| *b == 0), "len {len}");
+        }
+        let empty = Scratch::new(0);
+        assert!(empty.is_empty() && empty.region().is_empty());
     }
 }
