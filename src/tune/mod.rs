@@ -3,7 +3,14 @@
 //! algorithms that send many messages at once pay for it on a CPU-driven transport (with 4
 //! ranks, single-step mesh AllReduce of 8 B to 4 KiB took 1.1 to 1.6 times as long as recursive
 //! doubling over shm and tcp alike: `o = alpha/2` predicts that, `alpha/4` did not). The
-//! formulas are those of shared/docs/algorithms.md. PURE: the measurements are taken by `coll`.
+//! formulas are those of shared/docs/algorithms.md, plus one term they leave out: on a
+//! transport with a rendezvous protocol (`eager_bytes`), each round of messages larger than the
+//! eager limit waits for one more handshake, costed as one more `alpha`. Over tcp (ofi_rxm,
+//! eager up to 16 KiB) that is what separates algorithms with equal bytes: with 4 ranks, mesh
+//! AllGather (one round of n-1 messages of m/n) took 0.4 to 0.7 times as long as recursive
+//! doubling (log2 n rounds of growing messages) from 64 KiB to 4 MiB, which the plain formulas,
+//! tied on bytes and favouring fewer rounds, got backwards. PURE: the measurements are taken by
+//! `coll`.
 #![forbid(unsafe_code)]
 
 use crate::algo::{self, Algorithm, Collective, Options, Problem};
@@ -20,6 +27,9 @@ pub struct Model {
     pub gamma_us_per_byte: f64,
     /// Which of the three came from the configuration (the rest are measured).
     pub fixed: [bool; 3],
+    /// Messages above this many bytes go by a rendezvous protocol that costs one more round
+    /// trip (`usize::MAX`: none does). Set from the transport (`eager_bytes_of`).
+    pub eager_bytes: usize,
     logged: Arc<Mutex<HashSet<(Collective, u32)>>>,
 }
 
@@ -48,8 +58,15 @@ impl Model {
                 cfg.beta_gbps.is_some(),
                 cfg.gamma_gbps.is_some(),
             ],
+            eager_bytes: usize::MAX,
             logged: Arc::default(),
         }
+    }
+
+    /// This model for a transport whose eager protocol ends at `eager_bytes`.
+    pub fn with_eager(mut self, eager_bytes: usize) -> Model {
+        self.eager_bytes = eager_bytes;
+        self
     }
 
     pub fn new(alpha_us: f64, beta_gbps: f64, gamma_gbps: f64) -> Model {
@@ -58,6 +75,7 @@ impl Model {
             beta_us_per_byte: gbps_to_us_per_byte(beta_gbps),
             gamma_us_per_byte: gbps_to_us_per_byte(gamma_gbps),
             fixed: [true; 3],
+            eager_bytes: usize::MAX,
             logged: Arc::default(),
         }
     }
@@ -92,22 +110,63 @@ impl Model {
         if p.nranks == 1 {
             return Some(0.0);
         }
-        let (a, b, g) = (self.alpha_us, self.beta_us_per_byte, self.gamma_us_per_byte);
-        let o = a / 2.0;
-        let lg = n.log2();
-        let clg = n.log2().ceil();
-        let pow2 = p.nranks.is_power_of_two();
         // Total bytes of the "whole vector": AllReduce/Bcast/Reduce buffer, AG/RS/A2A N*count.
         let bytes = (p.count * elem) as f64;
         let big = match p.coll {
             Collective::AllReduce | Collective::Broadcast | Collective::Reduce => bytes,
             _ => bytes * n,
         };
+        let t = self.alpha_beta(algo, p.coll, n, big)?;
+        Some(t + self.handshakes(algo, p.coll, p.nranks, big) * self.alpha_us)
+    }
+
+    /// Rounds whose messages exceed the eager limit, each waiting for a rendezvous handshake.
+    fn handshakes(&self, algo: Algorithm, coll: Collective, nranks: usize, big: f64) -> f64 {
+        if self.eager_bytes == usize::MAX {
+            return 0.0;
+        }
+        let n = nranks as f64;
+        let eager = self.eager_bytes as f64;
+        let h = |msg: f64| if msg > eager { 1.0 } else { 0.0 };
+        let steps = nranks.ilog2();
+        let fold = if nranks.is_power_of_two() { 0.0 } else { 1.0 };
+        // Recursive halving/doubling: rounds of big/2, big/4, ... down to big/2^steps.
+        let halving: f64 = (1..=steps).map(|k| h(big / f64::from(1u32 << k))).sum();
+        let clg = nranks.next_power_of_two().ilog2();
+        let bruck: f64 = (0..clg).map(|k| h((big / n) * f64::from(1u32 << k))).sum();
+        use Algorithm::*;
+        use Collective::*;
+        match (algo, coll) {
+            (Ring, AllReduce) => 2.0 * (n - 1.0) * h(big / n),
+            (Ring | BidirRing, AllGather | ReduceScatter) => (n - 1.0) * h(big / n),
+            (BidirRing, AllReduce) => 2.0 * (n - 1.0) * h(big / n / 2.0),
+            (Ring, Broadcast | Reduce) => (n - 1.0) * h(big),
+            (Mesh, AllReduce) => 2.0 * h(big / n),
+            (Mesh, AllGather | ReduceScatter) => h(big / n),
+            (Mesh, Broadcast | Reduce) | (Mesh1, AllReduce) => h(big),
+            (Rdh, AllReduce) => 2.0 * (halving + fold * h(big)),
+            (Rdh, AllGather | ReduceScatter) => halving + fold * h(big),
+            (Rd, AllReduce) => (f64::from(steps) + 2.0 * fold) * h(big),
+            (Tree, AllReduce) => 2.0 * f64::from(clg) * h(big),
+            (Tree, Broadcast | Reduce) => f64::from(clg) * h(big),
+            (DbTree, AllReduce) => 2.0 * f64::from(clg) * h(big / 2.0),
+            (Bruck, AllGather) => bruck,
+            _ => 0.0,
+        }
+    }
+
+    /// The alpha-beta-gamma formulas of algorithms.md (with the per-message CPU cost `o`).
+    fn alpha_beta(&self, algo: Algorithm, coll: Collective, n: f64, big: f64) -> Option<f64> {
+        let (a, b, g) = (self.alpha_us, self.beta_us_per_byte, self.gamma_us_per_byte);
+        let o = a / 2.0;
+        let lg = n.log2();
+        let clg = n.log2().ceil();
+        let pow2 = (n as usize).is_power_of_two();
         let f = (n - 1.0) / n;
         let fold = if pow2 { 0.0 } else { 1.0 };
         use Algorithm::*;
         use Collective::*;
-        let t = match (algo, p.coll) {
+        let t = match (algo, coll) {
             (Ring, AllReduce) => 2.0 * (n - 1.0) * a + 2.0 * f * big * b + f * big * g,
             (Ring, AllGather) => (n - 1.0) * a + f * big * b,
             (Ring, ReduceScatter) => (n - 1.0) * a + f * big * b + f * big * g,
@@ -192,20 +251,28 @@ pub fn hier_options(nranks: usize, local: usize, opts: Options) -> Options {
     Options { local, ..opts }
 }
 
-/// Alpha, beta and gamma from timings: `small_us` per ring AllReduce step of a tiny message,
-/// `large` = (bytes, us) of a ring AllReduce, `reduce` = (bytes, us) of a local reduction.
+/// Alpha, beta and gamma from timings: `small_us` of a ring AllReduce of a tiny message,
+/// `large` = (bytes, us) of a ring AllReduce, `reduce` = (bytes, us) of a local reduction,
+/// on a transport whose eager protocol ends at `eager_bytes` (the large AllReduce's rounds
+/// then each wait for a handshake too, as `Model::predict` assumes).
 pub fn fit(
     nranks: usize,
     small_us: f64,
     large: (usize, f64),
     reduce: (usize, f64),
+    eager_bytes: usize,
 ) -> (f64, f64, f64) {
     let n = nranks as f64;
     let alpha = (small_us / (2.0 * (n - 1.0))).max(0.05);
     let gamma = (reduce.1 / reduce.0.max(1) as f64).max(1e-7);
     let f = (n - 1.0) / n;
     let bytes = large.0 as f64;
-    let rest = large.1 - 2.0 * (n - 1.0) * alpha - f * bytes * gamma;
+    let rounds = if large.0 / nranks > eager_bytes {
+        2.0
+    } else {
+        1.0
+    };
+    let rest = large.1 - rounds * 2.0 * (n - 1.0) * alpha - f * bytes * gamma;
     let beta = (rest / (2.0 * f * bytes)).max(1e-7);
     (alpha, beta, gamma)
 }
@@ -246,6 +313,32 @@ mod tests {
     }
 
     #[test]
+    fn rendezvous_rounds_favour_one_round_of_small_messages() {
+        // The tcp figures of 2026-11-23 (4 ranks, AllGather of 64 KiB to 4 MiB): mesh beat rdh.
+        let m = Model::new(7.5, 1.4, 19.0);
+        let ag = |bytes: usize| Problem::new(Collective::AllGather, 4, bytes / 16);
+        for bytes in [64 << 10, 1 << 20, 4 << 20] {
+            assert_eq!(
+                m.choose(&ag(bytes), 4, Options::default(), 1).0,
+                Algorithm::Rdh
+            );
+            let tcp = m.clone().with_eager(16 << 10);
+            assert_eq!(
+                tcp.choose(&ag(bytes), 4, Options::default(), 1).0,
+                Algorithm::Mesh,
+                "{bytes} B"
+            );
+        }
+        // Below the eager limit nothing changes: tiny AllReduce stays with few rounds.
+        let tcp = m.with_eager(16 << 10);
+        let tiny = Problem::new(Collective::AllReduce, 4, 2);
+        assert!(matches!(
+            tcp.choose(&tiny, 4, Options::default(), 1).0,
+            Algorithm::Rd | Algorithm::Rdh
+        ));
+    }
+
+    #[test]
     fn fit_recovers_parameters() {
         let (a, b, g) = (5.0, gbps_to_us_per_byte(3.0), gbps_to_us_per_byte(10.0));
         let n = 4;
@@ -257,7 +350,17 @@ mod tests {
             2.0 * 3.0 * a,
             (bytes, t),
             (1 << 20, (1 << 20) as f64 * g),
+            usize::MAX,
         );
         assert!((fa - a).abs() < 1e-9 && (fb - b).abs() / b < 1e-9 && (fg - g).abs() / g < 1e-9);
+        // With a rendezvous above 16 KiB, each of the 6 rounds of 1 MiB also waits a handshake.
+        let (fa, fb, _) = fit(
+            n,
+            2.0 * 3.0 * a,
+            (bytes, t + 6.0 * a),
+            (1 << 20, (1 << 20) as f64 * g),
+            16 << 10,
+        );
+        assert!((fa - a).abs() < 1e-9 && (fb - b).abs() / b < 1e-9);
     }
 }
