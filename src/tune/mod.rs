@@ -28,7 +28,7 @@ pub struct Model {
     /// Which of the three came from the configuration (the rest are measured).
     pub fixed: [bool; 3],
     /// Messages above this many bytes go by a rendezvous protocol that costs one more round
-    /// trip (`usize::MAX`: none does). Set from the transport (`eager_bytes_of`).
+    /// trip (`usize::MAX`: none does). Set from the provider (`coll::eager_bytes`).
     pub eager_bytes: usize,
     logged: Arc<Mutex<HashSet<(Collective, u32)>>>,
 }
