@@ -34,8 +34,12 @@ pub struct BufPool {
 }
 
 impl BufPool {
-    /// A buffer of at least `len` bytes: the smallest kept one that fits, else a new one.
+    /// A buffer of at least `len` bytes: the smallest kept one that fits, else a new one
+    /// (an empty one for `len` 0, which keeps the pool's buffers for real work).
     pub fn take(&mut self, len: usize) -> Scratch {
+        if len == 0 {
+            return Scratch::new(0);
+        }
         let best = self
             .bufs
             .iter()
@@ -244,12 +248,7 @@ impl Exec {
             (inp, None)
         };
         let n = plan.pending.len();
-        let tmp_len = job.schedule.tmp_len[job.rank] * elem;
-        let tmp = if tmp_len == 0 {
-            Scratch::new(0)
-        } else {
-            pool.take(tmp_len)
-        };
+        let tmp = pool.take(job.schedule.tmp_len[job.rank] * elem);
         let out = if need_out == 0 { Region::empty() } else { out };
         Ok(Exec {
             elem,
@@ -393,63 +392,61 @@ impl Exec {
         i: usize,
         deferred: &mut VecDeque<usize>,
     ) -> Result<bool> {
-        {
-            let op = self.job.schedule.ranks[self.job.rank][i].op.clone();
-            match op {
-                Op::Nop => self.complete(i),
-                Op::Copy { src, dst } => {
-                    let (s, d) = (self.region(&src), self.region(&dst));
-                    s.with(|a| d.with_mut(|b| reduce::copy(b, a)));
-                    self.complete(i);
-                }
-                Op::Reduce { a, b, dst } => {
-                    self.reduce_into(self.region(&a), self.region(&b), self.region(&dst))?;
-                    self.complete(i);
-                }
-                Op::Send { peer, src } => {
-                    let tag = self.tag(self.job.rank, i);
-                    match t.send(peers[peer], tag, self.region(&src), None, self.op_id(i))? {
-                        Posted::Queued => self.state[i] = St::Posted,
-                        Posted::Busy => {
-                            deferred.push_back(i);
-                            return Ok(false);
-                        }
-                    }
-                }
-                Op::Recv { peer, dst } => {
-                    let tag = self.tag(peer, i);
-                    match t.recv(tag, 0, self.region(&dst), None, self.op_id(i))? {
-                        Posted::Queued => {
-                            self.state[i] = St::Posted;
-                            self.posted_recvs += 1;
-                        }
-                        Posted::Busy => {
-                            deferred.push_back(i);
-                            return Ok(false);
-                        }
-                    }
-                }
-                Op::RecvReduce { peer, dst, .. } => {
-                    let need = dst.len * self.elem;
-                    if self.staged > 0 && self.staged + need > STAGING_LIMIT {
+        let op = self.job.schedule.ranks[self.job.rank][i].op.clone();
+        match op {
+            Op::Nop => self.complete(i),
+            Op::Copy { src, dst } => {
+                let (s, d) = (self.region(&src), self.region(&dst));
+                s.with(|a| d.with_mut(|b| reduce::copy(b, a)));
+                self.complete(i);
+            }
+            Op::Reduce { a, b, dst } => {
+                self.reduce_into(self.region(&a), self.region(&b), self.region(&dst))?;
+                self.complete(i);
+            }
+            Op::Send { peer, src } => {
+                let tag = self.tag(self.job.rank, i);
+                match t.send(peers[peer], tag, self.region(&src), None, self.op_id(i))? {
+                    Posted::Queued => self.state[i] = St::Posted,
+                    Posted::Busy => {
                         deferred.push_back(i);
                         return Ok(false);
                     }
-                    let buf = pool.take(need);
-                    let tag = self.tag(peer, i);
-                    let into = buf.region().sub(0, need).expect("spare is large enough");
-                    match t.recv(tag, 0, into, None, self.op_id(i))? {
-                        Posted::Queued => {
-                            self.state[i] = St::Posted;
-                            self.posted_recvs += 1;
-                            self.staged += need;
-                            self.staging[i] = Some((buf, need));
-                        }
-                        Posted::Busy => {
-                            pool.put(buf);
-                            deferred.push_back(i);
-                            return Ok(false);
-                        }
+                }
+            }
+            Op::Recv { peer, dst } => {
+                let tag = self.tag(peer, i);
+                match t.recv(tag, 0, self.region(&dst), None, self.op_id(i))? {
+                    Posted::Queued => {
+                        self.state[i] = St::Posted;
+                        self.posted_recvs += 1;
+                    }
+                    Posted::Busy => {
+                        deferred.push_back(i);
+                        return Ok(false);
+                    }
+                }
+            }
+            Op::RecvReduce { peer, dst, .. } => {
+                let need = dst.len * self.elem;
+                if self.staged > 0 && self.staged + need > STAGING_LIMIT {
+                    deferred.push_back(i);
+                    return Ok(false);
+                }
+                let buf = pool.take(need);
+                let tag = self.tag(peer, i);
+                let into = buf.region().sub(0, need).expect("spare is large enough");
+                match t.recv(tag, 0, into, None, self.op_id(i))? {
+                    Posted::Queued => {
+                        self.state[i] = St::Posted;
+                        self.posted_recvs += 1;
+                        self.staged += need;
+                        self.staging[i] = Some((buf, need));
+                    }
+                    Posted::Busy => {
+                        pool.put(buf);
+                        deferred.push_back(i);
+                        return Ok(false);
                     }
                 }
             }
@@ -638,5 +635,35 @@ impl Exec {
     /// Steps posted to the transport and not completed.
     pub fn in_flight(&self) -> usize {
         self.state.iter().filter(|s| **s == St::Posted).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BufPool, POOL_LIMIT};
+    use crate::transport::Scratch;
+
+    #[test]
+    fn pool_reuses_the_smallest_fit_and_keeps_at_most_its_limit() {
+        let mut pool = BufPool::default();
+        let (small, big) = (pool.take(4096), pool.take(1 << 20));
+        let (small_addr, big_addr) = (small.region().addr(), big.region().addr());
+        pool.put(big);
+        pool.put(small);
+        // 1000 bytes fit both: the 4 KiB buffer is taken, the 1 MiB one stays.
+        let a = pool.take(1000);
+        assert_eq!(a.region().addr(), small_addr);
+        assert_eq!(a.len(), 4096);
+        assert_eq!(pool.take(8192).region().addr(), big_addr);
+        // An empty request takes nothing from the pool.
+        pool.put(a);
+        assert_eq!(pool.take(0).len(), 0);
+        assert_eq!(pool.take(4096).region().addr(), small_addr);
+        // The limit: buffers beyond POOL_LIMIT bytes in all are dropped, not kept.
+        for _ in 0..3 {
+            pool.put(Scratch::new(POOL_LIMIT / 2));
+        }
+        assert_eq!(pool.bytes, POOL_LIMIT);
+        assert_eq!(pool.bufs.len(), 2);
     }
 }

@@ -196,12 +196,13 @@ pub fn reduce_inplace(
 /// In that window the copy uses plain vector loads and stores instead.
 pub fn copy(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "copy of unequal lengths");
-    let gap = (dst.as_ptr() as usize).wrapping_sub(src.as_ptr() as usize) & 4095;
     #[cfg(target_arch = "x86_64")]
-    if src.len() >= 1024 && (1..64).contains(&gap) && simd::copy(dst, src) {
-        return;
+    {
+        let gap = (dst.as_ptr() as usize).wrapping_sub(src.as_ptr() as usize) & 4095;
+        if src.len() >= 1024 && (1..64).contains(&gap) && simd::copy(dst, src) {
+            return;
+        }
     }
-    let _ = gap;
     dst.copy_from_slice(src);
 }
 

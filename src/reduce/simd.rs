@@ -234,7 +234,6 @@ pub(super) fn scale<const FMT: u8>(acc: &mut [u8], d: f32) -> usize {
     done * w
 }
 
-/// F16C conversions of whole slices, to check the scalar conversions against the hardware.
 /// Copy `src` into `dst` (same length) with 32-byte AVX2 loads and stores; false (nothing
 /// copied) without AVX2. See `reduce::copy` for why this exists.
 pub(super) fn copy(dst: &mut [u8], src: &[u8]) -> bool {
@@ -281,6 +280,7 @@ unsafe fn copy_kernel(dst: *mut u8, src: *const u8, n: usize) {
     }
 }
 
+/// F16C conversions of whole slices, to check the scalar conversions against the hardware.
 #[cfg(test)]
 pub(super) mod hw {
     use super::*;

@@ -765,14 +765,21 @@ impl Drop for FidGuard {
 }
 
 impl Inner {
-    fn new_ctx(&mut self, op: OpId, len: usize, recv: bool, owned: Option<Vec<u8>>) -> *mut c_void {
+    fn new_ctx(
+        &mut self,
+        op: OpId,
+        len: usize,
+        recv: bool,
+        owned: Option<Vec<u8>>,
+        role: Role,
+    ) -> *mut c_void {
         let mut b = Box::new(OpCtx {
             ctx: sys::fi_context2::default(),
             op,
             len,
             recv,
             owned,
-            role: Role::User,
+            role,
         });
         let p = &mut *b as *mut OpCtx as *mut c_void;
         self.ops.insert(p as usize, b);
@@ -827,7 +834,7 @@ impl Inner {
             }
             return Ok(Posted::Busy);
         }
-        let ctx = self.new_ctx(op, len, false, owned);
+        let ctx = self.new_ctx(op, len, false, owned, Role::User);
         // SAFETY: the buffer is valid until completion (Region's contract, or owned by ctx);
         // ctx is a live fi_context2 we keep until its completion is read.
         let rc = unsafe {
@@ -879,10 +886,7 @@ impl Inner {
             op,
             owned,
         } = b;
-        let ctx = self.new_ctx(op, len, true, owned);
-        if let Some(c) = self.ops.get_mut(&(ctx as usize)) {
-            c.role = role;
-        }
+        let ctx = self.new_ctx(op, len, true, owned, role);
         // SAFETY: the buffer is valid until completion (Region's contract, or owned by ctx).
         let rc = unsafe {
             sys::fi_trecv(
@@ -933,12 +937,14 @@ impl Inner {
             }
         }
         let (maddr, mlen) = (msg.as_ptr() as usize, msg.len());
-        let ctx = self.new_ctx(op, len, false, Some(msg));
-        if owned.is_none() {
-            if let Some(c) = self.ops.get_mut(&(ctx as usize)) {
-                c.role = Role::SmallSend;
-            }
-        }
+        // A framed copy of caller memory is ours to reuse when the send completes; one
+        // framing an owned (control) message stays with its completion.
+        let role = if owned.is_none() {
+            Role::SmallSend
+        } else {
+            Role::User
+        };
+        let ctx = self.new_ctx(op, len, false, Some(msg), role);
         // SAFETY: the message buffer is owned by ctx until its completion; ctx lives until then.
         let rc = unsafe {
             sys::fi_send(
@@ -978,10 +984,7 @@ impl Inner {
             _ => vec![0u8; small + 8],
         };
         let (addr, len) = (buf.as_ptr() as usize, buf.len());
-        let ctx = self.new_ctx(0, len, true, Some(buf));
-        if let Some(c) = self.ops.get_mut(&(ctx as usize)) {
-            c.role = Role::Pool;
-        }
+        let ctx = self.new_ctx(0, len, true, Some(buf), Role::Pool);
         // SAFETY: the buffer is owned by ctx until its completion.
         let rc = unsafe {
             sys::fi_recv(
