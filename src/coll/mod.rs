@@ -277,7 +277,7 @@ impl Comm {
             let opts = if a == Algorithm::Hier {
                 tune::hier_options(self.nranks, self.local, opts)
             } else {
-                opts
+                self.model.eager_slicing(a, p, elem, opts)
             };
             return Ok((a, opts));
         }

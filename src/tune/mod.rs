@@ -5,12 +5,16 @@
 //! doubling over shm and tcp alike: `o = alpha/2` predicts that, `alpha/4` did not). The
 //! formulas are those of shared/docs/algorithms.md, plus one term they leave out: on a
 //! transport with a rendezvous protocol (`eager_bytes`), each round of messages larger than the
-//! eager limit waits for one more handshake, costed as one more `alpha`. Over tcp (ofi_rxm,
-//! eager up to 16 KiB) that is what separates algorithms with equal bytes: with 4 ranks, mesh
-//! AllGather (one round of n-1 messages of m/n) took 0.4 to 0.7 times as long as recursive
-//! doubling (log2 n rounds of growing messages) from 64 KiB to 4 MiB, which the plain formulas,
-//! tied on bytes and favouring fewer rounds, got backwards. PURE: the measurements are taken by
-//! `coll`.
+//! eager limit waits for a handshake, costed as two more `alpha`s (`RENDEZVOUS_ALPHAS`), or is
+//! cut into eager-sized slices at `o` per extra slice, whichever is cheaper (`eager_slicing`).
+//! Over tcp (ofi_rxm, eager up to 16 KiB) that is what separates algorithms with equal bytes:
+//! with 4 ranks, mesh AllGather (one round of n-1 messages of m/n) took 0.4 to 0.7 times as long
+//! as recursive doubling (log2 n rounds of growing messages) from 64 KiB to 4 MiB, which the
+//! plain formulas, tied on bytes and favouring fewer rounds, got backwards. And it sizes the
+//! slices: with 2 ranks, AllGather of 64 KiB took 60 us in 16 KiB slices against 112 us in whole
+//! 32 KiB messages, 116 against 140 us at 128 KiB (4 slices per message), but 199 against 171 us
+//! at 256 KiB (8 slices), where two alphas of handshake (about 45 us) are less than seven extra
+//! slices. PURE: the measurements are taken by `coll`.
 #![forbid(unsafe_code)]
 
 use crate::algo::{self, Algorithm, Collective, Options, Problem};
@@ -28,7 +32,8 @@ pub struct Model {
     /// Which of the three came from the configuration (the rest are measured).
     pub fixed: [bool; 3],
     /// Messages above this many bytes go by a rendezvous protocol that costs one more round
-    /// trip (`usize::MAX`: none does). Set from the provider (`coll::eager_bytes`).
+    /// trip, or are cut into slices of this size (`usize::MAX`: no rendezvous). Set from the
+    /// provider (`coll::eager_bytes`).
     pub eager_bytes: usize,
     logged: Arc<Mutex<HashSet<(Collective, u32)>>>,
 }
@@ -117,41 +122,56 @@ impl Model {
             _ => bytes * n,
         };
         let t = self.alpha_beta(algo, p.coll, n, big)?;
-        Some(t + self.handshakes(algo, p.coll, p.nranks, big) * self.alpha_us)
+        Some(t + self.eager_cost(algo, p.coll, p.nranks, big).0)
     }
 
-    /// Rounds whose messages exceed the eager limit, each waiting for a rendezvous handshake.
-    fn handshakes(&self, algo: Algorithm, coll: Collective, nranks: usize, big: f64) -> f64 {
+    /// What messages above the eager limit add to `algo`'s time (us), and whether sending them
+    /// as eager-sized slices is cheaper than their rendezvous (`eager_slicing`).
+    fn eager_cost(
+        &self,
+        algo: Algorithm,
+        coll: Collective,
+        nranks: usize,
+        big: f64,
+    ) -> (f64, bool) {
         if self.eager_bytes == usize::MAX {
-            return 0.0;
+            return (0.0, false);
         }
-        let n = nranks as f64;
         let eager = self.eager_bytes as f64;
-        let h = |msg: f64| if msg > eager { 1.0 } else { 0.0 };
-        let steps = nranks.ilog2();
-        let fold = if nranks.is_power_of_two() { 0.0 } else { 1.0 };
-        // Recursive halving/doubling: rounds of big/2, big/4, ... down to big/2^steps.
-        let halving: f64 = (1..=steps).map(|k| h(big / f64::from(1u32 << k))).sum();
-        let clg = nranks.next_power_of_two().ilog2();
-        let bruck: f64 = (0..clg).map(|k| h((big / n) * f64::from(1u32 << k))).sum();
-        use Algorithm::*;
-        use Collective::*;
-        match (algo, coll) {
-            (Ring, AllReduce) => 2.0 * (n - 1.0) * h(big / n),
-            (Ring | BidirRing, AllGather | ReduceScatter) => (n - 1.0) * h(big / n),
-            (BidirRing, AllReduce) => 2.0 * (n - 1.0) * h(big / n / 2.0),
-            (Ring, Broadcast | Reduce) => (n - 1.0) * h(big),
-            (Mesh, AllReduce) => 2.0 * h(big / n),
-            (Mesh, AllGather | ReduceScatter) => h(big / n),
-            (Mesh, Broadcast | Reduce) | (Mesh1, AllReduce) => h(big),
-            (Rdh, AllReduce) => 2.0 * (halving + fold * h(big)),
-            (Rdh, AllGather | ReduceScatter) => halving + fold * h(big),
-            (Rd, AllReduce) => (f64::from(steps) + 2.0 * fold) * h(big),
-            (Tree, AllReduce) => 2.0 * f64::from(clg) * h(big),
-            (Tree, Broadcast | Reduce) => f64::from(clg) * h(big),
-            (DbTree, AllReduce) => 2.0 * f64::from(clg) * h(big / 2.0),
-            (Bruck, AllGather) => bruck,
-            _ => 0.0,
+        let (mut rendezvous, mut sliced) = (0.0, 0.0);
+        for (count, msg) in rounds(algo, coll, nranks, big) {
+            if msg > eager {
+                rendezvous += count * RENDEZVOUS_ALPHAS * self.alpha_us;
+                sliced += count * ((msg / eager).ceil() - 1.0) * self.alpha_us / 2.0;
+            }
+        }
+        if sliced < rendezvous {
+            (sliced, true)
+        } else {
+            (rendezvous, false)
+        }
+    }
+
+    /// `opts` for running `p` with `algo`: slices of the eager limit where `eager_cost` finds
+    /// them cheaper than the rendezvous of whole messages, the configured slices otherwise.
+    pub fn eager_slicing(
+        &self,
+        algo: Algorithm,
+        p: &Problem,
+        elem: usize,
+        opts: Options,
+    ) -> Options {
+        let big = (p.count * elem) as f64
+            * match p.coll {
+                Collective::AllReduce | Collective::Broadcast | Collective::Reduce => 1.0,
+                _ => p.nranks as f64,
+            };
+        let slice = (self.eager_bytes / elem.max(1)).max(1);
+        let finer = opts.slice == 0 || slice < opts.slice;
+        if p.nranks > 1 && finer && self.eager_cost(algo, p.coll, p.nranks, big).1 {
+            Options { slice, ..opts }
+        } else {
+            opts
         }
     }
 
@@ -220,6 +240,7 @@ impl Model {
             .collect();
         cands.sort_by(|x, y| x.0.total_cmp(&y.0));
         let best = cands.first().map_or(Algorithm::Ring, |c| c.1);
+        let sliced = self.eager_slicing(best, p, elem, opts);
         let class = (p.count * elem).max(1).ilog2();
         if log::log_enabled!(log::Level::Info) && self.logged.lock().insert((p.coll, class)) {
             let list: Vec<String> = cands
@@ -227,17 +248,73 @@ impl Model {
                 .map(|(t, a)| format!("{a} {t:.1} us"))
                 .collect();
             log::info!(
-                "{:?} of {} B on {} ranks (alpha {:.2} us, beta {:.3} GB/s, gamma {:.2} GB/s): predicted {}; chose {best}",
+                "{:?} of {} B on {} ranks (alpha {:.2} us, beta {:.3} GB/s, gamma {:.2} GB/s): predicted {}; chose {best}{}",
                 p.coll,
                 p.count * elem,
                 p.nranks,
                 self.alpha_us,
                 1.0 / (self.beta_us_per_byte * 1e3),
                 1.0 / (self.gamma_us_per_byte * 1e3),
-                list.join(", ")
+                list.join(", "),
+                if sliced == opts {
+                    String::new()
+                } else {
+                    format!(" in eager slices of {} B", sliced.slice * elem)
+                }
             );
         }
-        (best, opts)
+        (best, sliced)
+    }
+}
+
+/// A rendezvous costs the receiver two more one-way trips than an eager message: the sender's
+/// request to send, then the receiver's read request, before the data moves.
+const RENDEZVOUS_ALPHAS: f64 = 2.0;
+
+/// `algo`'s rounds as (how many, bytes per message) for a whole vector of `big` bytes: the
+/// message sizes that decide between eager and rendezvous (`Model::eager_cost`).
+fn rounds(algo: Algorithm, coll: Collective, nranks: usize, big: f64) -> Vec<(f64, f64)> {
+    let n = nranks as f64;
+    let steps = nranks.ilog2();
+    let clg = nranks.next_power_of_two().ilog2();
+    let fold = !nranks.is_power_of_two();
+    // Recursive halving/doubling: rounds of big/2, big/4, ... down to big/2^steps.
+    let halving = (1..=steps).map(|k| (1.0, big / f64::from(1u32 << k)));
+    let folded = |r: &mut Vec<(f64, f64)>| {
+        if fold {
+            r.push((1.0, big));
+        }
+    };
+    use Algorithm::*;
+    use Collective::*;
+    match (algo, coll) {
+        (Ring, AllReduce) => vec![(2.0 * (n - 1.0), big / n)],
+        (Ring | BidirRing, AllGather | ReduceScatter) => vec![(n - 1.0, big / n)],
+        (BidirRing, AllReduce) => vec![(2.0 * (n - 1.0), big / n / 2.0)],
+        (Ring, Broadcast | Reduce) => vec![(n - 1.0, big)],
+        (Mesh, AllReduce) => vec![(2.0, big / n)],
+        (Mesh, AllGather | ReduceScatter) => vec![(1.0, big / n)],
+        (Mesh, Broadcast | Reduce) | (Mesh1, AllReduce) => vec![(1.0, big)],
+        (Rdh, AllReduce) => {
+            let mut r: Vec<_> = halving.map(|(c, m)| (2.0 * c, m)).collect();
+            if fold {
+                r.push((2.0, big));
+            }
+            r
+        }
+        (Rdh, AllGather | ReduceScatter) => {
+            let mut r: Vec<_> = halving.collect();
+            folded(&mut r);
+            r
+        }
+        (Rd, AllReduce) => vec![(f64::from(steps) + if fold { 2.0 } else { 0.0 }, big)],
+        (Tree, AllReduce) => vec![(2.0 * f64::from(clg), big)],
+        (Tree, Broadcast | Reduce) => vec![(f64::from(clg), big)],
+        (DbTree, AllReduce) => vec![(2.0 * f64::from(clg), big / 2.0)],
+        (Bruck, AllGather) => (0..clg)
+            .map(|k| (1.0, (big / n) * f64::from(1u32 << k)))
+            .collect(),
+        _ => Vec::new(),
     }
 }
 
@@ -268,7 +345,7 @@ pub fn fit(
     let f = (n - 1.0) / n;
     let bytes = large.0 as f64;
     let rounds = if large.0 / nranks > eager_bytes {
-        2.0
+        1.0 + RENDEZVOUS_ALPHAS
     } else {
         1.0
     };
@@ -339,6 +416,50 @@ mod tests {
     }
 
     #[test]
+    fn messages_up_to_four_eager_slices_are_sliced_not_rendezvoused() {
+        let tcp = Model::new(20.0, 1.5, 17.0).with_eager(16 << 10);
+        let opts = Options {
+            slice: (1 << 20) / 4,
+            ..Options::default()
+        };
+        // 2-rank AllGather: one round of one message of half the output.
+        let ag = |out: usize| Problem::new(Collective::AllGather, 2, out / 2 / 4);
+        for (out, sliced) in [
+            (32 << 10, false),  // 16 KiB messages: eager already
+            (64 << 10, true),   // 2 slices
+            (128 << 10, true),  // 4 slices: 3 * alpha/2 < 2 alpha
+            (256 << 10, false), // 8 slices: 7 * alpha/2 > 2 alpha
+            (64 << 20, false),
+        ] {
+            let o = tcp.eager_slicing(Algorithm::Ring, &ag(out), 4, opts);
+            let want = if sliced { (16 << 10) / 4 } else { opts.slice };
+            assert_eq!(o.slice, want, "{out} B");
+            assert_eq!(tcp.choose(&ag(out), 4, opts, 1).1.slice, want, "{out} B");
+        }
+        // The sliced variant is what `predict` prices: below the rendezvous.
+        let with = tcp.predict(Algorithm::Ring, &ag(64 << 10), 4).unwrap();
+        let plain = Model::new(20.0, 1.5, 17.0)
+            .predict(Algorithm::Ring, &ag(64 << 10), 4)
+            .unwrap();
+        assert!((with - plain - 10.0).abs() < 1e-9, "{with} {plain}");
+        // No rendezvous (shm), or no slicing at all asked for with 0: left alone.
+        let shm = Model::new(20.0, 1.5, 17.0);
+        assert_eq!(
+            shm.eager_slicing(Algorithm::Ring, &ag(64 << 10), 4, opts),
+            opts
+        );
+        let whole = Options::default();
+        assert_eq!(
+            tcp.eager_slicing(Algorithm::Ring, &ag(64 << 10), 4, whole)
+                .slice,
+            (16 << 10) / 4
+        );
+        // One rank sends nothing.
+        let one = Problem::new(Collective::AllGather, 1, 1 << 14);
+        assert_eq!(tcp.eager_slicing(Algorithm::Ring, &one, 4, opts), opts);
+    }
+
+    #[test]
     fn fit_recovers_parameters() {
         let (a, b, g) = (5.0, gbps_to_us_per_byte(3.0), gbps_to_us_per_byte(10.0));
         let n = 4;
@@ -357,7 +478,7 @@ mod tests {
         let (fa, fb, _) = fit(
             n,
             2.0 * 3.0 * a,
-            (bytes, t + 6.0 * a),
+            (bytes, t + 6.0 * RENDEZVOUS_ALPHAS * a),
             (1 << 20, (1 << 20) as f64 * g),
             16 << 10,
         );
