@@ -6,7 +6,7 @@
 //! formulas are those of shared/docs/algorithms.md, plus one term they leave out: on a
 //! transport with a rendezvous protocol (`eager_bytes`), each round of messages larger than the
 //! eager limit waits for a handshake, costed as two more `alpha`s (`RENDEZVOUS_ALPHAS`), or is
-//! cut into eager-sized slices at `o` per extra slice, whichever is cheaper (`eager_slicing`).
+//! cut into eager-sized slices at `o` per extra message, whichever is cheaper (`eager_slicing`).
 //! Over tcp (ofi_rxm, eager up to 16 KiB) that is what separates algorithms with equal bytes:
 //! with 4 ranks, mesh AllGather (one round of n-1 messages of m/n) took 0.4 to 0.7 times as long
 //! as recursive doubling (log2 n rounds of growing messages) from 64 KiB to 4 MiB, which the
@@ -139,10 +139,10 @@ impl Model {
         }
         let eager = self.eager_bytes as f64;
         let (mut rendezvous, mut sliced) = (0.0, 0.0);
-        for (count, msg) in rounds(algo, coll, nranks, big) {
+        for (count, msgs, msg) in rounds(algo, coll, nranks, big) {
             if msg > eager {
                 rendezvous += count * RENDEZVOUS_ALPHAS * self.alpha_us;
-                sliced += count * ((msg / eager).ceil() - 1.0) * self.alpha_us / 2.0;
+                sliced += count * msgs * ((msg / eager).ceil() - 1.0) * self.alpha_us / 2.0;
             }
         }
         if sliced < rendezvous {
@@ -271,48 +271,48 @@ impl Model {
 /// request to send, then the receiver's read request, before the data moves.
 const RENDEZVOUS_ALPHAS: f64 = 2.0;
 
-/// `algo`'s rounds as (how many, bytes per message) for a whole vector of `big` bytes: the
-/// message sizes that decide between eager and rendezvous (`Model::eager_cost`).
-fn rounds(algo: Algorithm, coll: Collective, nranks: usize, big: f64) -> Vec<(f64, f64)> {
+/// `algo`'s rounds as (how many, messages each rank sends per round, bytes per message) for a
+/// whole vector of `big` bytes: what decides between eager and rendezvous (`Model::eager_cost`).
+/// The messages of one round travel at once, so their handshakes overlap, but each extra slice
+/// of each of them is one more message for the sending CPU.
+fn rounds(algo: Algorithm, coll: Collective, nranks: usize, big: f64) -> Vec<(f64, f64, f64)> {
     let n = nranks as f64;
     let steps = nranks.ilog2();
     let clg = nranks.next_power_of_two().ilog2();
     let fold = !nranks.is_power_of_two();
     // Recursive halving/doubling: rounds of big/2, big/4, ... down to big/2^steps.
-    let halving = (1..=steps).map(|k| (1.0, big / f64::from(1u32 << k)));
-    let folded = |r: &mut Vec<(f64, f64)>| {
-        if fold {
-            r.push((1.0, big));
-        }
-    };
+    let halving = (1..=steps).map(|k| (1.0, 1.0, big / f64::from(1u32 << k)));
     use Algorithm::*;
     use Collective::*;
     match (algo, coll) {
-        (Ring, AllReduce) => vec![(2.0 * (n - 1.0), big / n)],
-        (Ring | BidirRing, AllGather | ReduceScatter) => vec![(n - 1.0, big / n)],
-        (BidirRing, AllReduce) => vec![(2.0 * (n - 1.0), big / n / 2.0)],
-        (Ring, Broadcast | Reduce) => vec![(n - 1.0, big)],
-        (Mesh, AllReduce) => vec![(2.0, big / n)],
-        (Mesh, AllGather | ReduceScatter) => vec![(1.0, big / n)],
-        (Mesh, Broadcast | Reduce) | (Mesh1, AllReduce) => vec![(1.0, big)],
+        (Ring, AllReduce) => vec![(2.0 * (n - 1.0), 1.0, big / n)],
+        (Ring, AllGather | ReduceScatter) => vec![(n - 1.0, 1.0, big / n)],
+        (BidirRing, AllGather | ReduceScatter) => vec![(n - 1.0, 2.0, big / n / 2.0)],
+        (BidirRing, AllReduce) => vec![(2.0 * (n - 1.0), 2.0, big / n / 2.0)],
+        (Ring, Broadcast | Reduce) => vec![(n - 1.0, 1.0, big)],
+        (Mesh, AllReduce) => vec![(2.0, n - 1.0, big / n)],
+        (Mesh, AllGather | ReduceScatter) => vec![(1.0, n - 1.0, big / n)],
+        (Mesh, Broadcast | Reduce) | (Mesh1, AllReduce) => vec![(1.0, n - 1.0, big)],
         (Rdh, AllReduce) => {
-            let mut r: Vec<_> = halving.map(|(c, m)| (2.0 * c, m)).collect();
+            let mut r: Vec<_> = halving.map(|(c, k, m)| (2.0 * c, k, m)).collect();
             if fold {
-                r.push((2.0, big));
+                r.push((2.0, 1.0, big));
             }
             r
         }
         (Rdh, AllGather | ReduceScatter) => {
             let mut r: Vec<_> = halving.collect();
-            folded(&mut r);
+            if fold {
+                r.push((1.0, 1.0, big));
+            }
             r
         }
-        (Rd, AllReduce) => vec![(f64::from(steps) + if fold { 2.0 } else { 0.0 }, big)],
-        (Tree, AllReduce) => vec![(2.0 * f64::from(clg), big)],
-        (Tree, Broadcast | Reduce) => vec![(f64::from(clg), big)],
-        (DbTree, AllReduce) => vec![(2.0 * f64::from(clg), big / 2.0)],
+        (Rd, AllReduce) => vec![(f64::from(steps) + if fold { 2.0 } else { 0.0 }, 1.0, big)],
+        (Tree, AllReduce) => vec![(2.0 * f64::from(clg), 2.0, big)],
+        (Tree, Broadcast | Reduce) => vec![(f64::from(clg), 2.0, big)],
+        (DbTree, AllReduce) => vec![(2.0 * f64::from(clg), 2.0, big / 2.0)],
         (Bruck, AllGather) => (0..clg)
-            .map(|k| (1.0, (big / n) * f64::from(1u32 << k)))
+            .map(|k| (1.0, 1.0, (big / n) * f64::from(1u32 << k)))
             .collect(),
         _ => Vec::new(),
     }
@@ -436,6 +436,19 @@ mod tests {
             assert_eq!(o.slice, want, "{out} B");
             assert_eq!(tcp.choose(&ag(out), 4, opts, 1).1.slice, want, "{out} B");
         }
+        // 4-rank mesh: 3 messages a round, so each slice beyond the first costs 3 * alpha/2.
+        let ag4 = |out: usize| Problem::new(Collective::AllGather, 4, out / 4 / 4);
+        let mesh = |out: usize| tcp.eager_slicing(Algorithm::Mesh, &ag4(out), 4, opts).slice;
+        assert_eq!(
+            mesh(128 << 10),
+            (16 << 10) / 4,
+            "32 KiB messages: 1.5 alpha < 2 alpha"
+        );
+        assert_eq!(
+            mesh(256 << 10),
+            opts.slice,
+            "64 KiB messages: 4.5 alpha > 2 alpha"
+        );
         // The sliced variant is what `predict` prices: below the rendezvous.
         let with = tcp.predict(Algorithm::Ring, &ag(64 << 10), 4).unwrap();
         let plain = Model::new(20.0, 1.5, 17.0)
