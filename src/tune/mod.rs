@@ -115,44 +115,13 @@ impl Model {
         if p.nranks == 1 {
             return Some(0.0);
         }
-        // Total bytes of the "whole vector": AllReduce/Bcast/Reduce buffer, AG/RS/A2A N*count.
-        let bytes = (p.count * elem) as f64;
-        let big = match p.coll {
-            Collective::AllReduce | Collective::Broadcast | Collective::Reduce => bytes,
-            _ => bytes * n,
-        };
+        let big = whole_bytes(p, elem);
         let t = self.alpha_beta(algo, p.coll, n, big)?;
-        Some(t + self.eager_cost(algo, p.coll, p.nranks, big).0)
+        let (alphas, _) = eager_alphas(algo, p.coll, p.nranks, big, self.eager_bytes);
+        Some(t + alphas * self.alpha_us)
     }
 
-    /// What messages above the eager limit add to `algo`'s time (us), and whether sending them
-    /// as eager-sized slices is cheaper than their rendezvous (`eager_slicing`).
-    fn eager_cost(
-        &self,
-        algo: Algorithm,
-        coll: Collective,
-        nranks: usize,
-        big: f64,
-    ) -> (f64, bool) {
-        if self.eager_bytes == usize::MAX {
-            return (0.0, false);
-        }
-        let eager = self.eager_bytes as f64;
-        let (mut rendezvous, mut sliced) = (0.0, 0.0);
-        for (count, msgs, msg) in rounds(algo, coll, nranks, big) {
-            if msg > eager {
-                rendezvous += count * RENDEZVOUS_ALPHAS * self.alpha_us;
-                sliced += count * msgs * ((msg / eager).ceil() - 1.0) * self.alpha_us / 2.0;
-            }
-        }
-        if sliced < rendezvous {
-            (sliced, true)
-        } else {
-            (rendezvous, false)
-        }
-    }
-
-    /// `opts` for running `p` with `algo`: slices of the eager limit where `eager_cost` finds
+    /// `opts` for running `p` with `algo`: slices of the eager limit where `eager_alphas` finds
     /// them cheaper than the rendezvous of whole messages, the configured slices otherwise.
     pub fn eager_slicing(
         &self,
@@ -161,14 +130,10 @@ impl Model {
         elem: usize,
         opts: Options,
     ) -> Options {
-        let big = (p.count * elem) as f64
-            * match p.coll {
-                Collective::AllReduce | Collective::Broadcast | Collective::Reduce => 1.0,
-                _ => p.nranks as f64,
-            };
+        let big = whole_bytes(p, elem);
         let slice = (self.eager_bytes / elem.max(1)).max(1);
         let finer = opts.slice == 0 || slice < opts.slice;
-        if p.nranks > 1 && finer && self.eager_cost(algo, p.coll, p.nranks, big).1 {
+        if p.nranks > 1 && finer && eager_alphas(algo, p.coll, p.nranks, big, self.eager_bytes).1 {
             Options { slice, ..opts }
         } else {
             opts
@@ -267,12 +232,51 @@ impl Model {
     }
 }
 
+/// Total bytes of `p`'s "whole vector": the AllReduce, Broadcast or Reduce buffer, N times the
+/// per-rank count for the others.
+fn whole_bytes(p: &Problem, elem: usize) -> f64 {
+    let bytes = (p.count * elem) as f64;
+    match p.coll {
+        Collective::AllReduce | Collective::Broadcast | Collective::Reduce => bytes,
+        _ => bytes * p.nranks as f64,
+    }
+}
+
+/// What messages above `eager_bytes` add to `algo`'s time, in alphas, and whether sending them
+/// as eager-sized slices (alpha/2 per extra message) is cheaper than their rendezvous
+/// (`RENDEZVOUS_ALPHAS` per round). Linear in alpha, so the choice needs no measurement:
+/// `Model::predict`, `Model::eager_slicing` and `fit` all take it from here.
+fn eager_alphas(
+    algo: Algorithm,
+    coll: Collective,
+    nranks: usize,
+    big: f64,
+    eager_bytes: usize,
+) -> (f64, bool) {
+    if eager_bytes == usize::MAX {
+        return (0.0, false);
+    }
+    let eager = eager_bytes as f64;
+    let (mut rendezvous, mut sliced) = (0.0, 0.0);
+    for (count, msgs, msg) in rounds(algo, coll, nranks, big) {
+        if msg > eager {
+            rendezvous += count * RENDEZVOUS_ALPHAS;
+            sliced += count * msgs * ((msg / eager).ceil() - 1.0) / 2.0;
+        }
+    }
+    if sliced < rendezvous {
+        (sliced, true)
+    } else {
+        (rendezvous, false)
+    }
+}
+
 /// A rendezvous costs the receiver two more one-way trips than an eager message: the sender's
 /// request to send, then the receiver's read request, before the data moves.
 const RENDEZVOUS_ALPHAS: f64 = 2.0;
 
 /// `algo`'s rounds as (how many, messages each rank sends per round, bytes per message) for a
-/// whole vector of `big` bytes: what decides between eager and rendezvous (`Model::eager_cost`).
+/// whole vector of `big` bytes: what decides between eager and rendezvous (`eager_alphas`).
 /// The messages of one round travel at once, so their handshakes overlap, but each extra slice
 /// of each of them is one more message for the sending CPU.
 fn rounds(algo: Algorithm, coll: Collective, nranks: usize, big: f64) -> Vec<(f64, f64, f64)> {
@@ -331,7 +335,7 @@ pub fn hier_options(nranks: usize, local: usize, opts: Options) -> Options {
 /// Alpha, beta and gamma from timings: `small_us` of a ring AllReduce of a tiny message,
 /// `large` = (bytes, us) of a ring AllReduce, `reduce` = (bytes, us) of a local reduction,
 /// on a transport whose eager protocol ends at `eager_bytes` (the large AllReduce's rounds
-/// then each wait for a handshake too, as `Model::predict` assumes).
+/// then wait for a handshake or send extra slices too, as `Model::predict` assumes).
 pub fn fit(
     nranks: usize,
     small_us: f64,
@@ -344,12 +348,16 @@ pub fn fit(
     let gamma = (reduce.1 / reduce.0.max(1) as f64).max(1e-7);
     let f = (n - 1.0) / n;
     let bytes = large.0 as f64;
-    let rounds = if large.0 / nranks > eager_bytes {
-        1.0 + RENDEZVOUS_ALPHAS
-    } else {
-        1.0
-    };
-    let rest = large.1 - rounds * 2.0 * (n - 1.0) * alpha - f * bytes * gamma;
+    // The calibration's ring runs with the model's slicing (`Model::eager_slicing`), so its
+    // rendezvous or extra slices are the ones `eager_alphas` prices.
+    let (extra, _) = eager_alphas(
+        Algorithm::Ring,
+        Collective::AllReduce,
+        nranks,
+        bytes,
+        eager_bytes,
+    );
+    let rest = large.1 - (2.0 * (n - 1.0) + extra) * alpha - f * bytes * gamma;
     let beta = (rest / (2.0 * f * bytes)).max(1e-7);
     (alpha, beta, gamma)
 }
@@ -496,5 +504,21 @@ mod tests {
             16 << 10,
         );
         assert!((fa - a).abs() < 1e-9 && (fb - b).abs() / b < 1e-9);
+        // 32 ranks and 1 MiB: 32 KiB messages, which the calibration's ring sends as two eager
+        // slices each (62 rounds, one extra message each at alpha/2), not by rendezvous.
+        let (n, bytes) = (32, 1 << 20);
+        let f = 31.0 / 32.0;
+        let t = 62.0 * a + 2.0 * f * bytes as f64 * b + f * bytes as f64 * g + 62.0 * a / 2.0;
+        let (fa, fb, _) = fit(
+            n,
+            62.0 * a,
+            (bytes, t),
+            (1 << 20, (1 << 20) as f64 * g),
+            16 << 10,
+        );
+        assert!(
+            (fa - a).abs() < 1e-9 && (fb - b).abs() / b < 1e-9,
+            "{fb} {b}"
+        );
     }
 }
