@@ -48,7 +48,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: "FABRICOLL_POLL_US",
         accepted: "integer 0..=1000000",
-        default: "50",
+        default: "1000 over ofi_rxm (tcp), else 50",
         meaning: "busy-poll time before a waiter yields or sleeps on the completion queue",
     },
     Var {
@@ -104,7 +104,8 @@ pub struct Config {
     pub timeout: Duration,
     pub log: Option<String>,
     pub speed_mbps: u32,
-    pub poll: Duration,
+    /// `FABRICOLL_POLL_US`; None: the transport's default (`coll::poll_window`).
+    pub poll: Option<Duration>,
     pub mr_cache: bool,
     pub algo: Option<crate::algo::Algorithm>,
     pub alpha_us: Option<f64>,
@@ -182,8 +183,13 @@ impl Config {
             Some(v) => int("FABRICOLL_SPEED_MBPS", &v, 1, 10_000_000)? as u32,
         };
         let poll = match nonempty("FABRICOLL_POLL_US") {
-            None => Duration::from_micros(50),
-            Some(v) => Duration::from_micros(int("FABRICOLL_POLL_US", &v, 0, 1_000_000)?),
+            None => None,
+            Some(v) => Some(Duration::from_micros(int(
+                "FABRICOLL_POLL_US",
+                &v,
+                0,
+                1_000_000,
+            )?)),
         };
         let mr_cache = match nonempty("FABRICOLL_MR_CACHE").as_deref().map(str::trim) {
             None | Some("1") => true,
