@@ -86,12 +86,18 @@ pub struct Comm {
     poll: Duration,
     algo: Mutex<Option<Algorithm>>,
     model: Model,
+    /// `auto`'s choices per (problem, element size): the model is fixed once the communicator
+    /// is made, and evaluating it took about a tenth of a small collective's time.
+    choices: Mutex<FastMap<(Problem, usize), (Algorithm, Options)>>,
     aborted: AtomicBool,
     /// Ranks per node, for `hier`.
     local: usize,
     /// Bytes per slice of a pipelined schedule (`slice_bytes`).
     slice: usize,
 }
+
+/// How many of `auto`'s choices a communicator keeps (a new one beyond that clears them).
+const CHOICES_KEPT: usize = 1024;
 
 /// Bytes per message when slicing: small enough to pipeline, large enough to amortise latency.
 const SLICE_BYTES: usize = 1 << 20;
@@ -204,6 +210,7 @@ impl Comm {
             poll,
             algo: Mutex::new(cfg.algo),
             model: Model::from_config(cfg).with_eager(eager),
+            choices: Mutex::new(FastMap::default()),
             aborted: AtomicBool::new(false),
             local,
             slice,
@@ -237,9 +244,16 @@ impl Comm {
     /// Measure alpha, beta and gamma unless the configuration fixes them.
     fn calibrate(&mut self, cfg: &Config) -> Result<()> {
         if self.nranks > 1 && self.model.needs_calibration() {
-            self.model = tune::calibrate(self, cfg)?;
+            let m = tune::calibrate(self, cfg)?;
+            self.set_model(m);
         }
         Ok(())
+    }
+
+    /// Replace the cost model, forgetting the choices made with the old one.
+    fn set_model(&mut self, m: Model) {
+        self.model = m;
+        self.choices.get_mut().clear();
     }
 
     pub fn transport(&self) -> &Arc<dyn Transport> {
@@ -313,7 +327,17 @@ impl Comm {
             };
             return Ok((a, opts));
         }
-        Ok(self.model.choose(p, elem, opts, self.local))
+        let key = (*p, elem);
+        if let Some(c) = self.choices.lock().get(&key) {
+            return Ok(*c);
+        }
+        let c = self.model.choose(p, elem, opts, self.local);
+        let mut choices = self.choices.lock();
+        if choices.len() >= CHOICES_KEPT {
+            choices.clear();
+        }
+        choices.insert(key, c);
+        Ok(c)
     }
 
     fn schedule(
@@ -598,7 +622,7 @@ impl Comm {
             .expect("self is a member");
         let addrs: Vec<Vec<u8>> = members.into_iter().map(|m| m.2).collect();
         let mut c = Comm::new(new_rank, t, &addrs, cfg)?;
-        c.model = self.model.clone();
+        c.set_model(self.model.clone());
         Ok(Some(c))
     }
 
@@ -799,6 +823,45 @@ mod tests {
         ]);
         assert_eq!(rxm_eager_limit(bad), 16 << 10);
         assert_eq!(eager_bytes(&caps("shm")), usize::MAX);
+    }
+
+    #[test]
+    fn auto_choices_are_kept_per_model() {
+        use crate::transport::loopback::LoopbackFabric;
+        let cfg = Config::from_lookup(|_| None).unwrap();
+        let f = LoopbackFabric::new();
+        let eps: Vec<Arc<dyn Transport>> = (0..4)
+            .map(|_| Arc::new(f.endpoint()) as Arc<dyn Transport>)
+            .collect();
+        let addrs: Vec<Vec<u8>> = eps.iter().map(|e| e.address()).collect();
+        let mut comm = Comm::new(0, eps[0].clone(), &addrs, &cfg).unwrap();
+        let p = Problem::new(Collective::AllReduce, 4, 1 << 20);
+        let latency_bound = Model::new(1e4, 100.0, 100.0);
+        let bandwidth_bound = Model::new(1e-3, 0.01, 100.0);
+        let opts = |c: &Comm| c.choose(&p, 4, None).unwrap();
+        comm.set_model(latency_bound.clone());
+        let first = opts(&comm);
+        assert_eq!(first, opts(&comm), "a kept choice is the same choice");
+        comm.set_model(bandwidth_bound.clone());
+        let second = opts(&comm);
+        assert_ne!(
+            first.0, second.0,
+            "the two models must disagree for this test to mean anything"
+        );
+        let base = Options {
+            slice: comm.slice / 4,
+            local: comm.local,
+            intra: Algorithm::Ring,
+            inter: Algorithm::Ring,
+        };
+        assert_eq!(second, bandwidth_bound.choose(&p, 4, base, comm.local));
+        comm.set_model(latency_bound.clone());
+        assert_eq!(opts(&comm), latency_bound.choose(&p, 4, base, comm.local));
+        // A forced algorithm bypasses the kept choices.
+        assert_eq!(
+            comm.choose(&p, 4, Some(Algorithm::Ring)).unwrap().0,
+            Algorithm::Ring
+        );
     }
 
     #[test]
