@@ -5,14 +5,12 @@
 //!
 //! AllReduce: the first half of the buffer goes clockwise, the second half counter-clockwise;
 //! each ring reduce-scatters its half in the output and all-gathers it in place, its AllGather
-//! waiting only for its own ReduceScatter. No Tmp. AllGather and ReduceScatter: every chunk is
-//! split in two, first halves clockwise, second halves counter-clockwise (each ring's chunk list
-//! describes its halves). ReduceScatter accumulates in one Tmp workspace of the input's length
+//! waiting only for the steps of its own ReduceScatter that touch each slice. No Tmp. AllGather
+//! and ReduceScatter: every chunk is split in two, first halves clockwise, second halves
+//! counter-clockwise (each ring's chunk list describes its halves). ReduceScatter accumulates in one Tmp workspace of the input's length
 //! per member (as the ring does), each ring in its own halves of the chunks, so they never touch
 //! the same elements.
 #![forbid(unsafe_code)]
-
-use std::ops::Range;
 
 use super::ring::{all_gather, reduce_scatter};
 use super::{AlgoResult, Algorithm, Builder, Collectives, Deps, Options, Span};
@@ -35,22 +33,6 @@ fn split(chunks: &[(usize, usize)]) -> Halves {
 /// The group and per-member values in reverse order (the counter-clockwise ring).
 fn rev<T: Clone>(v: &[T]) -> Vec<T> {
     v.iter().rev().cloned().collect()
-}
-
-/// The steps `range` of `r` (one phase), joined with `also`: what a phase that must follow
-/// that one (and only that one) waits for.
-fn joined(b: &mut Builder, r: usize, range: Range<usize>, also: &[usize]) -> Vec<usize> {
-    let mut needed = vec![true; range.len()];
-    for s in &b.ranks[r][range.clone()] {
-        for &d in &s.deps {
-            if range.contains(&d) {
-                needed[d - range.start] = false;
-            }
-        }
-    }
-    let mut tips: Vec<usize> = range.clone().filter(|&i| needed[i - range.start]).collect();
-    tips.extend(also);
-    b.join(r, &tips)
 }
 
 impl Collectives for BidirRing {
@@ -87,17 +69,11 @@ impl Collectives for BidirRing {
             let (s, d) = (pick(src), pick(dst));
             let chunks = super::chunks(l, m);
             let mine: Vec<Span> = (0..m).map(|i| d[i].sub(chunks[i].0, chunks[i].1)).collect();
-            let before: Vec<usize> = b.ranks.iter().map(Vec::len).collect();
-            reduce_scatter(b, &gg, &s, &mine, &chunks, start, o, Some(&d));
-            let after: Vec<usize> = b.ranks.iter().map(Vec::len).collect();
-            phases.push((gg, d, chunks, mine, before, after));
+            let rs = reduce_scatter(b, &gg, &s, &mine, &chunks, start, o, Some(&d));
+            phases.push((gg, d, chunks, mine, rs));
         }
-        for (gg, d, chunks, mine, before, after) in phases {
-            let mut mid = start.clone();
-            for &r in &gg {
-                mid[r] = joined(b, r, before[r]..after[r], &start[r]);
-            }
-            all_gather(b, &gg, &mine, &d, &chunks, &mid, o);
+        for (gg, d, chunks, mine, rs) in phases {
+            all_gather(b, &gg, &mine, &d, &chunks, start, o, Some(&rs));
         }
         Ok(())
     }
@@ -115,8 +91,8 @@ impl Collectives for BidirRing {
         let (c1, c2) = split(chunks);
         let s1: Vec<Span> = (0..g.len()).map(|i| src[i].sub(0, c1[i].1)).collect();
         let s2: Vec<Span> = (0..g.len()).map(|i| src[i].sub(c1[i].1, c2[i].1)).collect();
-        all_gather(b, g, &s1, dst, &c1, start, o);
-        all_gather(b, &rev(g), &rev(&s2), &rev(dst), &rev(&c2), start, o);
+        all_gather(b, g, &s1, dst, &c1, start, o, None);
+        all_gather(b, &rev(g), &rev(&s2), &rev(dst), &rev(&c2), start, o, None);
         Ok(())
     }
 

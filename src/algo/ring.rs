@@ -5,8 +5,9 @@
 //! ReduceScatter: at step s, member i sends its partial of chunk (i-s-1) to i+1 and receives
 //! chunk (i-s-2) from i-1, reducing it with its own contribution; after N-1 steps member i holds
 //! chunk i. AllGather: at step s member i forwards chunk (i-s) and receives chunk (i-s-1).
-//! AllReduce = ReduceScatter into the output, then AllGather in place. Broadcast and Reduce are
-//! pipelined chains starting (ending) at the root.
+//! AllReduce = ReduceScatter into the output, then AllGather in place, each slice of which waits
+//! only for the ReduceScatter steps that touch it (no barrier between the phases). Broadcast and
+//! Reduce are pipelined chains starting (ending) at the root.
 #![forbid(unsafe_code)]
 
 use super::{slices, AlgoResult, Algorithm, Builder, Collectives, Deps, Options, Span};
@@ -15,6 +16,29 @@ pub struct Ring;
 
 fn md(a: isize, m: usize) -> usize {
     a.rem_euclid(m as isize) as usize
+}
+
+/// The steps of a ring ReduceScatter that a following in-place AllGather must wait for, per
+/// member (position in the group) and slice: nothing else of the ReduceScatter touches what
+/// the AllGather reads or writes, so the two phases overlap instead of meeting at a barrier.
+#[derive(Default)]
+pub(crate) struct RsSteps {
+    /// `sends[i][s]`: member i's sends at step s. From step 1 on they read the workspace chunk
+    /// (i-s-1), which the AllGather's receive of its step s overwrites.
+    sends: Vec<Vec<Vec<usize>>>,
+    /// `last[i]`: member i's final receive-reduces, which write its own chunk (the AllGather's
+    /// first send).
+    last: Vec<Vec<usize>>,
+}
+
+/// The steps among `ids` that slice `j` of `n` must wait for: the matching slice when both
+/// sides are cut alike, else all of them.
+fn slice_deps(ids: &[usize], j: usize, n: usize) -> &[usize] {
+    if ids.len() == n {
+        &ids[j..=j]
+    } else {
+        ids
+    }
 }
 
 /// Ring ReduceScatter over group `g`. Each member accumulates chunk c at offset `chunks[c].0`
@@ -30,16 +54,19 @@ pub(crate) fn reduce_scatter(
     start: &Deps,
     o: &Options,
     work: Option<&[Span]>,
-) {
+) -> RsSteps {
     let m = g.len();
     if m == 1 {
-        b.copy(
+        let c = b.copy(
             g[0],
             src[0].sub(chunks[0].0, chunks[0].1),
             dst[0],
             &start[g[0]],
         );
-        return;
+        return RsSteps {
+            sends: vec![Vec::new()],
+            last: vec![c.into_iter().collect()],
+        };
     }
     let len = src[0].len;
     let work: Vec<Span> = match work {
@@ -48,6 +75,7 @@ pub(crate) fn reduce_scatter(
     };
     // prev[i][j]: member i's receive-reduce of slice j at the previous step (the data it sends now).
     let mut prev: Vec<Vec<usize>> = vec![Vec::new(); m];
+    let mut sends: Vec<Vec<Vec<usize>>> = vec![Vec::new(); m];
     for s in 0..m - 1 {
         for i in 0..m {
             let r = g[i];
@@ -61,11 +89,13 @@ pub(crate) fn reduce_scatter(
                 work[i].sub(chunks[cr].0, chunks[cr].1)
             };
             let mine = src[i].sub(chunks[cr].0, chunks[cr].1);
+            let mut step = Vec::new();
             for (j, sl) in slices(send_from, o.slice).into_iter().enumerate() {
                 let mut deps = start[r].clone();
                 deps.extend(prev[i].get(j));
-                b.send(r, next, sl, &deps);
+                step.push(b.send(r, next, sl, &deps));
             }
+            sends[i].push(step);
             prev[i] = slices(into, o.slice)
                 .into_iter()
                 .zip(slices(mine, o.slice))
@@ -73,9 +103,13 @@ pub(crate) fn reduce_scatter(
                 .collect();
         }
     }
+    RsSteps { sends, last: prev }
 }
 
-/// Ring AllGather over group `g`.
+/// Ring AllGather over group `g`. With `after`, it runs in place after that ReduceScatter
+/// (AllReduce): each send and receive waits for the ReduceScatter steps that touch its slice,
+/// not for the whole phase.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn all_gather(
     b: &mut Builder,
     g: &[usize],
@@ -84,6 +118,7 @@ pub(crate) fn all_gather(
     chunks: &[(usize, usize)],
     start: &Deps,
     o: &Options,
+    after: Option<&RsSteps>,
 ) {
     let m = g.len();
     let chunk = |i: usize, c: usize| dst[i].sub(chunks[c].0, chunks[c].1);
@@ -109,8 +144,14 @@ pub(crate) fn all_gather(
             if s == 0 {
                 // The own chunk goes straight from the input: the first send waits for
                 // nothing, not for the local copy into the output.
-                for sl in slices(src[i], o.slice) {
-                    b.send(r, next, sl, &start[r]);
+                let own = slices(src[i], o.slice);
+                let n = own.len();
+                for (j, sl) in own.into_iter().enumerate() {
+                    let mut deps = start[r].clone();
+                    if let Some(rs) = after {
+                        deps.extend_from_slice(slice_deps(&rs.last[i], j, n));
+                    }
+                    b.send(r, next, sl, &deps);
                 }
             } else {
                 for (j, sl) in slices(chunk(i, cs), o.slice).into_iter().enumerate() {
@@ -123,8 +164,14 @@ pub(crate) fn all_gather(
                     b.send(r, next, sl, &deps);
                 }
             }
-            for rl in slices(chunk(i, cr), o.slice) {
-                new_prev.push(b.recv(r, pv, rl, &start[r]));
+            let into = slices(chunk(i, cr), o.slice);
+            let n = into.len();
+            for (j, rl) in into.into_iter().enumerate() {
+                let mut deps = start[r].clone();
+                if let (Some(rs), true) = (after, s > 0) {
+                    deps.extend_from_slice(slice_deps(&rs.sends[i][s], j, n));
+                }
+                new_prev.push(b.recv(r, pv, rl, &deps));
             }
             prev[i] = new_prev;
         }
@@ -150,9 +197,8 @@ impl Collectives for Ring {
         let mine: Vec<Span> = (0..g.len())
             .map(|i| dst[i].sub(chunks[i].0, chunks[i].1))
             .collect();
-        reduce_scatter(b, g, src, &mine, &chunks, start, o, Some(dst));
-        let mid = b.frontiers();
-        all_gather(b, g, &mine, dst, &chunks, &mid, o);
+        let rs = reduce_scatter(b, g, src, &mine, &chunks, start, o, Some(dst));
+        all_gather(b, g, &mine, dst, &chunks, start, o, Some(&rs));
         Ok(())
     }
 
@@ -166,7 +212,7 @@ impl Collectives for Ring {
         start: &Deps,
         o: &Options,
     ) -> AlgoResult<()> {
-        all_gather(b, g, src, dst, chunks, start, o);
+        all_gather(b, g, src, dst, chunks, start, o, None);
         Ok(())
     }
 

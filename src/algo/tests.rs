@@ -128,7 +128,7 @@ fn rdh() {
                             .reduce_scatter(&mut b, &g, &src, &mine, &ch, &start, &o)
                             .unwrap();
                         let mid = b.frontiers();
-                        ring::all_gather(&mut b, &g, &mine, &dst, &ch, &mid, &o);
+                        ring::all_gather(&mut b, &g, &mine, &dst, &ch, &mid, &o, None);
                     } else {
                         ring::reduce_scatter(&mut b, &g, &src, &mine, &ch, &start, &o, Some(&dst));
                         let mid = b.frontiers();
