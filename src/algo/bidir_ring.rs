@@ -7,9 +7,9 @@
 //! each ring reduce-scatters its half in the output and all-gathers it in place, its AllGather
 //! waiting only for the steps of its own ReduceScatter that touch each slice. No Tmp. AllGather
 //! and ReduceScatter: every chunk is split in two, first halves clockwise, second halves
-//! counter-clockwise (each ring's chunk list describes its halves). ReduceScatter accumulates in one Tmp workspace of the input's length
-//! per member (as the ring does), each ring in its own halves of the chunks, so they never touch
-//! the same elements.
+//! counter-clockwise (each ring's chunk list describes its halves). ReduceScatter accumulates
+//! in one Tmp workspace of the input's length per member (as the ring does), each ring in its
+//! own halves of the chunks, so they never touch the same elements.
 #![forbid(unsafe_code)]
 
 use super::ring::{all_gather, reduce_scatter};

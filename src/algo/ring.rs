@@ -21,7 +21,6 @@ fn md(a: isize, m: usize) -> usize {
 /// The steps of a ring ReduceScatter that a following in-place AllGather must wait for, per
 /// member (position in the group) and slice: nothing else of the ReduceScatter touches what
 /// the AllGather reads or writes, so the two phases overlap instead of meeting at a barrier.
-#[derive(Default)]
 pub(crate) struct RsSteps {
     /// `sends[i][s]`: member i's sends at step s. From step 1 on they read the workspace chunk
     /// (i-s-1), which the AllGather's receive of its step s overwrites.
