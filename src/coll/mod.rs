@@ -719,18 +719,32 @@ pub fn calibrate(comm: &Comm, _cfg: &Config) -> Result<Model> {
     for _ in 0..3 {
         comm.run(&ar(&small, &small_out))?;
     }
-    let iters = 20;
-    let t0 = Instant::now();
-    for _ in 0..iters {
-        comm.run(&ar(&small, &small_out))?;
-    }
-    let small_us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
-    let mut large_us = f64::MAX;
+    // The best of 3 batches: one scheduling hiccup made a single batch of 20 read 700 us
+    // instead of 20 (2 ranks over tcp).
+    let mut small_us = f64::MAX;
     for _ in 0..3 {
-        let t = Instant::now();
-        comm.run(&ar(&big, &big_out))?;
-        large_us = large_us.min(t.elapsed().as_secs_f64() * 1e6);
+        let iters = 10;
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            comm.run(&ar(&small, &small_out))?;
+        }
+        small_us = small_us.min(t0.elapsed().as_secs_f64() * 1e6 / iters as f64);
     }
+    // Two large sizes, so that beta comes from their difference (`tune::fit`).
+    let best_of = |send: &Scratch, recv: &Scratch, reps: usize| -> Result<f64> {
+        let mut best = f64::MAX;
+        for _ in 0..reps {
+            let t = Instant::now();
+            comm.run(&ar(send, recv))?;
+            best = best.min(t.elapsed().as_secs_f64() * 1e6);
+        }
+        Ok(best)
+    };
+    let large_us = best_of(&big, &big_out, 3)?;
+    let larger_len = 4 * big_len;
+    let (larger, larger_out) = (Scratch::new(larger_len), Scratch::new(larger_len));
+    let larger_us = best_of(&larger, &larger_out, 3)?;
+    drop((larger, larger_out));
     let mut red_us = f64::MAX;
     let acc = Scratch::new(big_len);
     for _ in 0..3 {
@@ -746,7 +760,7 @@ pub fn calibrate(comm: &Comm, _cfg: &Config) -> Result<Model> {
     let (a, b, g) = tune::fit(
         n,
         small_us,
-        (big_len, large_us),
+        &[(big_len, large_us), (larger_len, larger_us)],
         (big_len, red_us),
         comm.model.eager_bytes,
     );

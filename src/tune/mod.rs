@@ -333,13 +333,21 @@ pub fn hier_options(nranks: usize, local: usize, opts: Options) -> Options {
 }
 
 /// Alpha, beta and gamma from timings: `small_us` of a ring AllReduce of a tiny message,
-/// `large` = (bytes, us) of a ring AllReduce, `reduce` = (bytes, us) of a local reduction,
-/// on a transport whose eager protocol ends at `eager_bytes` (the large AllReduce's rounds
-/// then wait for a handshake or send extra slices too, as `Model::predict` assumes).
+/// `large` = (bytes, us) of ring AllReduces of one or more large sizes (ascending), `reduce` =
+/// (bytes, us) of a local reduction, on a transport whose eager protocol ends at `eager_bytes`
+/// (the large AllReduces' rounds then wait for a handshake or send extra slices too, as
+/// `Model::predict` assumes).
+///
+/// Beta comes from the difference between the two largest sizes when there are two: the
+/// per-round latency then cancels out. With more ranks than cores the tiny AllReduce's rounds
+/// include waiting for a peer to be scheduled, so alpha comes out several times the latency a
+/// large round pays; subtracting that from one large timing left nothing, and beta was clamped
+/// to 10000 GB/s (4 ranks over tcp on 2 cores: 3 of 6 calibrations), which made `auto` send
+/// the whole vector to every peer (mesh1) at 1 MiB.
 pub fn fit(
     nranks: usize,
     small_us: f64,
-    large: (usize, f64),
+    large: &[(usize, f64)],
     reduce: (usize, f64),
     eager_bytes: usize,
 ) -> (f64, f64, f64) {
@@ -347,19 +355,38 @@ pub fn fit(
     let alpha = (small_us / (2.0 * (n - 1.0))).max(0.05);
     let gamma = (reduce.1 / reduce.0.max(1) as f64).max(1e-7);
     let f = (n - 1.0) / n;
-    let bytes = large.0 as f64;
     // The calibration's ring runs with the model's slicing (`Model::eager_slicing`), so its
     // rendezvous or extra slices are the ones `eager_alphas` prices.
-    let (extra, _) = eager_alphas(
-        Algorithm::Ring,
-        Collective::AllReduce,
-        nranks,
-        bytes,
-        eager_bytes,
-    );
-    let rest = large.1 - (2.0 * (n - 1.0) + extra) * alpha - f * bytes * gamma;
-    let beta = (rest / (2.0 * f * bytes)).max(1e-7);
-    (alpha, beta, gamma)
+    let alphas = |bytes: f64| {
+        let (extra, _) = eager_alphas(
+            Algorithm::Ring,
+            Collective::AllReduce,
+            nranks,
+            bytes,
+            eager_bytes,
+        );
+        2.0 * (n - 1.0) + extra
+    };
+    let from_one = |(bytes, us): (usize, f64)| {
+        let bytes = bytes as f64;
+        (us - alphas(bytes) * alpha - f * bytes * gamma) / (2.0 * f * bytes)
+    };
+    let beta = match large {
+        [.., (b1, t1), (b2, t2)] if b2 > b1 => {
+            let (b1, b2) = (*b1 as f64, *b2 as f64);
+            let d = b2 - b1;
+            let diff =
+                (t2 - t1 - (alphas(b2) - alphas(b1)) * alpha - f * d * gamma) / (2.0 * f * d);
+            if diff > 0.0 {
+                diff
+            } else {
+                from_one((b2 as usize, *t2))
+            }
+        }
+        [.., last] => from_one(*last),
+        [] => 0.0,
+    };
+    (alpha, beta.max(1e-7), gamma)
 }
 
 pub use crate::coll::calibrate;
@@ -490,7 +517,7 @@ mod tests {
         let (fa, fb, fg) = fit(
             n,
             2.0 * 3.0 * a,
-            (bytes, t),
+            &[(bytes, t)],
             (1 << 20, (1 << 20) as f64 * g),
             usize::MAX,
         );
@@ -499,7 +526,7 @@ mod tests {
         let (fa, fb, _) = fit(
             n,
             2.0 * 3.0 * a,
-            (bytes, t + 6.0 * RENDEZVOUS_ALPHAS * a),
+            &[(bytes, t + 6.0 * RENDEZVOUS_ALPHAS * a)],
             (1 << 20, (1 << 20) as f64 * g),
             16 << 10,
         );
@@ -512,7 +539,7 @@ mod tests {
         let (fa, fb, _) = fit(
             n,
             62.0 * a,
-            (bytes, t),
+            &[(bytes, t)],
             (1 << 20, (1 << 20) as f64 * g),
             16 << 10,
         );
@@ -520,5 +547,32 @@ mod tests {
             (fa - a).abs() < 1e-9 && (fb - b).abs() / b < 1e-9,
             "{fb} {b}"
         );
+    }
+
+    #[test]
+    fn fit_takes_beta_from_two_sizes_when_small_rounds_are_slow() {
+        // 4 ranks whose tiny AllReduce pays 40 us a round (waiting to be scheduled) while a
+        // large round pays 5: one large timing minus 6 x 40 us leaves nothing.
+        let (a, b, g) = (5.0, gbps_to_us_per_byte(1.5), gbps_to_us_per_byte(15.0));
+        let (n, f) = (4, 0.75);
+        let t = |bytes: usize| {
+            let bytes = bytes as f64;
+            6.0 * a + 6.0 * RENDEZVOUS_ALPHAS * a + 2.0 * f * bytes * b + f * bytes * g
+        };
+        let (m1, m4) = (1usize << 20, 4usize << 20);
+        let red = (m1, m1 as f64 * g);
+        let slow_small = 6.0 * 40.0;
+        let (_, one, _) = fit(n, slow_small, &[(m1, t(m1))], red, 16 << 10);
+        assert!(
+            one < b / 2.0,
+            "one size alone gives a far too small beta: {one}"
+        );
+        let (fa, fb, _) = fit(n, slow_small, &[(m1, t(m1)), (m4, t(m4))], red, 16 << 10);
+        assert!((fa - 40.0).abs() < 1e-9);
+        assert!((fb - b).abs() / b < 1e-9, "{fb} {b}");
+        // A second timing no slower than the first (noise) falls back to the larger one alone.
+        let (_, fb, _) = fit(n, 6.0 * a, &[(m1, t(m4)), (m4, t(m4))], red, 16 << 10);
+        let (_, alone, _) = fit(n, 6.0 * a, &[(m4, t(m4))], red, 16 << 10);
+        assert_eq!(fb, alone);
     }
 }
