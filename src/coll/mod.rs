@@ -86,9 +86,11 @@ pub struct Comm {
     poll: Duration,
     algo: Mutex<Option<Algorithm>>,
     model: Model,
-    /// `auto`'s choices per (problem, element size): the model is fixed once the communicator
-    /// is made, and evaluating it cost about 1.2 us a call (a fifth of a small shm AllReduce).
-    choices: Mutex<FastMap<(Problem, usize), (Algorithm, Options)>>,
+    /// Choices per (problem, element size, forced algorithm or None for `auto`): the model is
+    /// fixed once the communicator is made, and evaluating it (the formulas for `auto`, the
+    /// eager slicing for a forced algorithm) cost about 1.2 us a call, a fifth of a small shm
+    /// AllReduce.
+    choices: Mutex<FastMap<ChoiceKey, (Algorithm, Options)>>,
     aborted: AtomicBool,
     /// Ranks per node, for `hier`.
     local: usize,
@@ -96,7 +98,11 @@ pub struct Comm {
     slice: usize,
 }
 
-/// How many of `auto`'s choices a communicator keeps (a new one beyond that clears them).
+/// What a choice depends on besides the model: the problem, the element size and the forced
+/// algorithm (None: `auto`).
+type ChoiceKey = (Problem, usize, Option<Algorithm>);
+
+/// How many choices a communicator keeps (a new one beyond that clears them).
 const CHOICES_KEPT: usize = 1024;
 
 /// Bytes per message when slicing: small enough to pipeline, large enough to amortise latency.
@@ -142,7 +148,8 @@ fn rxm_eager_limit(env: impl Fn(&str) -> Option<String>) -> usize {
 /// sleep with its socket full. 1000 µs against 50 µs, over tcp (medians of 3, alternating,
 /// 8 B to 8 MiB): 2-rank AllGather of 2 MiB 862 → 713 µs, ReduceScatter 957 → 645 µs,
 /// AllReduce of 512 KiB 664 → 370 µs; 4 ranks on 2 cores up to 20 % faster up to 128 KiB
-/// and equal above. Over shm the longer window was no faster (4-rank ReduceScatter 10-30 % slower:
+/// and equal above. A later run (2-rank AllGather, medians of 5) found the two within 12 %
+/// either way. Over shm the longer window was no faster (4-rank ReduceScatter 10-30 % slower:
 /// spinning ranks take the cores of the ones that copy), so other providers keep 50 µs.
 fn poll_window(caps: &Caps) -> Duration {
     if caps.provider.contains("ofi_rxm") {
@@ -301,13 +308,34 @@ impl Comm {
         elem: usize,
         per_call: Option<Algorithm>,
     ) -> Result<(Algorithm, Options)> {
+        let forced = per_call.or(*self.algo.lock());
+        let key = (*p, elem, forced);
+        if let Some(c) = self.choices.lock().get(&key) {
+            return Ok(*c);
+        }
+        let c = self.decide(p, elem, forced)?;
+        let mut choices = self.choices.lock();
+        if choices.len() >= CHOICES_KEPT {
+            choices.clear();
+        }
+        choices.insert(key, c);
+        Ok(c)
+    }
+
+    /// `choose` without the kept choices.
+    fn decide(
+        &self,
+        p: &Problem,
+        elem: usize,
+        forced: Option<Algorithm>,
+    ) -> Result<(Algorithm, Options)> {
         let opts = Options {
             slice: (self.slice / elem.max(1)).max(1),
             local: self.local,
             intra: Algorithm::Ring,
             inter: Algorithm::Ring,
         };
-        if let Some(a) = per_call.or(*self.algo.lock()) {
+        if let Some(a) = forced {
             if !algo::supports(a, p.coll) {
                 let ok: Vec<&str> = Algorithm::ALL
                     .iter()
@@ -327,17 +355,7 @@ impl Comm {
             };
             return Ok((a, opts));
         }
-        let key = (*p, elem);
-        if let Some(c) = self.choices.lock().get(&key) {
-            return Ok(*c);
-        }
-        let c = self.model.choose(p, elem, opts, self.local);
-        let mut choices = self.choices.lock();
-        if choices.len() >= CHOICES_KEPT {
-            choices.clear();
-        }
-        choices.insert(key, c);
-        Ok(c)
+        Ok(self.model.choose(p, elem, opts, self.local))
     }
 
     fn schedule(
@@ -871,7 +889,7 @@ mod tests {
         assert_eq!(second, bandwidth_bound.choose(&p, 4, base, comm.local));
         comm.set_model(latency_bound.clone());
         assert_eq!(opts(&comm), latency_bound.choose(&p, 4, base, comm.local));
-        // A forced algorithm bypasses the kept choices.
+        // A forced algorithm is kept under its own key, not as auto's choice.
         assert_eq!(
             comm.choose(&p, 4, Some(Algorithm::Ring)).unwrap().0,
             Algorithm::Ring

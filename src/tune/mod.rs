@@ -384,6 +384,7 @@ pub fn fit(
             }
         }
         [.., last] => from_one(*last),
+        // No timing at all: no bandwidth term (beta at its floor).
         [] => 0.0,
     };
     (alpha, beta.max(1e-7), gamma)
