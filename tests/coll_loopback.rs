@@ -107,13 +107,25 @@ fn run_case(
             .map(|(r, c)| {
                 s.spawn(move || {
                     let p = algo::Problem::new(coll, n, count);
+                    let el = dt.size();
                     let mut send = buf(dt, (0..p.in_len()).map(|i| value(r, i)));
-                    let mut out = vec![0xeeu8; p.out_len() * dt.size()];
-                    let (sr, rr) = if in_place
-                        && matches!(coll, Collective::AllReduce | Collective::Broadcast)
-                    {
-                        out[..send.len()].copy_from_slice(&send);
-                        (region(&mut out), region(&mut out))
+                    let mut out = vec![0xeeu8; p.out_len() * el];
+                    // In place, NCCL's layouts: AllGather's input is the rank's slot of the
+                    // output, ReduceScatter's output the rank's slot of the input, and the
+                    // other collectives use one buffer for both.
+                    let (in_at, out_at) = match coll {
+                        Collective::AllGather => (r * count * el, 0),
+                        Collective::ReduceScatter => (0, r * count * el),
+                        _ => (0, 0),
+                    };
+                    let mut whole = vec![0xeeu8; send.len().max(out.len()) + in_at + out_at];
+                    whole[in_at..in_at + send.len()].copy_from_slice(&send);
+                    let (sr, rr) = if in_place {
+                        let base = region(&mut whole);
+                        (
+                            base.sub(in_at, send.len()).unwrap(),
+                            base.sub(out_at, out.len()).unwrap(),
+                        )
                     } else {
                         (region(&mut send), region(&mut out))
                     };
@@ -130,7 +142,11 @@ fn run_case(
                     c.run(&call).unwrap_or_else(|e| {
                         panic!("{algo} {coll:?} n={n} count={count} {dt:?} {op:?} rank {r}: {e}")
                     });
-                    out
+                    if in_place {
+                        whole[out_at..out_at + out.len()].to_vec()
+                    } else {
+                        out
+                    }
                 })
             })
             .collect();
@@ -418,6 +434,25 @@ fn a_missing_peer_times_out_and_in_place_input_is_restored() {
     assert!(t.elapsed() < std::time::Duration::from_secs(5));
     assert!(e.to_string().contains("FABRICOLL_TIMEOUT_MS"), "{e}");
     assert_eq!(data, orig);
+    // An in-place AllGather runs on the caller's input itself (no backup): failing, it leaves
+    // that input as it was too.
+    let mut whole = buf(DataType::Float32, (0..2000).map(|i| value(0, i)));
+    let before = whole.clone();
+    let base = region(&mut whole);
+    let e = cs[0]
+        .run(&Call {
+            kind: Kind::Coll(Collective::AllGather),
+            send: base.sub(0, 4000).unwrap(),
+            recv: base,
+            count: 1000,
+            dtype: DataType::Float32,
+            op: RedOp::Sum,
+            root: 0,
+            algo: Some(Algorithm::Ring),
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("FABRICOLL_TIMEOUT_MS"), "{e}");
+    assert_eq!(whole[..4000], before[..4000]);
     // Abort makes later calls fail.
     cs[0].abort();
     assert!(cs[0]

@@ -5,8 +5,10 @@
 //! slices overlap. A `RecvReduce` receives into a staging buffer and reduces when the message
 //! is in; staging is bounded (`STAGING_LIMIT` bytes per collective, beyond which receives wait
 //! for earlier ones to finish; one message larger than the limit is still staged alone).
-//! An in-place call runs on a backup of the input, which also restores the caller's buffer if
-//! the collective fails, so a failed collective never leaves a half-reduced buffer behind.
+//! An in-place call whose steps write over the input runs on a backup of it, which also
+//! restores the caller's buffer if the collective fails, so a failed collective never leaves a
+//! half-reduced buffer behind. One that writes nothing over its input (AllGather and the
+//! Broadcast root in NCCL's layouts) reads the input itself and skips the copy onto itself.
 #![forbid(unsafe_code)]
 
 use crate::algo::{Buf, Collective, Op, Schedule, Span};
@@ -123,6 +125,10 @@ pub struct Plan {
     ready: Vec<usize>,
     need_in: usize,
     need_out: usize,
+    /// Byte ranges `(start, end)` of Out that steps write, except copies from In.
+    out_writes: Vec<(usize, usize)>,
+    /// Copies from In to Out, in bytes: `(source offset, destination offset, length)`.
+    in_copies: Vec<(usize, usize, usize)>,
 }
 
 impl Plan {
@@ -166,6 +172,20 @@ impl Plan {
                 _ => {}
             }
         }
+        let mut out_writes = Vec::new();
+        let mut in_copies = Vec::new();
+        for s in steps {
+            match &s.op {
+                Op::Copy { src, dst } if src.buf == Buf::In && dst.buf == Buf::Out => {
+                    in_copies.push((src.off * elem, dst.off * elem, dst.len * elem));
+                }
+                op => {
+                    if let Some(w) = op.writes().filter(|w| w.buf == Buf::Out && w.len > 0) {
+                        out_writes.push((w.off * elem, w.end() * elem));
+                    }
+                }
+            }
+        }
         if sent.iter().chain(&recvd).any(|k| *k as usize >= MAX_RANKS) {
             return Err(Error::InvalidUsage(
                 "schedule has too many messages per peer for the tag space".into(),
@@ -178,7 +198,23 @@ impl Plan {
             keys,
             need_in: reach(Buf::In),
             need_out: reach(Buf::Out),
+            out_writes,
+            in_copies,
         })
+    }
+
+    /// Whether a call whose input starts `delta` bytes into its output and is `len` bytes
+    /// long writes over its own input: any write into those bytes, except a copy of the input
+    /// onto itself (which the executor skips). Without one, an in-place call needs no backup:
+    /// it reads an input nothing changes and has nothing to restore (AllGather and Broadcast
+    /// in NCCL's in-place layout).
+    fn overwrites_input(&self, delta: usize, len: usize) -> bool {
+        let hits = |a: usize, b: usize| a < delta + len && delta < b;
+        self.out_writes.iter().any(|&(a, b)| hits(a, b))
+            || self
+                .in_copies
+                .iter()
+                .any(|&(src, dst, n)| n > 0 && hits(dst, dst + n) && dst != src + delta)
     }
 }
 
@@ -234,12 +270,16 @@ impl Exec {
         }
         let inp = job.inp.sub(0, need_in).expect("checked");
         let out = job.out.sub(0, need_out).expect("checked");
-        // Overlap of input and output: run on a copy of the input (also the restore point).
+        // Overlap of input and output: run on a copy of the input (also the restore point),
+        // unless the steps leave the input as it is.
         let overlap = !inp.is_empty()
             && !out.is_empty()
             && inp.addr() < out.addr() + out.len()
             && out.addr() < inp.addr() + inp.len();
-        let (inp, backup) = if overlap {
+        let needs_backup = overlap
+            && (inp.addr() < out.addr()
+                || plan.overwrites_input(inp.addr() - out.addr(), inp.len()));
+        let (inp, backup) = if needs_backup {
             let b = pool.take(inp.len());
             let copy = b.region().sub(0, inp.len()).expect("pool buffers fit");
             inp.with(|src| copy.with_mut(|dst| reduce::copy(dst, src)));
@@ -397,7 +437,10 @@ impl Exec {
             Op::Nop => self.complete(i),
             Op::Copy { src, dst } => {
                 let (s, d) = (self.region(&src), self.region(&dst));
-                s.with(|a| d.with_mut(|b| reduce::copy(b, a)));
+                // In place without a backup, the own chunk's copy is onto itself.
+                if s.addr() != d.addr() {
+                    s.with(|a| d.with_mut(|b| reduce::copy(b, a)));
+                }
                 self.complete(i);
             }
             Op::Reduce { a, b, dst } => {
@@ -640,8 +683,36 @@ impl Exec {
 
 #[cfg(test)]
 mod tests {
-    use super::{BufPool, POOL_LIMIT};
+    use super::{BufPool, Plan, POOL_LIMIT};
+    use crate::algo::{self, Algorithm, Collective, Options, Problem};
     use crate::transport::Scratch;
+
+    #[test]
+    fn in_place_calls_back_up_only_inputs_that_steps_overwrite() {
+        let (n, count, el) = (4usize, 1000usize, 4usize);
+        let plan = |coll, algo, rank| {
+            let p = Problem::new(coll, n, count);
+            let opts = Options {
+                slice: 128,
+                ..Options::default()
+            };
+            Plan::new(&algo::build(p, algo, &opts).unwrap(), rank, el).unwrap()
+        };
+        let slot = count * el;
+        for algo in [Algorithm::Ring, Algorithm::Rdh, Algorithm::Mesh] {
+            // AllGather in NCCL's layout: nothing writes the rank's own slot but the copy onto
+            // itself, so no backup; an input anywhere else in the output is overwritten.
+            let ag = plan(Collective::AllGather, algo, 2);
+            assert!(!ag.overwrites_input(2 * slot, slot), "{algo}");
+            assert!(ag.overwrites_input(slot, slot), "{algo}");
+            assert!(ag.overwrites_input(2 * slot + 4, slot), "{algo}");
+            // AllReduce writes its whole output.
+            assert!(plan(Collective::AllReduce, algo, 2).overwrites_input(0, n * slot));
+        }
+        // Broadcast: the root only reads; other ranks receive into the buffer.
+        assert!(!plan(Collective::Broadcast, Algorithm::Ring, 0).overwrites_input(0, n * slot));
+        assert!(plan(Collective::Broadcast, Algorithm::Ring, 1).overwrites_input(0, n * slot));
+    }
 
     #[test]
     fn pool_reuses_the_smallest_fit_and_keeps_at_most_its_limit() {
