@@ -410,6 +410,26 @@ fn point_to_point_nonblocking_and_errors() {
     assert!(na.unwrap_err().to_string().contains("accepted values"));
 }
 
+/// A float32 sum collective rooted at rank 0.
+fn float_sum(
+    coll: Collective,
+    send: Region,
+    recv: Region,
+    count: usize,
+    algo: Option<Algorithm>,
+) -> Call {
+    Call {
+        kind: Kind::Coll(coll),
+        send,
+        recv,
+        count,
+        dtype: DataType::Float32,
+        op: RedOp::Sum,
+        root: 0,
+        algo,
+    }
+}
+
 #[test]
 fn a_missing_peer_times_out_and_in_place_input_is_restored() {
     // Rank 1 never joins: rank 0's in-place AllReduce fails within the deadline and its buffer
@@ -420,16 +440,13 @@ fn a_missing_peer_times_out_and_in_place_input_is_restored() {
     let r = region(&mut data);
     let t = std::time::Instant::now();
     let e = cs[0]
-        .run(&Call {
-            kind: Kind::Coll(Collective::AllReduce),
-            send: r,
-            recv: r,
-            count: 1000,
-            dtype: DataType::Float32,
-            op: RedOp::Sum,
-            root: 0,
-            algo: Some(Algorithm::Ring),
-        })
+        .run(&float_sum(
+            Collective::AllReduce,
+            r,
+            r,
+            1000,
+            Some(Algorithm::Ring),
+        ))
         .unwrap_err();
     assert!(t.elapsed() < std::time::Duration::from_secs(5));
     assert!(e.to_string().contains("FABRICOLL_TIMEOUT_MS"), "{e}");
@@ -440,32 +457,20 @@ fn a_missing_peer_times_out_and_in_place_input_is_restored() {
     let before = whole.clone();
     let base = region(&mut whole);
     let e = cs[0]
-        .run(&Call {
-            kind: Kind::Coll(Collective::AllGather),
-            send: base.sub(0, 4000).unwrap(),
-            recv: base,
-            count: 1000,
-            dtype: DataType::Float32,
-            op: RedOp::Sum,
-            root: 0,
-            algo: Some(Algorithm::Ring),
-        })
+        .run(&float_sum(
+            Collective::AllGather,
+            base.sub(0, 4000).unwrap(),
+            base,
+            1000,
+            Some(Algorithm::Ring),
+        ))
         .unwrap_err();
     assert!(e.to_string().contains("FABRICOLL_TIMEOUT_MS"), "{e}");
     assert_eq!(whole[..4000], before[..4000]);
     // Abort makes later calls fail.
     cs[0].abort();
     assert!(cs[0]
-        .run(&Call {
-            kind: Kind::Coll(Collective::AllReduce),
-            send: r,
-            recv: r,
-            count: 1,
-            dtype: DataType::Float32,
-            op: RedOp::Sum,
-            root: 0,
-            algo: None
-        })
+        .run(&float_sum(Collective::AllReduce, r, r, 1, None))
         .is_err());
 }
 

@@ -125,10 +125,9 @@ pub struct Plan {
     ready: Vec<usize>,
     need_in: usize,
     need_out: usize,
-    /// Byte ranges `(start, end)` of Out that steps write, except copies from In.
-    out_writes: Vec<(usize, usize)>,
-    /// Copies from In to Out, in bytes: `(source offset, destination offset, length)`.
-    in_copies: Vec<(usize, usize, usize)>,
+    /// Byte ranges `(start, end)` of Out that steps write, each with the In offset it is
+    /// copied from when the step is a copy from In.
+    out_writes: Vec<(usize, usize, Option<usize>)>,
 }
 
 impl Plan {
@@ -172,20 +171,17 @@ impl Plan {
                 _ => {}
             }
         }
-        let mut out_writes = Vec::new();
-        let mut in_copies = Vec::new();
-        for s in steps {
-            match &s.op {
-                Op::Copy { src, dst } if src.buf == Buf::In && dst.buf == Buf::Out => {
-                    in_copies.push((src.off * elem, dst.off * elem, dst.len * elem));
-                }
-                op => {
-                    if let Some(w) = op.writes().filter(|w| w.buf == Buf::Out && w.len > 0) {
-                        out_writes.push((w.off * elem, w.end() * elem));
-                    }
-                }
-            }
-        }
+        let out_writes = steps
+            .iter()
+            .filter_map(|s| {
+                let w = s.op.writes().filter(|w| w.buf == Buf::Out && w.len > 0)?;
+                let from = match &s.op {
+                    Op::Copy { src, .. } if src.buf == Buf::In => Some(src.off * elem),
+                    _ => None,
+                };
+                Some((w.off * elem, w.end() * elem, from))
+            })
+            .collect();
         if sent.iter().chain(&recvd).any(|k| *k as usize >= MAX_RANKS) {
             return Err(Error::InvalidUsage(
                 "schedule has too many messages per peer for the tag space".into(),
@@ -199,7 +195,6 @@ impl Plan {
             need_in: reach(Buf::In),
             need_out: reach(Buf::Out),
             out_writes,
-            in_copies,
         })
     }
 
@@ -209,12 +204,9 @@ impl Plan {
     /// it reads an input nothing changes and has nothing to restore (AllGather and Broadcast
     /// in NCCL's in-place layout).
     fn overwrites_input(&self, delta: usize, len: usize) -> bool {
-        let hits = |a: usize, b: usize| a < delta + len && delta < b;
-        self.out_writes.iter().any(|&(a, b)| hits(a, b))
-            || self
-                .in_copies
-                .iter()
-                .any(|&(src, dst, n)| n > 0 && hits(dst, dst + n) && dst != src + delta)
+        self.out_writes.iter().any(|&(a, b, from)| {
+            a < delta + len && delta < b && from.map(|src| src + delta) != Some(a)
+        })
     }
 }
 
