@@ -5,6 +5,7 @@
 # For each repetition, transport, rank count and collective it runs, alternating (which one goes
 # first alternates with the repetition), each on an idle machine (wait-quiet.sh before each run):
 #   ours  $TARGET/release/fabricoll-perf --ranks R --coll C --algo $ALGO -d float -o sum -c 0
+#         -t $BENCH_T -w 5 -m 5 -n 1000
 #   ompi  mpirun.openmpi ... mpi_coll_bench.openmpi -o C  (../shared/baselines/mpi_coll_bench.c:
 #         MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block, float sum, out of place)
 # with the same transport class:
@@ -26,8 +27,12 @@
 #   busbw   algbw x 2(n-1)/n (allreduce), x (n-1)/n (allgather, reducescatter); GB/s = 1e9 B/s.
 #   time    per-iteration mean. fabricoll-perf reports the SLOWEST rank's mean, mpi_coll_bench the
 #           mean over ranks: ours is the stricter figure (slightly pessimistic for us).
-#   iterations  mpi_coll_bench: clamp(BENCH_T / estimate, 5, 1000) per size; fabricoll-perf: fixed
-#           per size band (below 128 KiB: 500 + 50 warm-up; below 4 MiB: 50 + 5; above: 10 + 2).
+#   iterations  the same rule in both: 5 warm-up iterations, whose time estimates one
+#           iteration (the slowest rank's), then clamp(BENCH_T / estimate, 5, 1000) timed ones
+#           per size (mpi_coll_bench -t, fabricoll-perf -t). Until 2026-11-23 fabricoll-perf ran
+#           fixed bands (50 + 5 warm-up from 128 KiB to 2 MiB, 10 + 2 above) while Open MPI ran
+#           up to 1000; a run that young is still warming up, in raw libfabric as much as in
+#           ours (2-rank shm AllGather of 1 MiB: 100-125 us after 5 warm-ups, 78-84 after 500).
 #
 # Environment (defaults in brackets):
 #   REPS [5]                     repetitions (ours and OMPI alternate inside each)
@@ -35,7 +40,8 @@
 #   BENCH_COLLS [allreduce allgather reducescatter]
 #   BENCH_RANKS [2 4]            BENCH_TRANSPORTS [shm tcp]
 #   BENCH_MIN_BYTES [8], BENCH_MAX_BYTES [64M]   sizes, powers of two (K, M, G = powers of 1024)
-#   BENCH_T [0.2]                mpi_coll_bench's target seconds per size (run-mpi-baselines.sh)
+#   BENCH_T [0.2]                target seconds of timed iterations per size, both tools
+#                                (mpi_coll_bench's default in run-mpi-baselines.sh)
 #   QUIET [1]                    wait-quiet.sh before every run; QUIET_MAX [60] bounds each wait
 #   BENCH_RUN_TIMEOUT [600]      seconds allowed to each run
 #   BENCH_LIB_TIMEOUT_MS [60000] FABRICOLL_TIMEOUT_MS of our ranks: a rank that dies (or never
@@ -137,36 +143,18 @@ quiet_gate() { # quiet_gate WHAT: wait (bounded) for an idle machine; fails if i
   return "$rc"
 }
 
-# size bands of fabricoll-perf: "lo hi iters warmup" (consecutive sizes with the same iterations)
-bands() {
-  local s=$min_b lo=0 hi=0 it w cur=""
-  while [ "$s" -le "$max_b" ]; do
-    if [ "$s" -lt $((128 << 10)) ]; then it="500 50"; elif [ "$s" -lt $((4 << 20)) ]; then it="50 5"; else it="10 2"; fi
-    if [ "$it" != "$cur" ]; then
-      [ -n "$cur" ] && echo "$lo $hi $cur"
-      cur=$it lo=$s
-    fi
-    hi=$s
-    s=$((s * 2))
-  done
-  [ -n "$cur" ] && echo "$lo $hi $cur"
-}
-
 run_ours() { # run_ours TRANSPORT RANKS COLL FILE
-  local tr=$1 r=$2 c=$3 f=$4 env_p lo hi it w rc=0
+  local tr=$1 r=$2 c=$3 f=$4 env_p
   case "$tr" in
     shm) env_p=(FABRICOLL_PROVIDER=shm) ;;
     tcp) env_p=(FABRICOLL_PROVIDER=tcp FABRICOLL_DOMAIN=lo) ;;
   esac
   env_p+=(FABRICOLL_TIMEOUT_MS="$lib_timeout_ms")
-  : >"$f"
-  while read -r lo hi it w; do
-    echo "# cmd: ${env_p[*]} $perf --ranks $r --coll $c --algo $algo -b $lo -e $hi -f 2 -n $it -w $w -c 0" >>"$f"
-    env -u FABRICOLL_DOMAIN -u FABRICOLL_ALGO "${env_p[@]}" timeout --kill-after=10 "$run_timeout" \
-      "$perf" --ranks "$r" --coll "$c" --algo "$algo" -b "$lo" -e "$hi" -f 2 -n "$it" -w "$w" \
-      -d float -o sum -c 0 >>"$f" 2>&1 || rc=$?
-  done < <(bands)
-  return "$rc"
+  local cmd=("$perf" --ranks "$r" --coll "$c" --algo "$algo" -b "$min_b" -e "$max_b" -f 2
+    -t "$t_size" -w 5 -m 5 -n 1000 -d float -o sum -c 0)
+  echo "# cmd: ${env_p[*]} ${cmd[*]}" >"$f"
+  env -u FABRICOLL_DOMAIN -u FABRICOLL_ALGO "${env_p[@]}" timeout --kill-after=10 "$run_timeout" \
+    "${cmd[@]}" >>"$f" 2>&1
 }
 
 run_ompi() { # run_ompi TRANSPORT RANKS COLL FILE

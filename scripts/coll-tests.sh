@@ -11,7 +11,8 @@
 #
 # Variants rotate over the runs: data types and ops (float sum, double max, int32 sum,
 # bfloat16 sum, half avg, int64 prod, uint8 min, fp8_e4m3 sum), --inplace on every fourth run,
-# root = run index mod R for broadcast and reduce; one run per algorithm at 4 ranks goes to 1 MiB.
+# root = run index mod R for broadcast and reduce, `-t 0.0001 -m 1 -n 3` (iterations from a time
+# target, agreed by the ranks) on every fifth; one run per algorithm at 4 ranks goes to 1 MiB.
 # hier runs with FABRICOLL_LOCAL_RANKS=2, so only at even rank counts (SKIP otherwise).
 #
 # An algorithm that does not implement a collective makes fabricoll-perf fail with "does not
@@ -135,6 +136,11 @@ for r in $ranks_list; do
         if [ $((run_i % 4)) -eq 3 ]; then
           args+=(--inplace)
           desc="$desc inplace"
+        fi
+        if [ $((run_i % 5)) -eq 2 ]; then
+          # iterations per size from a time target: the ranks must agree on the count
+          args+=(-t 0.0001 -m 1 -n 3)
+          desc="$desc -t"
         fi
         case "$coll" in
           broadcast | reduce)

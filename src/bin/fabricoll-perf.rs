@@ -27,6 +27,10 @@ struct Args {
     op: RedOp,
     iters: usize,
     warmup: usize,
+    /// `-t`: seconds of timed iterations per size; the count is then chosen per size, between
+    /// `min_iters` and `iters`, from the warm-up's time (as `mpi_coll_bench -t` does).
+    time_target: Option<f64>,
+    min_iters: usize,
     check: bool,
     root: usize,
     in_place: bool,
@@ -35,9 +39,11 @@ struct Args {
 const USAGE: &str = "usage: fabricoll-perf [--ranks R] [--coll allreduce|allgather|reducescatter|broadcast|reduce|alltoall]
                       [--algo auto|ring|bidir_ring|mesh|mesh1|rdh|rd|tree|dbtree|bruck|pairwise|hier]
                       [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-d TYPE] [-o OP] [-n ITERS] [-w WARMUP]
-                      [-c 0|1] [-r ROOT] [--inplace]
+                      [-t SECONDS [-m MINITERS]] [-c 0|1] [-r ROOT] [--inplace]
 sizes accept K, M, G suffixes; TYPE: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 fp8_e4m3 fp8_e5m2;
-OP: sum prod max min avg";
+OP: sum prod max min avg;
+-t: time each size for about SECONDS, with between MINITERS (default 5) and ITERS iterations,
+    the count estimated from the slowest rank's warm-up (at least one warm-up iteration)";
 
 fn size_arg(s: &str) -> Result<usize, String> {
     let s = s.trim();
@@ -64,6 +70,8 @@ fn parse(argv: &[String]) -> Result<Args, String> {
         op: RedOp::Sum,
         iters: 20,
         warmup: 5,
+        time_target: None,
+        min_iters: 5,
         check: true,
         root: 0,
         in_place: false,
@@ -129,6 +137,18 @@ fn parse(argv: &[String]) -> Result<Args, String> {
             "-w" | "--warmup_iters" => {
                 a.warmup = v()?.parse().map_err(|_| "-w: not a number".to_string())?
             }
+            "-t" | "--time" => {
+                let t: f64 = v()?
+                    .parse()
+                    .map_err(|_| "-t: not a number of seconds".to_string())?;
+                if !(t.is_finite() && t > 0.0) {
+                    return Err(format!("-t: {t} is not a positive number of seconds"));
+                }
+                a.time_target = Some(t);
+            }
+            "-m" | "--min_iters" => {
+                a.min_iters = v()?.parse().map_err(|_| "-m: not a number".to_string())?
+            }
             "-c" | "--check" => a.check = v()? != "0",
             "-r" | "--root" => a.root = v()?.parse().map_err(|_| "-r: not a number".to_string())?,
             "--inplace" => a.in_place = true,
@@ -140,6 +160,11 @@ fn parse(argv: &[String]) -> Result<Args, String> {
     if a.ranks == 0 || a.factor < 2 || a.min > a.max || a.iters == 0 {
         return Err(format!(
             "invalid arguments (ranks >= 1, -f >= 2, -b <= -e, -n >= 1)\n{USAGE}"
+        ));
+    }
+    if a.time_target.is_some() && (a.warmup == 0 || a.min_iters == 0 || a.min_iters > a.iters) {
+        return Err(format!(
+            "invalid arguments: -t needs -w >= 1 (the estimate) and 1 <= -m <= -n\n{USAGE}"
         ));
     }
     Ok(a)
@@ -290,14 +315,20 @@ fn run_rank(a: &Args, comm: &Comm) -> Result<usize, String> {
     let n = comm.nranks;
     let el = a.dtype.size();
     if comm.rank == 0 {
+        let timed = match a.time_target {
+            Some(t) => format!(
+                "{t} s of timed iterations per size ({}..{}, the last column)",
+                a.min_iters, a.iters
+            ),
+            None => format!("{} timed iterations", a.iters),
+        };
         println!(
-            "# fabricoll-perf: {:?} on {n} ranks, algorithm {}, type {}, op {}, {} warm-up + {} timed iterations, {}",
+            "# fabricoll-perf: {:?} on {n} ranks, algorithm {}, type {}, op {}, {} warm-up + {timed}, {}",
             a.coll,
             a.algo.map_or("auto".to_string(), |x| x.name().to_string()),
             a.dtype.name(),
             a.op.name(),
             a.warmup,
-            a.iters,
             if a.in_place { "in place" } else { "out of place" }
         );
         println!(
@@ -307,8 +338,9 @@ fn run_rank(a: &Args, comm: &Comm) -> Result<usize, String> {
             1e-3 / comm.model().gamma_us_per_byte
         );
         println!("#");
+        let it = if a.time_target.is_some() { "iters" } else { "" };
         println!(
-            "#{:>11} {:>12} {:>9} {:>6} {:>10} {:>10} {:>8} {:>8} {:>7}",
+            "#{:>11} {:>12} {:>9} {:>6} {:>10} {:>10} {:>8} {:>8} {:>7} {it:>6}",
             "size", "count", "type", "redop", "algo", "time", "algbw", "busbw", "#wrong"
         );
         println!(
@@ -320,8 +352,6 @@ fn run_rank(a: &Args, comm: &Comm) -> Result<usize, String> {
     let mut rows = 0usize;
     let mut total_wrong = 0usize;
     let mut bytes = a.min.max(el);
-    let timing = Scratch::new(8);
-    let timing_out = Scratch::new(8);
     loop {
         let (total, count) = counts(a.coll, bytes, el, n);
         let p = nccl_net_fabricoll::algo::Problem::new(a.coll, n, count).with_root(a.root);
@@ -371,49 +401,40 @@ fn run_rank(a: &Args, comm: &Comm) -> Result<usize, String> {
             nwrong = wrong(a, comm, &out[..out_len.min(out.len())], count);
         }
         sr.write(&data);
+        let t0 = Instant::now();
         for _ in 0..a.warmup {
             comm.run(&call).map_err(|e| format!("size {bytes}: {e}"))?;
         }
+        let iters = match a.time_target {
+            // Every rank must run as many iterations: they agree on the slowest rank's estimate.
+            Some(t) => {
+                let est = all(
+                    comm,
+                    t0.elapsed().as_secs_f64() / a.warmup as f64,
+                    RedOp::Max,
+                )?;
+                ((t / est.max(1e-9)) as usize).clamp(a.min_iters, a.iters)
+            }
+            None => a.iters,
+        };
         let t0 = Instant::now();
-        for _ in 0..a.iters {
+        for _ in 0..iters {
             comm.run(&call).map_err(|e| format!("size {bytes}: {e}"))?;
         }
-        let us = t0.elapsed().as_secs_f64() * 1e6 / a.iters as f64;
         // The slowest rank's time is the collective's time.
-        timing.region().write(&us.to_le_bytes());
-        comm.run(&Call {
-            kind: Kind::Coll(Collective::AllReduce),
-            send: timing.region(),
-            recv: timing_out.region(),
-            count: 1,
-            dtype: DataType::Float64,
-            op: RedOp::Max,
-            root: 0,
-            algo: Some(Algorithm::Ring),
-        })
-        .map_err(|e| e.to_string())?;
-        let us = f64::from_le_bytes(timing_out.region().to_vec()[..8].try_into().unwrap());
-        timing.region().write(&(nwrong as f64).to_le_bytes());
-        comm.run(&Call {
-            kind: Kind::Coll(Collective::AllReduce),
-            send: timing.region(),
-            recv: timing_out.region(),
-            count: 1,
-            dtype: DataType::Float64,
-            op: RedOp::Sum,
-            root: 0,
-            algo: Some(Algorithm::Ring),
-        })
-        .map_err(|e| e.to_string())?;
-        let all_wrong =
-            f64::from_le_bytes(timing_out.region().to_vec()[..8].try_into().unwrap()) as usize;
+        let us = all(
+            comm,
+            t0.elapsed().as_secs_f64() * 1e6 / iters as f64,
+            RedOp::Max,
+        )?;
+        let all_wrong = all(comm, nwrong as f64, RedOp::Sum)? as usize;
         total_wrong += all_wrong;
         let size = total * el;
         let algbw = size as f64 / us / 1e3;
         let busbw = algbw * bus_factor(a.coll, n);
         if comm.rank == 0 {
             println!(
-                "{:>12} {:>12} {:>9} {:>6} {:>10} {:>10.2} {:>8.3} {:>8.3} {:>7}",
+                "{:>12} {:>12} {:>9} {:>6} {:>10} {:>10.2} {:>8.3} {:>8.3} {:>7}{}",
                 size,
                 total,
                 a.dtype.name(),
@@ -430,6 +451,11 @@ fn run_rank(a: &Args, comm: &Comm) -> Result<usize, String> {
                     all_wrong.to_string()
                 } else {
                     "N/A".into()
+                },
+                if a.time_target.is_some() {
+                    format!(" {iters:>6}")
+                } else {
+                    String::new()
                 }
             );
         }
@@ -452,6 +478,25 @@ fn run_rank(a: &Args, comm: &Comm) -> Result<usize, String> {
         println!("#");
     }
     Ok(total_wrong)
+}
+
+/// `v` reduced over all ranks with `op` (a float64 AllReduce of one element).
+fn all(comm: &Comm, v: f64, op: RedOp) -> Result<f64, String> {
+    let (send, recv) = (Scratch::new(8), Scratch::new(8));
+    send.region().write(&v.to_le_bytes());
+    comm.run(&Call {
+        kind: Kind::Coll(Collective::AllReduce),
+        send: send.region(),
+        recv: recv.region(),
+        count: 1,
+        dtype: DataType::Float64,
+        op,
+        root: 0,
+        algo: Some(Algorithm::Ring),
+    })
+    .map_err(|e| e.to_string())?;
+    let b: [u8; 8] = recv.region().to_vec()[..8].try_into().expect("8 bytes");
+    Ok(f64::from_le_bytes(b))
 }
 
 fn env(name: &str) -> Option<String> {
@@ -609,5 +654,35 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Result<Args, String> {
+        parse(&s.split_whitespace().map(String::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn time_target_bounds_the_iterations() {
+        let a = args("-t 0.2 -w 5 -m 3 -n 1000").expect("valid");
+        assert_eq!(a.time_target, Some(0.2));
+        assert_eq!((a.min_iters, a.iters, a.warmup), (3, 1000, 5));
+        assert_eq!(args("-n 7").expect("valid").time_target, None);
+    }
+
+    #[test]
+    fn bad_time_targets_are_named() {
+        for bad in ["-t 0", "-t -1", "-t nan", "-t inf", "-t x"] {
+            let e = args(bad).expect_err(bad);
+            assert!(e.starts_with("-t:"), "{bad}: {e}");
+        }
+        for bad in ["-t 1 -w 0", "-t 1 -m 0", "-t 1 -m 30 -n 20"] {
+            let e = args(bad).expect_err(bad);
+            assert!(e.contains("-t needs -w >= 1"), "{bad}: {e}");
+        }
+        assert!(args("-m x").expect_err("-m x").starts_with("-m:"));
     }
 }
