@@ -53,8 +53,8 @@
 #                                and ../shared/baselines/build.sh when mpi_coll_bench is missing
 #   BASELINES [../shared/baselines]   BASELINE_BUILD [~/.cache/fabricoll-baselines]
 #   CARGO_TARGET_DIR [target]
-# At the defaults one repetition takes roughly 6-10 minutes on an idle 2-core machine (64 MiB at
-# 4 ranks over tcp dominates), so REPS=5 about 30-50 minutes.
+# At the defaults one repetition takes about 3 minutes on an idle 2-core machine, so REPS=5 about
+# 14 minutes (836 and 843 s in two runs on 2026-11-23).
 # Raw logs go to .bench/coll-<date>/ (gitignored); the tables also go to summary.txt there.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
