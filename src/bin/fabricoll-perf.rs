@@ -338,9 +338,13 @@ fn run_rank(a: &Args, comm: &Comm) -> Result<usize, String> {
             1e-3 / comm.model().gamma_us_per_byte
         );
         println!("#");
-        let it = if a.time_target.is_some() { "iters" } else { "" };
+        let it = if a.time_target.is_some() {
+            "  iters"
+        } else {
+            ""
+        };
         println!(
-            "#{:>11} {:>12} {:>9} {:>6} {:>10} {:>10} {:>8} {:>8} {:>7} {it:>6}",
+            "#{:>11} {:>12} {:>9} {:>6} {:>10} {:>10} {:>8} {:>8} {:>7}{it}",
             "size", "count", "type", "redop", "algo", "time", "algbw", "busbw", "#wrong"
         );
         println!(
@@ -413,7 +417,7 @@ fn run_rank(a: &Args, comm: &Comm) -> Result<usize, String> {
                     t0.elapsed().as_secs_f64() / a.warmup as f64,
                     RedOp::Max,
                 )?;
-                ((t / est.max(1e-9)) as usize).clamp(a.min_iters, a.iters)
+                timed_iterations(t, est, a.min_iters, a.iters)
             }
             None => a.iters,
         };
@@ -478,6 +482,16 @@ fn run_rank(a: &Args, comm: &Comm) -> Result<usize, String> {
         println!("#");
     }
     Ok(total_wrong)
+}
+
+/// How many iterations fill `target` seconds at `estimate` seconds each, within `min..=max`
+/// (`mpi_coll_bench -t`'s rule; an estimate of zero gives `max`).
+fn timed_iterations(target: f64, estimate: f64, min: usize, max: usize) -> usize {
+    if estimate > 0.0 {
+        ((target / estimate) as usize).clamp(min, max)
+    } else {
+        max
+    }
 }
 
 /// `v` reduced over all ranks with `op` (a float64 AllReduce of one element).
@@ -666,11 +680,20 @@ mod tests {
     }
 
     #[test]
-    fn time_target_bounds_the_iterations() {
+    fn time_target_and_min_iters_parse() {
         let a = args("-t 0.2 -w 5 -m 3 -n 1000").expect("valid");
         assert_eq!(a.time_target, Some(0.2));
         assert_eq!((a.min_iters, a.iters, a.warmup), (3, 1000, 5));
         assert_eq!(args("-n 7").expect("valid").time_target, None);
+    }
+
+    #[test]
+    fn timed_iterations_fill_the_target_within_bounds() {
+        assert_eq!(timed_iterations(0.2, 0.001, 5, 1000), 200);
+        assert_eq!(timed_iterations(0.2, 1e-6, 5, 1000), 1000);
+        assert_eq!(timed_iterations(0.2, 0.5, 5, 1000), 5);
+        assert_eq!(timed_iterations(0.2, 0.0, 5, 1000), 1000);
+        assert_eq!(timed_iterations(0.2, 0.3, 1, 3), 1);
     }
 
     #[test]
