@@ -737,31 +737,25 @@ pub fn calibrate(comm: &Comm, _cfg: &Config) -> Result<Model> {
     for _ in 0..3 {
         comm.run(&ar(&small, &small_out))?;
     }
-    // The best of 3 batches: one scheduling hiccup made a single batch of 20 read 700 us
-    // instead of 20 (2 ranks over tcp).
-    let mut small_us = f64::MAX;
-    for _ in 0..3 {
-        let iters = 10;
-        let t0 = Instant::now();
-        for _ in 0..iters {
-            comm.run(&ar(&small, &small_out))?;
-        }
-        small_us = small_us.min(t0.elapsed().as_secs_f64() * 1e6 / iters as f64);
-    }
-    // Two large sizes, so that beta comes from their difference (`tune::fit`).
-    let best_of = |send: &Scratch, recv: &Scratch, reps: usize| -> Result<f64> {
+    // Each timing is the best of 3 batches (microseconds per call): one scheduling hiccup made
+    // a single batch of 20 tiny AllReduces read 700 us instead of 20 (2 ranks over tcp).
+    let best_of_3 = |send: &Scratch, recv: &Scratch, iters: usize| -> Result<f64> {
         let mut best = f64::MAX;
-        for _ in 0..reps {
+        for _ in 0..3 {
             let t = Instant::now();
-            comm.run(&ar(send, recv))?;
-            best = best.min(t.elapsed().as_secs_f64() * 1e6);
+            for _ in 0..iters {
+                comm.run(&ar(send, recv))?;
+            }
+            best = best.min(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
         }
         Ok(best)
     };
-    let large_us = best_of(&big, &big_out, 3)?;
+    let small_us = best_of_3(&small, &small_out, 10)?;
+    // Two large sizes, so that beta comes from their difference (`tune::fit`).
+    let large_us = best_of_3(&big, &big_out, 1)?;
     let larger_len = 4 * big_len;
     let (larger, larger_out) = (Scratch::new(larger_len), Scratch::new(larger_len));
-    let larger_us = best_of(&larger, &larger_out, 3)?;
+    let larger_us = best_of_3(&larger, &larger_out, 1)?;
     drop((larger, larger_out));
     let mut red_us = f64::MAX;
     let acc = Scratch::new(big_len);

@@ -367,23 +367,22 @@ pub fn fit(
         );
         2.0 * (n - 1.0) + extra
     };
-    let from_one = |(bytes, us): (usize, f64)| {
+    // Time a ring AllReduce of `bytes` spends moving data: what latency and reduction leave.
+    let transfer = |&(bytes, us): &(usize, f64)| {
         let bytes = bytes as f64;
-        (us - alphas(bytes) * alpha - f * bytes * gamma) / (2.0 * f * bytes)
+        us - alphas(bytes) * alpha - f * bytes * gamma
     };
+    let per_byte = |us: f64, bytes: usize| us / (2.0 * f * bytes as f64);
     let beta = match large {
-        [.., (b1, t1), (b2, t2)] if b2 > b1 => {
-            let (b1, b2) = (*b1 as f64, *b2 as f64);
-            let d = b2 - b1;
-            let diff =
-                (t2 - t1 - (alphas(b2) - alphas(b1)) * alpha - f * d * gamma) / (2.0 * f * d);
+        [.., one @ (b1, _), two @ (b2, _)] if b2 > b1 => {
+            let diff = per_byte(transfer(two) - transfer(one), b2 - b1);
             if diff > 0.0 {
                 diff
             } else {
-                from_one((b2 as usize, *t2))
+                per_byte(transfer(two), *b2)
             }
         }
-        [.., last] => from_one(*last),
+        [.., last] => per_byte(transfer(last), last.0),
         // No timing at all: no bandwidth term (beta at its floor).
         [] => 0.0,
     };
@@ -575,5 +574,9 @@ mod tests {
         let (_, fb, _) = fit(n, 6.0 * a, &[(m1, t(m4)), (m4, t(m4))], red, 16 << 10);
         let (_, alone, _) = fit(n, 6.0 * a, &[(m4, t(m4))], red, 16 << 10);
         assert_eq!(fb, alone);
+        // No large timing: beta at its floor, alpha and gamma still fitted.
+        let (fa, fb, fg) = fit(n, 6.0 * a, &[], red, 16 << 10);
+        assert_eq!((fa, fb), (a, 1e-7));
+        assert!((fg - g).abs() / g < 1e-9);
     }
 }
