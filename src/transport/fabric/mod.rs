@@ -788,7 +788,7 @@ impl Inner {
 
     fn post_send(&mut self, caps: &Caps, peer: Peer, tag: u64, b: OpBuf) -> Result<Posted> {
         if let Some(w) = self.watch.get(&peer.0) {
-            if w.dead() {
+            if w.dead(b.len > shm::FLAG_ONLY_BYTES) {
                 let e = Error::Remote(format!("the peer process {} has exited", w.pid()));
                 if b.owned.is_some() {
                     // A control message: its operation fails, the endpoint goes on.
