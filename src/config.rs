@@ -94,6 +94,12 @@ pub const VARS: &[Var] = &[
         default: "1",
         meaning: "registration cache; with 1 the plugin reports regIsGlobal=1",
     },
+    Var {
+        name: "FABRICOLL_SHM_FASTBOX",
+        accepted: "0 or 1",
+        default: "1",
+        meaning: "shm before libfabric 1.19: messages up to 4 KiB to a peer go through a shared-memory ring (fastbox) instead of the provider",
+    },
 ];
 
 /// The resolved configuration.
@@ -107,6 +113,8 @@ pub struct Config {
     /// `FABRICOLL_POLL_US`; None: the transport's default (`coll::poll_window`).
     pub poll: Option<Duration>,
     pub mr_cache: bool,
+    /// `FABRICOLL_SHM_FASTBOX`: small shm messages through our own rings (transport::fabric).
+    pub shm_fastbox: bool,
     pub algo: Option<crate::algo::Algorithm>,
     pub alpha_us: Option<f64>,
     pub beta_gbps: Option<f64>,
@@ -196,6 +204,11 @@ impl Config {
             Some("0") => false,
             Some(v) => return Err(bad("FABRICOLL_MR_CACHE", v)),
         };
+        let shm_fastbox = match nonempty("FABRICOLL_SHM_FASTBOX").as_deref().map(str::trim) {
+            None | Some("1") => true,
+            Some("0") => false,
+            Some(v) => return Err(bad("FABRICOLL_SHM_FASTBOX", v)),
+        };
         let algo = match nonempty("FABRICOLL_ALGO").map(|v| v.trim().to_ascii_lowercase()) {
             None => None,
             Some(v) if v == "auto" => None,
@@ -241,6 +254,7 @@ impl Config {
             speed_mbps,
             poll,
             mr_cache,
+            shm_fastbox,
         })
     }
 
@@ -278,6 +292,12 @@ mod tests {
         assert_eq!(c.timeout, Duration::from_secs(600));
         assert_eq!(c.provider, None);
         assert!(c.mr_cache);
+        assert!(c.shm_fastbox);
+        assert!(
+            !parse(&[("FABRICOLL_SHM_FASTBOX", "0")])
+                .unwrap()
+                .shm_fastbox
+        );
         assert_eq!(c.speed_mbps, 10_000);
     }
 
@@ -300,6 +320,7 @@ mod tests {
             ("FABRICOLL_TIMEOUT_MS", "soon"),
             ("FABRICOLL_TIMEOUT_MS", "0"),
             ("FABRICOLL_MR_CACHE", "yes"),
+            ("FABRICOLL_SHM_FASTBOX", "on"),
             ("FABRICOLL_LOG", "loud"),
             ("FABRICOLL_SPEED_MBPS", "-1"),
             ("FABRICOLL_POLL_US", "9999999999"),

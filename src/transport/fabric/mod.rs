@@ -1,6 +1,7 @@
 //! libfabric backend: one RDM endpoint per device (libfabric domain), tagged messages,
 //! memory registration that honours the provider's `mr_mode`, and a completion queue we can
 //! sleep on. Every fid is closed by RAII.
+mod fastbox;
 mod shm;
 pub mod sys;
 
@@ -73,6 +74,8 @@ pub struct FabricDevice {
     pub pci_path: Option<String>,
     pub speed_mbps: Option<u64>,
     pub mem_tag_format: u64,
+    /// Small shm messages may go through our shared-memory rings (`FABRICOLL_SHM_FASTBOX`).
+    pub fastbox: bool,
 }
 
 impl std::fmt::Debug for FabricDevice {
@@ -385,6 +388,7 @@ pub fn discover(cfg: &Config) -> Result<Discovery> {
             pci_path: sys_pci_path(nic, &dom),
             speed_mbps: sys_speed_mbps(nic, &dom),
             mem_tag_format: tag_format,
+            fastbox: cfg.shm_fastbox,
             caps,
             info,
         });
@@ -527,6 +531,12 @@ struct Inner {
     shm_name: Option<String>,
     /// shm peers' processes, checked before every post to them.
     watch: HashMap<u64, shm::PeerWatch>,
+    /// Our shared-memory inbox for small messages (shm with software matching), else None.
+    inbox: Option<fastbox::Inbox>,
+    /// Slots claimed in peers' inboxes, by peer.
+    outbox: HashMap<u64, fastbox::Outbox>,
+    /// Peers whose doorbell the provider refused (EAGAIN), rung again on poll.
+    bells: Vec<u64>,
 }
 
 // SAFETY: every libfabric object here is used only with the transport's Mutex held
@@ -677,6 +687,7 @@ impl FabricTransport {
             caps.mr_mode,
             wait_fd.is_some()
         );
+        let fastbox = dev.fastbox;
         Ok(FabricTransport {
             caps,
             addr: name,
@@ -694,6 +705,9 @@ impl FabricTransport {
                 soft: None,
                 shm_name,
                 watch: HashMap::new(),
+                inbox: None,
+                outbox: HashMap::new(),
+                bells: Vec::new(),
             }),
         })
         .and_then(|t: FabricTransport| {
@@ -705,6 +719,12 @@ impl FabricTransport {
                 });
                 for _ in 0..POOL_BUFS {
                     g.post_pool(None)?;
+                }
+                if let (true, Some(name)) = (fastbox, g.shm_name.clone()) {
+                    match fastbox::Inbox::create(&name) {
+                        Ok(ib) => g.inbox = Some(ib),
+                        Err(e) => log::warn!("no shared-memory fastbox for {name}: {e}"),
+                    }
                 }
                 drop(g);
                 log::info!(
@@ -786,6 +806,17 @@ impl Inner {
         p
     }
 
+    /// A send that finished when it was posted (copied out): its completion is ready.
+    fn sent_now(&mut self, op: OpId, len: usize, tag: u64) {
+        self.ready.push(Completion {
+            op,
+            len,
+            tag,
+            status: Ok(()),
+            data: None,
+        });
+    }
+
     fn post_send(&mut self, caps: &Caps, peer: Peer, tag: u64, b: OpBuf) -> Result<Posted> {
         if let Some(w) = self.watch.get(&peer.0) {
             if w.dead(b.len > shm::FLAG_ONLY_BYTES) {
@@ -811,6 +842,32 @@ impl Inner {
             op,
             owned,
         } = b;
+        if len <= fastbox::MAX_PAYLOAD {
+            if let Some(ob) = self.outbox.get_mut(&peer.0) {
+                let pushed = match &owned {
+                    Some(d) => ob.push(tag, d),
+                    // SAFETY: Region's contract (the caller promised `len` readable bytes).
+                    None => {
+                        unsafe { Region::from_raw(addr as *mut u8, len) }.with(|d| ob.push(tag, d))
+                    }
+                };
+                return match pushed {
+                    fastbox::Pushed::Done { wake } => {
+                        if wake {
+                            self.ring_bell(peer.0)?;
+                        }
+                        self.sent_now(op, len, tag);
+                        Ok(Posted::Queued)
+                    }
+                    fastbox::Pushed::Full => {
+                        if let Some(data) = owned {
+                            self.backlog.push_front((peer, tag, data, op));
+                        }
+                        Ok(Posted::Busy)
+                    }
+                };
+            }
+        }
         if let Some(small) = self.soft.as_ref().map(|x| x.small) {
             if len <= small {
                 return self.post_small(peer, tag, addr, len, op, owned);
@@ -820,13 +877,7 @@ impl Inner {
             // SAFETY: the endpoint is enabled; inject copies the buffer before returning.
             let rc = unsafe { sys::fi_tinject(self.ep, addr as *const c_void, len, peer.0, tag) };
             if rc == 0 {
-                self.ready.push(Completion {
-                    op,
-                    len,
-                    tag,
-                    status: Ok(()),
-                    data: None,
-                });
+                self.sent_now(op, len, tag);
                 return Ok(Posted::Queued);
             }
             if rc != -(sys::FI_EAGAIN as isize) {
@@ -970,6 +1021,34 @@ impl Inner {
         Ok(Posted::Busy)
     }
 
+    /// Wake a peer that sleeps on its completion queue with an empty untagged message (its
+    /// pool receive completes); if the provider is busy, again on the next poll.
+    fn ring_bell(&mut self, peer: u64) -> Result<()> {
+        let ctx = self.new_ctx(0, 0, false, None, Role::Swallow);
+        // SAFETY: a zero-byte send; ctx lives in `ops` until its completion is read.
+        let rc = unsafe { sys::fi_send(self.ep, ptr::null(), 0, ptr::null_mut(), peer, ctx) };
+        if rc == 0 {
+            return Ok(());
+        }
+        self.ops.remove(&(ctx as usize));
+        if rc == -(sys::FI_EAGAIN as isize) {
+            if !self.bells.contains(&peer) {
+                self.bells.push(peer);
+            }
+            return Ok(());
+        }
+        check("fi_send (fastbox doorbell)", rc as i64)
+    }
+
+    /// Read our inbox: every frame goes to the software matcher like a pool message.
+    fn drain_inbox(&mut self) {
+        if let Some(mut ib) = self.inbox.take() {
+            ib.awake();
+            ib.drain(|m| self.on_small(m));
+            self.inbox = Some(ib);
+        }
+    }
+
     /// Post one receive of the small-message pool, into `reuse` if given (a pool buffer whose
     /// message has been consumed).
     fn post_pool(&mut self, reuse: Option<Vec<u8>>) -> Result<()> {
@@ -1047,6 +1126,9 @@ impl Inner {
 
     /// A pool message arrived: match it in posted order or keep it as unexpected.
     fn on_small(&mut self, msg: &[u8]) {
+        if msg.is_empty() {
+            return; // a fastbox doorbell: it only had to wake us
+        }
         if msg.len() < 8 {
             log::warn!("runt small message ({} bytes) dropped", msg.len());
             return;
@@ -1285,6 +1367,18 @@ impl Transport for FabricTransport {
                 g.watch.insert(fi_addr, w);
             }
         }
+        if g.inbox.is_some() {
+            // Our own inbox says we match in software, so the peer (same library, same
+            // libfabric) reads its inbox; without one it gets the provider path.
+            if let Some(name) = fastbox::inbox_of_address(addr) {
+                match fastbox::Outbox::open(&name) {
+                    Ok(ob) => {
+                        g.outbox.insert(fi_addr, ob);
+                    }
+                    Err(e) => log::debug!("peer {name}: no fastbox ({e})"),
+                }
+            }
+        }
         Ok(Peer(fi_addr))
     }
 
@@ -1441,6 +1535,12 @@ impl Transport for FabricTransport {
         let r = g.read_cq(&mut entries, out);
         g.entries = entries;
         r?;
+        if !g.bells.is_empty() {
+            for peer in std::mem::take(&mut g.bells) {
+                g.ring_bell(peer)?;
+            }
+        }
+        g.drain_inbox();
         out.append(&mut g.ready);
         Ok(out.len() - start)
     }
@@ -1452,8 +1552,11 @@ impl Transport for FabricTransport {
         };
         {
             let g = self.inner.lock();
-            if !g.ready.is_empty() || !g.backlog.is_empty() {
+            if !g.ready.is_empty() || !g.backlog.is_empty() || !g.bells.is_empty() {
                 return Ok(());
+            }
+            if g.inbox.as_ref().is_some_and(|ib| !ib.sleep_begin()) {
+                return Ok(()); // a frame is waiting: the caller polls
             }
             let mut fids = [g.cq as *mut sys::fid];
             // SAFETY: fabric and cq are open; fids holds one valid fid.
@@ -1471,5 +1574,131 @@ impl Transport for FabricTransport {
         // SAFETY: pfd is one valid pollfd; the fd belongs to our CQ, open while self lives.
         unsafe { libc::poll(&mut pfd, 1, ms) };
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn shm_pair() -> Option<(FabricTransport, FabricTransport)> {
+        let cfg = Config::from_lookup(|n| (n == "FABRICOLL_PROVIDER").then(|| "shm".into()))
+            .expect("config");
+        let disc = match discover(&cfg) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("skipping: no shm provider ({e})");
+                return None;
+            }
+        };
+        let dev = disc.devices.first()?;
+        let a = FabricTransport::open(dev).expect("endpoint a");
+        let b = FabricTransport::open(dev).expect("endpoint b");
+        if a.inner.lock().inbox.is_none() {
+            eprintln!("skipping: this libfabric's shm needs no fastbox");
+            return None;
+        }
+        Some((a, b))
+    }
+
+    fn region(v: &mut [u8]) -> Region {
+        // SAFETY: every buffer outlives the operations posted on it (each test polls them).
+        unsafe { Region::from_raw(v.as_mut_ptr(), v.len()) }
+    }
+
+    /// Poll `a` and `b` (the provider moves large messages only while both progress) until
+    /// they have `want` completions each, `out` holding those found before.
+    fn completions(
+        a: &FabricTransport,
+        b: &FabricTransport,
+        want: usize,
+        mut out: [Vec<Completion>; 2],
+    ) -> [Vec<Completion>; 2] {
+        let start = Instant::now();
+        while out[0].len() < want || out[1].len() < want {
+            a.poll(&mut out[0]).expect("poll");
+            b.poll(&mut out[1]).expect("poll");
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "no completion: {:?}",
+                out
+            );
+        }
+        out
+    }
+
+    #[test]
+    fn small_shm_messages_go_through_the_fastbox_in_order_and_large_ones_do_not() {
+        let Some((a, b)) = shm_pair() else { return };
+        let to_a = b.insert_peer(&a.address()).expect("insert");
+        assert!(
+            b.inner.lock().outbox.contains_key(&to_a.0),
+            "a slot in a's inbox"
+        );
+        let sizes = [0usize, 1, 8, 4096, 4097, 65536];
+        let mut src: Vec<Vec<u8>> = sizes
+            .iter()
+            .map(|n| (0..*n).map(|i| (i * 13 + n) as u8).collect())
+            .collect();
+        // Four messages with one tag: received in the order sent, whatever the path.
+        let mut dst: Vec<Vec<u8>> = sizes.iter().map(|n| vec![0u8; n + 8]).collect();
+        for (i, d) in dst.iter_mut().enumerate() {
+            let tag = if i < 4 { 5 } else { 6 + i as u64 };
+            a.recv(tag, 0, region(d), None, i as u64).expect("recv");
+        }
+        let (start, mut early) = (Instant::now(), [Vec::new(), Vec::new()]);
+        for (i, s) in src.iter_mut().enumerate() {
+            let tag = if i < 4 { 5 } else { 6 + i as u64 };
+            // The provider may refuse (EAGAIN) until it has mapped a's region: progress both.
+            while b
+                .send(to_a, tag, region(s), None, 100 + i as u64)
+                .expect("send")
+                == Posted::Busy
+            {
+                a.poll(&mut early[0]).expect("poll");
+                b.poll(&mut early[1]).expect("poll");
+                assert!(start.elapsed() < Duration::from_secs(10), "send stays busy");
+            }
+        }
+        let [mut got, sent] = completions(&a, &b, sizes.len(), early);
+        assert!(sent.iter().all(|c| c.status.is_ok()));
+        got.sort_by_key(|c| c.op);
+        for (i, c) in got.iter().enumerate() {
+            assert!(c.status.is_ok(), "{:?}", c.status);
+            assert_eq!(c.len, sizes[i], "op {i}");
+            assert_eq!(dst[i][..sizes[i]], src[i][..], "payload of op {i}");
+        }
+    }
+
+    #[test]
+    fn a_receiver_asleep_on_its_queue_wakes_for_a_fastbox_message() {
+        let Some((a, b)) = shm_pair() else { return };
+        if !a.caps.wait_fd {
+            eprintln!("skipping: this shm's completion queue has no wait fd (waiting yields)");
+            return;
+        }
+        let to_a = b.insert_peer(&a.address()).expect("insert");
+        let mut buf = vec![0u8; 8];
+        a.recv(7, 0, region(&mut buf), None, 1).expect("recv");
+        assert_eq!(a.poll(&mut Vec::new()).expect("poll"), 0);
+        let mut msg = *b"wake up!";
+        let slept = std::thread::scope(|s| {
+            let sleeper = s.spawn(|| {
+                let t = Instant::now();
+                a.wait(Duration::from_secs(5)).expect("wait");
+                t.elapsed()
+            });
+            std::thread::sleep(Duration::from_millis(200));
+            b.send(to_a, 7, region(&mut msg), None, 2).expect("send");
+            sleeper.join().expect("sleeper")
+        });
+        assert!(
+            slept >= Duration::from_millis(150) && slept < Duration::from_secs(2),
+            "the wait lasted {slept:?}: it should end at the doorbell, 200 ms in"
+        );
+        let [c, _] = completions(&a, &b, 1, Default::default());
+        assert_eq!((c[0].op, c[0].len), (1, 8));
+        assert_eq!(&buf, b"wake up!");
     }
 }

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::Once;
 
-const PREFIX: &str = "fabricoll-";
+pub(super) const PREFIX: &str = "fabricoll-";
 static OPEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static SEQ: AtomicU64 = AtomicU64::new(0);
 static AT_EXIT: Once = Once::new();
@@ -89,6 +89,11 @@ pub(super) fn name_endpoint(ep: *mut sys::fid_ep) -> Result<String> {
     } as i64)?;
     OPEN.lock().push(name.clone());
     Ok(name)
+}
+
+/// A file of ours in /dev/shm named `name` (an inbox), to be unlinked at exit if still open.
+pub(super) fn opened(name: String) {
+    OPEN.lock().push(name);
 }
 
 /// The endpoint named `name` was closed (the provider unlinked its region).
