@@ -1374,6 +1374,11 @@ impl Transport for FabricTransport {
                 match fastbox::Outbox::open(&name) {
                     Ok(ob) => {
                         g.outbox.insert(fi_addr, ob);
+                        // Small messages, the handshakes among them, no longer reach the
+                        // provider, whose shm maps the peer's region at the first send and
+                        // answers EAGAIN until then: an empty message (the doorbell) sets that
+                        // up now, so that the first large send finds it ready as before.
+                        g.ring_bell(fi_addr)?;
                     }
                     Err(e) => log::debug!("peer {name}: no fastbox ({e})"),
                 }
