@@ -22,17 +22,16 @@
 //! - Messages for one peer keep their order: once a slot is claimed, every message of up to
 //!   `MAX_PAYLOAD` bytes to that peer goes through it; a full ring makes the send `Busy`
 //!   (the caller progresses and retries), it never overtakes through the provider.
-//! - A receiver that sleeps on its completion queue raises `sleeping` first; a sender that sees
-//!   it after publishing rings a doorbell (an empty message through the provider), whose
-//!   completion wakes the receiver. Both sides use sequentially consistent accesses, so one of
-//!   them always sees the other.
+//! - A frame raises no completion, so a waiter with an inbox never sleeps on its completion
+//!   queue: it polls and yields (as every shm waiter does on libfabric 1.17, whose shm queue
+//!   has no wait fd).
 //! - Without an inbox (another version, no slot left, or `FABRICOLL_SHM_FASTBOX=0`) a sender
 //!   uses the provider as before; the receiver accepts both.
 use crate::error::{Error, Result};
 use std::ffi::CString;
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-const MAGIC: u64 = 0x6662_6f78_0000_0001; // "fbox", layout version 1
+const MAGIC: u64 = 0x6662_6f78_0000_0002; // "fbox", layout version 2
 /// Senders one inbox can take; more use the provider.
 pub(super) const SLOTS: usize = 32;
 /// Bytes of one ring: room for 15 frames of the largest payload.
@@ -40,10 +39,9 @@ const RING: usize = 64 << 10;
 /// Largest payload that goes through a ring.
 pub(super) const MAX_PAYLOAD: usize = 4096;
 const LINE: usize = 64;
-/// Header page: magic, the receiver's `sleeping` word, the claimed-slot high-water mark.
+/// Header page: magic, then the claimed-slot high-water mark on its own line.
 const HEADER: usize = 4096;
-const SLEEPING: usize = LINE;
-const HIGH: usize = 2 * LINE;
+const HIGH: usize = LINE;
 /// Per slot: owner word, tail (written by the sender), head (written by the receiver), each on
 /// its own cache line, then the ring.
 const SLOT_CTRL: usize = 4 * LINE;
@@ -60,13 +58,7 @@ fn frame_bytes(len: usize) -> usize {
 
 /// The inbox name of the shm endpoint whose address is `addr`, when it is one of ours.
 pub(super) fn inbox_of_address(addr: &[u8]) -> Option<String> {
-    let s = String::from_utf8_lossy(addr);
-    let at = s.find(super::shm::PREFIX)?;
-    let name: String = s[at..]
-        .chars()
-        .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
-        .collect();
-    Some(inbox_name(&name))
+    super::shm::endpoint_in_address(addr).map(|n| inbox_name(&n))
 }
 
 /// The inbox name of our endpoint named `endpoint`.
@@ -188,9 +180,6 @@ impl Map {
     fn head(&self, s: usize) -> &AtomicU64 {
         self.u64_at(self.slot(s) + 2 * LINE)
     }
-    fn sleeping(&self) -> &AtomicU32 {
-        self.u32_at(SLEEPING)
-    }
     fn high(&self) -> &AtomicU32 {
         self.u32_at(HIGH)
     }
@@ -238,15 +227,6 @@ impl Inbox {
 
     fn claimed(&self) -> usize {
         (self.map.high().load(Ordering::Acquire) as usize).min(SLOTS)
-    }
-
-    /// Is a frame waiting in any ring?
-    pub(super) fn pending(&self) -> bool {
-        (0..self.claimed()).any(|s| {
-            self.broken & (1 << s) == 0
-                && self.map.tail(s).load(Ordering::SeqCst)
-                    != self.map.head(s).load(Ordering::Relaxed)
-        })
     }
 
     /// Hand every published frame to `deliver` as `[tag (8 bytes LE)][payload]`, in ring
@@ -306,7 +286,7 @@ impl Inbox {
             return Ok((head + skip, None));
         }
         let len = len as usize;
-        let frame = frame_bytes(len.min(MAX_PAYLOAD + 1));
+        let frame = frame_bytes(len);
         if len > MAX_PAYLOAD || off + frame > RING || frame as u64 > avail {
             return Err(format!(
                 "a frame of {len} bytes at {head} does not fit (tail {tail})"
@@ -316,24 +296,6 @@ impl Inbox {
             head + frame as u64,
             Some((self.map.ring(s, off + 8) as *const u8, 8 + len)),
         ))
-    }
-
-    /// About to sleep on the completion queue: raise `sleeping` unless a frame is waiting.
-    /// Returns false (and leaves the flag down) when one is.
-    pub(super) fn sleep_begin(&self) -> bool {
-        self.map.sleeping().store(1, Ordering::SeqCst);
-        if self.pending() {
-            self.map.sleeping().store(0, Ordering::SeqCst);
-            return false;
-        }
-        true
-    }
-
-    /// Awake (or polling): lower `sleeping`, writing the shared line only when it is up.
-    pub(super) fn awake(&self) {
-        if self.map.sleeping().load(Ordering::Relaxed) != 0 {
-            self.map.sleeping().store(0, Ordering::SeqCst);
-        }
     }
 }
 
@@ -354,8 +316,8 @@ static TOKENS: AtomicU64 = AtomicU64::new(1);
 /// What a push did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Pushed {
-    /// In the ring; `wake`: the receiver sleeps, ring its doorbell.
-    Done { wake: bool },
+    /// In the ring: the send is complete.
+    Done,
     /// The ring is full: progress and retry.
     Full,
 }
@@ -444,11 +406,8 @@ impl Outbox {
         }
         self.tail += need;
         self.pushes += 1;
-        self.map.tail(s).store(self.tail, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-        Pushed::Done {
-            wake: self.map.sleeping().load(Ordering::SeqCst) != 0,
-        }
+        self.map.tail(s).store(self.tail, Ordering::Release);
+        Pushed::Done
     }
 }
 
@@ -513,10 +472,7 @@ mod tests {
             let data: Vec<u8> = (0..len).map(|b| (b as u64 ^ i) as u8).collect();
             loop {
                 match ob.push(i, &data) {
-                    Pushed::Done { wake } => {
-                        assert!(!wake, "nobody sleeps");
-                        break;
-                    }
+                    Pushed::Done => break,
                     Pushed::Full => {
                         let n = got.len();
                         got.extend(drained(&mut ib));
@@ -528,21 +484,18 @@ mod tests {
         }
         got.extend(drained(&mut ib));
         assert_eq!(got, sent);
-        assert!(!ib.pending());
+        assert!(drained(&mut ib).is_empty());
     }
 
     #[test]
-    fn a_sleeping_receiver_asks_for_a_doorbell_and_slots_are_reused() {
-        let ep = endpoint("bell");
+    fn drained_slots_are_given_back_and_undrained_ones_stay_claimed() {
+        let ep = endpoint("slots");
         let mut ib = Inbox::create(&ep).expect("inbox");
         let name = inbox_name(&ep);
-        assert!(ib.sleep_begin(), "nothing pending");
         let mut ob = Outbox::open(&name).expect("slot");
-        assert_eq!(ob.push(1, b"x"), Pushed::Done { wake: true });
-        assert!(!ib.sleep_begin(), "a frame is pending");
+        assert_eq!(ob.push(1, b"x"), Pushed::Done);
         assert_eq!(drained(&mut ib), vec![(1, b"x".to_vec())]);
-        ib.awake();
-        assert_eq!(ob.push(2, b"y"), Pushed::Done { wake: false });
+        assert_eq!(ob.push(2, b"y"), Pushed::Done);
         // A drained slot is given back on drop; an undrained one stays claimed.
         let slot = ob.slot;
         drop(ob);
@@ -568,7 +521,7 @@ mod tests {
         let mut ib = Inbox::create(&ep).expect("inbox");
         let name = inbox_name(&ep);
         let mut ob = Outbox::open(&name).expect("slot");
-        assert_eq!(ob.push(5, b"ok"), Pushed::Done { wake: false });
+        assert_eq!(ob.push(5, b"ok"), Pushed::Done);
         // A length beyond MAX_PAYLOAD in the next frame.
         let at = (ob.tail % RING as u64) as usize;
         // SAFETY: at is an 8-aligned offset inside the test's own ring.
@@ -578,6 +531,20 @@ mod tests {
         assert_eq!(ib.broken, 1 << ob.slot);
         assert!(drained(&mut ib).is_empty(), "the broken slot is skipped");
         assert!(Outbox::open("fabricoll-0-no-such-inbox-fb").is_err());
+        // A name taken twice, and a file of another size or layout under an inbox's name.
+        assert!(Inbox::create(&ep).is_err(), "the inbox exists");
+        let foreign = inbox_name(&endpoint("foreign"));
+        let path = format!("/dev/shm/{foreign}");
+        std::fs::write(&path, b"not an inbox").expect("write");
+        let e = Outbox::open(&foreign)
+            .err()
+            .expect("wrong size")
+            .to_string();
+        assert!(e.contains("not the"), "{e}");
+        std::fs::write(&path, vec![0u8; FILE_BYTES]).expect("write");
+        let e = Outbox::open(&foreign).err().expect("no magic").to_string();
+        assert!(e.contains("not an inbox"), "{e}");
+        std::fs::remove_file(&path).expect("remove");
         assert_eq!(
             inbox_of_address(format!("fi_shm://{ep}\0\0").as_bytes()),
             Some(name.clone())

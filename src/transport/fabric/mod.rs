@@ -535,8 +535,8 @@ struct Inner {
     inbox: Option<fastbox::Inbox>,
     /// Slots claimed in peers' inboxes, by peer.
     outbox: HashMap<u64, fastbox::Outbox>,
-    /// Peers whose doorbell the provider refused (EAGAIN), rung again on poll.
-    bells: Vec<u64>,
+    /// Peers whose hello (see `hello`) the provider refused with EAGAIN, sent again on poll.
+    hellos: Vec<u64>,
 }
 
 // SAFETY: every libfabric object here is used only with the transport's Mutex held
@@ -707,7 +707,7 @@ impl FabricTransport {
                 watch: HashMap::new(),
                 inbox: None,
                 outbox: HashMap::new(),
-                bells: Vec::new(),
+                hellos: Vec::new(),
             }),
         })
         .and_then(|t: FabricTransport| {
@@ -852,10 +852,7 @@ impl Inner {
                     }
                 };
                 return match pushed {
-                    fastbox::Pushed::Done { wake } => {
-                        if wake {
-                            self.ring_bell(peer.0)?;
-                        }
+                    fastbox::Pushed::Done => {
                         self.sent_now(op, len, tag);
                         Ok(Posted::Queued)
                     }
@@ -1021,9 +1018,12 @@ impl Inner {
         Ok(Posted::Busy)
     }
 
-    /// Wake a peer that sleeps on its completion queue with an empty untagged message (its
-    /// pool receive completes); if the provider is busy, again on the next poll.
-    fn ring_bell(&mut self, peer: u64) -> Result<()> {
+    /// An empty untagged message to a fastbox peer (its pool receive drops it). Small messages,
+    /// the handshakes among them, no longer reach the provider, whose shm maps the peer's
+    /// region at the first send and answers EAGAIN until then: the hello sets that up when the
+    /// peer is inserted, so that the first large send finds it ready. If the provider is busy,
+    /// again on the next poll.
+    fn hello(&mut self, peer: u64) -> Result<()> {
         let ctx = self.new_ctx(0, 0, false, None, Role::Swallow);
         // SAFETY: a zero-byte send; ctx lives in `ops` until its completion is read.
         let rc = unsafe { sys::fi_send(self.ep, ptr::null(), 0, ptr::null_mut(), peer, ctx) };
@@ -1032,18 +1032,17 @@ impl Inner {
         }
         self.ops.remove(&(ctx as usize));
         if rc == -(sys::FI_EAGAIN as isize) {
-            if !self.bells.contains(&peer) {
-                self.bells.push(peer);
+            if !self.hellos.contains(&peer) {
+                self.hellos.push(peer);
             }
             return Ok(());
         }
-        check("fi_send (fastbox doorbell)", rc as i64)
+        check("fi_send (fastbox hello)", rc as i64)
     }
 
     /// Read our inbox: every frame goes to the software matcher like a pool message.
     fn drain_inbox(&mut self) {
         if let Some(mut ib) = self.inbox.take() {
-            ib.awake();
             ib.drain(|m| self.on_small(m));
             self.inbox = Some(ib);
         }
@@ -1127,7 +1126,7 @@ impl Inner {
     /// A pool message arrived: match it in posted order or keep it as unexpected.
     fn on_small(&mut self, msg: &[u8]) {
         if msg.is_empty() {
-            return; // a fastbox doorbell: it only had to wake us
+            return; // a fastbox peer's hello (see `hello`)
         }
         if msg.len() < 8 {
             log::warn!("runt small message ({} bytes) dropped", msg.len());
@@ -1374,11 +1373,7 @@ impl Transport for FabricTransport {
                 match fastbox::Outbox::open(&name) {
                     Ok(ob) => {
                         g.outbox.insert(fi_addr, ob);
-                        // Small messages, the handshakes among them, no longer reach the
-                        // provider, whose shm maps the peer's region at the first send and
-                        // answers EAGAIN until then: an empty message (the doorbell) sets that
-                        // up now, so that the first large send finds it ready as before.
-                        g.ring_bell(fi_addr)?;
+                        g.hello(fi_addr)?;
                     }
                     Err(e) => log::debug!("peer {name}: no fastbox ({e})"),
                 }
@@ -1540,10 +1535,8 @@ impl Transport for FabricTransport {
         let r = g.read_cq(&mut entries, out);
         g.entries = entries;
         r?;
-        if !g.bells.is_empty() {
-            for peer in std::mem::take(&mut g.bells) {
-                g.ring_bell(peer)?;
-            }
+        for peer in std::mem::take(&mut g.hellos) {
+            g.hello(peer)?;
         }
         g.drain_inbox();
         out.append(&mut g.ready);
@@ -1557,11 +1550,14 @@ impl Transport for FabricTransport {
         };
         {
             let g = self.inner.lock();
-            if !g.ready.is_empty() || !g.backlog.is_empty() || !g.bells.is_empty() {
+            if !g.ready.is_empty() || !g.backlog.is_empty() || !g.hellos.is_empty() {
                 return Ok(());
             }
-            if g.inbox.as_ref().is_some_and(|ib| !ib.sleep_begin()) {
-                return Ok(()); // a frame is waiting: the caller polls
+            if g.inbox.is_some() {
+                // A fastbox frame raises no completion: never sleep past one.
+                drop(g);
+                std::thread::yield_now();
+                return Ok(());
             }
             let mut fids = [g.cq as *mut sys::fid];
             // SAFETY: fabric and cq are open; fids holds one valid fid.
@@ -1677,33 +1673,27 @@ mod tests {
     }
 
     #[test]
-    fn a_receiver_asleep_on_its_queue_wakes_for_a_fastbox_message() {
+    fn a_waiter_with_an_inbox_never_sleeps_past_a_fastbox_frame() {
         let Some((a, b)) = shm_pair() else { return };
-        if !a.caps.wait_fd {
-            eprintln!("skipping: this shm's completion queue has no wait fd (waiting yields)");
-            return;
-        }
         let to_a = b.insert_peer(&a.address()).expect("insert");
         let mut buf = vec![0u8; 8];
         a.recv(7, 0, region(&mut buf), None, 1).expect("recv");
-        assert_eq!(a.poll(&mut Vec::new()).expect("poll"), 0);
-        let mut msg = *b"wake up!";
-        let slept = std::thread::scope(|s| {
-            let sleeper = s.spawn(|| {
-                let t = Instant::now();
-                a.wait(Duration::from_secs(5)).expect("wait");
-                t.elapsed()
-            });
-            std::thread::sleep(Duration::from_millis(200));
-            b.send(to_a, 7, region(&mut msg), None, 2).expect("send");
-            sleeper.join().expect("sleeper")
-        });
+        // Frames raise no completion, so a wait must return without sleeping its timeout
+        // (on a CQ with a wait fd it would sleep all of it).
+        let t = Instant::now();
+        a.wait(Duration::from_secs(5)).expect("wait");
         assert!(
-            slept >= Duration::from_millis(150) && slept < Duration::from_secs(2),
-            "the wait lasted {slept:?}: it should end at the doorbell, 200 ms in"
+            t.elapsed() < Duration::from_secs(1),
+            "slept {:?}",
+            t.elapsed()
+        );
+        let mut msg = *b"no sleep";
+        assert_eq!(
+            b.send(to_a, 7, region(&mut msg), None, 2).expect("send"),
+            Posted::Queued
         );
         let [c, _] = completions(&a, &b, 1, Default::default());
         assert_eq!((c[0].op, c[0].len), (1, 8));
-        assert_eq!(&buf, b"wake up!");
+        assert_eq!(&buf, b"no sleep");
     }
 }

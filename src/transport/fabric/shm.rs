@@ -46,10 +46,7 @@ fn sweep() {
     };
     for e in dir.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix(PREFIX) else {
-            continue;
-        };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
+        let Some(pid) = pid_of(&name) else {
             continue;
         };
         if pid > 0 && !alive(pid) {
@@ -57,6 +54,21 @@ fn sweep() {
             let _ = std::fs::remove_file(e.path());
         }
     }
+}
+
+/// The process id in one of our names (`fabricoll-<pid>-...`: regions and their inboxes).
+fn pid_of(name: &str) -> Option<i32> {
+    name.strip_prefix(PREFIX)?.split('-').next()?.parse().ok()
+}
+
+/// Our endpoint name inside a peer's shm address, if the address carries one.
+pub(super) fn endpoint_in_address(addr: &[u8]) -> Option<String> {
+    let s = String::from_utf8_lossy(addr);
+    let name: String = s[s.find(PREFIX)?..]
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .collect();
+    Some(name)
 }
 
 /// Give `ep` (not yet enabled) a unique region name; returns it.
@@ -217,9 +229,7 @@ impl Watcher {
 impl PeerWatch {
     /// Watch the process named in a peer's address (our region names carry the pid).
     pub(super) fn of_address(addr: &[u8]) -> Option<PeerWatch> {
-        let s = String::from_utf8_lossy(addr);
-        let rest = &s[s.find(PREFIX)? + PREFIX.len()..];
-        let pid: i32 = rest.split('-').next()?.parse().ok()?;
+        let pid = pid_of(&endpoint_in_address(addr)?)?;
         if pid <= 0 || pid as u32 == std::process::id() {
             return None;
         }
