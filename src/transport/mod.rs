@@ -1,7 +1,7 @@
 //! The `Transport` trait: tagged send/receive between endpoints, memory registration and
 //! completion polling, with the semantics of a libfabric RDM endpoint. Two backends:
 //! `fabric` (libfabric) and `loopback` (in-process, ranks as threads, for tests).
-use crate::error::Result;
+use crate::error::{Error, Result};
 use std::any::Any;
 use std::time::Duration;
 
@@ -159,6 +159,38 @@ pub trait Transport: Send + Sync {
     fn poll(&self, out: &mut Vec<Completion>) -> Result<usize>;
     /// Sleep until a completion may be ready, at most `timeout`.
     fn wait(&self, timeout: Duration) -> Result<()>;
+
+    /// The largest payload of the direct channel to and from `peer` (`send_now`, `take_now`):
+    /// 0 where there is none (the default). A message of at most that many bytes between the
+    /// two endpoints, sent by `send` or `send_now`, is one `take_now` can take, and one `recv`
+    /// can match: the two paths share one wire format, so either side may use either.
+    fn direct_bytes(&self, _peer: Peer) -> usize {
+        0
+    }
+
+    /// Send `data` (at most `direct_bytes(peer)` bytes) to `peer` now, without an operation
+    /// or a completion: Ok(true) once it is on its way, Ok(false) when the channel is full
+    /// (try again; the call has already moved what arrived for us out of the way).
+    fn send_now(&self, _peer: Peer, _tag: u64, _data: &[u8]) -> Result<bool> {
+        Err(Error::InvalidUsage(
+            "this transport has no direct channel (direct_bytes is 0)".into(),
+        ))
+    }
+
+    /// Take the message from `peer` whose tag is exactly `tag`, if it has arrived: `f` gets
+    /// its payload and the message is consumed (Ok(true), or `f`'s error). Ok(false): not
+    /// yet. An error when `peer` has gone without sending it. The caller must own `tag`: no
+    /// posted `recv` may match it.
+    fn take_now(
+        &self,
+        _peer: Peer,
+        _tag: u64,
+        _f: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<bool> {
+        Err(Error::InvalidUsage(
+            "this transport has no direct channel (direct_bytes is 0)".into(),
+        ))
+    }
 }
 
 impl Region {

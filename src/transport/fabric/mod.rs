@@ -530,11 +530,13 @@ struct Inner {
     /// The shared-memory region's name (shm), unlinked at exit if still open.
     shm_name: Option<String>,
     /// shm peers' processes, checked before every post to them.
-    watch: HashMap<u64, shm::PeerWatch>,
+    watch: FastMap<u64, shm::PeerWatch>,
     /// Our shared-memory inbox for small messages (shm with software matching), else None.
     inbox: Option<fastbox::Inbox>,
     /// Slots claimed in peers' inboxes, by peer.
-    outbox: HashMap<u64, fastbox::Outbox>,
+    outbox: FastMap<u64, fastbox::Outbox>,
+    /// `take_now` calls that found nothing since the completion queue was last read there.
+    direct_misses: u32,
     /// Peers whose hello (see `hello`) the provider refused with EAGAIN, sent again on poll.
     hellos: Vec<u64>,
 }
@@ -704,9 +706,10 @@ impl FabricTransport {
                 ready: Vec::new(),
                 soft: None,
                 shm_name,
-                watch: HashMap::new(),
+                watch: FastMap::default(),
                 inbox: None,
-                outbox: HashMap::new(),
+                outbox: FastMap::default(),
+                direct_misses: 0,
                 hellos: Vec::new(),
             }),
         })
@@ -1046,6 +1049,135 @@ impl Inner {
             ib.drain(|m| self.on_small(m));
             self.inbox = Some(ib);
         }
+    }
+
+    /// Everything `poll` does but the hand-over: completions are left in `ready`.
+    fn progress(&mut self, caps: &Caps) -> Result<()> {
+        if !self.backlog.is_empty() {
+            self.drain_backlog(caps)?;
+        }
+        let mut entries = std::mem::take(&mut self.entries);
+        let mut out = std::mem::take(&mut self.ready);
+        let r = self.read_cq(&mut entries, &mut out);
+        self.entries = entries;
+        self.ready = out;
+        r?;
+        for peer in std::mem::take(&mut self.hellos) {
+            self.hello(peer)?;
+        }
+        self.drain_inbox();
+        Ok(())
+    }
+
+    /// `Transport::direct_bytes`: the fastbox, where both ends have one (the peer's frames
+    /// and its provider messages of up to `soft.small` bytes both end in `on_small`).
+    fn direct_bytes(&self, peer: Peer) -> usize {
+        match (&self.inbox, &self.soft) {
+            (Some(_), Some(soft)) if self.outbox.contains_key(&peer.0) => {
+                fastbox::MAX_PAYLOAD.min(soft.small)
+            }
+            _ => 0,
+        }
+    }
+
+    /// `Transport::send_now`.
+    fn send_now(&mut self, peer: Peer, tag: u64, data: &[u8]) -> Result<bool> {
+        if data.len() > self.direct_bytes(peer) {
+            return Err(Error::arg(
+                "data",
+                format!(
+                    "{} bytes is more than the direct channel to this peer carries ({})",
+                    data.len(),
+                    self.direct_bytes(peer)
+                ),
+            ));
+        }
+        if let Some(w) = self.watch.get(&peer.0) {
+            if w.dead(false) {
+                return Err(Error::Remote(format!(
+                    "the peer process {} has exited",
+                    w.pid()
+                )));
+            }
+        }
+        let ob = self
+            .outbox
+            .get_mut(&peer.0)
+            .expect("direct_bytes checked it");
+        match ob.push(tag, data) {
+            fastbox::Pushed::Done => Ok(true),
+            fastbox::Pushed::Full => {
+                // The peer may be waiting for room in our inbox just as we wait for its.
+                self.drain_inbox();
+                Ok(false)
+            }
+        }
+    }
+
+    /// `Transport::take_now`. Looks in what arrived earlier, then the inbox, and every
+    /// `CQ_EVERY` misses the completion queue (a peer without a slot in our inbox sends small
+    /// messages through the provider); a peer whose exit was seen before the look has gone
+    /// without sending it.
+    fn take_now(
+        &mut self,
+        caps: &Caps,
+        peer: Peer,
+        tag: u64,
+        f: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<bool> {
+        const CQ_EVERY: u32 = 256;
+        let gone = self
+            .watch
+            .get(&peer.0)
+            .filter(|w| w.dead(false))
+            .map(|w| w.pid());
+        if self.take_unexpected(tag, f)? {
+            return Ok(true);
+        }
+        let mut found: Option<Result<()>> = None;
+        if let Some(mut ib) = self.inbox.take() {
+            ib.drain(|m| {
+                if found.is_none() && m.len() >= 8 && m[..8] == tag.to_le_bytes() {
+                    found = Some(f(&m[8..]));
+                } else {
+                    self.on_small(m);
+                }
+            });
+            self.inbox = Some(ib);
+        }
+        if let Some(r) = found {
+            return r.map(|_| true);
+        }
+        self.direct_misses += 1;
+        if self.direct_misses >= CQ_EVERY {
+            self.direct_misses = 0;
+            self.progress(caps)?;
+            if self.take_unexpected(tag, f)? {
+                return Ok(true);
+            }
+        }
+        match gone {
+            Some(pid) => Err(Error::Remote(format!(
+                "the peer process {pid} exited without sending the message"
+            ))),
+            None => Ok(false),
+        }
+    }
+
+    /// A message with exactly `tag` that arrived before anyone asked for it, handed to `f`.
+    fn take_unexpected(
+        &mut self,
+        tag: u64,
+        f: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<bool> {
+        let Some(soft) = self.soft.as_mut() else {
+            return Ok(false);
+        };
+        let Some(i) = soft.unexpected.iter().position(|(t, _)| *t == tag) else {
+            return Ok(false);
+        };
+        let (_, data) = soft.unexpected.remove(i).expect("index from position");
+        f(&data).map(|_| true)
     }
 
     /// Post one receive of the small-message pool, into `reuse` if given (a pool buffer whose
@@ -1528,19 +1660,26 @@ impl Transport for FabricTransport {
         let mut g = self.inner.lock();
         let start = out.len();
         out.append(&mut g.ready);
-        if !g.backlog.is_empty() {
-            g.drain_backlog(&self.caps)?;
-        }
-        let mut entries = std::mem::take(&mut g.entries);
-        let r = g.read_cq(&mut entries, out);
-        g.entries = entries;
-        r?;
-        for peer in std::mem::take(&mut g.hellos) {
-            g.hello(peer)?;
-        }
-        g.drain_inbox();
+        g.progress(&self.caps)?;
         out.append(&mut g.ready);
         Ok(out.len() - start)
+    }
+
+    fn direct_bytes(&self, peer: Peer) -> usize {
+        self.inner.lock().direct_bytes(peer)
+    }
+
+    fn send_now(&self, peer: Peer, tag: u64, data: &[u8]) -> Result<bool> {
+        self.inner.lock().send_now(peer, tag, data)
+    }
+
+    fn take_now(
+        &self,
+        peer: Peer,
+        tag: u64,
+        f: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<bool> {
+        self.inner.lock().take_now(&self.caps, peer, tag, f)
     }
 
     fn wait(&self, timeout: Duration) -> Result<()> {
@@ -1695,5 +1834,95 @@ mod tests {
         let [c, _] = completions(&a, &b, 1, Default::default());
         assert_eq!((c[0].op, c[0].len), (1, 8));
         assert_eq!(&buf, b"no sleep");
+    }
+
+    /// Take tag `tag` from `peer` on `t`, polling up to 5 s.
+    fn take(t: &FabricTransport, peer: Peer, tag: u64) -> Vec<u8> {
+        let start = Instant::now();
+        let mut got = None;
+        while !t
+            .take_now(peer, tag, &mut |m| {
+                got = Some(m.to_vec());
+                Ok(())
+            })
+            .expect("take_now")
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "tag {tag} never came"
+            );
+        }
+        got.expect("taken")
+    }
+
+    #[test]
+    fn the_direct_channel_delivers_by_tag_in_any_order_and_refuses_what_it_cannot_carry() {
+        let Some((a, b)) = shm_pair() else { return };
+        let to_a = b.insert_peer(&a.address()).expect("insert");
+        let to_b = a.insert_peer(&b.address()).expect("insert");
+        let max = b.direct_bytes(to_a);
+        assert!(max > 0 && max <= fastbox::MAX_PAYLOAD && a.direct_bytes(to_b) == max);
+        // Nothing yet; then three tags taken in another order than sent (the ones passed
+        // over wait among the unexpected), one of them the largest payload.
+        let none = a.take_now(to_b, 1, &mut |_| Ok(())).expect("take_now");
+        assert!(!none);
+        let big: Vec<u8> = (0..max).map(|i| (i * 7) as u8).collect();
+        assert!(b.send_now(to_a, 1, b"one").expect("send_now"));
+        assert!(b.send_now(to_a, 2, &big).expect("send_now"));
+        assert!(b.send_now(to_a, 3, b"").expect("send_now"));
+        assert_eq!(take(&a, to_b, 3), b"");
+        assert_eq!(take(&a, to_b, 1), b"one");
+        assert_eq!(take(&a, to_b, 2), big);
+        // The general path's recv matches what send_now sent, and take_now takes what send
+        // sent: one wire format.
+        let mut buf = [0u8; 5];
+        a.recv(9, 0, region(&mut buf), None, 77).expect("recv");
+        assert!(b.send_now(to_a, 9, b"mixed").expect("send_now"));
+        let (start, mut c) = (Instant::now(), Vec::new());
+        while c.is_empty() {
+            a.poll(&mut c).expect("poll");
+            assert!(start.elapsed() < Duration::from_secs(5), "no completion");
+        }
+        assert_eq!((c[0].op, c[0].len, &buf), (77, 5, b"mixed"));
+        let mut msg = *b"general";
+        assert_eq!(
+            b.send(to_a, 10, region(&mut msg), None, 5).expect("send"),
+            Posted::Queued
+        );
+        assert_eq!(take(&a, to_b, 10), b"general");
+        // The taker's error comes back, and the message is consumed all the same.
+        assert!(b.send_now(to_a, 11, b"bad").expect("send_now"));
+        let start = Instant::now();
+        let err = loop {
+            match a.take_now(to_b, 11, &mut |_| Err(Error::Remote("no".into()))) {
+                Ok(false) => assert!(start.elapsed() < Duration::from_secs(5)),
+                Ok(true) => panic!("the error was lost"),
+                Err(e) => break e,
+            }
+        };
+        assert!(err.to_string().contains("no"), "{err}");
+        assert!(!a.take_now(to_b, 11, &mut |_| Ok(())).expect("take_now"));
+        // More than the channel carries: an error naming the argument, nothing sent.
+        let err = b.send_now(to_a, 12, &vec![0u8; max + 1]).unwrap_err();
+        assert!(err.to_string().contains("'data'"), "{err}");
+    }
+
+    #[test]
+    fn a_full_direct_channel_says_so_and_takes_more_once_drained() {
+        let Some((a, b)) = shm_pair() else { return };
+        let to_a = b.insert_peer(&a.address()).expect("insert");
+        let to_b = a.insert_peer(&b.address()).expect("insert");
+        let payload = vec![0x5au8; b.direct_bytes(to_a)];
+        let mut sent = 0u64;
+        while b.send_now(to_a, sent, &payload).expect("send_now") {
+            sent += 1;
+            assert!(sent < 1000, "a 64 KiB ring never fills");
+        }
+        assert!(sent > 0);
+        for tag in 0..sent {
+            assert_eq!(take(&a, to_b, tag), payload);
+        }
+        assert!(b.send_now(to_a, sent, &payload).expect("send_now"));
+        assert_eq!(take(&a, to_b, sent), payload);
     }
 }
