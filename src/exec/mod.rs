@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::reduce::{self, DataType, RedOp};
 use crate::transport::{Completion, OpId, Peer, Posted, Region, Scratch, Transport};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,7 +34,23 @@ pub const POOL_LIMIT: usize = 32 << 20;
 pub struct BufPool {
     bufs: Vec<Scratch>,
     bytes: usize,
+    /// Step lists of finished collectives, reused by the next ones (a small collective's
+    /// allocations cost as much as its messages).
+    lists: Vec<Lists>,
 }
+
+/// An `Exec`'s per-step lists, kept between calls by `BufPool`.
+#[derive(Default)]
+struct Lists {
+    state: Vec<St>,
+    pending: Vec<u32>,
+    ready: VecDeque<usize>,
+    staging: Vec<Option<(Scratch, usize)>>,
+    batch: Vec<usize>,
+}
+
+/// How many `Lists` a pool keeps.
+const LISTS_KEPT: usize = 8;
 
 impl BufPool {
     /// A buffer of at least `len` bytes: the smallest kept one that fits, else a new one
@@ -128,6 +145,10 @@ pub struct Plan {
     /// Byte ranges `(start, end)` of Out that steps write, each with the In offset it is
     /// copied from when the step is a copy from In.
     out_writes: Vec<(usize, usize, Option<usize>)>,
+    /// The largest message this rank sends or receives, in bytes, and the ranks it exchanges
+    /// messages with (each once): what `run_direct` needs of the transport.
+    pub max_message: usize,
+    pub message_peers: Vec<usize>,
 }
 
 impl Plan {
@@ -182,6 +203,17 @@ impl Plan {
                 Some((w.off * elem, w.end() * elem, from))
             })
             .collect();
+        let max_message = steps
+            .iter()
+            .filter_map(|s| match &s.op {
+                Op::Send { src: sp, .. }
+                | Op::Recv { dst: sp, .. }
+                | Op::RecvReduce { dst: sp, .. } => Some(sp.len * elem),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        let message_peers = (0..nr).filter(|&p| sent[p] + recvd[p] > 0).collect();
         if sent.iter().chain(&recvd).any(|k| *k as usize >= MAX_RANKS) {
             return Err(Error::InvalidUsage(
                 "schedule has too many messages per peer for the tag space".into(),
@@ -195,6 +227,8 @@ impl Plan {
             need_in: reach(Buf::In),
             need_out: reach(Buf::Out),
             out_writes,
+            max_message,
+            message_peers,
         })
     }
 
@@ -207,6 +241,60 @@ impl Plan {
         self.out_writes.iter().any(|&(a, b, from)| {
             a < delta + len && delta < b && from.map(|src| src + delta) != Some(a)
         })
+    }
+}
+
+/// What a waiting thread does between polls that found nothing: spin while its ranks have a
+/// core each (`spin`) for up to `window` of idleness, else (and after that) yield the core so
+/// that ranks outnumbering the cores get to run.
+pub struct Idle {
+    spin: bool,
+    window: Duration,
+    since: Option<Instant>,
+    rounds: u32,
+}
+
+impl Idle {
+    /// Idle rounds between readings of the clock while spinning.
+    const CLOCK_EVERY: u32 = 64;
+
+    pub fn new(spin: bool, window: Duration) -> Idle {
+        Idle {
+            spin,
+            window,
+            since: None,
+            rounds: 0,
+        }
+    }
+
+    /// Something moved: the next idle round starts a new idle period.
+    pub fn moved(&mut self) {
+        self.since = None;
+    }
+
+    /// Whether the idle period has lasted `window` (the clock is read at most every
+    /// `CLOCK_EVERY` calls while spinning, at every call otherwise).
+    pub fn expired(&mut self) -> bool {
+        let now = Instant::now();
+        let since = *self.since.get_or_insert(now);
+        now.duration_since(since) >= self.window
+    }
+
+    /// One idle round: a pause hint while spinning, else a yield.
+    pub fn pause(&mut self) {
+        if self.spin {
+            self.rounds += 1;
+            if self.rounds < Self::CLOCK_EVERY && self.since.is_some() {
+                std::hint::spin_loop();
+                return;
+            }
+            self.rounds = 0;
+            if !self.expired() {
+                std::hint::spin_loop();
+                return;
+            }
+        }
+        std::thread::yield_now();
     }
 }
 
@@ -227,10 +315,12 @@ pub struct Exec {
     staging: Vec<Option<(Scratch, usize)>>,
     staged: usize,
     done: usize,
-    /// Progress since the deadline clock was last read, and polls since then.
+    /// Progress since the deadline clock was last read, and polls since then; the clock's
+    /// last reading (None before the first: the deadline then starts up to
+    /// `DEADLINE_POLLS` polls late, and a call that never waits never reads the clock).
     moved: bool,
     polls: u32,
-    last: Instant,
+    last: Option<Instant>,
     /// Ready steps being run (kept to reuse its memory).
     batch: Vec<usize>,
     id: u64,
@@ -282,23 +372,33 @@ impl Exec {
         let n = plan.pending.len();
         let tmp = pool.take(job.schedule.tmp_len[job.rank] * elem);
         let out = if need_out == 0 { Region::empty() } else { out };
+        let mut l = pool.lists.pop().unwrap_or_default();
+        l.state.clear();
+        l.state.resize(n, St::Waiting);
+        l.pending.clear();
+        l.pending.extend_from_slice(&plan.pending);
+        l.ready.clear();
+        l.ready.extend(plan.ready.iter().copied());
+        l.staging.clear();
+        l.staging.resize_with(n, || None);
+        l.batch.clear();
         Ok(Exec {
             elem,
             inp,
             out,
             tmp,
             backup,
-            state: vec![St::Waiting; n],
-            pending: plan.pending.clone(),
-            ready: plan.ready.iter().copied().collect(),
+            state: l.state,
+            pending: l.pending,
+            ready: l.ready,
             plan,
-            staging: (0..n).map(|_| None).collect(),
+            staging: l.staging,
             staged: 0,
             done: 0,
             moved: false,
             polls: 0,
-            last: Instant::now(),
-            batch: Vec::new(),
+            last: None,
+            batch: l.batch,
             id: id as u64,
             posted_recvs: 0,
             finished: false,
@@ -426,19 +526,7 @@ impl Exec {
     ) -> Result<bool> {
         let op = self.job.schedule.ranks[self.job.rank][i].op.clone();
         match op {
-            Op::Nop => self.complete(i),
-            Op::Copy { src, dst } => {
-                let (s, d) = (self.region(&src), self.region(&dst));
-                // In place without a backup, the own chunk's copy is onto itself.
-                if s.addr() != d.addr() {
-                    s.with(|a| d.with_mut(|b| reduce::copy(b, a)));
-                }
-                self.complete(i);
-            }
-            Op::Reduce { a, b, dst } => {
-                self.reduce_into(self.region(&a), self.region(&b), self.region(&dst))?;
-                self.complete(i);
-            }
+            Op::Nop | Op::Copy { .. } | Op::Reduce { .. } => self.run_local(i)?,
             Op::Send { peer, src } => {
                 let tag = self.tag(self.job.rank, i);
                 match t.send(peers[peer], tag, self.region(&src), None, self.op_id(i))? {
@@ -487,6 +575,146 @@ impl Exec {
             }
         }
         Ok(true)
+    }
+
+    /// Run the whole collective now, in the calling thread, over the transport's direct
+    /// channel (`Transport::send_now` / `take_now`): nothing is posted, no completion comes.
+    /// Only for an `Exec` nothing has advanced yet, whose plan's messages all fit the direct
+    /// channels to their peers (`Plan::max_message`, `Transport::direct_bytes`). Each round
+    /// runs the ready steps (a send whose channel is full stays ready) and takes every waiting
+    /// receive whose message is in; between rounds that found nothing it pauses as `idle` says. The collective's deadline applies, and
+    /// `aborted` is read every idle round. On an error nothing is left in flight: `fail`
+    /// restores an in-place input.
+    pub fn run_direct(
+        &mut self,
+        t: &dyn Transport,
+        peers: &[Peer],
+        idle: &mut Idle,
+        aborted: &AtomicBool,
+    ) -> Result<()> {
+        let mut waiting = std::mem::take(&mut self.batch);
+        waiting.clear();
+        let r = self.direct_rounds(t, peers, &mut waiting, idle, aborted);
+        waiting.clear();
+        self.batch = waiting;
+        r
+    }
+
+    fn direct_rounds(
+        &mut self,
+        t: &dyn Transport,
+        peers: &[Peer],
+        waiting: &mut Vec<usize>,
+        idle: &mut Idle,
+        aborted: &AtomicBool,
+    ) -> Result<()> {
+        let rank = self.job.rank;
+        loop {
+            let mut moved = false;
+            // Ready steps: receives wait in `waiting`, sends go, local work runs. A send that
+            // found the channel full stays ready for the next round.
+            for _ in 0..self.ready.len() {
+                let i = self.ready.pop_front().expect("counted");
+                match self.job.schedule.ranks[rank][i].op {
+                    Op::Recv { .. } | Op::RecvReduce { .. } => waiting.push(i),
+                    Op::Send { peer, src } => {
+                        let tag = self.tag(rank, i);
+                        let sent = self
+                            .region(&src)
+                            .with(|d| t.send_now(peers[peer], tag, d))?;
+                        if sent {
+                            self.complete(i);
+                            moved = true;
+                        } else {
+                            self.ready.push_back(i);
+                        }
+                    }
+                    _ => {
+                        self.run_local(i)?;
+                        moved = true;
+                    }
+                }
+            }
+            let mut k = 0;
+            while k < waiting.len() {
+                let i = waiting[k];
+                if self.take_direct(t, peers, i)? {
+                    waiting.swap_remove(k);
+                    self.complete(i);
+                    moved = true;
+                } else {
+                    k += 1;
+                }
+            }
+            self.check_finished();
+            if self.finished {
+                return Ok(());
+            }
+            if moved {
+                idle.moved();
+            } else {
+                if aborted.load(Ordering::Relaxed) {
+                    return Err(Error::InvalidUsage("communicator aborted".into()));
+                }
+                self.check_deadline()?;
+                idle.pause();
+            }
+        }
+    }
+
+    /// Receive step `i` over the direct channel if its message is in: true when done.
+    fn take_direct(&self, t: &dyn Transport, peers: &[Peer], i: usize) -> Result<bool> {
+        let (peer, src, dst) = match self.job.schedule.ranks[self.job.rank][i].op {
+            Op::Recv { peer, dst } => (peer, None, dst),
+            Op::RecvReduce { peer, src, dst } => (peer, Some(src), dst),
+            _ => {
+                return Err(Error::Internal(
+                    "take_direct of a step that receives nothing".into(),
+                ))
+            }
+        };
+        let d = self.region(&dst);
+        let s = src.map(|s| self.region(&s));
+        let (dt, op) = (self.job.dtype, self.job.op);
+        t.take_now(peers[peer], self.tag(peer, i), &mut |m: &[u8]| {
+            if m.len() != d.len() {
+                return Err(Error::Remote(format!(
+                    "received {} bytes where {} were expected: do all ranks call the same collective with the same count and type?",
+                    m.len(),
+                    d.len()
+                )));
+            }
+            let r = match s {
+                None => {
+                    d.with_mut(|x| x.copy_from_slice(m));
+                    Ok(())
+                }
+                // The operand order of `reduce_into(src, message, dst)` on the general path.
+                Some(s) if s == d => d.with_mut(|x| reduce::reduce_inplace(dt, op, x, m)),
+                Some(s) => s.with(|a| d.with_mut(|x| reduce::reduce(dt, op, a, m, x))),
+            };
+            r.map_err(|e| Error::Internal(format!("reduction: {e}")))
+        })
+    }
+
+    /// Run local step `i` (a copy, a reduction or a join) and complete it.
+    fn run_local(&mut self, i: usize) -> Result<()> {
+        match self.job.schedule.ranks[self.job.rank][i].op {
+            Op::Copy { src, dst } => {
+                let (s, d) = (self.region(&src), self.region(&dst));
+                // In place without a backup, the own chunk's copy is onto itself.
+                if s.addr() != d.addr() {
+                    s.with(|a| d.with_mut(|b| reduce::copy(b, a)));
+                }
+            }
+            Op::Reduce { a, b, dst } => {
+                self.reduce_into(self.region(&a), self.region(&b), self.region(&dst))?;
+            }
+            Op::Nop => {}
+            _ => return Err(Error::Internal(format!("step {i} is not local work"))),
+        }
+        self.complete(i);
+        Ok(())
     }
 
     /// Handle a transport completion of one of our operations.
@@ -578,11 +806,12 @@ impl Exec {
         }
         self.polls = 0;
         let now = Instant::now();
+        let last = *self.last.get_or_insert(now);
         if std::mem::take(&mut self.moved) {
-            self.last = now;
+            self.last = Some(now);
             return Ok(());
         }
-        if now.duration_since(self.last) > self.job.timeout {
+        if now.duration_since(last) > self.job.timeout {
             return Err(Error::Timeout(format!(
                 "{:?} made no progress for {} ms (FABRICOLL_TIMEOUT_MS): {} of {} steps done; is every rank alive and calling it?",
                 self.job.tags,
@@ -664,6 +893,16 @@ impl Exec {
         pool.put(std::mem::replace(&mut self.tmp, Scratch::new(0)));
         if let Some(b) = self.backup.take() {
             pool.put(b);
+        }
+        // A finished collective has nothing staged.
+        if pool.lists.len() < LISTS_KEPT && self.staging.iter().all(Option::is_none) {
+            pool.lists.push(Lists {
+                state: std::mem::take(&mut self.state),
+                pending: std::mem::take(&mut self.pending),
+                ready: std::mem::take(&mut self.ready),
+                staging: std::mem::take(&mut self.staging),
+                batch: std::mem::take(&mut self.batch),
+            });
         }
     }
 

@@ -1,0 +1,260 @@
+//! Blocking collectives over the direct channel (the shm fastbox, `Comm::run` →
+//! `Exec::run_direct`): ranks as threads, each with its own shm endpoint. The results match an
+//! independent reference whichever path each rank takes (the paths share one wire format), and
+//! the error paths of the direct runner end within the deadline, on abort and on a mismatch,
+//! restoring an in-place input. Skipped where shm has no fastbox (libfabric 1.19 and later
+//! match tags in the provider).
+use nccl_net_fabricoll::algo::Collective;
+use nccl_net_fabricoll::coll::{self, Call, Comm, Kind};
+use nccl_net_fabricoll::config::Config;
+use nccl_net_fabricoll::reduce::{DataType, RedOp};
+use nccl_net_fabricoll::transport::{Region, Transport};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn cfg(timeout_ms: u32) -> Config {
+    let kv = [
+        ("FABRICOLL_PROVIDER", "shm".to_string()),
+        ("FABRICOLL_ALPHA_US", "5".into()),
+        ("FABRICOLL_BETA_GBPS", "2".into()),
+        ("FABRICOLL_GAMMA_GBPS", "8".into()),
+        ("FABRICOLL_TIMEOUT_MS", timeout_ms.to_string()),
+    ];
+    Config::from_lookup(|n| kv.iter().find(|(k, _)| *k == n).map(|(_, v)| v.clone())).unwrap()
+}
+
+/// `n` communicators over shm endpoints of this process, or None (skip) where shm or its
+/// fastbox is missing.
+fn comms(n: usize, c: &Config) -> Option<Vec<Arc<Comm>>> {
+    let eps: Vec<Arc<dyn Transport>> = match (0..n).map(|_| coll::open_endpoint(c)).collect() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("skipping: no shm endpoint ({e})");
+            return None;
+        }
+    };
+    let addrs: Vec<Vec<u8>> = eps.iter().map(|e| e.address()).collect();
+    let comms: Vec<Arc<Comm>> = eps
+        .into_iter()
+        .enumerate()
+        .map(|(r, e)| Arc::new(Comm::new(r, e, &addrs, c).unwrap()))
+        .collect();
+    let peer = comms[0].transport().insert_peer(&addrs[n - 1]).unwrap();
+    if comms[0].transport().direct_bytes(peer) == 0 {
+        eprintln!("skipping: this libfabric's shm needs no fastbox");
+        return None;
+    }
+    Some(comms)
+}
+
+fn region(v: &mut [f32]) -> Region {
+    // SAFETY: each buffer outlives the blocking call that uses it.
+    unsafe { Region::from_raw(v.as_mut_ptr() as *mut u8, v.len() * 4) }
+}
+
+fn value(r: usize, i: usize) -> f32 {
+    ((r * 7 + i * 3) % 5 + 1) as f32
+}
+
+fn call(coll: Collective, send: Region, recv: Region, count: usize) -> Call {
+    Call {
+        kind: Kind::Coll(coll),
+        send,
+        recv,
+        count,
+        dtype: DataType::Float32,
+        op: RedOp::Sum,
+        root: 0,
+        algo: None,
+    }
+}
+
+/// Input and expected output lengths and values of rank `r` (NCCL's layouts, root 0).
+fn case(coll: Collective, n: usize, count: usize, r: usize) -> (Vec<f32>, Vec<f32>) {
+    let sum = |i: usize| (0..n).map(|q| value(q, i)).sum::<f32>();
+    match coll {
+        Collective::AllReduce => (
+            (0..count).map(|i| value(r, i)).collect(),
+            (0..count).map(sum).collect(),
+        ),
+        Collective::AllGather => (
+            (0..count).map(|i| value(r, i)).collect(),
+            (0..n * count)
+                .map(|j| value(j / count, j % count))
+                .collect(),
+        ),
+        Collective::ReduceScatter => (
+            (0..n * count).map(|j| value(r, j)).collect(),
+            (0..count).map(|i| sum(r * count + i)).collect(),
+        ),
+        Collective::Broadcast => (
+            (0..count).map(|i| value(r, i)).collect(),
+            (0..count).map(|i| value(0, i)).collect(),
+        ),
+        Collective::Reduce => (
+            (0..count).map(|i| value(r, i)).collect(),
+            if r == 0 {
+                (0..count).map(sum).collect()
+            } else {
+                vec![0.0; count]
+            },
+        ),
+        Collective::AllToAll => (
+            (0..n * count).map(|j| value(r, j)).collect(),
+            (0..n * count)
+                .map(|j| value(j / count, r * count + j % count))
+                .collect(),
+        ),
+    }
+}
+
+#[test]
+fn small_blocking_collectives_run_direct_and_agree_with_ranks_on_the_general_path() {
+    let c = cfg(20000);
+    for n in [2usize, 3] {
+        let Some(cs) = comms(n, &c) else { return };
+        for coll in Collective::ALL {
+            for count in [1usize, 5, 64] {
+                // Round 0: every rank blocking (direct). Round 1: rank 0 blocking, the others
+                // non-blocking (start + wait: the general path).
+                for round in 0..2 {
+                    let before: Vec<u64> = cs.iter().map(|x| x.direct_runs()).collect();
+                    std::thread::scope(|s| {
+                        for (r, comm) in cs.iter().enumerate() {
+                            s.spawn(move || {
+                                let (mut inp, want) = case(coll, n, count, r);
+                                let mut out = vec![0f32; want.len()];
+                                let k = call(coll, region(&mut inp), region(&mut out), count);
+                                if round == 1 && r > 0 {
+                                    let req = comm.start(&k).unwrap();
+                                    comm.wait(req).unwrap();
+                                } else {
+                                    comm.run(&k).unwrap();
+                                }
+                                if coll != Collective::Reduce || r == 0 {
+                                    assert_eq!(
+                                        out, want,
+                                        "{coll:?} n {n} count {count} rank {r} round {round}"
+                                    );
+                                }
+                            });
+                        }
+                    });
+                    for (r, comm) in cs.iter().enumerate() {
+                        let direct = comm.direct_runs() - before[r];
+                        let want = u64::from(round == 0 || r == 0);
+                        assert_eq!(
+                            direct, want,
+                            "{coll:?} n {n} count {count} rank {r} round {round}"
+                        );
+                    }
+                }
+            }
+        }
+        // In place, and a message too large for the channel (the general path, every rank).
+        let count = 4096;
+        let before = cs[0].direct_runs();
+        std::thread::scope(|s| {
+            for (r, comm) in cs.iter().enumerate() {
+                s.spawn(move || {
+                    let (mut data, want) = case(Collective::AllReduce, n, count, r);
+                    let x = region(&mut data);
+                    comm.run(&call(Collective::AllReduce, x, x, count)).unwrap();
+                    assert_eq!(data, want);
+                    let (mut data, want) = case(Collective::AllReduce, n, 3, r);
+                    let x = region(&mut data);
+                    comm.run(&call(Collective::AllReduce, x, x, 3)).unwrap();
+                    assert_eq!(data, want);
+                });
+            }
+        });
+        assert_eq!(
+            cs[0].direct_runs() - before,
+            1,
+            "only the 12-byte AllReduce runs direct"
+        );
+    }
+}
+
+#[test]
+fn a_direct_collective_ends_at_its_deadline_and_on_abort_with_its_input_restored() {
+    let Some(cs) = comms(2, &cfg(300)) else {
+        return;
+    };
+    // Rank 1 never calls: rank 0's in-place AllReduce times out, its input intact.
+    let mut data: Vec<f32> = (0..16).map(|i| value(0, i)).collect();
+    let orig = data.clone();
+    let x = region(&mut data);
+    let t = Instant::now();
+    let e = cs[0]
+        .run(&call(Collective::AllReduce, x, x, 16))
+        .unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(e.to_string().contains("FABRICOLL_TIMEOUT_MS"), "{e}");
+    assert_eq!(data, orig);
+    assert_eq!(cs[0].direct_runs(), 1);
+
+    // Abort from another thread ends a direct collective long before its deadline.
+    let Some(cs) = comms(2, &cfg(20000)) else {
+        return;
+    };
+    let comm = cs[0].clone();
+    let waiter = std::thread::spawn(move || {
+        let mut data: Vec<f32> = (0..16).map(|i| value(0, i)).collect();
+        let orig = data.clone();
+        let x = region(&mut data);
+        let t = Instant::now();
+        let e = comm
+            .run(&call(Collective::AllReduce, x, x, 16))
+            .unwrap_err();
+        (e.to_string(), t.elapsed(), data == orig)
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    cs[0].abort();
+    let (e, took, restored) = waiter.join().unwrap();
+    assert!(e.contains("aborted"), "{e}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!(restored);
+}
+
+#[test]
+fn ranks_that_disagree_on_the_count_get_errors_not_hangs() {
+    let Some(cs) = comms(2, &cfg(1000)) else {
+        return;
+    };
+    let t = Instant::now();
+    let results: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = cs
+            .iter()
+            .enumerate()
+            .map(|(r, comm)| {
+                s.spawn(move || {
+                    let count = 4 + 2 * r;
+                    let mut inp: Vec<f32> = (0..count).map(|i| value(r, i)).collect();
+                    let mut out = vec![0f32; count];
+                    let k = call(
+                        Collective::AllReduce,
+                        region(&mut inp),
+                        region(&mut out),
+                        count,
+                    );
+                    comm.run(&k)
+                        .map(|_| String::new())
+                        .unwrap_or_else(|e| e.to_string())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    for e in &results {
+        assert!(
+            e.contains("same count") || e.contains("FABRICOLL_TIMEOUT_MS"),
+            "every rank fails with a clear error: {results:?}"
+        );
+    }
+    assert!(
+        results.iter().any(|e| e.contains("same count")),
+        "{results:?}"
+    );
+}
