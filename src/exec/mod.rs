@@ -272,8 +272,8 @@ impl Idle {
         self.since = None;
     }
 
-    /// Whether the idle period has lasted `window` (the clock is read at most every
-    /// `CLOCK_EVERY` calls while spinning, at every call otherwise).
+    /// Whether the idle period has lasted `window` (reads the clock; `pause` asks only every
+    /// `CLOCK_EVERY` rounds).
     pub fn expired(&mut self) -> bool {
         let now = Instant::now();
         let since = *self.since.get_or_insert(now);
@@ -326,6 +326,13 @@ pub struct Exec {
     id: u64,
     posted_recvs: usize,
     finished: bool,
+}
+
+/// A message of `got` bytes where the schedule expects `want`.
+fn wrong_size(got: usize, want: usize) -> Error {
+    Error::Remote(format!(
+        "received {got} bytes where {want} were expected: do all ranks call the same collective with the same count and type?"
+    ))
 }
 
 fn bytes(elem: usize, s: &Span) -> (usize, usize) {
@@ -582,8 +589,8 @@ impl Exec {
     /// Only for an `Exec` nothing has advanced yet, whose plan's messages all fit the direct
     /// channels to their peers (`Plan::max_message`, `Transport::direct_bytes`). Each round
     /// runs the ready steps (a send whose channel is full stays ready) and takes every waiting
-    /// receive whose message is in; between rounds that found nothing it pauses as `idle` says. The collective's deadline applies, and
-    /// `aborted` is read every idle round. On an error nothing is left in flight: `fail`
+    /// receive whose message is in; between rounds that found nothing it pauses as `idle`
+    /// says. The collective's deadline applies, and `aborted` is read every idle round. On an error nothing is left in flight: `fail`
     /// restores an in-place input.
     pub fn run_direct(
         &mut self,
@@ -678,11 +685,7 @@ impl Exec {
         let (dt, op) = (self.job.dtype, self.job.op);
         t.take_now(peers[peer], self.tag(peer, i), &mut |m: &[u8]| {
             if m.len() != d.len() {
-                return Err(Error::Remote(format!(
-                    "received {} bytes where {} were expected: do all ranks call the same collective with the same count and type?",
-                    m.len(),
-                    d.len()
-                )));
+                return Err(wrong_size(m.len(), d.len()));
             }
             let r = match s {
                 None => {
@@ -746,11 +749,7 @@ impl Exec {
             Op::Recv { dst, .. } => {
                 self.posted_recvs -= 1;
                 if c.len != dst.len * self.elem {
-                    return Err(Error::Remote(format!(
-                        "received {} bytes where {} were expected: do all ranks call the same collective with the same count and type?",
-                        c.len,
-                        dst.len * self.elem
-                    )));
+                    return Err(wrong_size(c.len, dst.len * self.elem));
                 }
             }
             Op::RecvReduce { src, dst, .. } => {
@@ -759,10 +758,7 @@ impl Exec {
                 self.staged -= need;
                 if c.len != need {
                     pool.put(buf);
-                    return Err(Error::Remote(format!(
-                        "received {} bytes where {need} were expected: do all ranks call the same collective with the same count and type?",
-                        c.len
-                    )));
+                    return Err(wrong_size(c.len, need));
                 }
                 let msg = buf.region().sub(0, need).expect("staged length");
                 let r = self.reduce_into(self.region(&src), msg, self.region(&dst));

@@ -511,6 +511,12 @@ struct Soft {
 /// Framed small-message buffers kept for reuse.
 const FREE_BUFS: usize = 64;
 
+/// The error of an operation on a shm peer whose process `pid` has exited (`how`: what it
+/// left undone, if anything).
+fn peer_exited(pid: i32, how: &str) -> Error {
+    Error::Remote(format!("the peer process {pid} has exited{how}"))
+}
+
 struct Inner {
     ep: *mut sys::fid_ep,
     cq: *mut sys::fid_cq,
@@ -820,23 +826,28 @@ impl Inner {
         });
     }
 
+    /// The pid of a watched shm peer whose process has exited (`ask_kernel`: poll its pidfd
+    /// when the watcher has not flagged it yet; see `shm::PeerWatch::dead`), else None.
+    fn gone_pid(&self, peer: Peer, ask_kernel: bool) -> Option<i32> {
+        let w = self.watch.get(&peer.0).filter(|w| w.dead(ask_kernel))?;
+        Some(w.pid())
+    }
+
     fn post_send(&mut self, caps: &Caps, peer: Peer, tag: u64, b: OpBuf) -> Result<Posted> {
-        if let Some(w) = self.watch.get(&peer.0) {
-            if w.dead(b.len > shm::FLAG_ONLY_BYTES) {
-                let e = Error::Remote(format!("the peer process {} has exited", w.pid()));
-                if b.owned.is_some() {
-                    // A control message: its operation fails, the endpoint goes on.
-                    self.ready.push(Completion {
-                        op: b.op,
-                        len: 0,
-                        tag,
-                        status: Err(e),
-                        data: None,
-                    });
-                    return Ok(Posted::Queued);
-                }
-                return Err(e);
+        if let Some(pid) = self.gone_pid(peer, b.len > shm::FLAG_ONLY_BYTES) {
+            let e = peer_exited(pid, "");
+            if b.owned.is_some() {
+                // A control message: its operation fails, the endpoint goes on.
+                self.ready.push(Completion {
+                    op: b.op,
+                    len: 0,
+                    tag,
+                    status: Err(e),
+                    data: None,
+                });
+                return Ok(Posted::Queued);
             }
+            return Err(e);
         }
         let OpBuf {
             addr,
@@ -1082,23 +1093,18 @@ impl Inner {
 
     /// `Transport::send_now`.
     fn send_now(&mut self, peer: Peer, tag: u64, data: &[u8]) -> Result<bool> {
-        if data.len() > self.direct_bytes(peer) {
+        let max = self.direct_bytes(peer);
+        if data.len() > max {
             return Err(Error::arg(
                 "data",
                 format!(
-                    "{} bytes is more than the direct channel to this peer carries ({})",
-                    data.len(),
-                    self.direct_bytes(peer)
+                    "{} bytes is more than the direct channel to this peer carries ({max})",
+                    data.len()
                 ),
             ));
         }
-        if let Some(w) = self.watch.get(&peer.0) {
-            if w.dead(false) {
-                return Err(Error::Remote(format!(
-                    "the peer process {} has exited",
-                    w.pid()
-                )));
-            }
+        if let Some(pid) = self.gone_pid(peer, false) {
+            return Err(peer_exited(pid, ""));
         }
         let ob = self
             .outbox
@@ -1126,11 +1132,7 @@ impl Inner {
         f: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<bool> {
         const CQ_EVERY: u32 = 256;
-        let gone = self
-            .watch
-            .get(&peer.0)
-            .filter(|w| w.dead(false))
-            .map(|w| w.pid());
+        let gone = self.gone_pid(peer, false);
         if self.take_unexpected(tag, f)? {
             return Ok(true);
         }
@@ -1157,9 +1159,7 @@ impl Inner {
             }
         }
         match gone {
-            Some(pid) => Err(Error::Remote(format!(
-                "the peer process {pid} exited without sending the message"
-            ))),
+            Some(pid) => Err(peer_exited(pid, " without sending the message")),
             None => Ok(false),
         }
     }
@@ -1924,5 +1924,34 @@ mod tests {
         }
         assert!(b.send_now(to_a, sent, &payload).expect("send_now"));
         assert_eq!(take(&a, to_b, sent), payload);
+    }
+
+    #[test]
+    fn the_direct_channel_reports_a_peer_whose_process_exited() {
+        let Some((a, b)) = shm_pair() else { return };
+        let to_a = b.insert_peer(&a.address()).expect("insert");
+        let to_b = a.insert_peer(&b.address()).expect("insert");
+        assert!(b.send_now(to_a, 1, b"last words").expect("send_now"));
+        // Both endpoints live in this process: a spawned process stands in for b's.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let name = format!("{}{}-0-1", shm::PREFIX, child.id());
+        let w = shm::PeerWatch::of_address(name.as_bytes()).expect("our name format");
+        a.inner.lock().watch.insert(to_b.0, w);
+        child.kill().expect("kill");
+        child.wait().expect("reap");
+        let start = Instant::now();
+        while a.inner.lock().gone_pid(to_b, false).is_none() {
+            assert!(start.elapsed() < Duration::from_secs(5), "never flagged");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // What it sent before it went is still taken; then neither side waits for it.
+        assert_eq!(take(&a, to_b, 1), b"last words");
+        let e = a.take_now(to_b, 2, &mut |_| Ok(())).unwrap_err();
+        assert!(e.to_string().contains("exited without sending"), "{e}");
+        let e = a.send_now(to_b, 3, b"x").unwrap_err();
+        assert!(e.to_string().contains("has exited"), "{e}");
     }
 }
