@@ -17,7 +17,7 @@ pub struct Var {
 pub const VARS: &[Var] = &[
     Var {
         name: "FABRICOLL_PROVIDER",
-        accepted: "a libfabric provider name: efa, tcp, shm, ...",
+        accepted: "a libfabric provider name: efa, tcp, net, shm, ...",
         default: "FI_PROVIDER if set, else the first found of efa, tcp (ofi_rxm), shm",
         meaning: "libfabric provider the transport uses",
     },

@@ -134,7 +134,8 @@ const SHM_SLICE_BYTES: usize = 4 << 20;
 /// Where the provider's eager protocol ends (`tune::Model::eager_bytes`): ofi_rxm, the RDM
 /// layer over tcp, sends messages up to its eager limit eagerly and larger ones by rendezvous.
 /// Other providers are not modelled (shm's large messages need no handshake before the
-/// receiver can copy; efa's protocols were not measured here).
+/// receiver can copy; net, libfabric 1.17's native TCP RDM endpoint, writes every message
+/// straight onto the connection's stream; efa's protocols were not measured here).
 fn eager_bytes(caps: &Caps) -> usize {
     if caps.provider.contains("ofi_rxm") {
         rxm_eager_limit(|name| std::env::var(name).ok())

@@ -86,17 +86,18 @@ impl BufPool {
     }
 }
 
-/// Wire tags of collective messages: `kind:1 | sequence:23 | source rank:20 | message:20`.
+/// Wire tags of collective messages: `kind:1 (1) | sequence:22 | source rank:20 | message:20`,
+/// 63 bits in all (`transport::TAG_BITS`: libfabric's net provider keeps bit 63 for itself).
 pub fn coll_tag(seq: u32, src: usize, k: usize) -> u64 {
-    (1u64 << 63)
-        | ((seq as u64 & 0x7f_ffff) << 40)
+    (1u64 << 62)
+        | ((seq as u64 & 0x3f_ffff) << 40)
         | ((src as u64 & 0xf_ffff) << 20)
         | (k as u64 & 0xf_ffff)
 }
 
-/// Wire tags of point-to-point messages: `kind:1 (0) | source rank:20 | sequence per pair:43`.
+/// Wire tags of point-to-point messages: `kind:1 (0) | source rank:20 | sequence per pair:42`.
 pub fn p2p_tag(src: usize, seq: u64) -> u64 {
-    ((src as u64 & 0xf_ffff) << 43) | (seq & ((1 << 43) - 1))
+    ((src as u64 & 0xf_ffff) << 42) | (seq & ((1 << 42) - 1))
 }
 
 /// Largest rank count the tags carry.
@@ -910,9 +911,34 @@ impl Exec {
 
 #[cfg(test)]
 mod tests {
-    use super::{BufPool, Plan, POOL_LIMIT};
+    use super::{coll_tag, p2p_tag, BufPool, Plan, MAX_RANKS, POOL_LIMIT};
     use crate::algo::{self, Algorithm, Collective, Options, Problem};
     use crate::transport::Scratch;
+
+    #[test]
+    fn wire_tags_fit_63_bits_and_keep_collectives_apart_from_point_to_point() {
+        let limit = 1u64 << crate::transport::TAG_BITS;
+        let max_rank = MAX_RANKS - 1;
+        for seq in [0, 1, 0x3f_ffff, u32::MAX] {
+            for (src, k) in [(0, 0), (max_rank, 0xf_ffff), (5, 7)] {
+                let t = coll_tag(seq, src, k);
+                assert!(t < limit, "{t:#x}");
+                assert_eq!(t >> 62, 1, "collective kind bit");
+                assert_eq!((t >> 20) & 0xf_ffff, src as u64);
+                assert_eq!(t & 0xf_ffff, k as u64);
+            }
+        }
+        for src in [0, 3, max_rank] {
+            for seq in [0, 1, (1 << 42) - 1, u64::MAX] {
+                let t = p2p_tag(src, seq);
+                assert!(t < limit, "{t:#x}");
+                assert_eq!(t >> 62, 0, "point-to-point kind bit");
+                assert_eq!(t >> 42, src as u64);
+            }
+        }
+        assert_ne!(coll_tag(1, 2, 3), coll_tag(2, 2, 3));
+        assert_ne!(p2p_tag(1, 9), p2p_tag(2, 9));
+    }
 
     #[test]
     fn in_place_calls_back_up_only_inputs_that_steps_overwrite() {

@@ -25,7 +25,7 @@ pub const RECV_CAPACITY: usize = 64;
 const KIND_DATA: u64 = 0;
 const KIND_CONNECT: u64 = 1;
 const KIND_ACK: u64 = 2;
-const ID_BITS: u32 = 22;
+const ID_BITS: u32 = 21;
 /// Ignore mask for everything below the comm id (user tag and sequence).
 const LOW_BITS: u64 = (1 << 40) - 1;
 
@@ -41,8 +41,9 @@ const REQ_MAGIC: &[u8; 4] = b"FBCQ";
 const ACK_MAGIC: &[u8; 4] = b"FBCA";
 const CTRL_LEN: usize = 256;
 
+/// `kind:2 | comm id:21 | NCCL tag:24 | sequence:16`: 63 bits (`transport::TAG_BITS`).
 fn wire_tag(kind: u64, id: u32, tag: u32, seq: u16) -> u64 {
-    (kind << 62)
+    (kind << 61)
         | ((id as u64 & ((1 << ID_BITS) - 1)) << 40)
         | ((tag as u64 & 0xff_ffff) << 16)
         | seq as u64
@@ -934,7 +935,12 @@ mod tests {
     #[test]
     fn wire_tags_keep_fields_apart() {
         let t = wire_tag(KIND_DATA, (1 << ID_BITS) - 1, MAX_TAG as u32, 0xffff);
-        assert_eq!(t >> 62, KIND_DATA);
+        assert_eq!(t >> 61, KIND_DATA);
+        for kind in [KIND_DATA, KIND_CONNECT, KIND_ACK] {
+            let t = wire_tag(kind, (1 << ID_BITS) - 1, MAX_TAG as u32, 0xffff);
+            assert_eq!(t >> 61, kind);
+            assert!(t < 1 << crate::transport::TAG_BITS, "{t:#x}");
+        }
         assert_eq!((t >> 40) & ((1 << ID_BITS) - 1), (1 << ID_BITS) - 1);
         assert_eq!(t & 0xffff, 0xffff);
         assert_ne!(wire_tag(KIND_CONNECT, 1, 0, 0), wire_tag(KIND_ACK, 1, 0, 0));
