@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # plugin-tests/run.sh: build the C harness and run every scenario against the fabricoll plugin,
-# over FABRICOLL_PROVIDER=tcp (loopback only: FABRICOLL_DOMAIN=lo) and shm, each with the normal
+# over FABRICOLL_PROVIDER=tcp and net (loopback only: FABRICOLL_DOMAIN=lo) and shm, each with the normal
 # and the AddressSanitizer build; then the CollNet harness (collnet_harness) the same way; then
 # the C API examples (capi_example, its ASan build, and the
 # C++ capi_example_cpp), which link the library and fork CAPI_RANKS ranks, over the same
@@ -8,7 +8,7 @@
 # and exits non-zero on any failure.
 #
 #   FABRICOLL_LIB   the plugin (default: <repo>/target/release/libnccl-net-fabricoll.so)
-#   PROVIDERS       providers to run (default: "tcp shm")
+#   PROVIDERS       providers to run (default: "tcp shm net", net where fi_info finds it)
 #   BUILDS          builds to run: "normal asan" (default)
 #   HARNESS_ARGS    extra net_harness arguments, e.g. "--scenario xfer,group" or "--cycles 200"
 #   RUN_TIMEOUT     seconds allowed per harness run (default 1800); the harness also has its own
@@ -34,7 +34,11 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 LIB=${FABRICOLL_LIB:-$ROOT/target/release/libnccl-net-fabricoll.so}
 case "$LIB" in /*) ;; *) LIB="$PWD/$LIB" ;; esac
-PROVIDERS=${PROVIDERS:-"tcp shm"}
+if [ -z "${PROVIDERS:-}" ]; then
+  PROVIDERS="tcp shm"
+  # net: libfabric 1.17's native TCP RDM endpoint (1.18 renamed it tcp), where it exists
+  if fi_info -p net -t FI_EP_RDM >/dev/null 2>&1; then PROVIDERS+=" net"; fi
+fi
 BUILDS=${BUILDS:-"normal asan"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-1800}
 CAPI=${CAPI:-1}
@@ -42,6 +46,10 @@ COLLNET=${COLLNET:-1}
 CAPI_RANKS=${CAPI_RANKS:-4}
 CAPI_TIMEOUT=${CAPI_TIMEOUT:-180}
 NCCL_TORCH=${NCCL_TORCH:-1}
+
+# is_ip PROVIDER: an IP provider (tcp: tcp;ofi_rxm, net: libfabric 1.17's native TCP RDM), run on
+# the loopback interface only.
+is_ip() { [ "$1" = tcp ] || [ "$1" = net ]; }
 
 # The library's directory, for the C API examples (they link it, with an rpath).
 export FABRICOLL_LIBDIR
@@ -76,7 +84,7 @@ for build in $BUILDS; do
     log="$LOGDIR/$prov-$build.log"
     echo "== provider $prov, $build build ($exe) =="
     envs=(FABRICOLL_PROVIDER="$prov")
-    if [ "$prov" = tcp ]; then
+    if is_ip "$prov"; then
       envs+=(FABRICOLL_DOMAIN=lo) # loopback only: never send traffic off the host
     fi
     if [ "$build" = asan ]; then
@@ -93,7 +101,7 @@ for build in $BUILDS; do
     if [ "$prov" = shm ] && [ "${SHM_KILL:-0}" != 1 ]; then
       # libfabric 1.17's shm: a rank SIGKILLed while holding a lock in its shared region leaves
       # the survivor spinning inside the provider (fi_cq_read), out of reach of any deadline
-      # (README, known limitations). The kill scenario runs over tcp; SHM_KILL=1 runs it here.
+      # (README, known limitations). The kill scenario runs over tcp and net; SHM_KILL=1 runs it here.
       scen=symbols,connect2,connect1,xfer,group,inflight32,pairs16,ring4,badinput,cycles,versions,reload
       echo "SKIP kill on shm: libfabric 1.17 shm cannot survive a peer killed holding its lock (SHM_KILL=1 runs it)"
     fi
@@ -132,7 +140,7 @@ if [ "$COLLNET" = 1 ]; then
       log="$LOGDIR/collnet-$prov-$build.log"
       echo "== CollNet harness, provider $prov, $build build ($exe) =="
       envs=(FABRICOLL_PROVIDER="$prov")
-      [ "$prov" = tcp ] && envs+=(FABRICOLL_DOMAIN=lo)
+      is_ip "$prov" && envs+=(FABRICOLL_DOMAIN=lo)
       cn_ranks=()
       if [ "$build" = asan ]; then
         envs+=(ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:print_summary=1:quarantine_size_mb=4")
@@ -182,7 +190,7 @@ if [ "$CAPI" = 1 ]; then
         log="$LOGDIR/capi-$prog-$prov.log"
         echo "== C API example $prog, provider $prov, $CAPI_RANKS ranks =="
         envs=(FABRICOLL_PROVIDER="$prov")
-        [ "$prov" = tcp ] && envs+=(FABRICOLL_DOMAIN=lo)
+        is_ip "$prov" && envs+=(FABRICOLL_DOMAIN=lo)
         [ "$build" = asan ] && envs+=(ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:print_summary=1:quarantine_size_mb=4")
         # FABRICOLL_TIMEOUT_MS: a lost rank turns into an error well before the parent's deadline
         out=$(timeout --kill-after=15 "$RUN_TIMEOUT" env -u FABRICOLL_DOMAIN FABRICOLL_TIMEOUT_MS=60000 \

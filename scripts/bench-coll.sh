@@ -10,9 +10,11 @@
 #         MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block, float sum, out of place)
 # with the same transport class:
 #   shm   ours FABRICOLL_PROVIDER=shm          | Open MPI --mca pml ob1 --mca btl self,vader
-#   tcp   ours FABRICOLL_PROVIDER=tcp, FABRICOLL_DOMAIN=lo
+#   tcp   ours FABRICOLL_PROVIDER=tcp, FABRICOLL_DOMAIN=lo (tcp;ofi_rxm)
 #                                              | Open MPI --mca pml ob1 --mca btl self,tcp
 #                                                         --mca btl_tcp_if_include lo
+#   net   ours FABRICOLL_PROVIDER=net, FABRICOLL_DOMAIN=lo (libfabric 1.17's native TCP RDM
+#         endpoint, named tcp from 1.18)      | Open MPI as for tcp, run again beside it
 # (the mpirun flags of ../shared/baselines/run-mpi-baselines.sh), then prints, per collective /
 # ranks / transport, the per-size MEDIANS over the repetitions: busbw of both, ratio ours/OMPI,
 # time of both, and the median time at the smallest size both report (8 B, or 16 B for allgather
@@ -38,7 +40,7 @@
 #   REPS [5]                     repetitions (ours and OMPI alternate inside each)
 #   ALGO [auto]                  fabricoll algorithm (--algo)
 #   BENCH_COLLS [allreduce allgather reducescatter]
-#   BENCH_RANKS [2 4]            BENCH_TRANSPORTS [shm tcp]
+#   BENCH_RANKS [2 4]            BENCH_TRANSPORTS [shm tcp net]
 #   BENCH_MIN_BYTES [8], BENCH_MAX_BYTES [64M]   sizes, powers of two (K, M, G = powers of 1024)
 #   BENCH_T [0.2]                target seconds of timed iterations per size, both tools
 #                                (mpi_coll_bench's default in run-mpi-baselines.sh)
@@ -79,7 +81,7 @@ reps=${REPS:-5}
 algo=${ALGO:-auto}
 colls=${BENCH_COLLS:-allreduce allgather reducescatter}
 ranks_list=${BENCH_RANKS:-2 4}
-transports=${BENCH_TRANSPORTS:-shm tcp}
+transports=${BENCH_TRANSPORTS:-shm tcp net}
 min_b=$(to_bytes "${BENCH_MIN_BYTES:-8}")
 max_b=$(to_bytes "${BENCH_MAX_BYTES:-64M}")
 t_size=${BENCH_T:-0.2}
@@ -101,7 +103,7 @@ for c in $colls; do
   esac
 done
 for t in $transports; do
-  case "$t" in shm | tcp) ;; *) echo "bench-coll.sh: BENCH_TRANSPORTS: unknown $t (shm tcp)" >&2; exit 2 ;; esac
+  case "$t" in shm | tcp | net) ;; *) echo "bench-coll.sh: BENCH_TRANSPORTS: unknown $t (shm tcp net)" >&2; exit 2 ;; esac
 done
 
 if [ "${BENCH_BUILD:-1}" != 0 ]; then
@@ -147,7 +149,7 @@ run_ours() { # run_ours TRANSPORT RANKS COLL FILE
   local tr=$1 r=$2 c=$3 f=$4 env_p
   case "$tr" in
     shm) env_p=(FABRICOLL_PROVIDER=shm) ;;
-    tcp) env_p=(FABRICOLL_PROVIDER=tcp FABRICOLL_DOMAIN=lo) ;;
+    tcp | net) env_p=(FABRICOLL_PROVIDER="$tr" FABRICOLL_DOMAIN=lo) ;;
   esac
   env_p+=(FABRICOLL_TIMEOUT_MS="$lib_timeout_ms")
   local cmd=("$perf" --ranks "$r" --coll "$c" --algo "$algo" -b "$min_b" -e "$max_b" -f 2
@@ -161,7 +163,7 @@ run_ompi() { # run_ompi TRANSPORT RANKS COLL FILE
   local tr=$1 r=$2 c=$3 f=$4 btl
   case "$tr" in
     shm) btl=(--mca pml ob1 --mca btl self,vader) ;;
-    tcp) btl=(--mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo) ;;
+    tcp | net) btl=(--mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo) ;;
   esac
   local cmd=("${ompi[@]}" -np "$r" "${btl[@]}" "$mpi_bench" -o "$c" -b "$min_b" -e "$max_b"
     -t "$t_size" -w 5 -m 5 -n 1000 -r 1 -c 0)
@@ -220,8 +222,8 @@ summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
   local c=$1 r=$2 tr=$3
   echo
   echo "## $c, $r ranks, $tr: medians over $done_reps repetition(s); ours = fabricoll-perf --algo $algo" \
-    "($([ "$tr" = tcp ] && echo "tcp, FABRICOLL_DOMAIN=lo" || echo "shm")), OMPI = $(
-      [ "$tr" = tcp ] && echo "btl self,tcp on lo" || echo "btl self,vader")"
+    "($([ "$tr" = shm ] && echo "shm" || echo "$tr, FABRICOLL_DOMAIN=lo")), OMPI = $(
+      [ "$tr" = shm ] && echo "btl self,vader" || echo "btl self,tcp on lo")"
   grep "^$c $r $tr " "$samples" | sort -k4,4n -k5,5 -k6,6 -k7,7g | awk '
     function flush(   m) {
       if (n == 0) return

@@ -12,7 +12,7 @@
 #
 # Environment (defaults in brackets):
 #   REPS [5]                 repetitions; raw and plugin alternate inside each one
-#   BENCH_PROVIDERS [tcp shm]
+#   BENCH_PROVIDERS [tcp shm]  (net: libfabric 1.17's native TCP RDM endpoint, on request)
 #   BENCH_MIN_BYTES [8], BENCH_MAX_BYTES [64M]   sizes (suffixes K, M, G = powers of 1024)
 #   BENCH_T [0.5]            target seconds per size for each run
 #   QUIET [1]                wait for an idle machine (wait-quiet.sh) before every run;
@@ -104,8 +104,9 @@ run_raw() { # run_raw PROV REP PORT
   local prov=$1 rep=$2 port=$3 args
   case "$prov" in
     tcp) args=(-p 'tcp;ofi_rxm' -e rdm -d lo) ;;
+    net) args=(-p net -e rdm -d lo) ;;
     shm) args=(-p shm -e rdm) ;;
-    *) echo "bench-p2p.sh: unknown provider $prov (tcp|shm)" >&2; return 1 ;;
+    *) echo "bench-p2p.sh: unknown provider $prov (tcp|net|shm)" >&2; return 1 ;;
   esac
   # QUIET=0 inside: the gate runs once per run here, for raw and plugin alike
   QUIET=0 timeout --kill-after=10 "$run_timeout" "$sweep" "${args[@]}" -b "$min_b" -m "$max_b" \
@@ -115,7 +116,7 @@ run_raw() { # run_raw PROV REP PORT
 run_plugin() { # run_plugin PROV REP  (net_bench needs no port: its ranks meet in shared memory)
   local prov=$1 rep=$2 env_p
   case "$prov" in
-    tcp) env_p=(FABRICOLL_PROVIDER=tcp FABRICOLL_DOMAIN=lo) ;;
+    tcp | net) env_p=(FABRICOLL_PROVIDER="$prov" FABRICOLL_DOMAIN=lo) ;;
     shm) env_p=(FABRICOLL_PROVIDER=shm) ;;
   esac
   # net_bench -t is split between its ping-pong and streaming phases
@@ -182,7 +183,8 @@ summarize() { # summarize PROV : the table of medians
   local prov=$1
   echo
   echo "## $prov: medians over $done_reps repetition(s); raw = fi_pingpong ($(
-    [ "$prov" = tcp ] && echo "-p 'tcp;ofi_rxm' -e rdm -d lo" || echo "-p shm -e rdm")), plugin = net_bench"
+    case "$prov" in tcp) echo "-p 'tcp;ofi_rxm' -e rdm -d lo" ;; net) echo "-p net -e rdm -d lo" ;;
+      *) echo "-p shm -e rdm" ;; esac)), plugin = net_bench"
   echo "## lat = one-way latency (half a round trip); pp MB/s = 2*size*iters/elapsed (fi_pingpong's"
   echo "## definition, MB = 1e6 B, one message in flight); stream = plugin with many messages in flight."
   echo "## pp_x = plugin pp / raw pp (like for like); st_x = plugin stream / raw pp; lat_x = plugin / raw"

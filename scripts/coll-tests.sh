@@ -4,7 +4,7 @@
 # For each rank count, algorithm (ring bidir_ring mesh mesh1 rdh rd tree dbtree bruck pairwise
 # hier auto) and collective (allreduce allgather reducescatter broadcast reduce alltoall), runs
 #   fabricoll-perf --ranks R --coll C --algo A -b 4 -e 64K -f 8 -n 2 -w 1 -c 1 [variant options]
-# over libfabric tcp (FABRICOLL_DOMAIN=lo: loopback only) and shm. fabricoll-perf forks the
+# over libfabric tcp and net (FABRICOLL_DOMAIN=lo: loopback only) and shm. fabricoll-perf forks the
 # ranks, checks every element of every size against its own reference and exits non-zero on a
 # wrong element or a failed rank. Sizes 4 B .. 16-64 KiB: counts below the rank count, uneven
 # chunks (every third run uses -f 7: 4, 28, 196, ... bytes) and several slices.
@@ -19,9 +19,9 @@
 # implement": that pair is SKIP (not a failure), and is remembered (support depends on the
 # algorithm and the collective only), so it is tried once.
 #
-# Matrix (about 5 minutes on an idle 2-core machine): every pair at 4 and 3 ranks over both
-# providers; at 2, 5 and 8 ranks every pair over one provider, alternating (each pair meets both
-# providers across those rank counts). COLL_FULL=1: every rank count over both providers.
+# Matrix (about 6 minutes on an idle 2-core machine): every pair at 4 and 3 ranks over every
+# provider; at 2, 5 and 8 ranks every pair over one provider, in rotation (each pair meets every
+# provider across those rank counts). COLL_FULL=1: every rank count over every provider.
 #
 # Output: one line per run (PASS / FAIL / SKIP, with the command's variant and seconds); a FAIL
 # prints the command line to reproduce it and the tail of its output. Last line:
@@ -29,7 +29,7 @@
 # Exit status non-zero on any failure.
 #
 # Environment (defaults in brackets):
-#   COLL_PROVIDERS [tcp shm]   COLL_RANKS [4 3 2 5 8]
+#   COLL_PROVIDERS [tcp shm net] (net where fi_info finds it)   COLL_RANKS [4 3 2 5 8]
 #   COLL_ALGOS [ring bidir_ring mesh mesh1 rdh rd tree dbtree bruck pairwise hier auto]
 #   COLL_COLLS [allreduce allgather reducescatter broadcast reduce alltoall]
 #   COLL_FULL [0]              1: every rank count over every provider
@@ -47,7 +47,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 target_dir=${CARGO_TARGET_DIR:-target}
 perf=${FABRICOLL_PERF:-$target_dir/release/fabricoll-perf}
-providers=${COLL_PROVIDERS:-tcp shm}
+if [ -z "${COLL_PROVIDERS:-}" ]; then
+  COLL_PROVIDERS="tcp shm"
+  # net: libfabric 1.17's native TCP RDM endpoint (1.18 renamed it tcp), where it exists
+  if fi_info -p net -t FI_EP_RDM >/dev/null 2>&1; then COLL_PROVIDERS+=" net"; fi
+fi
+providers=$COLL_PROVIDERS
 ranks_list=${COLL_RANKS:-4 3 2 5 8}
 algos=${COLL_ALGOS:-ring bidir_ring mesh mesh1 rdh rd tree dbtree bruck pairwise hier auto}
 colls=${COLL_COLLS:-allreduce allgather reducescatter broadcast reduce alltoall}
@@ -80,16 +85,15 @@ t_start=$(date +%s)
 
 # providers for (ranks, algo index, coll index)
 providers_for() {
-  local r=$1 ai=$2 ci=$3 p1 p2
+  local r=$1 ai=$2 ci=$3 list
   if [ "$full" = 1 ] || [ "$r" = 3 ] || [ "$r" = 4 ]; then
     echo "$providers"
     return
   fi
-  read -r p1 p2 <<<"$providers"
-  [ -n "${p2:-}" ] || { echo "$p1"; return; }
-  # alternate over (algo, coll); the phase differs per rank count
-  case "$r" in 2) ph=0 ;; 5) ph=1 ;; *) ph=$((r % 2)) ;; esac
-  if [ $(((ai + ci + ph) % 2)) -eq 0 ]; then echo "$p1"; else echo "$p2"; fi
+  read -r -a list <<<"$providers"
+  # rotate over (algo, coll); the phase differs per rank count
+  case "$r" in 2) ph=0 ;; 5) ph=1 ;; *) ph=$((r % 2 + 2)) ;; esac
+  echo "${list[$(((ai + ci + ph) % ${#list[@]}))]}"
 }
 
 for r in $ranks_list; do
@@ -107,7 +111,7 @@ for r in $ranks_list; do
           continue
         fi
         envs=(FABRICOLL_PROVIDER="$prov" FABRICOLL_TIMEOUT_MS="$lib_timeout_ms")
-        [ "$prov" = tcp ] && envs+=(FABRICOLL_DOMAIN=lo)
+        case "$prov" in tcp | net) envs+=(FABRICOLL_DOMAIN=lo) ;; esac
         if [ "$algo" = hier ]; then
           if [ $((r % 2)) -ne 0 ]; then
             printf 'SKIP %-34s hier with FABRICOLL_LOCAL_RANKS=2 needs an even rank count\n' "$tag"

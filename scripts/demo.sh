@@ -2,7 +2,8 @@
 # scripts/demo.sh - install, build, and show fabricoll doing its main job: collectives.
 #
 # After fabricoll-info (devices, providers, configuration), fabricoll-perf runs the collective
-# engines between DEMO_RANKS local processes, over the libfabric shm provider and then tcp on the
+# engines between DEMO_RANKS local processes, over the libfabric shm provider, then tcp
+# (tcp;ofi_rxm) and, where libfabric has it (1.17), net (its native TCP RDM endpoint) on the
 # loopback interface, and prints nccl-tests-style tables (size, count, type, op, the algorithm
 # the cost model chose, time, algbw, busbw, #wrong: every element is checked):
 #   - allreduce, float sum, DEMO_MIN_BYTES .. DEMO_MAX_BYTES (x2 per row);
@@ -17,13 +18,13 @@
 #   DEMO_ALGO [auto]         fabricoll algorithm (auto: the cost model chooses per size)
 #   DEMO_ITERS [10], DEMO_WARMUP [2]   timed and warm-up iterations per size
 #   DEMO_TIMEOUT [180]       seconds allowed to each run
-#   DEMO_PROVIDERS [shm tcp]
+#   DEMO_PROVIDERS [shm tcp net] (net only where `fi_info -p net` finds it)
 #   DEMO_NET [1]             also the net plugin table (2 processes, 8 B .. DEMO_NET_MAX_BYTES
 #                            [4M], DEMO_T [0.2] target seconds per size)
 #   DEMO_BUILD [1]           run scripts/deps.sh and scripts/build.sh first (0: use what is built)
 #   CARGO_TARGET_DIR [target]
 # Bounded: every run is under timeout; at the defaults the whole demo takes about 1.5-2 minutes
-# after the build on a 2-core machine.
+# after the build on a 2-core machine (about 2.5 with the net tables).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -50,7 +51,11 @@ algo=${DEMO_ALGO:-auto}
 iters=${DEMO_ITERS:-10}
 warmup=${DEMO_WARMUP:-2}
 run_timeout=${DEMO_TIMEOUT:-180}
-providers=${DEMO_PROVIDERS:-shm tcp}
+if [ -z "${DEMO_PROVIDERS:-}" ]; then
+  DEMO_PROVIDERS="shm tcp"
+  if fi_info -p net -t FI_EP_RDM >/dev/null 2>&1; then DEMO_PROVIDERS+=" net"; fi
+fi
+providers=$DEMO_PROVIDERS
 demo_net=${DEMO_NET:-1}
 net_max=$(to_bytes "${DEMO_NET_MAX_BYTES:-4M}")
 t_size=${DEMO_T:-0.2}
@@ -77,8 +82,9 @@ timeout 30 "$rel/fabricoll-info"
 provider_env() { # provider_env PROV: sets env_p and title
   case "$1" in
     shm) env_p=(FABRICOLL_PROVIDER=shm) title="libfabric shm provider (shared memory)" ;;
-    tcp) env_p=(FABRICOLL_PROVIDER=tcp FABRICOLL_DOMAIN=lo) title="libfabric tcp provider on lo" ;;
-    *) echo "demo.sh: unknown provider $1 (shm|tcp)" >&2; exit 2 ;;
+    tcp) env_p=(FABRICOLL_PROVIDER=tcp FABRICOLL_DOMAIN=lo) title="libfabric tcp provider (tcp;ofi_rxm) on lo" ;;
+    net) env_p=(FABRICOLL_PROVIDER=net FABRICOLL_DOMAIN=lo) title="libfabric net provider (native TCP RDM) on lo" ;;
+    *) echo "demo.sh: unknown provider $1 (shm|tcp|net)" >&2; exit 2 ;;
   esac
 }
 

@@ -9,8 +9,8 @@
 #   cargo-test    cargo test --release (unit tests and tests/: header, README config table,
 #                 exported symbols, multi-process tests over tcp and shm)
 #   coll-tests    scripts/coll-tests.sh (fabricoll-perf: every algorithm x collective it
-#                 implements, 2-8 ranks, tcp on lo and shm, results checked element by element)
-#   plugin-tests  plugin-tests/run.sh (C harness over tcp and shm, normal and ASan builds, and
+#                 implements, 2-8 ranks, tcp and net on lo and shm, results checked element by element)
+#   plugin-tests  plugin-tests/run.sh (C harness over tcp, net and shm, normal and ASan builds, and
 #                 the C API examples in C and C++)
 # Prints the elapsed time of each stage and a summary at the end (with the test counts); exits
 # non-zero on any failure.  Each stage's output is also saved in $CARGO_TARGET_DIR/test-logs/.
