@@ -20,6 +20,8 @@
 # time of both, and the median time at the smallest size both report (8 B, or 16 B for allgather
 # and reducescatter at 4 ranks) with the time ratio.
 #
+# Binding is alike: Open MPI binds 2 ranks one per core and leaves oversubscribed ranks (4 on 2
+# CPUs) unbound (mpirun --report-bindings); fabricoll-perf's default --bind core does the same.
 # Definitions (identical in both tools, nccl-tests conventions, checked in the sources):
 #   size    allreduce: bytes of the buffer; allgather: bytes of the gathered OUTPUT (n x per-rank
 #           send); reducescatter: bytes of the INPUT (n x per-rank receive). Both round the element

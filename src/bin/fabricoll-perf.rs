@@ -12,6 +12,7 @@ use nccl_net_fabricoll::config::Config;
 use nccl_net_fabricoll::reduce::{conv, fp8, DataType, RedOp};
 use nccl_net_fabricoll::transport::{Region, Scratch};
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
@@ -34,16 +35,55 @@ struct Args {
     check: bool,
     root: usize,
     in_place: bool,
+    /// `--bind`: how the ranks this process forks are bound to CPUs.
+    bind: Bind,
+}
+
+/// Binding of forked ranks to CPUs, as `mpirun --bind-to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bind {
+    /// Rank r runs on the r-th CPU this process may use, when there is one CPU per rank;
+    /// with more ranks than CPUs nothing is bound (Open MPI's default for 2 ranks, and what it
+    /// does when oversubscribed).
+    Core,
+    None,
+}
+
+/// The CPU of each rank under `bind`, from the CPUs this process may run on.
+fn bind_plan(bind: Bind, ranks: usize, cpus: &[usize]) -> Vec<Option<usize>> {
+    if bind == Bind::Core && ranks <= cpus.len() {
+        cpus[..ranks].iter().map(|c| Some(*c)).collect()
+    } else {
+        vec![None; ranks]
+    }
+}
+
+/// The CPUs this process may run on, in order (empty if the kernel does not say).
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data for which all zero bytes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is this thread.
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `c` is below CPU_SETSIZE and `set` was filled by the kernel.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
 }
 
 const USAGE: &str = "usage: fabricoll-perf [--ranks R] [--coll allreduce|allgather|reducescatter|broadcast|reduce|alltoall]
                       [--algo auto|ring|bidir_ring|mesh|mesh1|rdh|rd|tree|dbtree|bruck|pairwise|hier]
                       [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-d TYPE] [-o OP] [-n ITERS] [-w WARMUP]
-                      [-t SECONDS [-m MINITERS]] [-c 0|1] [-r ROOT] [--inplace]
+                      [-t SECONDS [-m MINITERS]] [-c 0|1] [-r ROOT] [--inplace] [--bind core|none]
 sizes accept K, M, G suffixes; TYPE: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 fp8_e4m3 fp8_e5m2;
 OP: sum prod max min avg;
 -t: time each size for about SECONDS, with between MINITERS (default 5) and ITERS iterations,
-    the count estimated from the slowest rank's warm-up (at least one warm-up iteration)";
+    the count estimated from the slowest rank's warm-up (at least one warm-up iteration);
+--bind: ranks forked here run one per CPU (core, the default, when there are at least as many
+    CPUs as ranks; as mpirun binds 2 ranks) or wherever the scheduler puts them (none)";
 
 fn size_arg(s: &str) -> Result<usize, String> {
     let s = s.trim();
@@ -75,6 +115,7 @@ fn parse(argv: &[String]) -> Result<Args, String> {
         check: true,
         root: 0,
         in_place: false,
+        bind: Bind::Core,
     };
     let mut i = 0;
     while i < argv.len() {
@@ -152,6 +193,13 @@ fn parse(argv: &[String]) -> Result<Args, String> {
             "-c" | "--check" => a.check = v()? != "0",
             "-r" | "--root" => a.root = v()?.parse().map_err(|_| "-r: not a number".to_string())?,
             "--inplace" => a.in_place = true,
+            "--bind" => {
+                a.bind = match v()?.as_str() {
+                    "core" => Bind::Core,
+                    "none" => Bind::None,
+                    o => return Err(format!("--bind: {o:?} is not core or none")),
+                }
+            }
             "-h" | "--help" => return Err(USAGE.to_string()),
             _ => return Err(format!("unknown argument {k:?}\n{USAGE}")),
         }
@@ -613,16 +661,46 @@ fn main() -> ExitCode {
                 }
             };
             let exe = std::env::current_exe().expect("own path");
+            let cpus = allowed_cpus();
+            let plan = bind_plan(a.bind, a.ranks, &cpus);
+            match (a.bind, plan.first().copied().flatten()) {
+                (_, Some(_)) => println!(
+                    "# binding: rank i on the i-th of CPUs {:?} (--bind core)",
+                    &cpus[..a.ranks]
+                ),
+                (Bind::Core, None) => {
+                    println!("# binding: none ({} ranks, {} CPUs)", a.ranks, cpus.len())
+                }
+                (Bind::None, None) => println!("# binding: none (--bind none)"),
+            }
             let mut kids = Vec::new();
-            for r in 0..a.ranks {
-                match Command::new(&exe)
-                    .args(&argv)
+            for (r, cpu) in plan.into_iter().enumerate() {
+                let mut cmd = Command::new(&exe);
+                cmd.args(&argv)
                     .env("FABRICOLL_RANK", r.to_string())
                     .env("FABRICOLL_NRANKS", a.ranks.to_string())
                     .env("FABRICOLL_UNIQUE_ID", id.to_hex())
-                    .env_remove("RANK")
-                    .spawn()
-                {
+                    .env_remove("RANK");
+                if let Some(cpu) = cpu {
+                    // SAFETY: the closure runs in the forked child before exec and makes only
+                    // async-signal-safe calls (it writes a local cpu_set_t and makes one syscall).
+                    unsafe {
+                        cmd.pre_exec(move || {
+                            let mut set: libc::cpu_set_t = std::mem::zeroed();
+                            libc::CPU_SET(cpu, &mut set);
+                            if libc::sched_setaffinity(
+                                0,
+                                std::mem::size_of::<libc::cpu_set_t>(),
+                                &set,
+                            ) != 0
+                            {
+                                return Err(std::io::Error::last_os_error());
+                            }
+                            Ok(())
+                        });
+                    }
+                }
+                match cmd.spawn() {
                     Ok(k) => kids.push(k),
                     Err(e) => {
                         eprintln!("fabricoll-perf: cannot start rank {r}: {e}");
@@ -677,6 +755,25 @@ mod tests {
 
     fn args(s: &str) -> Result<Args, String> {
         parse(&s.split_whitespace().map(String::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn ranks_bind_one_per_cpu_only_when_every_rank_has_one() {
+        assert_eq!(args("").expect("valid").bind, Bind::Core);
+        assert_eq!(args("--bind none").expect("valid").bind, Bind::None);
+        assert!(args("--bind socket").unwrap_err().contains("--bind"));
+        let cpus = [2, 5, 7];
+        assert_eq!(bind_plan(Bind::Core, 2, &cpus), vec![Some(2), Some(5)]);
+        assert_eq!(
+            bind_plan(Bind::Core, 3, &cpus),
+            vec![Some(2), Some(5), Some(7)]
+        );
+        assert_eq!(bind_plan(Bind::Core, 4, &cpus), vec![None; 4]);
+        assert_eq!(bind_plan(Bind::None, 2, &cpus), vec![None; 2]);
+        assert_eq!(bind_plan(Bind::Core, 1, &[]), vec![None]);
+        let here = allowed_cpus();
+        assert!(!here.is_empty(), "this process runs on some CPU");
+        assert!(here.windows(2).all(|w| w[0] < w[1]));
     }
 
     #[test]
