@@ -80,7 +80,7 @@ pub const VARS: &[Var] = &[
         name: "FABRICOLL_LOCAL_RANKS",
         accepted: "integer >= 1 dividing the rank count",
         default: "1",
-        meaning: "ranks per node for the hier algorithm; when set, also how many ranks a waiter counts on its machine over providers other than shm (it spins only while they have a core each; unset, it counts every rank)",
+        meaning: "ranks per node for the hier algorithm",
     },
     Var {
         name: "FABRICOLL_BOOTSTRAP_ADDR",

@@ -7,6 +7,7 @@
 //! algbw, busbw (as nccl-tests defines them) and #wrong, then `# Avg bus bandwidth`.
 use nccl_net_fabricoll::algo::{Algorithm, Collective};
 use nccl_net_fabricoll::coll::bootstrap::{self, UniqueId};
+use nccl_net_fabricoll::coll::placement::allowed_cpus;
 use nccl_net_fabricoll::coll::{Call, Comm, Kind};
 use nccl_net_fabricoll::config::Config;
 use nccl_net_fabricoll::reduce::{conv, fp8, DataType, RedOp};
@@ -56,22 +57,6 @@ fn bind_plan(bind: Bind, ranks: usize, cpus: &[usize]) -> Vec<Option<usize>> {
     } else {
         vec![None; ranks]
     }
-}
-
-/// The CPUs this process may run on, in order (empty if the kernel does not say).
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: cpu_set_t is plain data for which all zero bytes is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is this thread.
-    let rc =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    if rc != 0 {
-        return Vec::new();
-    }
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `c` is below CPU_SETSIZE and `set` was filled by the kernel.
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect()
 }
 
 const USAGE: &str = "usage: fabricoll-perf [--ranks R] [--coll allreduce|allgather|reducescatter|broadcast|reduce|alltoall]
