@@ -457,14 +457,14 @@ impl Comm {
         self.check_alive()?;
         let mut e = self.engine.lock();
         let (exec, id, _) = self.prepare(call, &mut e)?;
-        e.execs.insert(id, ReqState::Running(Box::new(exec)));
+        e.execs.insert(id, ReqState::Running(exec));
         self.progress(&mut e)?;
         Ok(id as RequestId)
     }
 
     /// Check a call and make its `Exec`, with its request id and whether it may run over the
     /// direct channel (`Planned::direct`; never for point-to-point calls).
-    fn prepare(&self, call: &Call, e: &mut Engine) -> Result<(Exec, u32, bool)> {
+    fn prepare(&self, call: &Call, e: &mut Engine) -> Result<(Box<Exec>, u32, bool)> {
         let elem = call.dtype.size();
         let (schedule, rank) = match call.kind {
             Kind::Coll(_) | Kind::Window { .. } => {
@@ -612,7 +612,7 @@ impl Comm {
                 Ok(m) => {
                     moved |= m;
                     if x.is_finished() {
-                        if let ReqState::Running(x) = std::mem::replace(st, ReqState::Done) {
+                        if let ReqState::Running(mut x) = std::mem::replace(st, ReqState::Done) {
                             x.recycle(pool);
                         }
                     }
@@ -692,7 +692,7 @@ impl Comm {
         if direct && e.execs.is_empty() {
             return self.run_direct(&mut e, exec);
         }
-        e.execs.insert(id, ReqState::Running(Box::new(exec)));
+        e.execs.insert(id, ReqState::Running(exec));
         self.progress(&mut e)?;
         drop(e);
         self.wait(id as RequestId)
@@ -700,7 +700,7 @@ impl Comm {
 
     /// `run` over the direct channel; the engine stays locked throughout (calls on one
     /// communicator are serialised, and nothing else of it is in flight).
-    fn run_direct(&self, e: &mut Engine, mut exec: Exec) -> Result<()> {
+    fn run_direct(&self, e: &mut Engine, mut exec: Box<Exec>) -> Result<()> {
         let t = &*self.transport;
         let mut idle = Idle::new(self.spin, self.poll);
         self.direct_runs.fetch_add(1, Ordering::Relaxed);

@@ -343,7 +343,7 @@ fn bytes(elem: usize, s: &Span) -> (usize, usize) {
 impl Exec {
     /// Prepare rank `job.rank`'s steps (`plan` is `Plan::new` of the same schedule and rank);
     /// `id` distinguishes concurrent collectives' operations.
-    pub fn new(job: Job, plan: Arc<Plan>, id: u32, pool: &mut BufPool) -> Result<Exec> {
+    pub fn new(job: Job, plan: Arc<Plan>, id: u32, pool: &mut BufPool) -> Result<Box<Exec>> {
         let elem = job.dtype.size();
         let (need_in, need_out) = (plan.need_in, plan.need_out);
         if job.inp.len() < need_in {
@@ -390,7 +390,7 @@ impl Exec {
         l.staging.clear();
         l.staging.resize_with(n, || None);
         l.batch.clear();
-        Ok(Exec {
+        Ok(Box::new(Exec {
             elem,
             inp,
             out,
@@ -411,7 +411,7 @@ impl Exec {
             posted_recvs: 0,
             finished: false,
             job,
-        })
+        }))
     }
 
     fn region(&self, s: &Span) -> Region {
@@ -853,7 +853,7 @@ impl Exec {
         timeout: Duration,
         id: u32,
         pool: &mut BufPool,
-    ) -> Result<Exec> {
+    ) -> Result<Box<Exec>> {
         use crate::algo::{Algorithm, Builder, Problem};
         let mut b = Builder::new(nranks);
         let (inp, out) = if send {
@@ -886,7 +886,7 @@ impl Exec {
     }
 
     /// A finished collective's memory, back to the pool.
-    pub fn recycle(mut self, pool: &mut BufPool) {
+    pub fn recycle(&mut self, pool: &mut BufPool) {
         pool.put(std::mem::replace(&mut self.tmp, Scratch::new(0)));
         if let Some(b) = self.backup.take() {
             pool.put(b);
