@@ -5,7 +5,7 @@
 # For each repetition, transport, rank count and collective it runs, alternating (which one goes
 # first alternates with the repetition), each on an idle machine (wait-quiet.sh before each run):
 #   ours  $TARGET/release/fabricoll-perf --ranks R --coll C --algo $ALGO -d float -o sum -c 0
-#         -t $BENCH_T -w 5 -m 5 -n 1000
+#         -t $BENCH_T -w 5 -m 5 -n 1000 --bind rr  (BENCH_BIND below)
 #   ompi  mpirun.openmpi ... mpi_coll_bench.openmpi -o C  (../shared/baselines/mpi_coll_bench.c:
 #         MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block, float sum, out of place)
 # with the same transport class:
@@ -20,8 +20,13 @@
 # time of both, and the median time at the smallest size both report (8 B, or 16 B for allgather
 # and reducescatter at 4 ranks) with the time ratio.
 #
-# Binding is alike: Open MPI binds 2 ranks one per core and leaves oversubscribed ranks (4 on 2
-# CPUs) unbound (mpirun --report-bindings); fabricoll-perf's default --bind core does the same.
+# Binding is alike (BENCH_BIND): by default both bind rank r to CPU r mod the CPU count, 4 ranks
+# on 2 CPUs too (ours --bind rr, Open MPI --bind-to core:overload-allowed, which maps by core:
+# mpirun --report-bindings). Unbound oversubscribed ranks migrate between the CPUs and each
+# launch finds its own pattern: a 4-rank shm AllReduce of 8 B took 4.5 to 7.6 us unbound in
+# Open MPI against 4.0 to 4.1 bound, and 5.7 to 6.7 against 4.3 to 4.5 in ours (2026-11-25).
+# BENCH_BIND=default keeps each tool's default instead: 2 ranks one per CPU, 4 ranks unbound
+# (mpirun's default and fabricoll-perf's --bind core).
 # Definitions (identical in both tools, nccl-tests conventions, checked in the sources):
 #   size    allreduce: bytes of the buffer; allgather: bytes of the gathered OUTPUT (n x per-rank
 #           send); reducescatter: bytes of the INPUT (n x per-rank receive). Both round the element
@@ -43,6 +48,7 @@
 #   ALGO [auto]                  fabricoll algorithm (--algo)
 #   BENCH_COLLS [allreduce allgather reducescatter]
 #   BENCH_RANKS [2 4]            BENCH_TRANSPORTS [shm tcp net]
+#   BENCH_BIND [rr]              rr: both bind rank r to CPU r mod n; default: each tool's own
 #   BENCH_MIN_BYTES [8], BENCH_MAX_BYTES [64M]   sizes, powers of two (K, M, G = powers of 1024)
 #   BENCH_T [0.2]                target seconds of timed iterations per size, both tools
 #                                (mpi_coll_bench's default in run-mpi-baselines.sh)
@@ -87,6 +93,12 @@ transports=${BENCH_TRANSPORTS:-shm tcp net}
 min_b=$(to_bytes "${BENCH_MIN_BYTES:-8}")
 max_b=$(to_bytes "${BENCH_MAX_BYTES:-64M}")
 t_size=${BENCH_T:-0.2}
+bind=${BENCH_BIND:-rr}
+case "$bind" in
+  rr) our_bind=(--bind rr) ompi_bind=(--bind-to core:overload-allowed) ;;
+  default) our_bind=(--bind core) ompi_bind=() ;;
+  *) echo "bench-coll.sh: BENCH_BIND=$bind is not rr or default" >&2; exit 2 ;;
+esac
 quiet=${QUIET:-1}
 quiet_max=${QUIET_MAX:-60}
 run_timeout=${BENCH_RUN_TIMEOUT:-600}
@@ -133,7 +145,7 @@ out=".bench/coll-$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$out"
 {
   echo "# bench-coll: $(nproc) cpus, REPS=$reps, ALGO=$algo, sizes $min_b..$max_b B, colls: $colls," \
-    "ranks: $ranks_list, transports: $transports; logs in $out/"
+    "ranks: $ranks_list, transports: $transports, binding: $bind; logs in $out/"
   echo "# $(mpirun.openmpi --version 2>/dev/null | head -1); $(fi_info --version 2>/dev/null | head -1 || true);" \
     "git $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+dirty')"
 } | tee "$out/header.txt"
@@ -155,7 +167,7 @@ run_ours() { # run_ours TRANSPORT RANKS COLL FILE
   esac
   env_p+=(FABRICOLL_TIMEOUT_MS="$lib_timeout_ms")
   local cmd=("$perf" --ranks "$r" --coll "$c" --algo "$algo" -b "$min_b" -e "$max_b" -f 2
-    -t "$t_size" -w 5 -m 5 -n 1000 -d float -o sum -c 0)
+    -t "$t_size" -w 5 -m 5 -n 1000 -d float -o sum -c 0 "${our_bind[@]}")
   echo "# cmd: ${env_p[*]} ${cmd[*]}" >"$f"
   env -u FABRICOLL_DOMAIN -u FABRICOLL_ALGO "${env_p[@]}" timeout --kill-after=10 "$run_timeout" \
     "${cmd[@]}" >>"$f" 2>&1
@@ -167,7 +179,7 @@ run_ompi() { # run_ompi TRANSPORT RANKS COLL FILE
     shm) btl=(--mca pml ob1 --mca btl self,vader) ;;
     tcp | net) btl=(--mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo) ;;
   esac
-  local cmd=("${ompi[@]}" -np "$r" "${btl[@]}" "$mpi_bench" -o "$c" -b "$min_b" -e "$max_b"
+  local cmd=("${ompi[@]}" "${ompi_bind[@]}" -np "$r" "${btl[@]}" "$mpi_bench" -o "$c" -b "$min_b" -e "$max_b"
     -t "$t_size" -w 5 -m 5 -n 1000 -r 1 -c 0)
   echo "# cmd: ${cmd[*]}" >"$f"
   timeout --kill-after=10 "$run_timeout" "${cmd[@]}" >>"$f" 2>&1

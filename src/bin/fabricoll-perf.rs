@@ -47,28 +47,36 @@ enum Bind {
     /// with more ranks than CPUs nothing is bound (Open MPI's default for 2 ranks, and what it
     /// does when oversubscribed).
     Core,
+    /// Rank r on CPU r mod n of the n this process may use, ranks outnumbering CPUs too
+    /// (`mpirun --bind-to core:overload-allowed`): oversubscribed ranks stay where they are
+    /// instead of migrating.
+    RoundRobin,
     None,
 }
 
 /// The CPU of each rank under `bind`, from the CPUs this process may run on.
 fn bind_plan(bind: Bind, ranks: usize, cpus: &[usize]) -> Vec<Option<usize>> {
-    if bind == Bind::Core && ranks <= cpus.len() {
-        cpus[..ranks].iter().map(|c| Some(*c)).collect()
-    } else {
-        vec![None; ranks]
+    match bind {
+        Bind::Core if ranks <= cpus.len() => cpus[..ranks].iter().map(|c| Some(*c)).collect(),
+        Bind::RoundRobin if !cpus.is_empty() => {
+            (0..ranks).map(|r| Some(cpus[r % cpus.len()])).collect()
+        }
+        _ => vec![None; ranks],
     }
 }
 
 const USAGE: &str = "usage: fabricoll-perf [--ranks R] [--coll allreduce|allgather|reducescatter|broadcast|reduce|alltoall]
                       [--algo auto|ring|bidir_ring|mesh|mesh1|rdh|rd|tree|dbtree|bruck|pairwise|hier]
                       [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-d TYPE] [-o OP] [-n ITERS] [-w WARMUP]
-                      [-t SECONDS [-m MINITERS]] [-c 0|1] [-r ROOT] [--inplace] [--bind core|none]
+                      [-t SECONDS [-m MINITERS]] [-c 0|1] [-r ROOT] [--inplace] [--bind core|rr|none]
 sizes accept K, M, G suffixes; TYPE: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 fp8_e4m3 fp8_e5m2;
 OP: sum prod max min avg;
 -t: time each size for about SECONDS, with between MINITERS (default 5) and ITERS iterations,
     the count estimated from the slowest rank's warm-up (at least one warm-up iteration);
 --bind: ranks forked here run one per CPU (core, the default, when there are at least as many
-    CPUs as ranks; as mpirun binds 2 ranks) or wherever the scheduler puts them (none)";
+    CPUs as ranks; as mpirun binds 2 ranks), rank r on CPU r mod the CPU count even when ranks
+    outnumber CPUs (rr; mpirun --bind-to core:overload-allowed) or wherever the scheduler puts
+    them (none)";
 
 fn size_arg(s: &str) -> Result<usize, String> {
     let s = s.trim();
@@ -181,8 +189,9 @@ fn parse(argv: &[String]) -> Result<Args, String> {
             "--bind" => {
                 a.bind = match v()?.as_str() {
                     "core" => Bind::Core,
+                    "rr" => Bind::RoundRobin,
                     "none" => Bind::None,
-                    o => return Err(format!("--bind: {o:?} is not core or none")),
+                    o => return Err(format!("--bind: {o:?} is not core, rr or none")),
                 }
             }
             "-h" | "--help" => return Err(USAGE.to_string()),
@@ -649,14 +658,18 @@ fn main() -> ExitCode {
             let cpus = allowed_cpus();
             let plan = bind_plan(a.bind, a.ranks, &cpus);
             match (a.bind, plan.first().copied().flatten()) {
+                (Bind::RoundRobin, Some(_)) => println!(
+                    "# binding: rank i on CPU i mod {} of CPUs {cpus:?} (--bind rr)",
+                    cpus.len()
+                ),
                 (_, Some(_)) => println!(
                     "# binding: rank i on the i-th of CPUs {:?} (--bind core)",
                     &cpus[..a.ranks]
                 ),
-                (Bind::Core, None) => {
+                (Bind::None, None) => println!("# binding: none (--bind none)"),
+                (_, None) => {
                     println!("# binding: none ({} ranks, {} CPUs)", a.ranks, cpus.len())
                 }
-                (Bind::None, None) => println!("# binding: none (--bind none)"),
             }
             let mut kids = Vec::new();
             for (r, cpu) in plan.into_iter().enumerate() {
@@ -754,6 +767,12 @@ mod tests {
             vec![Some(2), Some(5), Some(7)]
         );
         assert_eq!(bind_plan(Bind::Core, 4, &cpus), vec![None; 4]);
+        assert_eq!(args("--bind rr").expect("valid").bind, Bind::RoundRobin);
+        assert_eq!(
+            bind_plan(Bind::RoundRobin, 5, &cpus),
+            vec![Some(2), Some(5), Some(7), Some(2), Some(5)]
+        );
+        assert_eq!(bind_plan(Bind::RoundRobin, 1, &[]), vec![None]);
         assert_eq!(bind_plan(Bind::None, 2, &cpus), vec![None; 2]);
         assert_eq!(bind_plan(Bind::Core, 1, &[]), vec![None]);
         let here = allowed_cpus();
