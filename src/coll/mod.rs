@@ -274,7 +274,7 @@ impl Comm {
     /// each rank on this machine can have a CPU of its own. Until then `spin` is a guess from
     /// this process's CPU set alone, which a binding launcher defeats: 2 ranks bound one per CPU
     /// each see one CPU, and yielded, 0.34 to 0.59 us for a 2-rank shm AllReduce of 8 B against
-    /// 0.28 to 0.30 spinning.
+    /// 0.27 to 0.31 spinning.
     fn learn_placement(&mut self) -> Result<()> {
         if self.nranks == 1 {
             return Ok(());
