@@ -34,11 +34,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 LIB=${FABRICOLL_LIB:-$ROOT/target/release/libnccl-net-fabricoll.so}
 case "$LIB" in /*) ;; *) LIB="$PWD/$LIB" ;; esac
-if [ -z "${PROVIDERS:-}" ]; then
-  PROVIDERS="tcp shm"
-  # net: libfabric 1.17's native TCP RDM endpoint (1.18 renamed it tcp), where it exists
-  if fi_info -p net -t FI_EP_RDM >/dev/null 2>&1; then PROVIDERS+=" net"; fi
-fi
+# shellcheck source=../scripts/providers.sh
+. "$ROOT/scripts/providers.sh"
+PROVIDERS=${PROVIDERS:-$(with_net "tcp shm")}
 BUILDS=${BUILDS:-"normal asan"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-1800}
 CAPI=${CAPI:-1}
@@ -46,10 +44,6 @@ COLLNET=${COLLNET:-1}
 CAPI_RANKS=${CAPI_RANKS:-4}
 CAPI_TIMEOUT=${CAPI_TIMEOUT:-180}
 NCCL_TORCH=${NCCL_TORCH:-1}
-
-# is_ip PROVIDER: an IP provider (tcp: tcp;ofi_rxm, net: libfabric 1.17's native TCP RDM), run on
-# the loopback interface only.
-is_ip() { [ "$1" = tcp ] || [ "$1" = net ]; }
 
 # The library's directory, for the C API examples (they link it, with an rpath).
 export FABRICOLL_LIBDIR

@@ -47,12 +47,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 target_dir=${CARGO_TARGET_DIR:-target}
 perf=${FABRICOLL_PERF:-$target_dir/release/fabricoll-perf}
-if [ -z "${COLL_PROVIDERS:-}" ]; then
-  COLL_PROVIDERS="tcp shm"
-  # net: libfabric 1.17's native TCP RDM endpoint (1.18 renamed it tcp), where it exists
-  if fi_info -p net -t FI_EP_RDM >/dev/null 2>&1; then COLL_PROVIDERS+=" net"; fi
-fi
-providers=$COLL_PROVIDERS
+. scripts/providers.sh
+providers=${COLL_PROVIDERS:-$(with_net "tcp shm")}
 ranks_list=${COLL_RANKS:-4 3 2 5 8}
 algos=${COLL_ALGOS:-ring bidir_ring mesh mesh1 rdh rd tree dbtree bruck pairwise hier auto}
 colls=${COLL_COLLS:-allreduce allgather reducescatter broadcast reduce alltoall}
@@ -111,7 +107,7 @@ for r in $ranks_list; do
           continue
         fi
         envs=(FABRICOLL_PROVIDER="$prov" FABRICOLL_TIMEOUT_MS="$lib_timeout_ms")
-        case "$prov" in tcp | net) envs+=(FABRICOLL_DOMAIN=lo) ;; esac
+        is_ip "$prov" && envs+=(FABRICOLL_DOMAIN=lo)
         if [ "$algo" = hier ]; then
           if [ $((r % 2)) -ne 0 ]; then
             printf 'SKIP %-34s hier with FABRICOLL_LOCAL_RANKS=2 needs an even rank count\n' "$tag"

@@ -51,11 +51,8 @@ algo=${DEMO_ALGO:-auto}
 iters=${DEMO_ITERS:-10}
 warmup=${DEMO_WARMUP:-2}
 run_timeout=${DEMO_TIMEOUT:-180}
-if [ -z "${DEMO_PROVIDERS:-}" ]; then
-  DEMO_PROVIDERS="shm tcp"
-  if fi_info -p net -t FI_EP_RDM >/dev/null 2>&1; then DEMO_PROVIDERS+=" net"; fi
-fi
-providers=$DEMO_PROVIDERS
+. scripts/providers.sh
+providers=${DEMO_PROVIDERS:-$(with_net "shm tcp")}
 demo_net=${DEMO_NET:-1}
 net_max=$(to_bytes "${DEMO_NET_MAX_BYTES:-4M}")
 t_size=${DEMO_T:-0.2}

@@ -23,6 +23,17 @@ pub fn provider_tag_bits(mem_tag_format: u64) -> u32 {
     }
 }
 
+/// Refuse a provider (`name` on `domain`) whose tags are narrower than ours.
+pub fn require_tag_bits(name: &str, domain: &str, mem_tag_format: u64) -> crate::error::Result<()> {
+    let bits = provider_tag_bits(mem_tag_format);
+    if bits < TAG_BITS {
+        return Err(crate::error::Error::System(format!(
+            "provider {name} on {domain} matches {bits}-bit tags (mem_tag_format {mem_tag_format:#x}); fabricoll's tags need {TAG_BITS} bits"
+        )));
+    }
+    Ok(())
+}
+
 /// A peer's address as inserted into this endpoint's address vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Peer(pub u64);
@@ -362,7 +373,7 @@ impl std::fmt::Debug for Scratch {
 
 #[cfg(test)]
 mod tests {
-    use super::{provider_tag_bits, Scratch, TAG_BITS};
+    use super::{provider_tag_bits, require_tag_bits, Scratch, TAG_BITS};
 
     #[test]
     fn tag_bits_come_from_the_highest_bit_of_mem_tag_format() {
@@ -373,6 +384,18 @@ mod tests {
         assert_eq!(provider_tag_bits(0xffff_ffff), 32);
         assert!(provider_tag_bits(0x5555_5555_5555_5555) >= TAG_BITS);
         assert!(provider_tag_bits(0xffff_ffff) < TAG_BITS);
+    }
+
+    #[test]
+    fn providers_with_narrower_tags_are_refused_by_name() {
+        assert!(require_tag_bits("net", "lo", 0x5555_5555_5555_5555).is_ok());
+        assert!(require_tag_bits("shm", "shm", 0).is_ok());
+        let e = require_tag_bits("narrow", "eth0", 0xffff_ffff)
+            .unwrap_err()
+            .to_string();
+        for part in ["narrow", "eth0", "32-bit", "63 bits"] {
+            assert!(e.contains(part), "{part:?} missing from: {e}");
+        }
     }
 
     #[test]

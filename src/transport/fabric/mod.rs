@@ -384,13 +384,7 @@ pub fn discover(cfg: &Config) -> Result<Discovery> {
                 ep.mem_tag_format,
             )
         };
-        let bits = super::provider_tag_bits(tag_format);
-        if bits < super::TAG_BITS {
-            return Err(Error::System(format!(
-                "provider {chosen} on {dom} matches {bits}-bit tags (mem_tag_format {tag_format:#x}); fabricoll's tags need {} bits",
-                super::TAG_BITS
-            )));
-        }
+        super::require_tag_bits(&chosen, &dom, tag_format)?;
         disc.devices.push(FabricDevice {
             pci_path: sys_pci_path(nic, &dom),
             speed_mbps: sys_speed_mbps(nic, &dom),
