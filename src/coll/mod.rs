@@ -110,6 +110,8 @@ pub struct Comm {
     slice: usize,
     /// Waiters spin instead of yielding (for up to `poll`): this node's ranks have a core each.
     spin: bool,
+    /// The transport is libfabric's shm, whose receivers copy large messages themselves.
+    shm: bool,
     /// Blocking collectives that ran over the direct channel (`run_direct`).
     direct_runs: AtomicU64,
 }
@@ -215,6 +217,7 @@ impl Comm {
         let (slice, eager) = (slice_bytes(caps), eager_bytes(caps));
         let poll = cfg.poll.unwrap_or_else(|| poll_window(caps));
         let spin = spin_ok(nranks);
+        let shm = caps.provider == "shm";
         let comm = Comm {
             rank,
             nranks,
@@ -241,6 +244,7 @@ impl Comm {
             local,
             slice,
             spin,
+            shm,
             direct_runs: AtomicU64::new(0),
         };
         Ok(comm)
@@ -309,6 +313,18 @@ impl Comm {
             if self.spin { "spin" } else { "yield" }
         );
         Ok(())
+    }
+
+    /// Whether collectives post their ready sends before their ready receives
+    /// (`exec::Job::sends_first`): over shm when every rank has a CPU of its own, so that the
+    /// peer can copy our message while we copy its. Medians of 3, alternating, 2 ranks over
+    /// shm: AllGather of 64 MiB 13.9 -> 10.9 ms, ReduceScatter of 256 KiB to 8 MiB 1.6 to
+    /// 1.8 times faster. With 4 ranks on 2 CPUs a peer mostly is not running while we post,
+    /// and sends first made AllGathers of 256 KiB to 16 MiB about 10 % slower. Over tcp and
+    /// net the provider's receiver copies nothing at posting time; there sends first gained
+    /// nothing and made 4-rank ReduceScatters up to 25 % slower.
+    fn sends_first(&self) -> bool {
+        self.shm && self.spin
     }
 
     /// Measure alpha, beta and gamma unless the configuration fixes them.
@@ -535,6 +551,7 @@ impl Comm {
                         out: call.recv,
                         tags: Tags::Coll(seq),
                         timeout: self.timeout,
+                        sends_first: self.sends_first(),
                     },
                     plan,
                     id,
