@@ -1072,6 +1072,8 @@ impl Inner {
         let mut out = std::mem::take(&mut self.ready);
         let r = self.read_cq(&mut entries, &mut out);
         self.entries = entries;
+        // Pool messages matched meanwhile (`on_small`) pushed their completions to `ready`.
+        out.append(&mut self.ready);
         self.ready = out;
         r?;
         for peer in std::mem::take(&mut self.hellos) {
@@ -1734,10 +1736,22 @@ mod tests {
 
     /// Two endpoints of `provider` (on `domain`), or None where it is missing.
     fn pair(provider: &str, domain: Option<&str>) -> Option<(FabricTransport, FabricTransport)> {
+        pair_with(provider, domain, &[])
+    }
+
+    /// `pair`, with the variables `more` set as well.
+    fn pair_with(
+        provider: &str,
+        domain: Option<&str>,
+        more: &[(&str, &str)],
+    ) -> Option<(FabricTransport, FabricTransport)> {
         let cfg = Config::from_lookup(|n| match n {
             "FABRICOLL_PROVIDER" => Some(provider.into()),
             "FABRICOLL_DOMAIN" => domain.map(String::from),
-            _ => None,
+            _ => more
+                .iter()
+                .find(|(k, _)| *k == n)
+                .map(|(_, v)| v.to_string()),
         })
         .expect("config");
         let disc = match discover(&cfg) {
@@ -1844,6 +1858,35 @@ mod tests {
             );
         }
         out
+    }
+
+    #[test]
+    fn without_the_fastbox_small_shm_messages_reach_a_receive_posted_before_or_after() {
+        let Some((a, b)) = pair_with("shm", None, &[("FABRICOLL_SHM_FASTBOX", "0")]) else {
+            return;
+        };
+        assert!(a.inner.lock().inbox.is_none(), "FABRICOLL_SHM_FASTBOX=0");
+        let to_a = b.insert_peer(&a.address()).expect("insert");
+        let _to_b = a.insert_peer(&b.address()).expect("insert");
+        // One receive posted first, one message that arrives first.
+        let (mut early, mut late) = ([0u8; 5], [0u8; 4]);
+        a.recv(1, 0, region(&mut early), None, 1).expect("recv");
+        let (mut m1, mut m2) = (*b"first", *b"late");
+        let start = Instant::now();
+        let mut out = [Vec::new(), Vec::new()];
+        for (tag, m, op) in [(1u64, &mut m1[..], 11u64), (2, &mut m2[..], 12)] {
+            while b.send(to_a, tag, region(m), None, op).expect("send") == Posted::Busy {
+                a.poll(&mut out[0]).expect("poll");
+                b.poll(&mut out[1]).expect("poll");
+                assert!(start.elapsed() < Duration::from_secs(10), "send stays busy");
+            }
+        }
+        let [got, sent] = completions(&a, &b, 1, out);
+        assert!(sent.iter().all(|c| c.status.is_ok()), "{sent:?}");
+        a.recv(2, 0, region(&mut late), None, 2).expect("recv");
+        let [got, _] = completions(&a, &b, 2, [got, sent]);
+        assert!(got.iter().all(|c| c.status.is_ok()), "{got:?}");
+        assert_eq!((&early, &late), (b"first", b"late"));
     }
 
     #[test]
