@@ -12,7 +12,8 @@
 # Variants rotate over the runs: data types and ops (float sum, double max, int32 sum,
 # bfloat16 sum, half avg, int64 prod, uint8 min, fp8_e4m3 sum), --inplace on every fourth run,
 # root = run index mod R for broadcast and reduce, `-t 0.0001 -m 1 -n 3` (iterations from a time
-# target, agreed by the ranks) on every fifth; one run per algorithm at 4 ranks goes to 1 MiB.
+# target, agreed by the ranks) on every fifth, FABRICOLL_SHM_FASTBOX=0 on every seventh over shm;
+# one run per algorithm at 4 ranks goes to 1 MiB.
 # hier runs with FABRICOLL_LOCAL_RANKS=2, so only at even rank counts (SKIP otherwise).
 #
 # An algorithm that does not implement a collective makes fabricoll-perf fail with "does not
@@ -142,6 +143,11 @@ for r in $ranks_list; do
           args+=(-t 0.0001 -m 1 -n 3)
           desc="$desc -t"
         fi
+        if [ "$prov" = shm ] && [ $((run_i % 7)) -eq 5 ]; then
+          # shm's provider path for small messages (pool receives matched in software)
+          envs+=(FABRICOLL_SHM_FASTBOX=0)
+          desc="$desc no-fastbox"
+        fi
         case "$coll" in
           broadcast | reduce)
             root=$((run_i % r))
@@ -156,7 +162,7 @@ for r in $ranks_list; do
           echo "# env: ${envs[*]}"
           echo "# cmd: $perf ${args[*]}"
         } >"$log"
-        timeout --kill-after=5 "$run_timeout" env -u FABRICOLL_DOMAIN -u FABRICOLL_LOCAL_RANKS \
+        timeout --kill-after=5 "$run_timeout" env -u FABRICOLL_DOMAIN -u FABRICOLL_LOCAL_RANKS -u FABRICOLL_SHM_FASTBOX \
           -u FABRICOLL_ALGO "${envs[@]}" "$perf" "${args[@]}" >>"$log" 2>&1
         rc=$?
         dt_s=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
