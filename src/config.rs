@@ -98,7 +98,7 @@ pub const VARS: &[Var] = &[
         name: "FABRICOLL_SHM_FASTBOX",
         accepted: "0 or 1",
         default: "1",
-        meaning: "shm before libfabric 1.19: messages up to 4 KiB to a peer go through a shared-memory ring (fastbox) instead of the provider",
+        meaning: "shm before libfabric 1.19: messages up to 16 KiB to a peer go through a shared-memory ring (fastbox) instead of the provider",
     },
 ];
 

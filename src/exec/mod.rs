@@ -699,7 +699,7 @@ impl Exec {
             }
             let r = match s {
                 None => {
-                    d.with_mut(|x| x.copy_from_slice(m));
+                    d.with_mut(|x| reduce::copy(x, m));
                     Ok(())
                 }
                 // The operand order of `reduce_into(src, message, dst)` on the general path.
