@@ -211,10 +211,9 @@ impl Map {
     /// _WRITE; writing allocates them in the file), rather than one page at a time as its
     /// ring first goes round: 64 faults per side of a 256 KiB ring made the first thousand
     /// 1 KiB AllGathers 0.4 us slower each (2 ranks over shm, fastest of 5 runs: 0.73 us
-    /// against 0.41 populated). Kernels before
-    /// 5.14 refuse the advice (EINVAL), which is no error here: the pages come on demand.
-    /// Any other error is: writing the file's pages then would kill the process with SIGBUS
-    /// (a full /dev/shm).
+    /// against 0.41 populated). Kernels before 5.14 refuse the advice (EINVAL), which is no
+    /// error here: the pages come on demand. Any other error is: writing the file's pages
+    /// then would kill the process with SIGBUS (a full /dev/shm).
     fn populate(&self, s: usize, advice: libc::c_int) -> std::io::Result<()> {
         let start = self.slot(s) / 4096 * 4096;
         let end = self.slot(s) + SLOT_BYTES;
