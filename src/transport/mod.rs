@@ -462,13 +462,13 @@ mod tests {
 
     #[test]
     fn large_scratch_costs_only_the_pages_written() {
-        // 256 MiB of workspace, of which one page is written: resident memory grows by far
+        // 1 GiB of workspace, of which one page is written: resident memory grows by far
         // less than the buffer (other tests running meanwhile allocate a little).
         let before = resident_bytes();
-        let s = Scratch::new(256 << 20);
+        let s = Scratch::new(1 << 30);
         s.region().sub(4096, 8).unwrap().with_mut(|b| b.fill(7));
         let grown = resident_bytes().saturating_sub(before);
-        assert!(grown < 64 << 20, "resident memory grew by {grown} bytes");
+        assert!(grown < 256 << 20, "resident memory grew by {grown} bytes");
         assert_eq!(
             s.region().sub(4096, 9).unwrap().to_vec(),
             [7, 7, 7, 7, 7, 7, 7, 7, 0]
