@@ -7,7 +7,7 @@
 //! algbw, busbw (as nccl-tests defines them) and #wrong, then `# Avg bus bandwidth`.
 use nccl_net_fabricoll::algo::{Algorithm, Collective};
 use nccl_net_fabricoll::coll::bootstrap::{self, UniqueId};
-use nccl_net_fabricoll::coll::placement::allowed_cpus;
+use nccl_net_fabricoll::coll::placement::{allowed_cpus, bind_to};
 use nccl_net_fabricoll::coll::{Call, Comm, Kind};
 use nccl_net_fabricoll::config::Config;
 use nccl_net_fabricoll::reduce::{conv, fp8, DataType, RedOp};
@@ -681,21 +681,9 @@ fn main() -> ExitCode {
                     .env_remove("RANK");
                 if let Some(cpu) = cpu {
                     // SAFETY: the closure runs in the forked child before exec and makes only
-                    // async-signal-safe calls (it writes a local cpu_set_t and makes one syscall).
+                    // async-signal-safe calls (`bind_to` allocates nothing; one system call).
                     unsafe {
-                        cmd.pre_exec(move || {
-                            let mut set: libc::cpu_set_t = std::mem::zeroed();
-                            libc::CPU_SET(cpu, &mut set);
-                            if libc::sched_setaffinity(
-                                0,
-                                std::mem::size_of::<libc::cpu_set_t>(),
-                                &set,
-                            ) != 0
-                            {
-                                return Err(std::io::Error::last_os_error());
-                            }
-                            Ok(())
-                        });
+                        cmd.pre_exec(move || bind_to(&[cpu]));
                     }
                 }
                 match cmd.spawn() {

@@ -1047,20 +1047,6 @@ mod tests {
         );
     }
 
-    /// Pin the calling thread to `cpus` (sched_getaffinity, which `Place::here` reads, is per
-    /// thread).
-    fn pin(cpus: &[usize]) {
-        // SAFETY: cpu_set_t is plain data for which all zero bytes is the empty set.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        for &c in cpus {
-            // SAFETY: the test's CPUs are below CPU_SETSIZE; `set` is a valid cpu_set_t.
-            unsafe { libc::CPU_SET(c, &mut set) };
-        }
-        // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is this thread.
-        let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
-        assert_eq!(rc, 0, "sched_setaffinity {cpus:?}");
-    }
-
     /// Whether each of the ranks, threads pinned to `sets[r]`, spins after the exchange.
     fn spins_when_pinned(sets: &[Vec<usize>]) -> Vec<bool> {
         use crate::transport::loopback::LoopbackFabric;
@@ -1079,7 +1065,7 @@ mod tests {
                 .map(|(r, (cpus, ep))| {
                     let (addrs, cfg) = (&addrs, &cfg);
                     s.spawn(move || {
-                        pin(cpus);
+                        placement::bind_to(cpus).expect("bind");
                         let mut c = Comm::new(r, ep, addrs, cfg).unwrap();
                         c.learn_placement().unwrap();
                         c.spin

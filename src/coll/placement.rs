@@ -143,6 +143,22 @@ pub fn allowed_cpus() -> Vec<usize> {
         .collect()
 }
 
+/// Bind the calling thread to `cpus` (each below `CPU_SETSIZE`). Async-signal-safe: it
+/// allocates nothing and makes one system call, so a forked child may call it before exec.
+pub fn bind_to(cpus: &[usize]) -> std::io::Result<()> {
+    // SAFETY: cpu_set_t is plain data for which all zero bytes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+        // SAFETY: `c` is below CPU_SETSIZE; `set` is a valid cpu_set_t.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is this thread.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The machine: a hash of the kernel's boot id, or of the host name where it is unreadable.
 fn host_key() -> u64 {
     let id = [
@@ -208,6 +224,20 @@ mod tests {
         assert!(own_cpus(&p, 0));
         assert!(!own_cpus(&p, 4));
         assert!(!own_cpus(&p, 99), "a rank outside the list");
+    }
+
+    #[test]
+    fn a_thread_bound_to_cpus_is_allowed_exactly_those() {
+        let mine = allowed_cpus();
+        std::thread::spawn(move || {
+            bind_to(&mine[..1]).expect("bind to one of our CPUs");
+            assert_eq!(allowed_cpus(), mine[..1]);
+            bind_to(&mine).expect("bind back");
+            assert_eq!(allowed_cpus(), mine);
+            assert!(bind_to(&[]).is_err(), "an empty set is refused");
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

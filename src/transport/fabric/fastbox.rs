@@ -40,6 +40,7 @@
 //!   uses the provider as before; the receiver accepts both.
 use crate::error::{Error, Result};
 use std::ffi::CString;
+use std::hash::Hasher;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 const MAGIC: u64 = 0x6662_6f78_0000_0003; // "fbox", layout version 3
@@ -73,13 +74,13 @@ pub(super) fn inbox_of_address(addr: &[u8]) -> Option<String> {
     super::shm::endpoint_in_address(addr).map(|n| inbox_name(&n))
 }
 
-/// The identity a sender writes into the slot it claims: a hash (FNV-1a) of its endpoint's
-/// name, never 0 (a free slot's word).
+/// The identity a sender writes into the slot it claims: a hash of its endpoint's name (the
+/// crate's unseeded `FastHasher`, so every process computes the same), never 0 (a free
+/// slot's word).
 fn sender_id(endpoint: &str) -> u64 {
-    let h = endpoint.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    h.max(1)
+    let mut h = crate::hash::FastHasher::default();
+    h.write(endpoint.as_bytes());
+    h.finish().max(1)
 }
 
 /// The inbox name of our endpoint named `endpoint`.
@@ -412,7 +413,11 @@ impl Outbox {
     /// Claim a slot in the inbox `name` for our endpoint named `sender`. Errors: no such
     /// inbox (a peer without one), a file of another layout, every slot taken.
     pub(super) fn open(name: &str, sender: &str) -> Result<Outbox> {
-        let map = Map::open(name, false)?;
+        Self::claim(Map::open(name, false)?, name, sender)
+    }
+
+    /// `open`'s claim of a free slot of `map` (the inbox `name`).
+    fn claim(map: Map, name: &str, sender: &str) -> Result<Outbox> {
         let token = (u64::from(std::process::id()) << 32)
             | (TOKENS.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff);
         for slot in 0..SLOTS {
@@ -630,6 +635,7 @@ mod tests {
         let ib = Inbox::create(&ep).expect("inbox");
         let name = inbox_name(&ep);
         assert!(ib.map.populate(0, libc::MADV_POPULATE_WRITE).is_ok());
+        let map = Map::open(&name, false).expect("a sender's map");
         // Cut the file short under the mapping: slot 0's pages cannot exist any more, as when
         // /dev/shm is full. Writing them would raise SIGBUS; populating says so instead.
         std::fs::OpenOptions::new()
@@ -645,6 +651,13 @@ mod tests {
         let supported = unsafe { libc::madvise(page, 4096, libc::MADV_POPULATE_READ) } == 0;
         if supported {
             assert!(e.is_err(), "populating past the end of the file must fail");
+            // A sender that maps the inbox then finds no memory behind it: an error naming
+            // the cause, and no slot claimed.
+            let e = Outbox::claim(map, &name, "fbtest-sender")
+                .err()
+                .expect("no memory");
+            assert!(e.to_string().contains("is /dev/shm full?"), "{e}");
+            assert_eq!(ib.claimed(), 0);
         } else {
             eprintln!("skipping: this kernel has no MADV_POPULATE_*");
         }
