@@ -278,7 +278,8 @@ impl Comm {
     /// each rank on this machine can have a CPU of its own. Until then `spin` is a guess from
     /// this process's CPU set alone, which a binding launcher defeats: 2 ranks bound one per CPU
     /// each see one CPU, and yielded, 0.34 to 0.59 us for a 2-rank shm AllReduce of 8 B against
-    /// 0.27 to 0.31 spinning.
+    /// 0.27 to 0.31 spinning. The cost model learns whether any machine's ranks share CPUs
+    /// (`tune::Model::shared_cpus`).
     fn learn_placement(&mut self) -> Result<()> {
         if self.nranks == 1 {
             return Ok(());
@@ -304,6 +305,10 @@ impl Comm {
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| Error::Internal("placement records of the wrong size".into()))?;
         self.spin = placement::own_cpus(&places, self.rank);
+        // Every rank computes this from the same records, so all choose alike.
+        let shared = (0..self.nranks).any(|r| !placement::own_cpus(&places, r));
+        let m = self.model.clone().with_shared_cpus(shared);
+        self.set_model(m);
         let mine = places[self.rank].host;
         log::debug!(
             "rank {}: {} of {} ranks on this machine; waiters {}",
@@ -1047,7 +1052,8 @@ mod tests {
         );
     }
 
-    /// Whether each of the ranks, threads pinned to `sets[r]`, spins after the exchange.
+    /// Whether each of the ranks, threads pinned to `sets[r]`, spins after the exchange (and
+    /// that its cost model knows whether the ranks share CPUs).
     fn spins_when_pinned(sets: &[Vec<usize>]) -> Vec<bool> {
         use crate::transport::loopback::LoopbackFabric;
         let cfg = Config::from_lookup(|_| None).unwrap();
@@ -1068,6 +1074,8 @@ mod tests {
                         placement::bind_to(cpus).expect("bind");
                         let mut c = Comm::new(r, ep, addrs, cfg).unwrap();
                         c.learn_placement().unwrap();
+                        // One machine: its ranks share CPUs exactly when they do not spin.
+                        assert_eq!(c.model().shared_cpus, !c.spin, "rank {r}");
                         c.spin
                     })
                 })

@@ -14,7 +14,14 @@
 //! slices: with 2 ranks, AllGather of 64 KiB took 60 us in 16 KiB slices against 112 us in whole
 //! 32 KiB messages, 116 against 140 us at 128 KiB (4 slices per message), but 199 against 171 us
 //! at 256 KiB (8 slices), where two alphas of handshake (about 45 us) are less than seven extra
-//! slices. PURE: the measurements are taken by `coll`.
+//! slices. Where ranks share CPUs (`Model::shared_cpus`: 4 ranks bound two to a CPU) a
+//! handshake waits for its peer to be scheduled, so the handshakes of one round no longer
+//! overlap and each message pays its own: then mesh, which sends to every peer at once, loses
+//! to recursive halving/doubling. Over tcp, 4 ranks on 2 CPUs, medians of 5 alternating runs,
+//! mesh against rdh: AllReduce of 256 KiB to 4 MiB 1.08 to 1.85 times slower, AllGather and
+//! ReduceScatter of 256 KiB to 1 MiB 1.03 to 1.24 times slower (at 2 and 4 MiB 0.84 to 0.92,
+//! where both are 1.1 to 4 times faster than Open MPI). PURE: the measurements are taken by
+//! `coll`.
 #![forbid(unsafe_code)]
 
 use crate::algo::{self, Algorithm, Collective, Options, Problem};
@@ -35,6 +42,10 @@ pub struct Model {
     /// trip, or are cut into slices of this size (`usize::MAX`: no rendezvous). Set from the
     /// provider (`coll::eager_bytes`).
     pub eager_bytes: usize,
+    /// Some machine runs more ranks than it has CPUs for (`coll::placement`): a handshake then
+    /// waits for its peer to be scheduled, so the rendezvous of messages sent at once no
+    /// longer overlap and each costs its own `RENDEZVOUS_ALPHAS` (`eager_alphas`).
+    pub shared_cpus: bool,
     logged: Arc<Mutex<HashSet<(Collective, u32)>>>,
 }
 
@@ -64,6 +75,7 @@ impl Model {
                 cfg.gamma_gbps.is_some(),
             ],
             eager_bytes: usize::MAX,
+            shared_cpus: false,
             logged: Arc::default(),
         }
     }
@@ -74,6 +86,12 @@ impl Model {
         self
     }
 
+    /// This model for ranks some of which share CPUs (`shared_cpus`).
+    pub fn with_shared_cpus(mut self, shared: bool) -> Model {
+        self.shared_cpus = shared;
+        self
+    }
+
     pub fn new(alpha_us: f64, beta_gbps: f64, gamma_gbps: f64) -> Model {
         Model {
             alpha_us,
@@ -81,6 +99,7 @@ impl Model {
             gamma_us_per_byte: gbps_to_us_per_byte(gamma_gbps),
             fixed: [true; 3],
             eager_bytes: usize::MAX,
+            shared_cpus: false,
             logged: Arc::default(),
         }
     }
@@ -117,7 +136,7 @@ impl Model {
         }
         let big = whole_bytes(p, elem);
         let t = self.alpha_beta(algo, p.coll, n, big)?;
-        let (alphas, _) = eager_alphas(algo, p.coll, p.nranks, big, self.eager_bytes);
+        let (alphas, _) = self.eager_alphas(algo, p, big);
         Some(t + alphas * self.alpha_us)
     }
 
@@ -133,11 +152,23 @@ impl Model {
         let big = whole_bytes(p, elem);
         let slice = (self.eager_bytes / elem.max(1)).max(1);
         let finer = opts.slice == 0 || slice < opts.slice;
-        if p.nranks > 1 && finer && eager_alphas(algo, p.coll, p.nranks, big, self.eager_bytes).1 {
+        if p.nranks > 1 && finer && self.eager_alphas(algo, p, big).1 {
             Options { slice, ..opts }
         } else {
             opts
         }
+    }
+
+    /// `eager_alphas` on this model's transport and placement.
+    fn eager_alphas(&self, algo: Algorithm, p: &Problem, big: f64) -> (f64, bool) {
+        eager_alphas(
+            algo,
+            p.coll,
+            p.nranks,
+            big,
+            self.eager_bytes,
+            self.shared_cpus,
+        )
     }
 
     /// The alpha-beta-gamma formulas of algorithms.md (with the per-message CPU cost `o`).
@@ -213,13 +244,14 @@ impl Model {
                 .map(|(t, a)| format!("{a} {t:.1} us"))
                 .collect();
             log::info!(
-                "{:?} of {} B on {} ranks (alpha {:.2} us, beta {:.3} GB/s, gamma {:.2} GB/s): predicted {}; chose {best}{}",
+                "{:?} of {} B on {} ranks (alpha {:.2} us, beta {:.3} GB/s, gamma {:.2} GB/s{}): predicted {}; chose {best}{}",
                 p.coll,
                 p.count * elem,
                 p.nranks,
                 self.alpha_us,
                 1.0 / (self.beta_us_per_byte * 1e3),
                 1.0 / (self.gamma_us_per_byte * 1e3),
+                if self.shared_cpus { ", ranks share CPUs" } else { "" },
                 list.join(", "),
                 if sliced == opts {
                     String::new()
@@ -244,14 +276,16 @@ fn whole_bytes(p: &Problem, elem: usize) -> f64 {
 
 /// What messages above `eager_bytes` add to `algo`'s time, in alphas, and whether sending them
 /// as eager-sized slices (alpha/2 per extra message) is cheaper than their rendezvous
-/// (`RENDEZVOUS_ALPHAS` per round). Linear in alpha, so the choice needs no measurement:
-/// `Model::predict`, `Model::eager_slicing` and `fit` all take it from here.
+/// (`RENDEZVOUS_ALPHAS` per round, or per message where ranks share CPUs: `serial`). Linear in
+/// alpha, so the choice needs no measurement: `Model::predict`, `Model::eager_slicing` and
+/// `fit` all take it from here.
 fn eager_alphas(
     algo: Algorithm,
     coll: Collective,
     nranks: usize,
     big: f64,
     eager_bytes: usize,
+    serial: bool,
 ) -> (f64, bool) {
     if eager_bytes == usize::MAX {
         return (0.0, false);
@@ -260,7 +294,8 @@ fn eager_alphas(
     let (mut rendezvous, mut sliced) = (0.0, 0.0);
     for (count, msgs, msg) in rounds(algo, coll, nranks, big) {
         if msg > eager {
-            rendezvous += count * RENDEZVOUS_ALPHAS;
+            let handshakes = if serial { count * msgs } else { count };
+            rendezvous += handshakes * RENDEZVOUS_ALPHAS;
             sliced += count * msgs * ((msg / eager).ceil() - 1.0) / 2.0;
         }
     }
@@ -364,6 +399,7 @@ pub fn fit(
             nranks,
             bytes,
             eager_bytes,
+            false, // one message a round: per round and per message agree
         );
         2.0 * (n - 1.0) + extra
     };
@@ -448,6 +484,44 @@ mod tests {
             tcp.choose(&tiny, 4, Options::default(), 1).0,
             Algorithm::Rd | Algorithm::Rdh
         ));
+    }
+
+    #[test]
+    fn where_ranks_share_cpus_each_message_pays_its_own_handshake() {
+        let tcp = Model::new(7.5, 1.4, 19.0).with_eager(16 << 10);
+        let shared = tcp.clone().with_shared_cpus(true);
+        let ag = |bytes: usize| Problem::new(Collective::AllGather, 4, bytes / 16);
+        let ar = |bytes: usize| Problem::new(Collective::AllReduce, 4, bytes / 4);
+        for bytes in [1 << 20, 4 << 20] {
+            for p in [ag(bytes), ar(bytes)] {
+                assert_eq!(tcp.choose(&p, 4, Options::default(), 1).0, Algorithm::Mesh);
+                assert_eq!(
+                    shared.choose(&p, 4, Options::default(), 1).0,
+                    Algorithm::Rdh,
+                    "{:?} of {bytes} B",
+                    p.coll
+                );
+            }
+            // One message a round (ring, rdh): per message is per round, nothing changes.
+            for a in [Algorithm::Ring, Algorithm::Rdh] {
+                assert_eq!(
+                    tcp.predict(a, &ag(bytes), 4),
+                    shared.predict(a, &ag(bytes), 4)
+                );
+            }
+            // Mesh sends three at once: two alphas more for each of the two extra handshakes.
+            let extra = shared.predict(Algorithm::Mesh, &ag(bytes), 4).unwrap()
+                - tcp.predict(Algorithm::Mesh, &ag(bytes), 4).unwrap();
+            assert!((extra - 4.0 * 7.5).abs() < 1e-9, "{extra}");
+        }
+        // Without a rendezvous (shm, net) sharing CPUs changes nothing.
+        let shm = Model::new(7.5, 1.4, 19.0);
+        assert_eq!(
+            shm.clone()
+                .with_shared_cpus(true)
+                .predict(Algorithm::Mesh, &ag(1 << 20), 4),
+            shm.predict(Algorithm::Mesh, &ag(1 << 20), 4)
+        );
     }
 
     #[test]
