@@ -600,8 +600,8 @@ impl Exec {
     /// channel (`Transport::send_now` / `take_now`): nothing is posted, no completion comes.
     /// Only for an `Exec` nothing has advanced yet, whose plan's messages all fit the direct
     /// channels to their peers (`Plan::max_message`, `Transport::direct_bytes`). Each round
-    /// runs the ready steps (a send whose channel is full stays ready) and takes every waiting
-    /// receive whose message is in; between rounds that found nothing it pauses as `idle`
+    /// runs the ready steps, sends before local work (a send whose channel is full stays
+    /// ready), and takes every waiting receive whose message is in; between rounds that found nothing it pauses as `idle`
     /// says. The collective's deadline applies, and `aborted` is read every idle round. On an error nothing is left in flight: `fail`
     /// restores an in-place input.
     pub fn run_direct(
@@ -630,8 +630,10 @@ impl Exec {
         let rank = self.job.rank;
         loop {
             let mut moved = false;
-            // Ready steps: receives wait in `waiting`, sends go, local work runs. A send that
-            // found the channel full stays ready for the next round.
+            // Ready steps: sends go and receives wait in `waiting`; then local work runs, so
+            // that it delays no message (a ring AllGather's copy of the own chunk comes first
+            // in its schedule). A send that found the channel full stays ready for the next
+            // round, and so does whatever a local step or a send makes ready.
             for _ in 0..self.ready.len() {
                 let i = self.ready.pop_front().expect("counted");
                 match self.job.schedule.ranks[rank][i].op {
@@ -648,10 +650,16 @@ impl Exec {
                             self.ready.push_back(i);
                         }
                     }
-                    _ => {
-                        self.run_local(i)?;
-                        moved = true;
-                    }
+                    _ => self.ready.push_back(i),
+                }
+            }
+            for _ in 0..self.ready.len() {
+                let i = self.ready.pop_front().expect("counted");
+                if self.job.schedule.ranks[rank][i].op.peer().is_none() {
+                    self.run_local(i)?;
+                    moved = true;
+                } else {
+                    self.ready.push_back(i);
                 }
             }
             let mut k = 0;
@@ -985,10 +993,15 @@ mod tests {
     }
 
     /// A transport that accepts every post, delivers nothing, and records the posts' order.
+    /// Its direct channel takes every message and delivers `reply` to every `take_now`; each
+    /// `send_now` records what `watch` holds at that moment.
     #[derive(Default)]
     struct Recorder {
         caps: Caps,
         posts: Mutex<Vec<char>>,
+        reply: Vec<u8>,
+        watch: Option<Region>,
+        seen: Mutex<Vec<Vec<u8>>>,
     }
 
     impl Transport for Recorder {
@@ -1025,6 +1038,78 @@ mod tests {
         fn wait(&self, _: Duration) -> Result<()> {
             Ok(())
         }
+        fn direct_bytes(&self, _: Peer) -> usize {
+            1 << 20
+        }
+        fn send_now(&self, _: Peer, _: u64, _: &[u8]) -> Result<bool> {
+            self.posts.lock().push('S');
+            if let Some(w) = self.watch {
+                self.seen.lock().push(w.to_vec());
+            }
+            Ok(true)
+        }
+        fn take_now(
+            &self,
+            _: Peer,
+            _: u64,
+            f: &mut dyn FnMut(&[u8]) -> Result<()>,
+        ) -> Result<bool> {
+            self.posts.lock().push('T');
+            f(&self.reply).map(|_| true)
+        }
+    }
+
+    /// Rank 0's job of a float sum over `schedule`, the first collective of its communicator.
+    fn rank0_job(
+        schedule: Arc<algo::Schedule>,
+        inp: &Scratch,
+        out: &Scratch,
+        sends_first: bool,
+    ) -> Job {
+        Job {
+            schedule,
+            rank: 0,
+            dtype: DataType::Float32,
+            op: RedOp::Sum,
+            inp: inp.region(),
+            out: out.region(),
+            tags: Tags::Coll(0),
+            timeout: Duration::from_secs(1),
+            sends_first,
+        }
+    }
+
+    #[test]
+    fn over_the_direct_channel_local_steps_run_after_the_sends() {
+        // A 2-rank ring AllGather lists the copy of the own chunk first: it must not delay
+        // the send, which reads the input, not the output.
+        let count = 4usize;
+        let p = Problem::new(Collective::AllGather, 2, count);
+        let schedule = Arc::new(algo::build(p, Algorithm::Ring, &Options::default()).unwrap());
+        let plan = Arc::new(Plan::new(&schedule, 0, 4).unwrap());
+        let (inp, out) = (Scratch::new(16), Scratch::new(32));
+        inp.region().write(&[7u8; 16]);
+        let job = rank0_job(schedule, &inp, &out, true);
+        let t = Recorder {
+            reply: vec![9u8; 16],
+            watch: Some(out.region().sub(0, 16).unwrap()),
+            ..Recorder::default()
+        };
+        let mut pool = BufPool::default();
+        let mut x = Exec::new(job, plan, 1, &mut pool).unwrap();
+        let mut idle = super::Idle::new(true, Duration::from_millis(1));
+        let aborted = std::sync::atomic::AtomicBool::new(false);
+        x.run_direct(&t, &[Peer(0), Peer(1)], &mut idle, &aborted)
+            .unwrap();
+        assert_eq!(t.posts.lock().iter().collect::<String>(), "ST");
+        assert_eq!(
+            *t.seen.lock(),
+            [vec![0u8; 16]],
+            "the own chunk was copied first"
+        );
+        let mut want = vec![7u8; 16];
+        want.extend([9u8; 16]);
+        assert_eq!(out.region().to_vec(), want);
     }
 
     #[test]
@@ -1041,17 +1126,7 @@ mod tests {
         let plan = Arc::new(Plan::new(&schedule, 0, el).unwrap());
         for sends_first in [false, true] {
             let (inp, out) = (Scratch::new(count * el), Scratch::new(2 * count * el));
-            let job = Job {
-                schedule: schedule.clone(),
-                rank: 0,
-                dtype: DataType::Float32,
-                op: RedOp::Sum,
-                inp: inp.region(),
-                out: out.region(),
-                tags: Tags::Coll(0),
-                timeout: Duration::from_secs(1),
-                sends_first,
-            };
+            let job = rank0_job(schedule.clone(), &inp, &out, sends_first);
             let mut pool = BufPool::default();
             let t = Recorder::default();
             let mut x = Exec::new(job, plan.clone(), 1, &mut pool).unwrap();
