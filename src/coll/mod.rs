@@ -788,7 +788,9 @@ impl Comm {
         let addrs: Vec<Vec<u8>> = members.into_iter().map(|m| m.2).collect();
         let mut c = Comm::new(new_rank, t, &addrs, cfg)?;
         c.learn_placement()?;
-        c.set_model(self.model.clone());
+        // The parent's measurements, and whether the new communicator's own ranks share CPUs.
+        let shared = c.model.shared_cpus;
+        c.set_model(self.model.clone().with_shared_cpus(shared));
         Ok(Some(c))
     }
 
