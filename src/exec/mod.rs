@@ -601,9 +601,10 @@ impl Exec {
     /// Only for an `Exec` nothing has advanced yet, whose plan's messages all fit the direct
     /// channels to their peers (`Plan::max_message`, `Transport::direct_bytes`). Each round
     /// runs the ready steps, sends before local work (a send whose channel is full stays
-    /// ready), and takes every waiting receive whose message is in; between rounds that found nothing it pauses as `idle`
-    /// says. The collective's deadline applies, and `aborted` is read every idle round. On an error nothing is left in flight: `fail`
-    /// restores an in-place input.
+    /// ready), and takes every waiting receive whose message is in; between rounds that found
+    /// nothing it pauses as `idle` says. The collective's deadline applies, and `aborted` is
+    /// read every idle round. On an error nothing is left in flight: `fail` restores an
+    /// in-place input.
     pub fn run_direct(
         &mut self,
         t: &dyn Transport,

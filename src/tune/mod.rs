@@ -18,7 +18,7 @@
 //! handshake waits for its peer to be scheduled, so the handshakes of one round no longer
 //! overlap and each message pays its own: then mesh, which sends to every peer at once, loses
 //! to recursive halving/doubling. Over tcp, 4 ranks on 2 CPUs, medians of 5 alternating runs,
-//! mesh against rdh: AllReduce of 256 KiB to 4 MiB 1.08 to 1.85 times slower, AllGather and
+//! mesh against rdh: AllReduce of 256 KiB to 4 MiB 1.41 to 1.85 times slower, AllGather and
 //! ReduceScatter of 256 KiB to 1 MiB 1.03 to 1.24 times slower (at 2 and 4 MiB 0.84 to 0.92,
 //! where both are 1.1 to 4 times faster than Open MPI). PURE: the measurements are taken by
 //! `coll`.
