@@ -7,21 +7,12 @@
 use nccl_net_fabricoll::algo::Collective;
 use nccl_net_fabricoll::coll::{self, Call, Comm, Kind};
 use nccl_net_fabricoll::config::Config;
+
+mod common;
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
 use nccl_net_fabricoll::transport::{Region, Transport};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn cfg(timeout_ms: u32) -> Config {
-    let kv = [
-        ("FABRICOLL_PROVIDER", "shm".to_string()),
-        ("FABRICOLL_ALPHA_US", "5".into()),
-        ("FABRICOLL_BETA_GBPS", "2".into()),
-        ("FABRICOLL_GAMMA_GBPS", "8".into()),
-        ("FABRICOLL_TIMEOUT_MS", timeout_ms.to_string()),
-    ];
-    Config::from_lookup(|n| kv.iter().find(|(k, _)| *k == n).map(|(_, v)| v.clone())).unwrap()
-}
 
 /// `n` communicators over shm endpoints of this process, or None (skip) where shm or its
 /// fastbox is missing.
@@ -110,7 +101,7 @@ fn case(coll: Collective, n: usize, count: usize, r: usize) -> (Vec<f32>, Vec<f3
 
 #[test]
 fn small_blocking_collectives_run_direct_and_agree_with_ranks_on_the_general_path() {
-    let c = cfg(20000);
+    let c = common::fixed_model(Some("shm"), 20000);
     for n in [2usize, 3] {
         let Some(cs) = comms(n, &c) else { return };
         for coll in Collective::ALL {
@@ -179,7 +170,7 @@ fn small_blocking_collectives_run_direct_and_agree_with_ranks_on_the_general_pat
 
 #[test]
 fn a_direct_collective_ends_at_its_deadline_and_on_abort_with_its_input_restored() {
-    let Some(cs) = comms(2, &cfg(300)) else {
+    let Some(cs) = comms(2, &common::fixed_model(Some("shm"), 300)) else {
         return;
     };
     // Rank 1 never calls: rank 0's in-place AllReduce times out, its input intact.
@@ -196,7 +187,7 @@ fn a_direct_collective_ends_at_its_deadline_and_on_abort_with_its_input_restored
     assert_eq!(cs[0].direct_runs(), 1);
 
     // Abort from another thread ends a direct collective long before its deadline.
-    let Some(cs) = comms(2, &cfg(20000)) else {
+    let Some(cs) = comms(2, &common::fixed_model(Some("shm"), 20000)) else {
         return;
     };
     let comm = cs[0].clone();
@@ -220,7 +211,7 @@ fn a_direct_collective_ends_at_its_deadline_and_on_abort_with_its_input_restored
 
 #[test]
 fn ranks_that_disagree_on_the_count_get_errors_not_hangs() {
-    let Some(cs) = comms(2, &cfg(1000)) else {
+    let Some(cs) = comms(2, &common::fixed_model(Some("shm"), 1000)) else {
         return;
     };
     let t = Instant::now();

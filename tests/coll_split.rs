@@ -2,20 +2,10 @@
 //! communicator keeps its parent's measured cost model but learns for itself whether its own
 //! ranks share CPUs (`tune::Model::shared_cpus`), alike on all of its ranks.
 use nccl_net_fabricoll::coll::{self, placement, Comm};
-use nccl_net_fabricoll::config::Config;
 use nccl_net_fabricoll::transport::Transport;
 use std::sync::Arc;
 
-fn cfg() -> Config {
-    let kv = [
-        ("FABRICOLL_PROVIDER", "shm"),
-        ("FABRICOLL_ALPHA_US", "5"),
-        ("FABRICOLL_BETA_GBPS", "2"),
-        ("FABRICOLL_GAMMA_GBPS", "8"),
-        ("FABRICOLL_TIMEOUT_MS", "20000"),
-    ];
-    Config::from_lookup(|n| kv.iter().find(|(k, _)| *k == n).map(|(_, v)| v.to_string())).unwrap()
-}
+mod common;
 
 #[test]
 fn a_split_communicator_learns_whether_its_own_ranks_share_cpus() {
@@ -25,7 +15,7 @@ fn a_split_communicator_learns_whether_its_own_ranks_share_cpus() {
         return;
     }
     let (a, b) = (mine[0], mine[1]);
-    let c = cfg();
+    let c = common::fixed_model(Some("shm"), 20000);
     let eps: Vec<Arc<dyn Transport>> = match (0..4).map(|_| coll::open_endpoint(&c)).collect() {
         Ok(e) => e,
         Err(e) => {

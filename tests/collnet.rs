@@ -1,20 +1,11 @@
 //! CollNet semantics over the loopback plugin, ranks as threads: connect completes in one call,
 //! iallreduce, and windowed iallgather / ireducescatter as NCCL issues them.
-use nccl_net_fabricoll::config::Config;
 use nccl_net_fabricoll::plugin::{collnet, Plugin, HANDLE_SIZE};
 use nccl_net_fabricoll::transport::loopback::LoopbackFabric;
 use nccl_net_fabricoll::transport::Region;
 use std::time::{Duration, Instant};
 
-fn cfg() -> Config {
-    let kv = [
-        ("FABRICOLL_ALPHA_US", "5"),
-        ("FABRICOLL_BETA_GBPS", "2"),
-        ("FABRICOLL_GAMMA_GBPS", "8"),
-        ("FABRICOLL_TIMEOUT_MS", "10000"),
-    ];
-    Config::from_lookup(|n| kv.iter().find(|(k, _)| *k == n).map(|(_, v)| v.to_string())).unwrap()
-}
+mod common;
 
 fn region(v: &mut [u8]) -> Region {
     // SAFETY: buffers outlive the requests, which each test waits for.
@@ -40,7 +31,7 @@ fn f32s(v: &[u8]) -> Vec<f32> {
 #[test]
 fn collnet_allreduce_and_windows() {
     for n in [1usize, 2, 3, 5] {
-        let c = cfg();
+        let c = common::fixed_model(None, 10000);
         let f = LoopbackFabric::new();
         let plugin = Plugin::loopback(&f, 1, &c);
         let listens: Vec<([u8; HANDLE_SIZE], u64)> = (0..n)

@@ -630,7 +630,7 @@ impl Exec {
     ) -> Result<()> {
         let rank = self.job.rank;
         loop {
-            let mut moved = false;
+            let (mut moved, mut local) = (false, false);
             // Ready steps: sends go and receives wait in `waiting`; then local work runs, so
             // that it delays no message (a ring AllGather's copy of the own chunk comes first
             // in its schedule). A send that found the channel full stays ready for the next
@@ -651,10 +651,15 @@ impl Exec {
                             self.ready.push_back(i);
                         }
                     }
-                    _ => self.ready.push_back(i),
+                    _ => {
+                        self.ready.push_back(i);
+                        local = true;
+                    }
                 }
             }
-            for _ in 0..self.ready.len() {
+            // The second pass only when the first set local work aside (polls mostly find none).
+            let deferred = if local { self.ready.len() } else { 0 };
+            for _ in 0..deferred {
                 let i = self.ready.pop_front().expect("counted");
                 if self.job.schedule.ranks[rank][i].op.peer().is_none() {
                     self.run_local(i)?;

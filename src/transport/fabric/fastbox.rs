@@ -77,7 +77,7 @@ pub(super) fn inbox_of_address(addr: &[u8]) -> Option<String> {
 /// The identity a sender writes into the slot it claims: a hash of its endpoint's name (the
 /// crate's unseeded `FastHasher`, so every process computes the same), never 0 (a free
 /// slot's word).
-fn sender_id(endpoint: &str) -> u64 {
+pub(super) fn sender_id(endpoint: &str) -> u64 {
     let mut h = crate::hash::FastHasher::default();
     h.write(endpoint.as_bytes());
     h.finish().max(1)
@@ -284,10 +284,9 @@ impl Inbox {
         (self.map.high().load(Ordering::Acquire) as usize).min(SLOTS)
     }
 
-    /// Whether the endpoint named `endpoint` holds a slot here, so that every message of up to
-    /// `MAX_PAYLOAD` bytes it sends us comes through this inbox.
-    pub(super) fn sends_here(&self, endpoint: &str) -> bool {
-        let id = sender_id(endpoint);
+    /// Whether the endpoint whose `sender_id` is `id` holds a slot here, so that every message
+    /// of up to `MAX_PAYLOAD` bytes it sends us comes through this inbox.
+    pub(super) fn sends_here(&self, id: u64) -> bool {
         (0..self.claimed()).any(|s| {
             self.broken & (1 << s) == 0
                 && self.map.owner(s).load(Ordering::Acquire) != 0
@@ -616,17 +615,17 @@ mod tests {
         let mut ib = Inbox::create(&ep).expect("inbox");
         let name = inbox_name(&ep);
         let (a, b) = (endpoint("sender-a"), endpoint("sender-b"));
-        assert!(!ib.sends_here(&a) && !ib.sends_here(&b));
+        assert!(!ib.sends_here(sender_id(&a)) && !ib.sends_here(sender_id(&b)));
         let mut ob = Outbox::open(&name, &a).expect("slot");
-        assert!(ib.sends_here(&a), "a claimed a slot");
-        assert!(!ib.sends_here(&b), "b did not");
+        assert!(ib.sends_here(sender_id(&a)), "a claimed a slot");
+        assert!(!ib.sends_here(sender_id(&b)), "b did not");
         // A slot given back no longer speaks for its last holder.
         assert_eq!(ob.push(1, b"x"), Pushed::Done);
         assert_eq!(drained(&mut ib).len(), 1);
         drop(ob);
-        assert!(!ib.sends_here(&a), "a gave its slot back");
+        assert!(!ib.sends_here(sender_id(&a)), "a gave its slot back");
         let _b = Outbox::open(&name, &b).expect("slot");
-        assert!(ib.sends_here(&b) && !ib.sends_here(&a));
+        assert!(ib.sends_here(sender_id(&b)) && !ib.sends_here(sender_id(&a)));
     }
 
     #[test]

@@ -542,8 +542,8 @@ struct Inner {
     inbox: Option<fastbox::Inbox>,
     /// Slots claimed in peers' inboxes, by peer.
     outbox: FastMap<u64, fastbox::Outbox>,
-    /// Endpoint names of the shm peers, to ask our inbox whether they hold a slot in it.
-    peer_names: FastMap<u64, String>,
+    /// The shm peers' `fastbox::sender_id`s, to ask our inbox whether they hold a slot in it.
+    peer_senders: FastMap<u64, u64>,
     /// `take_now` calls that found nothing since the completion queue was last read there.
     direct_misses: u32,
     /// Peers whose hello (see `hello`) the provider refused with EAGAIN, sent again on poll.
@@ -718,7 +718,7 @@ impl FabricTransport {
                 watch: FastMap::default(),
                 inbox: None,
                 outbox: FastMap::default(),
-                peer_names: FastMap::default(),
+                peer_senders: FastMap::default(),
                 direct_misses: 0,
                 hellos: Vec::new(),
             }),
@@ -1095,9 +1095,9 @@ impl Inner {
         match (&self.inbox, &self.soft) {
             (Some(ib), Some(soft)) if self.outbox.contains_key(&peer.0) => {
                 let all_here = self
-                    .peer_names
+                    .peer_senders
                     .get(&peer.0)
-                    .is_some_and(|n| ib.sends_here(n));
+                    .is_some_and(|&id| ib.sends_here(id));
                 if all_here {
                     fastbox::MAX_PAYLOAD
                 } else {
@@ -1519,7 +1519,7 @@ impl Transport for FabricTransport {
             // Our own inbox says we match in software, so the peer (same library, same
             // libfabric) reads its inbox; without one it gets the provider path.
             if let Some(peer) = shm::endpoint_in_address(addr) {
-                g.peer_names.insert(fi_addr, peer);
+                g.peer_senders.insert(fi_addr, fastbox::sender_id(&peer));
             }
             if let Some(name) = fastbox::inbox_of_address(addr) {
                 let me = g.shm_name.clone().unwrap_or_default();
