@@ -1,6 +1,7 @@
 //! libfabric backend: one RDM endpoint per device (libfabric domain), tagged messages,
 //! memory registration that honours the provider's `mr_mode`, and a completion queue we can
 //! sleep on. Every fid is closed by RAII.
+mod cma;
 mod fastbox;
 mod shm;
 pub mod sys;
@@ -500,13 +501,45 @@ struct SoftRecv {
     provider: Option<usize>,
 }
 
+/// A message that arrived before its receive.
+#[derive(Debug)]
+enum Unexp {
+    /// Its bytes.
+    Data(Vec<u8>),
+    /// A large message still in its sender's memory (`cma`), announced by the fastbox sender
+    /// whose `sender_id` is `from`.
+    Rndv { rts: cma::Rts, from: u64 },
+}
+
+/// A large send announced by an `RTS` frame, waiting for the receiver's `ACK` (see `cma`).
+struct RndvSend {
+    peer: u64,
+    tag: u64,
+    addr: usize,
+    len: usize,
+    desc: usize,
+    op: OpId,
+    owned: Option<Vec<u8>>,
+}
+
 #[derive(Default)]
 struct Soft {
     small: usize,
     posted: VecDeque<SoftRecv>,
-    unexpected: VecDeque<(u64, Vec<u8>)>,
+    unexpected: VecDeque<(u64, Unexp)>,
     /// Framed send buffers (`small + 8` bytes of capacity) whose sends completed.
     free: Vec<Vec<u8>>,
+}
+
+impl Soft {
+    /// The first posted receive that matches `tag`, taken out with its position in the list.
+    fn take_posted(&mut self, tag: u64) -> Option<(usize, SoftRecv)> {
+        let i = self
+            .posted
+            .iter()
+            .position(|r| (r.tag | r.ignore) == (tag | r.ignore))?;
+        Some((i, self.posted.remove(i).expect("index from position")))
+    }
 }
 
 /// Framed small-message buffers kept for reuse.
@@ -544,6 +577,20 @@ struct Inner {
     outbox: FastMap<u64, fastbox::Outbox>,
     /// The shm peers' `fastbox::sender_id`s, to ask our inbox whether they hold a slot in it.
     peer_senders: FastMap<u64, u64>,
+    /// The other way round: the peer whose endpoint has a given `sender_id`.
+    sender_peers: FastMap<u64, u64>,
+    /// Large sends announced by an `RTS` frame and not yet acknowledged, by cookie.
+    rndv: FastMap<u64, RndvSend>,
+    next_cookie: u64,
+    /// `ACK` frames that found the sender's ring full: (its `sender_id`, payload).
+    acks: VecDeque<(u64, [u8; cma::ACK_BYTES])>,
+    /// Peers that could not copy from our memory: large messages to them take the provider.
+    no_cma: FastMap<u64, ()>,
+    /// Sends an `ACK` sent back to the provider that found it busy, posted again on poll.
+    resend: VecDeque<RndvSend>,
+    /// Tests: act as if the kernel refused every copy from a peer (`cma::refused`).
+    #[cfg(test)]
+    refuse_cma: bool,
     /// `take_now` calls that found nothing since the completion queue was last read there.
     direct_misses: u32,
     /// Peers whose hello (see `hello`) the provider refused with EAGAIN, sent again on poll.
@@ -719,6 +766,14 @@ impl FabricTransport {
                 inbox: None,
                 outbox: FastMap::default(),
                 peer_senders: FastMap::default(),
+                sender_peers: FastMap::default(),
+                rndv: FastMap::default(),
+                next_cookie: 1,
+                acks: VecDeque::new(),
+                no_cma: FastMap::default(),
+                resend: VecDeque::new(),
+                #[cfg(test)]
+                refuse_cma: false,
                 direct_misses: 0,
                 hellos: Vec::new(),
             }),
@@ -883,6 +938,18 @@ impl Inner {
                 };
             }
         }
+        if len > fastbox::MAX_PAYLOAD && self.rndv_ok(peer.0) {
+            let s = RndvSend {
+                peer: peer.0,
+                tag,
+                addr,
+                len,
+                desc,
+                op,
+                owned,
+            };
+            return Ok(self.post_rts(s));
+        }
         if let Some(small) = self.soft.as_ref().map(|x| x.small) {
             if len <= small {
                 return self.post_small(peer, tag, addr, len, op, owned);
@@ -927,6 +994,263 @@ impl Inner {
         }
         check("fi_tsend", rc as i64)?;
         Ok(Posted::Busy)
+    }
+
+    /// Whether both ends of `peer` hold a slot in each other's inbox, so that every message
+    /// it sends us, and every answer it owes us, comes through our inbox.
+    fn both_slots(&self, peer: u64) -> bool {
+        match &self.inbox {
+            Some(ib) if self.outbox.contains_key(&peer) => self
+                .peer_senders
+                .get(&peer)
+                .is_some_and(|&id| ib.sends_here(id)),
+            _ => false,
+        }
+    }
+
+    /// Whether a large message to `peer` may go as an `RTS` (see `cma`).
+    fn rndv_ok(&self, peer: u64) -> bool {
+        !self.no_cma.contains_key(&peer) && self.both_slots(peer)
+    }
+
+    /// Announce `s` to its peer with an `RTS` frame; the send completes on the `ACK`.
+    fn post_rts(&mut self, s: RndvSend) -> Posted {
+        let cookie = self.next_cookie;
+        let rts = cma::Rts {
+            pid: std::process::id() as i32,
+            addr: s.addr as u64,
+            len: s.len as u64,
+            cookie,
+        };
+        let ob = self.outbox.get_mut(&s.peer).expect("rndv_ok checked it");
+        match ob.push_kind(fastbox::RTS, s.tag, &rts.encode()) {
+            fastbox::Pushed::Done => {
+                self.next_cookie += 1;
+                self.rndv.insert(cookie, s);
+                Posted::Queued
+            }
+            fastbox::Pushed::Full => {
+                if let Some(data) = s.owned {
+                    self.backlog.push_front((Peer(s.peer), s.tag, data, s.op));
+                }
+                Posted::Busy
+            }
+        }
+    }
+
+    /// An `RTS` frame from the fastbox sender `from`: match it in posted order or keep it.
+    fn on_rts(&mut self, from: u64, msg: &[u8]) {
+        let tag = u64::from_le_bytes(msg[0..8].try_into().expect("8 bytes"));
+        let Some(rts) = cma::Rts::decode(&msg[8..]) else {
+            log::warn!("malformed RTS frame ({} bytes) dropped", msg.len());
+            return;
+        };
+        let soft = self.soft.as_mut().expect("soft mode");
+        match soft.take_posted(tag) {
+            Some((i, r)) => {
+                if let Some(r) = self.fetch(r, tag, rts, from) {
+                    // The provider brings it instead: the receive stays where it was.
+                    self.soft.as_mut().expect("soft mode").posted.insert(i, r);
+                }
+            }
+            None => soft.unexpected.push_back((tag, Unexp::Rndv { rts, from })),
+        }
+    }
+
+    /// Complete receive `r` with the message `rts` announced (tag `tag`, from the fastbox
+    /// sender `from`) by copying it out of the sender's memory, and answer the sender. Returns
+    /// the receive when the kernel refused the copy: the sender then sends through the
+    /// provider, into the receive's provider half (posted whenever a message may exceed the
+    /// small size), so it must stay posted.
+    fn fetch(&mut self, r: SoftRecv, tag: u64, rts: cma::Rts, from: u64) -> Option<SoftRecv> {
+        let len = rts.len as usize;
+        let got = if rts.len > r.len as u64 {
+            Err(Error::InvalidArgument(format!(
+                "argument 'size': a message of {} bytes arrived for a receive buffer of {} bytes",
+                rts.len, r.len
+            )))
+        } else {
+            #[cfg(test)]
+            if self.refuse_cma {
+                self.ack(from, rts.cookie, cma::AckStatus::Fallback);
+                return Some(r);
+            }
+            let read = match r.dst {
+                SoftDst::Region(region) => region
+                    .with_mut(|d| cma::read_from(rts.pid, rts.addr, &mut d[..len]))
+                    .map(|_| None),
+                SoftDst::Owned => {
+                    let mut v = vec![0u8; len];
+                    cma::read_from(rts.pid, rts.addr, &mut v).map(|_| Some(v))
+                }
+            };
+            match read {
+                Err(e) if cma::refused(&e) => {
+                    log::info!(
+                        "the kernel refuses copies from process {} ({e}): its large messages \
+                         come through the provider",
+                        rts.pid
+                    );
+                    self.ack(from, rts.cookie, cma::AckStatus::Fallback);
+                    return Some(r);
+                }
+                Err(e) => {
+                    self.ack(from, rts.cookie, cma::AckStatus::Failed);
+                    Err(Error::System(format!(
+                        "receive failed: copying {len} bytes from process {}: {e}",
+                        rts.pid
+                    )))
+                }
+                Ok(data) => Ok(data),
+            }
+        };
+        if let Some(ctx) = r.provider {
+            self.swallow(ctx);
+        }
+        let c = match got {
+            Ok(data) => {
+                self.ack(from, rts.cookie, cma::AckStatus::Done);
+                Completion {
+                    op: r.op,
+                    len,
+                    tag,
+                    status: Ok(()),
+                    data,
+                }
+            }
+            Err(e) => {
+                if rts.len > r.len as u64 {
+                    self.ack(from, rts.cookie, cma::AckStatus::Done);
+                }
+                Completion {
+                    op: r.op,
+                    len: 0,
+                    tag,
+                    status: Err(e),
+                    data: None,
+                }
+            }
+        };
+        self.ready.push(c);
+        None
+    }
+
+    /// Send an `ACK` to the fastbox sender `from`, now or (its ring full) on a later poll.
+    fn ack(&mut self, from: u64, cookie: u64, status: cma::AckStatus) {
+        let payload = cma::encode_ack(cookie, status);
+        if !self.acks.is_empty() || !self.push_ack(from, &payload) {
+            self.acks.push_back((from, payload));
+        }
+    }
+
+    /// Push one `ACK`; false if the ring is full. One for a sender we hold no slot of is
+    /// dropped with a warning (its send then fails at its deadline; senders announce only to
+    /// peers that hold a slot in their inbox, so this is not expected).
+    fn push_ack(&mut self, from: u64, payload: &[u8]) -> bool {
+        let ob = self
+            .sender_peers
+            .get(&from)
+            .and_then(|p| self.outbox.get_mut(p));
+        match ob {
+            Some(ob) => ob.push_kind(fastbox::ACK, 0, payload) == fastbox::Pushed::Done,
+            None => {
+                log::warn!("an ACK for fastbox sender {from:#x}, whose inbox we cannot reach");
+                true
+            }
+        }
+    }
+
+    /// An `ACK` frame: the send it names is complete, failed, or goes to the provider.
+    fn on_ack(&mut self, caps: &Caps, msg: &[u8]) -> Result<()> {
+        let Some((cookie, status)) = cma::decode_ack(&msg[8..]) else {
+            log::warn!("malformed ACK frame ({} bytes) dropped", msg.len());
+            return Ok(());
+        };
+        let Some(s) = self.rndv.remove(&cookie) else {
+            log::warn!("an ACK for no pending send (cookie {cookie})");
+            return Ok(());
+        };
+        let status = match status {
+            cma::AckStatus::Done => Ok(()),
+            cma::AckStatus::Failed => Err(Error::Remote(format!(
+                "send failed: the receiver could not copy the {} bytes from this process",
+                s.len
+            ))),
+            cma::AckStatus::Fallback => {
+                self.no_cma.insert(s.peer, ());
+                return self.resend_one(caps, s);
+            }
+        };
+        self.ready.push(Completion {
+            op: s.op,
+            len: s.len,
+            tag: s.tag,
+            status,
+            data: s.owned,
+        });
+        Ok(())
+    }
+
+    /// Post `s` through the provider (its peer refused our copies); kept for the next poll
+    /// if the provider is busy.
+    fn resend_one(&mut self, caps: &Caps, s: RndvSend) -> Result<()> {
+        let (peer, tag, addr, len, desc, op, owned) =
+            (s.peer, s.tag, s.addr, s.len, s.desc, s.op, s.owned);
+        let was_owned = owned.is_some();
+        let b = OpBuf {
+            addr,
+            len,
+            desc,
+            op,
+            owned,
+        };
+        if self.post_send(caps, Peer(peer), tag, b)? == Posted::Busy && !was_owned {
+            // An owned one went back to the backlog; a caller's buffer waits here.
+            self.resend.push_back(RndvSend {
+                peer,
+                tag,
+                addr,
+                len,
+                desc,
+                op,
+                owned: None,
+            });
+        }
+        Ok(())
+    }
+
+    /// What `poll` does for the rendezvous: ACKs and resends that had to wait, and sends to
+    /// peers whose process has exited (they will never answer).
+    fn progress_rndv(&mut self, caps: &Caps) -> Result<()> {
+        while let Some((from, payload)) = self.acks.front().copied() {
+            if !self.push_ack(from, &payload) {
+                break;
+            }
+            self.acks.pop_front();
+        }
+        for _ in 0..self.resend.len() {
+            let s = self.resend.pop_front().expect("counted");
+            self.resend_one(caps, s)?;
+        }
+        if self.rndv.is_empty() {
+            return Ok(());
+        }
+        let gone: Vec<(u64, i32)> = self
+            .rndv
+            .iter()
+            .filter_map(|(&c, s)| self.gone_pid(Peer(s.peer), false).map(|pid| (c, pid)))
+            .collect();
+        for (cookie, pid) in gone {
+            let s = self.rndv.remove(&cookie).expect("listed");
+            self.ready.push(Completion {
+                op: s.op,
+                len: 0,
+                tag: s.tag,
+                status: Err(peer_exited(pid, " before taking the message")),
+                data: None,
+            });
+        }
+        Ok(())
     }
 
     fn post_recv(&mut self, tag: u64, ignore: u64, b: OpBuf) -> Result<Posted> {
@@ -1058,12 +1382,28 @@ impl Inner {
         check("fi_send (fastbox hello)", rc as i64)
     }
 
-    /// Read our inbox: every frame goes to the software matcher like a pool message.
-    fn drain_inbox(&mut self) {
+    /// Read our inbox: messages go to the software matcher like pool messages, `RTS` frames
+    /// to the matcher too, `ACK`s complete our sends.
+    fn drain_inbox(&mut self, caps: &Caps) -> Result<()> {
+        let mut r = Ok(());
         if let Some(mut ib) = self.inbox.take() {
-            ib.drain(|m| self.on_small(m));
+            ib.drain(|a| {
+                if let Err(e) = self.on_frame(caps, a) {
+                    r = Err(e);
+                }
+            });
             self.inbox = Some(ib);
         }
+        r
+    }
+
+    fn on_frame(&mut self, caps: &Caps, a: fastbox::Arrived<'_>) -> Result<()> {
+        match a.kind {
+            fastbox::RTS => self.on_rts(a.from, a.msg),
+            fastbox::ACK => return self.on_ack(caps, a.msg),
+            _ => self.on_small(a.msg),
+        }
+        Ok(())
     }
 
     /// Everything `poll` does but the hand-over: completions are left in `ready`.
@@ -1082,8 +1422,8 @@ impl Inner {
         for peer in std::mem::take(&mut self.hellos) {
             self.hello(peer)?;
         }
-        self.drain_inbox();
-        Ok(())
+        self.drain_inbox(caps)?;
+        self.progress_rndv(caps)
     }
 
     /// `Transport::direct_bytes`: the fastbox, where both ends have one. Up to `soft.small`
@@ -1092,13 +1432,9 @@ impl Inner {
     /// in our inbox, since without one its larger messages take the provider's tagged path,
     /// which `take_now` does not look at.
     fn direct_bytes(&self, peer: Peer) -> usize {
-        match (&self.inbox, &self.soft) {
-            (Some(ib), Some(soft)) if self.outbox.contains_key(&peer.0) => {
-                let all_here = self
-                    .peer_senders
-                    .get(&peer.0)
-                    .is_some_and(|&id| ib.sends_here(id));
-                if all_here {
+        match &self.soft {
+            Some(soft) if self.inbox.is_some() && self.outbox.contains_key(&peer.0) => {
+                if self.both_slots(peer.0) {
                     fastbox::MAX_PAYLOAD
                 } else {
                     fastbox::MAX_PAYLOAD.min(soft.small)
@@ -1109,7 +1445,7 @@ impl Inner {
     }
 
     /// `Transport::send_now`.
-    fn send_now(&mut self, peer: Peer, tag: u64, data: &[u8]) -> Result<bool> {
+    fn send_now(&mut self, caps: &Caps, peer: Peer, tag: u64, data: &[u8]) -> Result<bool> {
         let max = self.direct_bytes(peer);
         if data.len() > max {
             return Err(Error::arg(
@@ -1131,7 +1467,7 @@ impl Inner {
             fastbox::Pushed::Done => Ok(true),
             fastbox::Pushed::Full => {
                 // The peer may be waiting for room in our inbox just as we wait for its.
-                self.drain_inbox();
+                self.drain_inbox(caps)?;
                 Ok(false)
             }
         }
@@ -1154,15 +1490,23 @@ impl Inner {
             return Ok(true);
         }
         let mut found: Option<Result<()>> = None;
+        let mut err = None;
         if let Some(mut ib) = self.inbox.take() {
-            ib.drain(|m| {
-                if found.is_none() && m.len() >= 8 && m[..8] == tag.to_le_bytes() {
-                    found = Some(f(&m[8..]));
-                } else {
-                    self.on_small(m);
+            ib.drain(|a| {
+                if found.is_none()
+                    && a.kind == fastbox::DATA
+                    && a.msg.len() >= 8
+                    && a.msg[..8] == tag.to_le_bytes()
+                {
+                    found = Some(f(&a.msg[8..]));
+                } else if let Err(e) = self.on_frame(caps, a) {
+                    err = Some(e);
                 }
             });
             self.inbox = Some(ib);
+        }
+        if let Some(e) = err {
+            return Err(e);
         }
         if let Some(r) = found {
             return r.map(|_| true);
@@ -1193,8 +1537,16 @@ impl Inner {
         let Some(i) = soft.unexpected.iter().position(|(t, _)| *t == tag) else {
             return Ok(false);
         };
-        let (_, data) = soft.unexpected.remove(i).expect("index from position");
-        f(&data).map(|_| true)
+        match soft.unexpected.remove(i).expect("index from position").1 {
+            Unexp::Data(data) => f(&data).map(|_| true),
+            // Only a program whose ranks disagree on a message's size gets here: the direct
+            // channel carries messages of up to the fastbox payload, an RTS announces larger.
+            Unexp::Rndv { rts, .. } => Err(Error::InvalidArgument(format!(
+                "argument 'size': a message of {} bytes arrived where at most {} were expected",
+                rts.len,
+                fastbox::MAX_PAYLOAD
+            ))),
+        }
     }
 
     /// Post one receive of the small-message pool, into `reuse` if given (a pool buffer whose
@@ -1253,10 +1605,18 @@ impl Inner {
             .iter()
             .position(|(t, _)| (*t | ignore) == (tag | ignore))
         {
-            let (t, data) = soft.unexpected.remove(i).expect("index from position");
-            let c = deliver(&r, t, &data);
-            self.ready.push(c);
-            return Ok(Posted::Queued);
+            match soft.unexpected.remove(i).expect("index from position") {
+                (t, Unexp::Data(data)) => {
+                    let c = deliver(&r, t, &data);
+                    self.ready.push(c);
+                    return Ok(Posted::Queued);
+                }
+                (t, Unexp::Rndv { rts, from }) => match self.fetch(r, t, rts, from) {
+                    None => return Ok(Posted::Queued),
+                    // Refused: the provider brings it; post the receive as any other.
+                    Some(back) => r = back,
+                },
+            }
         }
         if b.len > small {
             let op = b.op;
@@ -1284,20 +1644,15 @@ impl Inner {
         let tag = u64::from_le_bytes(msg[0..8].try_into().expect("8 bytes"));
         let data = &msg[8..];
         let soft = self.soft.as_mut().expect("soft mode");
-        match soft
-            .posted
-            .iter()
-            .position(|r| (r.tag | r.ignore) == (tag | r.ignore))
-        {
-            Some(i) => {
-                let r = soft.posted.remove(i).expect("index from position");
+        match soft.take_posted(tag) {
+            Some((_, r)) => {
                 if let Some(ctx) = r.provider {
                     self.swallow(ctx);
                 }
                 let c = deliver(&r, tag, data);
                 self.ready.push(c);
             }
-            None => soft.unexpected.push_back((tag, data.to_vec())),
+            None => soft.unexpected.push_back((tag, Unexp::Data(data.to_vec()))),
         }
     }
 
@@ -1519,7 +1874,9 @@ impl Transport for FabricTransport {
             // Our own inbox says we match in software, so the peer (same library, same
             // libfabric) reads its inbox; without one it gets the provider path.
             if let Some(peer) = shm::endpoint_in_address(addr) {
-                g.peer_senders.insert(fi_addr, fastbox::sender_id(&peer));
+                let id = fastbox::sender_id(&peer);
+                g.peer_senders.insert(fi_addr, id);
+                g.sender_peers.insert(id, fi_addr);
             }
             if let Some(name) = fastbox::inbox_of_address(addr) {
                 let me = g.shm_name.clone().unwrap_or_default();
@@ -1691,7 +2048,7 @@ impl Transport for FabricTransport {
     }
 
     fn send_now(&self, peer: Peer, tag: u64, data: &[u8]) -> Result<bool> {
-        self.inner.lock().send_now(peer, tag, data)
+        self.inner.lock().send_now(&self.caps, peer, tag, data)
     }
 
     fn take_now(
@@ -2101,6 +2458,19 @@ mod tests {
         assert_eq!(take(&a, to_b, sent), payload);
     }
 
+    /// A spawned process that `t` watches as `peer`'s (both endpoints of a pair live in this
+    /// process): kill it to make the peer exit.
+    fn stand_in(t: &FabricTransport, peer: Peer) -> std::process::Child {
+        let child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let name = format!("{}{}-0-1", shm::PREFIX, child.id());
+        let w = shm::PeerWatch::of_address(name.as_bytes()).expect("our name format");
+        t.inner.lock().watch.insert(peer.0, w);
+        child
+    }
+
     #[test]
     fn the_direct_channel_reports_a_peer_whose_process_exited() {
         let Some((a, b)) = shm_pair() else { return };
@@ -2108,13 +2478,7 @@ mod tests {
         let to_b = a.insert_peer(&b.address()).expect("insert");
         assert!(b.send_now(to_a, 1, b"last words").expect("send_now"));
         // Both endpoints live in this process: a spawned process stands in for b's.
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .expect("spawn sleep");
-        let name = format!("{}{}-0-1", shm::PREFIX, child.id());
-        let w = shm::PeerWatch::of_address(name.as_bytes()).expect("our name format");
-        a.inner.lock().watch.insert(to_b.0, w);
+        let mut child = stand_in(&a, to_b);
         child.kill().expect("kill");
         child.wait().expect("reap");
         let start = Instant::now();
@@ -2128,5 +2492,169 @@ mod tests {
         assert!(e.to_string().contains("exited without sending"), "{e}");
         let e = a.send_now(to_b, 3, b"x").unwrap_err();
         assert!(e.to_string().contains("has exited"), "{e}");
+    }
+
+    /// A pair of shm endpoints that hold a slot in each other's inbox, with their peers.
+    fn linked_pair() -> Option<(FabricTransport, FabricTransport, Peer, Peer)> {
+        let (a, b) = shm_pair()?;
+        let to_a = b.insert_peer(&a.address()).expect("insert");
+        let to_b = a.insert_peer(&b.address()).expect("insert");
+        assert!(a.inner.lock().rndv_ok(to_b.0) && b.inner.lock().rndv_ok(to_a.0));
+        Some((a, b, to_a, to_b))
+    }
+
+    /// Send `src` from `b` to `a` as op `op`, progressing both while the send is refused.
+    fn send_all(
+        a: &FabricTransport,
+        b: &FabricTransport,
+        to_a: Peer,
+        tag: u64,
+        src: &mut [u8],
+        op: u64,
+    ) {
+        let (start, mut sink) = (Instant::now(), Vec::new());
+        while b.send(to_a, tag, region(src), None, op).expect("send") == Posted::Busy {
+            a.poll(&mut sink).expect("poll");
+            assert!(sink.is_empty(), "{sink:?}");
+            assert!(start.elapsed() < Duration::from_secs(10), "send stays busy");
+        }
+    }
+
+    #[test]
+    fn large_shm_messages_between_fastbox_peers_are_copied_by_their_receiver() {
+        let Some((a, b, to_a, _)) = linked_pair() else {
+            return;
+        };
+        let fb = fastbox::MAX_PAYLOAD;
+        let sizes = [fb + 1, 65536, 3 << 20];
+        let mut src: Vec<Vec<u8>> = sizes
+            .iter()
+            .map(|n| (0..*n).map(|i| (i * 7 + n) as u8).collect())
+            .collect();
+        let mut dst: Vec<Vec<u8>> = sizes.iter().map(|n| vec![0u8; n + 64]).collect();
+        // The first receive is posted before its message, the others after theirs (their
+        // RTS frames wait among the unexpected, and the copy happens at the receive).
+        let (first, rest) = dst.split_at_mut(1);
+        a.recv(10, 0, region(&mut first[0]), None, 0).expect("recv");
+        for (i, s) in src.iter_mut().enumerate() {
+            send_all(&a, &b, to_a, 10 + i as u64, s, 100 + i as u64);
+        }
+        {
+            let g = b.inner.lock();
+            assert_eq!(g.rndv.len(), 3, "every send waits for its ACK");
+        }
+        let mut early = [Vec::new(), Vec::new()];
+        a.poll(&mut early[0]).expect("poll");
+        for (i, d) in rest.iter_mut().enumerate() {
+            a.recv(11 + i as u64, 0, region(d), None, 1 + i as u64)
+                .expect("recv");
+        }
+        let [mut got, mut sent] = completions(&a, &b, sizes.len(), early);
+        // Nothing more comes: the provider halves of the receives were cancelled quietly.
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(200) {
+            a.poll(&mut got).expect("poll");
+            b.poll(&mut sent).expect("poll");
+        }
+        assert_eq!((got.len(), sent.len()), (sizes.len(), sizes.len()));
+        got.sort_by_key(|c| c.op);
+        sent.sort_by_key(|c| c.op);
+        for (i, n) in sizes.iter().enumerate() {
+            assert!(
+                got[i].status.is_ok() && sent[i].status.is_ok(),
+                "{got:?} {sent:?}"
+            );
+            assert_eq!(
+                (got[i].len, got[i].tag, sent[i].len),
+                (*n, 10 + i as u64, *n)
+            );
+            assert_eq!(dst[i][..*n], src[i][..], "payload of message {i}");
+            assert!(
+                dst[i][*n..].iter().all(|&x| x == 0),
+                "written past the message"
+            );
+        }
+        assert!(b.inner.lock().rndv.is_empty());
+        // Only the small-message pool is left posted on the receiving side.
+        let g = a.inner.lock();
+        assert!(g.soft.as_ref().expect("soft").posted.is_empty());
+        assert!(
+            g.ops.values().all(|c| c.role == Role::Pool),
+            "provider halves left"
+        );
+    }
+
+    #[test]
+    fn a_large_shm_message_too_big_for_its_receive_fails_the_receive_not_the_send() {
+        let Some((a, b, to_a, _)) = linked_pair() else {
+            return;
+        };
+        let mut small = vec![0u8; 40_000];
+        a.recv(3, 0, region(&mut small), None, 1).expect("recv");
+        let mut big = vec![9u8; 50_000];
+        send_all(&a, &b, to_a, 3, &mut big, 2);
+        let [got, sent] = completions(&a, &b, 1, Default::default());
+        let e = got[0].status.as_ref().unwrap_err().to_string();
+        assert!(e.contains("'size'") && e.contains("50000"), "{e}");
+        assert!(small.iter().all(|&x| x == 0), "nothing written");
+        assert!(sent[0].status.is_ok(), "{:?}", sent[0].status);
+    }
+
+    #[test]
+    fn where_the_kernel_refuses_copies_large_shm_messages_take_the_provider() {
+        let Some((a, b, to_a, _)) = linked_pair() else {
+            return;
+        };
+        a.inner.lock().refuse_cma = true;
+        let n = 100_000;
+        let mut src: Vec<Vec<u8>> = (0..2u8)
+            .map(|k| (0..n).map(|i| (i as u8) ^ k).collect())
+            .collect();
+        let mut dst = [vec![0u8; n], vec![0u8; n]];
+        a.recv(1, 0, region(&mut dst[0]), None, 1).expect("recv");
+        send_all(&a, &b, to_a, 1, &mut src[0], 11);
+        let [got, sent] = completions(&a, &b, 1, Default::default());
+        assert!(
+            got[0].status.is_ok() && sent[0].status.is_ok(),
+            "{got:?} {sent:?}"
+        );
+        assert_eq!(dst[0], src[0]);
+        // The sender remembers: the next one goes to the provider at once.
+        assert!(!b.inner.lock().rndv_ok(to_a.0));
+        send_all(&a, &b, to_a, 2, &mut src[1], 12);
+        assert!(b.inner.lock().rndv.is_empty(), "no RTS this time");
+        a.recv(2, 0, region(&mut dst[1]), None, 2).expect("recv");
+        let [got, sent] = completions(&a, &b, 1, Default::default());
+        assert!(
+            got[0].status.is_ok() && sent[0].status.is_ok(),
+            "{got:?} {sent:?}"
+        );
+        assert_eq!(dst[1], src[1]);
+    }
+
+    #[test]
+    fn a_large_shm_send_to_a_peer_that_exits_before_copying_it_fails() {
+        let Some((a, b, to_a, _)) = linked_pair() else {
+            return;
+        };
+        let mut big = vec![1u8; 70_000];
+        send_all(&a, &b, to_a, 4, &mut big, 5);
+        // a never receives it; its process "exits" (a spawned process stands in for it).
+        let mut child = stand_in(&b, to_a);
+        let mut out = Vec::new();
+        b.poll(&mut out).expect("poll");
+        assert!(out.is_empty(), "still waiting for the ACK: {out:?}");
+        child.kill().expect("kill");
+        child.wait().expect("reap");
+        let start = Instant::now();
+        while out.is_empty() {
+            b.poll(&mut out).expect("poll");
+            assert!(start.elapsed() < Duration::from_secs(5), "never failed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(out[0].op, 5);
+        let e = out[0].status.as_ref().unwrap_err().to_string();
+        assert!(e.contains("has exited before taking the message"), "{e}");
+        assert!(b.inner.lock().rndv.is_empty());
     }
 }
