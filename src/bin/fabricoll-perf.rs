@@ -403,8 +403,9 @@ fn run_rank(a: &Args, comm: &Comm) -> Result<usize, String> {
         let p = nccl_net_fabricoll::algo::Problem::new(a.coll, n, count).with_root(a.root);
         let in_len = p.in_len() * el;
         let out_len = p.out_len() * el;
-        let send = Scratch::new(in_len.max(out_len));
-        let recv = Scratch::new(out_len);
+        // User buffers as a program's malloc gives them (the MPI benchmarks' are malloc'ed).
+        let send = Scratch::plain(in_len.max(out_len));
+        let recv = Scratch::plain(out_len);
         let mut data = Vec::with_capacity(in_len);
         for i in 0..p.in_len() {
             enc(a.dtype, value(a.op, comm.rank, i), &mut data);
