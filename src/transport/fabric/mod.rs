@@ -586,7 +586,8 @@ struct Inner {
     acks: VecDeque<(u64, [u8; cma::ACK_BYTES])>,
     /// Peers that could not copy from our memory: large messages to them take the provider.
     no_cma: FastMap<u64, ()>,
-    /// Sends an `ACK` sent back to the provider that found it busy, posted again on poll.
+    /// Sends that a `FALLBACK` answer turned to the provider while it was busy, posted again
+    /// on poll.
     resend: VecDeque<RndvSend>,
     /// Tests: act as if the kernel refused every copy from a peer (`cma::refused`).
     #[cfg(test)]
@@ -1161,14 +1162,14 @@ impl Inner {
     }
 
     /// An `ACK` frame: the send it names is complete, failed, or goes to the provider.
-    fn on_ack(&mut self, caps: &Caps, msg: &[u8]) -> Result<()> {
+    fn on_ack(&mut self, caps: &Caps, msg: &[u8]) {
         let Some((cookie, status)) = cma::decode_ack(&msg[8..]) else {
             log::warn!("malformed ACK frame ({} bytes) dropped", msg.len());
-            return Ok(());
+            return;
         };
         let Some(s) = self.rndv.remove(&cookie) else {
             log::warn!("an ACK for no pending send (cookie {cookie})");
-            return Ok(());
+            return;
         };
         let status = match status {
             cma::AckStatus::Done => Ok(()),
@@ -1188,12 +1189,12 @@ impl Inner {
             status,
             data: s.owned,
         });
-        Ok(())
     }
 
     /// Post `s` through the provider (its peer refused our copies); kept for the next poll
-    /// if the provider is busy.
-    fn resend_one(&mut self, caps: &Caps, s: RndvSend) -> Result<()> {
+    /// if the provider is busy. An error (the peer has exited, say) is this send's, not the
+    /// endpoint's.
+    fn resend_one(&mut self, caps: &Caps, s: RndvSend) {
         let (peer, tag, addr, len, desc, op, owned) =
             (s.peer, s.tag, s.addr, s.len, s.desc, s.op, s.owned);
         let was_owned = owned.is_some();
@@ -1204,9 +1205,9 @@ impl Inner {
             op,
             owned,
         };
-        if self.post_send(caps, Peer(peer), tag, b)? == Posted::Busy && !was_owned {
+        match self.post_send(caps, Peer(peer), tag, b) {
             // An owned one went back to the backlog; a caller's buffer waits here.
-            self.resend.push_back(RndvSend {
+            Ok(Posted::Busy) if !was_owned => self.resend.push_back(RndvSend {
                 peer,
                 tag,
                 addr,
@@ -1214,14 +1215,21 @@ impl Inner {
                 desc,
                 op,
                 owned: None,
-            });
+            }),
+            Ok(_) => {}
+            Err(e) => self.ready.push(Completion {
+                op,
+                len: 0,
+                tag,
+                status: Err(e),
+                data: None,
+            }),
         }
-        Ok(())
     }
 
     /// What `poll` does for the rendezvous: ACKs and resends that had to wait, and sends to
     /// peers whose process has exited (they will never answer).
-    fn progress_rndv(&mut self, caps: &Caps) -> Result<()> {
+    fn progress_rndv(&mut self, caps: &Caps) {
         while let Some((from, payload)) = self.acks.front().copied() {
             if !self.push_ack(from, &payload) {
                 break;
@@ -1230,10 +1238,10 @@ impl Inner {
         }
         for _ in 0..self.resend.len() {
             let s = self.resend.pop_front().expect("counted");
-            self.resend_one(caps, s)?;
+            self.resend_one(caps, s);
         }
         if self.rndv.is_empty() {
-            return Ok(());
+            return;
         }
         let gone: Vec<(u64, i32)> = self
             .rndv
@@ -1250,7 +1258,6 @@ impl Inner {
                 data: None,
             });
         }
-        Ok(())
     }
 
     fn post_recv(&mut self, tag: u64, ignore: u64, b: OpBuf) -> Result<Posted> {
@@ -1384,26 +1391,19 @@ impl Inner {
 
     /// Read our inbox: messages go to the software matcher like pool messages, `RTS` frames
     /// to the matcher too, `ACK`s complete our sends.
-    fn drain_inbox(&mut self, caps: &Caps) -> Result<()> {
-        let mut r = Ok(());
+    fn drain_inbox(&mut self, caps: &Caps) {
         if let Some(mut ib) = self.inbox.take() {
-            ib.drain(|a| {
-                if let Err(e) = self.on_frame(caps, a) {
-                    r = Err(e);
-                }
-            });
+            ib.drain(|a| self.on_frame(caps, a));
             self.inbox = Some(ib);
         }
-        r
     }
 
-    fn on_frame(&mut self, caps: &Caps, a: fastbox::Arrived<'_>) -> Result<()> {
+    fn on_frame(&mut self, caps: &Caps, a: fastbox::Arrived<'_>) {
         match a.kind {
             fastbox::RTS => self.on_rts(a.from, a.msg),
-            fastbox::ACK => return self.on_ack(caps, a.msg),
+            fastbox::ACK => self.on_ack(caps, a.msg),
             _ => self.on_small(a.msg),
         }
-        Ok(())
     }
 
     /// Everything `poll` does but the hand-over: completions are left in `ready`.
@@ -1422,8 +1422,9 @@ impl Inner {
         for peer in std::mem::take(&mut self.hellos) {
             self.hello(peer)?;
         }
-        self.drain_inbox(caps)?;
-        self.progress_rndv(caps)
+        self.drain_inbox(caps);
+        self.progress_rndv(caps);
+        Ok(())
     }
 
     /// `Transport::direct_bytes`: the fastbox, where both ends have one. Up to `soft.small`
@@ -1467,7 +1468,7 @@ impl Inner {
             fastbox::Pushed::Done => Ok(true),
             fastbox::Pushed::Full => {
                 // The peer may be waiting for room in our inbox just as we wait for its.
-                self.drain_inbox(caps)?;
+                self.drain_inbox(caps);
                 Ok(false)
             }
         }
@@ -1490,7 +1491,6 @@ impl Inner {
             return Ok(true);
         }
         let mut found: Option<Result<()>> = None;
-        let mut err = None;
         if let Some(mut ib) = self.inbox.take() {
             ib.drain(|a| {
                 if found.is_none()
@@ -1499,14 +1499,11 @@ impl Inner {
                     && a.msg[..8] == tag.to_le_bytes()
                 {
                     found = Some(f(&a.msg[8..]));
-                } else if let Err(e) = self.on_frame(caps, a) {
-                    err = Some(e);
+                } else {
+                    self.on_frame(caps, a);
                 }
             });
             self.inbox = Some(ib);
-        }
-        if let Some(e) = err {
-            return Err(e);
         }
         if let Some(r) = found {
             return r.map(|_| true);
@@ -2630,6 +2627,32 @@ mod tests {
             "{got:?} {sent:?}"
         );
         assert_eq!(dst[1], src[1]);
+    }
+
+    #[test]
+    fn a_fallback_to_a_peer_that_has_exited_fails_that_send_not_the_endpoint() {
+        let Some((a, b, to_a, _)) = linked_pair() else {
+            return;
+        };
+        a.inner.lock().refuse_cma = true;
+        let mut dst = vec![0u8; 100_000];
+        a.recv(6, 0, region(&mut dst), None, 1).expect("recv");
+        let mut src = vec![3u8; 100_000];
+        send_all(&a, &b, to_a, 6, &mut src, 7);
+        let mut sink = Vec::new();
+        a.poll(&mut sink).expect("poll"); // a answers FALLBACK
+        assert!(sink.is_empty(), "{sink:?}");
+        let mut child = stand_in(&b, to_a);
+        child.kill().expect("kill");
+        child.wait().expect("reap");
+        let (start, mut out) = (Instant::now(), Vec::new());
+        while out.is_empty() {
+            b.poll(&mut out).expect("the endpoint goes on");
+            assert!(start.elapsed() < Duration::from_secs(5), "never failed");
+        }
+        assert_eq!(out[0].op, 7);
+        let e = out[0].status.as_ref().unwrap_err().to_string();
+        assert!(e.contains("has exited"), "{e}");
     }
 
     #[test]
