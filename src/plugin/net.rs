@@ -72,6 +72,9 @@ struct SendComm {
     peer: Peer,
     seq: HashMap<u32, u16>,
     inflight: usize,
+    /// Since when the transport has refused (busy) every isend on this comm; None after one
+    /// is posted. NCCL retries a refused isend forever, so the deadline must be ours.
+    busy_since: Option<Instant>,
 }
 
 struct RecvComm {
@@ -382,6 +385,7 @@ impl Device {
                                 peer: p.peer,
                                 seq: HashMap::new(),
                                 inflight: 0,
+                                busy_since: None,
                             },
                         );
                         Ok(Some(h))
@@ -578,9 +582,22 @@ impl Device {
         let h = new_handle(self.index, Kind::Request);
         let mrobj = mr.as_ref().and_then(|r| st.cache.mr(r));
         match t.send(peer, wtag, region, mrobj, op(h, 0))? {
-            Posted::Busy => Ok(None),
+            Posted::Busy => {
+                let c = st.sends.get_mut(&comm).expect("checked above");
+                let since = *c.busy_since.get_or_insert_with(Instant::now);
+                if self.timed_out(since) {
+                    c.busy_since = None;
+                    return Err(Error::Timeout(format!(
+                        "isend: the transport refused every send to this peer for {} ms \
+                         (FABRICOLL_TIMEOUT_MS): is the peer alive?",
+                        self.ms()
+                    )));
+                }
+                Ok(None)
+            }
             Posted::Queued => {
                 let c = st.sends.get_mut(&comm).expect("checked above");
+                c.busy_since = None;
                 c.seq.insert(tag, seq.wrapping_add(1));
                 c.inflight += 1;
                 st.reqs.insert(h, Request::new(comm, true, 1));
