@@ -127,6 +127,30 @@ pub struct Completion {
     pub data: Option<Vec<u8>>,
 }
 
+impl Completion {
+    /// A successful operation of `len` bytes.
+    pub fn done(op: OpId, len: usize, tag: u64, data: Option<Vec<u8>>) -> Completion {
+        Completion {
+            op,
+            len,
+            tag,
+            status: Ok(()),
+            data,
+        }
+    }
+
+    /// A failed operation.
+    pub fn failed(op: OpId, tag: u64, e: Error) -> Completion {
+        Completion {
+            op,
+            len: 0,
+            tag,
+            status: Err(e),
+            data: None,
+        }
+    }
+}
+
 /// What a backend can do, probed, not assumed.
 #[derive(Debug, Clone, Default)]
 pub struct Caps {

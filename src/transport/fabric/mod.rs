@@ -810,17 +810,7 @@ impl FabricTransport {
 /// Complete a software-matched receive with a message.
 fn deliver(r: &SoftRecv, tag: u64, data: &[u8]) -> Completion {
     if data.len() > r.len {
-        return Completion {
-            op: r.op,
-            len: 0,
-            tag,
-            status: Err(Error::InvalidArgument(format!(
-                "argument 'size': a message of {} bytes arrived for a receive buffer of {} bytes",
-                data.len(),
-                r.len
-            ))),
-            data: None,
-        };
+        return Completion::failed(r.op, tag, too_large(data.len() as u64, r.len));
     }
     let len = data.len();
     let data = match r.dst {
@@ -830,13 +820,14 @@ fn deliver(r: &SoftRecv, tag: u64, data: &[u8]) -> Completion {
         }
         SoftDst::Owned => Some(data.to_vec()),
     };
-    Completion {
-        op: r.op,
-        len,
-        tag,
-        status: Ok(()),
-        data,
-    }
+    Completion::done(r.op, len, tag, data)
+}
+
+/// The error of a receive of `cap` bytes that a message of `got` bytes arrived for.
+fn too_large(got: u64, cap: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "argument 'size': a message of {got} bytes arrived for a receive buffer of {cap} bytes"
+    ))
 }
 
 /// Closes a fid on an error path during construction.
@@ -877,13 +868,7 @@ impl Inner {
 
     /// A send that finished when it was posted (copied out): its completion is ready.
     fn sent_now(&mut self, op: OpId, len: usize, tag: u64) {
-        self.ready.push(Completion {
-            op,
-            len,
-            tag,
-            status: Ok(()),
-            data: None,
-        });
+        self.ready.push(Completion::done(op, len, tag, None));
     }
 
     /// The pid of a watched shm peer whose process has exited (`ask_kernel`: poll its pidfd
@@ -1065,27 +1050,11 @@ impl Inner {
     /// small size), so it must stay posted.
     fn fetch(&mut self, r: SoftRecv, tag: u64, rts: cma::Rts, from: u64) -> Option<SoftRecv> {
         let len = rts.len as usize;
-        let got = if rts.len > r.len as u64 {
-            Err(Error::InvalidArgument(format!(
-                "argument 'size': a message of {} bytes arrived for a receive buffer of {} bytes",
-                rts.len, r.len
-            )))
+        let (answer, got) = if rts.len > r.len as u64 {
+            // The receive fails, the send is done: the message was delivered, just too large.
+            (cma::AckStatus::Done, Err(too_large(rts.len, r.len)))
         } else {
-            #[cfg(test)]
-            if self.refuse_cma {
-                self.ack(from, rts.cookie, cma::AckStatus::Fallback);
-                return Some(r);
-            }
-            let read = match r.dst {
-                SoftDst::Region(region) => region
-                    .with_mut(|d| cma::read_from(rts.pid, rts.addr, &mut d[..len]))
-                    .map(|_| None),
-                SoftDst::Owned => {
-                    let mut v = vec![0u8; len];
-                    cma::read_from(rts.pid, rts.addr, &mut v).map(|_| Some(v))
-                }
-            };
-            match read {
+            match self.copy_in(r.dst, rts) {
                 Err(e) if cma::refused(&e) => {
                     log::info!(
                         "the kernel refuses copies from process {} ({e}): its large messages \
@@ -1095,45 +1064,44 @@ impl Inner {
                     self.ack(from, rts.cookie, cma::AckStatus::Fallback);
                     return Some(r);
                 }
-                Err(e) => {
-                    self.ack(from, rts.cookie, cma::AckStatus::Failed);
+                Err(e) => (
+                    cma::AckStatus::Failed,
                     Err(Error::System(format!(
                         "receive failed: copying {len} bytes from process {}: {e}",
                         rts.pid
-                    )))
-                }
-                Ok(data) => Ok(data),
+                    ))),
+                ),
+                Ok(data) => (cma::AckStatus::Done, Ok(data)),
             }
         };
+        self.ack(from, rts.cookie, answer);
         if let Some(ctx) = r.provider {
             self.swallow(ctx);
         }
-        let c = match got {
-            Ok(data) => {
-                self.ack(from, rts.cookie, cma::AckStatus::Done);
-                Completion {
-                    op: r.op,
-                    len,
-                    tag,
-                    status: Ok(()),
-                    data,
-                }
-            }
-            Err(e) => {
-                if rts.len > r.len as u64 {
-                    self.ack(from, rts.cookie, cma::AckStatus::Done);
-                }
-                Completion {
-                    op: r.op,
-                    len: 0,
-                    tag,
-                    status: Err(e),
-                    data: None,
-                }
-            }
-        };
-        self.ready.push(c);
+        self.ready.push(match got {
+            Ok(data) => Completion::done(r.op, len, tag, data),
+            Err(e) => Completion::failed(r.op, tag, e),
+        });
         None
+    }
+
+    /// Copy the message `rts` announced into `dst` (a new buffer for an owned receive, which
+    /// is returned).
+    fn copy_in(&self, dst: SoftDst, rts: cma::Rts) -> std::io::Result<Option<Vec<u8>>> {
+        #[cfg(test)]
+        if self.refuse_cma {
+            return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+        }
+        let len = rts.len as usize;
+        match dst {
+            SoftDst::Region(region) => region
+                .with_mut(|d| cma::read_from(rts.pid, rts.addr, &mut d[..len]))
+                .map(|_| None),
+            SoftDst::Owned => {
+                let mut v = vec![0u8; len];
+                cma::read_from(rts.pid, rts.addr, &mut v).map(|_| Some(v))
+            }
+        }
     }
 
     /// Send an `ACK` to the fastbox sender `from`, now or (its ring full) on a later poll.
@@ -1182,48 +1150,30 @@ impl Inner {
                 return self.resend_one(caps, s);
             }
         };
-        self.ready.push(Completion {
-            op: s.op,
-            len: s.len,
-            tag: s.tag,
-            status,
-            data: s.owned,
+        self.ready.push(match status {
+            Ok(()) => Completion::done(s.op, s.len, s.tag, s.owned),
+            Err(e) => Completion::failed(s.op, s.tag, e),
         });
     }
 
     /// Post `s` through the provider (its peer refused our copies); kept for the next poll
     /// if the provider is busy. An error (the peer has exited, say) is this send's, not the
     /// endpoint's.
-    fn resend_one(&mut self, caps: &Caps, s: RndvSend) {
-        let (peer, tag, addr, len, desc, op, owned) =
-            (s.peer, s.tag, s.addr, s.len, s.desc, s.op, s.owned);
+    fn resend_one(&mut self, caps: &Caps, mut s: RndvSend) {
+        let owned = s.owned.take();
         let was_owned = owned.is_some();
         let b = OpBuf {
-            addr,
-            len,
-            desc,
-            op,
+            addr: s.addr,
+            len: s.len,
+            desc: s.desc,
+            op: s.op,
             owned,
         };
-        match self.post_send(caps, Peer(peer), tag, b) {
+        match self.post_send(caps, Peer(s.peer), s.tag, b) {
             // An owned one went back to the backlog; a caller's buffer waits here.
-            Ok(Posted::Busy) if !was_owned => self.resend.push_back(RndvSend {
-                peer,
-                tag,
-                addr,
-                len,
-                desc,
-                op,
-                owned: None,
-            }),
+            Ok(Posted::Busy) if !was_owned => self.resend.push_back(s),
             Ok(_) => {}
-            Err(e) => self.ready.push(Completion {
-                op,
-                len: 0,
-                tag,
-                status: Err(e),
-                data: None,
-            }),
+            Err(e) => self.ready.push(Completion::failed(s.op, s.tag, e)),
         }
     }
 
@@ -1250,13 +1200,8 @@ impl Inner {
             .collect();
         for (cookie, pid) in gone {
             let s = self.rndv.remove(&cookie).expect("listed");
-            self.ready.push(Completion {
-                op: s.op,
-                len: 0,
-                tag: s.tag,
-                status: Err(peer_exited(pid, " before taking the message")),
-                data: None,
-            });
+            let e = peer_exited(pid, " before taking the message");
+            self.ready.push(Completion::failed(s.op, s.tag, e));
         }
     }
 
@@ -1801,11 +1746,7 @@ impl Inner {
         let status = if err == sys::FI_ECANCELED as c_int {
             Err(Error::InvalidUsage("operation cancelled".into()))
         } else if err == sys::FI_ETRUNC as c_int {
-            Err(Error::InvalidArgument(format!(
-                "argument 'size': a message of {} bytes arrived for a receive buffer of {} bytes",
-                ctx.len + e.olen,
-                ctx.len
-            )))
+            Err(too_large((ctx.len + e.olen) as u64, ctx.len))
         } else {
             Err(Error::System(format!(
                 "{} failed: {} (provider: {prov})",
@@ -2627,6 +2568,40 @@ mod tests {
             "{got:?} {sent:?}"
         );
         assert_eq!(dst[1], src[1]);
+    }
+
+    #[test]
+    fn a_large_shm_message_the_receiver_cannot_read_fails_both_sides() {
+        let Some((a, b, to_a, _)) = linked_pair() else {
+            return;
+        };
+        // Inaccessible memory (mapped, so no other allocation can take its place): only the
+        // receiver's process_vm_readv looks at it, and gets EFAULT.
+        let len = 1 << 20;
+        // SAFETY: a fresh private anonymous mapping with no access; unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let mut dst = vec![0u8; len];
+        a.recv(8, 0, region(&mut dst), None, 1).expect("recv");
+        // SAFETY: the region is never dereferenced in this process (the send goes as an RTS).
+        let bad = unsafe { Region::from_raw(p as *mut u8, len) };
+        assert_eq!(b.send(to_a, 8, bad, None, 2).expect("send"), Posted::Queued);
+        let [got, sent] = completions(&a, &b, 1, Default::default());
+        let e = got[0].status.as_ref().unwrap_err().to_string();
+        assert!(e.contains("receive failed: copying"), "{e}");
+        let e = sent[0].status.as_ref().unwrap_err().to_string();
+        assert!(e.contains("could not copy"), "{e}");
+        // SAFETY: mapped above with this length; nothing refers to it any more.
+        unsafe { libc::munmap(p, len) };
     }
 
     #[test]

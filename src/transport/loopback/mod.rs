@@ -79,13 +79,7 @@ fn complete_recv(r: PostedRecv, tag: u64, data: Vec<u8>) -> Completion {
         }
         None => Some(data),
     };
-    Completion {
-        op: r.op,
-        len,
-        tag,
-        status: Ok(()),
-        data,
-    }
+    Completion::done(r.op, len, tag, data)
 }
 
 /// One endpoint of a `LoopbackFabric`.
