@@ -1346,6 +1346,84 @@ static int scn_pairs16(rctx_t* c) {
   return 0;
 }
 
+/* ------------------------------------------------------------------------------------ crossed */
+
+/* Two comms from rank 0 to rank 1 on one device, so one endpoint and one connection between the
+ * two processes. Each round rank 0 sends five small messages and one of 1 MiB on comm A, then one
+ * on comm B; rank 1 receives B's before it posts any receive on A. A provider that stops reading
+ * a connection at a message that arrived before its receive (libfabric's native TCP endpoint) never
+ * delivers B's unless the plugin takes the waiting messages out itself. */
+#define CROSSED_A 6
+static size_t crossed_size(int i) { return i == CROSSED_A - 1 ? MIB : 300 + (size_t)i; }
+
+static int scn_crossed(rctx_t* c) {
+  if (std_setup(c, 0xc000c)) return -1;
+  void *sc[2], *rc[2];
+  for (int k = 0; k < 2; k++)
+    if (pair_one_way(c, &sc[k], &rc[k], k, 1 + k, k ? "crossed setup B" : "crossed setup A")) return -1;
+  const size_t cap = MIB;
+  unsigned char* buf[CROSSED_A + 1];
+  void* mh[CROSSED_A + 1];
+  for (int i = 0; i <= CROSSED_A; i++) {
+    void* comm = c->rank == 0 ? sc[i == CROSSED_A] : rc[i == CROSSED_A];
+    buf[i] = xalloc(c, cap, "crossed buffer");
+    if (!buf[i] || regmr(c, comm, buf[i], cap, &mh[i], "crossed")) return -1;
+  }
+  const int rounds = 5;
+  for (int r = 0; r < rounds; r++) {
+    char what[64];
+    snprintf(what, sizeof what, "crossed round %d", r);
+    op_t ops[CROSSED_A + 1];
+    op_t* po[CROSSED_A + 1];
+    if (c->rank == 0) {
+      for (int i = 0; i <= CROSSED_A; i++) {
+        size_t sz = i == CROSSED_A ? 4096 : crossed_size(i);
+        pat_fill(buf[i], sz, seed_of(i, r, 12));
+        if (post_isend(c, sc[i == CROSSED_A], buf[i], sz, 1, mh[i], &ops[i], po, i, NULL, what)) return -1;
+        po[i] = &ops[i];
+      }
+      if (wait_ops(c, po, CROSSED_A + 1, what)) return -1;
+      continue;
+    }
+    size_t sizes[CROSSED_A + 1];
+    for (int i = 0; i <= CROSSED_A; i++) {
+      memset(buf[i], CANARY, cap);
+      sizes[i] = cap;
+    }
+    /* B first, alone. */
+    void* d = buf[CROSSED_A];
+    int tag = 1;
+    if (post_irecv(c, rc[1], 1, &d, &sizes[CROSSED_A], &tag, &mh[CROSSED_A], &ops[CROSSED_A], NULL, 0, NULL, what))
+      return -1;
+    po[0] = &ops[CROSSED_A];
+    if (wait_ops(c, po, 1, "crossed: comm B's message, whose receive was posted first")) return -1;
+    for (int i = 0; i < CROSSED_A; i++) {
+      d = buf[i];
+      if (post_irecv(c, rc[0], 1, &d, &sizes[i], &tag, &mh[i], &ops[i], po, i, NULL, what)) return -1;
+      po[i] = &ops[i];
+    }
+    if (wait_ops(c, po, CROSSED_A, what)) return -1;
+    for (int i = 0; i <= CROSSED_A; i++) {
+      char w2[96];
+      snprintf(w2, sizeof w2, "%s message %d", what, i);
+      size_t sz = i == CROSSED_A ? 4096 : crossed_size(i);
+      if (verify_buf(c, w2, buf[i], cap, sz, seed_of(i, r, 12), ops[i].sizes[0])) return -1;
+    }
+  }
+  if (sync_ranks(c, "crossed done")) return -1;
+  for (int i = 0; i <= CROSSED_A; i++) {
+    void* comm = c->rank == 0 ? sc[i == CROSSED_A] : rc[i == CROSSED_A];
+    if (deregmr(c, comm, mh[i], "crossed")) return -1;
+    free(buf[i]);
+  }
+  for (int k = 0; k < 2; k++)
+    if (c->rank == 0 ? close_send(c, sc[k], "crossed") : close_recv(c, rc[k], "crossed")) return -1;
+  if (std_teardown(c)) return -1;
+  detailf(c, "%d rounds: comm B's message received before any receive on comm A, %d messages ahead of it", rounds,
+          CROSSED_A);
+  return 0;
+}
+
 /* -------------------------------------------------------------------------------------- ring4 */
 
 static void ring_transform(unsigned char* dst, const unsigned char* src, size_t len, int hop, int rank) {
@@ -2225,6 +2303,8 @@ static scenario_t g_scenarios[] = {
      {"inflight32", 2, scn_inflight32, 120, 0, NULL}},
     {"pairs16", "16 comm pairs between two processes, interleaved traffic", NULL,
      {"pairs16", 2, scn_pairs16, 120, 0, NULL}},
+    {"crossed", "2 comms on one connection: the later one's message received first", NULL,
+     {"crossed", 2, scn_crossed, 120, 0, NULL}},
     {"ring4", "4 processes in a ring, 100 laps, each hop transforms the buffer", NULL,
      {"ring4", 4, scn_ring4, 180, 0, NULL}},
     {"badinput", "bad arguments return errors without crashing; 0x1 request hint", NULL,

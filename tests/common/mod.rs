@@ -1,12 +1,22 @@
 //! What the integration tests share.
+use nccl_net_fabricoll::coll::{Call, Kind};
 use nccl_net_fabricoll::config::Config;
+use nccl_net_fabricoll::reduce::{DataType, RedOp};
+use nccl_net_fabricoll::transport::Region;
 
 /// A configuration with a fixed cost model (alpha 5 us, beta 2 GB/s, gamma 8 GB/s: nothing to
 /// calibrate), a deadline of `timeout_ms`, and `provider` where given.
+#[allow(dead_code)] // not every test binary uses each helper
 pub fn fixed_model(provider: Option<&str>, timeout_ms: u32) -> Config {
+    fixed_model_on(provider, None, timeout_ms)
+}
+
+/// `fixed_model` on the libfabric domain `domain` where given (`lo` for the IP providers).
+pub fn fixed_model_on(provider: Option<&str>, domain: Option<&str>, timeout_ms: u32) -> Config {
     let timeout = timeout_ms.to_string();
     let kv = [
         ("FABRICOLL_PROVIDER", provider),
+        ("FABRICOLL_DOMAIN", domain),
         ("FABRICOLL_ALPHA_US", Some("5")),
         ("FABRICOLL_BETA_GBPS", Some("2")),
         ("FABRICOLL_GAMMA_GBPS", Some("8")),
@@ -18,4 +28,20 @@ pub fn fixed_model(provider: Option<&str>, timeout_ms: u32) -> Config {
             .and_then(|(_, v)| v.map(String::from))
     })
     .unwrap()
+}
+
+/// A float sum of `count` elements: `kind` from `send` into `recv`, the algorithm left to the
+/// communicator.
+#[allow(dead_code)] // not every test binary uses each helper
+pub fn call(kind: Kind, send: Region, recv: Region, count: usize) -> Call {
+    Call {
+        kind,
+        send,
+        recv,
+        count,
+        dtype: DataType::Float32,
+        op: RedOp::Sum,
+        root: 0,
+        algo: None,
+    }
 }

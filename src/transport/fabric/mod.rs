@@ -1,6 +1,7 @@
 //! libfabric backend: one RDM endpoint per device (libfabric domain), tagged messages,
 //! memory registration that honours the provider's `mr_mode`, and a completion queue we can
 //! sleep on. Every fid is closed by RAII.
+mod claim;
 mod cma;
 mod fastbox;
 mod shm;
@@ -476,6 +477,10 @@ enum Role {
     Swallow,
     /// A small message sent through the peer's pool: its framed buffer is reused.
     SmallSend,
+    /// A peek for a message that stopped its connection (`claim`).
+    Peek,
+    /// The receive of a message a peek found (`claim`).
+    Claim,
 }
 
 /// Messages up to this size bypass the provider's tag matching on shm before libfabric 1.19:
@@ -496,6 +501,8 @@ struct SoftRecv {
     ignore: u64,
     len: usize,
     dst: SoftDst,
+    /// The buffer's registration descriptor (0: none).
+    desc: usize,
     op: OpId,
     /// Context of the provider receive posted for messages too large for the pool.
     provider: Option<usize>,
@@ -596,6 +603,9 @@ struct Inner {
     direct_misses: u32,
     /// Peers whose hello (see `hello`) the provider refused with EAGAIN, sent again on poll.
     hellos: Vec<u64>,
+    /// Messages that stopped a connection of the native TCP endpoint, claimed (`claim`);
+    /// None for other providers.
+    claims: Option<claim::Claims>,
 }
 
 // SAFETY: every libfabric object here is used only with the transport's Mutex held
@@ -747,6 +757,7 @@ impl FabricTransport {
             wait_fd.is_some()
         );
         let fastbox = dev.fastbox;
+        let claims = claim::needed(&caps.provider).then(claim::Claims::default);
         Ok(FabricTransport {
             caps,
             addr: name,
@@ -777,6 +788,7 @@ impl FabricTransport {
                 refuse_cma: false,
                 direct_misses: 0,
                 hellos: Vec::new(),
+                claims,
             }),
         })
         .and_then(|t: FabricTransport| {
@@ -1209,6 +1221,25 @@ impl Inner {
         if self.soft.is_some() {
             return self.post_soft_recv(tag, ignore, b);
         }
+        if self.claims_busy() {
+            let r = SoftRecv {
+                tag,
+                ignore,
+                len: b.len,
+                dst: if b.owned.is_some() {
+                    SoftDst::Owned
+                } else {
+                    // SAFETY: Region's contract, forwarded from the caller's recv().
+                    SoftDst::Region(unsafe { Region::from_raw(b.addr as *mut u8, b.len) })
+                },
+                desc: b.desc,
+                op: b.op,
+                provider: None,
+            };
+            if self.claimed_recv(r).is_none() {
+                return Ok(Posted::Queued);
+            }
+        }
         self.post_provider_recv(tag, ignore, b, Role::User)
             .map(|p| p.0)
     }
@@ -1358,12 +1389,15 @@ impl Inner {
         }
         let mut entries = std::mem::take(&mut self.entries);
         let mut out = std::mem::take(&mut self.ready);
+        let before = out.len();
         let r = self.read_cq(&mut entries, &mut out);
         self.entries = entries;
         // Pool messages matched meanwhile (`on_small`) pushed their completions to `ready`.
         out.append(&mut self.ready);
+        let completed = out.len() > before;
         self.ready = out;
         r?;
+        self.progress_claims(completed)?;
         for peer in std::mem::take(&mut self.hellos) {
             self.hello(peer)?;
         }
@@ -1539,6 +1573,7 @@ impl Inner {
             ignore,
             len: b.len,
             dst,
+            desc: b.desc,
             op: b.op,
             provider: None,
         };
@@ -1651,10 +1686,20 @@ impl Inner {
                     );
                     continue;
                 };
+                if ctx.role == Role::Peek {
+                    self.on_peeked(ctx, e.tag, e.len)?;
+                    continue;
+                }
                 let ctx = *ctx;
                 let mut owned = ctx.owned;
                 match ctx.role {
                     Role::Swallow => continue,
+                    Role::Claim => {
+                        let mut data = owned.unwrap_or_default();
+                        data.truncate(e.len);
+                        self.on_claimed(data)?;
+                        continue;
+                    }
                     Role::Pool => {
                         let msg = owned.unwrap_or_default();
                         self.on_small(&msg[..e.len.min(msg.len())]);
@@ -1673,7 +1718,7 @@ impl Inner {
                             soft.posted.retain(|r| r.op != ctx.op);
                         }
                     }
-                    Role::User => {}
+                    Role::User | Role::Peek => {}
                 }
                 let len = if ctx.recv { e.len } else { ctx.len };
                 let data = owned.map(|mut v| {
@@ -1724,6 +1769,7 @@ impl Inner {
         };
         match ctx.role {
             Role::Swallow => return Ok(()),
+            Role::Peek | Role::Claim => return self.on_claim_error(ctx.role, e.err.abs()),
             Role::Pool => {
                 if e.err.abs() != sys::FI_ECANCELED as c_int {
                     log::warn!(
@@ -1945,6 +1991,9 @@ impl Transport for FabricTransport {
 
     fn cancel(&self, op: OpId) {
         let mut g = self.inner.lock();
+        if g.cancel_waiting(op) {
+            return;
+        }
         if let Some(soft) = g.soft.as_mut() {
             if let Some(i) = soft.posted.iter().position(|r| r.op == op) {
                 let r = soft.posted.remove(i).expect("index from position");
@@ -2654,5 +2703,192 @@ mod tests {
         let e = out[0].status.as_ref().unwrap_err().to_string();
         assert!(e.contains("has exited before taking the message"), "{e}");
         assert!(b.inner.lock().rndv.is_empty());
+    }
+
+    /// Post `data` to `to` with `tag` (op `op`), polling both ends while the provider is busy.
+    fn send_busy(
+        a: &FabricTransport,
+        b: &FabricTransport,
+        to: Peer,
+        tag: u64,
+        data: &mut [u8],
+        op: u64,
+    ) {
+        let start = Instant::now();
+        let mut seen = [Vec::new(), Vec::new()];
+        while b.send(to, tag, region(data), None, op).expect("send") == Posted::Busy {
+            a.poll(&mut seen[0]).expect("poll");
+            b.poll(&mut seen[1]).expect("poll");
+            assert!(start.elapsed() < Duration::from_secs(10), "send stays busy");
+        }
+        assert!(seen[0].is_empty() && seen[1].is_empty(), "{seen:?}");
+    }
+
+    /// A pair of native TCP endpoints (None: skip) where `b` has sent `a` messages of `sizes`
+    /// (tags 10, 11, ...; ops 100, 101, ...) before their receives, then one more, whose
+    /// receive (op 1) has completed behind them: the payloads sent and the completions so far.
+    #[allow(clippy::type_complexity)]
+    fn stopped_then_claimed(
+        sizes: &[usize],
+    ) -> Option<(
+        FabricTransport,
+        FabricTransport,
+        Vec<Vec<u8>>,
+        [Vec<Completion>; 2],
+    )> {
+        // libfabric's native TCP endpoint keeps at most 4 small unexpected messages per
+        // connection and stops reading the connection at any other: without claiming, the
+        // receive of the last message never completed (2 s), whatever the sizes.
+        let (a, b) = pair("net", Some("lo"))?;
+        let to_a = b.insert_peer(&a.address()).expect("insert");
+        let mut src: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (0..*n).map(|j| (j * 13 + i) as u8).collect())
+            .collect();
+        for (i, s) in src.iter_mut().enumerate() {
+            send_busy(&a, &b, to_a, 10 + i as u64, s, 100 + i as u64);
+        }
+        let mut last = vec![7u8; 8];
+        send_busy(&a, &b, to_a, 1 << 40, &mut last, 200);
+        let mut got = vec![0u8; 8];
+        a.recv(1 << 40, 0, region(&mut got), None, 1).expect("recv");
+        let start = Instant::now();
+        let mut out = [Vec::new(), Vec::new()];
+        while !out[0].iter().any(|c: &Completion| c.op == 1) {
+            a.poll(&mut out[0]).expect("poll");
+            b.poll(&mut out[1]).expect("poll");
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the message behind the stopped ones never arrived: {:?}",
+                out[0]
+            );
+        }
+        assert_eq!(got, last);
+        assert!(a.inner.lock().claimed() > 0, "nothing was claimed");
+        Some((a, b, src, out))
+    }
+
+    #[test]
+    fn messages_that_stop_a_native_tcp_connection_are_claimed_and_received_in_order() {
+        let sizes = [100usize, 100, 4096, 0, 100, 100_000, 100, 3 << 20, 100];
+        let Some((a, b, src, out)) = stopped_then_claimed(&sizes) else {
+            return;
+        };
+        // The claimed messages, received late and out of order; the one of 4096 bytes into
+        // a receive too small for it, one into a buffer the transport owns.
+        let mut dst: Vec<Vec<u8>> = sizes.iter().map(|n| vec![0u8; *n]).collect();
+        dst[2].truncate(4000);
+        for (i, d) in dst.iter_mut().enumerate().rev() {
+            let (tag, op) = (10 + i as u64, 10 + i as u64);
+            if i == 4 {
+                a.recv_owned(tag, 0, sizes[i], op).expect("recv_owned");
+            } else {
+                a.recv(tag, 0, region(d), None, op).expect("recv");
+            }
+        }
+        let out = completions(&a, &b, sizes.len() + 1, out);
+        assert!(out[1].iter().all(|c| c.status.is_ok()), "{:?}", out[1]);
+        for c in out[0].iter().filter(|c| c.op >= 10) {
+            let i = c.op as usize - 10;
+            if i == 2 {
+                let e = c.status.as_ref().unwrap_err().to_string();
+                assert!(e.contains("'size'"), "{e}");
+                continue;
+            }
+            assert!(c.status.is_ok(), "op {}: {:?}", c.op, c.status);
+            assert_eq!(c.len, sizes[i], "op {}", c.op);
+            let data = if i == 4 {
+                c.data.as_ref().expect("owned")
+            } else {
+                &dst[i]
+            };
+            assert!(data[..] == src[i][..], "payload of message {i}");
+        }
+    }
+
+    #[test]
+    fn a_receive_posted_while_its_message_is_being_claimed_waits_for_it() {
+        let Some((a, b)) = pair("net", Some("lo")) else {
+            return;
+        };
+        let to_a = b.insert_peer(&a.address()).expect("insert");
+        let n = 32 << 20;
+        let mut big: Vec<u8> = (0..n).map(|j| (j * 7) as u8).collect();
+        let mut small = vec![5u8; 16];
+        send_busy(&a, &b, to_a, 1, &mut big, 100);
+        send_busy(&a, &b, to_a, 2, &mut small, 101);
+        let mut got_small = vec![0u8; 16];
+        a.recv(2, 0, region(&mut got_small), None, 2).expect("recv");
+        // Idle polls until the claim of the large message is under way.
+        let start = Instant::now();
+        let mut out = [Vec::new(), Vec::new()];
+        loop {
+            a.poll(&mut out[0]).expect("poll");
+            if a.inner.lock().claims.as_ref().expect("claims").inflight == Some(1) {
+                break;
+            }
+            b.poll(&mut out[1]).expect("poll");
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "no claim: {out:?}"
+            );
+        }
+        // Two receives for it: the first gets it, the second waits too and is cancelled.
+        let mut got = vec![0u8; n];
+        let mut spare = vec![0u8; n];
+        a.recv(1, 0, region(&mut got), None, 1).expect("recv");
+        a.recv(1, 0, region(&mut spare), None, 3).expect("recv");
+        assert_eq!(a.inner.lock().claims.as_ref().unwrap().waiting.len(), 2);
+        a.cancel(3);
+        let start = Instant::now();
+        while out[0].len() < 3 || out[1].len() < 2 {
+            a.poll(&mut out[0]).expect("poll");
+            b.poll(&mut out[1]).expect("poll");
+            assert!(start.elapsed() < Duration::from_secs(10), "{out:?}");
+        }
+        let by_op = |op| out[0].iter().find(|c| c.op == op).expect("completion");
+        assert!(by_op(1).status.is_ok() && by_op(1).len == n);
+        assert!(got == big, "payload of the claimed message");
+        assert!(by_op(2).status.is_ok() && got_small == small);
+        let e = by_op(3).status.as_ref().unwrap_err().to_string();
+        assert!(e.contains("cancelled"), "{e}");
+        assert!(spare.iter().all(|&x| x == 0));
+        assert!(out[1].iter().all(|c| c.status.is_ok()), "{:?}", out[1]);
+        let g = a.inner.lock();
+        let c = g.claims.as_ref().unwrap();
+        assert!(c.waiting.is_empty() && c.taken.is_empty() && c.inflight.is_none());
+    }
+
+    #[test]
+    fn only_endpoints_of_the_native_tcp_provider_claim() {
+        for (provider, claims) in [("net", true), ("tcp", false), ("shm", false)] {
+            let domain = (provider != "shm").then_some("lo");
+            if let Some((a, _)) = pair(provider, domain) {
+                assert_eq!(a.inner.lock().claims.is_some(), claims, "{provider}");
+            }
+        }
+    }
+
+    #[test]
+    fn receives_that_match_any_tag_get_claimed_and_held_messages_in_the_order_sent() {
+        // Of the messages sent before their receives, the provider keeps the first small ones
+        // itself and stops at the next; claiming takes that one and the rest. A receive that
+        // matches several must still get the oldest.
+        let sizes = [100usize, 100, 100, 100, 100, 100, 200_000, 100, 100];
+        let Some((a, b, _, out)) = stopped_then_claimed(&sizes) else {
+            return;
+        };
+        let mut dst: Vec<Vec<u8>> = sizes.iter().map(|_| vec![0u8; 200_000]).collect();
+        for (i, d) in dst.iter_mut().enumerate() {
+            a.recv(0, 0xff, region(d), None, 10 + i as u64)
+                .expect("recv");
+        }
+        let out = completions(&a, &b, sizes.len() + 1, out);
+        let mut by_op: Vec<&Completion> = out[0].iter().filter(|c| c.op >= 10).collect();
+        by_op.sort_by_key(|c| c.op);
+        let tags: Vec<u64> = by_op.iter().map(|c| c.tag).collect();
+        let want: Vec<u64> = (10..10 + sizes.len() as u64).collect();
+        assert_eq!(tags, want, "the receives, in posted order, got these tags");
     }
 }
