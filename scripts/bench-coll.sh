@@ -14,7 +14,8 @@
 #                                              | Open MPI --mca pml ob1 --mca btl self,tcp
 #                                                         --mca btl_tcp_if_include lo
 #   net   ours FABRICOLL_PROVIDER=net, FABRICOLL_DOMAIN=lo (libfabric 1.17's native TCP RDM
-#         endpoint, named tcp from 1.18)      | Open MPI as for tcp, run again beside it
+#         endpoint, named tcp from 1.18: our default TCP transport)
+#                                              | Open MPI as for tcp, run again beside it
 # (the mpirun flags of ../shared/baselines/run-mpi-baselines.sh), then prints, per collective /
 # ranks / transport, the per-size MEDIANS over the repetitions: busbw of both, ratio ours/OMPI,
 # time of both, and the median time at the smallest size both report (8 B, or 16 B for allgather

@@ -98,7 +98,7 @@ fn nominal_latency_us(provider: &str) -> f32 {
     match provider.split(';').next().unwrap_or("") {
         "shm" => 1.0,
         "efa" => 15.0,
-        "tcp" => 20.0,
+        "tcp" | "net" => 20.0,
         _ => 0.0, // NCCL's default
     }
 }
