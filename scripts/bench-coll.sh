@@ -35,8 +35,8 @@
 #           row for row; a size below n x 4 B gives no row in either (fabricoll-perf prints a
 #           size-0 row, which is ignored).
 #   busbw   algbw x 2(n-1)/n (allreduce), x (n-1)/n (allgather, reducescatter); GB/s = 1e9 B/s.
-#   time    per-iteration mean. fabricoll-perf reports the SLOWEST rank's mean, mpi_coll_bench the
-#           mean over ranks: ours is the stricter figure (slightly pessimistic for us).
+#   time    per-iteration mean, averaged over ranks in both (nccl-tests' default; fabricoll-perf
+#           -a 1). Until 2026-11-25 fabricoll-perf reported the slowest rank's mean (-a 3 now).
 #   iterations  the same rule in both: 5 warm-up iterations, whose time estimates one
 #           iteration (the slowest rank's), then clamp(BENCH_T / estimate, 5, 1000) timed ones
 #           per size (mpi_coll_bench -t, fabricoll-perf -t). Until 2026-11-23 fabricoll-perf ran
@@ -278,7 +278,7 @@ summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
 {
   echo
   echo "# busbw: higher is better (bw_x > 1: ours faster); time: lower is better (t_x < 1: ours faster)."
-  echo "# time = per-iteration mean; ours: the slowest rank's, OMPI: averaged over ranks."
+  echo "# time = per-iteration mean, averaged over ranks in both tools."
   if [ -s "$out/busy.txt" ]; then
     echo "# WARNING: $(wc -l <"$out/busy.txt") run(s) started on a busy machine (wait-quiet gave up); see $out/busy.txt"
   fi

@@ -155,7 +155,7 @@ run_one() { # run_one WHO TRANSPORT RANKS FILE
       cmd=("$harness" --lib "$lib" --bench --version "$cn_version" --ranks "$r" -b "$lo" -e "$hi" -f 2 -n "$it"
         -w "$w" -c 1)
     else
-      cmd=("$perf" --ranks "$r" --coll allreduce -d float -o sum -b "$lo" -e "$hi" -f 2 -n "$it" -w "$w" -c 0)
+      cmd=("$perf" --ranks "$r" --coll allreduce -d float -o sum -b "$lo" -e "$hi" -f 2 -n "$it" -w "$w" -c 0 -a 3)
     fi
     echo "# cmd: ${env_p[*]} ${cmd[*]}" >>"$f"
     env -u FABRICOLL_DOMAIN -u FABRICOLL_ALGO "${env_p[@]}" HARNESS_NO_STACKS=1 timeout --kill-after=10 \

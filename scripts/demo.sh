@@ -117,7 +117,7 @@ for prov in $providers; do
 done
 echo
 echo "size: nccl-tests' definition (allgather: the gathered output, reducescatter: the input);"
-echo "time: the slowest rank's mean per iteration; busbw = algbw x 2(n-1)/n (allreduce),"
+echo "time: each rank's mean per iteration, averaged over ranks; busbw = algbw x 2(n-1)/n (allreduce),"
 echo "x (n-1)/n (allgather, reducescatter); #wrong: elements that differ from the reference."
 
 if [ "$demo_net" != 0 ]; then

@@ -38,6 +38,30 @@ struct Args {
     in_place: bool,
     /// `--bind`: how the ranks this process forks are bound to CPUs.
     bind: Bind,
+    /// `-a`: how the ranks' times make the reported one.
+    average: Average,
+}
+
+/// How the ranks' per-iteration times make the time of a row: nccl-tests' `-a` (0 rank 0,
+/// 1 the mean over ranks, its default, 2 the fastest rank, 3 the slowest). `mpi_coll_bench`,
+/// the Open MPI side of `scripts/bench-coll.sh`, reports the mean over ranks too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Average {
+    Rank0,
+    Mean,
+    Min,
+    Max,
+}
+
+impl Average {
+    fn name(self) -> &'static str {
+        match self {
+            Average::Rank0 => "rank 0's",
+            Average::Mean => "the mean over ranks of each rank's",
+            Average::Min => "the fastest rank's",
+            Average::Max => "the slowest rank's",
+        }
+    }
 }
 
 /// Binding of forked ranks to CPUs, as `mpirun --bind-to`.
@@ -69,6 +93,7 @@ const USAGE: &str = "usage: fabricoll-perf [--ranks R] [--coll allreduce|allgath
                       [--algo auto|ring|bidir_ring|mesh|mesh1|rdh|rd|tree|dbtree|bruck|pairwise|hier]
                       [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-d TYPE] [-o OP] [-n ITERS] [-w WARMUP]
                       [-t SECONDS [-m MINITERS]] [-c 0|1] [-r ROOT] [--inplace] [--bind core|rr|none]
+                      [-a 0|1|2|3]
 sizes accept K, M, G suffixes; TYPE: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 fp8_e4m3 fp8_e5m2;
 OP: sum prod max min avg;
 -t: time each size for about SECONDS, with between MINITERS (default 5) and ITERS iterations,
@@ -76,7 +101,9 @@ OP: sum prod max min avg;
 --bind: ranks forked here run one per CPU (core, the default, when there are at least as many
     CPUs as ranks; as mpirun binds 2 ranks), rank r on CPU r mod the CPU count even when ranks
     outnumber CPUs (rr; mpirun --bind-to core:overload-allowed) or wherever the scheduler puts
-    them (none)";
+    them (none);
+-a: the time reported is rank 0's (0), the mean over ranks (1, the default, as nccl-tests),
+    the fastest rank's (2) or the slowest rank's (3) mean per iteration";
 
 fn size_arg(s: &str) -> Result<usize, String> {
     let s = s.trim();
@@ -109,6 +136,7 @@ fn parse(argv: &[String]) -> Result<Args, String> {
         root: 0,
         in_place: false,
         bind: Bind::Core,
+        average: Average::Mean,
     };
     let mut i = 0;
     while i < argv.len() {
@@ -192,6 +220,19 @@ fn parse(argv: &[String]) -> Result<Args, String> {
                     "rr" => Bind::RoundRobin,
                     "none" => Bind::None,
                     o => return Err(format!("--bind: {o:?} is not core, rr or none")),
+                }
+            }
+            "-a" | "--average" => {
+                a.average = match v()?.as_str() {
+                    "0" => Average::Rank0,
+                    "1" => Average::Mean,
+                    "2" => Average::Min,
+                    "3" => Average::Max,
+                    o => {
+                        return Err(format!(
+                            "-a: {o:?} is not 0 (rank 0), 1 (mean), 2 (min) or 3 (max)"
+                        ))
+                    }
                 }
             }
             "-h" | "--help" => return Err(USAGE.to_string()),
@@ -374,6 +415,11 @@ fn run_rank(a: &Args, comm: &Comm) -> Result<usize, String> {
             if a.in_place { "in place" } else { "out of place" }
         );
         println!(
+            "# time: {} mean per iteration (-a {})",
+            a.average.name(),
+            a.average as u8
+        );
+        println!(
             "# model: alpha {:.2} us, beta {:.3} GB/s, gamma {:.2} GB/s",
             comm.model().alpha_us,
             1e-3 / comm.model().beta_us_per_byte,
@@ -468,11 +514,10 @@ fn run_rank(a: &Args, comm: &Comm) -> Result<usize, String> {
         for _ in 0..iters {
             comm.run(&call).map_err(|e| format!("size {bytes}: {e}"))?;
         }
-        // The slowest rank's time is the collective's time.
-        let us = all(
+        let us = ranks_time(
             comm,
             t0.elapsed().as_secs_f64() * 1e6 / iters as f64,
-            RedOp::Max,
+            a.average,
         )?;
         let all_wrong = all(comm, nwrong as f64, RedOp::Sum)? as usize;
         total_wrong += all_wrong;
@@ -538,6 +583,16 @@ fn timed_iterations(target: f64, estimate: f64, min: usize, max: usize) -> usize
 }
 
 /// `v` reduced over all ranks with `op` (a float64 AllReduce of one element).
+/// The time of a row from this rank's `us` (`-a`), the same on every rank.
+fn ranks_time(comm: &Comm, us: f64, how: Average) -> Result<f64, String> {
+    match how {
+        Average::Rank0 => all(comm, if comm.rank == 0 { us } else { 0.0 }, RedOp::Sum),
+        Average::Mean => all(comm, us, RedOp::Avg),
+        Average::Min => all(comm, us, RedOp::Min),
+        Average::Max => all(comm, us, RedOp::Max),
+    }
+}
+
 fn all(comm: &Comm, v: f64, op: RedOp) -> Result<f64, String> {
     let (send, recv) = (Scratch::new(8), Scratch::new(8));
     send.region().write(&v.to_le_bytes());
@@ -767,6 +822,26 @@ mod tests {
         let here = allowed_cpus();
         assert!(!here.is_empty(), "this process runs on some CPU");
         assert!(here.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn the_time_is_the_mean_over_ranks_unless_a_says_otherwise() {
+        assert_eq!(args("").expect("valid").average, Average::Mean);
+        for (v, want) in [
+            ("0", Average::Rank0),
+            ("1", Average::Mean),
+            ("2", Average::Min),
+            ("3", Average::Max),
+        ] {
+            assert_eq!(args(&format!("-a {v}")).expect("valid").average, want);
+            assert_eq!(
+                want as u8,
+                v.parse::<u8>().unwrap(),
+                "nccl-tests' numbering"
+            );
+        }
+        let e = args("-a 4").expect_err("-a 4");
+        assert!(e.starts_with("-a:"), "{e}");
     }
 
     #[test]
