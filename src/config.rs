@@ -18,7 +18,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: "FABRICOLL_PROVIDER",
         accepted: "a libfabric provider name: efa, tcp, net, shm, ...",
-        default: "FI_PROVIDER if set, else the first found of efa, the native TCP endpoint (net; tcp from libfabric 1.18), tcp;ofi_rxm, shm",
+        default: "FI_PROVIDER if set, else the first found of: efa, the native TCP endpoint (net; tcp from libfabric 1.18), tcp;ofi_rxm, shm for the collective engines; efa, tcp, shm for the NCCL plugins",
         meaning: "libfabric provider the transport uses",
     },
     Var {

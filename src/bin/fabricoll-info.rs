@@ -27,7 +27,7 @@ fn main() {
     }
     println!("  resolved: {cfg:?}");
     println!();
-    match fabric::discover(&cfg) {
+    match fabric::discover(&cfg, fabric::Use::Engines) {
         Ok(d) => {
             println!(
                 "providers with tagged RDM endpoints: {}",
@@ -37,7 +37,10 @@ fn main() {
                     d.providers.join(", ")
                 }
             );
-            println!("chosen: {}", d.chosen.as_deref().unwrap_or("none"));
+            println!(
+                "chosen for the collective engines: {}",
+                d.chosen.as_deref().unwrap_or("none")
+            );
             if !d.skipped.is_empty() {
                 println!(
                     "skipped domains (name them in FABRICOLL_DOMAIN to use them): {}",
@@ -68,6 +71,7 @@ fn main() {
     println!("NCCL properties (ncclNetPlugin_v12 getProperties):");
     match Plugin::discover(&cfg) {
         Ok(p) => {
+            println!("  provider: {}", p.provider);
             for d in &p.devices {
                 let pr = &d.props;
                 println!(

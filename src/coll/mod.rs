@@ -862,7 +862,7 @@ pub fn open_endpoint(cfg: &Config) -> Result<Arc<dyn Transport>> {
     static DISCOVERY: once_cell::sync::OnceCell<std::result::Result<fabric::Discovery, Error>> =
         once_cell::sync::OnceCell::new();
     let d = DISCOVERY
-        .get_or_init(|| fabric::discover(cfg))
+        .get_or_init(|| fabric::discover(cfg, fabric::Use::Engines))
         .as_ref()
         .map_err(Clone::clone)?;
     let dev = d.devices.first().ok_or_else(|| {

@@ -113,7 +113,7 @@ pub struct Plugin {
 impl Plugin {
     /// Devices from libfabric discovery, as the configuration asks.
     pub fn discover(cfg: &Config) -> Result<Plugin> {
-        let disc = fabric::discover(cfg)?;
+        let disc = fabric::discover(cfg, fabric::Use::Plugin)?;
         let Some(provider) = disc.chosen.clone() else {
             return Err(Error::System(format!(
                 "no usable libfabric provider (wanted {}; found: {})",

@@ -115,19 +115,40 @@ fn inject_safe(provider: &str) -> bool {
     !(provider.split(';').next() == Some("shm") && v < ((1 << 16) | 19))
 }
 
-/// Provider preference when none is named, lowest first: efa; libfabric's native TCP RDM
-/// endpoint (`net` in 1.17, `tcp` from 1.18; its stopped connections are claimed, see
-/// `claim`); TCP through the ofi_rxm layer; shm. The native endpoint goes before rxm for
-/// speed: raw `fi_pingpong -e rdm -d lo`, one way, best of 3, net against tcp;ofi_rxm: 8 B
-/// 5.3 against 7.6 us, 64 KiB 17.7 against 56.5, 4 MiB 924 against 2381.
-fn provider_rank(name: &str) -> Option<usize> {
+/// What the endpoints of a discovery serve, which decides the provider taken when none is
+/// named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Use {
+    /// Communicators of the collective engines (the C API, `fabricoll-perf`), each on an
+    /// endpoint of its own.
+    Engines,
+    /// The NCCL net and CollNet plugins, whose NCCL comms share one endpoint per device.
+    Plugin,
+}
+
+/// Provider preference when none is named, lowest first.
+///
+/// For the engines: efa; libfabric's native TCP RDM endpoint (`net` in 1.17, `tcp` from
+/// 1.18; its stopped connections are claimed, see `claim`); TCP through the ofi_rxm layer;
+/// shm. The native endpoint goes before rxm for speed: raw `fi_pingpong -e rdm -d lo`, one
+/// way, best of 3, net against tcp;ofi_rxm: 8 B 5.3 against 7.6 us, 64 KiB 17.7 against
+/// 56.5, 4 MiB 924 against 2381.
+///
+/// For the plugin: efa, then a `tcp` provider (on 1.17 tcp;ofi_rxm; from 1.18 the native one,
+/// whose name sorts first), then shm, as before the engines changed. Its NCCL comms between
+/// two processes share one endpoint and so, on the native endpoint, one TCP connection, where
+/// a message waiting for its receive holds up every comm's messages behind it until its
+/// receive is posted or it is claimed; how that weighs against the faster data path has not
+/// been measured under NCCL's channels yet.
+fn provider_rank(name: &str, for_use: Use) -> Option<usize> {
     let core = name.split(';').next().unwrap_or(name);
     let layered = name.contains(';');
-    match core {
-        "efa" => Some(0),
-        "net" | "tcp" if !layered => Some(1),
-        "net" | "tcp" => Some(2),
-        "shm" => Some(3),
+    match (for_use, core) {
+        (_, "efa") => Some(0),
+        (Use::Engines, "net" | "tcp") if !layered => Some(1),
+        (Use::Engines, "net" | "tcp") => Some(2),
+        (Use::Plugin, "tcp") => Some(1),
+        (_, "shm") => Some(3),
         _ => None,
     }
 }
@@ -248,7 +269,7 @@ fn getinfo_caps(provider: Option<&str>, extra: u64) -> Result<InfoList> {
 }
 
 /// Find the provider and its devices, as the configuration asks.
-pub fn discover(cfg: &Config) -> Result<Discovery> {
+pub fn discover(cfg: &Config, for_use: Use) -> Result<Discovery> {
     let mut list = getinfo(cfg.provider.as_deref())?;
     // shm before 1.19 also needs untagged messages (software matching of small messages); ask
     // for them only there: rxm keeps receive buffers per connection for them.
@@ -301,7 +322,7 @@ pub fn discover(cfg: &Config) -> Result<Discovery> {
         None => disc
             .providers
             .iter()
-            .filter_map(|p| provider_rank(p).map(|r| (r, p)))
+            .filter_map(|p| provider_rank(p, for_use).map(|r| (r, p)))
             .min()
             .map(|(_, p)| p.clone()),
     };
@@ -314,7 +335,7 @@ pub fn discover(cfg: &Config) -> Result<Discovery> {
             provider: Some(chosen.clone()),
             ..cfg.clone()
         };
-        let mut d = discover(&named)?;
+        let mut d = discover(&named, for_use)?;
         d.providers = disc.providers;
         return Ok(d);
     }
@@ -2132,7 +2153,7 @@ mod tests {
                 .map(|(_, v)| v.to_string()),
         })
         .expect("config");
-        let disc = match discover(&cfg) {
+        let disc = match discover(&cfg, Use::Engines) {
             Ok(d) => d,
             Err(e) => {
                 eprintln!("skipping {provider}: {e}");
@@ -2887,11 +2908,11 @@ mod tests {
     }
 
     #[test]
-    fn without_a_named_provider_the_native_tcp_endpoint_goes_before_rxm() {
+    fn without_a_named_provider_the_engines_take_the_native_tcp_endpoint_and_the_plugin_rxm() {
         // libfabric 1.17 lists tcp;ofi_rxm before net; 1.18 names the native one tcp.
         fn pick<'a>(ps: &[&'a str]) -> Option<&'a str> {
             ps.iter()
-                .filter_map(|p| provider_rank(p).map(|r| (r, *p)))
+                .filter_map(|p| provider_rank(p, Use::Engines).map(|r| (r, *p)))
                 .min()
                 .map(|(_, p)| p)
         }
@@ -2901,14 +2922,44 @@ mod tests {
         assert_eq!(pick(&["shm", "efa", "net"]), Some("efa"));
         assert_eq!(pick(&["udp;ofi_rxd", "shm"]), Some("shm"));
         assert_eq!(pick(&["sockets"]), None);
-        // What this machine's libfabric offers, unnamed: a native TCP endpoint where there is
-        // one, so the default endpoint claims what stops its connections.
+        // The plugin keeps a tcp provider (rxm on 1.17) before net.
+        let plugin = |ps: &[&str]| {
+            ps.iter()
+                .filter_map(|p| provider_rank(p, Use::Plugin).map(|r| (r, p.to_string())))
+                .min()
+                .map(|(_, p)| p)
+        };
+        assert_eq!(
+            plugin(&["shm", "tcp;ofi_rxm", "net"]).as_deref(),
+            Some("tcp;ofi_rxm")
+        );
+        assert_eq!(plugin(&["shm", "net"]).as_deref(), Some("shm"));
+        assert_eq!(plugin(&["efa", "tcp;ofi_rxm"]).as_deref(), Some("efa"));
+        // What this machine's libfabric offers, unnamed: for the engines a native TCP
+        // endpoint where there is one (which claims what stops its connections), for the
+        // plugin a tcp provider.
         let cfg = Config::from_lookup(|_| None).expect("config");
-        let Ok(disc) = discover(&cfg) else { return };
-        if disc.providers.iter().any(|p| p == "net")
-            && !disc.providers.iter().any(|p| p.starts_with("efa"))
+        let (Ok(engines), Ok(plugin)) = (discover(&cfg, Use::Engines), discover(&cfg, Use::Plugin))
+        else {
+            return;
+        };
+        let has = |p: &str| engines.providers.iter().any(|x| x == p);
+        if has("net")
+            && has("tcp;ofi_rxm")
+            && !engines.providers.iter().any(|p| p.starts_with("efa"))
         {
-            assert_eq!(disc.chosen.as_deref(), Some("net"), "{:?}", disc.providers);
+            assert_eq!(
+                engines.chosen.as_deref(),
+                Some("net"),
+                "{:?}",
+                engines.providers
+            );
+            assert_eq!(
+                plugin.chosen.as_deref(),
+                Some("tcp;ofi_rxm"),
+                "{:?}",
+                plugin.providers
+            );
         }
     }
 
