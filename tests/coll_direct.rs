@@ -9,7 +9,6 @@ use nccl_net_fabricoll::coll::{self, Call, Comm, Kind};
 use nccl_net_fabricoll::config::Config;
 
 mod common;
-use nccl_net_fabricoll::reduce::{DataType, RedOp};
 use nccl_net_fabricoll::transport::{Region, Transport};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,16 +47,7 @@ fn value(r: usize, i: usize) -> f32 {
 }
 
 fn call(coll: Collective, send: Region, recv: Region, count: usize) -> Call {
-    Call {
-        kind: Kind::Coll(coll),
-        send,
-        recv,
-        count,
-        dtype: DataType::Float32,
-        op: RedOp::Sum,
-        root: 0,
-        algo: None,
-    }
+    common::call(Kind::Coll(coll), send, recv, count)
 }
 
 /// Input and expected output lengths and values of rank `r` (NCCL's layouts, root 0).

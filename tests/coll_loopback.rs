@@ -9,6 +9,8 @@ use nccl_net_fabricoll::transport::loopback::LoopbackFabric;
 use nccl_net_fabricoll::transport::{Region, Transport};
 use std::sync::Arc;
 
+mod common;
+
 fn cfg(extra: &[(&str, &str)]) -> Config {
     let mut kv: Vec<(String, String)> = vec![
         ("FABRICOLL_ALPHA_US".into(), "5".into()),
@@ -419,14 +421,8 @@ fn float_sum(
     algo: Option<Algorithm>,
 ) -> Call {
     Call {
-        kind: Kind::Coll(coll),
-        send,
-        recv,
-        count,
-        dtype: DataType::Float32,
-        op: RedOp::Sum,
-        root: 0,
         algo,
+        ..common::call(Kind::Coll(coll), send, recv, count)
     }
 }
 

@@ -545,6 +545,27 @@ struct SoftRecv {
     provider: Option<usize>,
 }
 
+impl SoftRecv {
+    /// A receive of `tag` / `ignore` into `b` (an owned buffer gets a new one on delivery).
+    fn of(tag: u64, ignore: u64, b: &OpBuf) -> SoftRecv {
+        let dst = if b.owned.is_some() {
+            SoftDst::Owned
+        } else {
+            // SAFETY: Region's contract, forwarded from the caller's recv().
+            SoftDst::Region(unsafe { Region::from_raw(b.addr as *mut u8, b.len) })
+        };
+        SoftRecv {
+            tag,
+            ignore,
+            len: b.len,
+            dst,
+            desc: b.desc,
+            op: b.op,
+            provider: None,
+        }
+    }
+}
+
 /// A message that arrived before its receive.
 #[derive(Debug)]
 enum Unexp {
@@ -1258,24 +1279,8 @@ impl Inner {
         if self.soft.is_some() {
             return self.post_soft_recv(tag, ignore, b);
         }
-        if self.claims_busy() {
-            let r = SoftRecv {
-                tag,
-                ignore,
-                len: b.len,
-                dst: if b.owned.is_some() {
-                    SoftDst::Owned
-                } else {
-                    // SAFETY: Region's contract, forwarded from the caller's recv().
-                    SoftDst::Region(unsafe { Region::from_raw(b.addr as *mut u8, b.len) })
-                },
-                desc: b.desc,
-                op: b.op,
-                provider: None,
-            };
-            if self.claimed_recv(r).is_none() {
-                return Ok(Posted::Queued);
-            }
+        if self.claims_busy() && self.claimed_recv(SoftRecv::of(tag, ignore, &b)).is_none() {
+            return Ok(Posted::Queued);
         }
         self.post_provider_recv(tag, ignore, b, Role::User)
             .map(|p| p.0)
@@ -1599,21 +1604,7 @@ impl Inner {
     fn post_soft_recv(&mut self, tag: u64, ignore: u64, b: OpBuf) -> Result<Posted> {
         let soft = self.soft.as_mut().expect("soft mode");
         let small = soft.small;
-        let dst = if b.owned.is_some() {
-            SoftDst::Owned
-        } else {
-            // SAFETY: Region's contract, forwarded from the caller's recv().
-            SoftDst::Region(unsafe { Region::from_raw(b.addr as *mut u8, b.len) })
-        };
-        let mut r = SoftRecv {
-            tag,
-            ignore,
-            len: b.len,
-            dst,
-            desc: b.desc,
-            op: b.op,
-            provider: None,
-        };
+        let mut r = SoftRecv::of(tag, ignore, &b);
         if let Some(i) = soft
             .unexpected
             .iter()
@@ -1755,6 +1746,7 @@ impl Inner {
                             soft.posted.retain(|r| r.op != ctx.op);
                         }
                     }
+                    // A peek's answer was handled above, before its context was taken apart.
                     Role::User | Role::Peek => {}
                 }
                 let len = if ctx.recv { e.len } else { ctx.len };
