@@ -2976,4 +2976,52 @@ mod tests {
         let want: Vec<u64> = (10..10 + sizes.len() as u64).collect();
         assert_eq!(tags, want, "the receives, in posted order, got these tags");
     }
+
+    #[test]
+    fn a_claim_cut_off_by_its_sender_fails_the_receive_that_waited_for_it() {
+        let Some((a, b)) = pair("net", Some("lo")) else {
+            return;
+        };
+        let to_a = b.insert_peer(&a.address()).expect("insert");
+        let n = 64 << 20;
+        let mut big = vec![3u8; n];
+        let mut small = vec![5u8; 16];
+        send_busy(&a, &b, to_a, 1, &mut big, 100);
+        send_busy(&a, &b, to_a, 2, &mut small, 101);
+        let mut got_small = vec![0u8; 16];
+        a.recv(2, 0, region(&mut got_small), None, 2).expect("recv");
+        let start = Instant::now();
+        let mut out = [Vec::new(), Vec::new()];
+        loop {
+            a.poll(&mut out[0]).expect("poll");
+            if a.inner.lock().claims.as_ref().expect("claims").inflight == Some(1) {
+                break;
+            }
+            b.poll(&mut out[1]).expect("poll");
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "no claim: {out:?}"
+            );
+        }
+        let mut got = vec![0u8; n];
+        a.recv(1, 0, region(&mut got), None, 1).expect("recv");
+        // The sender goes away with most of the message still unsent.
+        drop(b);
+        let start = Instant::now();
+        while !out[0].iter().any(|c| c.op == 1) {
+            // The endpoint may report the broken connection itself; the receive must end.
+            let _ = a.poll(&mut out[0]);
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the waiting receive never ended: {:?}",
+                out[0]
+            );
+        }
+        let c = out[0].iter().find(|c| c.op == 1).expect("found");
+        let e = c.status.as_ref().unwrap_err().to_string();
+        assert!(e.contains("claimed message"), "{e}");
+        let g = a.inner.lock();
+        let cl = g.claims.as_ref().unwrap();
+        assert!(cl.inflight.is_none() && cl.waiting.is_empty());
+    }
 }
