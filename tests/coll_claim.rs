@@ -42,6 +42,18 @@ fn region(v: &mut [f32]) -> Region {
     unsafe { Region::from_raw(v.as_mut_ptr() as *mut u8, v.len() * 4) }
 }
 
+/// An in-place AllReduce of `count` floats on 2 ranks, checked.
+fn allreduce(c: &Comm, count: usize) {
+    let mut a: Vec<f32> = (0..count).map(|i| (i % 5) as f32).collect();
+    let x = region(&mut a);
+    c.run(&call(Kind::Coll(Collective::AllReduce), x, x, count))
+        .unwrap();
+    assert!(a
+        .iter()
+        .enumerate()
+        .all(|(i, &v)| v == 2.0 * (i % 5) as f32));
+}
+
 #[test]
 fn sends_posted_before_a_collective_do_not_stop_it_where_the_peer_receives_them_after() {
     let Some(cs) = comms(2) else { return };
@@ -66,28 +78,14 @@ fn sends_posted_before_a_collective_do_not_stop_it_where_the_peer_receives_them_
                     c0.start(&call(Kind::Send { peer: 1 }, x, x, n)).unwrap()
                 })
                 .collect();
-            let mut a: Vec<f32> = (0..ar).map(|i| (i % 5) as f32).collect();
-            let x = region(&mut a);
-            c0.run(&call(Kind::Coll(Collective::AllReduce), x, x, ar))
-                .unwrap();
-            assert!(a
-                .iter()
-                .enumerate()
-                .all(|(i, &v)| v == 2.0 * (i % 5) as f32));
+            allreduce(&c0, ar);
             for r in reqs {
                 c0.wait(r).unwrap();
             }
         });
         let c1 = cs[1].clone();
         s.spawn(move || {
-            let mut a: Vec<f32> = (0..ar).map(|i| (i % 5) as f32).collect();
-            let x = region(&mut a);
-            c1.run(&call(Kind::Coll(Collective::AllReduce), x, x, ar))
-                .unwrap();
-            assert!(a
-                .iter()
-                .enumerate()
-                .all(|(i, &v)| v == 2.0 * (i % 5) as f32));
+            allreduce(&c1, ar);
             for (k, n) in sizes.into_iter().enumerate() {
                 let mut b = vec![0f32; n];
                 let x = region(&mut b);

@@ -2836,26 +2836,26 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_receive_posted_while_its_message_is_being_claimed_waits_for_it() {
-        let Some((a, b)) = pair("net", Some("lo")) else {
-            return;
-        };
+    /// `b` sends `a` the large message `big` (tag 1, op 100) and then `small` (tag 2, op
+    /// 101); `a` receives only `small` (into `got_small`, op 2), and polls until the claim of
+    /// `big` is under way. The completions so far.
+    fn claiming(
+        a: &FabricTransport,
+        b: &FabricTransport,
+        big: &mut [u8],
+        small: &mut [u8],
+        got_small: &mut [u8],
+    ) -> [Vec<Completion>; 2] {
         let to_a = b.insert_peer(&a.address()).expect("insert");
-        let n = 32 << 20;
-        let mut big: Vec<u8> = (0..n).map(|j| (j * 7) as u8).collect();
-        let mut small = vec![5u8; 16];
-        send_busy(&a, &b, to_a, 1, &mut big, 100);
-        send_busy(&a, &b, to_a, 2, &mut small, 101);
-        let mut got_small = vec![0u8; 16];
-        a.recv(2, 0, region(&mut got_small), None, 2).expect("recv");
-        // Idle polls until the claim of the large message is under way.
+        send_busy(a, b, to_a, 1, big, 100);
+        send_busy(a, b, to_a, 2, small, 101);
+        a.recv(2, 0, region(got_small), None, 2).expect("recv");
         let start = Instant::now();
         let mut out = [Vec::new(), Vec::new()];
         loop {
             a.poll(&mut out[0]).expect("poll");
             if a.inner.lock().claims.as_ref().expect("claims").inflight == Some(1) {
-                break;
+                return out;
             }
             b.poll(&mut out[1]).expect("poll");
             assert!(
@@ -2863,6 +2863,17 @@ mod tests {
                 "no claim: {out:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_receive_posted_while_its_message_is_being_claimed_waits_for_it() {
+        let Some((a, b)) = pair("net", Some("lo")) else {
+            return;
+        };
+        let n = 32 << 20;
+        let mut big: Vec<u8> = (0..n).map(|j| (j * 7) as u8).collect();
+        let (mut small, mut got_small) = (vec![5u8; 16], vec![0u8; 16]);
+        let mut out = claiming(&a, &b, &mut big, &mut small, &mut got_small);
         // Two receives for it: the first gets it, the second waits too and is cancelled.
         let mut got = vec![0u8; n];
         let mut spare = vec![0u8; n];
@@ -2982,27 +2993,10 @@ mod tests {
         let Some((a, b)) = pair("net", Some("lo")) else {
             return;
         };
-        let to_a = b.insert_peer(&a.address()).expect("insert");
         let n = 64 << 20;
         let mut big = vec![3u8; n];
-        let mut small = vec![5u8; 16];
-        send_busy(&a, &b, to_a, 1, &mut big, 100);
-        send_busy(&a, &b, to_a, 2, &mut small, 101);
-        let mut got_small = vec![0u8; 16];
-        a.recv(2, 0, region(&mut got_small), None, 2).expect("recv");
-        let start = Instant::now();
-        let mut out = [Vec::new(), Vec::new()];
-        loop {
-            a.poll(&mut out[0]).expect("poll");
-            if a.inner.lock().claims.as_ref().expect("claims").inflight == Some(1) {
-                break;
-            }
-            b.poll(&mut out[1]).expect("poll");
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "no claim: {out:?}"
-            );
-        }
+        let (mut small, mut got_small) = (vec![5u8; 16], vec![0u8; 16]);
+        let mut out = claiming(&a, &b, &mut big, &mut small, &mut got_small);
         let mut got = vec![0u8; n];
         a.recv(1, 0, region(&mut got), None, 1).expect("recv");
         // The sender goes away with most of the message still unsent.
