@@ -17,9 +17,17 @@
 #         endpoint, named tcp from 1.18: our default TCP transport)
 #                                              | Open MPI as for tcp, run again beside it
 # (the mpirun flags of ../shared/baselines/run-mpi-baselines.sh), then prints, per collective /
-# ranks / transport, the per-size MEDIANS over the repetitions: busbw of both, ratio ours/OMPI,
-# time of both, and the median time at the smallest size both report (8 B, or 16 B for allgather
-# and reducescatter at 4 ranks) with the time ratio.
+# ranks / transport, the per-size MEDIANS over the repetitions: busbw of both, ratio ours/OMPI
+# (bw_x), the median of the ratios within each repetition (pair_x), time of both, and the median
+# time at the smallest size both report (8 B, or 16 B for allgather and reducescatter at 4 ranks)
+# with the time ratio; then a "target[...]" line per table and a "# target, <transport>" total:
+# the sizes from 64 KiB whose bw_x (as printed) is at least 1.00, and whether the smallest size's
+# time ratio is within 1.5 (issue 3's target).
+# pair_x because this machine drifts between fast and slow spells of a few runs each, in both
+# tools alike: 4-rank shm AllReduce of 1 MiB took 373-375 us in two of our runs and 880-932 in
+# three, Open MPI 400-450 in three and 1421-1464 in two, so the medians of each side alone
+# compared our slow spell with its fast one (bw_x 0.51) while ours won within 3 of the 5
+# repetitions (pair_x 1.07; 2026-11-25).
 #
 # Binding is alike (BENCH_BIND): by default both bind rank r to CPU r mod the CPU count, 4 ranks
 # on 2 CPUs too (ours --bind rr, Open MPI --bind-to core:overload-allowed, which maps by core:
@@ -186,15 +194,18 @@ run_ompi() { # run_ompi TRANSPORT RANKS COLL FILE
   timeout --kill-after=10 "$run_timeout" "${cmd[@]}" >>"$f" 2>&1
 }
 
-# Long-format samples: "COLL RANKS TRANSPORT SIZE WHO METRIC VALUE" (WHO = ours | ompi)
-collect_ours() { # fabricoll-perf rows: size count type redop algo time algbw busbw #wrong
-  awk -v k="$1 $2 $3" '/^ *[0-9]+ / && NF >= 9 && $1 + 0 > 0 && $6 + 0 > 0 {
-         print k, $1, "ours", "time", $6; print k, $1, "ours", "busbw", $8; print k, $1, "algo", $5, 0 }' "$4"
+# Long-format samples: "COLL RANKS TRANSPORT SIZE WHO METRIC VALUE REP" (WHO = ours | ompi)
+collect_ours() { # collect_ours COLL RANKS TRANSPORT FILE REP; fabricoll-perf rows: size count
+  # type redop algo time algbw busbw #wrong
+  awk -v k="$1 $2 $3" -v rep="$5" '/^ *[0-9]+ / && NF >= 9 && $1 + 0 > 0 && $6 + 0 > 0 {
+         print k, $1, "ours", "time", $6, rep; print k, $1, "ours", "busbw", $8, rep
+         print k, $1, "algo", $5, 0, rep }' "$4"
 }
-collect_ompi() { # mpi_coll_bench rows: size count type redop iters time tmin algbw busbw #wrong
-  awk -v k="$1 $2 $3" '/^# op=/ { ok = ($2 == "op='"$1"'") }
+collect_ompi() { # collect_ompi COLL RANKS TRANSPORT FILE REP; mpi_coll_bench rows: size count
+  # type redop iters time tmin algbw busbw #wrong
+  awk -v k="$1 $2 $3" -v rep="$5" '/^# op=/ { ok = ($2 == "op='"$1"'") }
        ok && /^ *[0-9]+ / && NF >= 10 && $1 + 0 > 0 && $6 + 0 > 0 {
-         print k, $1, "ompi", "time", $6; print k, $1, "ompi", "busbw", $9 }' "$4"
+         print k, $1, "ompi", "time", $6, rep; print k, $1, "ompi", "busbw", $9, rep }' "$4"
 }
 
 t0=$(date +%s)
@@ -217,10 +228,10 @@ for rep in $(seq 1 "$reps"); do
           rc=0
           if [ "$who" = ours ]; then
             run_ours "$tr" "$r" "$c" "$f" || rc=$?
-            collect_ours "$c" "$r" "$tr" "$f" >>"$samples"
+            collect_ours "$c" "$r" "$tr" "$f" "$rep" >>"$samples"
           else
             run_ompi "$tr" "$r" "$c" "$f" || rc=$?
-            collect_ompi "$c" "$r" "$tr" "$f" >>"$samples"
+            collect_ompi "$c" "$r" "$tr" "$f" "$rep" >>"$samples"
           fi
           echo "# rep $rep/$reps $c np$r $tr $who: $(($(date +%s) - ts)) s, exit $rc"
           if [ "$rc" != 0 ]; then
@@ -239,7 +250,7 @@ summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
   echo "## $c, $r ranks, $tr: medians over $done_reps repetition(s); ours = fabricoll-perf --algo $algo" \
     "($([ "$tr" = shm ] && echo "shm" || echo "$tr, FABRICOLL_DOMAIN=lo")), OMPI = $(
       [ "$tr" = shm ] && echo "btl self,vader" || echo "btl self,tcp on lo")"
-  grep "^$c $r $tr " "$samples" | sort -k4,4n -k5,5 -k6,6 -k7,7g | awk '
+  grep "^$c $r $tr " "$samples" | sort -k4,4n -k5,5 -k6,6 -k7,7g | awk -v tr="$tr" '
     function flush(   m) {
       if (n == 0) return
       m = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
@@ -247,29 +258,47 @@ summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
     }
     $5 == "algo" { algos[$4] = (algos[$4] ~ ("(^|,)" $6 "(,|$)")) ? algos[$4] : (algos[$4] == "" ? $6 : algos[$4] "," $6); next }
     { k = $4 " " $5 " " $6; if (k != key) { flush(); key = k; sizes[$4] = 1 } v[++n] = $7 }
+    $6 == "busbw" && NF >= 8 { bw[$4, $5, $8] = $7; reps[$8] = 1 }
     END {
       flush()
-      printf "%10s %10s %10s %7s %11s %11s %7s %5s  %s\n", "size(B)", "ours", "OMPI", "bw_x",
-             "ours", "OMPI", "t_x", "n", "our algo"
-      printf "%10s %10s %10s %7s %11s %11s %7s %5s\n", "", "busbw GB/s", "busbw GB/s", "ours/OMPI",
-             "time us", "time us", "ours/OMPI", "o/m"
+      printf "%10s %10s %10s %7s %7s %11s %11s %7s %5s  %s\n", "size(B)", "ours", "OMPI", "bw_x",
+             "pair_x", "ours", "OMPI", "t_x", "n", "our algo"
+      printf "%10s %10s %10s %7s %7s %11s %11s %7s %5s\n", "", "busbw GB/s", "busbw GB/s", "ours/OMPI",
+             "same rep", "time us", "time us", "ours/OMPI", "o/m"
       ns = 0
       for (s in sizes) list[++ns] = s + 0
       for (i = 2; i <= ns; i++) { x = list[i]; for (j = i - 1; j >= 1 && list[j] > x; j--) list[j + 1] = list[j]; list[j + 1] = x }
-      first = ""
+      first = ""; big = 0; won = 0; pwon = 0
       for (i = 1; i <= ns; i++) {
         s = list[i]
         ob = med[s " ours busbw"]; mb = med[s " ompi busbw"]; ot = med[s " ours time"]; mt = med[s " ompi time"]
         if (first == "" && ot != "" && mt != "") first = s
-        printf "%10d %10s %10s %7s %11s %11s %7s %5s  %s\n", s, f(ob, "%.3f"), f(mb, "%.3f"),
-          r(ob, mb), f(ot, "%.2f"), f(mt, "%.2f"), r(ot, mt),
+        bx = r(ob, mb); px = pair(s)
+        if (s >= 65536 && bx != "-") { big++; won += (bx + 0 >= 1); pwon += (px != "-" && px + 0 >= 1) }
+        printf "%10d %10s %10s %7s %7s %11s %11s %7s %5s  %s\n", s, f(ob, "%.3f"), f(mb, "%.3f"),
+          bx, px, f(ot, "%.2f"), f(mt, "%.2f"), r(ot, mt),
           (cnt[s " ours time"] + 0) "/" (cnt[s " ompi time"] + 0), algos[s]
       }
-      if (first != "")
+      if (first != "") {
+        tx = med[first " ours time"] / med[first " ompi time"]
         printf "   smallest common size %d B: median time ours %.2f us, OMPI %.2f us, time ratio ours/OMPI %.2f\n",
-          first, med[first " ours time"], med[first " ompi time"], med[first " ours time"] / med[first " ompi time"]
-      else
+          first, med[first " ours time"], med[first " ompi time"], tx
+        printf "   target[%s]: bw_x >= 1.00 in %d/%d sizes from 64 KiB (pair_x >= 1.00 in %d); smallest size %s\n",
+          tr, won, big, pwon, (sprintf("%.2f", tx) + 0 <= 1.5) ? "within 1.5x" : "beyond 1.5x"
+      } else
         print "   (no size reported by both)"
+    }
+    # The median over repetitions of ours/OMPI busbw within one repetition (the two ran one
+    # after the other): the machine drifts between slow and fast spells that last a few runs,
+    # which the medians of each side alone do not pair up.
+    function pair(s,   rp, m, x, y, i, j) {
+      m = 0
+      for (rp in reps)
+        if ((s, "ours", rp) in bw && (s, "ompi", rp) in bw && bw[s, "ompi", rp] + 0 > 0)
+          x[++m] = bw[s, "ours", rp] / bw[s, "ompi", rp]
+      if (m == 0) return "-"
+      for (i = 2; i <= m; i++) { y = x[i]; for (j = i - 1; j >= 1 && x[j] > y; j--) x[j + 1] = x[j]; x[j + 1] = y }
+      return sprintf("%.2f", (m % 2) ? x[(m + 1) / 2] : (x[m / 2] + x[m / 2 + 1]) / 2)
     }
     function f(x, fmt) { return (x == "") ? "-" : sprintf(fmt, x) }
     function r(a, b) { return (a == "" || b == "" || b + 0 == 0) ? "-" : sprintf("%.2f", a / b) }'
@@ -282,11 +311,28 @@ summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
   if [ -s "$out/busy.txt" ]; then
     echo "# WARNING: $(wc -l <"$out/busy.txt") run(s) started on a busy machine (wait-quiet gave up); see $out/busy.txt"
   fi
-  for tr in $transports; do
+  tables=$(for tr in $transports; do
     for r in $ranks_list; do
       for c in $colls; do summarize "$c" "$r" "$tr"; done
     done
-  done
+  done)
+  echo "$tables"
   echo
+  # The issue's target, per transport: busbw at least Open MPI's from 64 KiB, and the time at the
+  # smallest size within 1.5 times Open MPI's.
+  echo "$tables" | awk '
+    /^   target\[/ {
+      t = $1; sub(/^target\[/, "", t); sub(/\]:$/, "", t)
+      split($6, a, "/"); won[t] += a[1]; big[t] += a[2]; p = $15; sub(/\);$/, "", p); pwon[t] += p
+      rows[t]++; small[t] += ($0 ~ /within 1\.5x$/)
+      if (!(t in seen)) { seen[t] = 1; order[++nt] = t }
+    }
+    END {
+      for (i = 1; i <= nt; i++) {
+        t = order[i]
+        printf "# target, %s: bw_x >= 1.00 in %d/%d sizes from 64 KiB (pair_x >= 1.00 in %d); smallest size within 1.5x in %d/%d rows\n",
+          t, won[t], big[t], pwon[t], small[t], rows[t]
+      }
+    }'
   echo "# total $(($(date +%s) - t0)) s; raw logs: $out/"
 } | tee "$out/summary.txt"
