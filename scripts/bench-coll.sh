@@ -251,7 +251,7 @@ summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
   echo "## $c, $r ranks, $tr: medians over $done_reps repetition(s); ours = fabricoll-perf --algo $algo" \
     "($([ "$tr" = shm ] && echo "shm" || echo "$tr, FABRICOLL_DOMAIN=lo")), OMPI = $(
       [ "$tr" = shm ] && echo "btl self,vader" || echo "btl self,tcp on lo")"
-  grep "^$c $r $tr " "$samples" | sort -k4,4n -k5,5 -k6,6 -k7,7g | awk -v tr="$tr" '
+  grep "^$c $r $tr " "$samples" | sort -k4,4n -k5,5 -k6,6 -k7,7g | awk -v tr="$tr" -v counts="$out/targets.txt" '
     function flush(   m) {
       if (n == 0) return
       m = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
@@ -286,6 +286,7 @@ summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
           " (within repetitions %s)\n", first, med[first " ours time"], med[first " ompi time"], tx, ptx
         printf "   target[%s]: bw_x >= 1.00 in %d/%d sizes from 64 KiB, pair_x in %d; smallest size time ratio %s, pairs %s\n",
           tr, won, big, pwon, tx, ptx
+        print tr, won, big, pwon, tx, ptx >>counts
       } else
         print "   (no size reported by both)"
     }
@@ -312,20 +313,18 @@ summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
   if [ -s "$out/busy.txt" ]; then
     echo "# WARNING: $(wc -l <"$out/busy.txt") run(s) started on a busy machine (wait-quiet gave up); see $out/busy.txt"
   fi
-  tables=$(for tr in $transports; do
+  : >"$out/targets.txt"
+  for tr in $transports; do
     for r in $ranks_list; do
       for c in $colls; do summarize "$c" "$r" "$tr"; done
     done
-  done)
-  echo "$tables"
+  done
   echo
   # The issue's target, per transport: busbw at least Open MPI's from 64 KiB, and the time at the
   # smallest size within 1.5 times Open MPI's.
-  echo "$tables" | awk '
-    /^   target\[/ { # target[T]: bw_x >= 1.00 in A/B sizes from 64 KiB, pair_x in C; smallest size time ratio X, pairs Y
-      t = $1; sub(/^target\[/, "", t); sub(/\]:$/, "", t)
-      split($6, a, "/"); won[t] += a[1]; big[t] += a[2]; pwon[t] += $13
-      x = $18; sub(/,$/, "", x); rows[t]++; small[t] += (x + 0 <= 1.5); psmall[t] += ($20 != "-" && $20 + 0 <= 1.5)
+  awk '{ # targets.txt, a line per table: transport, bw_x won, sizes, pair_x won, time ratio, paired
+      t = $1; won[t] += $2; big[t] += $3; pwon[t] += $4
+      rows[t]++; small[t] += ($5 + 0 <= 1.5); psmall[t] += ($6 != "-" && $6 + 0 <= 1.5)
       if (!(t in seen)) { seen[t] = 1; order[++nt] = t }
     }
     END {
@@ -334,6 +333,6 @@ summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
         printf "# target, %s: bw_x >= 1.00 in %d/%d sizes from 64 KiB (pair_x: %d); smallest size within 1.5x in %d/%d rows (pairs: %d)\n",
           t, won[t], big[t], pwon[t], small[t], rows[t], psmall[t]
       }
-    }'
+    }' "$out/targets.txt"
   echo "# total $(($(date +%s) - t0)) s; raw logs: $out/"
 } | tee "$out/summary.txt"

@@ -2913,12 +2913,13 @@ mod tests {
     #[test]
     fn without_a_named_provider_the_engines_take_the_native_tcp_endpoint_and_the_plugin_rxm() {
         // libfabric 1.17 lists tcp;ofi_rxm before net; 1.18 names the native one tcp.
-        fn pick<'a>(ps: &[&'a str]) -> Option<&'a str> {
+        fn pick_for<'a>(ps: &[&'a str], for_use: Use) -> Option<&'a str> {
             ps.iter()
-                .filter_map(|p| provider_rank(p, Use::Engines).map(|r| (r, *p)))
+                .filter_map(|p| provider_rank(p, for_use).map(|r| (r, *p)))
                 .min()
                 .map(|(_, p)| p)
         }
+        let pick = |ps: &[&'static str]| pick_for(ps, Use::Engines);
         assert_eq!(pick(&["shm", "tcp;ofi_rxm", "net"]), Some("net"));
         assert_eq!(pick(&["tcp;ofi_rxm", "tcp", "shm"]), Some("tcp"));
         assert_eq!(pick(&["shm", "tcp;ofi_rxm"]), Some("tcp;ofi_rxm"));
@@ -2926,18 +2927,10 @@ mod tests {
         assert_eq!(pick(&["udp;ofi_rxd", "shm"]), Some("shm"));
         assert_eq!(pick(&["sockets"]), None);
         // The plugin keeps a tcp provider (rxm on 1.17) before net.
-        let plugin = |ps: &[&str]| {
-            ps.iter()
-                .filter_map(|p| provider_rank(p, Use::Plugin).map(|r| (r, p.to_string())))
-                .min()
-                .map(|(_, p)| p)
-        };
-        assert_eq!(
-            plugin(&["shm", "tcp;ofi_rxm", "net"]).as_deref(),
-            Some("tcp;ofi_rxm")
-        );
-        assert_eq!(plugin(&["shm", "net"]).as_deref(), Some("shm"));
-        assert_eq!(plugin(&["efa", "tcp;ofi_rxm"]).as_deref(), Some("efa"));
+        let plugin = |ps: &[&'static str]| pick_for(ps, Use::Plugin);
+        assert_eq!(plugin(&["shm", "tcp;ofi_rxm", "net"]), Some("tcp;ofi_rxm"));
+        assert_eq!(plugin(&["shm", "net"]), Some("shm"));
+        assert_eq!(plugin(&["efa", "tcp;ofi_rxm"]), Some("efa"));
         // What this machine's libfabric offers, unnamed: for the engines a native TCP
         // endpoint where there is one (which claims what stops its connections), for the
         // plugin a tcp provider.
