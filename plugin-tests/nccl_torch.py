@@ -11,16 +11,27 @@ plugin carried the data ("Using network fabricoll", "via NET/fabricoll").
 
 Usage:
     plugin-tests/nccl_torch.py --lib target/release/libnccl-net-fabricoll.so \
-        [--ranks 2] [--provider tcp] [--collnet] [--timeout 300]
+        [--ranks 2] [--provider tcp] [--collnet] [--socket] [--mps] [--timeout 300]
+
+Without MPS the ranks' processes time-slice GPU 0: a rank's NCCL kernel holds the GPU while it
+waits for its peer's data, so every timing becomes a multiple of the driver's time slice (4.5 ms
+on an H100), the same for any transport.  --mps starts a private CUDA MPS control daemon for the
+run (its pipe and log folders in a fresh temporary folder; stopped at the end), so that the ranks'
+kernels run side by side and the timings measure the transport.
+
+--socket runs the same checks and timings over NCCL's own Socket transport instead of the plugin
+(the plugin is not loaded): the reference for the plugin's timings on the same machine.
 
 Exit status: 0 passed, 1 failed, 0 with a line starting "SKIP" when there is no PyTorch with CUDA
 (this test needs a GPU; CI machines have none and skip it).
 """
 import argparse
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -30,6 +41,10 @@ def parse():
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--provider", default="tcp", help="FABRICOLL_PROVIDER of the ranks")
     p.add_argument("--collnet", action="store_true", help="NCCL_COLLNET_ENABLE=1")
+    p.add_argument("--mps", action="store_true",
+                   help="run the ranks as clients of a private CUDA MPS daemon (real timings)")
+    p.add_argument("--socket", action="store_true",
+                   help="NCCL's own Socket transport instead of the plugin (timing reference)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole run")
     p.add_argument("--child", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -114,27 +129,48 @@ def child(a):
             w.wait()
         expect(f"sendrecv x{per}", out, pattern((rank - 1) % n, per, torch.float32))
 
-    # time a 64 MiB AllReduce (nccl-tests' busbw: algbw * 2(n-1)/n)
-    x = torch.ones(16 << 20, device=dev)
-    for _ in range(3):
-        dist.all_reduce(x)
-    torch.cuda.synchronize()
-    iters = 10
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        dist.all_reduce(x)
-    torch.cuda.synchronize()
-    dt = (time.perf_counter() - t0) / iters
-    if rank == 0:
-        algbw = x.numel() * 4 / dt / 1e9
-        print(f"rank 0: allreduce 64 MiB: {dt * 1e6:.0f} us, algbw {algbw:.2f} GB/s, "
-              f"busbw {algbw * 2 * (n - 1) / n:.2f} GB/s", flush=True)
+    # time AllReduce of 1, 8 and 64 MiB (nccl-tests' busbw: algbw * 2(n-1)/n)
+    for mib in (1, 8, 64):
+        x = torch.ones(mib << 18, device=dev)
+        for _ in range(3):
+            dist.all_reduce(x)
+        torch.cuda.synchronize()
+        iters = 10
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(x)
+        torch.cuda.synchronize()
+        dt = (time.perf_counter() - t0) / iters
+        if rank == 0:
+            algbw = x.numel() * 4 / dt / 1e9
+            print(f"rank 0: allreduce {mib} MiB: {dt * 1e6:.0f} us, algbw {algbw:.2f} GB/s, "
+                  f"busbw {algbw * 2 * (n - 1) / n:.2f} GB/s", flush=True)
     dist.barrier()
     dist.destroy_process_group()
     for b in bad:
         print(f"rank {rank}: WRONG {b}", flush=True)
     print(f"rank {rank}: {checks - len(bad)} passed, {len(bad)} failed", flush=True)
     return 1 if bad else 0
+
+
+def start_mps():
+    """A private MPS control daemon: returns the environment its clients need, or an error text."""
+    ctl = shutil.which("nvidia-cuda-mps-control")
+    if ctl is None:
+        return None, "--mps: nvidia-cuda-mps-control is not on PATH"
+    d = tempfile.mkdtemp(prefix="fabricoll-mps.")
+    env = {"CUDA_MPS_PIPE_DIRECTORY": d, "CUDA_MPS_LOG_DIRECTORY": d}
+    r = subprocess.run([ctl, "-d"], env={**os.environ, **env}, capture_output=True, text=True,
+                       timeout=30)
+    if r.returncode != 0:
+        return None, f"--mps: nvidia-cuda-mps-control -d exited {r.returncode}: {r.stderr.strip()}"
+    return env, None
+
+
+def stop_mps(env):
+    subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", env={**os.environ, **env},
+                   capture_output=True, text=True, timeout=30)
+    shutil.rmtree(env["CUDA_MPS_PIPE_DIRECTORY"], ignore_errors=True)
 
 
 def parent(a):
@@ -146,17 +182,39 @@ def parent(a):
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device")
         return 0
+    if a.socket and a.collnet:
+        print("nccl_torch: --socket and --collnet exclude each other (no plugin, no CollNet)",
+              file=sys.stderr)
+        return 2
     lib = os.path.abspath(a.lib)
     if not os.path.isfile(lib):
         print(f"nccl_torch: no plugin library at {lib}", file=sys.stderr)
         return 1
+    mps = None
+    if a.mps:
+        mps, err = start_mps()
+        if err:
+            print(f"nccl_torch: {err}", file=sys.stderr)
+            return 1
+    else:
+        print("nccl_torch: no --mps: the ranks time-slice GPU 0, timings are multiples of the "
+              "time slice, not the transport's", flush=True)
+    try:
+        return run_ranks(a, lib, mps or {})
+    finally:
+        if mps:
+            stop_mps(mps)
+
+
+def run_ranks(a, lib, mps_env):
     port = free_port()
     procs = []
     for r in range(a.ranks):
         env = dict(os.environ)
+        env.update(mps_env)
         env.update(
-            NCCL_NET_PLUGIN=lib,
-            NCCL_NET="fabricoll",
+            NCCL_NET_PLUGIN="none" if a.socket else lib,
+            NCCL_NET="Socket" if a.socket else "fabricoll",
             NCCL_HOSTID=f"fabricoll-node-{r}",  # every rank its own node: all traffic via the plugin
             NCCL_DEBUG="INFO",
             NCCL_DEBUG_SUBSYS="INIT,NET,COLL" if a.collnet else "INIT,NET",
@@ -164,8 +222,8 @@ def parent(a):
             FABRICOLL_PROVIDER=a.provider,
             FABRICOLL_TIMEOUT_MS="60000",
         )
-        if a.provider == "tcp":
-            env["FABRICOLL_DOMAIN"] = "lo"
+        if a.provider in ("tcp", "net"):
+            env["FABRICOLL_DOMAIN"] = "lo"  # the IP providers: loopback only
         if a.collnet:
             env["NCCL_COLLNET_ENABLE"] = "1"
         cmd = [sys.executable, os.path.abspath(__file__), "--lib", lib, "--ranks", str(a.ranks),
@@ -186,7 +244,7 @@ def parent(a):
         text = log.read()
         lines = text.splitlines()
         keep = [l for l in lines if any(k in l for k in (
-            "fabricoll", "NET/Plugin", "CollNet", "passed", "WRONG", "Error", "error", "rank 0:"))]
+            "fabricoll", "NET/Plugin", "NET/Socket :", "CollNet", "passed", "WRONG", "Error", "error", "rank 0:"))]
         print(f"---- rank {r} (exit {rcs[r]}): {len(lines)} log lines, the relevant ones:")
         for l in keep[:60]:
             print("   ", l)
@@ -196,11 +254,18 @@ def parent(a):
             for l in lines[-25:]:
                 print("   ", l)
         if r == 0:
-            used = "via NET/fabricoll" in text
-            loaded = "fabricoll" in text and "NET/Plugin" in text
-            print(f"rank 0: plugin loaded by NCCL: {loaded}; NCCL channels via NET/fabricoll: {used}")
-            if not (used and loaded):
-                failed += 1
+            if a.socket:
+                used = "via NET/Socket" in text
+                print(f"rank 0: NCCL channels via NET/Socket (the reference, no plugin): {used}")
+                if not used:
+                    failed += 1
+            else:
+                used = "via NET/fabricoll" in text
+                loaded = "fabricoll" in text and "NET/Plugin" in text
+                print(f"rank 0: plugin loaded by NCCL: {loaded}; "
+                      f"NCCL channels via NET/fabricoll: {used}")
+                if not (used and loaded):
+                    failed += 1
             if a.collnet:
                 print(f"rank 0: CollNet in use: {'via COLLNET/fabricoll' in text or 'CollNet' in text}")
     ok_ranks = sum(1 for rc in rcs if rc == 0)
