@@ -647,6 +647,9 @@ struct Inner {
     /// Large sends announced by an `RTS` frame and not yet acknowledged, by cookie.
     rndv: FastMap<u64, RndvSend>,
     next_cookie: u64,
+    /// This process's pid, for `RTS` frames (`getpid` is a system call, 0.15 us here, on the
+    /// path of every large send). An endpoint is not used across `fork`.
+    pid: i32,
     /// `ACK` frames that found the sender's ring full: (its `sender_id`, payload).
     acks: VecDeque<(u64, [u8; cma::ACK_BYTES])>,
     /// Peers that could not copy from our memory: large messages to them take the provider.
@@ -839,6 +842,7 @@ impl FabricTransport {
                 sender_peers: FastMap::default(),
                 rndv: FastMap::default(),
                 next_cookie: 1,
+                pid: std::process::id() as i32,
                 acks: VecDeque::new(),
                 no_cma: FastMap::default(),
                 resend: VecDeque::new(),
@@ -949,7 +953,10 @@ impl Inner {
     }
 
     fn post_send(&mut self, caps: &Caps, peer: Peer, tag: u64, b: OpBuf) -> Result<Posted> {
-        if let Some(pid) = self.gone_pid(peer, b.len > shm::FLAG_ONLY_BYTES) {
+        // A send the peer copies itself (an RTS) asks the watcher only: it waits for the
+        // peer's ACK, and `progress_rndv` fails it once the watcher sees the peer gone.
+        let rndv = b.len > fastbox::MAX_PAYLOAD && self.rndv_ok(peer.0);
+        if let Some(pid) = self.gone_pid(peer, b.len > shm::FLAG_ONLY_BYTES && !rndv) {
             let e = peer_exited(pid, "");
             if b.owned.is_some() {
                 // A control message: its operation fails, the endpoint goes on.
@@ -1073,7 +1080,7 @@ impl Inner {
     fn post_rts(&mut self, s: RndvSend) -> Posted {
         let cookie = self.next_cookie;
         let rts = cma::Rts {
-            pid: std::process::id() as i32,
+            pid: self.pid,
             addr: s.addr as u64,
             len: s.len as u64,
             cookie,

@@ -149,6 +149,9 @@ static WATCHER: Mutex<Option<Arc<Watcher>>> = Mutex::new(None);
 /// flag alone than with the poll. A short spin in its place gained part of that too, so it is
 /// the pause before the send, not the system call, that helps: fewer collisions on the
 /// provider's region locks while the peer copies (an explanation, not a measurement).
+/// Sends announced by an `RTS` (the peer copies them with CMA, no provider lock) skip the poll:
+/// without it and `getpid`, 2-rank shm AllGather of 64-256 KiB took 0.88-0.97 of the time
+/// (medians of six rotating rounds).
 pub(super) const FLAG_ONLY_BYTES: usize = 4096;
 
 impl Watcher {
