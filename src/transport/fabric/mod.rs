@@ -1001,7 +1001,7 @@ impl Inner {
                 };
             }
         }
-        if len > fastbox::MAX_PAYLOAD && self.rndv_ok(peer.0) {
+        if rndv {
             let s = RndvSend {
                 peer: peer.0,
                 tag,
