@@ -2741,6 +2741,40 @@ mod tests {
         assert!(b.inner.lock().rndv.is_empty());
     }
 
+    #[test]
+    fn a_large_shm_send_posted_after_its_peer_exited_fails() {
+        // Large sends skip the pidfd poll: one posted before the watcher has seen the exit
+        // goes out as an RTS and must fail on poll; one posted after fails at once. Either
+        // way it fails, and nothing stays pending.
+        let Some((_a, b, to_a, _)) = linked_pair() else {
+            return;
+        };
+        let mut child = stand_in(&b, to_a);
+        child.kill().expect("kill");
+        child.wait().expect("reap");
+        let mut big = vec![1u8; 70_000];
+        let e = match b.send(to_a, 4, region(&mut big), None, 5) {
+            Err(e) => e.to_string(),
+            Ok(posted) => {
+                assert_eq!(
+                    posted,
+                    Posted::Queued,
+                    "an RTS is never busy on an empty ring"
+                );
+                let (start, mut out) = (Instant::now(), Vec::new());
+                while out.is_empty() {
+                    b.poll(&mut out).expect("poll");
+                    assert!(start.elapsed() < Duration::from_secs(5), "never failed");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                assert_eq!(out[0].op, 5);
+                out[0].status.as_ref().unwrap_err().to_string()
+            }
+        };
+        assert!(e.contains("has exited"), "{e}");
+        assert!(b.inner.lock().rndv.is_empty());
+    }
+
     /// Post `data` to `to` with `tag` (op `op`), polling both ends while the provider is busy.
     fn send_busy(
         a: &FabricTransport,
