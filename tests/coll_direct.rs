@@ -7,6 +7,7 @@
 use nccl_net_fabricoll::algo::Collective;
 use nccl_net_fabricoll::coll::{self, Call, Comm, Kind};
 use nccl_net_fabricoll::config::Config;
+use nccl_net_fabricoll::reduce::{DataType, RedOp};
 
 mod common;
 use nccl_net_fabricoll::transport::{Region, Transport};
@@ -155,6 +156,69 @@ fn small_blocking_collectives_run_direct_and_agree_with_ranks_on_the_general_pat
             1,
             "only the 12-byte AllReduce runs direct"
         );
+    }
+}
+
+#[test]
+fn repeated_direct_calls_of_one_plan_each_use_their_own_buffers_type_and_operation() {
+    // A blocking call that ran direct leaves its executor for the next call of the same plan
+    // (the same problem, algorithm and element size), which re-arms it: nothing of the earlier
+    // call (buffers, type, operation, in-place backup) may leak into the later one.
+    let Some(cs) = comms(2, &common::fixed_model(Some("shm"), 20000)) else {
+        return;
+    };
+    let count = 5;
+    let sum = |i: usize| value(0, i) + value(1, i);
+    let before: Vec<u64> = cs.iter().map(|x| x.direct_runs()).collect();
+    std::thread::scope(|s| {
+        for (r, comm) in cs.iter().enumerate() {
+            s.spawn(move || {
+                let ar = |send, recv| call(Collective::AllReduce, send, recv, count);
+                let want: Vec<f32> = (0..count).map(sum).collect();
+                // Out of place, then the same plan on other buffers in place.
+                let mut a: Vec<f32> = (0..count).map(|i| value(r, i)).collect();
+                let mut out = vec![0f32; count];
+                comm.run(&ar(region(&mut a), region(&mut out))).unwrap();
+                assert_eq!(out, want, "rank {r}: out of place");
+                let mut b: Vec<f32> = (0..count).map(|i| value(r, i)).collect();
+                let x = region(&mut b);
+                comm.run(&ar(x, x)).unwrap();
+                assert_eq!(b, want, "rank {r}: in place");
+                // The same element size with another type and operation: int32 max.
+                let mut ints: Vec<i32> = (0..count)
+                    .map(|i| (i as i32 - 2) * (r as i32 * 2 - 1))
+                    .collect();
+                let mut imax = vec![0i32; count];
+                // SAFETY: both buffers outlive the blocking call.
+                let (si, ri) = unsafe {
+                    (
+                        Region::from_raw(ints.as_mut_ptr() as *mut u8, count * 4),
+                        Region::from_raw(imax.as_mut_ptr() as *mut u8, count * 4),
+                    )
+                };
+                let mut k = ar(si, ri);
+                k.dtype = DataType::Int32;
+                k.op = RedOp::Max;
+                comm.run(&k).unwrap();
+                let want_max: Vec<i32> = (0..count).map(|i| (i as i32 - 2).abs()).collect();
+                assert_eq!(imax, want_max, "rank {r}: int32 max after float sum");
+                // A receive buffer too small for the plan: an error naming it, nothing sent.
+                let mut short = vec![0f32; count - 1];
+                let e = comm
+                    .run(&ar(region(&mut a), region(&mut short)))
+                    .unwrap_err()
+                    .to_string();
+                assert!(e.contains("recvbuff"), "rank {r}: {e}");
+                assert!(short.iter().all(|&v| v == 0.0), "rank {r}: {short:?}");
+                // And the plan runs again afterwards.
+                out.fill(0.0);
+                comm.run(&ar(region(&mut a), region(&mut out))).unwrap();
+                assert_eq!(out, want, "rank {r}: after the error");
+            });
+        }
+    });
+    for (r, comm) in cs.iter().enumerate() {
+        assert_eq!(comm.direct_runs() - before[r], 4, "rank {r}");
     }
 }
 

@@ -7,13 +7,13 @@ pub mod placement;
 use crate::algo::{self, Algorithm, Collective, Options, Problem, Schedule, Span};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::exec::{self, BufPool, Exec, Idle, Job, Plan, Tags};
+use crate::exec::{self, Args, BufPool, Exec, Idle, Job, Plan, Tags};
 use crate::hash::FastMap;
 use crate::reduce::{DataType, RedOp};
 use crate::transport::{Caps, Completion, Peer, Region, Scratch, Transport};
 use crate::tune::{self, Model};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -85,6 +85,17 @@ struct Engine {
     pool: BufPool,
     /// The last collective's choice and schedule: a loop of the same call skips both lookups.
     last: Option<(ChoiceKey, Algorithm, Planned)>,
+    /// The executor of the last blocking call that ran over the direct channel, kept for the
+    /// next call of the same plan (`Exec::rearm`).
+    spare: Option<Box<Exec>>,
+    /// Blocking collectives that ran over the direct channel (`run_direct`).
+    direct_runs: u64,
+}
+
+/// Where a collective's executor comes from: a new one for this plan, or the spare.
+enum Prep {
+    Fresh(Planned),
+    Spare(Box<Exec>),
 }
 
 /// A communicator: `nranks` ranks, this one being `rank`, over one transport endpoint.
@@ -112,8 +123,6 @@ pub struct Comm {
     spin: bool,
     /// The transport is libfabric's shm, whose receivers copy large messages themselves.
     shm: bool,
-    /// Blocking collectives that ran over the direct channel (`run_direct`).
-    direct_runs: AtomicU64,
 }
 
 /// What a choice depends on besides the model: the problem, the element size and the forced
@@ -234,6 +243,8 @@ impl Comm {
                 cache: FastMap::default(),
                 pool: BufPool::default(),
                 last: None,
+                spare: None,
+                direct_runs: 0,
             }),
             timeout: cfg.timeout,
             poll,
@@ -245,7 +256,6 @@ impl Comm {
             slice,
             spin,
             shm,
-            direct_runs: AtomicU64::new(0),
         };
         Ok(comm)
     }
@@ -321,7 +331,7 @@ impl Comm {
     }
 
     /// Whether collectives post their ready sends before their ready receives
-    /// (`exec::Job::sends_first`): over shm when every rank has a CPU of its own, so that the
+    /// (`exec::Args::sends_first`): over shm when every rank has a CPU of its own, so that the
     /// peer can copy our message while we copy its. Medians of 3, alternating, 2 ranks over
     /// shm: AllGather of 64 MiB 13.9 -> 10.9 ms, ReduceScatter of 256 KiB to 8 MiB 1.6 to
     /// 1.8 times faster. With 4 ranks on 2 CPUs a peer mostly is not running while we post,
@@ -509,16 +519,22 @@ impl Comm {
                     .and_then(|c| c.checked_mul(elem))
                     .ok_or_else(|| Error::arg("count", "count x nranks x type size overflows"))?;
                 let key = (p, elem, call.algo.or(*self.algo.lock()));
-                let planned = match &e.last {
-                    Some((k, a, planned)) if *k == key => (planned.clone(), *a),
-                    _ => {
-                        let (a, o) = self.choose(&p, elem, call.algo)?;
-                        let planned = self.schedule(e, p, a, o, elem)?;
-                        e.last = Some((key, a, planned.clone()));
-                        (planned, a)
-                    }
+                if !matches!(&e.last, Some((k, ..)) if *k == key) {
+                    let (a, o) = self.choose(&p, elem, call.algo)?;
+                    let planned = self.schedule(e, p, a, o, elem)?;
+                    e.last = Some((key, a, planned));
+                }
+                let (_, a, planned) = e.last.as_ref().expect("set above");
+                // The executor the last direct run of this plan left: re-armed, it saves the
+                // allocations and the reference counting of a new one.
+                let prep = match e
+                    .spare
+                    .take_if(|x| planned.direct && Arc::ptr_eq(x.plan(), &planned.plan))
+                {
+                    Some(x) => Prep::Spare(x),
+                    None => Prep::Fresh(planned.clone()),
                 };
-                (Some(planned), self.rank)
+                (Some((prep, *a, planned.direct)), self.rank)
             }
             Kind::Send { peer } | Kind::Recv { peer } => {
                 if peer >= self.nranks {
@@ -534,34 +550,40 @@ impl Comm {
         e.next_id = e.next_id.wrapping_add(1).max(1);
         let mut direct = false;
         let exec = match (schedule, call.kind) {
-            (Some((planned, a)), _) => {
-                direct = planned.direct;
-                let Planned {
-                    schedule: s, plan, ..
-                } = planned;
+            (Some((prep, a, d)), _) => {
+                direct = d;
                 let seq = e.seq;
                 e.seq = e.seq.wrapping_add(1);
                 log::debug!(
                     "collective #{seq}: {:?} count {} with {a}",
-                    s.problem.coll,
-                    s.problem.count
+                    call.kind,
+                    call.count
                 );
-                Exec::new(
-                    Job {
-                        schedule: s,
-                        rank,
-                        dtype: call.dtype,
-                        op: call.op,
-                        inp: call.send,
-                        out: call.recv,
-                        tags: Tags::Coll(seq),
-                        timeout: self.timeout,
-                        sends_first: self.sends_first(),
-                    },
-                    plan,
-                    id,
-                    &mut e.pool,
-                )?
+                let args = Args {
+                    dtype: call.dtype,
+                    op: call.op,
+                    inp: call.send,
+                    out: call.recv,
+                    tags: Tags::Coll(seq),
+                    timeout: self.timeout,
+                    sends_first: self.sends_first(),
+                };
+                match prep {
+                    Prep::Spare(mut x) => {
+                        x.rearm(args, id, &mut e.pool)?;
+                        x
+                    }
+                    Prep::Fresh(Planned { schedule, plan, .. }) => Exec::new(
+                        Job {
+                            schedule,
+                            rank,
+                            args,
+                        },
+                        plan,
+                        id,
+                        &mut e.pool,
+                    )?,
+                }
             }
             (None, Kind::Send { peer }) => {
                 let k = e.p2p_send[peer];
@@ -725,10 +747,11 @@ impl Comm {
     fn run_direct(&self, e: &mut Engine, mut exec: Box<Exec>) -> Result<()> {
         let t = &*self.transport;
         let mut idle = Idle::new(self.spin, self.poll);
-        self.direct_runs.fetch_add(1, Ordering::Relaxed);
+        e.direct_runs += 1;
         match exec.run_direct(t, &self.peers, &mut idle, &self.aborted) {
             Ok(()) => {
-                exec.recycle(&mut e.pool);
+                exec.retire(&mut e.pool);
+                e.spare = Some(exec);
                 Ok(())
             }
             Err(err) => {
@@ -796,7 +819,7 @@ impl Comm {
 
     /// How many blocking collectives ran over the transport's direct channel (see `run`).
     pub fn direct_runs(&self) -> u64 {
-        self.direct_runs.load(Ordering::Relaxed)
+        self.engine.lock().direct_runs
     }
 
     /// Did a collective fail (so that operations may still be pending in the provider)?

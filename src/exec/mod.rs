@@ -123,6 +123,11 @@ pub enum Tags {
 pub struct Job {
     pub schedule: Arc<Schedule>,
     pub rank: usize,
+    pub args: Args,
+}
+
+/// A job's call: what changes between calls that run one plan (`Exec::rearm`).
+pub struct Args {
     pub dtype: DataType,
     pub op: RedOp,
     /// The caller's buffers (in bytes). For an in-place call pass the same region twice.
@@ -346,58 +351,15 @@ impl Exec {
     /// Prepare rank `job.rank`'s steps (`plan` is `Plan::new` of the same schedule and rank);
     /// `id` distinguishes concurrent collectives' operations.
     pub fn new(job: Job, plan: Arc<Plan>, id: u32, pool: &mut BufPool) -> Result<Box<Exec>> {
-        let elem = job.dtype.size();
-        let (need_in, need_out) = (plan.need_in, plan.need_out);
-        if job.inp.len() < need_in {
-            return Err(Error::arg(
-                "sendbuff",
-                format!("{} bytes, the collective reads {need_in}", job.inp.len()),
-            ));
-        }
-        if job.out.len() < need_out {
-            return Err(Error::arg(
-                "recvbuff",
-                format!("{} bytes, the collective writes {need_out}", job.out.len()),
-            ));
-        }
-        let inp = job.inp.sub(0, need_in).expect("checked");
-        let out = job.out.sub(0, need_out).expect("checked");
-        // Overlap of input and output: run on a copy of the input (also the restore point),
-        // unless the steps leave the input as it is.
-        let overlap = !inp.is_empty()
-            && !out.is_empty()
-            && inp.addr() < out.addr() + out.len()
-            && out.addr() < inp.addr() + inp.len();
-        let needs_backup = overlap
-            && (inp.addr() < out.addr()
-                || plan.overwrites_input(inp.addr() - out.addr(), inp.len()));
-        let (inp, backup) = if needs_backup {
-            let b = pool.take(inp.len());
-            let copy = b.region().sub(0, inp.len()).expect("pool buffers fit");
-            inp.with(|src| copy.with_mut(|dst| reduce::copy(dst, src)));
-            (copy, Some(b))
-        } else {
-            (inp, None)
-        };
-        let n = plan.pending.len();
+        let elem = job.args.dtype.size();
         let tmp = pool.take(job.schedule.tmp_len[job.rank] * elem);
-        let out = if need_out == 0 { Region::empty() } else { out };
-        let mut l = pool.lists.pop().unwrap_or_default();
-        l.state.clear();
-        l.state.resize(n, St::Waiting);
-        l.pending.clear();
-        l.pending.extend_from_slice(&plan.pending);
-        l.ready.clear();
-        l.ready.extend(plan.ready.iter().copied());
-        l.staging.clear();
-        l.staging.resize_with(n, || None);
-        l.batch.clear();
-        Ok(Box::new(Exec {
+        let l = pool.lists.pop().unwrap_or_default();
+        let mut x = Box::new(Exec {
             elem,
-            inp,
-            out,
+            inp: Region::empty(),
+            out: Region::empty(),
             tmp,
-            backup,
+            backup: None,
             state: l.state,
             pending: l.pending,
             ready: l.ready,
@@ -409,11 +371,99 @@ impl Exec {
             polls: 0,
             last: None,
             batch: l.batch,
-            id: id as u64,
+            id: 0,
             posted_recvs: 0,
             finished: false,
             job,
-        }))
+        });
+        if let Err(e) = x.arm(id, pool) {
+            x.recycle(pool);
+            return Err(e);
+        }
+        Ok(x)
+    }
+
+    /// Make a finished `Exec` (one `retire` kept) run its plan again, for the call `args`
+    /// describes: the schedule, the plan and the Tmp memory stay, and nothing is allocated
+    /// unless the call needs a backup of its input. The caller matched the plan to the call
+    /// (the same problem, algorithm and element size); `args.dtype` is of that size.
+    pub fn rearm(&mut self, args: Args, id: u32, pool: &mut BufPool) -> Result<()> {
+        debug_assert_eq!(args.dtype.size(), self.elem, "the plan's element size");
+        self.job.args = args;
+        self.arm(id, pool)
+    }
+
+    /// The per-call part of `new` and `rearm`: check the job's buffers against the plan, take
+    /// a backup of an input the steps overwrite, and reset the steps to the plan's start.
+    fn arm(&mut self, id: u32, pool: &mut BufPool) -> Result<()> {
+        let plan = &self.plan;
+        let (need_in, need_out) = (plan.need_in, plan.need_out);
+        if self.job.args.inp.len() < need_in {
+            return Err(Error::arg(
+                "sendbuff",
+                format!(
+                    "{} bytes, the collective reads {need_in}",
+                    self.job.args.inp.len()
+                ),
+            ));
+        }
+        if self.job.args.out.len() < need_out {
+            return Err(Error::arg(
+                "recvbuff",
+                format!(
+                    "{} bytes, the collective writes {need_out}",
+                    self.job.args.out.len()
+                ),
+            ));
+        }
+        let inp = self.job.args.inp.sub(0, need_in).expect("checked");
+        let out = self.job.args.out.sub(0, need_out).expect("checked");
+        // Overlap of input and output: run on a copy of the input (also the restore point),
+        // unless the steps leave the input as it is.
+        let overlap = !inp.is_empty()
+            && !out.is_empty()
+            && inp.addr() < out.addr() + out.len()
+            && out.addr() < inp.addr() + inp.len();
+        let needs_backup = overlap
+            && (inp.addr() < out.addr()
+                || plan.overwrites_input(inp.addr() - out.addr(), inp.len()));
+        if let Some(b) = self.backup.take() {
+            pool.put(b);
+        }
+        self.inp = if needs_backup {
+            let b = pool.take(inp.len());
+            let copy = b.region().sub(0, inp.len()).expect("pool buffers fit");
+            inp.with(|src| copy.with_mut(|dst| reduce::copy(dst, src)));
+            self.backup = Some(b);
+            copy
+        } else {
+            inp
+        };
+        self.out = if need_out == 0 { Region::empty() } else { out };
+        let n = plan.pending.len();
+        self.state.clear();
+        self.state.resize(n, St::Waiting);
+        self.pending.clear();
+        self.pending.extend_from_slice(&plan.pending);
+        self.ready.clear();
+        self.ready.extend(plan.ready.iter().copied());
+        self.staging.clear();
+        self.staging.resize_with(n, || None);
+        self.batch.clear();
+        self.staged = 0;
+        self.done = 0;
+        self.moved = false;
+        self.polls = 0;
+        self.last = None;
+        self.id = id as u64;
+        self.posted_recvs = 0;
+        self.finished = false;
+        Ok(())
+    }
+
+    /// The plan this `Exec` runs.
+    pub fn plan(&self) -> &Arc<Plan> {
+        &self.plan
     }
 
     fn region(&self, s: &Span) -> Region {
@@ -428,7 +478,7 @@ impl Exec {
     }
 
     fn tag(&self, src: usize, step: usize) -> u64 {
-        match self.job.tags {
+        match self.job.args.tags {
             Tags::Coll(seq) => coll_tag(seq, src, self.plan.keys[step] as usize),
             Tags::P2p(k) => p2p_tag(src, k),
         }
@@ -462,7 +512,7 @@ impl Exec {
 
     /// Order of the ready steps: receives first (so that peers' messages find them posted
     /// instead of waiting in the provider's unexpected queue), then sends, then local work.
-    /// With `Job::sends_first`, sends go before receives: over libfabric's shm the receiver
+    /// With `Args::sends_first`, sends go before receives: over libfabric's shm the receiver
     /// copies each large message itself (one `process_vm_readv`), and it does so inside
     /// `fi_trecv` when the message is already waiting. Receives first then held our sends
     /// back from the peer for as long as those copies took, and the two ranks took turns
@@ -471,7 +521,7 @@ impl Exec {
     fn priority(&self, i: usize) -> u8 {
         match (
             &self.job.schedule.ranks[self.job.rank][i].op,
-            self.job.sends_first,
+            self.job.args.sends_first,
         ) {
             (Op::Recv { .. } | Op::RecvReduce { .. }, false) | (Op::Send { .. }, true) => 0,
             (Op::Recv { .. } | Op::RecvReduce { .. }, true) | (Op::Send { .. }, false) => 1,
@@ -480,7 +530,7 @@ impl Exec {
     }
 
     fn reduce_into(&self, a: Region, b: Region, dst: Region) -> Result<()> {
-        let (dt, op) = (self.job.dtype, self.job.op);
+        let (dt, op) = (self.job.args.dtype, self.job.args.op);
         let r = if dst == a {
             b.with(|bb| dst.with_mut(|d| reduce::reduce_inplace(dt, op, d, bb)))
         } else if dst == b {
@@ -708,7 +758,7 @@ impl Exec {
         };
         let d = self.region(&dst);
         let s = src.map(|s| self.region(&s));
-        let (dt, op) = (self.job.dtype, self.job.op);
+        let (dt, op) = (self.job.args.dtype, self.job.args.op);
         t.take_now(peers[peer], self.tag(peer, i), &mut |m: &[u8]| {
             if m.len() != d.len() {
                 return Err(wrong_size(m.len(), d.len()));
@@ -803,11 +853,11 @@ impl Exec {
             return;
         }
         let p = self.job.schedule.problem;
-        if self.job.op == RedOp::Avg
+        if self.job.args.op == RedOp::Avg
             && p.coll.reduces()
             && (p.coll != Collective::Reduce || self.job.rank == p.root)
         {
-            let dt = self.job.dtype;
+            let dt = self.job.args.dtype;
             let n = p.nranks;
             self.out.with_mut(|o| {
                 let _ = reduce::scale_avg(dt, o, n);
@@ -833,11 +883,11 @@ impl Exec {
             self.last = Some(now);
             return Ok(());
         }
-        if now.duration_since(last) > self.job.timeout {
+        if now.duration_since(last) > self.job.args.timeout {
             return Err(Error::Timeout(format!(
                 "{:?} made no progress for {} ms (FABRICOLL_TIMEOUT_MS): {} of {} steps done; is every rank alive and calling it?",
-                self.job.tags,
-                self.job.timeout.as_millis(),
+                self.job.args.tags,
+                self.job.args.timeout.as_millis(),
                 self.done,
                 self.state.len()
             )));
@@ -855,7 +905,12 @@ impl Exec {
             }
         }
         if self.backup.is_some() {
-            let user = self.job.inp.sub(0, self.inp.len()).expect("backup length");
+            let user = self
+                .job
+                .args
+                .inp
+                .sub(0, self.inp.len())
+                .expect("backup length");
             self.inp.with(|src| user.with_mut(|d| reduce::copy(d, src)));
         }
         let mut keep: Vec<Scratch> = self.staging.drain(..).flatten().map(|(b, _)| b).collect();
@@ -897,18 +952,30 @@ impl Exec {
             Job {
                 schedule,
                 rank,
-                dtype,
-                op: RedOp::Sum,
-                inp,
-                out,
-                tags: Tags::P2p(k),
-                timeout,
-                sends_first: false,
+                args: Args {
+                    dtype,
+                    op: RedOp::Sum,
+                    inp,
+                    out,
+                    tags: Tags::P2p(k),
+                    timeout,
+                    sends_first: false,
+                },
             },
             plan,
             id,
             pool,
         )
+    }
+
+    /// A finished collective kept for `rearm`: its backup goes back to the pool, its Tmp
+    /// memory and lists stay. Its regions still name the finished call's buffers, which
+    /// nothing reads before `rearm` replaces them.
+    pub fn retire(&mut self, pool: &mut BufPool) {
+        debug_assert!(self.finished && self.staging.iter().all(Option::is_none));
+        if let Some(b) = self.backup.take() {
+            pool.put(b);
+        }
     }
 
     /// A finished collective's memory, back to the pool.
@@ -937,7 +1004,7 @@ impl Exec {
 
 #[cfg(test)]
 mod tests {
-    use super::{coll_tag, p2p_tag, BufPool, Exec, Job, Plan, Tags, MAX_RANKS, POOL_LIMIT};
+    use super::{coll_tag, p2p_tag, Args, BufPool, Exec, Job, Plan, Tags, MAX_RANKS, POOL_LIMIT};
     use crate::algo::{self, Algorithm, Collective, Options, Problem};
     use crate::error::{Error, Result};
     use crate::reduce::{DataType, RedOp};
@@ -1075,13 +1142,15 @@ mod tests {
         Job {
             schedule,
             rank: 0,
-            dtype: DataType::Float32,
-            op: RedOp::Sum,
-            inp: inp.region(),
-            out: out.region(),
-            tags: Tags::Coll(0),
-            timeout: Duration::from_secs(1),
-            sends_first,
+            args: Args {
+                dtype: DataType::Float32,
+                op: RedOp::Sum,
+                inp: inp.region(),
+                out: out.region(),
+                tags: Tags::Coll(0),
+                timeout: Duration::from_secs(1),
+                sends_first,
+            },
         }
     }
 
