@@ -160,10 +160,10 @@ fn small_blocking_collectives_run_direct_and_agree_with_ranks_on_the_general_pat
 }
 
 #[test]
-fn repeated_direct_calls_of_one_plan_each_use_their_own_buffers_type_and_operation() {
-    // A blocking call that ran direct leaves its executor for the next call of the same plan
-    // (the same problem, algorithm and element size), which re-arms it: nothing of the earlier
-    // call (buffers, type, operation, in-place backup) may leak into the later one.
+fn repeated_calls_of_one_plan_each_use_their_own_buffers_type_and_operation() {
+    // A finished collective leaves its executor for the next call of the same plan (the same
+    // problem, algorithm and element size), which re-arms it: nothing of the earlier call
+    // (buffers, type, operation, in-place backup) may leak into the later one.
     let Some(cs) = comms(2, &common::fixed_model(Some("shm"), 20000)) else {
         return;
     };
@@ -214,6 +214,26 @@ fn repeated_direct_calls_of_one_plan_each_use_their_own_buffers_type_and_operati
                 out.fill(0.0);
                 comm.run(&ar(region(&mut a), region(&mut out))).unwrap();
                 assert_eq!(out, want, "rank {r}: after the error");
+                // The general path (chunks over the channel's 16 KiB) keeps its executors as
+                // well: one plan in place, out of place, then twice in flight at once.
+                let big = 16384;
+                let want: Vec<f32> = (0..big).map(sum).collect();
+                let mine = || (0..big).map(|i| value(r, i)).collect::<Vec<f32>>();
+                let bar = |send, recv| call(Collective::AllReduce, send, recv, big);
+                let mut x = mine();
+                let xr = region(&mut x);
+                comm.run(&bar(xr, xr)).unwrap();
+                assert!(x == want, "rank {r}: large in place");
+                let (mut y, mut z) = (mine(), mine());
+                let (mut oy, mut oz) = (vec![0f32; big], vec![0f32; big]);
+                comm.run(&bar(region(&mut y), region(&mut oy))).unwrap();
+                assert!(oy == want && y == mine(), "rank {r}: large out of place");
+                oy.fill(0.0);
+                let q1 = comm.start(&bar(region(&mut y), region(&mut oy))).unwrap();
+                let q2 = comm.start(&bar(region(&mut z), region(&mut oz))).unwrap();
+                comm.wait(q2).unwrap();
+                comm.wait(q1).unwrap();
+                assert!(oy == want && oz == want, "rank {r}: two in flight");
             });
         }
     });

@@ -85,8 +85,8 @@ struct Engine {
     pool: BufPool,
     /// The last collective's choice and schedule: a loop of the same call skips both lookups.
     last: Option<(ChoiceKey, Algorithm, Planned)>,
-    /// The executor of the last blocking call that ran over the direct channel, kept for the
-    /// next call of the same plan (`Exec::rearm`).
+    /// The executor of the last collective that finished, kept for the next call of the same
+    /// plan (`park`, `Exec::rearm`).
     spare: Option<Box<Exec>>,
     /// Blocking collectives that ran over the direct channel (`run_direct`).
     direct_runs: u64,
@@ -525,12 +525,9 @@ impl Comm {
                     e.last = Some((key, a, planned));
                 }
                 let (_, a, planned) = e.last.as_ref().expect("set above");
-                // The executor the last direct run of this plan left: re-armed, it saves the
+                // The executor the last collective of this plan left: re-armed, it saves the
                 // allocations and the reference counting of a new one.
-                let prep = match e
-                    .spare
-                    .take_if(|x| planned.direct && Arc::ptr_eq(x.plan(), &planned.plan))
-                {
+                let prep = match e.spare.take_if(|x| Arc::ptr_eq(x.plan(), &planned.plan)) {
                     Some(x) => Prep::Spare(x),
                     None => Prep::Fresh(planned.clone()),
                 };
@@ -644,7 +641,9 @@ impl Comm {
         }
         e.scratch = comps;
         let mut failed = Vec::new();
-        let Engine { execs, pool, .. } = &mut *e;
+        let Engine {
+            execs, pool, spare, ..
+        } = &mut *e;
         for (id, st) in execs.iter_mut() {
             let ReqState::Running(x) = st else {
                 continue;
@@ -656,8 +655,8 @@ impl Comm {
                 Ok(m) => {
                     moved |= m;
                     if x.is_finished() {
-                        if let ReqState::Running(mut x) = std::mem::replace(st, ReqState::Done) {
-                            x.recycle(pool);
+                        if let ReqState::Running(x) = std::mem::replace(st, ReqState::Done) {
+                            park(spare, pool, x);
                         }
                     }
                 }
@@ -750,8 +749,7 @@ impl Comm {
         e.direct_runs += 1;
         match exec.run_direct(t, &self.peers, &mut idle, &self.aborted) {
             Ok(()) => {
-                exec.retire(&mut e.pool);
-                e.spare = Some(exec);
+                park(&mut e.spare, &mut e.pool, exec);
                 Ok(())
             }
             Err(err) => {
@@ -830,6 +828,25 @@ impl Comm {
     /// Collectives and transfers not yet reported.
     pub fn pending(&self) -> usize {
         self.engine.lock().execs.len()
+    }
+}
+
+/// Largest Tmp memory a spare executor keeps outside the pool (and its `POOL_LIMIT`): a
+/// re-armed executor saves about 0.05 us a call, which counts for small calls only.
+const SPARE_TMP_LIMIT: usize = 1 << 20;
+
+/// Keep a finished collective's executor as the spare for the next call of its plan
+/// (`Exec::rearm`); the spare it replaces goes back to the pool. Point-to-point executors
+/// are not kept (each transfer makes its own one-step plan), nor ones with more than
+/// `SPARE_TMP_LIMIT` bytes of Tmp.
+fn park(spare: &mut Option<Box<Exec>>, pool: &mut BufPool, mut x: Box<Exec>) {
+    if !x.is_collective() || x.tmp_bytes() > SPARE_TMP_LIMIT {
+        x.recycle(pool);
+        return;
+    }
+    x.retire(pool);
+    if let Some(mut old) = spare.replace(x) {
+        old.recycle(pool);
     }
 }
 

@@ -493,6 +493,16 @@ impl Exec {
         (op >> 32) as u32
     }
 
+    /// Bytes of Tmp memory this holds.
+    pub fn tmp_bytes(&self) -> usize {
+        self.tmp.len()
+    }
+
+    /// Whether this runs a collective (not a point-to-point transfer).
+    pub fn is_collective(&self) -> bool {
+        matches!(self.job.args.tags, Tags::Coll(_))
+    }
+
     pub fn is_finished(&self) -> bool {
         self.finished
     }
