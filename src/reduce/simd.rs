@@ -1,5 +1,6 @@
 //! x86_64 AVX2 + F16C kernels for f32, f16 and bf16 (sum, prod, max, min, and Avg's scaling), and
-//! the AVX2 copy that `reduce::copy` uses where `rep movsb` is slow.
+//! the AVX2 copies that `reduce::copy` uses where `rep movsb` is slow and where a copy is larger
+//! than the cache can keep.
 //!
 //! Each lane widens to f32 (exactly), combines with exactly the scalar rules (`scalar::fmax32`
 //! etc.: canonical NaN, maxNum / minNum, +0 > -0) and rounds back to nearest even, so every
@@ -242,28 +243,62 @@ pub(super) fn copy(dst: &mut [u8], src: &[u8]) -> bool {
         return false;
     }
     // SAFETY: AVX2 is present (checked above) and both slices have the same length.
-    unsafe { copy_kernel(dst.as_mut_ptr(), src.as_ptr(), src.len()) };
+    unsafe { copy_kernel::<false>(dst.as_mut_ptr(), src.as_ptr(), src.len()) };
     true
 }
 
+/// Copy `src` into `dst` (same length) with non-temporal (streaming) stores, which write whole
+/// lines to memory without first reading them into the cache; false (nothing copied) without
+/// AVX2. See `reduce::copy` for when this pays.
+pub(super) fn copy_stream(dst: &mut [u8], src: &[u8]) -> bool {
+    assert_eq!(dst.len(), src.len(), "copy of unequal lengths");
+    if !is_x86_feature_detected!("avx2") {
+        return false;
+    }
+    // Up to the first 32-byte boundary of `dst` with ordinary stores: streaming stores need
+    // aligned addresses.
+    let head = dst.as_ptr().align_offset(32).min(dst.len());
+    let (dh, dt) = dst.split_at_mut(head);
+    let (sh, st) = src.split_at(head);
+    dh.copy_from_slice(sh);
+    // SAFETY: AVX2 is present (checked above); `dt` and `st` have the same length, do not
+    // overlap (one is borrowed mutably) and `dt` starts 32-byte aligned.
+    unsafe { copy_kernel::<true>(dt.as_mut_ptr(), st.as_ptr(), st.len()) };
+    true
+}
+
+/// `STREAM`: the 128-byte blocks use streaming stores, fenced before the tail.
+///
 /// # Safety
-/// AVX2 must be available; `dst` and `src` must be valid for `n` bytes and must not overlap.
+/// AVX2 must be available; `dst` and `src` must be valid for `n` bytes and must not overlap;
+/// with `STREAM`, `dst` must be 32-byte aligned.
 #[target_feature(enable = "avx2")]
-unsafe fn copy_kernel(dst: *mut u8, src: *const u8, n: usize) {
+unsafe fn copy_kernel<const STREAM: bool>(dst: *mut u8, src: *const u8, n: usize) {
     let mut i = 0;
     while i + 128 <= n {
-        // SAFETY: i + 128 <= n, so all four 32-byte loads and stores are in bounds.
+        // SAFETY: i + 128 <= n, so all four 32-byte loads and stores are in bounds; with
+        // STREAM, dst + i is 32-byte aligned (dst is, and i is a multiple of 128).
         unsafe {
             let a = _mm256_loadu_si256(src.add(i) as *const __m256i);
             let b = _mm256_loadu_si256(src.add(i + 32) as *const __m256i);
             let c = _mm256_loadu_si256(src.add(i + 64) as *const __m256i);
             let d = _mm256_loadu_si256(src.add(i + 96) as *const __m256i);
-            _mm256_storeu_si256(dst.add(i) as *mut __m256i, a);
-            _mm256_storeu_si256(dst.add(i + 32) as *mut __m256i, b);
-            _mm256_storeu_si256(dst.add(i + 64) as *mut __m256i, c);
-            _mm256_storeu_si256(dst.add(i + 96) as *mut __m256i, d);
+            for (k, v) in [a, b, c, d].into_iter().enumerate() {
+                let p = dst.add(i + 32 * k) as *mut __m256i;
+                if STREAM {
+                    _mm256_stream_si256(p, v);
+                } else {
+                    _mm256_storeu_si256(p, v);
+                }
+            }
         }
         i += 128;
+    }
+    if STREAM {
+        // Streaming stores are weakly ordered: fence them before anything that publishes the
+        // data (a release store of a ring's tail, a completion another thread or process
+        // reads).
+        _mm_sfence();
     }
     while i + 32 <= n {
         // SAFETY: i + 32 <= n.

@@ -1341,3 +1341,74 @@ fn copy_matches_copy_from_slice_at_every_gap_class() {
         }
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn streaming_copy_matches_copy_from_slice_at_every_alignment_and_leaves_neighbours_alone() {
+    // Lengths around the 128-byte loop and the 32-byte head; destinations at every offset
+    // within a line, so the aligned head takes 0 to 31 bytes.
+    let src: Vec<u8> = (0..70_000u32).map(|i| (i * 13 + 5) as u8).collect();
+    for len in [0usize, 1, 31, 32, 33, 127, 128, 129, 160, 4095, 65_536 + 17] {
+        for (soff, doff) in [(0, 0), (1, 0), (0, 1), (3, 17), (31, 31), (32, 7), (5, 63)] {
+            let mut dst = vec![0xA5u8; len + 128];
+            let s = &src[soff..soff + len];
+            let done = super::simd::copy_stream(&mut dst[doff..doff + len], s);
+            if !done {
+                return; // no AVX2: `copy` uses memcpy and nothing here runs
+            }
+            assert_eq!(
+                &dst[doff..doff + len],
+                s,
+                "len {len} src +{soff} dst +{doff}"
+            );
+            assert!(
+                dst[..doff]
+                    .iter()
+                    .chain(&dst[doff + len..])
+                    .all(|&b| b == 0xA5),
+                "len {len} src +{soff} dst +{doff}: wrote outside the destination"
+            );
+        }
+    }
+}
+
+#[test]
+fn copy_at_the_streaming_threshold_and_above_is_exact() {
+    let t = super::stream_threshold();
+    assert!(t >= 1 << 20, "threshold {t}");
+    for len in [t, t + 33] {
+        let src: Vec<u8> = (0..len).map(|i| (i * 31 + i / 4096) as u8).collect();
+        let mut dst = vec![0u8; len + 8];
+        super::copy(&mut dst[3..3 + len], &src);
+        assert!(dst[3..3 + len] == src[..], "len {len}");
+        assert_eq!(&dst[..3], &[0, 0, 0]);
+        assert_eq!(&dst[3 + len..], &[0; 5]);
+    }
+}
+
+#[test]
+fn cache_sizes_are_read_from_sysfs_entries() {
+    assert_eq!(super::parse_cache_size("32768K"), Some(32 << 20));
+    assert_eq!(super::parse_cache_size("2M"), Some(2 << 20));
+    assert_eq!(super::parse_cache_size("1G"), Some(1 << 30));
+    assert_eq!(super::parse_cache_size("512"), Some(512));
+    assert_eq!(super::parse_cache_size(""), None);
+    assert_eq!(super::parse_cache_size("K"), None);
+    assert_eq!(super::parse_cache_size("12Q"), None);
+    assert_eq!(super::parse_cache_size("99999999999999999999G"), None);
+
+    let dir = std::env::temp_dir().join(format!("fabricoll-cache-{}", std::process::id()));
+    for (idx, level, size) in [(0, "1", "48K"), (2, "2", "2048K"), (3, "3", "32768K")] {
+        let d = dir.join(format!("index{idx}"));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("level"), format!("{level}\n")).unwrap();
+        std::fs::write(d.join("size"), format!("{size}\n")).unwrap();
+    }
+    // An entry without a readable size is skipped, not an error.
+    std::fs::create_dir_all(dir.join("index4")).unwrap();
+    std::fs::write(dir.join("index4").join("level"), "4\n").unwrap();
+    let found = super::last_level_cache(dir.to_str().unwrap());
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(found, Some(32 << 20));
+    assert_eq!(super::last_level_cache("/nonexistent/fabricoll"), None);
+}
