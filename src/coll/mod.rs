@@ -567,7 +567,11 @@ impl Comm {
                 };
                 match prep {
                     Prep::Spare(mut x) => {
-                        x.rearm(args, id, &mut e.pool)?;
+                        // As `Exec::new` does when its call is refused: the memory goes back.
+                        if let Err(err) = x.rearm(args, id, &mut e.pool) {
+                            x.recycle(&mut e.pool);
+                            return Err(err);
+                        }
                         x
                     }
                     Prep::Fresh(Planned { schedule, plan, .. }) => Exec::new(

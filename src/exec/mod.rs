@@ -427,9 +427,7 @@ impl Exec {
         let needs_backup = overlap
             && (inp.addr() < out.addr()
                 || plan.overwrites_input(inp.addr() - out.addr(), inp.len()));
-        if let Some(b) = self.backup.take() {
-            pool.put(b);
-        }
+        debug_assert!(self.backup.is_none(), "new and retire leave no backup");
         self.inp = if needs_backup {
             let b = pool.take(inp.len());
             let copy = b.region().sub(0, inp.len()).expect("pool buffers fit");

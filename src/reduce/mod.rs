@@ -204,7 +204,9 @@ pub fn copy(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "copy of unequal lengths");
     #[cfg(target_arch = "x86_64")]
     {
-        if src.len() >= stream_threshold() && simd::copy_stream(dst, src) {
+        // The first test keeps small copies (every fastbox frame) off the threshold's lookup.
+        if src.len() >= STREAM_MIN && src.len() >= stream_threshold() && simd::copy_stream(dst, src)
+        {
             return;
         }
         let gap = (dst.as_ptr() as usize).wrapping_sub(src.as_ptr() as usize) & 4095;
@@ -215,14 +217,17 @@ pub fn copy(dst: &mut [u8], src: &[u8]) {
     dst.copy_from_slice(src);
 }
 
+/// The smallest `stream_threshold()`.
+const STREAM_MIN: usize = 1 << 20;
+
 /// The size from which `copy` streams: a quarter of the last-level cache (every core of a
 /// collective copies at once, and each copy needs its source and its destination), 8 MiB where
-/// the cache's size is unknown.
+/// the cache's size is unknown, never below `STREAM_MIN`.
 pub fn stream_threshold() -> usize {
     static T: OnceLock<usize> = OnceLock::new();
     *T.get_or_init(|| {
         last_level_cache("/sys/devices/system/cpu/cpu0/cache")
-            .map_or(8 << 20, |c| (c / 4).max(1 << 20))
+            .map_or(8 << 20, |c| (c / 4).max(STREAM_MIN))
     })
 }
 
