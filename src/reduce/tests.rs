@@ -1124,8 +1124,14 @@ fn div32_is_exact() {
         }
         // Multiples of d and their neighbours: where a wrong quotient would show first.
         for k in [1u64, 2, 3, (u32::MAX as u64) / d as u64] {
-            let m = k * d as u64;
-            for x in [m.wrapping_sub(1), m, m + 1] {
+            // d may be usize::MAX: products and neighbours past u64 are skipped, not wrapped.
+            let Some(m) = k.checked_mul(d as u64) else {
+                continue;
+            };
+            for x in [m.checked_sub(1), Some(m), m.checked_add(1)]
+                .into_iter()
+                .flatten()
+            {
                 if x <= u32::MAX as u64 {
                     assert_eq!(div.div(x as u32) as u64, x / d as u64, "{x} / {d}");
                 }
