@@ -2,11 +2,17 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+/// The cdylib that this test run's build made. Cargo writes it to `target/<profile>/deps/`
+/// beside this test; only `cargo build` also copies it up to `target/<profile>/`, so a plain
+/// `cargo test` finds it in `deps/` alone. `deps/` first: the copy above may be stale.
 fn library() -> PathBuf {
-    // target/<profile>/deps/<this test> -> target/<profile>/libnccl_net_fabricoll.so
     let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    dir.join("libnccl_net_fabricoll.so")
+    let deps = exe.parent().unwrap();
+    let name = "libnccl_net_fabricoll.so";
+    [deps.join(name), deps.parent().unwrap().join(name)]
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| deps.join(name))
 }
 
 #[test]
