@@ -1,10 +1,73 @@
 //! fabricoll-info: the libfabric providers found, each device with the properties NCCL will
 //! see, and the resolved configuration.
+use nccl_net_fabricoll::coll::placement;
 use nccl_net_fabricoll::config::{self, Config, VARS};
 use nccl_net_fabricoll::plugin::Plugin;
 use nccl_net_fabricoll::transport::fabric;
 
+const USAGE: &str = "usage: fabricoll-info [--core-rtt [CPU CPU]]
+  (no argument)      providers, devices, NCCL properties and configuration
+  --core-rtt         mean round trip of a cache line between each pair of the first 8 CPUs this
+                     process may use, or between the two CPUs given; one line per pair:
+                     `core-rtt A B NS`. About 50-100 ns means a shared cache; several hundred,
+                     separate caches or sockets. Run it on idle CPUs: both threads spin.";
+
+/// Round trips per pair: about 10-70 ms each at the latencies seen.
+const RTT_ROUNDS: u32 = 200_000;
+
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        None => info(),
+        Some("--core-rtt") => std::process::exit(core_rtt(&args[1..])),
+        Some("-h" | "--help") => println!("{USAGE}"),
+        Some(other) => {
+            eprintln!("fabricoll-info: unknown argument {other:?}\n{USAGE}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// `--core-rtt [A B]`: the exit status.
+fn core_rtt(args: &[String]) -> i32 {
+    let pairs: Vec<(usize, usize)> = match args {
+        [] => {
+            let cpus: Vec<usize> = placement::allowed_cpus().into_iter().take(8).collect();
+            if cpus.len() < 2 {
+                eprintln!("fabricoll-info: --core-rtt needs 2 CPUs; this process may use {cpus:?}");
+                return 1;
+            }
+            let mut v = Vec::new();
+            for (i, &a) in cpus.iter().enumerate() {
+                v.extend(cpus[i + 1..].iter().map(|&b| (a, b)));
+            }
+            v
+        }
+        [a, b] => match (a.parse(), b.parse()) {
+            (Ok(a), Ok(b)) => vec![(a, b)],
+            _ => {
+                eprintln!("fabricoll-info: --core-rtt: CPU numbers expected, got {a:?} {b:?}");
+                return 2;
+            }
+        },
+        _ => {
+            eprintln!("fabricoll-info: --core-rtt takes no CPU or two\n{USAGE}");
+            return 2;
+        }
+    };
+    for (a, b) in pairs {
+        match placement::core_rtt(a, b, RTT_ROUNDS, std::time::Duration::from_secs(10)) {
+            Ok(t) => println!("core-rtt {a} {b} {}", t.as_nanos()),
+            Err(e) => {
+                eprintln!("fabricoll-info: --core-rtt {a} {b}: {e}");
+                return 1;
+            }
+        }
+    }
+    0
+}
+
+fn info() {
     let cfg = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {
