@@ -29,6 +29,14 @@
 # three, Open MPI 400-450 in three and 1421-1464 in two, so the medians of each side alone
 # compared our slow spell with its fast one (bw_x 0.51) while ours won within 3 of the 5
 # repetitions (pair_x 1.07; 2026-11-25).
+# Why the spells: on this VM the host moves the 2 vCPUs between sharing one L3 cache and not.
+# A cache line's round trip between CPU 0 and CPU 1 (fabricoll-info --core-rtt 0 1) is 50-65 ns
+# in the fast spells and 330-345 ns in the slow ones, while a 2-rank shm AllReduce of 1 MiB takes
+# 105 and 345-380 us; a single core's copy speed barely changes (2026-11-26). So the script
+# measures that round trip before and after every run, calls a run "near" when both are within
+# twice the smallest seen in the whole benchmark, "far" when both are above, "changed" otherwise,
+# and adds mode_x: the median of the ratios within repetitions whose two runs were both near or
+# both far (nm of them), so that no ratio compares one tool's fast spell with the other's slow.
 #
 # Binding is alike (BENCH_BIND): by default both bind rank r to CPU r mod the CPU count, 4 ranks
 # on 2 CPUs too (ours --bind rr, Open MPI --bind-to core:overload-allowed, which maps by core:
@@ -118,6 +126,7 @@ baselines=${BASELINES:-$root/../shared/baselines}
 mpi_build=${BASELINE_BUILD:-${XDG_CACHE_HOME:-$HOME/.cache}/fabricoll-baselines}
 target_dir=${CARGO_TARGET_DIR:-target}
 perf="$target_dir/release/fabricoll-perf"
+info="$target_dir/release/fabricoll-info"
 mpi_bench="$mpi_build/mpi_coll_bench.openmpi"
 wait_quiet="$baselines/wait-quiet.sh"
 
@@ -169,6 +178,12 @@ quiet_gate() { # quiet_gate WHAT: wait (bounded) for an idle machine; fails if i
   return "$rc"
 }
 
+core_rtt() { # the cache-line round trip between CPUs 0 and 1 in ns, "-" where it cannot tell
+  local v
+  v=$("$info" --core-rtt 0 1 2>/dev/null | awk '$1 == "core-rtt" { print $4 }') || true
+  echo "${v:--}"
+}
+
 run_ours() { # run_ours TRANSPORT RANKS COLL FILE
   local tr=$1 r=$2 c=$3 f=$4 env_p
   case "$tr" in
@@ -213,6 +228,9 @@ t0=$(date +%s)
 done_reps=0
 samples="$out/samples.txt"
 : >"$samples"
+# One line per run: "COLL RANKS TRANSPORT WHO REP RTT_BEFORE RTT_AFTER" (core_rtt, ns)
+modes="$out/modes.txt"
+: >"$modes"
 for rep in $(seq 1 "$reps"); do
   if [ $(($(date +%s) - t0)) -ge "$deadline" ]; then
     echo "# BENCH_DEADLINE=${deadline}s reached: stopping after $done_reps repetition(s)"
@@ -225,6 +243,7 @@ for rep in $(seq 1 "$reps"); do
         for who in $order; do
           f="$out/$c-np$r-$tr-$who-$rep.txt"
           quiet_gate "$c np$r $tr $who $rep" || echo "$c np$r $tr $who $rep" >>"$out/busy.txt"
+          rtt0=$(core_rtt)
           ts=$(date +%s)
           rc=0
           if [ "$who" = ours ]; then
@@ -234,7 +253,9 @@ for rep in $(seq 1 "$reps"); do
             run_ompi "$tr" "$r" "$c" "$f" || rc=$?
             collect_ompi "$c" "$r" "$tr" "$f" "$rep" >>"$samples"
           fi
-          echo "# rep $rep/$reps $c np$r $tr $who: $(($(date +%s) - ts)) s, exit $rc"
+          rtt1=$(core_rtt)
+          echo "$c $r $tr $who $rep $rtt0 $rtt1" >>"$modes"
+          echo "# rep $rep/$reps $c np$r $tr $who: $(($(date +%s) - ts)) s, exit $rc, core rtt $rtt0 -> $rtt1 ns"
           if [ "$rc" != 0 ]; then
             grep -v '^#' "$f" | tail -5 | sed 's/^/#     /'
           fi
@@ -251,7 +272,20 @@ summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
   echo "## $c, $r ranks, $tr: medians over $done_reps repetition(s); ours = fabricoll-perf --algo $algo" \
     "($([ "$tr" = shm ] && echo "shm" || echo "$tr, FABRICOLL_DOMAIN=lo")), OMPI = $(
       [ "$tr" = shm ] && echo "btl self,vader" || echo "btl self,tcp on lo")"
-  grep "^$c $r $tr " "$samples" | sort -k4,4n -k5,5 -k6,6 -k7,7g | awk -v tr="$tr" -v counts="$out/targets.txt" '
+  grep "^$c $r $tr " "$samples" | sort -k4,4n -k5,5 -k6,6 -k7,7g | awk -v tr="$tr" -v counts="$out/targets.txt" \
+    -v modes="$modes" -v near="$near_max" -v table="$c $r $tr" '
+    BEGIN { # each run of this table: near, far, changed or - (see the header)
+      while ((getline line < modes) > 0) {
+        split(line, m, " ")
+        if (m[1] " " m[2] " " m[3] == table) runmode[m[4], m[5]] = cls(m[6], m[7])
+      }
+    }
+    function cls(a, b) {
+      if (near == "-" || a == "-" || b == "-") return "-"
+      if (a + 0 <= near + 0 && b + 0 <= near + 0) return "near"
+      if (a + 0 > near + 0 && b + 0 > near + 0) return "far"
+      return "changed"
+    }
     function flush(   m) {
       if (n == 0) return
       m = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
@@ -262,42 +296,50 @@ summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
     NF >= 8 { per[$4, $5, $6, $8] = $7; reps[$8] = 1 }
     END {
       flush()
-      printf "%10s %10s %10s %7s %7s %11s %11s %7s %5s  %s\n", "size(B)", "ours", "OMPI", "bw_x",
-             "pair_x", "ours", "OMPI", "t_x", "n", "our algo"
-      printf "%10s %10s %10s %7s %7s %11s %11s %7s %5s\n", "", "busbw GB/s", "busbw GB/s", "ours/OMPI",
-             "same rep", "time us", "time us", "ours/OMPI", "o/m"
+      printf "%10s %10s %10s %7s %7s %7s %3s %11s %11s %7s %5s  %s\n", "size(B)", "ours", "OMPI", "bw_x",
+             "pair_x", "mode_x", "nm", "ours", "OMPI", "t_x", "n", "our algo"
+      printf "%10s %10s %10s %7s %7s %7s %3s %11s %11s %7s %5s\n", "", "busbw GB/s", "busbw GB/s", "ours/OMPI",
+             "same rep", "same", "", "time us", "time us", "ours/OMPI", "o/m"
       ns = 0
       for (s in sizes) list[++ns] = s + 0
       for (i = 2; i <= ns; i++) { x = list[i]; for (j = i - 1; j >= 1 && list[j] > x; j--) list[j + 1] = list[j]; list[j + 1] = x }
-      first = ""; big = 0; won = 0; pwon = 0
+      first = ""; big = 0; won = 0; pwon = 0; mwon = 0
       for (i = 1; i <= ns; i++) {
         s = list[i]
         ob = med[s " ours busbw"]; mb = med[s " ompi busbw"]; ot = med[s " ours time"]; mt = med[s " ompi time"]
         if (first == "" && ot != "" && mt != "") first = s
-        bx = r(ob, mb); px = pair(s, "busbw")
-        if (s >= 65536 && bx != "-") { big++; won += (bx + 0 >= 1); pwon += (px != "-" && px + 0 >= 1) }
-        printf "%10d %10s %10s %7s %7s %11s %11s %7s %5s  %s\n", s, f(ob, "%.3f"), f(mb, "%.3f"),
-          bx, px, f(ot, "%.2f"), f(mt, "%.2f"), r(ot, mt),
+        bx = r(ob, mb); px = pair(s, "busbw", 0); mx = pair(s, "busbw", 1); nm = paired
+        if (s >= 65536 && bx != "-") {
+          big++; won += (bx + 0 >= 1); pwon += (px != "-" && px + 0 >= 1); mwon += (mx != "-" && mx + 0 >= 1)
+        }
+        printf "%10d %10s %10s %7s %7s %7s %3d %11s %11s %7s %5s  %s\n", s, f(ob, "%.3f"), f(mb, "%.3f"),
+          bx, px, mx, nm, f(ot, "%.2f"), f(mt, "%.2f"), r(ot, mt),
           (cnt[s " ours time"] + 0) "/" (cnt[s " ompi time"] + 0), algos[s]
       }
       if (first != "") {
-        tx = sprintf("%.2f", med[first " ours time"] / med[first " ompi time"]); ptx = pair(first, "time")
+        tx = sprintf("%.2f", med[first " ours time"] / med[first " ompi time"]); ptx = pair(first, "time", 0)
+        mtx = pair(first, "time", 1)
         printf "   smallest common size %d B: median time ours %.2f us, OMPI %.2f us, time ratio ours/OMPI %s" \
-          " (within repetitions %s)\n", first, med[first " ours time"], med[first " ompi time"], tx, ptx
-        printf "   target[%s]: bw_x >= 1.00 in %d/%d sizes from 64 KiB, pair_x in %d; smallest size time ratio %s, pairs %s\n",
-          tr, won, big, pwon, tx, ptx
-        print tr, won, big, pwon, tx, ptx >>counts
+          " (within repetitions %s, same mode %s)\n", first, med[first " ours time"], med[first " ompi time"], tx, ptx, mtx
+        printf "   target[%s]: bw_x >= 1.00 in %d/%d sizes from 64 KiB, pair_x in %d, mode_x in %d; smallest size time ratio %s, pairs %s, same mode %s\n",
+          tr, won, big, pwon, mwon, tx, ptx, mtx
+        print tr, won, big, pwon, tx, ptx, mwon, mtx >>counts
       } else
         print "   (no size reported by both)"
     }
     # The median over repetitions of ours/OMPI (busbw or time) within one repetition (the two ran
     # one after the other): the machine drifts between slow and fast spells that last a few runs,
-    # which the medians of each side alone do not pair up.
-    function pair(s, metric,   rp, m, x, y, i, j) {
+    # which the medians of each side alone do not pair up. With `same`, only the repetitions whose
+    # two runs were in one cache mode (both near or both far). Sets `paired` to their number.
+    function pair(s, metric, same,   rp, m, x, y, i, j, mo) {
       m = 0
-      for (rp in reps)
+      for (rp in reps) {
+        mo = runmode["ours", rp]
+        if (same && !((mo == "near" || mo == "far") && runmode["ompi", rp] == mo)) continue
         if ((s, "ours", metric, rp) in per && (s, "ompi", metric, rp) in per && per[s, "ompi", metric, rp] + 0 > 0)
           x[++m] = per[s, "ours", metric, rp] / per[s, "ompi", metric, rp]
+      }
+      paired = m
       if (m == 0) return "-"
       for (i = 2; i <= m; i++) { y = x[i]; for (j = i - 1; j >= 1 && x[j] > y; j--) x[j + 1] = x[j]; x[j + 1] = y }
       return sprintf("%.2f", (m % 2) ? x[(m + 1) / 2] : (x[m / 2] + x[m / 2 + 1]) / 2)
@@ -314,6 +356,18 @@ summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
     echo "# WARNING: $(wc -l <"$out/busy.txt") run(s) started on a busy machine (wait-quiet gave up); see $out/busy.txt"
   fi
   : >"$out/targets.txt"
+  # "near": a round trip within twice the smallest one seen in the benchmark
+  near_max=$(awk '{ for (i = 6; i <= 7; i++) if ($i != "-" && (m == "" || $i + 0 < m)) m = $i + 0 }
+    END { print (m == "") ? "-" : 2 * m }' "$modes")
+  awk -v near="$near_max" '{
+      n++
+      if ($6 == "-" || $7 == "-" || near == "-") u++
+      else if ($6 + 0 <= near + 0 && $7 + 0 <= near + 0) a++
+      else if ($6 + 0 > near + 0 && $7 + 0 > near + 0) b++
+      else c++
+    }
+    END { printf "# cache modes (core rtt CPU 0-1 before and after each run, near <= %s ns): %d runs near, %d far, %d changed, %d unknown\n",
+      near, a, b, c, u }' "$modes"
   for tr in $transports; do
     for r in $ranks_list; do
       for c in $colls; do summarize "$c" "$r" "$tr"; done
@@ -323,15 +377,16 @@ summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
   # The issue's target, per transport: busbw at least Open MPI's from 64 KiB, and the time at the
   # smallest size within 1.5 times Open MPI's.
   awk '{ # targets.txt, a line per table: transport, bw_x won, sizes, pair_x won, time ratio, paired
-      t = $1; won[t] += $2; big[t] += $3; pwon[t] += $4
+      t = $1; won[t] += $2; big[t] += $3; pwon[t] += $4; mwon[t] += $7
       rows[t]++; small[t] += ($5 + 0 <= 1.5); psmall[t] += ($6 != "-" && $6 + 0 <= 1.5)
+      msmall[t] += ($8 != "-" && $8 + 0 <= 1.5)
       if (!(t in seen)) { seen[t] = 1; order[++nt] = t }
     }
     END {
       for (i = 1; i <= nt; i++) {
         t = order[i]
-        printf "# target, %s: bw_x >= 1.00 in %d/%d sizes from 64 KiB (pair_x: %d); smallest size within 1.5x in %d/%d rows (pairs: %d)\n",
-          t, won[t], big[t], pwon[t], small[t], rows[t], psmall[t]
+        printf "# target, %s: bw_x >= 1.00 in %d/%d sizes from 64 KiB (pair_x: %d, mode_x: %d); smallest size within 1.5x in %d/%d rows (pairs: %d, same mode: %d)\n",
+          t, won[t], big[t], pwon[t], mwon[t], small[t], rows[t], psmall[t], msmall[t]
       }
     }' "$out/targets.txt"
   echo "# total $(($(date +%s) - t0)) s; raw logs: $out/"
