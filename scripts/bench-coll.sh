@@ -33,10 +33,12 @@
 # A cache line's round trip between CPU 0 and CPU 1 (fabricoll-info --core-rtt 0 1) is 50-65 ns
 # in the fast spells and 330-345 ns in the slow ones, while a 2-rank shm AllReduce of 1 MiB takes
 # 105 and 345-380 us; a single core's copy speed barely changes (2026-11-26). So the script
-# measures that round trip before and after every run, calls a run "near" when both are within
-# twice the smallest seen in the whole benchmark, "far" when both are above, "changed" otherwise,
-# and adds mode_x: the median of the ratios within repetitions whose two runs were both near or
-# both far (nm of them), so that no ratio compares one tool's fast spell with the other's slow.
+# measures that round trip before and after every run. A third state showed up too, 30-31 ns
+# (the vCPUs on one core's two hardware threads, presumably). The measured round trips fall into
+# classes: sorted, a value more than 1.5 times the one before starts a new class. A run whose
+# two probes fall into one class ran in that mode; mode_x is the median of the ratios within
+# repetitions whose two runs ran in one and the same mode (nm of them), so that no ratio
+# compares one tool's fast spell with the other's slow one.
 #
 # Binding is alike (BENCH_BIND): by default both bind rank r to CPU r mod the CPU count, 4 ranks
 # on 2 CPUs too (ours --bind rr, Open MPI --bind-to core:overload-allowed, which maps by core:
@@ -77,6 +79,7 @@
 #                                library's default 10 minutes
 #   BENCH_DEADLINE [3600]        no new repetition starts after this many seconds; the longest
 #                                run is BENCH_DEADLINE + one repetition
+#   BENCH_RESUMMARIZE [unset]    a .bench/coll-* directory: print its tables again, run nothing
 #   BENCH_BUILD [1]              scripts/deps.sh --bench (Open MPI) and scripts/build.sh first,
 #                                and ../shared/baselines/build.sh when mpi_coll_bench is missing
 #   BASELINES [../shared/baselines]   BASELINE_BUILD [~/.cache/fabricoll-baselines]
@@ -138,6 +141,11 @@ done
 for t in $transports; do
   case "$t" in shm | tcp | net) ;; *) echo "bench-coll.sh: BENCH_TRANSPORTS: unknown $t (shm tcp net)" >&2; exit 2 ;; esac
 done
+
+# BENCH_RESUMMARIZE=DIR: no runs, only the tables again, from the samples and modes of an
+# earlier run's directory (give the BENCH_* settings of that run).
+again=${BENCH_RESUMMARIZE:-}
+if [ -z "$again" ]; then # the runs, down to "end of the runs"
 
 if [ "${BENCH_BUILD:-1}" != 0 ]; then
   scripts/deps.sh --bench
@@ -266,6 +274,30 @@ for rep in $(seq 1 "$reps"); do
   done_reps=$rep
 done
 
+else # BENCH_RESUMMARIZE
+  out=${again%/}
+  samples="$out/samples.txt"
+  modes="$out/modes.txt"
+  [ -s "$samples" ] || { echo "bench-coll.sh: BENCH_RESUMMARIZE: no $samples" >&2; exit 1; }
+  [ -f "$modes" ] || modes=/dev/null
+  done_reps=$(awk '{ if ($8 + 0 > m) m = $8 + 0 } END { print m + 0 }' "$samples")
+  t0=$(date +%s)
+fi # end of the runs
+
+# run_mode(BEFORE, AFTER, CLASSES): the class "LO-HI ns" holding both round trips, "changed" if
+# they fall into two, "-" if either is unknown (an awk function, pasted into the awk programs).
+run_mode_awk='
+    function run_mode(a, b, classes,   c, k, i, ca, cb, hi) {
+      if (a == "-" || b == "-" || classes == "") return "-"
+      k = split(classes, c, " ")
+      for (i = 1; i <= k; i++) {
+        hi = substr(c[i], index(c[i], "-") + 1) + 0
+        if (ca == "" && a + 0 <= hi) ca = c[i]
+        if (cb == "" && b + 0 <= hi) cb = c[i]
+      }
+      return (ca == cb) ? ca " ns" : "changed"
+    }'
+
 summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
   local c=$1 r=$2 tr=$3
   echo
@@ -273,19 +305,14 @@ summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
     "($([ "$tr" = shm ] && echo "shm" || echo "$tr, FABRICOLL_DOMAIN=lo")), OMPI = $(
       [ "$tr" = shm ] && echo "btl self,vader" || echo "btl self,tcp on lo")"
   grep "^$c $r $tr " "$samples" | sort -k4,4n -k5,5 -k6,6 -k7,7g | awk -v tr="$tr" -v counts="$out/targets.txt" \
-    -v modes="$modes" -v near="$near_max" -v table="$c $r $tr" '
-    BEGIN { # each run of this table: near, far, changed or - (see the header)
+    -v modes="$modes" -v classes="$rtt_classes" -v table="$c $r $tr" '
+    BEGIN { # each run of this table: its class (mode) of round trips, "changed" or "-"
       while ((getline line < modes) > 0) {
         split(line, m, " ")
-        if (m[1] " " m[2] " " m[3] == table) runmode[m[4], m[5]] = cls(m[6], m[7])
+        if (m[1] " " m[2] " " m[3] == table) runmode[m[4], m[5]] = run_mode(m[6], m[7], classes)
       }
     }
-    function cls(a, b) {
-      if (near == "-" || a == "-" || b == "-") return "-"
-      if (a + 0 <= near + 0 && b + 0 <= near + 0) return "near"
-      if (a + 0 > near + 0 && b + 0 > near + 0) return "far"
-      return "changed"
-    }
+'"$run_mode_awk"'
     function flush(   m) {
       if (n == 0) return
       m = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
@@ -330,12 +357,12 @@ summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
     # The median over repetitions of ours/OMPI (busbw or time) within one repetition (the two ran
     # one after the other): the machine drifts between slow and fast spells that last a few runs,
     # which the medians of each side alone do not pair up. With `same`, only the repetitions whose
-    # two runs were in one cache mode (both near or both far). Sets `paired` to their number.
+    # two runs were in one and the same cache mode. Sets `paired` to their number.
     function pair(s, metric, same,   rp, m, x, y, i, j, mo) {
       m = 0
       for (rp in reps) {
         mo = runmode["ours", rp]
-        if (same && !((mo == "near" || mo == "far") && runmode["ompi", rp] == mo)) continue
+        if (same && !(mo ~ /ns$/ && runmode["ompi", rp] == mo)) continue
         if ((s, "ours", metric, rp) in per && (s, "ompi", metric, rp) in per && per[s, "ompi", metric, rp] + 0 > 0)
           x[++m] = per[s, "ours", metric, rp] / per[s, "ompi", metric, rp]
       }
@@ -356,18 +383,19 @@ summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
     echo "# WARNING: $(wc -l <"$out/busy.txt") run(s) started on a busy machine (wait-quiet gave up); see $out/busy.txt"
   fi
   : >"$out/targets.txt"
-  # "near": a round trip within twice the smallest one seen in the benchmark
-  near_max=$(awk '{ for (i = 6; i <= 7; i++) if ($i != "-" && (m == "" || $i + 0 < m)) m = $i + 0 }
-    END { print (m == "") ? "-" : 2 * m }' "$modes")
-  awk -v near="$near_max" '{
-      n++
-      if ($6 == "-" || $7 == "-" || near == "-") u++
-      else if ($6 + 0 <= near + 0 && $7 + 0 <= near + 0) a++
-      else if ($6 + 0 > near + 0 && $7 + 0 > near + 0) b++
-      else c++
+  # The classes of round trips ("LO-HI" ns each, ascending): sorted, a value more than 1.5 times
+  # the one before starts a new class.
+  rtt_classes=$(awk '{ for (i = 6; i <= 7; i++) if ($i != "-") print $i + 0 }' "$modes" | sort -n |
+    awk 'NR == 1 { lo = $1 } NR > 1 && $1 > 1.5 * prev { printf "%s-%s ", lo, prev; lo = $1 }
+      { prev = $1 } END { if (NR) print lo "-" prev }')
+  awk -v classes="$rtt_classes" '{ n[run_mode($6, $7, classes)]++ }
+    END {
+      printf "# cache modes (fabricoll-info --core-rtt 0 1 before and after each run), runs per mode:"
+      k = split(classes, c, " ")
+      for (i = 1; i <= k; i++) printf " %s ns: %d,", c[i], n[c[i] " ns"]
+      printf " changed during the run: %d, unknown: %d\n", n["changed"], n["-"]
     }
-    END { printf "# cache modes (core rtt CPU 0-1 before and after each run, near <= %s ns): %d runs near, %d far, %d changed, %d unknown\n",
-      near, a, b, c, u }' "$modes"
+'"$run_mode_awk" "$modes"
   for tr in $transports; do
     for r in $ranks_list; do
       for c in $colls; do summarize "$c" "$r" "$tr"; done
