@@ -30,8 +30,8 @@
 # compared our slow spell with its fast one (bw_x 0.51) while ours won within 3 of the 5
 # repetitions (pair_x 1.07; 2026-11-25).
 # Why the spells: on this VM the host moves the 2 vCPUs between sharing one L3 cache and not.
-# A cache line's round trip between CPU 0 and CPU 1 (fabricoll-info --core-rtt 0 1) is 50-65 ns
-# in the fast spells and 330-345 ns in the slow ones, while a 2-rank shm AllReduce of 1 MiB takes
+# A cache line's round trip between CPU 0 and CPU 1 (fabricoll-info --core-rtt 0 1) is 60-80 ns
+# in the fast spells and 300-350 ns in the slow ones, while a 2-rank shm AllReduce of 1 MiB takes
 # 105 and 345-380 us; a single core's copy speed barely changes (2026-11-26). So the script
 # measures that round trip before and after every run. A third state showed up too, 30-31 ns
 # (the vCPUs on one core's two hardware threads, presumably). The measured round trips fall into

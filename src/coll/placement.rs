@@ -161,9 +161,10 @@ pub fn bind_to(cpus: &[usize]) -> std::io::Result<()> {
 
 /// The mean round trip of a cache line between CPUs `a` and `b`: one thread bound to each, they
 /// take turns writing a shared word, `rounds` times. It tells whether two CPUs share a cache: on
-/// the 2-vCPU VMs this project measures on it is 50-60 ns while both vCPUs sit on one L3 and
-/// 330-345 ns while the host has put them on different ones, and shared-memory collectives
-/// (Open MPI's and ours) run 3 times slower in the second state. Both threads spin, so the
+/// the 2-vCPU VMs this project measures on it is 60-80 ns while both vCPUs sit on one L3,
+/// 300-350 ns while the host has put them on different ones (and 30 ns now and then: one core's
+/// two hardware threads, presumably), and shared-memory collectives (Open MPI's and ours) run 3
+/// times slower in the far state. Both threads spin, so the
 /// answer means something only on otherwise idle CPUs. Fails, naming the CPU, when a thread
 /// cannot be bound; gives up after `limit` in all (the other thread descheduled for that long).
 pub fn core_rtt(
@@ -229,20 +230,24 @@ fn core_rtt_with(
         }
     }
     let peer = Arc::clone(&line);
-    let responder = std::thread::spawn(move || -> std::io::Result<()> {
-        if let Err(e) = bind(&[b]) {
-            peer.0.store(FAILED, Ordering::Release);
-            return Err(e);
-        }
-        // As many as the caller's: `rounds` and its untimed first.
-        for i in 0..rounds as u64 + 1 {
-            if wait(&peer, 2 * i + 1, start, limit).is_none() {
-                return Ok(());
+    let spawned = std::thread::Builder::new()
+        .name("core-rtt".into())
+        .spawn(move || {
+            if let Err(e) = bind(&[b]) {
+                peer.0.store(FAILED, Ordering::Release);
+                return Err(e);
             }
-            peer.0.store(2 * i + 2, Ordering::Release);
-        }
-        Ok(())
-    });
+            // As many as the caller's: `rounds` and its untimed first.
+            for i in 0..rounds as u64 + 1 {
+                if wait(&peer, 2 * i + 1, start, limit).is_none() {
+                    return Ok(());
+                }
+                peer.0.store(2 * i + 2, Ordering::Release);
+            }
+            Ok::<(), std::io::Error>(())
+        });
+    let responder =
+        spawned.map_err(|e| Error::System(format!("core_rtt: starting a thread: {e}")))?;
     // The caller's own binding is restored afterwards: this thread may be the program's main.
     let bound = bind(&[a]);
     let mut t0 = Instant::now();
