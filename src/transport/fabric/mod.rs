@@ -775,34 +775,9 @@ impl FabricTransport {
         }
         let guard_cq = scopeguard(cq as *mut sys::fid);
         caps.wait_fd = wait_fd.is_some();
-        let mut ep: *mut sys::fid_ep = ptr::null_mut();
-        // SAFETY: domain and info are valid; ep is a valid local.
-        check(
-            "fi_endpoint",
-            unsafe { sys::fi_endpoint(dom.domain, info, &mut ep, ptr::null_mut()) } as i64,
-        )?;
+        let shm = caps.provider.split(';').next() == Some("shm");
+        let (ep, shm_name) = endpoint(dom.domain, info, av, cq, shm, "")?;
         let guard_ep = scopeguard(ep as *mut sys::fid);
-        let shm_name = if caps.provider.split(';').next() == Some("shm") {
-            Some(shm::name_endpoint(ep)?)
-        } else {
-            None
-        };
-        // SAFETY: ep, av and cq are open objects of the same domain.
-        unsafe {
-            check(
-                "fi_ep_bind(av)",
-                sys::fi_ep_bind(ep, av as *mut sys::fid, 0) as i64,
-            )?;
-            check(
-                "fi_ep_bind(cq)",
-                sys::fi_ep_bind(
-                    ep,
-                    cq as *mut sys::fid,
-                    (sys::FI_TRANSMIT | sys::FI_RECV) as u64,
-                ) as i64,
-            )?;
-            check("fi_enable", sys::fi_enable(ep) as i64)?;
-        }
         let mut name = vec![0u8; 256];
         let mut len = name.len();
         // SAFETY: ep is enabled; name has `len` writable bytes.
@@ -898,6 +873,47 @@ impl FabricTransport {
     }
 }
 
+/// An enabled endpoint of `info`, bound to `av` and `cq`, and its shared-memory name when `shm`
+/// (see `shm::name_endpoint`); `what` tells its errors apart.
+fn endpoint(
+    domain: *mut sys::fid_domain,
+    info: *mut sys::fi_info,
+    av: *mut sys::fid_av,
+    cq: *mut sys::fid_cq,
+    shm: bool,
+    what: &str,
+) -> Result<(*mut sys::fid_ep, Option<String>)> {
+    let mut ep: *mut sys::fid_ep = ptr::null_mut();
+    // SAFETY: domain and info are valid; ep is a valid local.
+    check(&format!("fi_endpoint{what}"), unsafe {
+        sys::fi_endpoint(domain, info, &mut ep, ptr::null_mut())
+    } as i64)?;
+    let guard = scopeguard(ep as *mut sys::fid);
+    let shm_name = if shm {
+        Some(shm::name_endpoint(ep)?)
+    } else {
+        None
+    };
+    // SAFETY: ep, av and cq are open objects of the same domain.
+    unsafe {
+        check(
+            &format!("fi_ep_bind(av){what}"),
+            sys::fi_ep_bind(ep, av as *mut sys::fid, 0) as i64,
+        )?;
+        check(
+            &format!("fi_ep_bind(cq){what}"),
+            sys::fi_ep_bind(
+                ep,
+                cq as *mut sys::fid,
+                (sys::FI_TRANSMIT | sys::FI_RECV) as u64,
+            ) as i64,
+        )?;
+        check(&format!("fi_enable{what}"), sys::fi_enable(ep) as i64)?;
+    }
+    std::mem::forget(guard);
+    Ok((ep, shm_name))
+}
+
 /// A second endpoint of `info` for sends only, bound to the same address vector and
 /// completion queue as the first. Over the native TCP endpoint each endpoint pair keeps one
 /// connection, so ranks that exchange messages both ways would share one socket; with sends
@@ -910,31 +926,7 @@ fn send_endpoint(
     av: *mut sys::fid_av,
     cq: *mut sys::fid_cq,
 ) -> Result<*mut sys::fid_ep> {
-    let mut ep: *mut sys::fid_ep = ptr::null_mut();
-    // SAFETY: domain and info are valid (the first endpoint was made from them); ep is a local.
-    check(
-        "fi_endpoint (sends)",
-        unsafe { sys::fi_endpoint(domain, info, &mut ep, ptr::null_mut()) } as i64,
-    )?;
-    let guard = scopeguard(ep as *mut sys::fid);
-    // SAFETY: ep, av and cq are open objects of the same domain.
-    unsafe {
-        check(
-            "fi_ep_bind(av) (sends)",
-            sys::fi_ep_bind(ep, av as *mut sys::fid, 0) as i64,
-        )?;
-        check(
-            "fi_ep_bind(cq) (sends)",
-            sys::fi_ep_bind(
-                ep,
-                cq as *mut sys::fid,
-                (sys::FI_TRANSMIT | sys::FI_RECV) as u64,
-            ) as i64,
-        )?;
-        check("fi_enable (sends)", sys::fi_enable(ep) as i64)?;
-    }
-    std::mem::forget(guard);
-    Ok(ep)
+    endpoint(domain, info, av, cq, false, " (sends)").map(|(ep, _)| ep)
 }
 
 /// Complete a software-matched receive with a message.
