@@ -76,6 +76,12 @@ pub struct FabricDevice {
     pub mem_tag_format: u64,
     /// Small shm messages may go through our shared-memory rings (`FABRICOLL_SHM_FASTBOX`).
     pub fastbox: bool,
+    /// Over the native TCP endpoint, sends leave from an endpoint of their own (`send_endpoint`):
+    /// for the collective engines, not the NCCL plugins. A plugin answers a connect with a
+    /// message and then may not call in again for a while (an accept returns, NCCL goes on),
+    /// and a send over a connection still to be made needs the sender's progress: on a separate
+    /// send endpoint the plugin harness's connect waited for the answer until its timeout.
+    pub own_send_endpoint: bool,
 }
 
 impl std::fmt::Debug for FabricDevice {
@@ -429,6 +435,7 @@ pub fn discover(cfg: &Config, for_use: Use) -> Result<Discovery> {
             speed_mbps: sys_speed_mbps(nic, &dom),
             mem_tag_format: tag_format,
             fastbox: cfg.shm_fastbox,
+            own_send_endpoint: for_use == Use::Engines,
             caps,
             info,
         });
@@ -802,7 +809,8 @@ impl FabricTransport {
         let claims = claim::needed(&caps.provider).then(claim::Claims::default);
         // Not where registrations bind to one endpoint (FI_MR_ENDPOINT; the native TCP
         // endpoint asks for no registration at all).
-        let tx_ep = if claims.is_some() && caps.mr_mode & sys::FI_MR_ENDPOINT as u64 == 0 {
+        let split = dev.own_send_endpoint && claims.is_some();
+        let tx_ep = if split && caps.mr_mode & sys::FI_MR_ENDPOINT as u64 == 0 {
             send_endpoint(dom.domain, info, av, cq).unwrap_or_else(|e| {
                 log::debug!("{}: sends share the receiving endpoint: {e}", caps.domain);
                 ep
@@ -2386,6 +2394,19 @@ mod tests {
         assert_eq!((&ga, &gb), (b"to a", b"to b"));
         // Two connections, each with both ends in this process.
         assert_eq!(established_sockets() - before, 4);
+        // The plugins' endpoints send from the receiving endpoint (see `own_send_endpoint`).
+        let cfg = Config::from_lookup(|n| match n {
+            "FABRICOLL_PROVIDER" => Some("net".into()),
+            "FABRICOLL_DOMAIN" => Some("lo".into()),
+            _ => None,
+        })
+        .expect("config");
+        let disc = discover(&cfg, Use::Plugin).expect("the engines found net");
+        let dev = &disc.devices[0];
+        assert!(!dev.own_send_endpoint);
+        let t = FabricTransport::open(dev).expect("endpoint");
+        let g = t.inner.lock();
+        assert!(g.tx_ep == g.ep, "the plugin's sends share its endpoint");
     }
 
     #[test]
