@@ -330,14 +330,15 @@ summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
       ns = 0
       for (s in sizes) list[++ns] = s + 0
       for (i = 2; i <= ns; i++) { x = list[i]; for (j = i - 1; j >= 1 && list[j] > x; j--) list[j + 1] = list[j]; list[j + 1] = x }
-      first = ""; big = 0; won = 0; pwon = 0; mwon = 0
+      first = ""; big = 0; won = 0; pwon = 0; mwon = 0; mbig = 0
       for (i = 1; i <= ns; i++) {
         s = list[i]
         ob = med[s " ours busbw"]; mb = med[s " ompi busbw"]; ot = med[s " ours time"]; mt = med[s " ompi time"]
         if (first == "" && ot != "" && mt != "") first = s
         bx = r(ob, mb); px = pair(s, "busbw", 0); mx = pair(s, "busbw", 1); nm = paired
         if (s >= 65536 && bx != "-") {
-          big++; won += (bx + 0 >= 1); pwon += (px != "-" && px + 0 >= 1); mwon += (mx != "-" && mx + 0 >= 1)
+          big++; won += (bx + 0 >= 1); pwon += (px != "-" && px + 0 >= 1)
+          if (mx != "-") { mbig++; mwon += (mx + 0 >= 1) }
         }
         printf "%10d %10s %10s %7s %7s %7s %3d %11s %11s %7s %5s  %s\n", s, f(ob, "%.3f"), f(mb, "%.3f"),
           bx, px, mx, nm, f(ot, "%.2f"), f(mt, "%.2f"), r(ot, mt),
@@ -348,9 +349,9 @@ summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
         mtx = pair(first, "time", 1)
         printf "   smallest common size %d B: median time ours %.2f us, OMPI %.2f us, time ratio ours/OMPI %s" \
           " (within repetitions %s, same mode %s)\n", first, med[first " ours time"], med[first " ompi time"], tx, ptx, mtx
-        printf "   target[%s]: bw_x >= 1.00 in %d/%d sizes from 64 KiB, pair_x in %d, mode_x in %d; smallest size time ratio %s, pairs %s, same mode %s\n",
-          tr, won, big, pwon, mwon, tx, ptx, mtx
-        print tr, won, big, pwon, tx, ptx, mwon, mtx >>counts
+        printf "   target[%s]: bw_x >= 1.00 in %d/%d sizes from 64 KiB, pair_x in %d, mode_x in %d of the %d with a same-mode pair; smallest size time ratio %s, pairs %s, same mode %s\n",
+          tr, won, big, pwon, mwon, mbig, tx, ptx, mtx
+        print tr, won, big, pwon, tx, ptx, mwon, mtx, mbig >>counts
       } else
         print "   (no size reported by both)"
     }
@@ -405,16 +406,16 @@ summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
   # The issue's target, per transport: busbw at least Open MPI's from 64 KiB, and the time at the
   # smallest size within 1.5 times Open MPI's.
   awk '{ # targets.txt, a line per table: transport, bw_x won, sizes, pair_x won, time ratio, paired
-      t = $1; won[t] += $2; big[t] += $3; pwon[t] += $4; mwon[t] += $7
+      t = $1; won[t] += $2; big[t] += $3; pwon[t] += $4; mwon[t] += $7; mbig[t] += $9
       rows[t]++; small[t] += ($5 + 0 <= 1.5); psmall[t] += ($6 != "-" && $6 + 0 <= 1.5)
-      msmall[t] += ($8 != "-" && $8 + 0 <= 1.5)
+      msmall[t] += ($8 != "-" && $8 + 0 <= 1.5); mrows[t] += ($8 != "-")
       if (!(t in seen)) { seen[t] = 1; order[++nt] = t }
     }
     END {
       for (i = 1; i <= nt; i++) {
         t = order[i]
-        printf "# target, %s: bw_x >= 1.00 in %d/%d sizes from 64 KiB (pair_x: %d, mode_x: %d); smallest size within 1.5x in %d/%d rows (pairs: %d, same mode: %d)\n",
-          t, won[t], big[t], pwon[t], mwon[t], small[t], rows[t], psmall[t], msmall[t]
+        printf "# target, %s: bw_x >= 1.00 in %d/%d sizes from 64 KiB (pair_x: %d, mode_x: %d/%d with a same-mode pair); smallest size within 1.5x in %d/%d rows (pairs: %d, same mode: %d/%d)\n",
+          t, won[t], big[t], pwon[t], mwon[t], mbig[t], small[t], rows[t], psmall[t], msmall[t], mrows[t]
       }
     }' "$out/targets.txt"
   echo "# total $(($(date +%s) - t0)) s; raw logs: $out/"

@@ -807,8 +807,8 @@ impl FabricTransport {
         );
         let fastbox = dev.fastbox;
         let claims = claim::needed(&caps.provider).then(claim::Claims::default);
-        // Not where registrations bind to one endpoint (FI_MR_ENDPOINT; the native TCP
-        // endpoint asks for no registration at all).
+        // The engines over the native TCP endpoint (`own_send_endpoint`), but not where a
+        // registration binds to one endpoint (FI_MR_ENDPOINT; that endpoint asks for none).
         let split = dev.own_send_endpoint && claims.is_some();
         let tx_ep = if split && caps.mr_mode & sys::FI_MR_ENDPOINT as u64 == 0 {
             send_endpoint(dom.domain, info, av, cq).unwrap_or_else(|e| {
