@@ -807,17 +807,10 @@ impl FabricTransport {
         );
         let fastbox = dev.fastbox;
         let claims = claim::needed(&caps.provider).then(claim::Claims::default);
-        // The engines over the native TCP endpoint (`own_send_endpoint`), but not where a
-        // registration binds to one endpoint (FI_MR_ENDPOINT; that endpoint asks for none).
         let split = dev.own_send_endpoint && claims.is_some();
-        let tx_ep = if split && caps.mr_mode & sys::FI_MR_ENDPOINT as u64 == 0 {
-            send_endpoint(dom.domain, info, av, cq).unwrap_or_else(|e| {
-                log::debug!("{}: sends share the receiving endpoint: {e}", caps.domain);
-                ep
-            })
-        } else {
-            ep
-        };
+        let tx_ep = sends_from(split, caps.mr_mode, ep, &caps.domain, || {
+            send_endpoint(dom.domain, info, av, cq)
+        });
         Ok(FabricTransport {
             caps,
             addr: name,
@@ -920,6 +913,25 @@ fn endpoint(
     }
     std::mem::forget(guard);
     Ok((ep, shm_name))
+}
+
+/// The endpoint sends leave from: one that `open` makes where `split` asks for it (the engines
+/// over the native TCP endpoint, `own_send_endpoint`), else, or where `open` fails, or where a
+/// registration binds to one endpoint (`FI_MR_ENDPOINT` in `mr_mode`), the receiving `ep`.
+fn sends_from(
+    split: bool,
+    mr_mode: u64,
+    ep: *mut sys::fid_ep,
+    domain: &str,
+    open: impl FnOnce() -> Result<*mut sys::fid_ep>,
+) -> *mut sys::fid_ep {
+    if !split || mr_mode & sys::FI_MR_ENDPOINT as u64 != 0 {
+        return ep;
+    }
+    open().unwrap_or_else(|e| {
+        log::debug!("{domain}: sends share the receiving endpoint: {e}");
+        ep
+    })
 }
 
 /// A second endpoint of `info` for sends only, bound to the same address vector and
@@ -2338,6 +2350,19 @@ mod tests {
                 f.len() > 9 && f[3] == "01" && ours.contains(f[9])
             })
             .count()
+    }
+
+    #[test]
+    fn sends_share_the_receiving_endpoint_unless_a_second_one_is_asked_for_and_made() {
+        // Endpoint values only compared, never used.
+        let (rx, tx) = (8 as *mut sys::fid_ep, 16 as *mut sys::fid_ep);
+        let mr_ep = sys::FI_MR_ENDPOINT as u64;
+        let never = || -> Result<*mut sys::fid_ep> { panic!("no second endpoint wanted") };
+        assert_eq!(sends_from(false, 0, rx, "d", never), rx);
+        assert_eq!(sends_from(true, mr_ep, rx, "d", never), rx);
+        let failed = || Err(Error::System("fi_endpoint (sends) failed".into()));
+        assert_eq!(sends_from(true, 0, rx, "d", failed), rx);
+        assert_eq!(sends_from(true, 0, rx, "d", || Ok(tx)), tx);
     }
 
     #[test]
