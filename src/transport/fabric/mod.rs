@@ -76,7 +76,7 @@ pub struct FabricDevice {
     pub mem_tag_format: u64,
     /// Small shm messages may go through our shared-memory rings (`FABRICOLL_SHM_FASTBOX`).
     pub fastbox: bool,
-    /// Over the native TCP endpoint, sends leave from an endpoint of their own (`send_endpoint`):
+    /// Over the native TCP endpoint, sends leave from an endpoint of their own (`sends_from`):
     /// for the collective engines, not the NCCL plugins. A plugin answers a connect with a
     /// message and then may not call in again for a while (an accept returns, NCCL goes on),
     /// and a send over a connection still to be made needs the sender's progress: on a separate
@@ -626,7 +626,7 @@ fn peer_exited(pid: i32, how: &str) -> Error {
 struct Inner {
     ep: *mut sys::fid_ep,
     /// The endpoint sends go out on: `ep`, or over the native TCP endpoint a second one
-    /// (`send_endpoint`), so that each direction between two ranks has a connection of its own.
+    /// (`sends_from`), so that each direction between two ranks has a connection of its own.
     tx_ep: *mut sys::fid_ep,
     cq: *mut sys::fid_cq,
     av: *mut sys::fid_av,
@@ -807,9 +807,10 @@ impl FabricTransport {
         );
         let fastbox = dev.fastbox;
         let claims = claim::needed(&caps.provider).then(claim::Claims::default);
+        // The provider that needs claims is the native TCP endpoint, the one that splits.
         let split = dev.own_send_endpoint && claims.is_some();
         let tx_ep = sends_from(split, caps.mr_mode, ep, &caps.domain, || {
-            send_endpoint(dom.domain, info, av, cq)
+            endpoint(dom.domain, info, av, cq, false, " (sends)").map(|(tx, _)| tx)
         });
         Ok(FabricTransport {
             caps,
@@ -918,6 +919,12 @@ fn endpoint(
 /// The endpoint sends leave from: one that `open` makes where `split` asks for it (the engines
 /// over the native TCP endpoint, `own_send_endpoint`), else, or where `open` fails, or where a
 /// registration binds to one endpoint (`FI_MR_ENDPOINT` in `mr_mode`), the receiving `ep`.
+/// `open` gives a second endpoint bound to the same address vector and completion queue. Over
+/// the native TCP endpoint each endpoint pair keeps one connection, so ranks that exchange
+/// messages both ways would share one socket; with sends from the second endpoint to the peers'
+/// receiving endpoints, each direction has its own. On loopback a 1 MiB exchange between two
+/// processes took 177-228 us over two sockets against 296-342 over one (plain sockets, 5 runs
+/// with both CPUs on one L3, 2026-11-26).
 fn sends_from(
     split: bool,
     mr_mode: u64,
@@ -932,21 +939,6 @@ fn sends_from(
         log::debug!("{domain}: sends share the receiving endpoint: {e}");
         ep
     })
-}
-
-/// A second endpoint of `info` for sends only, bound to the same address vector and
-/// completion queue as the first. Over the native TCP endpoint each endpoint pair keeps one
-/// connection, so ranks that exchange messages both ways would share one socket; with sends
-/// from this endpoint to the peers' receiving endpoints, each direction has its own. On loopback
-/// a 1 MiB exchange between two processes took 177-228 us over two sockets against 296-342
-/// over one (plain sockets, 5 runs with both CPUs on one L3, 2026-11-26).
-fn send_endpoint(
-    domain: *mut sys::fid_domain,
-    info: *mut sys::fi_info,
-    av: *mut sys::fid_av,
-    cq: *mut sys::fid_cq,
-) -> Result<*mut sys::fid_ep> {
-    endpoint(domain, info, av, cq, false, " (sends)").map(|(ep, _)| ep)
 }
 
 /// Complete a software-matched receive with a message.
@@ -1439,7 +1431,7 @@ impl Inner {
         // SAFETY: the message buffer is owned by ctx until its completion; ctx lives until then.
         let rc = unsafe {
             sys::fi_send(
-                self.ep,
+                self.tx_ep,
                 maddr as *const c_void,
                 mlen,
                 ptr::null_mut(),
@@ -1469,7 +1461,7 @@ impl Inner {
     fn hello(&mut self, peer: u64) -> Result<()> {
         let ctx = self.new_ctx(0, 0, false, None, Role::Swallow);
         // SAFETY: a zero-byte send; ctx lives in `ops` until its completion is read.
-        let rc = unsafe { sys::fi_send(self.ep, ptr::null(), 0, ptr::null_mut(), peer, ctx) };
+        let rc = unsafe { sys::fi_send(self.tx_ep, ptr::null(), 0, ptr::null_mut(), peer, ctx) };
         if rc == 0 {
             return Ok(());
         }
@@ -2426,7 +2418,7 @@ mod tests {
             _ => None,
         })
         .expect("config");
-        let disc = discover(&cfg, Use::Plugin).expect("the engines found net");
+        let disc = discover(&cfg, Use::Plugin).expect("the plugins found net");
         let dev = &disc.devices[0];
         assert!(!dev.own_send_endpoint);
         let t = FabricTransport::open(dev).expect("endpoint");
