@@ -6,7 +6,6 @@ pub mod config;
 pub mod error;
 pub mod exec;
 pub mod ffi;
-pub mod hash;
 pub mod logging;
 pub mod plugin;
 pub mod reduce;

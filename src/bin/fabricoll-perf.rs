@@ -456,20 +456,23 @@ fn run_rank(a: &Args, comm: &Comm) -> Result<usize, String> {
         for i in 0..p.in_len() {
             enc(a.dtype, value(a.op, comm.rank, i), &mut data);
         }
+        // SAFETY: `send` and `recv` live until the end of this iteration, after the last
+        // collective on these regions has returned (an error ends the program).
+        let (send_whole, recv_whole) = unsafe { (send.region(), recv.region()) };
         let (sr, rr): (Region, Region) = if a.in_place {
             // In place: the input sits where the output goes (NCCL's layout for every collective).
             let off = match a.coll {
                 Collective::AllGather => comm.rank * count * el,
                 _ => 0,
             };
-            let base = send.region();
+            let base = send_whole;
             let inp = base.sub(off, in_len).ok_or("in-place layout")?;
             (
                 inp,
                 base.sub(0, out_len.max(in_len)).ok_or("in-place layout")?,
             )
         } else {
-            (send.region().sub(0, in_len).ok_or("layout")?, recv.region())
+            (send_whole.sub(0, in_len).ok_or("layout")?, recv_whole)
         };
         let call = Call {
             kind: Kind::Coll(a.coll),
@@ -489,7 +492,7 @@ fn run_rank(a: &Args, comm: &Comm) -> Result<usize, String> {
             let out = if a.in_place {
                 rr.to_vec()
             } else {
-                recv.region().to_vec()
+                recv.bytes().to_vec()
             };
             nwrong = wrong(a, comm, &out[..out_len.min(out.len())], count);
         }
@@ -594,12 +597,14 @@ fn ranks_time(comm: &Comm, us: f64, how: Average) -> Result<f64, String> {
 }
 
 fn all(comm: &Comm, v: f64, op: RedOp) -> Result<f64, String> {
-    let (send, recv) = (Scratch::new(8), Scratch::new(8));
-    send.region().write(&v.to_le_bytes());
+    let (mut send, recv) = (Scratch::new(8), Scratch::new(8));
+    send.bytes_mut().copy_from_slice(&v.to_le_bytes());
+    // SAFETY: both buffers outlive the blocking collective (an error ends the program).
+    let (s, r) = unsafe { (send.region(), recv.region()) };
     comm.run(&Call {
         kind: Kind::Coll(Collective::AllReduce),
-        send: send.region(),
-        recv: recv.region(),
+        send: s,
+        recv: r,
         count: 1,
         dtype: DataType::Float64,
         op,
@@ -607,7 +612,7 @@ fn all(comm: &Comm, v: f64, op: RedOp) -> Result<f64, String> {
         algo: Some(Algorithm::Ring),
     })
     .map_err(|e| e.to_string())?;
-    let b: [u8; 8] = recv.region().to_vec()[..8].try_into().expect("8 bytes");
+    let b: [u8; 8] = recv.bytes()[..8].try_into().expect("8 bytes");
     Ok(f64::from_le_bytes(b))
 }
 

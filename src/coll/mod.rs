@@ -8,11 +8,11 @@ use crate::algo::{self, Algorithm, Collective, Options, Problem, Schedule, Span}
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::exec::{self, Args, BufPool, Exec, Idle, Job, Plan, Tags};
-use crate::hash::FastMap;
 use crate::reduce::{DataType, RedOp};
-use crate::transport::{Caps, Completion, Peer, Region, Scratch, Transport};
+use crate::transport::{Completion, Peer, Region, Scratch, Transport};
 use crate::tune::{self, Model};
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -71,7 +71,7 @@ struct Planned {
 }
 
 struct Engine {
-    execs: FastMap<u32, ReqState>,
+    execs: FxHashMap<u32, ReqState>,
     next_id: u32,
     seq: u32,
     p2p_send: Vec<u64>,
@@ -80,7 +80,7 @@ struct Engine {
     graveyard: Vec<Scratch>,
     scratch: Vec<Completion>,
     /// Schedules and this rank's plan of them, per (problem, algorithm, options, element size).
-    cache: FastMap<ScheduleKey, Planned>,
+    cache: FxHashMap<ScheduleKey, Planned>,
     /// Staging, Tmp and backup memory kept between calls.
     pool: BufPool,
     /// The last collective's choice and schedule: a loop of the same call skips both lookups.
@@ -113,7 +113,7 @@ pub struct Comm {
     /// fixed once the communicator is made, and evaluating it (the formulas for `auto`, the
     /// eager slicing for a forced algorithm) cost about 1.2 us a call, a fifth of a small shm
     /// AllReduce.
-    choices: Mutex<FastMap<ChoiceKey, (Algorithm, Options)>>,
+    choices: Mutex<FxHashMap<ChoiceKey, (Algorithm, Options)>>,
     aborted: AtomicBool,
     /// Ranks per node, for `hier`.
     local: usize,
@@ -121,8 +121,8 @@ pub struct Comm {
     slice: usize,
     /// Waiters spin instead of yielding (for up to `poll`): this node's ranks have a core each.
     spin: bool,
-    /// The transport is libfabric's shm, whose receivers copy large messages themselves.
-    shm: bool,
+    /// The transport's receivers copy large messages themselves (`Caps::receiver_copies`).
+    receiver_copies: bool,
 }
 
 /// What a choice depends on besides the model: the problem, the element size and the forced
@@ -131,70 +131,6 @@ type ChoiceKey = (Problem, usize, Option<Algorithm>);
 
 /// How many choices a communicator keeps (a new one beyond that clears them).
 const CHOICES_KEPT: usize = 1024;
-
-/// Bytes per message when slicing: small enough to pipeline, large enough to amortise latency.
-const SLICE_BYTES: usize = 1 << 20;
-
-/// Slice size over libfabric's `shm`: there the receiver copies a message itself, in one
-/// `process_vm_readv` inside its own progress call, so smaller slices overlap nothing on the
-/// receiving side and each costs a command/response handshake under the peer's region lock.
-/// Measured (AllReduce, AllGather, ReduceScatter; 2 and 4 ranks; 1 to 64 MiB; medians of 3):
-/// 4 MiB slices were faster than 1 MiB in 14 of 18 cells, by up to 23 %, and slower in 4, by up
-/// to 15 % (2-rank ReduceScatter of 16 MiB).
-const SHM_SLICE_BYTES: usize = 4 << 20;
-
-/// Where the provider's eager protocol ends (`tune::Model::eager_bytes`): ofi_rxm, the RDM
-/// layer over tcp, sends messages up to its eager limit eagerly and larger ones by rendezvous.
-/// Other providers are not modelled (shm's large messages need no handshake before the
-/// receiver can copy; net, libfabric 1.17's native TCP RDM endpoint, writes every message
-/// straight onto the connection's stream; efa's protocols were not measured here).
-fn eager_bytes(caps: &Caps) -> usize {
-    if caps.provider.contains("ofi_rxm") {
-        rxm_eager_limit(|name| std::env::var(name).ok())
-    } else {
-        usize::MAX
-    }
-}
-
-/// ofi_rxm's eager limit, from its own parameters as rxm reads them (`env` looks one up):
-/// `FI_OFI_RXM_EAGER_LIMIT`, else `FI_OFI_RXM_BUFFER_SIZE`, else rxm's default of 16 KiB.
-/// Only read, never set: the library writes no one else's variables.
-fn rxm_eager_limit(env: impl Fn(&str) -> Option<String>) -> usize {
-    let param = |name: &str| {
-        env(name)
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|&v| v > 0)
-    };
-    param("FI_OFI_RXM_EAGER_LIMIT")
-        .or_else(|| param("FI_OFI_RXM_BUFFER_SIZE"))
-        .unwrap_or(16 << 10)
-}
-
-/// How long a waiter polls without progress before it sleeps on the completion queue, unless
-/// `FABRICOLL_POLL_US` says. Under ofi_rxm (tcp) data moves only inside our progress calls, and
-/// a large message makes no completion for a long while, so a short window put the sender to
-/// sleep with its socket full. 1000 µs against 50 µs, over tcp (medians of 3, alternating,
-/// 8 B to 8 MiB): 2-rank AllGather of 2 MiB 862 → 713 µs, ReduceScatter 957 → 645 µs,
-/// AllReduce of 512 KiB 664 → 370 µs; 4 ranks on 2 cores up to 20 % faster up to 128 KiB
-/// and equal above. A later run (2-rank AllGather, medians of 5) found the two within 12 %
-/// either way. Over shm the longer window was no faster (4-rank ReduceScatter 10-30 % slower:
-/// spinning ranks take the cores of the ones that copy), so other providers keep 50 µs.
-fn poll_window(caps: &Caps) -> Duration {
-    if caps.provider.contains("ofi_rxm") {
-        Duration::from_micros(1000)
-    } else {
-        Duration::from_micros(50)
-    }
-}
-
-/// The slice size for messages over `caps`' provider.
-fn slice_bytes(caps: &Caps) -> usize {
-    if caps.provider == "shm" {
-        SHM_SLICE_BYTES
-    } else {
-        SLICE_BYTES
-    }
-}
 
 impl Comm {
     /// A communicator over `transport`, whose peers have the endpoint addresses `addrs`.
@@ -223,24 +159,24 @@ impl Comm {
             .collect::<Result<Vec<_>>>()?;
         let local = local_ranks(addrs, cfg);
         let caps = transport.caps();
-        let (slice, eager) = (slice_bytes(caps), eager_bytes(caps));
-        let poll = cfg.poll.unwrap_or_else(|| poll_window(caps));
+        let (slice, eager) = (caps.slice_bytes, caps.eager_bytes);
+        let poll = cfg.poll.unwrap_or(caps.poll_window);
         let spin = spin_ok(nranks);
-        let shm = caps.provider == "shm";
+        let receiver_copies = caps.receiver_copies;
         let comm = Comm {
             rank,
             nranks,
             transport,
             peers,
             engine: Mutex::new(Engine {
-                execs: FastMap::default(),
+                execs: FxHashMap::default(),
                 next_id: 1,
                 seq: 0,
                 p2p_send: vec![0; nranks],
                 p2p_recv: vec![0; nranks],
                 graveyard: Vec::new(),
                 scratch: Vec::new(),
-                cache: FastMap::default(),
+                cache: FxHashMap::default(),
                 pool: BufPool::default(),
                 last: None,
                 spare: None,
@@ -250,12 +186,12 @@ impl Comm {
             poll,
             algo: Mutex::new(cfg.algo),
             model: Model::from_config(cfg).with_eager(eager),
-            choices: Mutex::new(FastMap::default()),
+            choices: Mutex::new(FxHashMap::default()),
             aborted: AtomicBool::new(false),
             local,
             slice,
             spin,
-            shm,
+            receiver_copies,
         };
         Ok(comm)
     }
@@ -294,22 +230,19 @@ impl Comm {
         if self.nranks == 1 {
             return Ok(());
         }
-        let own = Scratch::new(placement::RECORD);
-        own.region().write(&placement::Place::here().to_bytes());
+        let mut own = Scratch::new(placement::RECORD);
+        own.bytes_mut()
+            .copy_from_slice(&placement::Place::here().to_bytes());
         let all = Scratch::new(placement::RECORD * self.nranks);
-        self.run(&Call {
-            kind: Kind::Coll(Collective::AllGather),
-            send: own.region(),
-            recv: all.region(),
-            count: placement::RECORD,
-            dtype: DataType::Uint8,
-            op: RedOp::Sum,
-            root: 0,
-            algo: Some(Algorithm::Ring),
-        })?;
+        let (_, all) = self.run_owned(
+            Kind::Coll(Collective::AllGather),
+            (own, all),
+            placement::RECORD,
+            DataType::Uint8,
+            Algorithm::Ring,
+        )?;
         let places = all
-            .region()
-            .to_vec()
+            .bytes()
             .chunks(placement::RECORD)
             .map(placement::Place::from_bytes)
             .collect::<Option<Vec<_>>>()
@@ -331,21 +264,19 @@ impl Comm {
     }
 
     /// Whether collectives post their ready sends before their ready receives
-    /// (`exec::Args::sends_first`): over shm when every rank has a CPU of its own, so that the
-    /// peer can copy our message while we copy its. Medians of 3, alternating, 2 ranks over
-    /// shm: AllGather of 64 MiB 13.9 -> 10.9 ms, ReduceScatter of 256 KiB to 8 MiB 1.6 to
-    /// 1.8 times faster. With 4 ranks on 2 CPUs a peer mostly is not running while we post,
-    /// and sends first made AllGathers of 256 KiB to 16 MiB about 10 % slower. Over tcp and
-    /// net the provider's receiver copies nothing at posting time; there sends first gained
-    /// nothing and made 4-rank ReduceScatters up to 25 % slower.
+    /// (`exec::Args::sends_first`): where receivers copy messages themselves and every rank has
+    /// a CPU of its own, so that the peer can copy our message while we copy its. Where ranks
+    /// share CPUs a peer mostly is not running while we post, and where the provider's
+    /// receiver copies nothing at posting time sends first gain nothing
+    /// (`docs/performance.md`).
     fn sends_first(&self) -> bool {
-        self.shm && self.spin
+        self.receiver_copies && self.spin
     }
 
     /// Measure alpha, beta and gamma unless the configuration fixes them.
     fn calibrate(&mut self, cfg: &Config) -> Result<()> {
         if self.nranks > 1 && self.model.needs_calibration() {
-            let m = tune::calibrate(self, cfg)?;
+            let m = calibrate(self, cfg)?;
             self.set_model(m);
         }
         Ok(())
@@ -745,6 +676,40 @@ impl Comm {
         self.wait(id as RequestId)
     }
 
+    /// Run a blocking collective of the communicator's own (placement, split, calibration) on
+    /// memory the library owns, with op Sum and root 0. The buffers come back when it
+    /// succeeds; when it fails they are leaked, since operations may still be pending on them.
+    fn run_owned(
+        &self,
+        kind: Kind,
+        (send, recv): (Scratch, Scratch),
+        count: usize,
+        dtype: DataType,
+        algo: Algorithm,
+    ) -> Result<(Scratch, Scratch)> {
+        // SAFETY: both buffers stay owned here until the collective has ended, and are leaked
+        // rather than freed if it fails, so neither region outlives its memory.
+        let (s, r) = unsafe { (send.region(), recv.region()) };
+        let call = Call {
+            kind,
+            send: s,
+            recv: r,
+            count,
+            dtype,
+            op: RedOp::Sum,
+            root: 0,
+            algo: Some(algo),
+        };
+        match self.run(&call) {
+            Ok(()) => Ok((send, recv)),
+            Err(e) => {
+                send.leak();
+                recv.leak();
+                Err(e)
+            }
+        }
+    }
+
     /// `run` over the direct channel; the engine stays locked throughout (calls on one
     /// communicator are serialised, and nothing else of it is in flight).
     fn run_direct(&self, e: &mut Engine, mut exec: Box<Exec>) -> Result<()> {
@@ -779,19 +744,16 @@ impl Comm {
         rec[8..10].copy_from_slice(&(mine.len() as u16).to_le_bytes());
         rec[10..10 + mine.len()].copy_from_slice(&mine);
         let all = Scratch::new(256 * self.nranks);
-        let own = Scratch::new(256);
-        own.region().write(&rec);
-        self.run(&Call {
-            kind: Kind::Coll(Collective::AllGather),
-            send: own.region(),
-            recv: all.region(),
-            count: 256,
-            dtype: DataType::Uint8,
-            op: RedOp::Sum,
-            root: 0,
-            algo: Some(Algorithm::Ring),
-        })?;
-        let table = all.region().to_vec();
+        let mut own = Scratch::new(256);
+        own.bytes_mut().copy_from_slice(&rec);
+        let (_, all) = self.run_owned(
+            Kind::Coll(Collective::AllGather),
+            (own, all),
+            256,
+            DataType::Uint8,
+            Algorithm::Ring,
+        )?;
+        let table = all.bytes();
         if color < 0 {
             return Ok(None);
         }
@@ -927,58 +889,58 @@ pub fn open_endpoint(cfg: &Config) -> Result<Arc<dyn Transport>> {
 pub fn calibrate(comm: &Comm, _cfg: &Config) -> Result<Model> {
     use crate::reduce;
     let n = comm.nranks;
-    let small = Scratch::new(4);
-    let small_out = Scratch::new(4);
+    let small = (Scratch::new(4), Scratch::new(4));
     // The large AllReduces run on buffers like a user's (`Scratch::plain`, small pages): from
-    // 2 MiB up `Scratch::new` asks for huge pages, which the peer's copy reads about twice as
-    // fast, so the 4 MiB run alone got them and beta came out 35 to 100 GB/s instead of 9 to
-    // 13 (2 ranks over shm).
+    // 2 MiB up `Scratch::new` asks for huge pages, which a peer's copy reads faster than a
+    // user's buffer, and beta would come out too high.
     let big_len = 1 << 20;
-    let big = Scratch::plain(big_len);
-    let big_out = Scratch::plain(big_len);
-    let ar = |send: &Scratch, recv: &Scratch| Call {
-        kind: Kind::Coll(Collective::AllReduce),
-        send: send.region(),
-        recv: recv.region(),
-        count: send.len() / 4,
-        dtype: DataType::Float32,
-        op: RedOp::Sum,
-        root: 0,
-        algo: Some(Algorithm::Ring),
+    let big = (Scratch::plain(big_len), Scratch::plain(big_len));
+    let ar = |bufs: (Scratch, Scratch)| {
+        let count = bufs.0.len() / 4;
+        comm.run_owned(
+            Kind::Coll(Collective::AllReduce),
+            bufs,
+            count,
+            DataType::Float32,
+            Algorithm::Ring,
+        )
     };
+    let mut small = small;
     for _ in 0..3 {
-        comm.run(&ar(&small, &small_out))?;
+        small = ar(small)?;
     }
-    // Each timing is the best of 3 batches (microseconds per call): one scheduling hiccup made
-    // a single batch of 20 tiny AllReduces read 700 us instead of 20 (2 ranks over tcp).
-    let best_of_3 = |send: &Scratch, recv: &Scratch, iters: usize| -> Result<f64> {
-        let mut best = f64::MAX;
-        for _ in 0..3 {
-            let t = Instant::now();
-            for _ in 0..iters {
-                comm.run(&ar(send, recv))?;
+    // Each timing is the best of 3 batches (microseconds per call), so that one scheduling
+    // hiccup does not decide it.
+    let best_of_3 =
+        |mut bufs: (Scratch, Scratch), iters: usize| -> Result<((Scratch, Scratch), f64)> {
+            let mut best = f64::MAX;
+            for _ in 0..3 {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    bufs = ar(bufs)?;
+                }
+                best = best.min(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
             }
-            best = best.min(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
-        }
-        Ok(best)
-    };
-    let small_us = best_of_3(&small, &small_out, 10)?;
+            Ok((bufs, best))
+        };
+    let (_, small_us) = best_of_3(small, 10)?;
     // Two large sizes, so that beta comes from their difference (`tune::fit`).
-    let large_us = best_of_3(&big, &big_out, 1)?;
+    let (big, large_us) = best_of_3(big, 1)?;
     let larger_len = 4 * big_len;
-    let (larger, larger_out) = (Scratch::plain(larger_len), Scratch::plain(larger_len));
-    let larger_us = best_of_3(&larger, &larger_out, 1)?;
-    drop((larger, larger_out));
+    let larger = (Scratch::plain(larger_len), Scratch::plain(larger_len));
+    let (larger, larger_us) = best_of_3(larger, 1)?;
+    drop(larger);
     let mut red_us = f64::MAX;
-    let acc = Scratch::new(big_len);
+    let mut acc = Scratch::new(big_len);
     for _ in 0..3 {
         let t = Instant::now();
-        big.region()
-            .with(|b| {
-                acc.region()
-                    .with_mut(|a| reduce::reduce_inplace(DataType::Float32, RedOp::Sum, a, b))
-            })
-            .map_err(|e| Error::Internal(format!("calibration reduction: {e}")))?;
+        reduce::reduce_inplace(
+            DataType::Float32,
+            RedOp::Sum,
+            acc.bytes_mut(),
+            big.0.bytes(),
+        )
+        .map_err(|e| Error::Internal(format!("calibration reduction: {e}")))?;
         red_us = red_us.min(t.elapsed().as_secs_f64() * 1e6);
     }
     let (a, b, g) = tune::fit(
@@ -989,25 +951,20 @@ pub fn calibrate(comm: &Comm, _cfg: &Config) -> Result<Model> {
         comm.model.eager_bytes,
     );
     // Rank 0's measurement is everyone's.
-    let params = Scratch::new(24);
+    let mut params = Scratch::new(24);
     if comm.rank == 0 {
-        let mut v = Vec::with_capacity(24);
-        for x in [a, b, g] {
-            v.extend_from_slice(&x.to_le_bytes());
+        for (i, x) in [a, b, g].iter().enumerate() {
+            params.bytes_mut()[i * 8..i * 8 + 8].copy_from_slice(&x.to_le_bytes());
         }
-        params.region().write(&v);
     }
-    comm.run(&Call {
-        kind: Kind::Coll(Collective::Broadcast),
-        send: params.region(),
-        recv: params.region(),
-        count: 24,
-        dtype: DataType::Uint8,
-        op: RedOp::Sum,
-        root: 0,
-        algo: Some(Algorithm::Ring),
-    })?;
-    let v = params.region().to_vec();
+    let (_, params) = comm.run_owned(
+        Kind::Coll(Collective::Broadcast),
+        (params, Scratch::new(24)),
+        24,
+        DataType::Uint8,
+        Algorithm::Ring,
+    )?;
+    let v = params.bytes();
     let f = |i: usize| f64::from_le_bytes(v[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
     let m = comm.model.with_measured(f(0), f(1), f(2));
     log::info!(
@@ -1027,41 +984,6 @@ pub fn whole(buf: algo::Buf, len: usize) -> Span {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn caps(provider: &str) -> Caps {
-        Caps {
-            provider: provider.into(),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn rxm_eager_limit_follows_rxm_parameters() {
-        let env = |vars: &'static [(&'static str, &'static str)]| {
-            move |name: &str| {
-                vars.iter()
-                    .find(|(n, _)| *n == name)
-                    .map(|(_, v)| v.to_string())
-            }
-        };
-        assert_eq!(rxm_eager_limit(env(&[])), 16 << 10);
-        assert_eq!(
-            rxm_eager_limit(env(&[("FI_OFI_RXM_BUFFER_SIZE", "65536")])),
-            65536
-        );
-        let both = env(&[
-            ("FI_OFI_RXM_BUFFER_SIZE", "65536"),
-            ("FI_OFI_RXM_EAGER_LIMIT", " 131072 "),
-        ]);
-        assert_eq!(rxm_eager_limit(both), 131072);
-        // Values rxm itself would not take fall back to the next source.
-        let bad = env(&[
-            ("FI_OFI_RXM_EAGER_LIMIT", "lots"),
-            ("FI_OFI_RXM_BUFFER_SIZE", "0"),
-        ]);
-        assert_eq!(rxm_eager_limit(bad), 16 << 10);
-        assert_eq!(eager_bytes(&caps("shm")), usize::MAX);
-    }
 
     #[test]
     fn auto_choices_are_kept_per_model() {
@@ -1149,15 +1071,5 @@ mod tests {
         // Unbound on 2 CPUs: 2 ranks fit, 3 do not.
         assert_eq!(spins_when_pinned(&vec![vec![a, b]; 2]), [true, true]);
         assert_eq!(spins_when_pinned(&vec![vec![a, b]; 3]), [false; 3]);
-    }
-
-    #[test]
-    fn poll_window_is_long_only_under_rxm() {
-        assert_eq!(
-            poll_window(&caps("tcp;ofi_rxm")),
-            Duration::from_micros(1000)
-        );
-        assert_eq!(poll_window(&caps("shm")), Duration::from_micros(50));
-        assert_eq!(poll_window(&caps("loopback")), Duration::from_micros(50));
     }
 }

@@ -6,7 +6,7 @@
 //! 2 ranks on 2 CPUs to one CPU, so each sees one CPU and two ranks, although nobody shares; and
 //! 4 unbound ranks on 2 CPUs each see two CPUs, although two share each. A machine is a kernel:
 //! ranks with the same boot id (containers on one host included) share its CPUs.
-use crate::hash::FastHasher;
+use rustc_hash::FxHasher;
 use std::hash::Hasher;
 
 /// CPUs a record describes (glibc's CPU_SETSIZE); CPUs above it count as absent.
@@ -299,7 +299,7 @@ fn host_key() -> u64 {
     .iter()
     .find_map(|f| std::fs::read_to_string(f).ok())
     .unwrap_or_default();
-    let mut h = FastHasher::default();
+    let mut h = FxHasher::default();
     h.write(id.trim().as_bytes());
     h.finish()
 }

@@ -9,7 +9,7 @@
 //! restores the caller's buffer if the collective fails, so a failed collective never leaves a
 //! half-reduced buffer behind. One that writes nothing over its input (AllGather and the
 //! Broadcast root in NCCL's layouts) reads the input itself and skips the copy onto itself.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 use crate::algo::{Buf, Collective, Op, Schedule, Span};
 use crate::error::{Error, Result};
@@ -306,6 +306,19 @@ impl Idle {
     }
 }
 
+/// The first `len` bytes of memory an executor owns (Tmp, the backup, a staging buffer), as a
+/// region to post and reduce on. The one place exec makes a region.
+#[allow(unsafe_code)]
+fn owned(buf: &Scratch, len: usize) -> Region {
+    // SAFETY: an executor's buffers stay owned by it while any step may use their regions;
+    // `fail` hands them to the communicator, which keeps them until the provider's operations
+    // drain or leaks them. So no region made here outlives its memory.
+    let whole = unsafe { buf.region() };
+    whole
+        .sub(0, len)
+        .expect("executor buffers are at least as long as asked")
+}
+
 /// One rank's collective in progress.
 pub struct Exec {
     job: Job,
@@ -430,7 +443,7 @@ impl Exec {
         debug_assert!(self.backup.is_none(), "new and retire leave no backup");
         self.inp = if needs_backup {
             let b = pool.take(inp.len());
-            let copy = b.region().sub(0, inp.len()).expect("pool buffers fit");
+            let copy = owned(&b, inp.len());
             inp.with(|src| copy.with_mut(|dst| reduce::copy(dst, src)));
             self.backup = Some(b);
             copy
@@ -468,7 +481,7 @@ impl Exec {
         let base = match s.buf {
             Buf::In => self.inp,
             Buf::Out => self.out,
-            Buf::Tmp => self.tmp.region(),
+            Buf::Tmp => owned(&self.tmp, self.tmp.len()),
         };
         let (off, len) = bytes(self.elem, s);
         base.sub(off, len)
@@ -635,7 +648,7 @@ impl Exec {
                 }
                 let buf = pool.take(need);
                 let tag = self.tag(peer, i);
-                let into = buf.region().sub(0, need).expect("spare is large enough");
+                let into = owned(&buf, need);
                 match t.recv(tag, 0, into, None, self.op_id(i))? {
                     Posted::Queued => {
                         self.state[i] = St::Posted;
@@ -844,7 +857,7 @@ impl Exec {
                     pool.put(buf);
                     return Err(wrong_size(c.len, need));
                 }
-                let msg = buf.region().sub(0, need).expect("staged length");
+                let msg = owned(&buf, need);
                 let r = self.reduce_into(self.region(&src), msg, self.region(&dst));
                 pool.put(buf);
                 r?;
@@ -1011,6 +1024,7 @@ impl Exec {
 }
 
 #[cfg(test)]
+#[allow(unsafe_code)]
 mod tests {
     use super::{coll_tag, p2p_tag, Args, BufPool, Exec, Job, Plan, Tags, MAX_RANKS, POOL_LIMIT};
     use crate::algo::{self, Algorithm, Collective, Options, Problem};
@@ -1153,8 +1167,10 @@ mod tests {
             args: Args {
                 dtype: DataType::Float32,
                 op: RedOp::Sum,
-                inp: inp.region(),
-                out: out.region(),
+                // SAFETY: every test keeps both buffers alive until its executor is done.
+                inp: unsafe { inp.region() },
+                // SAFETY: as above.
+                out: unsafe { out.region() },
                 tags: Tags::Coll(0),
                 timeout: Duration::from_secs(1),
                 sends_first,
@@ -1170,12 +1186,14 @@ mod tests {
         let p = Problem::new(Collective::AllGather, 2, count);
         let schedule = Arc::new(algo::build(p, Algorithm::Ring, &Options::default()).unwrap());
         let plan = Arc::new(Plan::new(&schedule, 0, 4).unwrap());
-        let (inp, out) = (Scratch::new(16), Scratch::new(32));
-        inp.region().write(&[7u8; 16]);
+        let (mut inp, out) = (Scratch::new(16), Scratch::new(32));
+        inp.bytes_mut().fill(7);
         let job = rank0_job(schedule, &inp, &out, true);
+        // SAFETY: `out` outlives the recorder that reads it.
+        let watch = unsafe { out.region() }.sub(0, 16);
         let t = Recorder {
             reply: vec![9u8; 16],
-            watch: Some(out.region().sub(0, 16).unwrap()),
+            watch,
             ..Recorder::default()
         };
         let mut pool = BufPool::default();
@@ -1192,7 +1210,7 @@ mod tests {
         );
         let mut want = vec![7u8; 16];
         want.extend([9u8; 16]);
-        assert_eq!(out.region().to_vec(), want);
+        assert_eq!(out.bytes(), want);
     }
 
     #[test]
@@ -1225,18 +1243,18 @@ mod tests {
     fn pool_reuses_the_smallest_fit_and_keeps_at_most_its_limit() {
         let mut pool = BufPool::default();
         let (small, big) = (pool.take(4096), pool.take(1 << 20));
-        let (small_addr, big_addr) = (small.region().addr(), big.region().addr());
+        let (small_addr, big_addr) = (small.addr(), big.addr());
         pool.put(big);
         pool.put(small);
         // 1000 bytes fit both: the 4 KiB buffer is taken, the 1 MiB one stays.
         let a = pool.take(1000);
-        assert_eq!(a.region().addr(), small_addr);
+        assert_eq!(a.addr(), small_addr);
         assert_eq!(a.len(), 4096);
-        assert_eq!(pool.take(8192).region().addr(), big_addr);
+        assert_eq!(pool.take(8192).addr(), big_addr);
         // An empty request takes nothing from the pool.
         pool.put(a);
         assert_eq!(pool.take(0).len(), 0);
-        assert_eq!(pool.take(4096).region().addr(), small_addr);
+        assert_eq!(pool.take(4096).addr(), small_addr);
         // The limit: buffers beyond POOL_LIMIT bytes in all are dropped, not kept.
         for _ in 0..3 {
             pool.put(Scratch::new(POOL_LIMIT / 2));

@@ -363,7 +363,10 @@ pub fn iallgather(
         (parts[0], None)
     } else {
         let staging = Scratch::new(len);
-        (staging.region(), Some(Scatter { staging, parts }))
+        // SAFETY: the request owns `staging` until `test` reports it done (or the comm drops
+        // it after draining), so the region never outlives it.
+        let region = unsafe { staging.region() };
+        (region, Some(Scatter { staging, parts }))
     };
     let call = Call {
         kind: coll::Kind::Window {
@@ -426,14 +429,16 @@ pub fn ireducescatter(
     let (send, staging) = if parts.len() == 1 {
         (parts[0], None)
     } else {
-        let staging = Scratch::new(len);
+        let mut staging = Scratch::new(len);
         let mut at = 0;
         for part in &parts {
-            let dst = staging.region().sub(at, part.len()).expect("sizes add up");
-            dst.write(&part.to_vec());
+            part.with(|p| staging.bytes_mut()[at..at + p.len()].copy_from_slice(p));
             at += part.len();
         }
-        (staging.region(), Some(staging))
+        // SAFETY: the request owns `staging` until `test` reports it done (or the comm drops
+        // it after draining), so the region never outlives it.
+        let region = unsafe { staging.region() };
+        (region, Some(staging))
     };
     let call = Call {
         kind: coll::Kind::Window {
@@ -466,13 +471,7 @@ pub fn test(req: u64) -> Result<Option<usize>> {
     if let Some(s) = &done.scatter {
         let mut at = 0;
         for part in &s.parts {
-            part.write(
-                &s.staging
-                    .region()
-                    .sub(at, part.len())
-                    .expect("sizes add up")
-                    .to_vec(),
-            );
+            part.write(&s.staging.bytes()[at..at + part.len()]);
             at += part.len();
         }
     }

@@ -42,6 +42,22 @@ pub struct Peer(pub u64);
 pub type OpId = u64;
 
 /// A memory range that a caller has promised stays valid while operations on it run.
+///
+/// A `Region` is an address and a length with no lifetime, so every way of making one is
+/// `unsafe`: `Region::from_raw`, and `Scratch::region` for the library's own memory. Whoever
+/// makes a region promises that the memory outlives every use of it; the safe methods that read
+/// and write through it rest on that promise. A region cannot outlive its memory without an
+/// `unsafe` block at the place that made it:
+///
+/// ```compile_fail,E0133
+/// use nccl_net_fabricoll::transport::Scratch;
+/// // Does not compile: making a region of library memory is unsafe.
+/// let stale = { let s = Scratch::new(64); s.region() };
+/// let _ = stale.to_vec();
+/// ```
+///
+/// Memory the library owns is read and written through its owner (`Scratch::bytes`,
+/// `Scratch::bytes_mut`), whose borrow keeps it alive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Region {
     addr: usize,
@@ -151,8 +167,9 @@ impl Completion {
     }
 }
 
-/// What a backend can do, probed, not assumed.
-#[derive(Debug, Clone, Default)]
+/// What a backend can do, probed, not assumed. The layers above read these fields, never the
+/// provider's name: the transport that fills them in knows its provider's protocols.
+#[derive(Debug, Clone)]
 pub struct Caps {
     pub provider: String,
     pub fabric: String,
@@ -171,6 +188,48 @@ pub struct Caps {
     pub wait_fd: bool,
     pub tx_size: usize,
     pub rx_size: usize,
+    /// Largest message the provider sends eagerly; a larger one waits for a rendezvous
+    /// handshake, which the cost model prices. `usize::MAX` where every message goes eagerly.
+    pub eager_bytes: usize,
+    /// Bytes per message when a schedule pipelines a large transfer in slices.
+    pub slice_bytes: usize,
+    /// How long a waiter polls without progress before it sleeps on the completion queue.
+    pub poll_window: Duration,
+    /// The receiver copies large messages itself, inside its own progress calls (shm's
+    /// cross-memory attach): posting ready sends before ready receives lets both peers copy at
+    /// once.
+    pub receiver_copies: bool,
+}
+
+/// Slice size where the provider says nothing better: small enough to pipeline, large enough
+/// to amortise each message's latency.
+pub const DEFAULT_SLICE_BYTES: usize = 1 << 20;
+
+/// Poll window where the provider says nothing better.
+pub const DEFAULT_POLL_WINDOW: Duration = Duration::from_micros(50);
+
+impl Default for Caps {
+    fn default() -> Caps {
+        Caps {
+            provider: String::new(),
+            fabric: String::new(),
+            domain: String::new(),
+            inject_size: 0,
+            inject_ok: false,
+            max_msg_size: 0,
+            mr_mode: 0,
+            mr_local: false,
+            hmem: false,
+            rma: false,
+            wait_fd: false,
+            tx_size: 0,
+            rx_size: 0,
+            eager_bytes: usize::MAX,
+            slice_bytes: DEFAULT_SLICE_BYTES,
+            poll_window: DEFAULT_POLL_WINDOW,
+            receiver_copies: false,
+        }
+    }
 }
 
 /// Tagged point-to-point messaging over one endpoint, the RDM model.
@@ -260,24 +319,13 @@ impl Region {
 
     /// Copy the region's bytes out (in-process transports).
     pub fn to_vec(self) -> Vec<u8> {
-        if self.len == 0 {
-            return Vec::new();
-        }
-        // SAFETY: the region's creator promised `len` valid bytes at `addr` for as long as an
-        // operation on it is in flight (Region::from_raw); this read happens during one.
-        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }.to_vec()
+        self.with(|b| b.to_vec())
     }
 
     /// Copy `data` into the start of the region (in-process transports); `data` must fit.
     pub fn write(self, data: &[u8]) {
         assert!(data.len() <= self.len, "Region::write overflow");
-        if data.is_empty() {
-            return;
-        }
-        // SAFETY: as in to_vec, and the creator promised the memory is writable for receives;
-        // the length was checked above. `data` is the transport's own buffer, not the region.
-        let dst = unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, data.len()) };
-        crate::reduce::copy(dst, data);
+        self.with_mut(|d| crate::reduce::copy(&mut d[..data.len()], data))
     }
 }
 
@@ -291,14 +339,15 @@ impl Region {
         })
     }
 
-    /// Read access to the region's bytes. The caller is the operation the region's creator
-    /// promised the memory to (Region::from_raw): no one writes these bytes meanwhile.
+    /// Read access to the region's bytes. The caller is an operation on the region, which its
+    /// maker promised the memory to (`Region::from_raw`, `Scratch::region`): no one writes
+    /// these bytes meanwhile.
     pub(crate) fn with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
         if self.len == 0 {
             return f(&[]);
         }
-        // SAFETY: Region::from_raw's contract: `len` valid bytes at `addr`, untouched by others
-        // while operations on the region run; the schedule orders conflicting accesses.
+        // SAFETY: the maker's promise: `len` valid bytes at `addr` for every use of the region,
+        // untouched by others while an operation on it runs; schedules order their accesses.
         f(unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) })
     }
 
@@ -307,7 +356,7 @@ impl Region {
         if self.len == 0 {
             return f(&mut []);
         }
-        // SAFETY: as in `with`; the creator promised writable memory, and the executor never
+        // SAFETY: as in `with`; the maker promised writable memory, and the executor never
         // holds two overlapping views at once (schedules are race-free by the checker).
         f(unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len) })
     }
@@ -421,7 +470,12 @@ impl Scratch {
         Scratch { ptr, len, layout }
     }
 
-    pub fn region(&self) -> Region {
+    /// The region of this memory, to post operations on.
+    ///
+    /// # Safety
+    /// The region must not be used after this `Scratch` is dropped (or leaked memory freed),
+    /// nor while a borrow from `bytes_mut` is alive.
+    pub unsafe fn region(&self) -> Region {
         Region {
             addr: if self.len == 0 {
                 0
@@ -438,6 +492,35 @@ impl Scratch {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The first byte's address (0 when empty), for comparisons and logs.
+    pub fn addr(&self) -> usize {
+        if self.len == 0 {
+            0
+        } else {
+            self.ptr.as_ptr() as usize
+        }
+    }
+
+    /// The bytes, borrowed from their owner. Not while a posted operation may write them.
+    pub fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `len` bytes allocated (and zeroed) in `new`, owned by self and alive for
+        // the borrow; the shared borrow excludes writes through `bytes_mut`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, mutably borrowed from their owner. Not while a posted operation may touch
+    /// them.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as in `bytes`; the exclusive borrow excludes every other view through self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 
     /// Give up the memory without freeing it (operations may still touch it).
@@ -505,14 +588,13 @@ mod tests {
             1 << 20,
         ] {
             let s = Scratch::new(len);
-            let r = s.region();
             let align = if len >= 4096 { 4096 } else { 64 };
-            assert_eq!(r.addr() % align, 0, "len {len}");
-            assert_eq!(r.len(), len);
-            assert!(r.to_vec().iter().all(|b| *b == 0), "len {len}");
+            assert_eq!(s.addr() % align, 0, "len {len}");
+            assert_eq!(s.len(), len);
+            assert!(s.bytes().iter().all(|b| *b == 0), "len {len}");
         }
         let empty = Scratch::new(0);
-        assert!(empty.is_empty() && empty.region().is_empty());
+        assert!(empty.is_empty() && empty.bytes().is_empty() && empty.addr() == 0);
     }
 
     #[test]
@@ -521,21 +603,19 @@ mod tests {
         // mapping's neighbours are no longer ours (a second one maps and drops cleanly).
         for len in [HUGE_BYTES, HUGE_BYTES + 1, 3 * HUGE_BYTES + 4095, 5 << 20] {
             for _ in 0..2 {
-                let s = Scratch::new(len);
-                let r = s.region();
-                assert_eq!(r.addr() % HUGE_BYTES, 0, "len {len}");
-                assert_eq!(r.len(), len);
-                r.with_mut(|b| {
-                    b[0] = 1;
-                    b[len - 1] = 2;
-                });
-                assert_eq!(r.to_vec().iter().map(|&x| x as usize).sum::<usize>(), 3);
+                let mut s = Scratch::new(len);
+                assert_eq!(s.addr() % HUGE_BYTES, 0, "len {len}");
+                assert_eq!(s.len(), len);
+                let b = s.bytes_mut();
+                b[0] = 1;
+                b[len - 1] = 2;
+                assert_eq!(s.bytes().iter().map(|&x| x as usize).sum::<usize>(), 3);
             }
         }
         // The benchmark's user buffers: no huge-page alignment asked for (4 KiB is all).
         let p = Scratch::plain(HUGE_BYTES + 4096);
-        assert_eq!(p.region().addr() % 4096, 0);
-        assert!(p.region().to_vec().iter().all(|b| *b == 0));
+        assert_eq!(p.addr() % 4096, 0);
+        assert!(p.bytes().iter().all(|b| *b == 0));
     }
 
     /// Resident memory of this process, from /proc/self/statm (pages).
@@ -550,13 +630,10 @@ mod tests {
         // 1 GiB of workspace, of which one page is written: resident memory grows by far
         // less than the buffer (other tests running meanwhile allocate a little).
         let before = resident_bytes();
-        let s = Scratch::new(1 << 30);
-        s.region().sub(4096, 8).unwrap().with_mut(|b| b.fill(7));
+        let mut s = Scratch::new(1 << 30);
+        s.bytes_mut()[4096..4104].fill(7);
         let grown = resident_bytes().saturating_sub(before);
         assert!(grown < 256 << 20, "resident memory grew by {grown} bytes");
-        assert_eq!(
-            s.region().sub(4096, 9).unwrap().to_vec(),
-            [7, 7, 7, 7, 7, 7, 7, 7, 0]
-        );
+        assert_eq!(&s.bytes()[4096..4105], [7, 7, 7, 7, 7, 7, 7, 7, 0]);
     }
 }

@@ -425,8 +425,6 @@ pub fn fit(
     (alpha, beta.max(1e-7), gamma)
 }
 
-pub use crate::coll::calibrate;
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -85,10 +85,10 @@ pub(super) fn inbox_of_address(addr: &[u8]) -> Option<String> {
 }
 
 /// The identity a sender writes into the slot it claims: a hash of its endpoint's name (the
-/// crate's unseeded `FastHasher`, so every process computes the same), never 0 (a free
+/// crate's unseeded `FxHasher`, so every process computes the same), never 0 (a free
 /// slot's word).
 pub(super) fn sender_id(endpoint: &str) -> u64 {
-    let mut h = crate::hash::FastHasher::default();
+    let mut h = rustc_hash::FxHasher::default();
     h.write(endpoint.as_bytes());
     h.finish().max(1)
 }

@@ -6,12 +6,13 @@ mod cma;
 mod fastbox;
 mod shm;
 pub mod sys;
+mod tuning;
 
 use super::{Caps, Completion, Mr, OpId, Peer, Posted, Region, Transport};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::hash::FastMap;
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{CStr, CString};
 use std::os::raw::{c_int, c_void};
@@ -424,11 +425,14 @@ pub fn discover(cfg: &Config, for_use: Use) -> Result<Discovery> {
                     inject_ok: inject_safe(&chosen),
                     tx_size: tx.size,
                     rx_size: rx.size,
+                    ..Default::default()
                 },
                 i.nic,
                 ep.mem_tag_format,
             )
         };
+        let mut caps = caps;
+        tuning::apply(&mut caps);
         super::require_tag_bits(&chosen, &dom, tag_format)?;
         disc.devices.push(FabricDevice {
             pci_path: sys_pci_path(nic, &dom),
@@ -632,7 +636,7 @@ struct Inner {
     av: *mut sys::fid_av,
     dom: Arc<DomainFids>,
     /// Operations in flight, keyed by the address of their context.
-    ops: FastMap<usize, Box<OpCtx>>,
+    ops: FxHashMap<usize, Box<OpCtx>>,
     /// Completion entries read per `fi_cq_read` (kept: zeroing them per poll shows in profiles).
     entries: Vec<sys::fi_cq_tagged_entry>,
     peers: HashMap<Vec<u8>, u64>,
@@ -645,17 +649,17 @@ struct Inner {
     /// The shared-memory region's name (shm), unlinked at exit if still open.
     shm_name: Option<String>,
     /// shm peers' processes, checked before every post to them.
-    watch: FastMap<u64, shm::PeerWatch>,
+    watch: FxHashMap<u64, shm::PeerWatch>,
     /// Our shared-memory inbox for small messages (shm with software matching), else None.
     inbox: Option<fastbox::Inbox>,
     /// Slots claimed in peers' inboxes, by peer.
-    outbox: FastMap<u64, fastbox::Outbox>,
+    outbox: FxHashMap<u64, fastbox::Outbox>,
     /// The shm peers' `fastbox::sender_id`s, to ask our inbox whether they hold a slot in it.
-    peer_senders: FastMap<u64, u64>,
+    peer_senders: FxHashMap<u64, u64>,
     /// The other way round: the peer whose endpoint has a given `sender_id`.
-    sender_peers: FastMap<u64, u64>,
+    sender_peers: FxHashMap<u64, u64>,
     /// Large sends announced by an `RTS` frame and not yet acknowledged, by cookie.
-    rndv: FastMap<u64, RndvSend>,
+    rndv: FxHashMap<u64, RndvSend>,
     next_cookie: u64,
     /// This process's pid, for `RTS` frames (`getpid` is a system call, 0.15 us here, on the
     /// path of every large send). An endpoint is not used across `fork`.
@@ -663,7 +667,7 @@ struct Inner {
     /// `ACK` frames that found the sender's ring full: (its `sender_id`, payload).
     acks: VecDeque<(u64, [u8; cma::ACK_BYTES])>,
     /// Peers that could not copy from our memory: large messages to them take the provider.
-    no_cma: FastMap<u64, ()>,
+    no_cma: FxHashMap<u64, ()>,
     /// Sends that a `FALLBACK` answer turned to the provider while it was busy, posted again
     /// on poll.
     resend: VecDeque<RndvSend>,
@@ -822,23 +826,23 @@ impl FabricTransport {
                 cq,
                 av,
                 dom,
-                ops: FastMap::default(),
+                ops: FxHashMap::default(),
                 entries: vec![sys::fi_cq_tagged_entry::default(); 32],
                 peers: HashMap::new(),
                 backlog: VecDeque::new(),
                 ready: Vec::new(),
                 soft: None,
                 shm_name,
-                watch: FastMap::default(),
+                watch: FxHashMap::default(),
                 inbox: None,
-                outbox: FastMap::default(),
-                peer_senders: FastMap::default(),
-                sender_peers: FastMap::default(),
-                rndv: FastMap::default(),
+                outbox: FxHashMap::default(),
+                peer_senders: FxHashMap::default(),
+                sender_peers: FxHashMap::default(),
+                rndv: FxHashMap::default(),
                 next_cookie: 1,
                 pid: std::process::id() as i32,
                 acks: VecDeque::new(),
-                no_cma: FastMap::default(),
+                no_cma: FxHashMap::default(),
                 resend: VecDeque::new(),
                 #[cfg(test)]
                 refuse_cma: false,

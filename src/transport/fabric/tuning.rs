@@ -1,0 +1,120 @@
+//! What each provider's protocols mean for the layers above, as typed capabilities
+//! (`Caps::eager_bytes`, `slice_bytes`, `poll_window`, `receiver_copies`). This is the one
+//! place that turns a provider's name into policy; `docs/performance.md` has the measurements
+//! behind each value.
+use crate::transport::{Caps, DEFAULT_POLL_WINDOW, DEFAULT_SLICE_BYTES};
+use std::time::Duration;
+
+/// Slice size over shm: the receiver copies each message itself, in one `process_vm_readv`
+/// inside its own progress call, so smaller slices overlap nothing on the receiving side and
+/// each costs a handshake under the peer's lock.
+const SHM_SLICE_BYTES: usize = 4 << 20;
+
+/// Poll window under ofi_rxm: data moves only inside our progress calls, and a large message
+/// makes no completion for a long while, so a short window puts the sender to sleep with its
+/// socket full.
+const RXM_POLL_WINDOW: Duration = Duration::from_micros(1000);
+
+/// Fill in the protocol capabilities of `caps` from its provider (`caps.provider`, a
+/// `;`-separated stack such as `tcp;ofi_rxm`).
+pub(super) fn apply(caps: &mut Caps) {
+    let rxm = caps.provider.split(';').any(|p| p == "ofi_rxm");
+    let shm = caps.provider.split(';').next() == Some("shm");
+    // ofi_rxm sends up to its eager limit eagerly and larger messages by rendezvous. Other
+    // providers are not modelled: shm's large messages need no handshake before the receiver
+    // can copy, and net writes every message straight onto the connection's stream.
+    caps.eager_bytes = if rxm {
+        rxm_eager_limit(|name| std::env::var(name).ok())
+    } else {
+        usize::MAX
+    };
+    caps.slice_bytes = if shm {
+        SHM_SLICE_BYTES
+    } else {
+        DEFAULT_SLICE_BYTES
+    };
+    // Over shm a longer window was no faster: spinning ranks take the cores of the ones that
+    // copy.
+    caps.poll_window = if rxm {
+        RXM_POLL_WINDOW
+    } else {
+        DEFAULT_POLL_WINDOW
+    };
+    caps.receiver_copies = shm;
+}
+
+/// ofi_rxm's eager limit, from its own parameters as rxm reads them (`env` looks one up):
+/// `FI_OFI_RXM_EAGER_LIMIT`, else `FI_OFI_RXM_BUFFER_SIZE`, else rxm's default of 16 KiB.
+/// Only read, never set: the library writes no one else's variables.
+fn rxm_eager_limit(env: impl Fn(&str) -> Option<String>) -> usize {
+    let param = |name: &str| {
+        env(name)
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&v| v > 0)
+    };
+    param("FI_OFI_RXM_EAGER_LIMIT")
+        .or_else(|| param("FI_OFI_RXM_BUFFER_SIZE"))
+        .unwrap_or(16 << 10)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caps_of(provider: &str) -> Caps {
+        let mut c = Caps {
+            provider: provider.into(),
+            ..Default::default()
+        };
+        apply(&mut c);
+        c
+    }
+
+    #[test]
+    fn rxm_eager_limit_follows_rxm_parameters() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(rxm_eager_limit(env(&[])), 16 << 10);
+        assert_eq!(
+            rxm_eager_limit(env(&[("FI_OFI_RXM_BUFFER_SIZE", "65536")])),
+            65536
+        );
+        let both = env(&[
+            ("FI_OFI_RXM_BUFFER_SIZE", "65536"),
+            ("FI_OFI_RXM_EAGER_LIMIT", " 131072 "),
+        ]);
+        assert_eq!(rxm_eager_limit(both), 131072);
+        // Values rxm itself would not take fall back to the next source.
+        let bad = env(&[
+            ("FI_OFI_RXM_EAGER_LIMIT", "lots"),
+            ("FI_OFI_RXM_BUFFER_SIZE", "0"),
+        ]);
+        assert_eq!(rxm_eager_limit(bad), 16 << 10);
+    }
+
+    #[test]
+    fn each_provider_gets_its_protocol_capabilities() {
+        let shm = caps_of("shm");
+        assert_eq!(shm.eager_bytes, usize::MAX);
+        assert_eq!(shm.slice_bytes, SHM_SLICE_BYTES);
+        assert_eq!(shm.poll_window, DEFAULT_POLL_WINDOW);
+        assert!(shm.receiver_copies);
+
+        let rxm = caps_of("tcp;ofi_rxm");
+        assert!(rxm.eager_bytes < usize::MAX);
+        assert_eq!(rxm.slice_bytes, DEFAULT_SLICE_BYTES);
+        assert_eq!(rxm.poll_window, RXM_POLL_WINDOW);
+        assert!(!rxm.receiver_copies);
+
+        let net = caps_of("net");
+        assert_eq!(net.eager_bytes, usize::MAX);
+        assert_eq!(net.slice_bytes, DEFAULT_SLICE_BYTES);
+        assert_eq!(net.poll_window, DEFAULT_POLL_WINDOW);
+        assert!(!net.receiver_copies);
+    }
+}
