@@ -9,6 +9,8 @@ pub mod ffi;
 pub mod logging;
 pub mod plugin;
 pub mod reduce;
+#[doc(hidden)]
+pub mod testing;
 pub mod transport;
 pub mod tune;
 

@@ -1,0 +1,78 @@
+//! What the test suites share: how a test that cannot run here says so.
+//!
+//! A test that needs something this machine lacks (a provider, a libfabric feature, two CPUs)
+//! calls `skip` and returns. Under `FABRICOLL_TEST_STRICT=1` (which `scripts/test.sh` sets, so
+//! CI runs strict) `skip` panics instead: the test fails rather than passing without testing
+//! anything. Otherwise it prints the reason and, when `FABRICOLL_SKIP_LOG` names a file,
+//! appends one line to it, so that the suite's summary counts the test as skipped, not passed.
+//! Tests that never apply on some machines on purpose are `#[ignore = "why"]` instead.
+use std::io::Write;
+
+/// Environment variable that makes `skip` fail the test.
+pub const STRICT_VAR: &str = "FABRICOLL_TEST_STRICT";
+
+/// Environment variable naming the file `skip` appends its lines to.
+pub const SKIP_LOG_VAR: &str = "FABRICOLL_SKIP_LOG";
+
+/// Whether tests run strict (`FABRICOLL_TEST_STRICT=1`).
+pub fn strict() -> bool {
+    std::env::var(STRICT_VAR).is_ok_and(|v| v == "1")
+}
+
+/// Test `test` cannot run here because of `why`: fails under strict mode, else records the
+/// skip. The caller returns right after.
+pub fn skip(test: &str, why: &str) {
+    if strict() {
+        panic!("{test}: cannot run here: {why} ({STRICT_VAR}=1: a test that cannot run fails)");
+    }
+    eprintln!("SKIPPED {test}: {why}");
+    if let Some(path) = std::env::var_os(SKIP_LOG_VAR) {
+        // One short write per line, so that test threads appending at once do not interleave.
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = f.write_all(format!("{test}: {why}\n").as_bytes());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn skip_fails_under_strict_mode_and_logs_otherwise() {
+        // Runs the check in a child process, so that this process's environment stays as is.
+        if std::env::var_os("FABRICOLL_TESTING_CHILD").is_some() {
+            super::skip("child", "the reason");
+            return;
+        }
+        let exe = std::env::current_exe().unwrap();
+        let log = std::env::temp_dir().join(format!("fabricoll-skip-{}.log", std::process::id()));
+        let _ = std::fs::remove_file(&log);
+        let run = |strict: &str| {
+            std::process::Command::new(&exe)
+                .args([
+                    "--exact",
+                    "testing::tests::skip_fails_under_strict_mode_and_logs_otherwise",
+                    "--nocapture",
+                ])
+                .env("FABRICOLL_TESTING_CHILD", "1")
+                .env(super::STRICT_VAR, strict)
+                .env(super::SKIP_LOG_VAR, &log)
+                .output()
+                .unwrap()
+        };
+        let lax = run("0");
+        assert!(lax.status.success());
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "child: the reason\n"
+        );
+        let strict = run("1");
+        assert!(!strict.status.success(), "a strict skip must fail the test");
+        let said = [strict.stdout, strict.stderr].concat();
+        assert!(String::from_utf8_lossy(&said).contains("cannot run here: the reason"));
+        let _ = std::fs::remove_file(&log);
+    }
+}
