@@ -1,0 +1,97 @@
+//! A test transport that records the order of posts and answers the direct channel, and the
+//! job the executor's tests run on it.
+
+use crate::algo;
+use crate::error::{Error, Result};
+use crate::exec::{Args, Job, Tags};
+use crate::reduce::{DataType, RedOp};
+use crate::transport::{Caps, Completion, Mr, OpId, Peer, Posted, Region, Scratch, Transport};
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A transport that accepts every post, delivers nothing, and records the posts' order.
+/// Its direct channel takes every message and delivers `reply` to every `take_now`; each
+/// `send_now` records what `watch` holds at that moment.
+#[derive(Default)]
+pub(super) struct Recorder {
+    pub(super) caps: Caps,
+    pub(super) posts: Mutex<Vec<char>>,
+    pub(super) reply: Vec<u8>,
+    pub(super) watch: Option<Region>,
+    pub(super) seen: Mutex<Vec<Vec<u8>>>,
+}
+
+impl Transport for Recorder {
+    fn caps(&self) -> &Caps {
+        &self.caps
+    }
+    fn address(&self) -> Vec<u8> {
+        Vec::new()
+    }
+    fn insert_peer(&self, _: &[u8]) -> Result<Peer> {
+        Ok(Peer(0))
+    }
+    fn register(&self, _: Region) -> Result<Mr> {
+        Err(Error::Internal("no registration".into()))
+    }
+    fn send(&self, _: Peer, _: u64, _: Region, _: Option<&Mr>, _: OpId) -> Result<Posted> {
+        self.posts.lock().push('S');
+        Ok(Posted::Queued)
+    }
+    fn recv(&self, _: u64, _: u64, _: Region, _: Option<&Mr>, _: OpId) -> Result<Posted> {
+        self.posts.lock().push('R');
+        Ok(Posted::Queued)
+    }
+    fn send_owned(&self, _: Peer, _: u64, _: Vec<u8>, _: OpId) -> Result<()> {
+        Ok(())
+    }
+    fn recv_owned(&self, _: u64, _: u64, _: usize, _: OpId) -> Result<()> {
+        Ok(())
+    }
+    fn cancel(&self, _: OpId) {}
+    fn poll(&self, _: &mut Vec<Completion>) -> Result<usize> {
+        Ok(0)
+    }
+    fn wait(&self, _: Duration) -> Result<()> {
+        Ok(())
+    }
+    fn direct_bytes(&self, _: Peer) -> usize {
+        1 << 20
+    }
+    fn send_now(&self, _: Peer, _: u64, _: &[u8]) -> Result<bool> {
+        self.posts.lock().push('S');
+        if let Some(w) = self.watch {
+            self.seen.lock().push(w.to_vec());
+        }
+        Ok(true)
+    }
+    fn take_now(&self, _: Peer, _: u64, f: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<bool> {
+        self.posts.lock().push('T');
+        f(&self.reply).map(|_| true)
+    }
+}
+
+/// Rank 0's job of a float sum over `schedule`, the first collective of its communicator.
+pub(super) fn rank0_job(
+    schedule: Arc<algo::Schedule>,
+    inp: &Scratch,
+    out: &Scratch,
+    sends_first: bool,
+) -> Job {
+    Job {
+        schedule,
+        rank: 0,
+        args: Args {
+            dtype: DataType::Float32,
+            op: RedOp::Sum,
+            // SAFETY: every test keeps both buffers alive until its executor is done.
+            inp: unsafe { inp.region() },
+            // SAFETY: as above.
+            out: unsafe { out.region() },
+            tags: Tags::Coll(0),
+            timeout: Duration::from_secs(1),
+            sends_first,
+        },
+    }
+}

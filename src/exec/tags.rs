@@ -1,0 +1,70 @@
+//! Wire tags: the bit layout of collective and point-to-point tags, `Tags` (how a job's
+//! messages are tagged), and how a step's tag is made from them and the plan's message keys.
+
+use super::Exec;
+
+/// Wire tags of collective messages: `kind:1 (1) | sequence:22 | source rank:20 | message:20`,
+/// 63 bits in all (`transport::TAG_BITS`: libfabric's net provider keeps bit 63 for itself).
+pub fn coll_tag(seq: u32, src: usize, k: usize) -> u64 {
+    (1u64 << 62)
+        | ((seq as u64 & 0x3f_ffff) << 40)
+        | ((src as u64 & 0xf_ffff) << 20)
+        | (k as u64 & 0xf_ffff)
+}
+
+/// Wire tags of point-to-point messages: `kind:1 (0) | source rank:20 | sequence per pair:42`.
+pub fn p2p_tag(src: usize, seq: u64) -> u64 {
+    ((src as u64 & 0xf_ffff) << 42) | (seq & ((1 << 42) - 1))
+}
+
+/// Largest rank count the tags carry.
+pub const MAX_RANKS: usize = 1 << 20;
+
+/// Tagging of a job's messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tags {
+    /// A collective: its sequence number on the communicator (the same on every rank).
+    Coll(u32),
+    /// A point-to-point transfer: its number among the transfers between the two ranks.
+    P2p(u64),
+}
+
+impl Exec {
+    /// The wire tag of step `step`'s message, sent by rank `src`.
+    pub(super) fn tag(&self, src: usize, step: usize) -> u64 {
+        match self.job.args.tags {
+            Tags::Coll(seq) => coll_tag(seq, src, self.plan.keys[step] as usize),
+            Tags::P2p(k) => p2p_tag(src, k),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{coll_tag, p2p_tag, MAX_RANKS};
+
+    #[test]
+    fn wire_tags_fit_63_bits_and_keep_collectives_apart_from_point_to_point() {
+        let limit = 1u64 << crate::transport::TAG_BITS;
+        let max_rank = MAX_RANKS - 1;
+        for seq in [0, 1, 0x3f_ffff, u32::MAX] {
+            for (src, k) in [(0, 0), (max_rank, 0xf_ffff), (5, 7)] {
+                let t = coll_tag(seq, src, k);
+                assert!(t < limit, "{t:#x}");
+                assert_eq!(t >> 62, 1, "collective kind bit");
+                assert_eq!((t >> 20) & 0xf_ffff, src as u64);
+                assert_eq!(t & 0xf_ffff, k as u64);
+            }
+        }
+        for src in [0, 3, max_rank] {
+            for seq in [0, 1, (1 << 42) - 1, u64::MAX] {
+                let t = p2p_tag(src, seq);
+                assert!(t < limit, "{t:#x}");
+                assert_eq!(t >> 62, 0, "point-to-point kind bit");
+                assert_eq!(t >> 42, src as u64);
+            }
+        }
+        assert_ne!(coll_tag(1, 2, 3), coll_tag(2, 2, 3));
+        assert_ne!(p2p_tag(1, 9), p2p_tag(2, 9));
+    }
+}
