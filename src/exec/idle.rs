@@ -61,9 +61,9 @@ impl Idle {
 
 impl Exec {
     /// The deadline check: an error if nothing moved for the timeout. The clock is read every
-    /// `DEADLINE_POLLS` polls (a poll that finds nothing is a few hundred ns, and a waiter
-    /// that sleeps polls at least every millisecond), so the error comes at most that many
-    /// polls late.
+    /// `DEADLINE_POLLS` polls, so the error comes at most that many polls late: little, as a
+    /// poll that finds nothing is short (figures in docs/performance.md) and a waiter that
+    /// sleeps polls at least every millisecond.
     pub fn check_deadline(&mut self) -> Result<()> {
         const DEADLINE_POLLS: u32 = 32;
         self.polls += 1;

@@ -27,8 +27,7 @@ impl Exec {
     /// copies each large message itself (one `process_vm_readv`), and it does so inside
     /// `fi_trecv` when the message is already waiting. Receives first then held our sends
     /// back from the peer for as long as those copies took, and the two ranks took turns
-    /// instead of copying at the same time (a 64 MiB AllGather on 2 ranks spent 5.4 ms
-    /// posting its 8 receives before its first send).
+    /// instead of copying at the same time (figures in docs/performance.md).
     fn priority(&self, i: usize) -> u8 {
         match (
             &self.job.schedule.ranks[self.job.rank][i].op,
