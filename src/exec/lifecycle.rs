@@ -3,7 +3,7 @@
 //! (`retire`), returned to the pool (`recycle`), or given up (`fail`).
 
 use super::pool::{owned, Lists, LISTS_KEPT};
-use super::{Args, BufPool, Exec, Job, Plan, St, Tags};
+use super::{Args, BufPool, Exec, Job, Plan, Signature, St, Tags};
 use crate::algo::{Buf, Collective, Span};
 use crate::error::{Error, Result};
 use crate::reduce::{self, DataType, RedOp};
@@ -36,6 +36,7 @@ impl Exec {
             last: None,
             batch: l.batch,
             id: 0,
+            sig: 0,
             posted_recvs: 0,
             finished: false,
             job,
@@ -80,6 +81,8 @@ impl Exec {
                 ),
             ));
         }
+        let args = &self.job.args;
+        self.sig = Signature::of(&self.job.schedule.problem, args.dtype, args.op).bits();
         let inp = self.job.args.inp.sub(0, need_in).expect("checked");
         let out = self.job.args.out.sub(0, need_out).expect("checked");
         // Overlap of input and output: run on a copy of the input (also the restore point),

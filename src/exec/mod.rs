@@ -26,12 +26,14 @@ mod posted;
 #[cfg(test)]
 #[allow(unsafe_code)]
 mod recorder;
+mod signature;
 mod tags;
 
 pub use idle::Idle;
 pub use plan::Plan;
 pub use pool::{BufPool, POOL_LIMIT, STAGING_LIMIT};
-pub use tags::{coll_tag, p2p_tag, Tags, MAX_RANKS};
+pub use signature::{Signature, SIG_MASK};
+pub use tags::{coll_tag, p2p_tag, Tags, MAX_IN_FLIGHT, MAX_MESSAGES_PER_PEER, MAX_RANKS};
 
 use crate::algo::{Buf, Collective, Op, Schedule, Span};
 use crate::error::{Error, Result};
@@ -97,6 +99,8 @@ pub struct Exec {
     /// Ready steps being run (kept to reuse its memory).
     batch: Vec<usize>,
     id: u64,
+    /// The call's signature bits (`Signature::bits`), carried by every collective message.
+    sig: u64,
     posted_recvs: usize,
     finished: bool,
 }

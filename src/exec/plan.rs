@@ -1,7 +1,7 @@
 //! `Plan`: one rank's steps digested for the executor (dependencies, message keys, how far
 //! the steps reach into In and Out, the writes into Out).
 
-use super::MAX_RANKS;
+use super::MAX_MESSAGES_PER_PEER;
 use crate::algo::{Buf, Op, Schedule};
 use crate::error::{Error, Result};
 
@@ -87,7 +87,7 @@ impl Plan {
             .max()
             .unwrap_or(0);
         let message_peers = (0..nr).filter(|&p| sent[p] + recvd[p] > 0).collect();
-        if sent.iter().chain(&recvd).any(|k| *k as usize >= MAX_RANKS) {
+        if sent.iter().chain(&recvd).any(|k| *k as usize > MAX_MESSAGES_PER_PEER) {
             return Err(Error::InvalidUsage(
                 "schedule has too many messages per peer for the tag space".into(),
             ));

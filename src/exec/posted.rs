@@ -4,7 +4,7 @@
 //! `STAGING_LIMIT`, and reduces when its message is in.
 
 use super::pool::owned;
-use super::{wrong_size, BufPool, Exec, St, STAGING_LIMIT};
+use super::{wrong_size, BufPool, Exec, Signature, St, Tags, SIG_MASK, STAGING_LIMIT};
 use crate::algo::Op;
 use crate::error::{Error, Result};
 use crate::transport::{Completion, OpId, Peer, Posted, Transport};
@@ -106,7 +106,7 @@ impl Exec {
             }
             Op::Recv { peer, dst } => {
                 let tag = self.tag(peer, i);
-                match t.recv(tag, 0, self.region(&dst), None, self.op_id(i))? {
+                match t.recv(tag, self.sig_ignored(), self.region(&dst), None, self.op_id(i))? {
                     Posted::Queued => {
                         self.state[i] = St::Posted;
                         self.posted_recvs += 1;
@@ -126,7 +126,7 @@ impl Exec {
                 let buf = pool.take(need);
                 let tag = self.tag(peer, i);
                 let into = owned(&buf, need);
-                match t.recv(tag, 0, into, None, self.op_id(i))? {
+                match t.recv(tag, self.sig_ignored(), into, None, self.op_id(i))? {
                     Posted::Queued => {
                         self.state[i] = St::Posted;
                         self.posted_recvs += 1;
@@ -151,6 +151,10 @@ impl Exec {
             return Err(Error::Internal(format!(
                 "unexpected completion for step {i}"
             )));
+        }
+        let step = &self.job.schedule.ranks[self.job.rank][i].op;
+        if let (Some(peer), true) = (step.peer(), step.is_recv()) {
+            self.check_signature(peer, &c)?;
         }
         // We cancel only operations of collectives we have given up: a cancellation reaching a
         // live one came from the provider (rxm does this when a peer's connection is lost).
@@ -194,6 +198,33 @@ impl Exec {
         self.complete(i);
         self.check_finished();
         Ok(())
+    }
+
+    /// The tag bits a receive ignores when matching: a collective's signature, which
+    /// `check_signature` compares once the message is in.
+    fn sig_ignored(&self) -> u64 {
+        match self.job.args.tags {
+            Tags::Coll(_) => SIG_MASK,
+            Tags::P2p(_) => 0,
+        }
+    }
+
+    /// Fail when a message from `peer` (completed, or refused for its size) carries another
+    /// call's signature. A receive that failed otherwise (cancelled, a transport error) says
+    /// nothing about the sender's call.
+    fn check_signature(&self, peer: usize, c: &Completion) -> Result<()> {
+        let arrived = match &c.status {
+            Ok(()) => true,
+            Err(Error::InvalidArgument(m)) => m.contains("arrived for a receive buffer"),
+            Err(_) => false,
+        };
+        let theirs = c.tag & SIG_MASK;
+        if !arrived || self.sig_ignored() == 0 || theirs == self.sig {
+            return Ok(());
+        }
+        let p = &self.job.schedule.problem;
+        let mine = Signature::of(p, self.job.args.dtype, self.job.args.op);
+        Err(mine.mismatch(peer, p.nranks, theirs))
     }
 
     /// Steps posted to the transport and not completed.

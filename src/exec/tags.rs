@@ -1,16 +1,31 @@
 //! Wire tags: the bit layout of collective and point-to-point tags, `Tags` (how a job's
 //! messages are tagged), and how a step's tag is made from them and the plan's message keys.
 
+use super::signature::{SIG_BITS, SIG_MASK};
 use super::Exec;
 
-/// Wire tags of collective messages: `kind:1 (1) | sequence:22 | source rank:20 | message:20`,
-/// 63 bits in all (`transport::TAG_BITS`: libfabric's net provider keeps bit 63 for itself).
-pub fn coll_tag(seq: u32, src: usize, k: usize) -> u64 {
+/// Wire tags of collective messages:
+/// `kind:1 (1) | sequence:14 | source rank:20 | message:16 | signature:12`, 63 bits in all
+/// (`transport::TAG_BITS`: libfabric's net provider keeps bit 63 for itself). The signature
+/// (`signature::Signature::bits`) is ignored when receives match and compared when they
+/// complete.
+pub fn coll_tag(seq: u32, src: usize, k: usize, sig: u64) -> u64 {
     (1u64 << 62)
-        | ((seq as u64 & 0x3f_ffff) << 40)
-        | ((src as u64 & 0xf_ffff) << 20)
-        | (k as u64 & 0xf_ffff)
+        | ((seq as u64 & SEQ_MASK) << 48)
+        | ((src as u64 & 0xf_ffff) << 28)
+        | ((k as u64 & 0xffff) << SIG_BITS)
+        | (sig & SIG_MASK)
 }
+
+/// The sequence bits of a collective tag: collectives in flight on one communicator must
+/// number fewer than this, which `MAX_IN_FLIGHT` keeps them.
+const SEQ_MASK: u64 = 0x3fff;
+
+/// Most collectives one communicator may have in flight: tags repeat after `SEQ_MASK + 1`.
+pub const MAX_IN_FLIGHT: usize = 8192;
+
+/// Most messages one collective sends to (or receives from) one peer: the tag's message field.
+pub const MAX_MESSAGES_PER_PEER: usize = 1 << 16;
 
 /// Wire tags of point-to-point messages: `kind:1 (0) | source rank:20 | sequence per pair:42`.
 pub fn p2p_tag(src: usize, seq: u64) -> u64 {
@@ -33,7 +48,7 @@ impl Exec {
     /// The wire tag of step `step`'s message, sent by rank `src`.
     pub(super) fn tag(&self, src: usize, step: usize) -> u64 {
         match self.job.args.tags {
-            Tags::Coll(seq) => coll_tag(seq, src, self.plan.keys[step] as usize),
+            Tags::Coll(seq) => coll_tag(seq, src, self.plan.keys[step] as usize, self.sig),
             Tags::P2p(k) => p2p_tag(src, k),
         }
     }
@@ -41,21 +56,26 @@ impl Exec {
 
 #[cfg(test)]
 mod tests {
-    use super::{coll_tag, p2p_tag, MAX_RANKS};
+    use super::{coll_tag, p2p_tag, MAX_IN_FLIGHT, MAX_MESSAGES_PER_PEER, MAX_RANKS};
+    use crate::exec::signature::{SIG_BITS, SIG_MASK};
 
     #[test]
     fn wire_tags_fit_63_bits_and_keep_collectives_apart_from_point_to_point() {
         let limit = 1u64 << crate::transport::TAG_BITS;
         let max_rank = MAX_RANKS - 1;
-        for seq in [0, 1, 0x3f_ffff, u32::MAX] {
-            for (src, k) in [(0, 0), (max_rank, 0xf_ffff), (5, 7)] {
-                let t = coll_tag(seq, src, k);
+        for seq in [0, 1, 0x3fff, u32::MAX] {
+            for (src, k, sig) in [(0, 0, 0), (max_rank, 0xffff, SIG_MASK), (5, 7, 0x123)] {
+                let t = coll_tag(seq, src, k, sig);
                 assert!(t < limit, "{t:#x}");
                 assert_eq!(t >> 62, 1, "collective kind bit");
-                assert_eq!((t >> 20) & 0xf_ffff, src as u64);
-                assert_eq!(t & 0xf_ffff, k as u64);
+                assert_eq!((t >> 48) & 0x3fff, seq as u64 & 0x3fff);
+                assert_eq!((t >> 28) & 0xf_ffff, src as u64);
+                assert_eq!((t >> SIG_BITS) & 0xffff, k as u64);
+                assert_eq!(t & SIG_MASK, sig);
             }
         }
+        assert!(MAX_IN_FLIGHT <= 0x3fff + 1);
+        assert_eq!(MAX_MESSAGES_PER_PEER, 1 << 16);
         for src in [0, 3, max_rank] {
             for seq in [0, 1, (1 << 42) - 1, u64::MAX] {
                 let t = p2p_tag(src, seq);
@@ -64,7 +84,7 @@ mod tests {
                 assert_eq!(t >> 42, src as u64);
             }
         }
-        assert_ne!(coll_tag(1, 2, 3), coll_tag(2, 2, 3));
+        assert_ne!(coll_tag(1, 2, 3, 0), coll_tag(2, 2, 3, 0));
         assert_ne!(p2p_tag(1, 9), p2p_tag(2, 9));
     }
 }

@@ -1,0 +1,203 @@
+//! The call signature every collective message carries, so that ranks whose calls differ fail
+//! instead of exchanging bytes that mean different things.
+//!
+//! A collective's signature is a 12-bit hash of what every rank must agree on: the collective,
+//! the count, the element type, the reduction op (for collectives that reduce) and the root
+//! (for rooted ones). It travels in the low bits of each message's tag (`tags::coll_tag`), so it
+//! costs no bytes and no work on the wire. Receives ignore those bits when matching and compare
+//! them when the message is in: a message whose signature differs from the receiver's fails the
+//! collective at once with an error that says how the calls differ. When exactly one argument
+//! differs, the receiver finds which by hashing its own call with that argument changed.
+use crate::algo::{Collective, Problem};
+use crate::error::Error;
+use crate::reduce::{DataType, RedOp};
+use std::hash::Hasher;
+
+/// Tag bits that carry the signature.
+pub const SIG_BITS: u32 = 12;
+
+/// The signature's bits in a collective tag (the lowest `SIG_BITS`).
+pub const SIG_MASK: u64 = (1 << SIG_BITS) - 1;
+
+/// What all ranks of one collective call must agree on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Signature {
+    pub coll: Collective,
+    pub count: usize,
+    pub dtype: DataType,
+    pub op: RedOp,
+    pub root: usize,
+}
+
+/// Most roots tried when looking for the one argument that differs.
+const ROOTS_TRIED: usize = 4096;
+
+impl Signature {
+    /// The signature of a call of `problem` with `dtype` and `op`.
+    pub fn of(problem: &Problem, dtype: DataType, op: RedOp) -> Signature {
+        Signature {
+            coll: problem.coll,
+            count: problem.count,
+            dtype,
+            op,
+            root: problem.root,
+        }
+    }
+
+    fn rooted(&self) -> bool {
+        matches!(self.coll, Collective::Broadcast | Collective::Reduce)
+    }
+
+    /// The signature's tag bits. The op counts only where the collective reduces and the root
+    /// only where it has one: other ranks may pass anything there.
+    pub fn bits(&self) -> u64 {
+        let mut h = rustc_hash::FxHasher::default();
+        h.write_u8(self.coll as u8);
+        h.write_u64(self.count as u64);
+        h.write_u8(self.dtype as u8);
+        h.write_u8(if self.coll.reduces() {
+            self.op as u8
+        } else {
+            u8::MAX
+        });
+        h.write_u64(if self.rooted() { self.root as u64 } else { 0 });
+        let x = h.finish();
+        // Fold all 64 bits into the tag's 12, so that every field reaches them.
+        (x ^ (x >> 12) ^ (x >> 24) ^ (x >> 36) ^ (x >> 48) ^ (x >> 60)) & SIG_MASK
+    }
+
+    /// The error of a rank whose call has this signature on receiving from rank `peer` a
+    /// message with signature bits `theirs`: it names the argument that differs where a
+    /// single changed argument explains the peer's bits.
+    pub fn mismatch(&self, peer: usize, nranks: usize, theirs: u64) -> Error {
+        let mine = self.describe();
+        let what = match self.differing(nranks, theirs) {
+            Some(d) => format!("rank {peer} {d}"),
+            None => format!(
+                "rank {peer}'s count or several of its arguments differ (signature {theirs:#05x}, this rank's {:#05x})",
+                self.bits()
+            ),
+        };
+        Error::InvalidUsage(format!(
+            "the ranks' calls differ: this rank called {mine}; {what}"
+        ))
+    }
+
+    fn describe(&self) -> String {
+        let mut s = format!("{:?} of {} x {}", self.coll, self.count, self.dtype);
+        if self.coll.reduces() {
+            s += &format!(" with op {}", self.op);
+        }
+        if self.rooted() {
+            s += &format!(" at root {}", self.root);
+        }
+        s
+    }
+
+    /// The one argument whose change turns this call's bits into `theirs`, described.
+    fn differing(&self, nranks: usize, theirs: u64) -> Option<String> {
+        let hit = |s: Signature| s.bits() == theirs && s.bits() != self.bits();
+        for coll in Collective::ALL {
+            let ops: &[RedOp] = if coll.reduces() && !self.coll.reduces() {
+                &RedOp::ALL
+            } else {
+                std::slice::from_ref(&self.op)
+            };
+            for &op in ops {
+                if coll != self.coll && hit(Signature { coll, op, ..*self }) {
+                    return Some(format!("called {coll:?}"));
+                }
+            }
+        }
+        for dtype in DataType::ALL {
+            if dtype == self.dtype {
+                continue;
+            }
+            let bytes = self.count as u128 * self.dtype.size() as u128;
+            let same_bytes = (bytes % dtype.size() as u128 == 0)
+                .then(|| (bytes / dtype.size() as u128) as usize);
+            for count in [Some(self.count), same_bytes].into_iter().flatten() {
+                if hit(Signature {
+                    dtype,
+                    count,
+                    ..*self
+                }) {
+                    return Some(format!("passed {count} x {dtype}"));
+                }
+            }
+        }
+        if self.coll.reduces() {
+            for op in RedOp::ALL {
+                if hit(Signature { op, ..*self }) {
+                    return Some(format!("passed op {op}"));
+                }
+            }
+        }
+        if self.rooted() {
+            for root in 0..nranks.min(ROOTS_TRIED) {
+                if hit(Signature { root, ..*self }) {
+                    return Some(format!("named root {root}"));
+                }
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sig(coll: Collective, count: usize, dtype: DataType, op: RedOp, root: usize) -> Signature {
+        Signature {
+            coll,
+            count,
+            dtype,
+            op,
+            root,
+        }
+    }
+
+    fn said(mine: Signature, theirs: Signature) -> String {
+        mine.mismatch(1, 4, theirs.bits()).to_string()
+    }
+
+    #[test]
+    fn bits_fit_their_mask_and_ignore_what_the_collective_does_not_use() {
+        use Collective::*;
+        let f = DataType::Float32;
+        let a = sig(AllGather, 1024, f, RedOp::Sum, 0);
+        assert!(a.bits() <= SIG_MASK);
+        // AllGather neither reduces nor has a root: ranks may pass any op and root.
+        assert_eq!(a.bits(), sig(AllGather, 1024, f, RedOp::Max, 3).bits());
+        // AllReduce reduces but has no root.
+        let r = sig(AllReduce, 1024, f, RedOp::Sum, 0);
+        assert_eq!(r.bits(), sig(AllReduce, 1024, f, RedOp::Sum, 2).bits());
+        assert_ne!(r.bits(), sig(AllReduce, 1024, f, RedOp::Max, 0).bits());
+        // Broadcast has a root and no op.
+        let b = sig(Broadcast, 8, f, RedOp::Sum, 0);
+        assert_eq!(b.bits(), sig(Broadcast, 8, f, RedOp::Prod, 0).bits());
+        assert_ne!(b.bits(), sig(Broadcast, 8, f, RedOp::Sum, 1).bits());
+    }
+
+    #[test]
+    fn the_cases_the_outside_test_found_name_the_argument_that_differs() {
+        use Collective::*;
+        let (f32_, f64_) = (DataType::Float32, DataType::Float64);
+        let ar = sig(AllReduce, 1024, f32_, RedOp::Sum, 0);
+        let e = said(ar, sig(ReduceScatter, 1024, f32_, RedOp::Sum, 0));
+        assert!(e.contains("rank 1 called ReduceScatter"), "{e}");
+        assert!(e.contains("this rank called AllReduce of 1024 x float"), "{e}");
+        let e = said(ar, sig(AllReduce, 512, f64_, RedOp::Sum, 0));
+        assert!(e.contains("rank 1 passed 512 x double"), "{e}");
+        let e = said(ar, sig(AllReduce, 1024, f32_, RedOp::Max, 0));
+        assert!(e.contains("rank 1 passed op max"), "{e}");
+        let bc = sig(Broadcast, 64, f32_, RedOp::Sum, 0);
+        let e = said(bc, sig(Broadcast, 64, f32_, RedOp::Sum, 1));
+        assert!(e.contains("rank 1 named root 1"), "{e}");
+        let e = said(bc, sig(Reduce, 64, f32_, RedOp::Sum, 0));
+        assert!(e.contains("rank 1 called Reduce"), "{e}");
+        let e = said(ar, sig(AllReduce, 1000, f32_, RedOp::Sum, 0));
+        assert!(e.contains("count or several"), "{e}");
+    }
+}
