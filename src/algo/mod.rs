@@ -612,7 +612,22 @@ pub fn build(problem: Problem, algo: Algorithm, opts: &Options) -> AlgoResult<Sc
         AlgoError::NotApplicable { .. } => na(),
         e => e,
     })?;
+    if matches!(problem.coll, Collective::Broadcast | Collective::Reduce) && n > 1 {
+        confirm_calls(&mut b, n);
+    }
     Ok(b.finish(problem, algo))
+}
+
+/// Rooted collectives leave some ranks only sending (the Broadcast root, the leaves of a
+/// Reduce), and a rank that receives nothing cannot see that another rank's call differs (the
+/// executor compares the call signature each message carries). So every rank of a rooted
+/// collective also sends an empty message to the next rank and receives one from the previous,
+/// none waiting for anything else.
+fn confirm_calls(b: &mut Builder, n: usize) {
+    for r in 0..n {
+        b.send(r, (r + 1) % n, Span::new(Buf::In, 0, 0), &[]);
+        b.recv(r, (r + n - 1) % n, Span::new(Buf::Out, 0, 0), &[]);
+    }
 }
 
 /// What each algorithm implements, over a group of ranks. `src[m]`/`dst[m]` are group member

@@ -87,7 +87,11 @@ impl Plan {
             .max()
             .unwrap_or(0);
         let message_peers = (0..nr).filter(|&p| sent[p] + recvd[p] > 0).collect();
-        if sent.iter().chain(&recvd).any(|k| *k as usize > MAX_MESSAGES_PER_PEER) {
+        if sent
+            .iter()
+            .chain(&recvd)
+            .any(|k| *k as usize > MAX_MESSAGES_PER_PEER)
+        {
             return Err(Error::InvalidUsage(
                 "schedule has too many messages per peer for the tag space".into(),
             ));

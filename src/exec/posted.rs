@@ -106,7 +106,13 @@ impl Exec {
             }
             Op::Recv { peer, dst } => {
                 let tag = self.tag(peer, i);
-                match t.recv(tag, self.sig_ignored(), self.region(&dst), None, self.op_id(i))? {
+                match t.recv(
+                    tag,
+                    self.sig_ignored(),
+                    self.region(&dst),
+                    None,
+                    self.op_id(i),
+                )? {
                     Posted::Queued => {
                         self.state[i] = St::Posted;
                         self.posted_recvs += 1;

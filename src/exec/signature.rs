@@ -187,7 +187,10 @@ mod tests {
         let ar = sig(AllReduce, 1024, f32_, RedOp::Sum, 0);
         let e = said(ar, sig(ReduceScatter, 1024, f32_, RedOp::Sum, 0));
         assert!(e.contains("rank 1 called ReduceScatter"), "{e}");
-        assert!(e.contains("this rank called AllReduce of 1024 x float"), "{e}");
+        assert!(
+            e.contains("this rank called AllReduce of 1024 x float"),
+            "{e}"
+        );
         let e = said(ar, sig(AllReduce, 512, f64_, RedOp::Sum, 0));
         assert!(e.contains("rank 1 passed 512 x double"), "{e}");
         let e = said(ar, sig(AllReduce, 1024, f32_, RedOp::Max, 0));
