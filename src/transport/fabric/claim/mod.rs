@@ -26,7 +26,8 @@
 //!
 //! The cost is an extra copy of a claimed message, paid only after `CLAIM_AFTER` without any
 //! completion: a collective whose receives are posted in the order of its sends never pays it.
-use super::{deliver, sys, Inner, OpCtx, Role, SoftDst, SoftRecv, FI_ADDR_UNSPEC};
+use super::shm::matching::{deliver, SoftDst, SoftRecv};
+use super::{sys, Inner, OpCtx, Role, FI_ADDR_UNSPEC};
 use crate::error::{Error, Result};
 use crate::transport::{Completion, Posted};
 use std::collections::VecDeque;
@@ -357,67 +358,4 @@ impl Inner {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn claimed_messages_are_taken_oldest_first_by_tag_and_mask() {
-        let mut c = Claims::default();
-        c.taken.push_back((5, vec![1]));
-        c.taken.push_back((7, vec![2]));
-        c.taken.push_back((5, vec![3]));
-        assert_eq!(c.take(6, 0), None);
-        assert_eq!(c.take(5, 0), Some((5, vec![1])));
-        // A mask that matches both: the older one.
-        assert_eq!(c.take(4, 3), Some((7, vec![2])));
-        assert_eq!(c.take(5, 0), Some((5, vec![3])));
-        assert!(c.taken.is_empty());
-    }
-
-    #[test]
-    fn a_receive_waits_for_the_message_in_flight_it_matches_and_for_any_peek() {
-        let mut c = Claims::default();
-        assert!(!c.must_wait(3, 0) && !c.busy());
-        c.inflight = Some(0x103);
-        assert!(c.busy());
-        assert!(c.must_wait(0x103, 0));
-        assert!(c.must_wait(0x100, 0xff));
-        assert!(!c.must_wait(0x203, 0xff));
-        c.inflight = None;
-        c.peeking = true;
-        assert!(c.must_wait(0x203, 0) && c.busy());
-    }
-
-    #[test]
-    fn looking_waits_for_an_idle_period_without_a_peek_or_claim_in_flight() {
-        let t0 = Instant::now();
-        let mut c = Claims::default();
-        assert!(
-            !c.idle_long(false, || t0),
-            "the first idle poll starts the clock"
-        );
-        assert!(!c.idle_long(false, || t0 + CLAIM_AFTER / 2));
-        assert!(c.idle_long(false, || t0 + CLAIM_AFTER));
-        assert!(
-            !c.idle_long(true, || t0 + CLAIM_AFTER),
-            "a completion resets it"
-        );
-        assert!(!c.idle_long(false, || t0 + CLAIM_AFTER * 3));
-        c.peeking = true;
-        assert!(!c.idle_long(false, || t0 + CLAIM_AFTER * 9));
-        c.peeking = false;
-        c.inflight = Some(1);
-        assert!(!c.idle_long(false, || t0 + CLAIM_AFTER * 9));
-        c.inflight = None;
-        assert!(c.idle_long(false, || t0 + CLAIM_AFTER * 9));
-    }
-
-    #[test]
-    fn only_the_native_tcp_endpoint_claims() {
-        assert!(needed("net"));
-        assert!(needed("tcp"));
-        assert!(!needed("tcp;ofi_rxm"));
-        assert!(!needed("shm"));
-        assert!(!needed("efa"));
-    }
-}
+mod tests;
