@@ -128,17 +128,16 @@ impl Region {
 /// executor drains or cancels first, and leaks the memory if it cannot).
 ///
 /// Buffers of 4 KiB and more start on a page boundary, smaller ones on 64 bytes. Copies whose
-/// destination lies 1 to 31 bytes past the source modulo 4 KiB run about 6 to 20 times slower
-/// on CPUs with fast `rep movsb` (glibc's memcpy and the kernel's copies for shared-memory
+/// destination lies 1 to 31 bytes past the source modulo 4 KiB run many times slower on CPUs
+/// with fast `rep movsb` (glibc's memcpy and the kernel's copies for shared-memory
 /// transfers both use it; see `reduce::copy`). Page-aligned staging never makes that gap with
 /// another page-aligned or 64-byte-aligned buffer, which is what NCCL's and PyTorch's
 /// allocators hand out.
 ///
 /// From `MAPPED_BYTES` up the memory is an anonymous mapping of its own: the kernel hands it
 /// out zeroed, a page at a time as it is first touched (a huge page from `HUGE_BYTES` up, see
-/// `new`), so a collective's workspace costs only the pages its schedule writes. (The allocator's zeroed allocation of page-aligned memory
-/// writes every byte first: 64 MiB of ReduceScatter workspace took 16k page faults and a
-/// memset per call.)
+/// `new`), so a collective's workspace costs only the pages its schedule writes. (The
+/// allocator's zeroed allocation of page-aligned memory writes every byte first.)
 pub struct Scratch {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
@@ -162,8 +161,8 @@ impl Scratch {
     /// own memory. From `HUGE_BYTES` up it starts on a huge-page boundary and asks the kernel
     /// for transparent huge pages (`MADV_HUGEPAGE`; honoured where THP is `madvise` or
     /// `always`). A peer's `process_vm_readv` pins the pages it reads one struct page at a
-    /// time through the page tables: from huge pages it read 1 MiB in 43 us against 87 us from
-    /// 4 KiB pages here (a copy within one process takes 23 us either way).
+    /// time through the page tables, which is faster from huge pages (figures in
+    /// `docs/performance.md`).
     pub fn new(len: usize) -> Scratch {
         Self::with_pages(len, len >= HUGE_BYTES)
     }

@@ -40,7 +40,8 @@ impl std::fmt::Debug for FabricDevice {
     }
 }
 
-/// What discovery found: every provider offering tagged RDM endpoints, and the devices of the one chosen.
+/// What discovery found: every provider offering tagged RDM endpoints, and the devices of the
+/// one chosen.
 #[derive(Debug, Default)]
 pub struct Discovery {
     pub providers: Vec<String>,
@@ -82,9 +83,8 @@ pub enum Use {
 ///
 /// For the engines: efa; libfabric's native TCP RDM endpoint (`net` in 1.17, `tcp` from
 /// 1.18; its stopped connections are claimed, see `claim`); TCP through the ofi_rxm layer;
-/// shm. The native endpoint goes before rxm for speed: raw `fi_pingpong -e rdm -d lo`, one
-/// way, best of 3, net against tcp;ofi_rxm: 8 B 5.3 against 7.6 us, 64 KiB 17.7 against
-/// 56.5, 4 MiB 924 against 2381.
+/// shm. The native endpoint goes before rxm for speed: it is faster at every size in raw
+/// `fi_pingpong` (figures in `docs/performance.md`).
 ///
 /// For the plugin: efa, then a `tcp` provider (on 1.17 tcp;ofi_rxm; from 1.18 the native one,
 /// whose name sorts first), then shm, as before the engines changed. Its NCCL comms between

@@ -7,12 +7,12 @@
 //! (4) are kept for that connection; any other stops the connection where it is: the provider
 //! reads nothing more from that peer until a receive for that message is posted. A receiver
 //! that waits for a later message from the same peer before it posts that receive then waits
-//! forever. Measured here, libfabric 1.17: eight messages of 100 B, 4 KiB or 100 kB sent
-//! before their receives, then a ninth whose receive was posted; the ninth had not arrived
-//! after 2 s (over `tcp;ofi_rxm`, which keeps unexpected messages without bound, it arrived
-//! within 30 ms). NCCL jobs through aws-ofi-nccl hang on the same (ofiwg/libfabric#8963), and
-//! a program that posts a non-blocking send and then runs a collective with the same peer,
-//! which that peer runs before its receive, meets it with our own engines.
+//! forever. With libfabric 1.17, a message sent after eight whose receives were not yet posted
+//! never arrived, where `tcp;ofi_rxm` (which keeps unexpected messages without bound) delivered
+//! it at once (the experiment is in `docs/providers.md`). NCCL jobs through aws-ofi-nccl hang
+//! on the same (ofiwg/libfabric#8963), and a program that posts a non-blocking send and then
+//! runs a collective with the same peer, which that peer runs before its receive, meets it
+//! with our own engines.
 //!
 //! So an endpoint of that provider takes such messages out itself. When a poll has found
 //! nothing to complete for `CLAIM_AFTER`, it asks the provider with `FI_PEEK | FI_CLAIM` for

@@ -4,8 +4,8 @@
 //! libfabric 1.17's shm moves a message above its inject size with a command in the peer's
 //! region, a `process_vm_readv` by the receiver and a response, each queue under the owner's
 //! spin lock. Two ranks that send to each other at once then spin on each other's lock for as
-//! long as a copy takes (4 % of a 2-rank AllGather of 16 MiB was `pthread_spin_lock`), and a
-//! 32 KiB message costs about 4.4 us one way (`fi_pingpong -p shm`).
+//! long as a copy takes, and a message costs several microseconds one way (figures in
+//! `docs/performance.md`).
 //!
 //! Between two fastbox endpoints (each holds a slot in the other's inbox) a message larger
 //! than the fastbox payload instead goes as an `RTS` frame naming the sender's process, the

@@ -3,8 +3,8 @@
 //! With libfabric 1.17's shm, a small message costs an untagged `fi_send` into the peer's
 //! receive pool, a completion on each side, the provider's spin lock on the peer's region and a
 //! repost of the pool buffer; on top come our software matching's context and map. That is
-//! most of a 2-rank AllReduce of 8 bytes (3-4 µs here against Open MPI's 0.45 µs, whose
-//! shared-memory BTL writes small messages straight into a per-peer "fastbox").
+//! most of a 2-rank AllReduce of 8 bytes, several times Open MPI's, whose shared-memory BTL
+//! writes small messages straight into a per-peer "fastbox" (figures in `docs/performance.md`).
 //!
 //! This module is our fastbox. Every endpoint that matches small messages in software
 //! creates an *inbox* next to its shm region, named after it: `/dev/shm/<endpoint name>-fb`.
@@ -19,12 +19,10 @@
 //!
 //! Messages between the provider's inject size (4 KiB) and `MAX_PAYLOAD` (16 KiB) take the
 //! ring too: libfabric 1.17's shm moves them with a command, a `process_vm_readv` by the
-//! receiver and a response, about 4 us one way at any of these sizes (`fi_pingpong -p shm`:
-//! 0.95 us at 4 KiB, 4.1 us at 8 KiB, 4.4 us at 32 KiB), where two copies through the ring
-//! take a fraction of that. Not beyond 16 KiB: 2-rank AllGathers of 64 KiB (32 KiB frames)
-//! were 1.1 times faster through rings of 32 KiB frames while the machine ran well, and 2 to
-//! 3 times slower in its recurring slow spells (memory-bound, two copies against the
-//! provider's one); 16 KiB frames won in both.
+//! receiver and a response, several microseconds one way at any of these sizes, where two
+//! copies through the ring take a fraction of that. Not beyond 16 KiB: larger frames lose
+//! when memory bandwidth is scarce (two copies against the provider's one), while 16 KiB
+//! frames won in every case tried (figures in `docs/performance.md`).
 //!
 //! - No locks live in the shared memory, so a peer that dies mid-write leaves an unpublished
 //!   frame and nothing else: the reader never waits on it (unlike the provider's region lock).
@@ -220,9 +218,8 @@ impl Map {
     }
     /// Fault in slot `s`'s pages in this mapping now (`advice`: MADV_POPULATE_READ or
     /// _WRITE; writing allocates them in the file), rather than one page at a time as its
-    /// ring first goes round: 64 faults per side of a 256 KiB ring made the first thousand
-    /// 1 KiB AllGathers 0.4 us slower each (2 ranks over shm, fastest of 5 runs: 0.73 us
-    /// against 0.41 populated). Kernels before 5.14 refuse the advice (EINVAL), which is no
+    /// ring first goes round, which slowed the first small collectives measurably (figures in
+    /// `docs/performance.md`). Kernels before 5.14 refuse the advice (EINVAL), which is no
     /// error here: the pages come on demand. Any other error is: writing the file's pages
     /// then would kill the process with SIGBUS (a full /dev/shm).
     fn populate(&self, s: usize, advice: libc::c_int) -> std::io::Result<()> {
@@ -526,9 +523,9 @@ impl Outbox {
             std::ptr::write_volatile(p.add(4) as *mut u32, kind);
             std::ptr::write_volatile(p.add(8) as *mut u64, tag.to_le());
             let payload = std::slice::from_raw_parts_mut(p.add(FRAME_HDR), data.len());
-            // Not a plain memcpy: its `rep movsb` is about 20 times slower when the ring lies
-            // 1 to 63 bytes past the caller's buffer modulo 4 KiB (see `reduce::copy`), which
-            // some frame of a ring always does to some buffer.
+            // Not a plain memcpy: its `rep movsb` is many times slower when the ring lies 1 to
+            // 63 bytes past the caller's buffer modulo 4 KiB (see `reduce::copy`), which some
+            // frame of a ring always does to some buffer.
             crate::reduce::copy(payload, data);
         }
         self.tail += need;

@@ -118,11 +118,12 @@ pub(crate) fn closed(name: &str) {
 /// forever inside `fi_tsend`, where no deadline of ours can reach.
 ///
 /// The check runs before every send, so it must cost next to nothing: a `poll` of the pidfd
-/// per send was 15-18 % of a 2-rank AllGather of 8 bytes. One thread per process instead
-/// sleeps in `epoll_wait` on every watched pidfd and sets the peer's flag when its process
-/// exits; a send reads the flag. The kernel wakes that thread at the peer's exit, so the flag
-/// is up microseconds later: the same kind of window the per-send `poll` had between its check
-/// and `fi_tsend`. Without the thread (no pidfd, epoll or thread), each check polls.
+/// per send was a large share of a small collective (`docs/performance.md`). One thread per
+/// process instead sleeps in `epoll_wait` on every watched pidfd and sets the peer's flag when
+/// its process exits; a send reads the flag. The kernel wakes that thread at the peer's exit,
+/// so the flag is up microseconds later: the same kind of window the per-send `poll` had
+/// between its check and `fi_tsend`. Without the thread (no pidfd, epoll or thread), each
+/// check polls.
 pub(crate) struct PeerWatch {
     pid: i32,
     /// A pidfd (readable once the process has exited, zombies included), or -1.
@@ -143,15 +144,13 @@ struct Watcher {
 
 static WATCHER: Mutex<Option<Arc<Watcher>>> = Mutex::new(None);
 
-/// Sends up to this size check only the watcher's flag. Larger ones still poll the pidfd: a
-/// send of 8-64 KiB then takes several microseconds, and measured side by side (2-rank shm
-/// AllGather of 16-128 KiB, seven alternating rounds) the calls ran 10-19 % slower with the
+/// Sends up to this size check only the watcher's flag. Larger ones still poll the pidfd: such
+/// a send takes several microseconds anyway, and side by side the calls ran slower with the
 /// flag alone than with the poll. A short spin in its place gained part of that too, so it is
 /// the pause before the send, not the system call, that helps: fewer collisions on the
 /// provider's region locks while the peer copies (an explanation, not a measurement).
-/// Sends announced by an `RTS` (the peer copies them with CMA, no provider lock) skip the poll:
-/// without it and `getpid`, 2-rank shm AllGather of 64-256 KiB took 0.88-0.97 of the time
-/// (medians of six rotating rounds).
+/// Sends announced by an `RTS` (the peer copies them with CMA, no provider lock) skip the
+/// poll, which made them faster. Figures in `docs/performance.md`.
 pub(crate) const FLAG_ONLY_BYTES: usize = 4096;
 
 impl Watcher {
