@@ -116,7 +116,7 @@ pub struct Caps {
     pub fabric: String,
     pub domain: String,
     pub inject_size: usize,
-    /// `fi_tinject` may be used for messages up to `inject_size` (see fabric::inject_safe).
+    /// `fi_tinject` may be used for messages up to `inject_size` (see `fabric::discovery::inject_safe`).
     pub inject_ok: bool,
     pub max_msg_size: usize,
     /// Raw libfabric `mr_mode` bits the provider asked for.
@@ -140,6 +140,9 @@ pub struct Caps {
     /// cross-memory attach): posting ready sends before ready receives lets both peers copy at
     /// once.
     pub receiver_copies: bool,
+    /// The endpoint has a direct channel (`Transport::send_now` / `take_now`): to a peer whose
+    /// endpoint has one too, `Transport::direct_bytes` is then non-zero.
+    pub direct_channel: bool,
 }
 
 /// Slice size where the provider says nothing better: small enough to pipeline, large enough
@@ -169,6 +172,7 @@ impl Default for Caps {
             slice_bytes: DEFAULT_SLICE_BYTES,
             poll_window: DEFAULT_POLL_WINDOW,
             receiver_copies: false,
+            direct_channel: false,
         }
     }
 }

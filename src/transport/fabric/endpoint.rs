@@ -139,7 +139,7 @@ impl FabricTransport {
                 claims,
             }),
         })
-        .and_then(|t: FabricTransport| {
+        .and_then(|mut t: FabricTransport| {
             if !t.caps.inject_ok {
                 let mut g = t.inner.lock();
                 g.shm.soft = Some(Soft {
@@ -155,7 +155,9 @@ impl FabricTransport {
                         Err(e) => log::warn!("no shared-memory fastbox for {name}: {e}"),
                     }
                 }
+                let direct_channel = g.shm.inbox.is_some();
                 drop(g);
+                t.caps.direct_channel = direct_channel;
                 log::info!(
                     "{}: small messages are matched in software (libfabric {} shm, issue #9143)",
                     t.caps.domain,
@@ -320,9 +322,8 @@ fn endpoint(
 /// `open` gives a second endpoint bound to the same address vector and completion queue. Over
 /// the native TCP endpoint each endpoint pair keeps one connection, so ranks that exchange
 /// messages both ways would share one socket; with sends from the second endpoint to the peers'
-/// receiving endpoints, each direction has its own. On loopback a 1 MiB exchange between two
-/// processes took 177-228 us over two sockets against 296-342 over one (plain sockets, 5 runs
-/// with both CPUs on one L3, 2026-11-26).
+/// receiving endpoints, each direction has its own, which made large exchanges faster
+/// (figures in `docs/performance.md`).
 fn sends_from(
     split: bool,
     mr_mode: u64,
@@ -461,6 +462,7 @@ mod tests {
         let Some((a, b)) = pair("net", Some("lo")) else {
             return;
         };
+        assert!(!a.caps().direct_channel, "no direct channel over net");
         for t in [&a, &b] {
             let g = t.inner.lock();
             assert!(g.tx_ep != g.ep, "a send endpoint of its own");

@@ -207,6 +207,7 @@ mod tests {
     #[test]
     fn the_direct_channel_delivers_by_tag_in_any_order_and_refuses_what_it_cannot_carry() {
         let Some((a, b)) = shm_pair() else { return };
+        assert!(a.caps().direct_channel && b.caps().direct_channel);
         let to_a = b.insert_peer(&a.address()).expect("insert");
         let to_b = a.insert_peer(&b.address()).expect("insert");
         let max = b.direct_bytes(to_a);
