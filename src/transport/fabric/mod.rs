@@ -139,8 +139,8 @@ unsafe impl Send for Inner {}
 impl Drop for Inner {
     fn drop(&mut self) {
         // SAFETY: the fids were opened by us and are closed once, endpoint first, then the
-        // objects bound to it; the shm region's name is unlinked when `shm` drops after this, and
-        // the domain closes when the last Arc<DomainFids> goes.
+        // objects bound to it; `shm` forgets the region's name when it drops after this, and the
+        // domain closes when the last Arc<DomainFids> goes.
         unsafe {
             if self.tx_ep != self.ep {
                 sys::fi_close(self.tx_ep as *mut sys::fid);
@@ -161,6 +161,7 @@ pub struct FabricTransport {
 }
 
 impl Inner {
+    /// A context for a new operation, kept in `ops` until its completion is read.
     fn new_ctx(
         &mut self,
         op: OpId,
@@ -187,6 +188,7 @@ impl Inner {
         self.ready.push(Completion::done(op, len, tag, None));
     }
 
+    /// Post a receive: matched in software, served from claimed messages, or to the provider.
     fn post_recv(&mut self, tag: u64, ignore: u64, b: OpBuf) -> Result<Posted> {
         if self.shm.soft.is_some() {
             return self.post_soft_recv(tag, ignore, b);
@@ -262,6 +264,7 @@ impl Inner {
         Ok(())
     }
 
+    /// Post the owned sends that waited, in order, until the provider is busy again.
     fn drain_backlog(&mut self, caps: &Caps) -> Result<()> {
         while let Some((peer, tag, data, op)) = self.backlog.pop_front() {
             let (addr, len) = (data.as_ptr() as usize, data.len());

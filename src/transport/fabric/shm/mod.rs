@@ -1,5 +1,6 @@
-//! The shm paths, for shm endpoints that match small messages in software (libfabric before
-//! 1.19, see `discovery::inject_safe`): one `ShmPath` per endpoint owns their state.
+//! The shm paths: one `ShmPath` per endpoint owns their state. Every shm endpoint has a region
+//! name of its own and watches its peers' processes; one that matches small messages in
+//! software (libfabric before 1.19, see `discovery::inject_safe`) also has the rest.
 //!
 //! - `matching`: small messages sent untagged into a pool of our receives, matched here;
 //! - `fastbox`: shared-memory rings that carry small messages between fastbox peers;
