@@ -4,7 +4,7 @@
 //! MiB behind, and a later process that gets the same pid cannot create its endpoint (EBUSY).
 //! So each endpoint gets a unique name, the names of endpoints still open are unlinked at exit,
 //! and regions of ours whose process is gone are removed when a new endpoint opens.
-use super::{check, sys};
+use super::super::{check, sys};
 use crate::error::Result;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::Once;
 
-pub(super) const PREFIX: &str = "fabricoll-";
+pub(crate) const PREFIX: &str = "fabricoll-";
 static OPEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static SEQ: AtomicU64 = AtomicU64::new(0);
 static AT_EXIT: Once = Once::new();
@@ -62,7 +62,7 @@ fn pid_of(name: &str) -> Option<i32> {
 }
 
 /// Our endpoint name inside a peer's shm address, if the address carries one.
-pub(super) fn endpoint_in_address(addr: &[u8]) -> Option<String> {
+pub(crate) fn endpoint_in_address(addr: &[u8]) -> Option<String> {
     let s = String::from_utf8_lossy(addr);
     let name: String = s[s.find(PREFIX)?..]
         .chars()
@@ -72,7 +72,7 @@ pub(super) fn endpoint_in_address(addr: &[u8]) -> Option<String> {
 }
 
 /// Give `ep` (not yet enabled) a unique region name; returns it.
-pub(super) fn name_endpoint(ep: *mut sys::fid_ep) -> Result<String> {
+pub(crate) fn name_endpoint(ep: *mut sys::fid_ep) -> Result<String> {
     AT_EXIT.call_once(|| {
         sweep();
         // SAFETY: registering a plain extern "C" function with no arguments.
@@ -104,12 +104,12 @@ pub(super) fn name_endpoint(ep: *mut sys::fid_ep) -> Result<String> {
 }
 
 /// A file of ours in /dev/shm named `name` (an inbox), to be unlinked at exit if still open.
-pub(super) fn opened(name: String) {
+pub(crate) fn opened(name: String) {
     OPEN.lock().push(name);
 }
 
 /// The endpoint named `name` was closed (the provider unlinked its region).
-pub(super) fn closed(name: &str) {
+pub(crate) fn closed(name: &str) {
     OPEN.lock().retain(|n| n != name);
 }
 
@@ -118,12 +118,13 @@ pub(super) fn closed(name: &str) {
 /// forever inside `fi_tsend`, where no deadline of ours can reach.
 ///
 /// The check runs before every send, so it must cost next to nothing: a `poll` of the pidfd
-/// per send was 15-18 % of a 2-rank AllGather of 8 bytes. One thread per process instead
-/// sleeps in `epoll_wait` on every watched pidfd and sets the peer's flag when its process
-/// exits; a send reads the flag. The kernel wakes that thread at the peer's exit, so the flag
-/// is up microseconds later: the same kind of window the per-send `poll` had between its check
-/// and `fi_tsend`. Without the thread (no pidfd, epoll or thread), each check polls.
-pub(super) struct PeerWatch {
+/// per send was a large share of a small collective (`docs/performance.md`). One thread per
+/// process instead sleeps in `epoll_wait` on every watched pidfd and sets the peer's flag when
+/// its process exits; a send reads the flag. The kernel wakes that thread at the peer's exit,
+/// so the flag is up microseconds later: the same kind of window the per-send `poll` had
+/// between its check and `fi_tsend`. Without the thread (no pidfd, epoll or thread), each
+/// check polls.
+pub(crate) struct PeerWatch {
     pid: i32,
     /// A pidfd (readable once the process has exited, zombies included), or -1.
     fd: i32,
@@ -143,16 +144,14 @@ struct Watcher {
 
 static WATCHER: Mutex<Option<Arc<Watcher>>> = Mutex::new(None);
 
-/// Sends up to this size check only the watcher's flag. Larger ones still poll the pidfd: a
-/// send of 8-64 KiB then takes several microseconds, and measured side by side (2-rank shm
-/// AllGather of 16-128 KiB, seven alternating rounds) the calls ran 10-19 % slower with the
+/// Sends up to this size check only the watcher's flag. Larger ones still poll the pidfd: such
+/// a send takes several microseconds anyway, and side by side the calls ran slower with the
 /// flag alone than with the poll. A short spin in its place gained part of that too, so it is
 /// the pause before the send, not the system call, that helps: fewer collisions on the
 /// provider's region locks while the peer copies (an explanation, not a measurement).
-/// Sends announced by an `RTS` (the peer copies them with CMA, no provider lock) skip the poll:
-/// without it and `getpid`, 2-rank shm AllGather of 64-256 KiB took 0.88-0.97 of the time
-/// (medians of six rotating rounds).
-pub(super) const FLAG_ONLY_BYTES: usize = 4096;
+/// Sends announced by an `RTS` (the peer copies them with CMA, no provider lock) skip the
+/// poll, which made them faster. Figures in `docs/performance.md`.
+pub(crate) const FLAG_ONLY_BYTES: usize = 4096;
 
 impl Watcher {
     /// This process's watcher, started on first use; None if it cannot be started.
@@ -231,7 +230,7 @@ impl Watcher {
 
 impl PeerWatch {
     /// Watch the process named in a peer's address (our region names carry the pid).
-    pub(super) fn of_address(addr: &[u8]) -> Option<PeerWatch> {
+    pub(crate) fn of_address(addr: &[u8]) -> Option<PeerWatch> {
         let pid = pid_of(&endpoint_in_address(addr)?)?;
         if pid <= 0 || pid as u32 == std::process::id() {
             return None;
@@ -248,7 +247,7 @@ impl PeerWatch {
 
     /// Has the peer's process exited? With `ask_kernel`, the pidfd is polled even when the
     /// watcher thread keeps a flag for it (see FLAG_ONLY_BYTES).
-    pub(super) fn dead(&self, ask_kernel: bool) -> bool {
+    pub(crate) fn dead(&self, ask_kernel: bool) -> bool {
         if let Some((flag, ..)) = &self.exited {
             let up = flag.load(Ordering::Acquire);
             if up || !ask_kernel {
@@ -275,7 +274,7 @@ impl PeerWatch {
                 .unwrap_or(true)
     }
 
-    pub(super) fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         self.pid
     }
 }

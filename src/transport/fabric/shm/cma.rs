@@ -4,8 +4,8 @@
 //! libfabric 1.17's shm moves a message above its inject size with a command in the peer's
 //! region, a `process_vm_readv` by the receiver and a response, each queue under the owner's
 //! spin lock. Two ranks that send to each other at once then spin on each other's lock for as
-//! long as a copy takes (4 % of a 2-rank AllGather of 16 MiB was `pthread_spin_lock`), and a
-//! 32 KiB message costs about 4.4 us one way (`fi_pingpong -p shm`).
+//! long as a copy takes, and a message costs several microseconds one way (figures in
+//! `docs/performance.md`).
 //!
 //! Between two fastbox endpoints (each holds a slot in the other's inbox) a message larger
 //! than the fastbox payload instead goes as an `RTS` frame naming the sender's process, the
@@ -22,17 +22,17 @@ use std::io;
 
 /// Payload of an `RTS` frame: who, where and how much, and the cookie the `ACK` returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Rts {
-    pub(super) pid: i32,
-    pub(super) addr: u64,
-    pub(super) len: u64,
-    pub(super) cookie: u64,
+pub(crate) struct Rts {
+    pub(crate) pid: i32,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) cookie: u64,
 }
 
-pub(super) const RTS_BYTES: usize = 32;
+pub(crate) const RTS_BYTES: usize = 32;
 
 impl Rts {
-    pub(super) fn encode(&self) -> [u8; RTS_BYTES] {
+    pub(crate) fn encode(&self) -> [u8; RTS_BYTES] {
         let mut b = [0u8; RTS_BYTES];
         b[0..4].copy_from_slice(&self.pid.to_le_bytes());
         b[8..16].copy_from_slice(&self.addr.to_le_bytes());
@@ -42,7 +42,7 @@ impl Rts {
     }
 
     /// None for a payload of another size or a pid that names no process of ours to read.
-    pub(super) fn decode(b: &[u8]) -> Option<Rts> {
+    pub(crate) fn decode(b: &[u8]) -> Option<Rts> {
         if b.len() != RTS_BYTES {
             return None;
         }
@@ -59,7 +59,7 @@ impl Rts {
 
 /// What an `ACK` says of the message its cookie names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum AckStatus {
+pub(crate) enum AckStatus {
     /// Copied (or refused by the receiver for a reason of its own, such as truncation, which
     /// it reports on its side): the send is complete.
     Done,
@@ -69,9 +69,9 @@ pub(super) enum AckStatus {
     Failed,
 }
 
-pub(super) const ACK_BYTES: usize = 16;
+pub(crate) const ACK_BYTES: usize = 16;
 
-pub(super) fn encode_ack(cookie: u64, status: AckStatus) -> [u8; ACK_BYTES] {
+pub(crate) fn encode_ack(cookie: u64, status: AckStatus) -> [u8; ACK_BYTES] {
     let mut b = [0u8; ACK_BYTES];
     b[0..8].copy_from_slice(&cookie.to_le_bytes());
     b[8] = match status {
@@ -82,7 +82,7 @@ pub(super) fn encode_ack(cookie: u64, status: AckStatus) -> [u8; ACK_BYTES] {
     b
 }
 
-pub(super) fn decode_ack(b: &[u8]) -> Option<(u64, AckStatus)> {
+pub(crate) fn decode_ack(b: &[u8]) -> Option<(u64, AckStatus)> {
     if b.len() != ACK_BYTES {
         return None;
     }
@@ -97,7 +97,7 @@ pub(super) fn decode_ack(b: &[u8]) -> Option<(u64, AckStatus)> {
 }
 
 /// Copy `dst.len()` bytes from address `addr` of process `pid` into `dst`.
-pub(super) fn read_from(pid: i32, addr: u64, dst: &mut [u8]) -> io::Result<()> {
+pub(crate) fn read_from(pid: i32, addr: u64, dst: &mut [u8]) -> io::Result<()> {
     let mut done = 0usize;
     while done < dst.len() {
         let local = libc::iovec {
@@ -129,7 +129,7 @@ pub(super) fn read_from(pid: i32, addr: u64, dst: &mut [u8]) -> io::Result<()> {
 
 /// Whether a failed `read_from` means the kernel does not let us read that process at all
 /// (so the provider must carry the message), rather than a bad address or a dead process.
-pub(super) fn refused(e: &io::Error) -> bool {
+pub(crate) fn refused(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::EPERM) | Some(libc::EACCES) | Some(libc::ENOSYS)

@@ -3,8 +3,8 @@
 //! With libfabric 1.17's shm, a small message costs an untagged `fi_send` into the peer's
 //! receive pool, a completion on each side, the provider's spin lock on the peer's region and a
 //! repost of the pool buffer; on top come our software matching's context and map. That is
-//! most of a 2-rank AllReduce of 8 bytes (3-4 µs here against Open MPI's 0.45 µs, whose
-//! shared-memory BTL writes small messages straight into a per-peer "fastbox").
+//! most of a 2-rank AllReduce of 8 bytes, several times Open MPI's, whose shared-memory BTL
+//! writes small messages straight into a per-peer "fastbox" (figures in `docs/performance.md`).
 //!
 //! This module is our fastbox. Every endpoint that matches small messages in software
 //! creates an *inbox* next to its shm region, named after it: `/dev/shm/<endpoint name>-fb`.
@@ -19,12 +19,10 @@
 //!
 //! Messages between the provider's inject size (4 KiB) and `MAX_PAYLOAD` (16 KiB) take the
 //! ring too: libfabric 1.17's shm moves them with a command, a `process_vm_readv` by the
-//! receiver and a response, about 4 us one way at any of these sizes (`fi_pingpong -p shm`:
-//! 0.95 us at 4 KiB, 4.1 us at 8 KiB, 4.4 us at 32 KiB), where two copies through the ring
-//! take a fraction of that. Not beyond 16 KiB: 2-rank AllGathers of 64 KiB (32 KiB frames)
-//! were 1.1 times faster through rings of 32 KiB frames while the machine ran well, and 2 to
-//! 3 times slower in its recurring slow spells (memory-bound, two copies against the
-//! provider's one); 16 KiB frames won in both.
+//! receiver and a response, several microseconds one way at any of these sizes, where two
+//! copies through the ring take a fraction of that. Not beyond 16 KiB: larger frames lose
+//! when memory bandwidth is scarce (two copies against the provider's one), while 16 KiB
+//! frames won in every case tried (figures in `docs/performance.md`).
 //!
 //! - No locks live in the shared memory, so a peer that dies mid-write leaves an unpublished
 //!   frame and nothing else: the reader never waits on it (unlike the provider's region lock).
@@ -48,12 +46,12 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 const MAGIC: u64 = 0x6662_6f78_0000_0004; // "fbox", layout version 4 (frame kinds)
 /// Senders one inbox can take; more use the provider.
-pub(super) const SLOTS: usize = 32;
+pub(crate) const SLOTS: usize = 32;
 /// Bytes of one ring: room for 7 frames of the largest payload. The file is sparse: a ring's
 /// pages exist once its sender has claimed it.
 const RING: usize = 128 << 10;
 /// Largest payload that goes through a ring.
-pub(super) const MAX_PAYLOAD: usize = 16 << 10;
+pub(crate) const MAX_PAYLOAD: usize = 16 << 10;
 const LINE: usize = 64;
 /// Header page: magic, then the claimed-slot high-water mark on its own line.
 const HEADER: usize = 4096;
@@ -62,16 +60,16 @@ const HIGH: usize = LINE;
 /// sender's identity (`sender_id`), each on its own cache line, then the ring.
 const SLOT_CTRL: usize = 4 * LINE;
 const SLOT_BYTES: usize = SLOT_CTRL + RING;
-pub(super) const FILE_BYTES: usize = HEADER + SLOTS * SLOT_BYTES;
+pub(crate) const FILE_BYTES: usize = HEADER + SLOTS * SLOT_BYTES;
 /// Frame header: payload length (u32), kind (u32: `DATA`, `RTS` or `ACK`), tag (u64).
 const FRAME_HDR: usize = 16;
 /// A message: the payload is the message.
-pub(super) const DATA: u32 = 0;
+pub(crate) const DATA: u32 = 0;
 /// A request to send a larger message: the payload says where it lies in the sender's
 /// memory (`Rts`), and the receiver copies it from there itself.
-pub(super) const RTS: u32 = 1;
+pub(crate) const RTS: u32 = 1;
 /// The receiver's answer to an `RTS` (`Ack`).
-pub(super) const ACK: u32 = 2;
+pub(crate) const ACK: u32 = 2;
 /// A length word meaning "the rest of the ring is unused; go on at its start".
 const WRAP: u32 = u32::MAX;
 
@@ -80,21 +78,21 @@ fn frame_bytes(len: usize) -> usize {
 }
 
 /// The inbox name of the shm endpoint whose address is `addr`, when it is one of ours.
-pub(super) fn inbox_of_address(addr: &[u8]) -> Option<String> {
-    super::shm::endpoint_in_address(addr).map(|n| inbox_name(&n))
+pub(crate) fn inbox_of_address(addr: &[u8]) -> Option<String> {
+    super::watch::endpoint_in_address(addr).map(|n| inbox_name(&n))
 }
 
 /// The identity a sender writes into the slot it claims: a hash of its endpoint's name (the
 /// crate's unseeded `FxHasher`, so every process computes the same), never 0 (a free
 /// slot's word).
-pub(super) fn sender_id(endpoint: &str) -> u64 {
+pub(crate) fn sender_id(endpoint: &str) -> u64 {
     let mut h = rustc_hash::FxHasher::default();
     h.write(endpoint.as_bytes());
     h.finish().max(1)
 }
 
 /// The inbox name of our endpoint named `endpoint`.
-pub(super) fn inbox_name(endpoint: &str) -> String {
+pub(crate) fn inbox_name(endpoint: &str) -> String {
     format!("{endpoint}-fb")
 }
 
@@ -220,9 +218,8 @@ impl Map {
     }
     /// Fault in slot `s`'s pages in this mapping now (`advice`: MADV_POPULATE_READ or
     /// _WRITE; writing allocates them in the file), rather than one page at a time as its
-    /// ring first goes round: 64 faults per side of a 256 KiB ring made the first thousand
-    /// 1 KiB AllGathers 0.4 us slower each (2 ranks over shm, fastest of 5 runs: 0.73 us
-    /// against 0.41 populated). Kernels before 5.14 refuse the advice (EINVAL), which is no
+    /// ring first goes round, which slowed the first small collectives measurably (figures in
+    /// `docs/performance.md`). Kernels before 5.14 refuse the advice (EINVAL), which is no
     /// error here: the pages come on demand. Any other error is: writing the file's pages
     /// then would kill the process with SIGBUS (a full /dev/shm).
     fn populate(&self, s: usize, advice: libc::c_int) -> std::io::Result<()> {
@@ -265,19 +262,19 @@ impl Drop for Map {
 type Frame = (u64, Option<(u32, *const u8, usize)>);
 
 /// A frame `Inbox::drain` hands over.
-pub(super) struct Arrived<'a> {
+pub(crate) struct Arrived<'a> {
     /// The `sender_id` of the endpoint holding the slot it came through.
-    pub(super) from: u64,
+    pub(crate) from: u64,
     /// `DATA`, `RTS` or `ACK`.
-    pub(super) kind: u32,
+    pub(crate) kind: u32,
     /// `[tag (8 bytes LE)][payload]`.
-    pub(super) msg: &'a [u8],
+    pub(crate) msg: &'a [u8],
 }
 
 /// Our endpoint's inbox: the receiving side.
-pub(super) struct Inbox {
+pub(crate) struct Inbox {
     map: Map,
-    pub(super) name: String,
+    pub(crate) name: String,
     /// The process that created it (a forked child must not unlink it).
     owner: u32,
     /// Slots found corrupt, skipped from then on.
@@ -287,10 +284,10 @@ pub(super) struct Inbox {
 }
 
 impl Inbox {
-    pub(super) fn create(endpoint: &str) -> Result<Inbox> {
+    pub(crate) fn create(endpoint: &str) -> Result<Inbox> {
         let name = inbox_name(endpoint);
         let map = Map::open(&name, true)?;
-        super::shm::opened(name.clone());
+        super::watch::opened(name.clone());
         Ok(Inbox {
             map,
             name,
@@ -306,7 +303,7 @@ impl Inbox {
 
     /// Whether the endpoint whose `sender_id` is `id` holds a slot here, so that every message
     /// of up to `MAX_PAYLOAD` bytes it sends us comes through this inbox.
-    pub(super) fn sends_here(&self, id: u64) -> bool {
+    pub(crate) fn sends_here(&self, id: u64) -> bool {
         (0..self.claimed()).any(|s| {
             self.broken & (1 << s) == 0
                 && self.map.owner(s).load(Ordering::Acquire) != 0
@@ -316,7 +313,7 @@ impl Inbox {
 
     /// Hand every published frame to `deliver`, in ring order; returns how many were
     /// delivered.
-    pub(super) fn drain(&mut self, mut deliver: impl FnMut(Arrived<'_>)) -> usize {
+    pub(crate) fn drain(&mut self, mut deliver: impl FnMut(Arrived<'_>)) -> usize {
         let mut n = 0;
         let claimed = self.claimed();
         while self.populated < claimed {
@@ -407,7 +404,7 @@ impl Drop for Inbox {
                 // SAFETY: c is NUL-terminated; unlinking drops the name, senders keep their maps.
                 unsafe { libc::shm_unlink(c.as_ptr()) };
             }
-            super::shm::closed(&self.name);
+            super::watch::closed(&self.name);
         }
     }
 }
@@ -416,7 +413,7 @@ static TOKENS: AtomicU64 = AtomicU64::new(1);
 
 /// What a push did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Pushed {
+pub(crate) enum Pushed {
     /// In the ring: the send is complete.
     Done,
     /// The ring is full: progress and retry.
@@ -424,7 +421,7 @@ pub(super) enum Pushed {
 }
 
 /// A slot claimed in a peer's inbox: the sending side.
-pub(super) struct Outbox {
+pub(crate) struct Outbox {
     map: Map,
     slot: usize,
     token: u64,
@@ -441,7 +438,7 @@ pub(super) struct Outbox {
 impl Outbox {
     /// Claim a slot in the inbox `name` for our endpoint named `sender`. Errors: no such
     /// inbox (a peer without one), a file of another layout, every slot taken.
-    pub(super) fn open(name: &str, sender: &str) -> Result<Outbox> {
+    pub(crate) fn open(name: &str, sender: &str) -> Result<Outbox> {
         Self::claim(Map::open(name, false)?, name, sender)
     }
 
@@ -487,12 +484,12 @@ impl Outbox {
 
     /// Copy `[tag][data]` into the ring as a `DATA` frame; `data.len()` must be at most
     /// MAX_PAYLOAD.
-    pub(super) fn push(&mut self, tag: u64, data: &[u8]) -> Pushed {
+    pub(crate) fn push(&mut self, tag: u64, data: &[u8]) -> Pushed {
         self.push_kind(DATA, tag, data)
     }
 
     /// `push`, as a frame of `kind`.
-    pub(super) fn push_kind(&mut self, kind: u32, tag: u64, data: &[u8]) -> Pushed {
+    pub(crate) fn push_kind(&mut self, kind: u32, tag: u64, data: &[u8]) -> Pushed {
         assert!(
             data.len() <= MAX_PAYLOAD,
             "fastbox payload over MAX_PAYLOAD"
@@ -526,9 +523,9 @@ impl Outbox {
             std::ptr::write_volatile(p.add(4) as *mut u32, kind);
             std::ptr::write_volatile(p.add(8) as *mut u64, tag.to_le());
             let payload = std::slice::from_raw_parts_mut(p.add(FRAME_HDR), data.len());
-            // Not a plain memcpy: its `rep movsb` is about 20 times slower when the ring lies
-            // 1 to 63 bytes past the caller's buffer modulo 4 KiB (see `reduce::copy`), which
-            // some frame of a ring always does to some buffer.
+            // Not a plain memcpy: its `rep movsb` is many times slower when the ring lies 1 to
+            // 63 bytes past the caller's buffer modulo 4 KiB (see `reduce::copy`), which some
+            // frame of a ring always does to some buffer.
             crate::reduce::copy(payload, data);
         }
         self.tail += need;
@@ -570,7 +567,7 @@ mod tests {
     fn endpoint(tag: &str) -> String {
         format!(
             "{}{}-{}-fbtest{tag}",
-            super::super::shm::PREFIX,
+            super::super::watch::PREFIX,
             std::process::id(),
             TOKENS.fetch_add(1, Ordering::Relaxed)
         )
@@ -727,7 +724,10 @@ mod tests {
             assert!(e.to_string().contains("is /dev/shm full?"), "{e}");
             assert_eq!(ib.claimed(), 0);
         } else {
-            eprintln!("skipping: this kernel has no MADV_POPULATE_*");
+            crate::testing::skip(
+                "a_ring_with_no_memory_behind_it_is_an_error_not_a_crash",
+                "this kernel has no MADV_POPULATE_*",
+            );
         }
     }
 

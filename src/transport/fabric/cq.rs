@@ -1,0 +1,198 @@
+//! The completion queue: reading it dry, turning error entries into failed completions, and
+//! sleeping on its wait fd.
+use super::shm::matching::{too_large, FREE_BUFS};
+use super::{check, cstr, strerror, sys, FabricTransport, Inner, Role};
+use crate::error::{Error, Result};
+use crate::transport::Completion;
+use std::os::raw::{c_int, c_void};
+use std::time::Duration;
+
+impl Inner {
+    /// Read the completion queue dry into `out` (`entries` is the read buffer).
+    pub(super) fn read_cq(
+        &mut self,
+        entries: &mut [sys::fi_cq_tagged_entry],
+        out: &mut Vec<Completion>,
+    ) -> Result<()> {
+        loop {
+            // SAFETY: cq is open; entries has room for entries.len() tagged entries.
+            let n = unsafe {
+                sys::fi_cq_read(self.cq, entries.as_mut_ptr() as *mut c_void, entries.len())
+            };
+            if n == -(sys::FI_EAGAIN as isize) {
+                return Ok(());
+            }
+            if n == -(sys::FI_EAVAIL as isize) {
+                self.read_error(out)?;
+                continue;
+            }
+            check("fi_cq_read", n as i64)?;
+            for e in &entries[..n as usize] {
+                let Some(ctx) = self.ops.remove(&(e.op_context as usize)) else {
+                    log::warn!(
+                        "completion for an unknown operation context {:p}",
+                        e.op_context
+                    );
+                    continue;
+                };
+                if ctx.role == Role::Peek {
+                    self.on_peeked(ctx, e.tag, e.len)?;
+                    continue;
+                }
+                let ctx = *ctx;
+                let mut owned = ctx.owned;
+                match ctx.role {
+                    Role::Swallow => continue,
+                    Role::Claim => {
+                        let mut data = owned.unwrap_or_default();
+                        data.truncate(e.len);
+                        self.on_claimed(data)?;
+                        continue;
+                    }
+                    Role::Pool => {
+                        let msg = owned.unwrap_or_default();
+                        self.on_small(&msg[..e.len.min(msg.len())]);
+                        self.post_pool(Some(msg))?;
+                        continue;
+                    }
+                    Role::SmallSend => {
+                        if let (Some(soft), Some(b)) = (self.shm.soft.as_mut(), owned.take()) {
+                            if soft.free.len() < FREE_BUFS {
+                                soft.free.push(b);
+                            }
+                        }
+                    }
+                    Role::Dual => {
+                        if let Some(soft) = self.shm.soft.as_mut() {
+                            soft.posted.retain(|r| r.op != ctx.op);
+                        }
+                    }
+                    // A peek's answer was handled above, before its context was taken apart.
+                    Role::User | Role::Peek => {}
+                }
+                let len = if ctx.recv { e.len } else { ctx.len };
+                let data = owned.map(|mut v| {
+                    v.truncate(len);
+                    v
+                });
+                out.push(Completion {
+                    op: ctx.op,
+                    len,
+                    tag: e.tag,
+                    status: Ok(()),
+                    data,
+                });
+            }
+            if (n as usize) < entries.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    pub(super) fn read_error(&mut self, out: &mut Vec<Completion>) -> Result<()> {
+        let mut e = sys::fi_cq_err_entry::default();
+        // SAFETY: cq is open; e is a valid, zeroed error entry (err_data_size 0: the provider
+        // points err_data at its own buffer).
+        let rc = unsafe { sys::fi_cq_readerr(self.cq, &mut e, 0) };
+        if rc == -(sys::FI_EAGAIN as isize) {
+            return Ok(());
+        }
+        check("fi_cq_readerr", rc as i64)?;
+        let mut buf = [0 as std::os::raw::c_char; 256];
+        // SAFETY: cq is open; e came from it; buf has 256 writable bytes.
+        let prov = unsafe {
+            sys::fi_cq_strerror(
+                self.cq,
+                e.prov_errno,
+                e.err_data,
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
+        let prov = cstr(prov);
+        let Some(ctx) = self.ops.remove(&(e.op_context as usize)) else {
+            log::warn!(
+                "completion error for an unknown operation: {} ({prov})",
+                strerror(e.err as i64)
+            );
+            return Ok(());
+        };
+        match ctx.role {
+            Role::Swallow => return Ok(()),
+            Role::Peek | Role::Claim => return self.on_claim_error(ctx.role, e.err.abs()),
+            Role::Pool => {
+                if e.err.abs() != sys::FI_ECANCELED as c_int {
+                    log::warn!(
+                        "small-message pool receive failed: {} ({prov})",
+                        strerror(e.err as i64)
+                    );
+                    self.post_pool(None)?;
+                }
+                return Ok(());
+            }
+            Role::Dual => {
+                if let Some(soft) = self.shm.soft.as_mut() {
+                    soft.posted.retain(|r| r.op != ctx.op);
+                }
+            }
+            Role::User | Role::SmallSend => {}
+        }
+        // Some providers (shm) report a negative errno here: compare magnitudes.
+        let err = e.err.abs();
+        let status = if err == sys::FI_ECANCELED as c_int {
+            Err(Error::InvalidUsage("operation cancelled".into()))
+        } else if err == sys::FI_ETRUNC as c_int {
+            Err(too_large((ctx.len + e.olen) as u64, ctx.len))
+        } else {
+            Err(Error::System(format!(
+                "{} failed: {} (provider: {prov})",
+                if ctx.recv { "receive" } else { "send" },
+                strerror(e.err as i64)
+            )))
+        };
+        out.push(Completion {
+            op: ctx.op,
+            len: 0,
+            tag: e.tag,
+            status,
+            data: None,
+        });
+        Ok(())
+    }
+}
+
+impl FabricTransport {
+    pub(super) fn wait_cq(&self, timeout: Duration) -> Result<()> {
+        let Some(fd) = self.wait_fd else {
+            std::thread::yield_now();
+            return Ok(());
+        };
+        {
+            let g = self.inner.lock();
+            if !g.ready.is_empty() || !g.backlog.is_empty() || !g.shm.hellos.is_empty() {
+                return Ok(());
+            }
+            if g.shm.inbox.is_some() {
+                // A fastbox frame raises no completion: never sleep past one.
+                drop(g);
+                std::thread::yield_now();
+                return Ok(());
+            }
+            let mut fids = [g.cq as *mut sys::fid];
+            // SAFETY: fabric and cq are open; fids holds one valid fid.
+            let rc = unsafe { sys::fi_trywait(g.dom.fabric, fids.as_mut_ptr(), 1) };
+            if rc != 0 {
+                return Ok(()); // something is ready or needs progress: the caller polls
+            }
+        }
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as c_int;
+        // SAFETY: pfd is one valid pollfd; the fd belongs to our CQ, open while self lives.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
+        Ok(())
+    }
+}
