@@ -122,21 +122,28 @@ impl Exec {
         let d = self.region(&dst);
         let s = src.map(|s| self.region(&s));
         let (dt, op) = (self.job.args.dtype, self.job.args.op);
-        t.take_now(peers[peer], self.tag(peer, i), &mut |m: &[u8]| {
-            if m.len() != d.len() {
-                return Err(wrong_size(m.len(), d.len()));
-            }
-            let r = match s {
-                None => {
-                    d.with_mut(|x| reduce::copy(x, m));
-                    Ok(())
+        let ignore = self.sig_ignored();
+        t.take_now(
+            peers[peer],
+            self.tag(peer, i),
+            ignore,
+            &mut |tag, m: &[u8]| {
+                self.check_signature_bits(peer, tag)?;
+                if m.len() != d.len() {
+                    return Err(wrong_size(m.len(), d.len()));
                 }
-                // The operand order of `reduce_into(src, message, dst)` on the general path.
-                Some(s) if s == d => d.with_mut(|x| reduce::reduce_inplace(dt, op, x, m)),
-                Some(s) => s.with(|a| d.with_mut(|x| reduce::reduce(dt, op, a, m, x))),
-            };
-            r.map_err(|e| Error::Internal(format!("reduction: {e}")))
-        })
+                let r = match s {
+                    None => {
+                        d.with_mut(|x| reduce::copy(x, m));
+                        Ok(())
+                    }
+                    // The operand order of `reduce_into(src, message, dst)` on the general path.
+                    Some(s) if s == d => d.with_mut(|x| reduce::reduce_inplace(dt, op, x, m)),
+                    Some(s) => s.with(|a| d.with_mut(|x| reduce::reduce(dt, op, a, m, x))),
+                };
+                r.map_err(|e| Error::Internal(format!("reduction: {e}")))
+            },
+        )
     }
 }
 

@@ -169,10 +169,9 @@ impl Exec {
                 "the provider aborted the operation (connection to the peer lost)".into(),
             ),
             // A peer sent more than this rank's schedule expects: the ranks disagree on the call.
-            Error::InvalidArgument(m) if m.contains("arrived for a receive buffer") => {
+            Error::InvalidUsage(m) if m.contains("arrived for a receive buffer") => {
                 Error::InvalidUsage(format!(
-                    "{}: do the ranks make the same call with the same count and type?",
-                    m.trim_start_matches("argument 'size': ")
+                    "{m}: do the ranks make the same call with the same count and type?"
                 ))
             }
             e => e,
@@ -208,7 +207,7 @@ impl Exec {
 
     /// The tag bits a receive ignores when matching: a collective's signature, which
     /// `check_signature` compares once the message is in.
-    fn sig_ignored(&self) -> u64 {
+    pub(super) fn sig_ignored(&self) -> u64 {
         match self.job.args.tags {
             Tags::Coll(_) => SIG_MASK,
             Tags::P2p(_) => 0,
@@ -221,11 +220,20 @@ impl Exec {
     fn check_signature(&self, peer: usize, c: &Completion) -> Result<()> {
         let arrived = match &c.status {
             Ok(()) => true,
-            Err(Error::InvalidArgument(m)) => m.contains("arrived for a receive buffer"),
+            Err(Error::InvalidUsage(m)) => m.contains("arrived for a receive buffer"),
             Err(_) => false,
         };
-        let theirs = c.tag & SIG_MASK;
-        if !arrived || self.sig_ignored() == 0 || theirs == self.sig {
+        if arrived {
+            self.check_signature_bits(peer, c.tag)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Fail when `tag`, of a message from `peer`, carries another call's signature.
+    pub(super) fn check_signature_bits(&self, peer: usize, tag: u64) -> Result<()> {
+        let theirs = tag & SIG_MASK;
+        if self.sig_ignored() == 0 || theirs == self.sig {
             return Ok(());
         }
         let p = &self.job.schedule.problem;

@@ -66,9 +66,15 @@ impl Transport for Recorder {
         }
         Ok(true)
     }
-    fn take_now(&self, _: Peer, _: u64, f: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<bool> {
+    fn take_now(
+        &self,
+        _: Peer,
+        tag: u64,
+        _: u64,
+        f: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<bool> {
         self.posts.lock().push('T');
-        f(&self.reply).map(|_| true)
+        f(tag, &self.reply).map(|_| true)
     }
 }
 

@@ -231,15 +231,16 @@ pub trait Transport: Send + Sync {
         ))
     }
 
-    /// Take the message from `peer` whose tag is exactly `tag`, if it has arrived: `f` gets
-    /// its payload and the message is consumed (Ok(true), or `f`'s error). Ok(false): not
-    /// yet. An error when `peer` has gone without sending it. The caller must own `tag`: no
-    /// posted `recv` may match it.
+    /// Take the message from `peer` whose tag equals `tag` on every bit not set in `ignore`,
+    /// if it has arrived: `f` gets its tag and payload and the message is consumed (Ok(true),
+    /// or `f`'s error). Ok(false): not yet. An error when `peer` has gone without sending it.
+    /// The caller must own the tags it matches: no posted `recv` may match them.
     fn take_now(
         &self,
         _peer: Peer,
         _tag: u64,
-        _f: &mut dyn FnMut(&[u8]) -> Result<()>,
+        _ignore: u64,
+        _f: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
     ) -> Result<bool> {
         Err(Error::InvalidUsage(
             "this transport has no direct channel (direct_bytes is 0)".into(),

@@ -418,9 +418,10 @@ impl Transport for FabricTransport {
         &self,
         peer: Peer,
         tag: u64,
-        f: &mut dyn FnMut(&[u8]) -> Result<()>,
+        ignore: u64,
+        f: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
     ) -> Result<bool> {
-        self.inner.lock().take_now(&self.caps, peer, tag, f)
+        self.inner.lock().take_now(&self.caps, peer, tag, ignore, f)
     }
 
     fn wait(&self, timeout: Duration) -> Result<()> {

@@ -63,8 +63,8 @@ fn complete_recv(r: PostedRecv, tag: u64, data: Vec<u8>) -> Completion {
             op: r.op,
             len: 0,
             tag,
-            status: Err(Error::InvalidArgument(format!(
-                "argument 'size': a message of {} bytes arrived for a receive buffer of {} bytes",
+            status: Err(Error::InvalidUsage(format!(
+                "a message of {} bytes arrived for a receive buffer of {} bytes",
                 data.len(),
                 r.len
             ))),
@@ -335,7 +335,7 @@ mod tests {
             .as_ref()
             .unwrap_err()
             .to_string()
-            .contains("'size'"));
+            .contains("16 bytes arrived for a receive buffer of 2 bytes"));
         b.recv(2, 0, region(&mut small), None, 8).unwrap();
         b.cancel(8);
         assert!(drain(&b)[0].status.is_err());

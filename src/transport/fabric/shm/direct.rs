@@ -72,22 +72,25 @@ impl Inner {
         caps: &Caps,
         peer: Peer,
         tag: u64,
-        f: &mut dyn FnMut(&[u8]) -> Result<()>,
+        ignore: u64,
+        f: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
     ) -> Result<bool> {
         const CQ_EVERY: u32 = 256;
         let gone = self.shm.gone_pid(peer, false);
-        if self.take_unexpected(tag, f)? {
+        if self.take_unexpected(tag, ignore, f)? {
             return Ok(true);
         }
         let mut found: Option<Result<()>> = None;
         if let Some(mut ib) = self.shm.inbox.take() {
             ib.drain(|a| {
-                if found.is_none()
-                    && a.kind == fastbox::DATA
-                    && a.msg.len() >= 8
-                    && a.msg[..8] == tag.to_le_bytes()
-                {
-                    found = Some(f(&a.msg[8..]));
+                let arrived = match a.msg.get(..8) {
+                    Some(t) if a.kind == fastbox::DATA && found.is_none() => {
+                        Some(u64::from_le_bytes(t.try_into().expect("8 bytes")))
+                    }
+                    _ => None,
+                };
+                if let Some(t) = arrived.filter(|t| (t ^ tag) & !ignore == 0) {
+                    found = Some(f(t, &a.msg[8..]));
                 } else {
                     self.on_frame(caps, a);
                 }
@@ -101,7 +104,7 @@ impl Inner {
         if self.shm.direct_misses >= CQ_EVERY {
             self.shm.direct_misses = 0;
             self.progress(caps)?;
-            if self.take_unexpected(tag, f)? {
+            if self.take_unexpected(tag, ignore, f)? {
                 return Ok(true);
             }
         }
@@ -111,24 +114,31 @@ impl Inner {
         }
     }
 
-    /// A message with exactly `tag` that arrived before anyone asked for it, handed to `f`.
+    /// A message matching `tag` (bits in `ignore` aside) that arrived before anyone asked for
+    /// it, handed to `f` with its tag.
     pub(crate) fn take_unexpected(
         &mut self,
         tag: u64,
-        f: &mut dyn FnMut(&[u8]) -> Result<()>,
+        ignore: u64,
+        f: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
     ) -> Result<bool> {
         let Some(soft) = self.shm.soft.as_mut() else {
             return Ok(false);
         };
-        let Some(i) = soft.unexpected.iter().position(|(t, _)| *t == tag) else {
+        let Some(i) = soft
+            .unexpected
+            .iter()
+            .position(|(t, _)| (t ^ tag) & !ignore == 0)
+        else {
             return Ok(false);
         };
-        match soft.unexpected.remove(i).expect("index from position").1 {
-            Unexp::Data(data) => f(&data).map(|_| true),
+        let (t, m) = soft.unexpected.remove(i).expect("index from position");
+        match m {
+            Unexp::Data(data) => f(t, &data).map(|_| true),
             // Only a program whose ranks disagree on a message's size gets here: the direct
             // channel carries messages of up to the fastbox payload, an RTS announces larger.
-            Unexp::Rndv { rts, .. } => Err(Error::InvalidArgument(format!(
-                "argument 'size': a message of {} bytes arrived where at most {} were expected",
+            Unexp::Rndv { rts, .. } => Err(Error::InvalidUsage(format!(
+                "a message of {} bytes arrived for a receive buffer of at most {} bytes",
                 rts.len,
                 fastbox::MAX_PAYLOAD
             ))),
@@ -190,7 +200,7 @@ mod tests {
         let start = Instant::now();
         let mut got = None;
         while !t
-            .take_now(peer, tag, &mut |m| {
+            .take_now(peer, tag, 0, &mut |_, m| {
                 got = Some(m.to_vec());
                 Ok(())
             })
@@ -214,7 +224,9 @@ mod tests {
         assert!(max == fastbox::MAX_PAYLOAD && a.direct_bytes(to_b) == max);
         // Nothing yet; then three tags taken in another order than sent (the ones passed
         // over wait among the unexpected), one of them the largest payload.
-        let none = a.take_now(to_b, 1, &mut |_| Ok(())).expect("take_now");
+        let none = a
+            .take_now(to_b, 1, 0, &mut |_, _| Ok(()))
+            .expect("take_now");
         assert!(!none);
         let big: Vec<u8> = (0..max).map(|i| (i * 7) as u8).collect();
         assert!(b.send_now(to_a, 1, b"one").expect("send_now"));
@@ -244,14 +256,16 @@ mod tests {
         assert!(b.send_now(to_a, 11, b"bad").expect("send_now"));
         let start = Instant::now();
         let err = loop {
-            match a.take_now(to_b, 11, &mut |_| Err(Error::Remote("no".into()))) {
+            match a.take_now(to_b, 11, 0, &mut |_, _| Err(Error::Remote("no".into()))) {
                 Ok(false) => assert!(start.elapsed() < Duration::from_secs(5)),
                 Ok(true) => panic!("the error was lost"),
                 Err(e) => break e,
             }
         };
         assert!(err.to_string().contains("no"), "{err}");
-        assert!(!a.take_now(to_b, 11, &mut |_| Ok(())).expect("take_now"));
+        assert!(!a
+            .take_now(to_b, 11, 0, &mut |_, _| Ok(()))
+            .expect("take_now"));
         // More than the channel carries: an error naming the argument, nothing sent.
         let err = b.send_now(to_a, 12, &vec![0u8; max + 1]).unwrap_err();
         assert!(err.to_string().contains("'data'"), "{err}");
@@ -293,7 +307,7 @@ mod tests {
         }
         // What it sent before it went is still taken; then neither side waits for it.
         assert_eq!(take(&a, to_b, 1), b"last words");
-        let e = a.take_now(to_b, 2, &mut |_| Ok(())).unwrap_err();
+        let e = a.take_now(to_b, 2, 0, &mut |_, _| Ok(())).unwrap_err();
         assert!(e.to_string().contains("exited without sending"), "{e}");
         let e = a.send_now(to_b, 3, b"x").unwrap_err();
         assert!(e.to_string().contains("has exited"), "{e}");

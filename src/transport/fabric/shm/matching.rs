@@ -106,8 +106,8 @@ pub(crate) fn deliver(r: &SoftRecv, tag: u64, data: &[u8]) -> Completion {
 
 /// The error of a receive of `cap` bytes that a message of `got` bytes arrived for.
 pub(crate) fn too_large(got: u64, cap: usize) -> Error {
-    Error::InvalidArgument(format!(
-        "argument 'size': a message of {got} bytes arrived for a receive buffer of {cap} bytes"
+    Error::InvalidUsage(format!(
+        "a message of {got} bytes arrived for a receive buffer of {cap} bytes"
     ))
 }
 
