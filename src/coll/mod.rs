@@ -203,15 +203,7 @@ impl Comm {
         rank: usize,
         cfg: &Config,
     ) -> Result<Comm> {
-        if nranks == 0 {
-            return Err(Error::arg("nranks", "must be at least 1"));
-        }
-        if rank >= nranks {
-            return Err(Error::arg(
-                "rank",
-                format!("{rank} is not below nranks ({nranks})"),
-            ));
-        }
+        bootstrap::check_ranks(rank, nranks)?;
         let t = open_endpoint(cfg)?;
         let addrs = bootstrap::exchange(id, rank, nranks, &t.address(), cfg.timeout)?;
         let mut comm = Comm::new(rank, t, &addrs, cfg)?;
