@@ -374,6 +374,11 @@ pub struct Schedule {
     pub ranks: Vec<Vec<Step>>,
 }
 
+/// Most slices `build` cuts one buffer into. Every slice is a step of the schedule, so a count
+/// beyond this names more memory than any machine has; the schedule is refused instead of
+/// listed (listing it alone would exhaust memory).
+pub const MAX_SLICES: usize = 1 << 24;
+
 /// Split `len` elements into `n` contiguous chunks, the first `len % n` one element longer:
 /// uneven chunks, never padding. Returns (offset, length) pairs.
 pub fn chunks(len: usize, n: usize) -> Vec<(usize, usize)> {
@@ -556,6 +561,14 @@ pub fn build(problem: Problem, algo: Algorithm, opts: &Options) -> AlgoResult<Sc
                 coll: problem.coll,
             });
         }
+    }
+    let longest = problem.in_len().max(problem.out_len());
+    if opts.slice > 0 && longest / opts.slice > MAX_SLICES {
+        return Err(AlgoError::Invalid(format!(
+            "count: {longest} elements in slices of {} make more than {MAX_SLICES} slices, more \
+             steps than a schedule can list",
+            opts.slice
+        )));
     }
     let mut b = Builder::new(n);
     let group: Vec<usize> = (0..n).collect();

@@ -4,6 +4,8 @@
 #![forbid(unsafe_code)]
 
 use crate::error::{Error, Result};
+use crate::exec::MAX_RANKS;
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -92,23 +94,161 @@ fn io(what: &str, e: std::io::Error) -> Error {
     Error::System(format!("bootstrap {what}: {e}"))
 }
 
-fn read_exact(s: &mut TcpStream, buf: &mut [u8], deadline: Instant, what: &str) -> Result<()> {
+/// The fixed part of a rank's hello: nonce (u64), rank, nranks, address length (u32 each) and
+/// 4 bytes of padding; the address follows.
+const HELLO: usize = 24;
+/// How long the root waits for a connected peer's hello. A rank sends it as soon as it has
+/// connected, so a peer silent this long is not a rank, and must not hold the others up.
+const HELLO_WAIT: Duration = Duration::from_secs(5);
+/// In place of the table's size, the root's answer to a rank it refuses; the kind of error
+/// (u32, `Refusal`), the length of its message (u32, at most `MAX_REFUSAL`) and the message
+/// follow.
+const REFUSED: u64 = u64::MAX;
+const MAX_REFUSAL: usize = 1024;
+/// How much of a refused peer's remaining bytes the root reads (and drops) before closing, so
+/// that the close does not reset the connection before the peer has read the refusal.
+const MAX_DRAIN: usize = 64 << 10;
+
+/// The kinds of error a refusal carries, as numbers on the wire.
+#[derive(Clone, Copy)]
+enum Refusal {
+    Argument = 1,
+    Timeout = 2,
+}
+
+impl Refusal {
+    fn of(e: &Error) -> (Refusal, &str) {
+        match e {
+            Error::Timeout(m) => (Refusal::Timeout, m),
+            Error::InvalidArgument(m)
+            | Error::InvalidUsage(m)
+            | Error::System(m)
+            | Error::Internal(m)
+            | Error::Remote(m) => (Refusal::Argument, m),
+        }
+    }
+
+    fn error(kind: u32, msg: String) -> Error {
+        match kind {
+            k if k == Refusal::Timeout as u32 => Error::Timeout(msg),
+            k if k == Refusal::Argument as u32 => Error::InvalidArgument(msg),
+            _ => Error::Remote(msg),
+        }
+    }
+}
+
+/// Read exactly `buf` from `s` before `deadline`. `on_timeout` says what it means that the
+/// deadline passed; a closed connection is a remote error.
+fn read_exact(
+    s: &mut TcpStream,
+    buf: &mut [u8],
+    deadline: Instant,
+    what: &str,
+    on_timeout: impl FnOnce() -> String,
+) -> Result<()> {
     let left = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(1));
     s.set_read_timeout(Some(left)).map_err(|e| io(what, e))?;
-    s.read_exact(buf).map_err(|e| {
-        if matches!(
-            e.kind(),
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-        ) {
-            Error::Timeout(format!(
-                "bootstrap {what}: no answer before the deadline (FABRICOLL_TIMEOUT_MS)"
-            ))
-        } else {
-            io(what, e)
+    s.read_exact(buf).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            Error::Timeout(format!("bootstrap {what}: {}", on_timeout()))
         }
+        std::io::ErrorKind::UnexpectedEof
+        | std::io::ErrorKind::ConnectionReset
+        | std::io::ErrorKind::ConnectionAborted => Error::Remote(format!(
+            "bootstrap {what}: the peer closed the connection ({e})"
+        )),
+        _ => io(what, e),
     })
+}
+
+/// Answer a peer the root refuses with `e`, then read what it still sends (a bounded amount,
+/// into a fixed buffer) until it closes, so that it gets the answer.
+fn refuse(s: &mut TcpStream, e: &Error) {
+    let (kind, msg) = Refusal::of(e);
+    let msg = &msg.as_bytes()[..msg.len().min(MAX_REFUSAL)];
+    let mut out = Vec::with_capacity(16 + msg.len());
+    out.extend_from_slice(&REFUSED.to_le_bytes());
+    out.extend_from_slice(&(kind as u32).to_le_bytes());
+    out.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+    out.extend_from_slice(msg);
+    let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
+    if s.write_all(&out).is_err() || s.shutdown(std::net::Shutdown::Write).is_err() {
+        return;
+    }
+    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut sink = [0u8; 4096];
+    let mut drained = 0;
+    while drained < MAX_DRAIN {
+        match s.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => drained += n,
+        }
+    }
+}
+
+/// Check that `rank` is a rank of a communicator of `nranks`, and that such a communicator
+/// can exist (at most `exec::MAX_RANKS` ranks: what the message tags carry).
+pub(crate) fn check_ranks(rank: usize, nranks: usize) -> Result<()> {
+    if nranks == 0 || nranks > MAX_RANKS {
+        return Err(Error::arg(
+            "nranks",
+            format!("{nranks} is outside 1..={MAX_RANKS}"),
+        ));
+    }
+    if rank >= nranks {
+        return Err(Error::arg(
+            "rank",
+            format!("{rank} is not below nranks ({nranks})"),
+        ));
+    }
+    Ok(())
+}
+
+/// A rank's hello, once the root has checked it.
+struct Hello {
+    rank: usize,
+    nranks: usize,
+    addr: Vec<u8>,
+}
+
+/// Read and check a hello. Only the fixed header is read before the nonce is checked, and
+/// every field is checked before the address is read, so a peer without the unique id makes
+/// the root allocate nothing. `Err(None)`: the peer sent no whole hello (ignore it);
+/// `Err(Some(e))`: refuse it with `e`.
+fn read_hello(
+    s: &mut TcpStream,
+    id: &UniqueId,
+    deadline: Instant,
+) -> std::result::Result<Hello, Option<Error>> {
+    let wait = deadline.min(Instant::now() + HELLO_WAIT);
+    let mut hdr = [0u8; HELLO];
+    let silent = || "no hello from a connected peer".to_string();
+    read_exact(s, &mut hdr, wait, "hello", silent).map_err(|_| None)?;
+    let u32_at = |i: usize| u32::from_le_bytes([hdr[i], hdr[i + 1], hdr[i + 2], hdr[i + 3]]);
+    let nonce = u64::from_le_bytes(hdr[0..8].try_into().expect("8 bytes"));
+    if nonce != id.nonce {
+        return Err(Some(Error::arg(
+            "uniqueId",
+            format!(
+                "its nonce does not match the one of the root at {}: this rank was given \
+                 another communicator's unique id",
+                id.addr
+            ),
+        )));
+    }
+    let (rank, nranks, len) = (u32_at(8) as usize, u32_at(12) as usize, u32_at(16) as usize);
+    check_ranks(rank, nranks).map_err(Some)?;
+    if len > MAX_ADDR {
+        return Err(Some(Error::arg(
+            "address",
+            format!("{len} bytes, more than the {MAX_ADDR} an endpoint address may have"),
+        )));
+    }
+    let mut addr = vec![0u8; len];
+    read_exact(s, &mut addr, wait, "address", silent).map_err(|_| None)?;
+    Ok(Hello { rank, nranks, addr })
 }
 
 /// Start a root on `bind` (port 0: any) serving one communicator; returns its unique id.
@@ -136,19 +276,40 @@ pub fn new_unique_id(bind_ip: IpAddr, timeout: Duration) -> Result<UniqueId> {
     serve(SocketAddr::new(bind_ip, 0), None, timeout)
 }
 
+/// The ranks below `nranks` not in `arrived`, as a short list for an error message.
+fn missing(arrived: &BTreeMap<usize, (TcpStream, Vec<u8>)>, nranks: usize) -> String {
+    const SHOWN: usize = 8;
+    let mut gone = (0..nranks).filter(|r| !arrived.contains_key(r));
+    let mut list: Vec<String> = gone.by_ref().take(SHOWN).map(|r| r.to_string()).collect();
+    if gone.next().is_some() {
+        list.push("...".into());
+    }
+    list.join(", ")
+}
+
+/// Serve one communicator: gather every rank's hello, then send each the table of addresses.
+/// The communicator's size is the first good hello's `nranks`; ranks that disagree are
+/// refused. Memory grows only with the ranks that arrived (at most `MAX_ADDR` bytes each).
 fn root(listener: TcpListener, id: UniqueId, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     listener
         .set_nonblocking(true)
         .map_err(|e| io("listener", e))?;
-    let mut conns: Vec<Option<(TcpStream, Vec<u8>)>> = Vec::new();
+    let mut conns: BTreeMap<usize, (TcpStream, Vec<u8>)> = BTreeMap::new();
     let mut nranks = 0usize;
-    let mut arrived = 0usize;
-    while nranks == 0 || arrived < nranks {
+    while nranks == 0 || conns.len() < nranks {
         if Instant::now() > deadline {
-            return Err(Error::Timeout(format!(
-                "{arrived} of {nranks} ranks arrived before the deadline"
-            )));
+            let e = Error::Timeout(format!(
+                "{} of {nranks} ranks did not arrive within FABRICOLL_TIMEOUT_MS ({} ms): \
+                 rank(s) {} missing",
+                nranks - conns.len(),
+                timeout.as_millis(),
+                missing(&conns, nranks)
+            ));
+            for (s, _) in conns.values_mut() {
+                refuse(s, &e);
+            }
+            return Err(e);
         }
         let (mut s, _) = match listener.accept() {
             Ok(x) => x,
@@ -160,41 +321,48 @@ fn root(listener: TcpListener, id: UniqueId, timeout: Duration) -> Result<()> {
         };
         s.set_nonblocking(false).map_err(|e| io("socket", e))?;
         let _ = s.set_nodelay(true);
-        let mut hdr = [0u8; 24];
-        if read_exact(&mut s, &mut hdr, deadline, "hello").is_err() {
-            continue; // not one of ours, or gone: ignore
-        }
-        let n = u64::from_le_bytes(hdr[0..8].try_into().expect("8"));
-        let rank = u32::from_le_bytes(hdr[8..12].try_into().expect("4")) as usize;
-        let nr = u32::from_le_bytes(hdr[12..16].try_into().expect("4")) as usize;
-        let len = u32::from_le_bytes(hdr[16..20].try_into().expect("4")) as usize;
-        if n != id.nonce || len > MAX_ADDR || nr == 0 || rank >= nr {
-            continue;
-        }
-        let mut addr = vec![0u8; len];
-        if read_exact(&mut s, &mut addr, deadline, "address").is_err() {
-            continue;
-        }
+        let h = match read_hello(&mut s, &id, deadline) {
+            Ok(h) => h,
+            Err(None) => continue, // not one of ours, or gone
+            Err(Some(e)) => {
+                log::warn!("bootstrap: refused a peer: {e}");
+                refuse(&mut s, &e);
+                continue;
+            }
+        };
         if nranks == 0 {
-            nranks = nr;
-            conns = (0..nr).map(|_| None).collect();
+            nranks = h.nranks;
         }
-        if nr != nranks || conns[rank].is_some() {
-            log::warn!("bootstrap: rank {rank} of {nr} does not fit a communicator of {nranks} (or came twice)");
+        let bad = if h.nranks != nranks {
+            Some(Error::arg(
+                "nranks",
+                format!(
+                    "rank {} says {}, but the communicator has {nranks} ranks (the first rank \
+                     to arrive said so)",
+                    h.rank, h.nranks
+                ),
+            ))
+        } else if conns.contains_key(&h.rank) {
+            Some(Error::arg("rank", format!("rank {} joined twice", h.rank)))
+        } else {
+            None
+        };
+        if let Some(e) = bad {
+            log::warn!("bootstrap: refused a rank: {e}");
+            refuse(&mut s, &e);
             continue;
         }
-        conns[rank] = Some((s, addr));
-        arrived += 1;
+        conns.insert(h.rank, (s, h.addr));
     }
     let mut table = Vec::new();
-    for c in conns.iter().flatten() {
-        table.extend_from_slice(&(c.1.len() as u32).to_le_bytes());
-        table.extend_from_slice(&c.1);
+    for (_, a) in conns.values() {
+        table.extend_from_slice(&(a.len() as u32).to_le_bytes());
+        table.extend_from_slice(a);
     }
-    for c in conns.iter_mut().flatten() {
+    for (s, _) in conns.values_mut() {
         let mut msg = (table.len() as u64).to_le_bytes().to_vec();
         msg.extend_from_slice(&table);
-        c.0.write_all(&msg).map_err(|e| io("send table", e))?;
+        s.write_all(&msg).map_err(|e| io("send table", e))?;
     }
     Ok(())
 }
@@ -207,6 +375,13 @@ pub fn exchange(
     addr: &[u8],
     timeout: Duration,
 ) -> Result<Vec<Vec<u8>>> {
+    check_ranks(rank, nranks)?;
+    if addr.len() > MAX_ADDR {
+        return Err(Error::Internal(format!(
+            "endpoint address of {} bytes, more than the bootstrap's {MAX_ADDR}",
+            addr.len()
+        )));
+    }
     let deadline = Instant::now() + timeout;
     let mut s = loop {
         match TcpStream::connect_timeout(&id.addr, Duration::from_millis(500)) {
@@ -224,7 +399,7 @@ pub fn exchange(
         }
     };
     let _ = s.set_nodelay(true);
-    let mut hello = Vec::with_capacity(24 + addr.len());
+    let mut hello = Vec::with_capacity(HELLO + addr.len());
     hello.extend_from_slice(&id.nonce.to_le_bytes());
     hello.extend_from_slice(&(rank as u32).to_le_bytes());
     hello.extend_from_slice(&(nranks as u32).to_le_bytes());
@@ -232,14 +407,36 @@ pub fn exchange(
     hello.extend_from_slice(&[0u8; 4]);
     hello.extend_from_slice(addr);
     s.write_all(&hello).map_err(|e| io("hello", e))?;
+    let late = || {
+        format!(
+            "the table did not come within FABRICOLL_TIMEOUT_MS ({} ms): not every one of the \
+             {nranks} ranks reached the root at {}",
+            timeout.as_millis(),
+            id.addr
+        )
+    };
     let mut len = [0u8; 8];
-    read_exact(&mut s, &mut len, deadline, "table size")?;
-    let len = u64::from_le_bytes(len) as usize;
-    if len > nranks * (MAX_ADDR + 4) {
+    read_exact(&mut s, &mut len, deadline, "table size", late)?;
+    let len = u64::from_le_bytes(len);
+    if len == REFUSED {
+        let mut head = [0u8; 8];
+        read_exact(&mut s, &mut head, deadline, "refusal", late)?;
+        let kind = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes"));
+        let n =
+            (u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")) as usize).min(MAX_REFUSAL);
+        let mut msg = vec![0u8; n];
+        read_exact(&mut s, &mut msg, deadline, "refusal", late)?;
+        let msg = String::from_utf8_lossy(&msg);
+        return Err(Refusal::error(
+            kind,
+            format!("{msg} (refused by the bootstrap root at {})", id.addr),
+        ));
+    }
+    if len > (nranks * (MAX_ADDR + 4)) as u64 {
         return Err(Error::Remote("bootstrap: malformed table".into()));
     }
-    let mut table = vec![0u8; len];
-    read_exact(&mut s, &mut table, deadline, "table")?;
+    let mut table = vec![0u8; len as usize];
+    read_exact(&mut s, &mut table, deadline, "table", late)?;
     let mut out = Vec::with_capacity(nranks);
     let mut p = 0;
     while p + 4 <= table.len() {
@@ -297,6 +494,6 @@ mod tests {
         let id =
             new_unique_id(IpAddr::V4(Ipv4Addr::LOCALHOST), Duration::from_millis(300)).unwrap();
         let e = exchange(&id, 0, 2, b"x", Duration::from_millis(500)).unwrap_err();
-        assert!(matches!(e, Error::Timeout(_) | Error::System(_)), "{e}");
+        assert!(matches!(e, Error::Timeout(_)), "{e}");
     }
 }

@@ -1,0 +1,72 @@
+//! Which algorithm runs a collective: the per-call or communicator override, else the cost
+//! model's choice, kept per problem so that a loop of calls evaluates the model once.
+use super::Comm;
+use crate::algo::{self, Algorithm, Options, Problem};
+use crate::error::{Error, Result};
+use crate::tune;
+
+/// What a choice depends on besides the model: the problem, the element size and the forced
+/// algorithm (None: `auto`).
+pub(super) type ChoiceKey = (Problem, usize, Option<Algorithm>);
+
+/// How many choices a communicator keeps (a new one beyond that clears them).
+const CHOICES_KEPT: usize = 1024;
+
+impl Comm {
+    /// Which algorithm runs `p` (override, else the cost model), with its options.
+    pub fn choose(
+        &self,
+        p: &Problem,
+        elem: usize,
+        per_call: Option<Algorithm>,
+    ) -> Result<(Algorithm, Options)> {
+        let forced = per_call.or(*self.algo.lock());
+        let key = (*p, elem, forced);
+        if let Some(c) = self.choices.lock().get(&key) {
+            return Ok(*c);
+        }
+        let c = self.decide(p, elem, forced)?;
+        let mut choices = self.choices.lock();
+        if choices.len() >= CHOICES_KEPT {
+            choices.clear();
+        }
+        choices.insert(key, c);
+        Ok(c)
+    }
+
+    /// `choose` without the kept choices.
+    fn decide(
+        &self,
+        p: &Problem,
+        elem: usize,
+        forced: Option<Algorithm>,
+    ) -> Result<(Algorithm, Options)> {
+        let opts = Options {
+            slice: (self.slice / elem.max(1)).max(1),
+            local: self.local,
+            intra: Algorithm::Ring,
+            inter: Algorithm::Ring,
+        };
+        if let Some(a) = forced {
+            if !algo::supports(a, p.coll) {
+                let ok: Vec<&str> = Algorithm::ALL
+                    .iter()
+                    .filter(|x| algo::supports(**x, p.coll))
+                    .map(|x| x.name())
+                    .collect();
+                return Err(Error::InvalidArgument(format!(
+                    "algorithm '{a}' does not implement {:?}; accepted values: auto, {}",
+                    p.coll,
+                    ok.join(", ")
+                )));
+            }
+            let opts = if a == Algorithm::Hier {
+                tune::hier_options(self.nranks, self.local, opts)
+            } else {
+                self.model.eager_slicing(a, p, elem, opts)
+            };
+            return Ok((a, opts));
+        }
+        Ok(self.model.choose(p, elem, opts, self.local))
+    }
+}

@@ -1,0 +1,402 @@
+//! The request table of a communicator (`Engine`) and the per-call paths over it: prepare a
+//! call's executor (cached schedules and plans, the spare executor), start it, poll progress,
+//! test and wait, and run a blocking collective, over the direct channel where it fits.
+use super::call::{Call, Kind, RequestId};
+use super::choice::ChoiceKey;
+use super::Comm;
+use crate::algo::{self, Algorithm, Options, Problem, Schedule};
+use crate::error::{Error, Result};
+use crate::exec::{Args, BufPool, Exec, Idle, Job, Plan, Tags};
+use crate::transport::{Completion, Scratch, Transport};
+use rustc_hash::FxHashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Where a request stands; done and failed ones stay until `test` reports them.
+pub(super) enum ReqState {
+    Running(Box<Exec>),
+    Done,
+    Failed(Error),
+}
+
+type ScheduleKey = (Problem, Algorithm, Options, usize);
+
+/// A schedule, this rank's plan of it, and whether every message of the plan fits the
+/// transport's direct channel to its peer (then a blocking call runs it with `run_direct`).
+#[derive(Clone)]
+struct Planned {
+    schedule: Arc<Schedule>,
+    plan: Arc<Plan>,
+    direct: bool,
+}
+
+/// A communicator's requests and what its calls keep between them (schedules, plans,
+/// buffers, the spare executor), behind the communicator's one lock.
+pub(super) struct Engine {
+    pub(super) execs: FxHashMap<u32, ReqState>,
+    next_id: u32,
+    seq: u32,
+    p2p_send: Vec<u64>,
+    p2p_recv: Vec<u64>,
+    /// Memory of failed collectives that operations may still touch.
+    pub(super) graveyard: Vec<Scratch>,
+    scratch: Vec<Completion>,
+    /// Schedules and this rank's plan of them, per (problem, algorithm, options, element size).
+    cache: FxHashMap<ScheduleKey, Planned>,
+    /// Staging, Tmp and backup memory kept between calls.
+    pool: BufPool,
+    /// The last collective's choice and schedule: a loop of the same call skips both lookups.
+    last: Option<(ChoiceKey, Algorithm, Planned)>,
+    /// The executor of the last collective that finished, kept for the next call of the same
+    /// plan (`park`, `Exec::rearm`).
+    spare: Option<Box<Exec>>,
+    /// Blocking collectives that ran over the direct channel (`run_direct`).
+    pub(super) direct_runs: u64,
+}
+
+impl Engine {
+    pub(super) fn new(nranks: usize) -> Engine {
+        Engine {
+            execs: FxHashMap::default(),
+            next_id: 1,
+            seq: 0,
+            p2p_send: vec![0; nranks],
+            p2p_recv: vec![0; nranks],
+            graveyard: Vec::new(),
+            scratch: Vec::new(),
+            cache: FxHashMap::default(),
+            pool: BufPool::default(),
+            last: None,
+            spare: None,
+            direct_runs: 0,
+        }
+    }
+}
+
+/// Where a collective's executor comes from: a new one for this plan, or the spare.
+enum Prep {
+    Fresh(Planned),
+    Spare(Box<Exec>),
+}
+
+impl Comm {
+    fn schedule(
+        &self,
+        e: &mut Engine,
+        p: Problem,
+        a: Algorithm,
+        o: Options,
+        elem: usize,
+    ) -> Result<Planned> {
+        if let Some(s) = e.cache.get(&(p, a, o, elem)) {
+            return Ok(s.clone());
+        }
+        let schedule =
+            Arc::new(algo::build(p, a, &o).map_err(|err| Error::InvalidArgument(err.to_string()))?);
+        let plan = Arc::new(Plan::new(&schedule, self.rank, elem)?);
+        let direct = plan
+            .message_peers
+            .iter()
+            .map(|&r| self.transport.direct_bytes(self.peers[r]))
+            .all(|d| d > 0 && plan.max_message <= d);
+        let planned = Planned {
+            schedule,
+            plan,
+            direct,
+        };
+        if e.cache.len() > 256 {
+            e.cache.clear();
+        }
+        e.cache.insert((p, a, o, elem), planned.clone());
+        Ok(planned)
+    }
+
+    /// Start a call; returns its request.
+    pub fn start(&self, call: &Call) -> Result<RequestId> {
+        self.check_alive()?;
+        let mut e = self.engine.lock();
+        let (exec, id, _) = self.prepare(call, &mut e)?;
+        e.execs.insert(id, ReqState::Running(exec));
+        self.progress(&mut e)?;
+        Ok(id as RequestId)
+    }
+
+    /// Check a call and make its `Exec`, with its request id and whether it may run over the
+    /// direct channel (`Planned::direct`; never for point-to-point calls).
+    fn prepare(&self, call: &Call, e: &mut Engine) -> Result<(Box<Exec>, u32, bool)> {
+        let elem = call.dtype.size();
+        let (schedule, rank) = match call.kind {
+            Kind::Coll(coll) | Kind::Window { coll, .. } => {
+                let p = call.problem(coll, self.nranks)?;
+                let key = (p, elem, call.algo.or(*self.algo.lock()));
+                if !matches!(&e.last, Some((k, ..)) if *k == key) {
+                    let (a, o) = self.choose(&p, elem, call.algo)?;
+                    let planned = self.schedule(e, p, a, o, elem)?;
+                    e.last = Some((key, a, planned));
+                }
+                let (_, a, planned) = e.last.as_ref().expect("set above");
+                // The executor the last collective of this plan left: re-armed, it saves the
+                // allocations and the reference counting of a new one.
+                let prep = match e.spare.take_if(|x| Arc::ptr_eq(x.plan(), &planned.plan)) {
+                    Some(x) => Prep::Spare(x),
+                    None => Prep::Fresh(planned.clone()),
+                };
+                (Some((prep, *a, planned.direct)), self.rank)
+            }
+            Kind::Send { peer } | Kind::Recv { peer } => {
+                call.check_p2p(peer, self.nranks)?;
+                (None, self.rank)
+            }
+        };
+        let id = e.next_id;
+        e.next_id = e.next_id.wrapping_add(1).max(1);
+        let mut direct = false;
+        let exec = match (schedule, call.kind) {
+            (Some((prep, a, d)), _) => {
+                direct = d;
+                let seq = e.seq;
+                e.seq = e.seq.wrapping_add(1);
+                log::debug!(
+                    "collective #{seq}: {:?} count {} with {a}",
+                    call.kind,
+                    call.count
+                );
+                let args = Args {
+                    dtype: call.dtype,
+                    op: call.op,
+                    inp: call.send,
+                    out: call.recv,
+                    tags: Tags::Coll(seq),
+                    timeout: self.timeout,
+                    sends_first: self.sends_first(),
+                };
+                match prep {
+                    Prep::Spare(mut x) => {
+                        // As `Exec::new` does when its call is refused: the memory goes back.
+                        if let Err(err) = x.rearm(args, id, &mut e.pool) {
+                            x.recycle(&mut e.pool);
+                            return Err(err);
+                        }
+                        x
+                    }
+                    Prep::Fresh(Planned { schedule, plan, .. }) => Exec::new(
+                        Job {
+                            schedule,
+                            rank,
+                            args,
+                        },
+                        plan,
+                        id,
+                        &mut e.pool,
+                    )?,
+                }
+            }
+            (None, Kind::Send { peer }) => {
+                let k = e.p2p_send[peer];
+                e.p2p_send[peer] += 1;
+                Exec::p2p(
+                    true,
+                    self.rank,
+                    peer,
+                    self.nranks,
+                    call.send,
+                    call.count,
+                    call.dtype,
+                    k,
+                    self.timeout,
+                    id,
+                    &mut e.pool,
+                )?
+            }
+            (None, Kind::Recv { peer }) => {
+                let k = e.p2p_recv[peer];
+                e.p2p_recv[peer] += 1;
+                Exec::p2p(
+                    false,
+                    self.rank,
+                    peer,
+                    self.nranks,
+                    call.recv,
+                    call.count,
+                    call.dtype,
+                    k,
+                    self.timeout,
+                    id,
+                    &mut e.pool,
+                )?
+            }
+            (None, Kind::Coll(_) | Kind::Window { .. }) => {
+                unreachable!("collectives have schedules")
+            }
+        };
+        Ok((exec, id, direct))
+    }
+
+    /// Poll the transport, route completions, advance every running collective.
+    fn progress(&self, e: &mut Engine) -> Result<bool> {
+        let t = &*self.transport;
+        let mut comps = std::mem::take(&mut e.scratch);
+        t.poll(&mut comps)?;
+        let mut moved = !comps.is_empty();
+        for c in comps.drain(..) {
+            let id = Exec::exec_of(c.op);
+            let r = match e.execs.get_mut(&id) {
+                Some(ReqState::Running(x)) => x.on_completion(c, &mut e.pool),
+                _ => Ok(()), // a failed or finished collective's late completion
+            };
+            if let Err(err) = r {
+                fail(e, t, id, err);
+            }
+        }
+        e.scratch = comps;
+        let mut failed = Vec::new();
+        let Engine {
+            execs, pool, spare, ..
+        } = &mut *e;
+        for (id, st) in execs.iter_mut() {
+            let ReqState::Running(x) = st else {
+                continue;
+            };
+            let r = x
+                .advance(t, &self.peers, pool)
+                .and_then(|m| x.check_deadline().map(|_| m));
+            match r {
+                Ok(m) => {
+                    moved |= m;
+                    if x.is_finished() {
+                        if let ReqState::Running(x) = std::mem::replace(st, ReqState::Done) {
+                            park(spare, pool, x);
+                        }
+                    }
+                }
+                Err(err) => failed.push((*id, err)),
+            }
+        }
+        for (id, err) in failed {
+            fail(e, t, id, err);
+        }
+        Ok(moved)
+    }
+
+    /// Is the request done? Done and failed requests are released when reported.
+    pub fn test(&self, req: RequestId) -> Result<bool> {
+        self.test_moved(req).map(|(done, _)| done)
+    }
+
+    /// `test`, and whether anything moved (for the waiter's idle clock).
+    fn test_moved(&self, req: RequestId) -> Result<(bool, bool)> {
+        let id = u32::try_from(req)
+            .map_err(|_| Error::arg("request", "not a request of this communicator"))?;
+        let mut e = self.engine.lock();
+        if !e.execs.contains_key(&id) {
+            return Err(Error::arg(
+                "request",
+                "not a pending request of this communicator",
+            ));
+        }
+        let moved = self.progress(&mut e)?;
+        match e.execs.get(&id) {
+            Some(ReqState::Running(_)) => Ok((false, moved)),
+            Some(ReqState::Done) => {
+                e.execs.remove(&id);
+                Ok((true, moved))
+            }
+            Some(ReqState::Failed(_)) => match e.execs.remove(&id) {
+                Some(ReqState::Failed(err)) => Err(err),
+                _ => unreachable!(),
+            },
+            None => Err(Error::Internal("request vanished".into())),
+        }
+    }
+
+    /// Wait for a request. While something moved in the last `FABRICOLL_POLL_US`, poll,
+    /// yielding the core between idle rounds so that ranks that outnumber the cores get to
+    /// run (a yield with nothing else runnable returns at once; spinning first only delayed
+    /// the rank that had to make progress). After that long without progress, sleep on the
+    /// completion queue until it signals (at most 1 ms at a time; every collective's own
+    /// deadline still applies).
+    pub fn wait(&self, req: RequestId) -> Result<()> {
+        let mut idle = Idle::new(self.spin, self.poll);
+        loop {
+            let (done, moved) = self.test_moved(req)?;
+            if done {
+                return Ok(());
+            }
+            if moved {
+                idle.moved();
+            } else if !idle.expired() {
+                idle.pause();
+            } else {
+                self.transport.wait(Duration::from_millis(1))?;
+                idle.moved();
+            }
+        }
+    }
+
+    /// A blocking call. With nothing else in flight on the communicator, a collective whose
+    /// messages all fit the transport's direct channel (the shm fastbox) runs there, in this
+    /// thread, without posting operations (`Exec::run_direct`); the messages are the same on
+    /// the wire, so peers may run the same call either way.
+    pub fn run(&self, call: &Call) -> Result<()> {
+        self.check_alive()?;
+        let mut e = self.engine.lock();
+        let (exec, id, direct) = self.prepare(call, &mut e)?;
+        if direct && e.execs.is_empty() {
+            return self.run_direct(&mut e, exec);
+        }
+        e.execs.insert(id, ReqState::Running(exec));
+        self.progress(&mut e)?;
+        drop(e);
+        self.wait(id as RequestId)
+    }
+
+    /// `run` over the direct channel; the engine stays locked throughout (calls on one
+    /// communicator are serialised, and nothing else of it is in flight).
+    fn run_direct(&self, e: &mut Engine, mut exec: Box<Exec>) -> Result<()> {
+        let t = &*self.transport;
+        let mut idle = Idle::new(self.spin, self.poll);
+        e.direct_runs += 1;
+        match exec.run_direct(t, &self.peers, &mut idle, &self.aborted) {
+            Ok(()) => {
+                park(&mut e.spare, &mut e.pool, exec);
+                Ok(())
+            }
+            Err(err) => {
+                // Nothing was posted: the memory goes back to the pool, not the graveyard.
+                for b in exec.fail(t) {
+                    e.pool.put(b);
+                }
+                Err(err)
+            }
+        }
+    }
+}
+
+/// Largest Tmp memory a spare executor keeps outside the pool (and its `POOL_LIMIT`): re-arming
+/// saves little next to a large call (`docs/performance.md`).
+const SPARE_TMP_LIMIT: usize = 1 << 20;
+
+/// Keep a finished collective's executor as the spare for the next call of its plan
+/// (`Exec::rearm`); the spare it replaces goes back to the pool. Point-to-point executors
+/// are not kept (each transfer makes its own one-step plan), nor ones with more than
+/// `SPARE_TMP_LIMIT` bytes of Tmp.
+fn park(spare: &mut Option<Box<Exec>>, pool: &mut BufPool, mut x: Box<Exec>) {
+    if !x.is_collective() || x.tmp_bytes() > SPARE_TMP_LIMIT {
+        x.recycle(pool);
+        return;
+    }
+    x.retire(pool);
+    if let Some(mut old) = spare.replace(x) {
+        old.recycle(pool);
+    }
+}
+
+/// Fail request `id` with `err`, keeping its memory in the graveyard while operations may
+/// still touch it.
+fn fail(e: &mut Engine, t: &dyn Transport, id: u32, err: Error) {
+    if let Some(ReqState::Running(x)) = e.execs.remove(&id) {
+        let keep = x.fail(t);
+        e.graveyard.extend(keep);
+    }
+    e.execs.insert(id, ReqState::Failed(err));
+}

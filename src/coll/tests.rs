@@ -1,0 +1,196 @@
+//! Unit tests of the communicator: kept choices, placement-driven spinning, and calls whose
+//! buffers cannot exist (F2).
+use super::placement;
+use super::{Call, Comm, Kind};
+use crate::algo::{Algorithm, Collective, Options, Problem};
+use crate::config::Config;
+use crate::error::Error;
+use crate::reduce::{DataType, RedOp};
+use crate::transport::{Region, Transport};
+use crate::tune::Model;
+use std::sync::Arc;
+
+#[test]
+fn auto_choices_are_kept_per_model() {
+    use crate::transport::loopback::LoopbackFabric;
+    let cfg = Config::from_lookup(|_| None).unwrap();
+    let f = LoopbackFabric::new();
+    let eps: Vec<Arc<dyn Transport>> = (0..4)
+        .map(|_| Arc::new(f.endpoint()) as Arc<dyn Transport>)
+        .collect();
+    let addrs: Vec<Vec<u8>> = eps.iter().map(|e| e.address()).collect();
+    let mut comm = Comm::new(0, eps[0].clone(), &addrs, &cfg).unwrap();
+    let p = Problem::new(Collective::AllReduce, 4, 1 << 20);
+    let latency_bound = Model::new(1e4, 100.0, 100.0);
+    let bandwidth_bound = Model::new(1e-3, 0.01, 100.0);
+    let opts = |c: &Comm| c.choose(&p, 4, None).unwrap();
+    comm.set_model(latency_bound.clone());
+    let first = opts(&comm);
+    assert_eq!(first, opts(&comm), "a kept choice is the same choice");
+    comm.set_model(bandwidth_bound.clone());
+    let second = opts(&comm);
+    assert_ne!(
+        first.0, second.0,
+        "the two models must disagree for this test to mean anything"
+    );
+    let base = Options {
+        slice: comm.slice / 4,
+        local: comm.local,
+        intra: Algorithm::Ring,
+        inter: Algorithm::Ring,
+    };
+    assert_eq!(second, bandwidth_bound.choose(&p, 4, base, comm.local));
+    comm.set_model(latency_bound.clone());
+    assert_eq!(opts(&comm), latency_bound.choose(&p, 4, base, comm.local));
+    // A forced algorithm is kept under its own key, not as auto's choice.
+    assert_eq!(
+        comm.choose(&p, 4, Some(Algorithm::Ring)).unwrap().0,
+        Algorithm::Ring
+    );
+}
+
+/// Whether each of the ranks, threads pinned to `sets[r]`, spins after the exchange (and
+/// that its cost model knows whether the ranks share CPUs).
+fn spins_when_pinned(sets: &[Vec<usize>]) -> Vec<bool> {
+    use crate::transport::loopback::LoopbackFabric;
+    let cfg = Config::from_lookup(|_| None).unwrap();
+    let f = LoopbackFabric::new();
+    let eps: Vec<Arc<dyn Transport>> = sets
+        .iter()
+        .map(|_| Arc::new(f.endpoint()) as Arc<dyn Transport>)
+        .collect();
+    let addrs: Vec<Vec<u8>> = eps.iter().map(|e| e.address()).collect();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = sets
+            .iter()
+            .zip(eps)
+            .enumerate()
+            .map(|(r, (cpus, ep))| {
+                let (addrs, cfg) = (&addrs, &cfg);
+                s.spawn(move || {
+                    placement::bind_to(cpus).expect("bind");
+                    let mut c = Comm::new(r, ep, addrs, cfg).unwrap();
+                    c.learn_placement().unwrap();
+                    // One machine: its ranks share CPUs exactly when they do not spin.
+                    assert_eq!(c.model().shared_cpus, !c.spin, "rank {r}");
+                    c.spin
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn waiters_spin_when_the_exchanged_cpu_sets_give_each_rank_a_cpu() {
+    let mine = placement::allowed_cpus();
+    if mine.len() < 2 {
+        crate::testing::skip(
+            "waiters_spin_when_the_exchanged_cpu_sets_give_each_rank_a_cpu",
+            &format!("needs 2 CPUs, this process may use {mine:?}"),
+        );
+        return;
+    }
+    let (a, b) = (mine[0], mine[1]);
+    // Bound one per CPU, as mpirun binds: each sees one CPU, and each has one.
+    assert_eq!(spins_when_pinned(&[vec![a], vec![b]]), [true, true]);
+    // Both bound to one CPU: they share it.
+    assert_eq!(spins_when_pinned(&[vec![a], vec![a]]), [false, false]);
+    // Unbound on 2 CPUs: 2 ranks fit, 3 do not.
+    assert_eq!(spins_when_pinned(&vec![vec![a, b]; 2]), [true, true]);
+    assert_eq!(spins_when_pinned(&vec![vec![a, b]; 3]), [false; 3]);
+}
+
+/// A communicator of one rank over the loopback transport.
+fn one_rank() -> Comm {
+    use crate::transport::loopback::LoopbackFabric;
+    let cfg = Config::from_lookup(|_| None).unwrap();
+    let f = LoopbackFabric::new();
+    let ep: Arc<dyn Transport> = Arc::new(f.endpoint());
+    Comm::new(0, ep.clone(), &[ep.address()], &cfg).unwrap()
+}
+
+/// A call of `count` elements of `dtype` on empty buffers: a call that got past the checks
+/// would fault or abort on them.
+fn empty_call(kind: Kind, count: usize, dtype: DataType) -> Call {
+    Call {
+        kind,
+        send: Region::empty(),
+        recv: Region::empty(),
+        count,
+        dtype,
+        op: RedOp::Sum,
+        root: 0,
+        algo: None,
+    }
+}
+
+/// F2: on one rank, a count whose byte size fits 64 bits but not the address space is refused
+/// naming `count`, before anything is allocated for it.
+#[test]
+fn counts_beyond_the_address_space_are_refused_naming_count() {
+    let comm = one_rank();
+    let call = empty_call;
+    let coll = |c: Collective| Kind::Coll(c);
+    let cases = [
+        (coll(Collective::AllReduce), 1usize << 63, DataType::Int8),
+        (coll(Collective::AllGather), 1 << 61, DataType::Float32),
+        (coll(Collective::ReduceScatter), 1 << 61, DataType::Float32),
+        (coll(Collective::AllToAll), 1 << 61, DataType::Float32),
+        (coll(Collective::Broadcast), 1 << 63, DataType::Int8),
+        (coll(Collective::Reduce), 1 << 62, DataType::Int32),
+        (coll(Collective::AllReduce), usize::MAX, DataType::Float64),
+        (Kind::Send { peer: 0 }, 1 << 63, DataType::Int8),
+        (Kind::Recv { peer: 0 }, 1 << 62, DataType::Float32),
+        (
+            Kind::Window {
+                coll: Collective::AllGather,
+                offset: 0,
+                len: 1,
+            },
+            1 << 62,
+            DataType::Float64,
+        ),
+    ];
+    for (kind, count, dtype) in cases {
+        for blocking in [true, false] {
+            let c = call(kind, count, dtype);
+            let r = if blocking {
+                comm.run(&c)
+            } else {
+                comm.start(&c).map(|_| ())
+            };
+            match r {
+                Err(Error::InvalidArgument(m)) => {
+                    assert!(
+                        m.contains("'count'") && m.contains("isize::MAX"),
+                        "{kind:?} x {count}: {m}"
+                    )
+                }
+                other => panic!("{kind:?} x {count} {dtype:?}: {other:?}"),
+            }
+        }
+    }
+    assert_eq!(comm.pending(), 0);
+    // The largest buffer that fits is still accepted by the check.
+    let fits = call(coll(Collective::AllReduce), 0, DataType::Int8);
+    comm.run(&fits).unwrap();
+}
+
+/// A count whose bytes fit the address space but whose schedule would list more slices than
+/// any buffer has (`algo::MAX_SLICES`) is refused naming `count`, before the slices are listed.
+#[test]
+fn counts_beyond_any_schedule_are_refused_naming_count() {
+    let comm = one_rank();
+    for (coll, count) in [
+        (Collective::AllReduce, 1usize << 62),
+        (Collective::AllGather, 1 << 60),
+        (Collective::Broadcast, isize::MAX as usize),
+    ] {
+        let call = empty_call(Kind::Coll(coll), count, DataType::Uint8);
+        match comm.run(&call) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("count"), "{coll:?}: {m}"),
+            other => panic!("{coll:?} x {count}: {other:?}"),
+        }
+    }
+}
