@@ -25,16 +25,12 @@
 # 1.00, and whether the smallest size's time ratio is within 1.5 (issue 3's target), each also
 # by the ratios within repetitions.
 # pair_x because this machine drifts between fast and slow spells of a few runs each, in both
-# tools alike: 4-rank shm AllReduce of 1 MiB took 373-375 us in two of our runs and 880-932 in
-# three, Open MPI 400-450 in three and 1421-1464 in two, so the medians of each side alone
-# compared our slow spell with its fast one (bw_x 0.51) while ours won within 3 of the 5
-# repetitions (pair_x 1.07; 2026-11-25).
-# Why the spells: on this VM the host moves the 2 vCPUs between sharing one L3 cache and not.
-# A cache line's round trip between CPU 0 and CPU 1 (fabricoll-info --core-rtt 0 1) is 60-80 ns
-# in the fast spells and 300-350 ns in the slow ones, while a 2-rank shm AllReduce of 1 MiB takes
-# 105 and 345-380 us; a single core's copy speed barely changes (2026-11-26). So the script
-# measures that round trip before and after every run. A third state showed up too, 30-31 ns
-# (the vCPUs on one core's two hardware threads, presumably). The measured round trips fall into
+# tools alike, so the medians of each side alone can compare one tool's slow spell with the
+# other's fast one (docs/performance.md has the runs that showed it).
+# The spells come from the host moving the 2 vCPUs between sharing one L3 cache and not (and a
+# third state, both on one core's two hardware threads), which a cache line's round trip
+# between CPU 0 and CPU 1 (fabricoll-info --core-rtt 0 1) tells apart. So the script measures
+# that round trip before and after every run. The measured round trips fall into
 # classes: sorted, a value more than 1.5 times the one before starts a new class. A run whose
 # two probes fall into one class ran in that mode; mode_x is the median of the ratios within
 # repetitions whose two runs ran in one and the same mode (nm of them), so that no ratio
@@ -43,8 +39,7 @@
 # Binding is alike (BENCH_BIND): by default both bind rank r to CPU r mod the CPU count, 4 ranks
 # on 2 CPUs too (ours --bind rr, Open MPI --bind-to core:overload-allowed, which maps by core:
 # mpirun --report-bindings). Unbound oversubscribed ranks migrate between the CPUs and each
-# launch finds its own pattern: a 4-rank shm AllReduce of 8 B took 4.5 to 7.6 us unbound in
-# Open MPI against 4.0 to 4.1 bound, and 5.7 to 6.7 against 4.3 to 4.5 in ours (2026-11-25).
+# launch finds its own pattern, which spreads small-size times in both tools.
 # BENCH_BIND=default keeps each tool's default instead: 2 ranks one per CPU, 4 ranks unbound
 # (mpirun's default and fabricoll-perf's --bind core).
 # Definitions (identical in both tools, nccl-tests conventions, checked in the sources):
@@ -55,13 +50,11 @@
 #           size-0 row, which is ignored).
 #   busbw   algbw x 2(n-1)/n (allreduce), x (n-1)/n (allgather, reducescatter); GB/s = 1e9 B/s.
 #   time    per-iteration mean, averaged over ranks in both (nccl-tests' default; fabricoll-perf
-#           -a 1). Until 2026-11-25 fabricoll-perf reported the slowest rank's mean (-a 3 now).
+#           -a 1).
 #   iterations  the same rule in both: 5 warm-up iterations, whose time estimates one
 #           iteration (the slowest rank's), then clamp(BENCH_T / estimate, 5, 1000) timed ones
-#           per size (mpi_coll_bench -t, fabricoll-perf -t). Until 2026-11-23 fabricoll-perf ran
-#           fixed bands (50 + 5 warm-up from 128 KiB to 2 MiB, 10 + 2 above) while Open MPI ran
-#           up to 1000; a run that young is still warming up, in raw libfabric as much as in
-#           ours (2-rank shm AllGather of 1 MiB: 100-125 us after 5 warm-ups, 78-84 after 500).
+#           per size (mpi_coll_bench -t, fabricoll-perf -t): a run with fewer iterations is
+#           still warming up, in raw libfabric as much as in ours.
 #
 # Environment (defaults in brackets):
 #   REPS [5]                     repetitions (ours and OMPI alternate inside each)
@@ -84,8 +77,7 @@
 #                                and ../shared/baselines/build.sh when mpi_coll_bench is missing
 #   BASELINES [../shared/baselines]   BASELINE_BUILD [~/.cache/fabricoll-baselines]
 #   CARGO_TARGET_DIR [target]
-# At the defaults one repetition takes about 3 minutes on an idle 2-core machine, so REPS=5 about
-# 14 minutes (836 and 843 s in two runs on 2026-11-23).
+# docs/performance.md gives how long a repetition takes at the defaults.
 # Raw logs go to .bench/coll-<date>/ (gitignored); the tables also go to summary.txt there.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

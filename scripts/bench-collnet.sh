@@ -36,8 +36,7 @@
 #   BENCH_BUILD [1]              scripts/build.sh first (library, fabricoll-perf, C harness)
 #   BASELINES [../shared/baselines]   (for wait-quiet.sh)
 #   CARGO_TARGET_DIR [target]
-# At the defaults one repetition takes roughly 1-3 minutes on an idle 2-core machine (64 MiB at
-# 4 ranks over tcp dominates), so REPS=5 about 5-15 minutes.
+# The 64 MiB size at 4 ranks over tcp dominates a repetition's time (docs/performance.md).
 # Raw logs go to .bench/collnet-<date>/ (gitignored); the tables also go to summary.txt there.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

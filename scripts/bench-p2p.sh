@@ -20,9 +20,8 @@
 #   BENCH_PORT [20000]       first control port; ports used stay below 32768
 #   BENCH_RUN_TIMEOUT [300]  seconds allowed to each sweep / net_bench run
 #   BENCH_DEADLINE [2400]    no new repetition starts after this many seconds
-# At the defaults one repetition (both providers, raw and plugin) takes about 3.5 minutes on an
-# idle 2-core machine, so the whole run about 18-20 minutes; the longest possible run is
-# BENCH_DEADLINE + one repetition with every run at BENCH_RUN_TIMEOUT.
+# The longest possible run is BENCH_DEADLINE + one repetition with every run at
+# BENCH_RUN_TIMEOUT (docs/performance.md gives the usual duration).
 #   BENCH_BUILD [1]          run scripts/deps.sh and scripts/build.sh first (0: use what is built)
 #   BASELINES [../shared/baselines]   where fi-pingpong-sweep.sh and wait-quiet.sh live
 #   CARGO_TARGET_DIR [target]

@@ -15,7 +15,7 @@ const USAGE: &str = "usage: fabricoll-info [--core-rtt [CPU CPU]] [--algorithms]
                      `core-rtt A B NS`. About 50-100 ns means a shared cache; several hundred,
                      separate caches or sockets. Run it on idle CPUs: both threads spin.";
 
-/// Round trips per pair: about 10-70 ms each at the latencies seen.
+/// Round trips per pair: enough for a steady mean while a pair stays well under a second.
 const RTT_ROUNDS: u32 = 200_000;
 
 fn main() {
