@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Summary tables of scripts/bench-coll.sh (fabricoll-perf next to Open MPI), from a result
-directory: samples.txt, modes.txt and busy.txt as bench-coll.sh writes them.
+"""Summary tables of the benchmarks: medians over repetitions, ratios, targets.
 
     benchsum.py coll DIR --algo A --colls "C..." --ranks "R..." --transports "T..." [--t0 SECS]
+    benchsum.py collnet SAMPLES --ranks R --transport T     (bench-collnet.sh, one table)
+    benchsum.py p2p SAMPLES                                 (bench-p2p.sh, one provider's table)
 
+coll: bench-coll.sh's summary (fabricoll-perf next to Open MPI), from its result directory
+(samples.txt, modes.txt and busy.txt as bench-coll.sh writes them); it
 prints, per transport / rank count / collective, the per-size medians over the repetitions
 (busbw and time of both tools, bw_x = ours/OMPI), the median of the ratios within each
 repetition (pair_x), the same over the repetitions whose two runs ran in one cache mode (mode_x,
@@ -199,6 +202,79 @@ def target_totals(targets):
             for tr, t in totals.items()]
 
 
+def medians(rows):
+    """{key: (median, count)} of (key, value) pairs."""
+    values = {}
+    for k, v in rows:
+        values.setdefault(k, []).append(v)
+    return {k: (median(sorted(v)), len(v)) for k, v in values.items()}
+
+
+def collnet_table(samples, ranks, transport):
+    """bench-collnet.sh's table of one rank count and transport: per size, the median time and
+    busbw of CollNet and native runs, their time ratio (marked "over" above 1.1 from 64 KiB) and
+    the wrong results CollNet reported. `samples`: RANKS TRANSPORT SIZE WHO METRIC VALUE lines."""
+    rows = [f for f in samples if f[:2] == [ranks, transport]]
+    algos, wrong, pairs = {}, {}, []
+    for f in rows:
+        size = int(num(f[2]))
+        if f[3] == "algo":
+            algos.setdefault(size, set()).add(f[4])
+        elif f[4] == "wrong":
+            wrong[size] = wrong.get(size, 0) + num(f[5])
+        else:
+            pairs.append(((size, f[3], f[4]), num(f[5])))
+    med = medians(pairs)
+    m = {k: v[0] for k, v in med.items()}
+    out = ["%10s %11s %11s %8s %10s %10s %5s  %s" % ("size(B)", "collnet", "native", "t_ratio",
+                                                      "collnet", "native", "n", "native algo"),
+           "%10s %11s %11s %8s %10s %10s %5s" % ("", "time us", "time us", "cn/nat", "busbw GB/s",
+                                                  "busbw GB/s", "c/n")]
+    over, worst = 0, 0.0
+    for s in sorted({k[0] for k in med}):
+        ct, nt = m.get((s, "collnet", "time")), m.get((s, "native", "time"))
+        cb, nb = m.get((s, "collnet", "busbw")), m.get((s, "native", "busbw"))
+        r = None if ct is None or nt is None or nt == 0 else ct / nt
+        mark = ""
+        if r is not None and s >= 65536 and r > 1.1:
+            mark = "  over"
+            over += 1
+        if r is not None and r > worst:
+            worst = r
+        if wrong.get(s, 0) > 0:
+            mark += f"  WRONG RESULTS ({awk_str(wrong[s])})"
+        n = f"{med.get((s, 'collnet', 'time'), (0, 0))[1]}/{med.get((s, 'native', 'time'), (0, 0))[1]}"
+        out.append("%10d %11s %11s %8s %10s %10s %5s  %s%s" % (
+            s, fmt(ct, ".2f"), fmt(nt, ".2f"), fmt(r, ".2f"), fmt(cb, ".3f"), fmt(nb, ".3f"), n,
+            ",".join(sorted(algos.get(s, ()))), mark))
+    out.append(f"   {over} size(s) >= 64 KiB above the target ratio 1.1; worst ratio {worst:.2f}")
+    return out
+
+
+def p2p_table(samples):
+    """bench-p2p.sh's table of one provider: per size, the median one-way latency and ping-pong
+    MB/s of raw libfabric and the plugin, the plugin's stream MB/s, and their ratios.
+    `samples`: SIZE METRIC VALUE lines."""
+    med = medians(((int(num(f[0])), f[1]), num(f[2])) for f in samples)
+    m = {k: v[0] for k, v in med.items()}
+
+    def mb(x):
+        return "-" if x is None else format(x, ".3f" if x < 10 else ".2f" if x < 100 else ".1f")
+
+    head = "%10s %10s %10s %7s %10s %10s %7s %10s %7s %5s"
+    out = [head % ("size(B)", "raw_lat", "plug_lat", "lat_x", "raw_pp", "plug_pp", "pp_x",
+                   "plug_st", "st_x", "n"),
+           head % ("", "us", "us", "", "MB/s", "MB/s", "", "MB/s", "", "r/p")]
+    for s in sorted({k[0] for k in med}):
+        rl, pl, rp = m.get((s, "raw_lat")), m.get((s, "plug_lat")), m.get((s, "raw_pp"))
+        pp, st = m.get((s, "plug_pp")), m.get((s, "plug_st"))
+        n = f"{med.get((s, 'raw_lat'), (0, 0))[1]}/{med.get((s, 'plug_lat'), (0, 0))[1]}"
+        out.append(head.replace("%10s", "%10d", 1) % (
+            s, fmt(rl, ".2f"), fmt(pl, ".2f"), ratio(pl, rl), mb(rp), mb(pp), ratio(pp, rp),
+            mb(st), ratio(st, rp), n))
+    return out
+
+
 def read_lines(path):
     try:
         with open(path, encoding="utf-8") as f:
@@ -259,9 +335,20 @@ def main(argv):
     c.add_argument("--transports", default="shm tcp net")
     c.add_argument("--t0", type=float, help="start time (epoch seconds) for the total line")
     c.add_argument("--reps", type=int, help="repetitions done (default: the highest sampled)")
+    cn = sub.add_parser("collnet", help="bench-collnet.sh's table of one rank count and transport")
+    cn.add_argument("samples")
+    cn.add_argument("--ranks", required=True)
+    cn.add_argument("--transport", required=True)
+    pp = sub.add_parser("p2p", help="bench-p2p.sh's table of one provider")
+    pp.add_argument("samples")
     a = p.parse_args(argv)
-    lines = coll_summary(a.dir, a.algo, a.colls.split(), a.ranks.split(), a.transports.split(), a.t0,
-                         a.reps)
+    if a.what == "collnet":
+        lines = collnet_table(read_lines(a.samples), a.ranks, a.transport)
+    elif a.what == "p2p":
+        lines = p2p_table(read_lines(a.samples))
+    else:
+        lines = coll_summary(a.dir, a.algo, a.colls.split(), a.ranks.split(),
+                             a.transports.split(), a.t0, a.reps)
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 

@@ -50,3 +50,45 @@ def write(out):
 if __name__ == "__main__":
     import sys
     write(sys.argv[1])
+
+
+def collnet_samples():
+    """samples.txt lines of bench-collnet.sh: RANKS TRANSPORT SIZE WHO METRIC VALUE."""
+    rnd = random.Random(12)
+    lines = []
+    for tr in ("shm", "tcp"):
+        for r in (2, 4):
+            for rep in range(3 if r == 2 else 4):
+                for s in [8 * 8 ** i for i in range(8)]:
+                    if tr == "tcp" and s == 8 and rep == 0:
+                        continue
+                    t = round(4 + s / 1.5e3 * rnd.uniform(0.8, 1.4), 2)
+                    lines.append(f"{r} {tr} {s} native time {t}")
+                    lines.append(f"{r} {tr} {s} native busbw {round(s / t / 1e3, 3)}")
+                    lines.append(f"{r} {tr} {s} algo {'ring' if s > 4096 or rep else 'rd'} 0")
+                    if tr == "shm" and r == 4 and s == 64:
+                        continue  # collnet missed this size
+                    ct = round(t * rnd.uniform(0.9, 1.3), 2)
+                    lines.append(f"{r} {tr} {s} collnet time {ct}")
+                    lines.append(f"{r} {tr} {s} collnet busbw {round(s / ct / 1e3, 3)}")
+                    if tr == "tcp" and r == 4 and s == 4096 and rep == 1:
+                        lines.append(f"{r} {tr} {s} collnet wrong 3")
+    return lines
+
+
+def p2p_samples():
+    """<provider>.samples lines of bench-p2p.sh: SIZE METRIC VALUE."""
+    rnd = random.Random(3)
+    lines = []
+    for rep in range(5):
+        for s in [8 * 16 ** i for i in range(6)]:
+            lat = round(5 + s / 2e3 * rnd.uniform(0.8, 1.3), 2)
+            lines.append(f"{s} raw_lat {lat}")
+            lines.append(f"{s} raw_pp {round(s / lat, 4)}")
+            if rep == 4 and s == 128:
+                continue
+            pl = round(lat * rnd.uniform(0.9, 1.2), 2)
+            lines.append(f"{s} plug_lat {pl}")
+            lines.append(f"{s} plug_pp {round(s / pl, 4)}")
+            lines.append(f"{s} plug_st {round(s / pl * 1.7, 4)}")
+    return lines

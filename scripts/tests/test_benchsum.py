@@ -1,6 +1,7 @@
 """Unit tests of scripts/benchsum.py: the pieces (medians, round-trip classes, modes, pairs) and
 the whole summary of a synthetic result directory, through bench-coll.sh's BENCH_RESUMMARIZE,
-against the tables the awk version printed for it (bench_coll_summary.expected)."""
+against the tables the awk version printed for it (bench_coll_summary.expected); likewise the
+tables of bench-collnet.sh and bench-p2p.sh from synthetic samples (bench_*.expected)."""
 import os
 import subprocess
 import sys
@@ -75,6 +76,34 @@ class Resummarize(unittest.TestCase):
                           "fabricoll-perf --algo auto (shm), OMPI = btl self,vader", lines)
             self.assertIn("   (no size reported by both)", lines)
             self.assertTrue(lines[-2].startswith("# target, shm: "), lines[-2])
+
+
+
+def expected(name):
+    with open(os.path.join(HERE, name), encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+class OtherBenches(unittest.TestCase):
+    def test_collnet_tables_are_the_awk_ones(self):
+        samples = [line.split() for line in synthetic_bench.collnet_samples()]
+        got = []
+        for tr in ("shm", "tcp"):
+            for r in ("2", "4"):
+                got += benchsum.collnet_table(samples, r, tr)
+        self.assertEqual(got, expected("bench_collnet_tables.expected"))
+        self.assertTrue(any(line.endswith("WRONG RESULTS (3)") for line in got))
+
+    def test_p2p_table_is_the_awk_one(self):
+        samples = [line.split() for line in synthetic_bench.p2p_samples()]
+        self.assertEqual(benchsum.p2p_table(samples), expected("bench_p2p_table.expected"))
+
+    def test_megabytes_keep_three_significant_digits_or_more(self):
+        table = benchsum.p2p_table([["8", "raw_pp", "1.23456"], ["8", "plug_pp", "45.678"],
+                                    ["8", "plug_st", "456.78"]])
+        self.assertIn("1.235", table[2])
+        self.assertIn("45.68", table[2])
+        self.assertIn("456.8", table[2])
 
 
 if __name__ == "__main__":
