@@ -169,6 +169,7 @@ def main():
     passed = failed = skipped = run_i = 0
     failed_list = []
     big_done = set()
+    bad_pairs = set()
     t_start = time.monotonic()
     for r in ranks_list:
         for algo, coll in todo:
@@ -240,12 +241,15 @@ def main():
                 print(f"     log: {log}", flush=True)
                 failed += 1
                 failed_list.append(f"{tag} ({desc}): {why}")
+                bad_pairs.add((algo, coll))
 
     if failed_list:
         print("\nfailed runs:")
         for t in failed_list:
             print(f"  {t}")
     print(f"coll-tests: elapsed {time.monotonic() - t_start:.0f}s; logs in {logdir}")
+    print(f"coll-tests: {len(todo) - len(bad_pairs)} of {len(todo)} algorithm x collective pairs "
+          f"passed in every case, over {' '.join(providers)} at {len(ranks_list)} rank counts")
     print(f"coll-tests: {passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
 
