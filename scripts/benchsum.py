@@ -128,7 +128,8 @@ class Table:
             mode = self.runmode.get(("ours", rep), "")
             if same and not (mode.endswith("ns") and self.runmode.get(("ompi", rep)) == mode):
                 continue
-            ours, ompi = self.per.get((size, "ours", metric, rep)), self.per.get((size, "ompi", metric, rep))
+            ours = self.per.get((size, "ours", metric, rep))
+            ompi = self.per.get((size, "ompi", metric, rep))
             if ours is not None and ompi is not None and ompi > 0:
                 x.append(ours / ompi)
         if not x:
@@ -178,8 +179,9 @@ def summarize(out, c, r, tr, table, done_reps, algo, targets):
     tx = f"{ot / mt:.2f}"
     ptx, _ = table.pair(first, "time", False)
     mtx, _ = table.pair(first, "time", True)
-    out.append(f"   smallest common size {first} B: median time ours {ot:.2f} us, OMPI {mt:.2f} us, "
-               f"time ratio ours/OMPI {tx} (within repetitions {ptx}, same mode {mtx})")
+    out.append(f"   smallest common size {first} B: median time ours {ot:.2f} us, "
+               f"OMPI {mt:.2f} us, time ratio ours/OMPI {tx} (within repetitions {ptx}, "
+               f"same mode {mtx})")
     out.append(f"   target[{tr}]: bw_x >= 1.00 in {won}/{big} sizes from 64 KiB, pair_x in {pwon}, "
                f"mode_x in {mwon} of the {mbig} with a same-mode pair; smallest size time ratio "
                f"{tx}, pairs {ptx}, same mode {mtx}")
@@ -243,7 +245,8 @@ def collnet_table(samples, ranks, transport):
             worst = r
         if wrong.get(s, 0) > 0:
             mark += f"  WRONG RESULTS ({awk_str(wrong[s])})"
-        n = f"{med.get((s, 'collnet', 'time'), (0, 0))[1]}/{med.get((s, 'native', 'time'), (0, 0))[1]}"
+        cn, nat = med.get((s, "collnet", "time"), (0, 0)), med.get((s, "native", "time"), (0, 0))
+        n = f"{cn[1]}/{nat[1]}"
         out.append("%10d %11s %11s %8s %10s %10s %5s  %s%s" % (
             s, fmt(ct, ".2f"), fmt(nt, ".2f"), fmt(r, ".2f"), fmt(cb, ".3f"), fmt(nb, ".3f"), n,
             ",".join(sorted(algos.get(s, ()))), mark))
@@ -293,7 +296,8 @@ def coll_summary(d, algo, colls, ranks, transports, t0=None, reps=None):
     done_reps = reps if reps is not None else max(
         (int(num(f[7])) for f in samples if len(f) >= 8), default=0)
     out = ["", "# busbw: higher is better (bw_x > 1: ours faster); time: lower is better "
-           "(t_x < 1: ours faster).", "# time = per-iteration mean, averaged over ranks in both tools."]
+           "(t_x < 1: ours faster).",
+           "# time = per-iteration mean, averaged over ranks in both tools."]
     if busy:
         out.append(f"# WARNING: {len(busy)} run(s) started on a busy machine (wait-quiet gave up); "
                    f"see {d}/busy.txt")
@@ -305,14 +309,15 @@ def coll_summary(d, algo, colls, ranks, transports, t0=None, reps=None):
     line = "# cache modes (fabricoll-info --core-rtt 0 1 before and after each run), runs per mode:"
     for c in classes:
         line += f" {c} ns: {count.get(c + ' ns', 0)},"
-    out.append(line + f" changed during the run: {count.get('changed', 0)}, unknown: {count.get('-', 0)}")
+    out.append(line + f" changed during the run: {count.get('changed', 0)}, "
+               f"unknown: {count.get('-', 0)}")
     targets = []
     for tr in transports:
         for r in ranks:
             for c in colls:
                 key = [c, r, tr]
-                table = Table([f for f in samples if f[:3] == key], [m for m in modes if m[:3] == key],
-                              classes)
+                table = Table([f for f in samples if f[:3] == key],
+                              [m for m in modes if m[:3] == key], classes)
                 summarize(out, c, r, tr, table, done_reps, algo, targets)
     with open(os.path.join(d, "targets.txt"), "w", encoding="utf-8") as f:
         f.writelines(" ".join(str(int(v) if isinstance(v, bool) else v) for v in t) + "\n"

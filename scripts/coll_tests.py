@@ -104,7 +104,8 @@ def implemented_pairs(listing, algos, colls):
 def providers_for(r, ai, ci, providers, full):
     if full or r == 4:
         return providers
-    phase = {2: 0, 3: 1, 5: 1}.get(r, r % 2 + 2)  # rotate over (algo, coll); the phase per rank count
+    # rotate over (algo, coll); the phase per rank count
+    phase = {2: 0, 3: 1, 5: 1}.get(r, r % 2 + 2)
     return [providers[(ai + ci + phase) % len(providers)]]
 
 
@@ -147,13 +148,15 @@ def main():
               + ("FAIL (FABRICOLL_TEST_STRICT=1)" if strict else "SKIP"))
 
     logroot = f"{target}/coll-tests"
-    logdir = os.environ.get("COLL_LOGDIR") or f"{logroot}/{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    logdir = os.environ.get("COLL_LOGDIR") or f"{logroot}/{stamp}-{os.getpid()}"
     os.makedirs(logdir, exist_ok=True)
     if not os.environ.get("COLL_LOGDIR"):
         now = time.time()
         for d in os.listdir(logroot):
             path = os.path.join(logroot, d)
-            if os.path.isdir(path) and not os.path.islink(path) and now - os.path.getmtime(path) > 86400:
+            old = now - os.path.getmtime(path) > 86400
+            if os.path.isdir(path) and not os.path.islink(path) and old:
                 shutil.rmtree(path, ignore_errors=True)
         link = os.path.join(logroot, "latest")
         try:
@@ -227,8 +230,8 @@ def main():
                                      "FABRICOLL_GAMMA_GBPS"], model))
                     desc += " model " + "/".join(model)
                 run_i += 1
-                ok, why, secs, log = run_case(perf, args, envs, logdir, f"{prov}-r{r}-{algo}-{coll}",
-                                              run_timeout)
+                name = f"{prov}-r{r}-{algo}-{coll}"
+                ok, why, secs, log = run_case(perf, args, envs, logdir, name, run_timeout)
                 if ok:
                     print(f"PASS {tag:<34} {desc:<52} {secs:5.1f}s", flush=True)
                     passed += 1

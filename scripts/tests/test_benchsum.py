@@ -54,7 +54,8 @@ class Resummarize(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             synthetic_bench.write(d)
             env = dict(os.environ, BENCH_RESUMMARIZE=d, BENCH_COLLS=synthetic_bench.COLLS,
-                       BENCH_RANKS=synthetic_bench.RANKS, BENCH_TRANSPORTS=synthetic_bench.TRANSPORTS)
+                       BENCH_RANKS=synthetic_bench.RANKS,
+                       BENCH_TRANSPORTS=synthetic_bench.TRANSPORTS)
             script = os.path.join(os.path.dirname(HERE), "bench-coll.sh")
             r = subprocess.run(["bash", script], env=env, capture_output=True, text=True,
                                timeout=120, check=False)

@@ -25,7 +25,8 @@ class Matrix(unittest.TestCase):
         for ai in range(12):
             for ci in range(6):
                 self.assertEqual(coll_tests.providers_for(4, ai, ci, provs, False), provs)
-                seen = {p for r in (2, 5, 8) for p in coll_tests.providers_for(r, ai, ci, provs, False)}
+                seen = {p for r in (2, 5, 8)
+                        for p in coll_tests.providers_for(r, ai, ci, provs, False)}
                 self.assertEqual(seen, set(provs), (ai, ci))
                 self.assertEqual(len(coll_tests.providers_for(3, ai, ci, provs, False)), 1)
                 self.assertEqual(coll_tests.providers_for(3, ai, ci, provs, True), provs)
