@@ -25,16 +25,12 @@
 # 1.00, and whether the smallest size's time ratio is within 1.5 (issue 3's target), each also
 # by the ratios within repetitions.
 # pair_x because this machine drifts between fast and slow spells of a few runs each, in both
-# tools alike: 4-rank shm AllReduce of 1 MiB took 373-375 us in two of our runs and 880-932 in
-# three, Open MPI 400-450 in three and 1421-1464 in two, so the medians of each side alone
-# compared our slow spell with its fast one (bw_x 0.51) while ours won within 3 of the 5
-# repetitions (pair_x 1.07; 2026-11-25).
-# Why the spells: on this VM the host moves the 2 vCPUs between sharing one L3 cache and not.
-# A cache line's round trip between CPU 0 and CPU 1 (fabricoll-info --core-rtt 0 1) is 60-80 ns
-# in the fast spells and 300-350 ns in the slow ones, while a 2-rank shm AllReduce of 1 MiB takes
-# 105 and 345-380 us; a single core's copy speed barely changes (2026-11-26). So the script
-# measures that round trip before and after every run. A third state showed up too, 30-31 ns
-# (the vCPUs on one core's two hardware threads, presumably). The measured round trips fall into
+# tools alike, so the medians of each side alone can compare one tool's slow spell with the
+# other's fast one (docs/performance.md has the runs that showed it).
+# The spells come from the host moving the 2 vCPUs between sharing one L3 cache and not (and a
+# third state, both on one core's two hardware threads), which a cache line's round trip
+# between CPU 0 and CPU 1 (fabricoll-info --core-rtt 0 1) tells apart. So the script measures
+# that round trip before and after every run. The measured round trips fall into
 # classes: sorted, a value more than 1.5 times the one before starts a new class. A run whose
 # two probes fall into one class ran in that mode; mode_x is the median of the ratios within
 # repetitions whose two runs ran in one and the same mode (nm of them), so that no ratio
@@ -43,8 +39,7 @@
 # Binding is alike (BENCH_BIND): by default both bind rank r to CPU r mod the CPU count, 4 ranks
 # on 2 CPUs too (ours --bind rr, Open MPI --bind-to core:overload-allowed, which maps by core:
 # mpirun --report-bindings). Unbound oversubscribed ranks migrate between the CPUs and each
-# launch finds its own pattern: a 4-rank shm AllReduce of 8 B took 4.5 to 7.6 us unbound in
-# Open MPI against 4.0 to 4.1 bound, and 5.7 to 6.7 against 4.3 to 4.5 in ours (2026-11-25).
+# launch finds its own pattern, which spreads small-size times in both tools.
 # BENCH_BIND=default keeps each tool's default instead: 2 ranks one per CPU, 4 ranks unbound
 # (mpirun's default and fabricoll-perf's --bind core).
 # Definitions (identical in both tools, nccl-tests conventions, checked in the sources):
@@ -55,13 +50,11 @@
 #           size-0 row, which is ignored).
 #   busbw   algbw x 2(n-1)/n (allreduce), x (n-1)/n (allgather, reducescatter); GB/s = 1e9 B/s.
 #   time    per-iteration mean, averaged over ranks in both (nccl-tests' default; fabricoll-perf
-#           -a 1). Until 2026-11-25 fabricoll-perf reported the slowest rank's mean (-a 3 now).
+#           -a 1).
 #   iterations  the same rule in both: 5 warm-up iterations, whose time estimates one
 #           iteration (the slowest rank's), then clamp(BENCH_T / estimate, 5, 1000) timed ones
-#           per size (mpi_coll_bench -t, fabricoll-perf -t). Until 2026-11-23 fabricoll-perf ran
-#           fixed bands (50 + 5 warm-up from 128 KiB to 2 MiB, 10 + 2 above) while Open MPI ran
-#           up to 1000; a run that young is still warming up, in raw libfabric as much as in
-#           ours (2-rank shm AllGather of 1 MiB: 100-125 us after 5 warm-ups, 78-84 after 500).
+#           per size (mpi_coll_bench -t, fabricoll-perf -t): a run with fewer iterations is
+#           still warming up, in raw libfabric as much as in ours.
 #
 # Environment (defaults in brackets):
 #   REPS [5]                     repetitions (ours and OMPI alternate inside each)
@@ -84,8 +77,7 @@
 #                                and ../shared/baselines/build.sh when mpi_coll_bench is missing
 #   BASELINES [../shared/baselines]   BASELINE_BUILD [~/.cache/fabricoll-baselines]
 #   CARGO_TARGET_DIR [target]
-# At the defaults one repetition takes about 3 minutes on an idle 2-core machine, so REPS=5 about
-# 14 minutes (836 and 843 s in two runs on 2026-11-23).
+# docs/performance.md gives how long a repetition takes at the defaults.
 # Raw logs go to .bench/coll-<date>/ (gitignored); the tables also go to summary.txt there.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -273,150 +265,16 @@ for rep in $(seq 1 "$reps"); do
   done
   done_reps=$rep
 done
+reps_arg=(--reps "$done_reps")
 
 else # BENCH_RESUMMARIZE
   out=${again%/}
   samples="$out/samples.txt"
-  modes="$out/modes.txt"
   [ -s "$samples" ] || { echo "bench-coll.sh: BENCH_RESUMMARIZE: no $samples" >&2; exit 1; }
-  [ -f "$modes" ] || modes=/dev/null
-  done_reps=$(awk '{ if ($8 + 0 > m) m = $8 + 0 } END { print m + 0 }' "$samples")
+  reps_arg=() # benchsum.py counts the repetitions in the samples
   t0=$(date +%s)
 fi # end of the runs
 
-# run_mode(BEFORE, AFTER, CLASSES): the class "LO-HI ns" holding both round trips, "changed" if
-# they fall into two, "-" if either is unknown (an awk function, pasted into the awk programs).
-run_mode_awk='
-    function run_mode(a, b, classes,   c, k, i, ca, cb, hi) {
-      if (a == "-" || b == "-" || classes == "") return "-"
-      k = split(classes, c, " ")
-      for (i = 1; i <= k; i++) {
-        hi = substr(c[i], index(c[i], "-") + 1) + 0
-        if (ca == "" && a + 0 <= hi) ca = c[i]
-        if (cb == "" && b + 0 <= hi) cb = c[i]
-      }
-      return (ca == cb) ? ca " ns" : "changed"
-    }'
-
-summarize() { # summarize COLL RANKS TRANSPORT: the table of medians
-  local c=$1 r=$2 tr=$3
-  echo
-  echo "## $c, $r ranks, $tr: medians over $done_reps repetition(s); ours = fabricoll-perf --algo $algo" \
-    "($([ "$tr" = shm ] && echo "shm" || echo "$tr, FABRICOLL_DOMAIN=lo")), OMPI = $(
-      [ "$tr" = shm ] && echo "btl self,vader" || echo "btl self,tcp on lo")"
-  grep "^$c $r $tr " "$samples" | sort -k4,4n -k5,5 -k6,6 -k7,7g | awk -v tr="$tr" -v counts="$out/targets.txt" \
-    -v modes="$modes" -v classes="$rtt_classes" -v table="$c $r $tr" '
-    BEGIN { # each run of this table: its class (mode) of round trips, "changed" or "-"
-      while ((getline line < modes) > 0) {
-        split(line, m, " ")
-        if (m[1] " " m[2] " " m[3] == table) runmode[m[4], m[5]] = run_mode(m[6], m[7], classes)
-      }
-    }
-'"$run_mode_awk"'
-    function flush(   m) {
-      if (n == 0) return
-      m = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
-      med[key] = m; cnt[key] = n; n = 0
-    }
-    $5 == "algo" { algos[$4] = (algos[$4] ~ ("(^|,)" $6 "(,|$)")) ? algos[$4] : (algos[$4] == "" ? $6 : algos[$4] "," $6); next }
-    { k = $4 " " $5 " " $6; if (k != key) { flush(); key = k; sizes[$4] = 1 } v[++n] = $7 }
-    NF >= 8 { per[$4, $5, $6, $8] = $7; reps[$8] = 1 }
-    END {
-      flush()
-      printf "%10s %10s %10s %7s %7s %7s %3s %11s %11s %7s %5s  %s\n", "size(B)", "ours", "OMPI", "bw_x",
-             "pair_x", "mode_x", "nm", "ours", "OMPI", "t_x", "n", "our algo"
-      printf "%10s %10s %10s %7s %7s %7s %3s %11s %11s %7s %5s\n", "", "busbw GB/s", "busbw GB/s", "ours/OMPI",
-             "same rep", "same", "", "time us", "time us", "ours/OMPI", "o/m"
-      ns = 0
-      for (s in sizes) list[++ns] = s + 0
-      for (i = 2; i <= ns; i++) { x = list[i]; for (j = i - 1; j >= 1 && list[j] > x; j--) list[j + 1] = list[j]; list[j + 1] = x }
-      first = ""; big = 0; won = 0; pwon = 0; mwon = 0; mbig = 0
-      for (i = 1; i <= ns; i++) {
-        s = list[i]
-        ob = med[s " ours busbw"]; mb = med[s " ompi busbw"]; ot = med[s " ours time"]; mt = med[s " ompi time"]
-        if (first == "" && ot != "" && mt != "") first = s
-        bx = r(ob, mb); px = pair(s, "busbw", 0); mx = pair(s, "busbw", 1); nm = paired
-        if (s >= 65536 && bx != "-") {
-          big++; won += (bx + 0 >= 1); pwon += (px != "-" && px + 0 >= 1)
-          if (mx != "-") { mbig++; mwon += (mx + 0 >= 1) }
-        }
-        printf "%10d %10s %10s %7s %7s %7s %3d %11s %11s %7s %5s  %s\n", s, f(ob, "%.3f"), f(mb, "%.3f"),
-          bx, px, mx, nm, f(ot, "%.2f"), f(mt, "%.2f"), r(ot, mt),
-          (cnt[s " ours time"] + 0) "/" (cnt[s " ompi time"] + 0), algos[s]
-      }
-      if (first != "") {
-        tx = sprintf("%.2f", med[first " ours time"] / med[first " ompi time"]); ptx = pair(first, "time", 0)
-        mtx = pair(first, "time", 1)
-        printf "   smallest common size %d B: median time ours %.2f us, OMPI %.2f us, time ratio ours/OMPI %s" \
-          " (within repetitions %s, same mode %s)\n", first, med[first " ours time"], med[first " ompi time"], tx, ptx, mtx
-        printf "   target[%s]: bw_x >= 1.00 in %d/%d sizes from 64 KiB, pair_x in %d, mode_x in %d of the %d with a same-mode pair; smallest size time ratio %s, pairs %s, same mode %s\n",
-          tr, won, big, pwon, mwon, mbig, tx, ptx, mtx
-        print tr, won, big, pwon, tx, ptx, mwon, mtx, mbig >>counts
-      } else
-        print "   (no size reported by both)"
-    }
-    # The median over repetitions of ours/OMPI (busbw or time) within one repetition (the two ran
-    # one after the other): the machine drifts between slow and fast spells that last a few runs,
-    # which the medians of each side alone do not pair up. With `same`, only the repetitions whose
-    # two runs were in one and the same cache mode. Sets `paired` to their number.
-    function pair(s, metric, same,   rp, m, x, y, i, j, mo) {
-      m = 0
-      for (rp in reps) {
-        mo = runmode["ours", rp]
-        if (same && !(mo ~ /ns$/ && runmode["ompi", rp] == mo)) continue
-        if ((s, "ours", metric, rp) in per && (s, "ompi", metric, rp) in per && per[s, "ompi", metric, rp] + 0 > 0)
-          x[++m] = per[s, "ours", metric, rp] / per[s, "ompi", metric, rp]
-      }
-      paired = m
-      if (m == 0) return "-"
-      for (i = 2; i <= m; i++) { y = x[i]; for (j = i - 1; j >= 1 && x[j] > y; j--) x[j + 1] = x[j]; x[j + 1] = y }
-      return sprintf("%.2f", (m % 2) ? x[(m + 1) / 2] : (x[m / 2] + x[m / 2 + 1]) / 2)
-    }
-    function f(x, fmt) { return (x == "") ? "-" : sprintf(fmt, x) }
-    function r(a, b) { return (a == "" || b == "" || b + 0 == 0) ? "-" : sprintf("%.2f", a / b) }'
-}
-
-{
-  echo
-  echo "# busbw: higher is better (bw_x > 1: ours faster); time: lower is better (t_x < 1: ours faster)."
-  echo "# time = per-iteration mean, averaged over ranks in both tools."
-  if [ -s "$out/busy.txt" ]; then
-    echo "# WARNING: $(wc -l <"$out/busy.txt") run(s) started on a busy machine (wait-quiet gave up); see $out/busy.txt"
-  fi
-  : >"$out/targets.txt"
-  # The classes of round trips ("LO-HI" ns each, ascending): sorted, a value more than 1.5 times
-  # the one before starts a new class.
-  rtt_classes=$(awk '{ for (i = 6; i <= 7; i++) if ($i != "-") print $i + 0 }' "$modes" | sort -n |
-    awk 'NR == 1 { lo = $1 } NR > 1 && $1 > 1.5 * prev { printf "%s-%s ", lo, prev; lo = $1 }
-      { prev = $1 } END { if (NR) print lo "-" prev }')
-  awk -v classes="$rtt_classes" '{ n[run_mode($6, $7, classes)]++ }
-    END {
-      printf "# cache modes (fabricoll-info --core-rtt 0 1 before and after each run), runs per mode:"
-      k = split(classes, c, " ")
-      for (i = 1; i <= k; i++) printf " %s ns: %d,", c[i], n[c[i] " ns"]
-      printf " changed during the run: %d, unknown: %d\n", n["changed"], n["-"]
-    }
-'"$run_mode_awk" "$modes"
-  for tr in $transports; do
-    for r in $ranks_list; do
-      for c in $colls; do summarize "$c" "$r" "$tr"; done
-    done
-  done
-  echo
-  # The issue's target, per transport: busbw at least Open MPI's from 64 KiB, and the time at the
-  # smallest size within 1.5 times Open MPI's.
-  awk '{ # targets.txt, a line per table: transport, bw_x won, sizes, pair_x won, time ratio, paired
-      t = $1; won[t] += $2; big[t] += $3; pwon[t] += $4; mwon[t] += $7; mbig[t] += $9
-      rows[t]++; small[t] += ($5 + 0 <= 1.5); psmall[t] += ($6 != "-" && $6 + 0 <= 1.5)
-      msmall[t] += ($8 != "-" && $8 + 0 <= 1.5); mrows[t] += ($8 != "-")
-      if (!(t in seen)) { seen[t] = 1; order[++nt] = t }
-    }
-    END {
-      for (i = 1; i <= nt; i++) {
-        t = order[i]
-        printf "# target, %s: bw_x >= 1.00 in %d/%d sizes from 64 KiB (pair_x: %d, mode_x: %d/%d with a same-mode pair); smallest size within 1.5x in %d/%d rows (pairs: %d, same mode: %d/%d)\n",
-          t, won[t], big[t], pwon[t], mwon[t], mbig[t], small[t], rows[t], psmall[t], msmall[t], mrows[t]
-      }
-    }' "$out/targets.txt"
-  echo "# total $(($(date +%s) - t0)) s; raw logs: $out/"
-} | tee "$out/summary.txt"
+# The tables: scripts/benchsum.py (medians, pairs within repetitions, cache modes, targets).
+python3 scripts/benchsum.py coll "$out" --algo "$algo" --colls "$colls" --ranks "$ranks_list" \
+  --transports "$transports" --t0 "$t0" "${reps_arg[@]}" | tee "$out/summary.txt"

@@ -36,8 +36,7 @@
 #   BENCH_BUILD [1]              scripts/build.sh first (library, fabricoll-perf, C harness)
 #   BASELINES [../shared/baselines]   (for wait-quiet.sh)
 #   CARGO_TARGET_DIR [target]
-# At the defaults one repetition takes roughly 1-3 minutes on an idle 2-core machine (64 MiB at
-# 4 ranks over tcp dominates), so REPS=5 about 5-15 minutes.
+# The 64 MiB size at 4 ranks over tcp dominates a repetition's time (docs/performance.md).
 # Raw logs go to .bench/collnet-<date>/ (gitignored); the tables also go to summary.txt there.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -212,39 +211,7 @@ summarize() { # summarize RANKS TRANSPORT: the table of medians
   echo "## allreduce float sum, $r ranks, $(provider_env "$tr"):" \
     "medians over $done_reps repetition(s); collnet = ncclCollNetPlugin_v$cn_version iallreduce + test," \
     "native = fabricoll-perf"
-  grep "^$r $tr " "$samples" | sort -k3,3n -k4,4 -k5,5 -k6,6g | awk '
-    function flush(   m) {
-      if (n == 0) return
-      m = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
-      med[key] = m; cnt[key] = n; n = 0
-    }
-    $4 == "algo" { algos[$3] = (algos[$3] ~ ("(^|,)" $5 "(,|$)")) ? algos[$3] : (algos[$3] == "" ? $5 : algos[$3] "," $5); next }
-    $5 == "wrong" { wrong[$3] += $6; next }
-    { k = $3 " " $4 " " $5; if (k != key) { flush(); key = k; sizes[$3] = 1 } v[++n] = $6 }
-    END {
-      flush()
-      printf "%10s %11s %11s %8s %10s %10s %5s  %s\n", "size(B)", "collnet", "native", "t_ratio", "collnet", "native",
-             "n", "native algo"
-      printf "%10s %11s %11s %8s %10s %10s %5s\n", "", "time us", "time us", "cn/nat", "busbw GB/s", "busbw GB/s", "c/n"
-      ns = 0
-      for (s in sizes) list[++ns] = s + 0
-      for (i = 2; i <= ns; i++) { x = list[i]; for (j = i - 1; j >= 1 && list[j] > x; j--) list[j + 1] = list[j]; list[j + 1] = x }
-      over = 0; worst = 0
-      for (i = 1; i <= ns; i++) {
-        s = list[i]
-        ct = med[s " collnet time"]; nt = med[s " native time"]; cb = med[s " collnet busbw"]; nb = med[s " native busbw"]
-        ratio = (ct == "" || nt == "" || nt + 0 == 0) ? "" : ct / nt
-        mark = ""
-        if (ratio != "" && s >= 65536 && ratio > 1.1) { mark = "  over"; over++ }
-        if (ratio != "" && ratio > worst) worst = ratio
-        if (wrong[s] > 0) mark = mark "  WRONG RESULTS (" wrong[s] ")"
-        printf "%10d %11s %11s %8s %10s %10s %5s  %s%s\n", s, f(ct, "%.2f"), f(nt, "%.2f"),
-          (ratio == "") ? "-" : sprintf("%.2f", ratio), f(cb, "%.3f"), f(nb, "%.3f"),
-          (cnt[s " collnet time"] + 0) "/" (cnt[s " native time"] + 0), algos[s], mark
-      }
-      printf "   %d size(s) >= 64 KiB above the target ratio 1.1; worst ratio %.2f\n", over, worst
-    }
-    function f(x, fmt) { return (x == "") ? "-" : sprintf(fmt, x) }'
+  python3 scripts/benchsum.py collnet "$samples" --ranks "$r" --transport "$tr"
 }
 
 {

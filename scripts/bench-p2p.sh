@@ -20,9 +20,8 @@
 #   BENCH_PORT [20000]       first control port; ports used stay below 32768
 #   BENCH_RUN_TIMEOUT [300]  seconds allowed to each sweep / net_bench run
 #   BENCH_DEADLINE [2400]    no new repetition starts after this many seconds
-# At the defaults one repetition (both providers, raw and plugin) takes about 3.5 minutes on an
-# idle 2-core machine, so the whole run about 18-20 minutes; the longest possible run is
-# BENCH_DEADLINE + one repetition with every run at BENCH_RUN_TIMEOUT.
+# The longest possible run is BENCH_DEADLINE + one repetition with every run at
+# BENCH_RUN_TIMEOUT (docs/performance.md gives the usual duration).
 #   BENCH_BUILD [1]          run scripts/deps.sh and scripts/build.sh first (0: use what is built)
 #   BASELINES [../shared/baselines]   where fi-pingpong-sweep.sh and wait-quiet.sh live
 #   CARGO_TARGET_DIR [target]
@@ -193,34 +192,7 @@ summarize() { # summarize PROV : the table of medians
       "$(tr '\n' ' ' < "$out/$prov.busy")"
   fi
   [ -s "$out/$prov.samples" ] || { echo "## (no samples)"; return 0; }
-  sort -k1,1n -k2,2 -k3,3g "$out/$prov.samples" | awk '
-    function flush(   m) {
-      if (n == 0) return
-      m = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
-      med[key] = m; cnt[key] = n; n = 0
-    }
-    { k = $1 " " $2; if (k != key) { flush(); key = k; sizes[$1] = 1 } v[++n] = $3 }
-    END {
-      flush()
-      printf "%10s %10s %10s %7s %10s %10s %7s %10s %7s %5s\n", "size(B)", "raw_lat", "plug_lat",
-             "lat_x", "raw_pp", "plug_pp", "pp_x", "plug_st", "st_x", "n"
-      printf "%10s %10s %10s %7s %10s %10s %7s %10s %7s %5s\n", "", "us", "us", "", "MB/s",
-             "MB/s", "", "MB/s", "", "r/p"
-      ns = 0
-      for (s in sizes) list[++ns] = s + 0
-      for (i = 2; i <= ns; i++) { x = list[i]; for (j = i - 1; j >= 1 && list[j] > x; j--) list[j + 1] = list[j]; list[j + 1] = x }
-      for (i = 1; i <= ns; i++) {
-        s = list[i]
-        rl = med[s " raw_lat"]; pl = med[s " plug_lat"]; rp = med[s " raw_pp"]
-        pp = med[s " plug_pp"]; st = med[s " plug_st"]
-        printf "%10d %10s %10s %7s %10s %10s %7s %10s %7s %5s\n", s,
-          f(rl, "%.2f"), f(pl, "%.2f"), r(pl, rl), mb(rp), mb(pp), r(pp, rp),
-          mb(st), r(st, rp), (cnt[s " raw_lat"] + 0) "/" (cnt[s " plug_lat"] + 0)
-      }
-    }
-    function f(x, fmt) { return (x == "") ? "-" : sprintf(fmt, x) }
-    function mb(x) { return (x == "") ? "-" : sprintf(x < 10 ? "%.3f" : (x < 100 ? "%.2f" : "%.1f"), x) }
-    function r(a, b) { return (a == "" || b == "" || b + 0 == 0) ? "-" : sprintf("%.2f", a / b) }'
+  python3 scripts/benchsum.py p2p "$out/$prov.samples"
 }
 
 {

@@ -23,8 +23,7 @@
 #                            [4M], DEMO_T [0.2] target seconds per size)
 #   DEMO_BUILD [1]           run scripts/deps.sh and scripts/build.sh first (0: use what is built)
 #   CARGO_TARGET_DIR [target]
-# Bounded: every run is under timeout; at the defaults the whole demo takes about 1.5-2 minutes
-# after the build on a 2-core machine (about 2.5 with the net tables).
+# Bounded: every run is under timeout (docs/performance.md gives the demo's usual duration).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -51,8 +50,6 @@ algo=${DEMO_ALGO:-auto}
 iters=${DEMO_ITERS:-10}
 warmup=${DEMO_WARMUP:-2}
 run_timeout=${DEMO_TIMEOUT:-180}
-. scripts/providers.sh
-providers=${DEMO_PROVIDERS:-$(with_net "shm tcp")}
 demo_net=${DEMO_NET:-1}
 net_max=$(to_bytes "${DEMO_NET_MAX_BYTES:-4M}")
 t_size=${DEMO_T:-0.2}
@@ -66,6 +63,9 @@ if [ "${DEMO_BUILD:-1}" != 0 ]; then
   scripts/deps.sh
   scripts/build.sh
 fi
+# Only now that deps.sh has installed libfabric's fi_info can it say which providers exist.
+. scripts/providers.sh
+providers=${DEMO_PROVIDERS:-$(with_net "shm tcp")}
 need=("$lib" "$rel/fabricoll-info" "$perf")
 [ "$demo_net" = 0 ] || need+=("$net_bench")
 for f in "${need[@]}"; do

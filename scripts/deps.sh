@@ -24,7 +24,7 @@ done
 
 log() { echo "deps.sh: $*"; }
 
-pkgs=(build-essential pkg-config libfabric-dev libfabric-bin libclang-dev clang)
+pkgs=(build-essential pkg-config libfabric-dev libfabric-bin libclang-dev clang python3)
 if [ "$want_bench" = 1 ]; then
   pkgs+=(openmpi-bin libopenmpi-dev mpich libmpich-dev)
 fi

@@ -5,6 +5,7 @@
 //! loopback; skipped where the provider is missing.
 use nccl_net_fabricoll::algo::Collective;
 use nccl_net_fabricoll::coll::{self, Comm, Kind};
+use nccl_net_fabricoll::testing::skip;
 
 mod common;
 use common::call;
@@ -12,7 +13,9 @@ use nccl_net_fabricoll::transport::Region;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn comms(n: usize) -> Option<Vec<Arc<Comm>>> {
+/// `n` communicators over net endpoints on loopback, or None where the provider is missing
+/// (test `test` is then skipped: `testing::skip`).
+fn comms(test: &str, n: usize) -> Option<Vec<Arc<Comm>>> {
     let c = common::fixed_model_on(Some("net"), Some("lo"), 20000);
     let eps = match (0..n)
         .map(|_| coll::open_endpoint(&c))
@@ -20,12 +23,12 @@ fn comms(n: usize) -> Option<Vec<Arc<Comm>>> {
     {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("skipping: no net endpoint ({e})");
+            skip(test, &format!("no net endpoint ({e})"));
             return None;
         }
     };
     if eps[0].caps().provider != "net" {
-        eprintln!("skipping: provider net not offered");
+        skip(test, "provider net not offered");
         return None;
     }
     let addrs: Vec<Vec<u8>> = eps.iter().map(|e| e.address()).collect();
@@ -56,7 +59,12 @@ fn allreduce(c: &Comm, count: usize) {
 
 #[test]
 fn sends_posted_before_a_collective_do_not_stop_it_where_the_peer_receives_them_after() {
-    let Some(cs) = comms(2) else { return };
+    let Some(cs) = comms(
+        "sends_posted_before_a_collective_do_not_stop_it_where_the_peer_receives_them_after",
+        2,
+    ) else {
+        return;
+    };
     // Eight small messages (the provider keeps at most 4 unexpected small ones per
     // connection) and a large one, each before its receive.
     let sizes = [256usize, 256, 256, 256, 256, 256, 256, 256, 1 << 18];

@@ -8,19 +8,20 @@ use nccl_net_fabricoll::algo::Collective;
 use nccl_net_fabricoll::coll::{self, Call, Comm, Kind};
 use nccl_net_fabricoll::config::Config;
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
+use nccl_net_fabricoll::testing::skip;
 
 mod common;
 use nccl_net_fabricoll::transport::{Region, Transport};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// `n` communicators over shm endpoints of this process, or None (skip) where shm or its
-/// fastbox is missing.
-fn comms(n: usize, c: &Config) -> Option<Vec<Arc<Comm>>> {
+/// `n` communicators over shm endpoints of this process, or None where shm or its fastbox is
+/// missing (test `test` is then skipped: `testing::skip`).
+fn comms(test: &str, n: usize, c: &Config) -> Option<Vec<Arc<Comm>>> {
     let eps: Vec<Arc<dyn Transport>> = match (0..n).map(|_| coll::open_endpoint(c)).collect() {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("skipping: no shm endpoint ({e})");
+            skip(test, &format!("no shm endpoint ({e})"));
             return None;
         }
     };
@@ -32,7 +33,7 @@ fn comms(n: usize, c: &Config) -> Option<Vec<Arc<Comm>>> {
         .collect();
     let peer = comms[0].transport().insert_peer(&addrs[n - 1]).unwrap();
     if comms[0].transport().direct_bytes(peer) == 0 {
-        eprintln!("skipping: this libfabric's shm needs no fastbox");
+        skip(test, "this libfabric's shm needs no fastbox");
         return None;
     }
     Some(comms)
@@ -92,9 +93,12 @@ fn case(coll: Collective, n: usize, count: usize, r: usize) -> (Vec<f32>, Vec<f3
 
 #[test]
 fn small_blocking_collectives_run_direct_and_agree_with_ranks_on_the_general_path() {
+    let test = "small_blocking_collectives_run_direct_and_agree_with_ranks_on_the_general_path";
     let c = common::fixed_model(Some("shm"), 20000);
     for n in [2usize, 3] {
-        let Some(cs) = comms(n, &c) else { return };
+        let Some(cs) = comms(test, n, &c) else {
+            return;
+        };
         for coll in Collective::ALL {
             for count in [1usize, 5, 64] {
                 // Round 0: every rank blocking (direct). Round 1: rank 0 blocking, the others
@@ -161,10 +165,11 @@ fn small_blocking_collectives_run_direct_and_agree_with_ranks_on_the_general_pat
 
 #[test]
 fn repeated_calls_of_one_plan_each_use_their_own_buffers_type_and_operation() {
+    let test = "repeated_calls_of_one_plan_each_use_their_own_buffers_type_and_operation";
     // A finished collective leaves its executor for the next call of the same plan (the same
     // problem, algorithm and element size), which re-arms it: nothing of the earlier call
     // (buffers, type, operation, in-place backup) may leak into the later one.
-    let Some(cs) = comms(2, &common::fixed_model(Some("shm"), 20000)) else {
+    let Some(cs) = comms(test, 2, &common::fixed_model(Some("shm"), 20000)) else {
         return;
     };
     let count = 5;
@@ -244,7 +249,8 @@ fn repeated_calls_of_one_plan_each_use_their_own_buffers_type_and_operation() {
 
 #[test]
 fn a_direct_collective_ends_at_its_deadline_and_on_abort_with_its_input_restored() {
-    let Some(cs) = comms(2, &common::fixed_model(Some("shm"), 300)) else {
+    let test = "a_direct_collective_ends_at_its_deadline_and_on_abort_with_its_input_restored";
+    let Some(cs) = comms(test, 2, &common::fixed_model(Some("shm"), 300)) else {
         return;
     };
     // Rank 1 never calls: rank 0's in-place AllReduce times out, its input intact.
@@ -261,7 +267,7 @@ fn a_direct_collective_ends_at_its_deadline_and_on_abort_with_its_input_restored
     assert_eq!(cs[0].direct_runs(), 1);
 
     // Abort from another thread ends a direct collective long before its deadline.
-    let Some(cs) = comms(2, &common::fixed_model(Some("shm"), 20000)) else {
+    let Some(cs) = comms(test, 2, &common::fixed_model(Some("shm"), 20000)) else {
         return;
     };
     let comm = cs[0].clone();
@@ -285,7 +291,8 @@ fn a_direct_collective_ends_at_its_deadline_and_on_abort_with_its_input_restored
 
 #[test]
 fn ranks_that_disagree_on_the_count_get_errors_not_hangs() {
-    let Some(cs) = comms(2, &common::fixed_model(Some("shm"), 1000)) else {
+    let test = "ranks_that_disagree_on_the_count_get_errors_not_hangs";
+    let Some(cs) = comms(test, 2, &common::fixed_model(Some("shm"), 1000)) else {
         return;
     };
     let t = Instant::now();

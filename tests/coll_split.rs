@@ -2,6 +2,7 @@
 //! communicator keeps its parent's measured cost model but learns for itself whether its own
 //! ranks share CPUs (`tune::Model::shared_cpus`), alike on all of its ranks.
 use nccl_net_fabricoll::coll::{self, placement, Comm};
+use nccl_net_fabricoll::testing::skip;
 use nccl_net_fabricoll::transport::Transport;
 use std::sync::Arc;
 
@@ -9,9 +10,13 @@ mod common;
 
 #[test]
 fn a_split_communicator_learns_whether_its_own_ranks_share_cpus() {
+    let test = "a_split_communicator_learns_whether_its_own_ranks_share_cpus";
     let mine = placement::allowed_cpus();
     if mine.len() < 2 {
-        eprintln!("SKIP: needs 2 CPUs, this process may use {mine:?}");
+        skip(
+            test,
+            &format!("needs 2 CPUs, this process may use {mine:?}"),
+        );
         return;
     }
     let (a, b) = (mine[0], mine[1]);
@@ -19,7 +24,7 @@ fn a_split_communicator_learns_whether_its_own_ranks_share_cpus() {
     let eps: Vec<Arc<dyn Transport>> = match (0..4).map(|_| coll::open_endpoint(&c)).collect() {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("SKIP: no shm endpoint ({e})");
+            skip(test, &format!("no shm endpoint ({e})"));
             return;
         }
     };

@@ -60,3 +60,21 @@ fn wrong_arguments_fail_with_a_message() {
     let out = info(&["--help"]);
     assert!(out.status.success() && text(&out.stdout).contains("--core-rtt"));
 }
+
+#[test]
+fn algorithms_lists_each_algorithm_with_the_collectives_it_implements() {
+    let out = info(&["--algorithms"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines: Vec<String> = text(&out.stdout).lines().map(str::to_owned).collect();
+    assert_eq!(lines.len(), 11, "{lines:?}");
+    let colls = |algo: &str| -> Vec<String> {
+        let l = lines
+            .iter()
+            .find(|l| l.split_whitespace().next() == Some(algo));
+        let l = l.unwrap_or_else(|| panic!("no line for {algo}: {lines:?}"));
+        l.split_whitespace().skip(1).map(str::to_owned).collect()
+    };
+    assert_eq!(colls("pairwise"), ["alltoall"]);
+    assert!(colls("ring").contains(&"allreduce".to_string()));
+    assert!(!info(&["--algorithms", "x"]).status.success());
+}

@@ -1,18 +1,21 @@
 //! fabricoll-info: the libfabric providers found, each device with the properties NCCL will
 //! see, and the resolved configuration.
+use nccl_net_fabricoll::algo::{self, Algorithm, Collective};
 use nccl_net_fabricoll::coll::placement;
 use nccl_net_fabricoll::config::{self, Config, VARS};
 use nccl_net_fabricoll::plugin::Plugin;
 use nccl_net_fabricoll::transport::fabric;
 
-const USAGE: &str = "usage: fabricoll-info [--core-rtt [CPU CPU]]
+const USAGE: &str = "usage: fabricoll-info [--core-rtt [CPU CPU]] [--algorithms]
   (no argument)      providers, devices, NCCL properties and configuration
+  --algorithms       the collectives each algorithm implements, one line per algorithm:
+                     `ALGO COLL...`, with fabricoll-perf's --algo and --coll names
   --core-rtt         mean round trip of a cache line between each pair of the first 8 CPUs this
                      process may use, or between the two CPUs given; one line per pair:
                      `core-rtt A B NS`. About 50-100 ns means a shared cache; several hundred,
                      separate caches or sockets. Run it on idle CPUs: both threads spin.";
 
-/// Round trips per pair: about 10-70 ms each at the latencies seen.
+/// Round trips per pair: enough for a steady mean while a pair stays well under a second.
 const RTT_ROUNDS: u32 = 200_000;
 
 fn main() {
@@ -20,11 +23,25 @@ fn main() {
     match args.first().map(String::as_str) {
         None => info(),
         Some("--core-rtt") => std::process::exit(core_rtt(&args[1..])),
+        Some("--algorithms") if args.len() == 1 => algorithms(),
         Some("-h" | "--help") => println!("{USAGE}"),
         Some(other) => {
             eprintln!("fabricoll-info: unknown argument {other:?}\n{USAGE}");
             std::process::exit(2);
         }
+    }
+}
+
+/// `--algorithms`: what scripts/coll_tests.py runs, so that it never tries a pair that does not
+/// exist.
+fn algorithms() {
+    for a in Algorithm::ALL {
+        let colls: Vec<String> = Collective::ALL
+            .into_iter()
+            .filter(|c| algo::supports(a, *c))
+            .map(|c| format!("{c:?}").to_lowercase())
+            .collect();
+        println!("{} {}", a.name(), colls.join(" "));
     }
 }
 

@@ -1,0 +1,36 @@
+"""Unit tests of scripts/coll_tests.py's matrix: which pairs exist and which providers each
+rank count runs them over."""
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import coll_tests  # noqa: E402
+
+LISTING = "ring allreduce allgather\npairwise alltoall\n"
+
+
+class Matrix(unittest.TestCase):
+    def test_only_implemented_pairs_and_auto_for_every_collective(self):
+        got = coll_tests.implemented_pairs(LISTING, ["ring", "pairwise", "auto"],
+                                           ["allreduce", "alltoall"])
+        self.assertEqual(got, [("ring", "allreduce"), ("pairwise", "alltoall"),
+                               ("auto", "allreduce"), ("auto", "alltoall")])
+        with self.assertRaises(SystemExit):
+            coll_tests.implemented_pairs(LISTING, ["nope"], ["allreduce"])
+
+    def test_every_pair_meets_every_provider_at_4_ranks_and_across_2_5_8(self):
+        provs = ["tcp", "shm", "net"]
+        for ai in range(12):
+            for ci in range(6):
+                self.assertEqual(coll_tests.providers_for(4, ai, ci, provs, False), provs)
+                seen = {p for r in (2, 5, 8)
+                        for p in coll_tests.providers_for(r, ai, ci, provs, False)}
+                self.assertEqual(seen, set(provs), (ai, ci))
+                self.assertEqual(len(coll_tests.providers_for(3, ai, ci, provs, False)), 1)
+                self.assertEqual(coll_tests.providers_for(3, ai, ci, provs, True), provs)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,301 @@
+//! fabricoll-perf: nccl-tests-style benchmark of the collective engines.
+//!
+//! `fabricoll-perf --ranks 4 --coll allreduce -b 8 -e 256M -f 2 -d float -o sum -n 20 -w 5 -c 1`
+//! forks the ranks itself; under a launcher it runs as one rank (`FABRICOLL_RANK`,
+//! `FABRICOLL_NRANKS`, `FABRICOLL_UNIQUE_ID`, or torchrun's `RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
+//! `MASTER_PORT`). Rank 0 prints one row per size: size, count, type, redop, algorithm, time,
+//! algbw, busbw (as nccl-tests defines them) and #wrong, then `# Avg bus bandwidth`.
+//!
+//! `args` holds the command line, `check` the expected values, `launch` how the ranks start;
+//! this file runs one rank's sizes and prints the rows.
+mod args;
+mod check;
+mod launch;
+
+use args::{parse, Args, Average};
+use check::{bus_factor, counts, enc, value, wrong};
+use nccl_net_fabricoll::algo::{Algorithm, Collective};
+use nccl_net_fabricoll::coll::{Call, Comm, Kind};
+use nccl_net_fabricoll::config::Config;
+use nccl_net_fabricoll::reduce::{DataType, RedOp};
+use nccl_net_fabricoll::transport::{Region, Scratch};
+use std::process::ExitCode;
+use std::time::Instant;
+
+fn run_rank(a: &Args, comm: &Comm) -> Result<usize, String> {
+    let n = comm.nranks;
+    let el = a.dtype.size();
+    if comm.rank == 0 {
+        let timed = match a.time_target {
+            Some(t) => format!(
+                "{t} s of timed iterations per size ({}..{}, the last column)",
+                a.min_iters, a.iters
+            ),
+            None => format!("{} timed iterations", a.iters),
+        };
+        println!(
+            "# fabricoll-perf: {:?} on {n} ranks, algorithm {}, type {}, op {}, {} warm-up + {timed}, {}",
+            a.coll,
+            a.algo.map_or("auto".to_string(), |x| x.name().to_string()),
+            a.dtype.name(),
+            a.op.name(),
+            a.warmup,
+            if a.in_place { "in place" } else { "out of place" }
+        );
+        println!(
+            "# time: {} mean per iteration (-a {})",
+            a.average.name(),
+            a.average as u8
+        );
+        println!(
+            "# model: alpha {:.2} us, beta {:.3} GB/s, gamma {:.2} GB/s",
+            comm.model().alpha_us,
+            1e-3 / comm.model().beta_us_per_byte,
+            1e-3 / comm.model().gamma_us_per_byte
+        );
+        println!("#");
+        let it = if a.time_target.is_some() {
+            "  iters"
+        } else {
+            ""
+        };
+        println!(
+            "#{:>11} {:>12} {:>9} {:>6} {:>10} {:>10} {:>8} {:>8} {:>7}{it}",
+            "size", "count", "type", "redop", "algo", "time", "algbw", "busbw", "#wrong"
+        );
+        println!(
+            "#{:>11} {:>12} {:>9} {:>6} {:>10} {:>10} {:>8} {:>8} {:>7}",
+            "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""
+        );
+    }
+    let mut sum_bus = 0.0;
+    let mut rows = 0usize;
+    let mut total_wrong = 0usize;
+    let mut bytes = a.min.max(el);
+    loop {
+        let (total, count) = counts(a.coll, bytes, el, n);
+        let p = nccl_net_fabricoll::algo::Problem::new(a.coll, n, count).with_root(a.root);
+        let in_len = p.in_len() * el;
+        let out_len = p.out_len() * el;
+        // User buffers as a program's malloc gives them (the MPI benchmarks' are malloc'ed).
+        let send = Scratch::plain(in_len.max(out_len));
+        let recv = Scratch::plain(out_len);
+        let mut data = Vec::with_capacity(in_len);
+        for i in 0..p.in_len() {
+            enc(a.dtype, value(a.op, comm.rank, i), &mut data);
+        }
+        // SAFETY: `send` and `recv` live until the end of this iteration, after the last
+        // collective on these regions has returned (an error ends the program).
+        let (send_whole, recv_whole) = unsafe { (send.region(), recv.region()) };
+        let (sr, rr): (Region, Region) = if a.in_place {
+            // In place: the input sits where the output goes (NCCL's layout for every collective).
+            let off = match a.coll {
+                Collective::AllGather => comm.rank * count * el,
+                _ => 0,
+            };
+            let base = send_whole;
+            let inp = base.sub(off, in_len).ok_or("in-place layout")?;
+            (
+                inp,
+                base.sub(0, out_len.max(in_len)).ok_or("in-place layout")?,
+            )
+        } else {
+            (send_whole.sub(0, in_len).ok_or("layout")?, recv_whole)
+        };
+        let call = Call {
+            kind: Kind::Coll(a.coll),
+            send: sr,
+            recv: rr,
+            count,
+            dtype: a.dtype,
+            op: a.op,
+            root: a.root,
+            algo: a.algo,
+        };
+        let (algo, _) = comm.choose(&p, el, a.algo).map_err(|e| e.to_string())?;
+        let mut nwrong = 0;
+        if a.check {
+            sr.write(&data);
+            comm.run(&call).map_err(|e| format!("size {bytes}: {e}"))?;
+            let out = if a.in_place {
+                rr.to_vec()
+            } else {
+                recv.bytes().to_vec()
+            };
+            nwrong = wrong(a, comm, &out[..out_len.min(out.len())], count);
+        }
+        sr.write(&data);
+        let t0 = Instant::now();
+        for _ in 0..a.warmup {
+            comm.run(&call).map_err(|e| format!("size {bytes}: {e}"))?;
+        }
+        let iters = match a.time_target {
+            // Every rank must run as many iterations: they agree on the slowest rank's estimate.
+            Some(t) => {
+                let est = all(
+                    comm,
+                    t0.elapsed().as_secs_f64() / a.warmup as f64,
+                    RedOp::Max,
+                )?;
+                timed_iterations(t, est, a.min_iters, a.iters)
+            }
+            None => a.iters,
+        };
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            comm.run(&call).map_err(|e| format!("size {bytes}: {e}"))?;
+        }
+        let us = ranks_time(
+            comm,
+            t0.elapsed().as_secs_f64() * 1e6 / iters as f64,
+            a.average,
+        )?;
+        let all_wrong = all(comm, nwrong as f64, RedOp::Sum)? as usize;
+        total_wrong += all_wrong;
+        let size = total * el;
+        let algbw = size as f64 / us / 1e3;
+        let busbw = algbw * bus_factor(a.coll, n);
+        if comm.rank == 0 {
+            println!(
+                "{:>12} {:>12} {:>9} {:>6} {:>10} {:>10.2} {:>8.3} {:>8.3} {:>7}{}",
+                size,
+                total,
+                a.dtype.name(),
+                if a.coll.reduces() {
+                    a.op.name()
+                } else {
+                    "none"
+                },
+                algo.name(),
+                us,
+                algbw,
+                busbw,
+                if a.check {
+                    all_wrong.to_string()
+                } else {
+                    "N/A".into()
+                },
+                if a.time_target.is_some() {
+                    format!(" {iters:>6}")
+                } else {
+                    String::new()
+                }
+            );
+        }
+        sum_bus += busbw;
+        rows += 1;
+        match bytes.checked_mul(a.factor) {
+            Some(b) if b <= a.max => bytes = b,
+            _ => break,
+        }
+    }
+    if comm.rank == 0 {
+        println!(
+            "# Out of bounds values : {total_wrong} {}",
+            if total_wrong == 0 { "OK" } else { "FAILED" }
+        );
+        println!(
+            "# Avg bus bandwidth    : {:.4}",
+            sum_bus / rows.max(1) as f64
+        );
+        println!("#");
+    }
+    Ok(total_wrong)
+}
+
+/// How many iterations fill `target` seconds at `estimate` seconds each, within `min..=max`
+/// (`mpi_coll_bench -t`'s rule; an estimate of zero gives `max`).
+fn timed_iterations(target: f64, estimate: f64, min: usize, max: usize) -> usize {
+    if estimate > 0.0 {
+        ((target / estimate) as usize).clamp(min, max)
+    } else {
+        max
+    }
+}
+
+/// The time of a row from this rank's `us` (`-a`), the same on every rank.
+fn ranks_time(comm: &Comm, us: f64, how: Average) -> Result<f64, String> {
+    match how {
+        Average::Rank0 => all(comm, if comm.rank == 0 { us } else { 0.0 }, RedOp::Sum),
+        Average::Mean => all(comm, us, RedOp::Avg),
+        Average::Min => all(comm, us, RedOp::Min),
+        Average::Max => all(comm, us, RedOp::Max),
+    }
+}
+
+/// `v` reduced over all ranks with `op` (a float64 AllReduce of one element).
+fn all(comm: &Comm, v: f64, op: RedOp) -> Result<f64, String> {
+    let (mut send, recv) = (Scratch::new(8), Scratch::new(8));
+    send.bytes_mut().copy_from_slice(&v.to_le_bytes());
+    // SAFETY: both buffers outlive the blocking collective (an error ends the program).
+    let (s, r) = unsafe { (send.region(), recv.region()) };
+    comm.run(&Call {
+        kind: Kind::Coll(Collective::AllReduce),
+        send: s,
+        recv: r,
+        count: 1,
+        dtype: DataType::Float64,
+        op,
+        root: 0,
+        algo: Some(Algorithm::Ring),
+    })
+    .map_err(|e| e.to_string())?;
+    let b: [u8; 8] = recv.bytes()[..8].try_into().expect("8 bytes");
+    Ok(f64::from_le_bytes(b))
+}
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    // An error (exit status 2) or --help (0) is printed by clap.
+    let a = parse(&argv).unwrap_or_else(|e| e.exit());
+    let cfg = match Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fabricoll-perf: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    nccl_net_fabricoll::logging::init(None);
+    match launch::launched(&cfg) {
+        Err(e) => {
+            eprintln!("fabricoll-perf: {e}");
+            ExitCode::from(2)
+        }
+        Ok(Some((rank, n, id))) => {
+            let comm = match Comm::init_rank(n, &id, rank, &cfg) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("fabricoll-perf rank {rank}: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            if a.root >= n {
+                eprintln!("fabricoll-perf: -r {} is not a rank of {n}", a.root);
+                return ExitCode::from(2);
+            }
+            match run_rank(&a, &comm) {
+                Ok(0) => ExitCode::SUCCESS,
+                Ok(_) => ExitCode::from(1),
+                Err(e) => {
+                    eprintln!("fabricoll-perf rank {rank}: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Ok(None) => launch::fork_ranks(&a, &argv, &cfg),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timed_iterations_fill_the_target_within_bounds() {
+        assert_eq!(timed_iterations(0.2, 0.001, 5, 1000), 200);
+        assert_eq!(timed_iterations(0.2, 1e-6, 5, 1000), 1000);
+        assert_eq!(timed_iterations(0.2, 0.5, 5, 1000), 5);
+        assert_eq!(timed_iterations(0.2, 0.0, 5, 1000), 1000);
+        assert_eq!(timed_iterations(0.2, 0.3, 1, 3), 1);
+    }
+}
