@@ -127,6 +127,13 @@ impl Comm {
         let elem = call.dtype.size();
         let (schedule, rank) = match call.kind {
             Kind::Coll(coll) | Kind::Window { coll, .. } => {
+                // Tags repeat after a few thousand collectives (`exec::MAX_IN_FLIGHT`).
+                if e.execs.len() >= crate::exec::MAX_IN_FLIGHT {
+                    return Err(Error::InvalidUsage(format!(
+                        "{} operations are in flight on this communicator, the most it takes: wait for some before starting more",
+                        e.execs.len()
+                    )));
+                }
                 let p = call.problem(coll, self.nranks)?;
                 let key = (p, elem, call.algo.or(*self.algo.lock()));
                 if !matches!(&e.last, Some((k, ..)) if *k == key) {

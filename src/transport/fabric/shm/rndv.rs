@@ -329,7 +329,10 @@ mod tests {
         send_all(&a, &b, to_a, 3, &mut big, 2);
         let [got, sent] = completions(&a, &b, 1, Default::default());
         let e = got[0].status.as_ref().unwrap_err().to_string();
-        assert!(e.contains("arrived for a receive buffer") && e.contains("50000"), "{e}");
+        assert!(
+            e.contains("arrived for a receive buffer") && e.contains("50000"),
+            "{e}"
+        );
         assert!(small.iter().all(|&x| x == 0), "nothing written");
         assert!(sent[0].status.is_ok(), "{:?}", sent[0].status);
     }

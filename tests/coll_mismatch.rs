@@ -1,0 +1,190 @@
+//! Ranks whose calls differ (another collective, type, op or root) fail, each within the
+//! deadline, with an error that says the calls differ and names the argument: the reproducers
+//! of the outside test's F3. Ranks are threads with an endpoint each, over the in-process
+//! loopback transport, shm (small calls take its direct channel, large ones the posted path)
+//! and net on `lo`.
+use nccl_net_fabricoll::algo::Collective;
+use nccl_net_fabricoll::coll::{self, Call, Comm, Kind};
+use nccl_net_fabricoll::config::Config;
+use nccl_net_fabricoll::reduce::{DataType, RedOp};
+use nccl_net_fabricoll::testing::skip;
+use nccl_net_fabricoll::transport::loopback::LoopbackFabric;
+use nccl_net_fabricoll::transport::{Region, Transport};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+mod common;
+
+/// One rank's call: collective, count, type, op, root.
+type Sig = (Collective, usize, DataType, RedOp, usize);
+
+/// Two communicators over `transport` ("loopback", "shm" or "net"), or None (skipped) where
+/// the provider is missing.
+fn pair(test: &str, transport: &str) -> Option<Vec<Arc<Comm>>> {
+    let cfg: Config = match transport {
+        "net" => common::fixed_model_on(Some("net"), Some("lo"), 20000),
+        "shm" => common::fixed_model(Some("shm"), 20000),
+        _ => common::fixed_model(None, 20000),
+    };
+    let eps: Vec<Arc<dyn Transport>> = if transport == "loopback" {
+        let f = LoopbackFabric::new();
+        (0..2)
+            .map(|_| Arc::new(f.endpoint()) as Arc<dyn Transport>)
+            .collect()
+    } else {
+        match (0..2).map(|_| coll::open_endpoint(&cfg)).collect() {
+            Ok(e) => e,
+            Err(e) => {
+                skip(test, &format!("no {transport} endpoint ({e})"));
+                return None;
+            }
+        }
+    };
+    let addrs: Vec<Vec<u8>> = eps.iter().map(|e| e.address()).collect();
+    Some(
+        eps.into_iter()
+            .enumerate()
+            .map(|(r, e)| Arc::new(Comm::new(r, e, &addrs, &cfg).unwrap()))
+            .collect(),
+    )
+}
+
+/// Run `calls[r]` on rank r at once; each rank's error text (or "OK").
+fn run(comms: &[Arc<Comm>], calls: [Sig; 2]) -> Vec<String> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .zip(calls)
+            .map(|(comm, (coll, count, dtype, op, root))| {
+                s.spawn(move || {
+                    // Room for the largest layout (ReduceScatter's input holds nranks chunks).
+                    let bytes = 2 * count * dtype.size();
+                    let (mut inp, mut out) = (vec![1u8; bytes], vec![0u8; bytes]);
+                    // SAFETY: both buffers outlive the blocking call.
+                    let (send, recv) = unsafe {
+                        (
+                            Region::from_raw(inp.as_mut_ptr(), bytes),
+                            Region::from_raw(out.as_mut_ptr(), bytes),
+                        )
+                    };
+                    let call = Call {
+                        kind: Kind::Coll(coll),
+                        send,
+                        recv,
+                        count,
+                        dtype,
+                        op,
+                        root,
+                        algo: None,
+                    };
+                    match comm.run(&call) {
+                        Ok(()) => "OK".to_string(),
+                        Err(e) => e.to_string(),
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Each case: the two ranks' calls and, per rank, what its error must say.
+fn cases(count: usize) -> Vec<([Sig; 2], [&'static str; 2])> {
+    use Collective::*;
+    let (f32_, f64_, sum) = (DataType::Float32, DataType::Float64, RedOp::Sum);
+    vec![
+        (
+            [
+                (ReduceScatter, count, f32_, sum, 0),
+                (AllReduce, count, f32_, sum, 0),
+            ],
+            ["rank 1 called AllReduce", "rank 0 called ReduceScatter"],
+        ),
+        (
+            [
+                (AllReduce, count, f32_, sum, 0),
+                (AllReduce, count / 2, f64_, sum, 0),
+            ],
+            ["x double", "x float"],
+        ),
+        (
+            [
+                (AllReduce, count, f32_, sum, 0),
+                (AllReduce, count, f32_, RedOp::Max, 0),
+            ],
+            ["rank 1 passed op max", "rank 0 passed op sum"],
+        ),
+        (
+            [
+                (Broadcast, count, f32_, sum, 0),
+                (Broadcast, count, f32_, sum, 1),
+            ],
+            ["rank 1 named root 1", "rank 0 named root 0"],
+        ),
+        (
+            [
+                (Broadcast, count, f32_, sum, 0),
+                (Reduce, count, f32_, sum, 0),
+            ],
+            ["rank 1 called Reduce", "rank 0 called Broadcast"],
+        ),
+    ]
+}
+
+fn check(test: &str, transport: &str, count: usize) {
+    let Some(comms) = pair(test, transport) else {
+        return;
+    };
+    for (calls, says) in cases(count) {
+        let t = Instant::now();
+        let got = run(&comms, calls);
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{transport} {calls:?}: took {:?}: {got:?}",
+            t.elapsed()
+        );
+        for r in 0..2 {
+            assert!(
+                got[r].contains("the ranks' calls differ") && got[r].contains(says[r]),
+                "{transport}, count {count}, {calls:?}: rank {r} said {:?}; want {:?}",
+                got[r],
+                says[r]
+            );
+        }
+    }
+}
+
+#[test]
+fn mismatched_calls_fail_on_every_rank_over_loopback() {
+    check(
+        "mismatched_calls_fail_on_every_rank_over_loopback",
+        "loopback",
+        1024,
+    );
+    check(
+        "mismatched_calls_fail_on_every_rank_over_loopback",
+        "loopback",
+        1 << 20,
+    );
+}
+
+#[test]
+fn mismatched_calls_fail_on_every_rank_over_shm() {
+    // Small calls run over the direct channel, large ones on the posted path.
+    check("mismatched_calls_fail_on_every_rank_over_shm", "shm", 64);
+    check(
+        "mismatched_calls_fail_on_every_rank_over_shm",
+        "shm",
+        1 << 20,
+    );
+}
+
+#[test]
+fn mismatched_calls_fail_on_every_rank_over_net() {
+    check("mismatched_calls_fail_on_every_rank_over_net", "net", 1024);
+    check(
+        "mismatched_calls_fail_on_every_rank_over_net",
+        "net",
+        1 << 20,
+    );
+}
