@@ -1,35 +1,17 @@
-//! The C ABI: NCCL's versioned tables and (later) the `fabricoll_*` API. Each export checks its
-//! pointers, makes one call into safe Rust, and runs inside the panic boundary. No logic here.
+//! The C ABI: NCCL's versioned tables (`net`, `collnet`) and the `fabricoll_*` API (`api`).
+//! Each export runs inside the one panic boundary (`boundary`), checks its pointers with the
+//! helpers below (`Out`, `arg_ref`, `region`), and makes one call into safe Rust. No logic here.
 pub mod api;
+pub(crate) mod boundary;
 pub mod collnet;
 pub mod net;
 pub mod types;
 
+pub(crate) use boundary::boundary;
+
 use crate::error::{Error, Result};
 use crate::transport::Region;
 use std::os::raw::c_void;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
-/// Run `f`, turning its error into an `ncclResult_t` and a caught panic into InternalError:
-/// a panic must never cross the ABI (it would abort the host process).
-pub(crate) fn boundary(what: &'static str, f: impl FnOnce() -> Result<()>) -> i32 {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => 0,
-        Ok(Err(e)) => {
-            log::warn!("{what}: {e}");
-            e.nccl_code()
-        }
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            log::error!("{what}: internal panic caught at the ABI boundary: {msg}");
-            Error::Internal(msg).nccl_code()
-        }
-    }
-}
 
 /// A checked, writable out-pointer.
 pub(crate) struct Out<T>(*mut T);
@@ -49,6 +31,16 @@ impl<T> Out<T> {
         // SAFETY: non-NULL and writable per the contract of `Out::new`.
         unsafe { self.0.write(v) }
     }
+}
+
+/// The readable argument behind `p`, or an error naming it when `p` is NULL: the one null
+/// check for pointers the callee reads.
+///
+/// # Safety
+/// `p` is NULL or points to a readable `T` that lives for `'a`, as the ABI promises.
+pub(crate) unsafe fn arg_ref<'a, T>(p: *const T, name: &str) -> Result<&'a T> {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { p.as_ref() }.ok_or_else(|| Error::arg(name, "NULL"))
 }
 
 /// The opaque handle behind a pointer NCCL gives back to us (never dereferenced).
