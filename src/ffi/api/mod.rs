@@ -10,10 +10,10 @@
 //! Files: `types` (status and enums, structs), `handles` (the tables of communicators and
 //! requests), `comm` (a communicator's life), `collectives` (the calls, test and wait); this
 //! file holds the last error and the static strings.
-pub mod types;
 pub mod collectives;
 pub mod comm;
 mod handles;
+pub mod types;
 
 pub use collectives::*;
 pub use comm::*;
