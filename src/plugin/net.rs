@@ -6,6 +6,7 @@ mod dispatch;
 mod setup;
 mod wire;
 
+use super::handles::HandleTable;
 use super::mr::{MrCache, MrRef};
 use super::{new_handle, DeviceProps, Kind, HANDLE_SIZE, MAX_RECVS};
 use crate::config::Config;
@@ -105,12 +106,12 @@ impl WireIds {
 #[derive(Default)]
 struct State {
     t: Option<Arc<dyn Transport>>,
-    listens: HashMap<u64, Listen>,
-    pendings: HashMap<u64, Pending>,
-    sends: HashMap<u64, SendComm>,
-    recvs: HashMap<u64, RecvComm>,
-    reqs: HashMap<u64, Request>,
-    mrs: HashMap<u64, MrRef>,
+    listens: HandleTable<Listen>,
+    pendings: HandleTable<Pending>,
+    sends: HandleTable<SendComm>,
+    recvs: HandleTable<RecvComm>,
+    reqs: HandleTable<Request>,
+    mrs: HandleTable<MrRef>,
     cache: MrCache,
     ids: WireIds,
     deferred: VecDeque<(u64, usize)>,
@@ -231,9 +232,9 @@ impl Request {
 
 /// A finished (or failed) request leaves its comm's count; unfinished receives are cancelled.
 fn retire(st: &mut State, h: u64, r: &Request) {
-    if let Some(c) = st.sends.get_mut(&r.comm) {
+    if let Some(c) = st.sends.get_mut(r.comm) {
         c.inflight -= 1;
-    } else if let Some(c) = st.recvs.get_mut(&r.comm) {
+    } else if let Some(c) = st.recvs.get_mut(r.comm) {
         c.inflight -= 1;
     }
     if let Some(t) = &st.t {

@@ -12,11 +12,11 @@ pub use tables::*;
 use super::{boundary, h, int_size, ptr, region, Out};
 use crate::error::{Error, Result};
 use crate::logging::{self, NcclLogger};
+use crate::plugin::handles::HandleTable;
 use crate::plugin::{self, Kind, Plugin, HANDLE_SIZE, MAX_RECVS};
 use crate::transport::Region;
-use once_cell::sync::OnceCell;
+use once_cell::sync::{Lazy, OnceCell};
 use parking_lot::Mutex;
-use std::collections::HashSet;
 use std::os::raw::{c_int, c_void};
 
 pub(crate) type Res = c_int;
@@ -29,7 +29,7 @@ pub(crate) fn plugin() -> Result<&'static Plugin> {
 }
 
 /// v11+ per-communicator contexts that `init` handed out and `finalize` has not closed.
-static CONTEXTS: Mutex<Option<HashSet<u64>>> = Mutex::new(None);
+static CONTEXTS: Lazy<Mutex<HandleTable<()>>> = Lazy::new(Default::default);
 
 pub(crate) fn init_common(logger: Logger) -> Result<()> {
     logging::init(logger);
@@ -49,7 +49,7 @@ pub(crate) fn legacy_context() -> VoidP {
     static LEGACY: OnceCell<u64> = OnceCell::new();
     let c = *LEGACY.get_or_init(|| {
         let c = plugin::new_handle(0, Kind::Ctx);
-        CONTEXTS.lock().get_or_insert_with(HashSet::new).insert(c);
+        CONTEXTS.lock().insert_at(c, ());
         c
     });
     ptr(Some(c))
@@ -58,17 +58,13 @@ pub(crate) fn legacy_context() -> VoidP {
 pub(crate) fn new_context(ctx: &Out<VoidP>) -> Result<()> {
     init_common(None)?;
     let c = plugin::new_handle(0, Kind::Ctx);
-    CONTEXTS.lock().get_or_insert_with(HashSet::new).insert(c);
+    CONTEXTS.lock().insert_at(c, ());
     ctx.set(c as usize as VoidP);
     Ok(())
 }
 
 pub(crate) fn check_context(ctx: VoidP) -> Result<()> {
-    if CONTEXTS
-        .lock()
-        .as_ref()
-        .is_some_and(|s| s.contains(&h(ctx)))
-    {
+    if CONTEXTS.lock().contains(h(ctx)) {
         Ok(())
     } else {
         Err(Error::arg(
@@ -79,7 +75,7 @@ pub(crate) fn check_context(ctx: VoidP) -> Result<()> {
 }
 
 pub(crate) fn finalize_context(ctx: VoidP) -> Result<()> {
-    if CONTEXTS.lock().as_mut().is_some_and(|s| s.remove(&h(ctx))) {
+    if CONTEXTS.lock().remove(h(ctx)).is_some() {
         Ok(())
     } else {
         Err(Error::arg(

@@ -5,7 +5,7 @@ use super::*;
 
 impl Device {
     fn check_comm(st: &State, comm: u64) -> Result<()> {
-        if st.sends.contains_key(&comm) || st.recvs.contains_key(&comm) {
+        if st.sends.contains(comm) || st.recvs.contains(comm) {
             Ok(())
         } else {
             Err(Error::arg("comm", format!("{comm:#x} is not an open comm")))
@@ -37,14 +37,14 @@ impl Device {
         let t = self.transport(&mut st)?;
         let r = st.cache.register(&*t, region)?;
         let h = new_handle(self.index, Kind::Mr);
-        st.mrs.insert(h, r);
+        st.mrs.insert_at(h, r);
         Ok(h)
     }
 
     pub fn dereg_mr(&self, comm: u64, mh: u64) -> Result<()> {
         let mut st = self.st.lock();
         Self::check_comm(&st, comm)?;
-        let r = st.mrs.remove(&mh).ok_or_else(|| {
+        let r = st.mrs.remove(mh).ok_or_else(|| {
             Error::arg(
                 "mhandle",
                 format!("{mh:#x} is not a registration of this device"),
@@ -63,7 +63,7 @@ impl Device {
             }
             return Ok(None);
         }
-        let r = st.mrs.get(&mh).ok_or_else(|| {
+        let r = st.mrs.get(mh).ok_or_else(|| {
             Error::arg(
                 what,
                 format!("{mh:#x} is not a registration of this device"),
@@ -103,7 +103,7 @@ impl Device {
         let tag = Self::check_tag(tag)?;
         self.check_size(region.len())?;
         let mut st = self.st.lock();
-        if !st.sends.contains_key(&comm) {
+        if !st.sends.contains(comm) {
             return Err(Error::arg(
                 "sendComm",
                 format!("{comm:#x} is not an open send comm"),
@@ -112,7 +112,7 @@ impl Device {
         self.progress(&mut st)?;
         let mr = self.lookup_mr(&st, mh, region, "mhandle")?;
         let t = self.transport(&mut st)?;
-        let c = st.sends.get_mut(&comm).expect("checked above");
+        let c = st.sends.get_mut(comm).expect("checked above");
         if c.inflight >= SEND_CAPACITY {
             return Ok(None);
         }
@@ -123,7 +123,7 @@ impl Device {
         let mrobj = mr.as_ref().and_then(|r| st.cache.mr(r));
         match t.send(peer, wtag, region, mrobj, op(h, 0))? {
             Posted::Busy => {
-                let c = st.sends.get_mut(&comm).expect("checked above");
+                let c = st.sends.get_mut(comm).expect("checked above");
                 let since = *c.busy_since.get_or_insert_with(Instant::now);
                 if self.timed_out(since) {
                     c.busy_since = None;
@@ -136,11 +136,11 @@ impl Device {
                 Ok(None)
             }
             Posted::Queued => {
-                let c = st.sends.get_mut(&comm).expect("checked above");
+                let c = st.sends.get_mut(comm).expect("checked above");
                 c.busy_since = None;
                 c.seq.insert(tag, seq.wrapping_add(1));
                 c.inflight += 1;
-                st.reqs.insert(h, Request::new(comm, true, 1));
+                st.reqs.insert_at(h, Request::new(comm, true, 1));
                 Ok(Some(h))
             }
         }
@@ -160,7 +160,7 @@ impl Device {
             self.check_size(region.len())?;
         }
         let mut st = self.st.lock();
-        if !st.recvs.contains_key(&comm) {
+        if !st.recvs.contains(comm) {
             return Err(Error::arg(
                 "recvComm",
                 format!("{comm:#x} is not an open receive comm"),
@@ -172,7 +172,7 @@ impl Device {
             mrs[i] = self.lookup_mr(&st, *mh, *region, "mhandles")?;
         }
         let t = self.transport(&mut st)?;
-        let c = st.recvs.get_mut(&comm).expect("checked above");
+        let c = st.recvs.get_mut(comm).expect("checked above");
         if c.inflight >= RECV_CAPACITY {
             return Ok(None);
         }
@@ -212,10 +212,10 @@ impl Device {
                 st.deferred.push_back((h, i));
             }
         }
-        let c = st.recvs.get_mut(&comm).expect("checked above");
+        let c = st.recvs.get_mut(comm).expect("checked above");
         c.seq = next;
         c.inflight += 1;
-        st.reqs.insert(h, req);
+        st.reqs.insert_at(h, req);
         Ok(Some(h))
     }
 
@@ -226,7 +226,7 @@ impl Device {
             return Err(Error::arg("n", format!("{n} is outside 1..={MAX_RECVS}")));
         }
         let st = self.st.lock();
-        if !st.recvs.contains_key(&comm) {
+        if !st.recvs.contains(comm) {
             return Err(Error::arg(
                 "recvComm",
                 format!("{comm:#x} is not an open receive comm"),
@@ -238,14 +238,14 @@ impl Device {
     /// Poll a request: `Ok(Some(..))` once finished (the request is then gone).
     pub fn test(&self, req: u64) -> Result<Option<Finished>> {
         let mut st = self.st.lock();
-        if !st.reqs.contains_key(&req) {
+        if !st.reqs.contains(req) {
             return Err(Error::arg(
                 "request",
                 format!("{req:#x} is not a pending request (finished, or its comm closed)"),
             ));
         }
         self.progress(&mut st)?;
-        let r = st.reqs.get(&req).expect("checked above");
+        let r = st.reqs.get(req).expect("checked above");
         let outcome = if let Some(e) = &r.error {
             Some(Err(e.clone()))
         } else if r.left == 0 {
@@ -274,7 +274,7 @@ impl Device {
                 Ok(None)
             }
             Some(res) => {
-                let r = st.reqs.remove(&req).expect("present");
+                let r = st.reqs.remove(req).expect("present");
                 retire(&mut st, req, &r);
                 res.map(Some)
             }
@@ -285,7 +285,7 @@ impl Device {
         let mut st = self.st.lock();
         let c = st
             .sends
-            .remove(&comm)
+            .remove(comm)
             .ok_or_else(|| Error::arg("sendComm", format!("{comm:#x} is not an open send comm")))?;
         // Sends cannot be cancelled: their completions are dropped when they arrive.
         st.reqs.retain(|_, r| r.comm != comm);
@@ -296,17 +296,17 @@ impl Device {
 
     pub fn close_recv(&self, comm: u64) -> Result<()> {
         let mut st = self.st.lock();
-        let c = st.recvs.remove(&comm).ok_or_else(|| {
+        let c = st.recvs.remove(comm).ok_or_else(|| {
             Error::arg("recvComm", format!("{comm:#x} is not an open receive comm"))
         })?;
         let mine: Vec<u64> = st
             .reqs
             .iter()
             .filter(|(_, r)| r.comm == comm)
-            .map(|(h, _)| *h)
+            .map(|(h, _)| h)
             .collect();
         for h in mine {
-            let r = st.reqs.remove(&h).expect("listed");
+            let r = st.reqs.remove(h).expect("listed");
             if let Some(t) = &st.t {
                 for (i, s) in r.subs.iter().take(r.n).enumerate() {
                     if !s.done && s.deferred.is_none() {

@@ -12,7 +12,7 @@ pub(super) fn dispatch(st: &mut State, t: &dyn Transport, c: Completion) {
     let sub = c.op & 0xf;
     match (crate::plugin::handle_kind(h), sub) {
         (k, s) if k == Kind::Request as u8 && (s as usize) < MAX_RECVS => {
-            let Some(r) = st.reqs.get_mut(&h) else { return };
+            let Some(r) = st.reqs.get_mut(h) else { return };
             r.last = Instant::now();
             let s = &mut r.subs[s as usize];
             match c.status {
@@ -36,7 +36,7 @@ pub(super) fn dispatch(st: &mut State, t: &dyn Transport, c: Completion) {
             }
         }
         (k, SUB_LISTEN) if k == Kind::Listen as u8 => {
-            let Some(l) = st.listens.get_mut(&h) else {
+            let Some(l) = st.listens.get_mut(h) else {
                 return;
             };
             match c.status {
@@ -58,7 +58,7 @@ pub(super) fn dispatch(st: &mut State, t: &dyn Transport, c: Completion) {
             }
         }
         (k, SUB_ACK) if k == Kind::Pending as u8 => {
-            let Some(p) = st.pendings.get_mut(&h) else {
+            let Some(p) = st.pendings.get_mut(h) else {
                 return;
             };
             p.result = Some(match c.status {
@@ -77,7 +77,7 @@ pub(super) fn dispatch(st: &mut State, t: &dyn Transport, c: Completion) {
             });
         }
         (k, SUB_CTRL_SEND) if k == Kind::Pending as u8 => {
-            if let (Err(e), Some(p)) = (c.status, st.pendings.get_mut(&h)) {
+            if let (Err(e), Some(p)) = (c.status, st.pendings.get_mut(h)) {
                 p.result = Some(Err(Error::Remote(format!(
                     "connect request not delivered: {e}"
                 ))));
@@ -94,7 +94,7 @@ pub(super) fn dispatch(st: &mut State, t: &dyn Transport, c: Completion) {
 
 pub(super) fn post_deferred(st: &mut State, t: &dyn Transport) -> Result<()> {
     while let Some(&(h, i)) = st.deferred.front() {
-        let Some(r) = st.reqs.get(&h) else {
+        let Some(r) = st.reqs.get(h) else {
             st.deferred.pop_front();
             continue;
         };
@@ -107,7 +107,7 @@ pub(super) fn post_deferred(st: &mut State, t: &dyn Transport) -> Result<()> {
             break;
         }
         st.deferred.pop_front();
-        if let Some(r) = st.reqs.get_mut(&h) {
+        if let Some(r) = st.reqs.get_mut(h) {
             r.subs[i].deferred = None;
         }
     }

@@ -26,7 +26,7 @@ impl Device {
             st.ids.free(id);
             return Err(e);
         }
-        st.listens.insert(
+        st.listens.insert_at(
             h,
             Listen {
                 id,
@@ -73,7 +73,7 @@ impl Device {
                 req,
                 op(ph, SUB_CTRL_SEND),
             )?;
-            st.pendings.insert(
+            st.pendings.insert_at(
                 ph,
                 Pending {
                     id,
@@ -87,14 +87,14 @@ impl Device {
             return Ok(None);
         }
         let ph = view.state;
-        if !st.pendings.contains_key(&ph) {
+        if !st.pendings.contains(ph) {
             return Err(Error::arg(
                 "handle",
                 "carries the state of a connect this device does not know",
             ));
         }
         self.progress(&mut st)?;
-        let p = st.pendings.get_mut(&ph).expect("checked above");
+        let p = st.pendings.get_mut(ph).expect("checked above");
         let outcome = match p.result.take() {
             Some(r) => Some(r),
             None if self.timed_out(p.started) => Some(Err(Error::Timeout(format!(
@@ -111,12 +111,12 @@ impl Device {
                 Ok(None)
             }
             Some(r) => {
-                let p = st.pendings.remove(&ph).expect("present");
+                let p = st.pendings.remove(ph).expect("present");
                 set_handle_state(handle, 0);
                 match r {
                     Ok(remote) => {
                         let h = new_handle(self.index, Kind::Send);
-                        st.sends.insert(
+                        st.sends.insert_at(
                             h,
                             SendComm {
                                 id: p.id,
@@ -142,12 +142,12 @@ impl Device {
     /// One step of accepting on `listen`: `Ok(None)` until a connector arrives.
     pub fn accept(&self, listen: u64) -> Result<Option<u64>> {
         let mut st = self.st.lock();
-        if !st.listens.contains_key(&listen) {
+        if !st.listens.contains(listen) {
             return Err(Error::arg("listenComm", "not an open listen comm"));
         }
         self.progress(&mut st)?;
         let t = self.transport(&mut st)?;
-        let l = st.listens.get_mut(&listen).expect("checked above");
+        let l = st.listens.get_mut(listen).expect("checked above");
         let first = *l.first_accept.get_or_insert_with(Instant::now);
         let Some((remote, addr)) = l.queue.pop_front() else {
             if self.timed_out(first) {
@@ -178,7 +178,7 @@ impl Device {
             st.ids.free(id);
             return Err(e);
         }
-        st.recvs.insert(
+        st.recvs.insert_at(
             h,
             RecvComm {
                 id,
@@ -193,7 +193,7 @@ impl Device {
         let mut st = self.st.lock();
         let l = st
             .listens
-            .remove(&listen)
+            .remove(listen)
             .ok_or_else(|| Error::arg("listenComm", "not an open listen comm"))?;
         if let Some(t) = &st.t {
             t.cancel(op(listen, SUB_LISTEN));
