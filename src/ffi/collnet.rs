@@ -8,7 +8,7 @@ use super::net::{
     Logger, Res, VoidP, VoidPP,
 };
 use super::types::*;
-use super::{boundary, h, int_size, ptr, region, Out};
+use super::{boundary, h, int_size, non_null, ptr, region, Out};
 use crate::error::{Error, Result};
 use crate::logging;
 use crate::plugin::collnet;
@@ -57,9 +57,7 @@ unsafe fn sge_regions<S: Sge>(n: c_int, sges: *const S, name: &str) -> Result<Ve
     if !(1..=64).contains(&n) {
         return Err(Error::arg(name, format!("{n} parts (1..=64 accepted)")));
     }
-    if sges.is_null() {
-        return Err(Error::arg(name, "NULL"));
-    }
+    non_null(sges, name)?;
     (0..n as usize)
         .map(|i| {
             // SAFETY: i < n, and the caller promised n entries.
@@ -130,9 +128,7 @@ unsafe extern "C" fn connect(
         // SAFETY: NCCL passes a writable void* out-pointer.
         let out = unsafe { Out::new(coll_comm, "collComm") }?;
         out.set(std::ptr::null_mut());
-        if handles.is_null() {
-            return Err(Error::arg("handles", "NULL"));
-        }
+        non_null(handles, "handles")?;
         let n = usize::try_from(nranks)
             .ok()
             .filter(|n| *n >= 1)
@@ -361,9 +357,9 @@ unsafe extern "C" fn test(request: VoidP, done: *mut c_int, size: *mut c_int) ->
         let done = unsafe { Out::new(done, "done") }?;
         done.set(0);
         if let Some(bytes) = collnet::test(h(request))? {
-            if !size.is_null() {
-                // SAFETY: a non-NULL size is a writable int; bytes <= maxCollBytes fit.
-                unsafe { size.write(bytes as c_int) };
+            // SAFETY: a non-NULL size is a writable int; bytes <= maxCollBytes fit.
+            if let Some(size) = unsafe { Out::optional(size) } {
+                size.set(bytes as c_int);
             }
             done.set(1);
         }

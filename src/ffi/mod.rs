@@ -1,6 +1,7 @@
 //! The C ABI: NCCL's versioned tables (`net`, `collnet`) and the `fabricoll_*` API (`api`).
 //! Each export runs inside the one panic boundary (`boundary`), checks its pointers with the
-//! helpers below (`Out`, `arg_ref`, `region`), and makes one call into safe Rust. No logic here.
+//! helpers below (`non_null` and what builds on it: `Out`, `arg_ref`; `region`), and makes one
+//! call into safe Rust. No logic here.
 pub mod api;
 pub(crate) mod boundary;
 pub mod collnet;
@@ -13,6 +14,32 @@ use crate::error::{Error, Result};
 use crate::transport::Region;
 use std::os::raw::c_void;
 
+/// The one null check: `p`, or an error naming the argument when it is NULL.
+pub(crate) fn non_null<P: Pointer>(p: P, name: &str) -> Result<P> {
+    if p.is_null_ptr() {
+        Err(Error::arg(name, "NULL"))
+    } else {
+        Ok(p)
+    }
+}
+
+/// Raw pointers, for [`non_null`].
+pub(crate) trait Pointer: Copy {
+    fn is_null_ptr(self) -> bool;
+}
+
+impl<T> Pointer for *const T {
+    fn is_null_ptr(self) -> bool {
+        self.is_null()
+    }
+}
+
+impl<T> Pointer for *mut T {
+    fn is_null_ptr(self) -> bool {
+        self.is_null()
+    }
+}
+
 /// A checked, writable out-pointer.
 pub(crate) struct Out<T>(*mut T);
 
@@ -20,11 +47,15 @@ impl<T> Out<T> {
     /// # Safety
     /// `p` is NULL or points to writable memory for a `T`, as the ABI promises for out-arguments.
     pub(crate) unsafe fn new(p: *mut T, name: &str) -> Result<Out<T>> {
-        if p.is_null() {
-            Err(Error::arg(name, "NULL"))
-        } else {
-            Ok(Out(p))
-        }
+        non_null(p, name).map(Out)
+    }
+
+    /// An optional out-pointer: `None` when the caller passed NULL.
+    ///
+    /// # Safety
+    /// As for [`Out::new`].
+    pub(crate) unsafe fn optional(p: *mut T) -> Option<Out<T>> {
+        (!p.is_null()).then_some(Out(p))
     }
 
     pub(crate) fn set(&self, v: T) {
@@ -39,8 +70,8 @@ impl<T> Out<T> {
 /// # Safety
 /// `p` is NULL or points to a readable `T` that lives for `'a`, as the ABI promises.
 pub(crate) unsafe fn arg_ref<'a, T>(p: *const T, name: &str) -> Result<&'a T> {
-    // SAFETY: forwarded from this function's contract.
-    unsafe { p.as_ref() }.ok_or_else(|| Error::arg(name, "NULL"))
+    // SAFETY: non-NULL, and readable for 'a per this function's contract.
+    Ok(unsafe { &*non_null(p, name)? })
 }
 
 /// The opaque handle behind a pointer NCCL gives back to us (never dereferenced).

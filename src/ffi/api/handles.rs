@@ -3,6 +3,7 @@
 use super::types::{fabricoll_comm, fabricoll_request};
 use crate::coll::{Comm, RequestId};
 use crate::error::{Error, Result};
+use crate::ffi::non_null;
 use crate::plugin::handles::HandleTable;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
@@ -39,9 +40,7 @@ fn aborted_error() -> Error {
 
 /// The live communicator behind `p`.
 pub(super) fn comm_of(p: *mut fabricoll_comm) -> Result<Arc<CommEntry>> {
-    if p.is_null() {
-        return Err(Error::arg("comm", "NULL"));
-    }
+    non_null(p, "comm")?;
     COMMS.lock().get(key(p)).cloned().ok_or_else(|| {
         Error::arg(
             "comm",
@@ -81,9 +80,7 @@ pub(super) fn register_request(c: Arc<CommEntry>, id: RequestId) -> *mut fabrico
 }
 
 fn req_of(p: *mut fabricoll_request) -> Result<(u64, Arc<CommEntry>, RequestId)> {
-    if p.is_null() {
-        return Err(Error::arg("request", "NULL"));
-    }
+    non_null(p, "request")?;
     let k = key(p);
     let g = REQUESTS.lock();
     let (c, id) = g.get(k).ok_or_else(|| {

@@ -9,7 +9,7 @@ mod tables;
 pub(crate) use shims::init_v6;
 pub use tables::*;
 
-use super::{boundary, h, int_size, ptr, region, Out};
+use super::{boundary, h, int_size, non_null, ptr, region, Out};
 use crate::error::{Error, Result};
 use crate::logging::{self, NcclLogger};
 use crate::plugin::handles::HandleTable;
@@ -86,9 +86,7 @@ pub(crate) fn finalize_context(ctx: VoidP) -> Result<()> {
 }
 
 pub(crate) fn handle_bytes<'a>(handle: VoidP) -> Result<&'a mut [u8; HANDLE_SIZE]> {
-    if handle.is_null() {
-        return Err(Error::arg("handle", "NULL"));
-    }
+    non_null(handle, "handle")?;
     // SAFETY: NCCL passes a buffer of NCCL_NET_HANDLE_MAXSIZE (128) bytes, owned by the caller
     // for the duration of the call; [u8; 128] has alignment 1.
     Ok(unsafe { &mut *(handle as *mut [u8; HANDLE_SIZE]) })
@@ -103,9 +101,9 @@ fn listen_inner(dev: c_int, handle: VoidP, out: &Out<VoidP>) -> Result<()> {
 }
 
 fn connect_inner(dev: c_int, handle: VoidP, out: &Out<VoidP>, dev_comm: VoidPP) -> Result<()> {
-    if !dev_comm.is_null() {
-        // SAFETY: a non-NULL devComm out-pointer is writable per the ABI; a host plugin has none.
-        unsafe { dev_comm.write(std::ptr::null_mut()) };
+    // SAFETY: a non-NULL devComm out-pointer is writable per the ABI; a host plugin has none.
+    if let Some(d) = unsafe { Out::optional(dev_comm) } {
+        d.set(std::ptr::null_mut());
     }
     let c = plugin()?.device(dev)?.connect(handle_bytes(handle)?)?;
     out.set(ptr(c));
@@ -113,9 +111,9 @@ fn connect_inner(dev: c_int, handle: VoidP, out: &Out<VoidP>, dev_comm: VoidPP) 
 }
 
 fn accept_inner(listen: VoidP, out: &Out<VoidP>, dev_comm: VoidPP) -> Result<()> {
-    if !dev_comm.is_null() {
-        // SAFETY: as in `connect`.
-        unsafe { dev_comm.write(std::ptr::null_mut()) };
+    // SAFETY: as in `connect_inner`.
+    if let Some(d) = unsafe { Out::optional(dev_comm) } {
+        d.set(std::ptr::null_mut());
     }
     let l = h(listen);
     let c = plugin()?
@@ -199,9 +197,7 @@ unsafe fn recv_bufs<S: Copy + TryInto<usize> + std::fmt::Display>(
         (sizes as *const u8, "sizes"),
         (tags as *const u8, "tags"),
     ] {
-        if p.is_null() {
-            return Err(Error::arg(name, "NULL"));
-        }
+        non_null(p, name)?;
     }
     let mut v = Vec::with_capacity(n as usize);
     for i in 0..n as usize {
@@ -348,9 +344,9 @@ pub(crate) unsafe extern "C" fn reg_mr_dmabuf(
     mh: VoidPP,
 ) -> Res {
     boundary("regMrDmaBuf", || {
-        if !mh.is_null() {
-            // SAFETY: a non-NULL out-pointer is writable per the ABI.
-            unsafe { mh.write(std::ptr::null_mut()) };
+        // SAFETY: a non-NULL out-pointer is writable per the ABI.
+        if let Some(mh) = unsafe { Out::optional(mh) } {
+            mh.set(std::ptr::null_mut());
         }
         Err(Error::InvalidUsage(
             "regMrDmaBuf: dma-buf registration is not supported yet (this build advertises NCCL_PTR_HOST only)".into(),
@@ -477,9 +473,7 @@ unsafe extern "C" fn close_listen(comm: VoidP) -> Res {
 unsafe extern "C" fn set_net_attr(ctx: VoidP, attr: VoidP) -> Res {
     boundary("setNetAttr", || {
         check_context(ctx)?;
-        if attr.is_null() {
-            return Err(Error::arg("netAttr", "NULL"));
-        }
+        non_null(attr, "netAttr")?;
         // Hints only (concurrency and the operation mix); NCCL allows ignoring them.
         Ok(())
     })
