@@ -68,10 +68,10 @@ fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnccl-net-fabricoll.so");
 }
 
-/// include/fabricoll.h from the `fabricoll_*` functions (src/ffi/api.rs), written to OUT_DIR;
+/// include/fabricoll.h from the `fabricoll_*` functions (src/ffi/api/), written to OUT_DIR;
 /// tests compare it with the committed header.
 fn generate_header(out: &std::path::Path) {
-    println!("cargo:rerun-if-changed=src/ffi/api.rs");
+    println!("cargo:rerun-if-changed=src/ffi/api");
     println!("cargo:rerun-if-changed=cbindgen.toml");
     let crate_dir = env::var("CARGO_MANIFEST_DIR").unwrap();
     let config = cbindgen::Config::from_file(PathBuf::from(&crate_dir).join("cbindgen.toml"))
@@ -81,13 +81,13 @@ fn generate_header(out: &std::path::Path) {
     config.parse.include = None;
     match cbindgen::Builder::new()
         .with_config(config)
-        .with_src(PathBuf::from(&crate_dir).join("src/ffi/api.rs"))
+        .with_src(PathBuf::from(&crate_dir).join("src/ffi/api/mod.rs"))
         .generate()
     {
         Ok(b) => {
             b.write_to_file(out.join("fabricoll.h"));
         }
-        Err(e) => panic!("cbindgen failed on src/ffi/api.rs: {e}"),
+        Err(e) => panic!("cbindgen failed on src/ffi/api: {e}"),
     }
 }
 

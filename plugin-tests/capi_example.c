@@ -44,7 +44,7 @@
 #ifdef CAPI_ENUM_FALLBACK
 /* The Makefile defines CAPI_ENUM_FALLBACK when include/fabricoll.h lacks the datatype / op /
  * algorithm / collective enums (a bug of the header, reported as a failed check below). These
- * are the values src/ffi/api.rs documents (NCCL's for types and ops). */
+ * are the values src/ffi/api/types.rs documents (NCCL's for types and ops). */
 enum { FABRICOLL_INT8 = 0, FABRICOLL_UINT8 = 1, FABRICOLL_INT32 = 2, FABRICOLL_UINT32 = 3,
        FABRICOLL_INT64 = 4, FABRICOLL_UINT64 = 5, FABRICOLL_FLOAT16 = 6, FABRICOLL_FLOAT32 = 7,
        FABRICOLL_FLOAT64 = 8, FABRICOLL_BFLOAT16 = 9, FABRICOLL_FP8_E4M3 = 10,
@@ -59,6 +59,27 @@ enum { FABRICOLL_COLL_ALLREDUCE = 0, FABRICOLL_COLL_ALLGATHER = 1,
        FABRICOLL_COLL_REDUCESCATTER = 2, FABRICOLL_COLL_BROADCAST = 3, FABRICOLL_COLL_REDUCE = 4,
        FABRICOLL_COLL_ALLTOALL = 5 };
 #endif
+
+/* The values of every enum in include/fabricoll.h are part of the ABI: pin them here (the Rust
+ * side pins the same numbers in src/ffi/api/tests.rs). */
+#define PIN(name, value) _Static_assert((name) == (value), #name " changed its value")
+PIN(FABRICOLL_SUCCESS, 0); PIN(FABRICOLL_INVALID_ARGUMENT, 1); PIN(FABRICOLL_INVALID_USAGE, 2);
+PIN(FABRICOLL_SYSTEM_ERROR, 3); PIN(FABRICOLL_INTERNAL_ERROR, 4); PIN(FABRICOLL_REMOTE_ERROR, 5);
+PIN(FABRICOLL_TIMEOUT, 6); PIN(FABRICOLL_IN_PROGRESS, 7);
+PIN(FABRICOLL_INT8, 0); PIN(FABRICOLL_UINT8, 1); PIN(FABRICOLL_INT32, 2); PIN(FABRICOLL_UINT32, 3);
+PIN(FABRICOLL_INT64, 4); PIN(FABRICOLL_UINT64, 5); PIN(FABRICOLL_FLOAT16, 6);
+PIN(FABRICOLL_FLOAT32, 7); PIN(FABRICOLL_FLOAT64, 8); PIN(FABRICOLL_BFLOAT16, 9);
+PIN(FABRICOLL_FP8_E4M3, 10); PIN(FABRICOLL_FP8_E5M2, 11);
+PIN(FABRICOLL_SUM, 0); PIN(FABRICOLL_PROD, 1); PIN(FABRICOLL_MAX, 2); PIN(FABRICOLL_MIN, 3);
+PIN(FABRICOLL_AVG, 4);
+PIN(FABRICOLL_ALGO_AUTO, 0); PIN(FABRICOLL_ALGO_RING, 1); PIN(FABRICOLL_ALGO_BIDIR_RING, 2);
+PIN(FABRICOLL_ALGO_MESH, 3); PIN(FABRICOLL_ALGO_MESH1, 4); PIN(FABRICOLL_ALGO_RDH, 5);
+PIN(FABRICOLL_ALGO_RD, 6); PIN(FABRICOLL_ALGO_TREE, 7); PIN(FABRICOLL_ALGO_DBTREE, 8);
+PIN(FABRICOLL_ALGO_BRUCK, 9); PIN(FABRICOLL_ALGO_PAIRWISE, 10); PIN(FABRICOLL_ALGO_HIER, 11);
+PIN(FABRICOLL_COLL_ALLREDUCE, 0); PIN(FABRICOLL_COLL_ALLGATHER, 1);
+PIN(FABRICOLL_COLL_REDUCESCATTER, 2); PIN(FABRICOLL_COLL_BROADCAST, 3);
+PIN(FABRICOLL_COLL_REDUCE, 4); PIN(FABRICOLL_COLL_ALLTOALL, 5);
+#undef PIN
 
 #define MAX_RANKS 64
 
@@ -642,7 +663,19 @@ static void abort_and_destroy(fabricoll_comm *comm) {
   /* a duplicate (every rank color 0), aborted: later calls on it fail, destroy succeeds */
   fabricoll_comm *dup = NULL;
   if (ok_call(fabricoll_comm_split(comm, 0, g_rank, &dup), "split: duplicate")) {
+    /* a request started before the abort: wait names the abort (INVALID_USAGE) on any number of
+     * ranks, whether or not the collective had finished */
+    float ia = 1, ib = 0;
+    fabricoll_request *req = NULL;
+    int started = ok_call(fabricoll_iallreduce(&ia, &ib, 1, FABRICOLL_FLOAT32, FABRICOLL_SUM, dup, &req),
+                          "iallreduce before abort");
     ok_call(fabricoll_comm_abort(dup), "comm_abort");
+    if (started) {
+      fabricoll_status w = fabricoll_wait(req);
+      check(w == FABRICOLL_INVALID_USAGE && strstr(fabricoll_last_error(), "aborted") != NULL,
+            "wait after abort: INVALID_USAGE naming the abort", "status %d, \"%s\"", (int)w,
+            fabricoll_last_error());
+    }
     float a = 1, b = 0;
     fabricoll_status s = fabricoll_allreduce(&a, &b, 1, FABRICOLL_FLOAT32, FABRICOLL_SUM, dup);
     check(s != FABRICOLL_SUCCESS, "allreduce on an aborted communicator fails", "status %d", (int)s);
@@ -662,7 +695,7 @@ static int header_check(void) {
   return check(0, "include/fabricoll.h defines the datatype/op/algo/coll enums",
                "FABRICOLL_FLOAT32, FABRICOLL_SUM, FABRICOLL_ALGO_RING, FABRICOLL_COLL_ALLREDUCE ... are "
                "missing from the header (cbindgen exports only fabricoll_status); this program used "
-               "the values of src/ffi/api.rs");
+               "the values of src/ffi/api/types.rs");
 #else
   return check(FABRICOLL_FLOAT32 == 7 && FABRICOLL_AVG == 4 && FABRICOLL_ALGO_HIER == 11 &&
                    FABRICOLL_COLL_ALLTOALL == 5,

@@ -3,13 +3,12 @@
 //! iallgather/ireducescatter; v11+ take a context). Each export checks its pointers and makes
 //! one call into `plugin::collnet`, inside the panic boundary.
 use super::net::{
-    check_context, devices, finalize, get_properties_v11, get_properties_v12, get_properties_v6,
-    get_properties_v7, get_properties_v8, get_properties_v9, handle_bytes, init_v6, new_context,
-    plugin, reg_mr_dmabuf, FClose, FDevices, FMakeVDevice, FRegDmaBuf, FTest, Logger, Res, VoidP,
-    VoidPP,
+    check_context, devices, finalize, get_properties, handle_bytes, init_v6, legacy_context,
+    new_context, plugin, reg_mr_dmabuf, AbiSize, FClose, FDevices, FMakeVDevice, FRegDmaBuf, FTest,
+    Logger, Res, VoidP, VoidPP,
 };
 use super::types::*;
-use super::{boundary, h, int_size, ptr, region, Out};
+use super::{boundary, h, int_size, non_null, ptr, region, Out};
 use crate::error::{Error, Result};
 use crate::logging;
 use crate::plugin::collnet;
@@ -58,9 +57,7 @@ unsafe fn sge_regions<S: Sge>(n: c_int, sges: *const S, name: &str) -> Result<Ve
     if !(1..=64).contains(&n) {
         return Err(Error::arg(name, format!("{n} parts (1..=64 accepted)")));
     }
-    if sges.is_null() {
-        return Err(Error::arg(name, "NULL"));
-    }
+    non_null(sges, name)?;
     (0..n as usize)
         .map(|i| {
             // SAFETY: i < n, and the caller promised n entries.
@@ -106,12 +103,8 @@ unsafe extern "C" fn init_v11(ctx: VoidPP, _comm_id: u64, logger: Logger) -> Res
 }
 
 unsafe extern "C" fn listen_v6(dev: c_int, handle: VoidP, listen_comm: VoidPP) -> Res {
-    boundary("collnet listen", || {
-        // SAFETY: NCCL passes a writable void* out-pointer.
-        listen(dev, handle, &unsafe {
-            Out::new(listen_comm, "listenComm")
-        }?)
-    })
+    // SAFETY: forwarded; the versions before v11 have the legacy context.
+    unsafe { listen_v11(legacy_context(), dev, handle, listen_comm) }
 }
 
 unsafe extern "C" fn listen_v11(ctx: VoidP, dev: c_int, handle: VoidP, listen_comm: VoidPP) -> Res {
@@ -135,9 +128,7 @@ unsafe extern "C" fn connect(
         // SAFETY: NCCL passes a writable void* out-pointer.
         let out = unsafe { Out::new(coll_comm, "collComm") }?;
         out.set(std::ptr::null_mut());
-        if handles.is_null() {
-            return Err(Error::arg("handles", "NULL"));
-        }
+        non_null(handles, "handles")?;
         let n = usize::try_from(nranks)
             .ok()
             .filter(|n| *n >= 1)
@@ -175,26 +166,17 @@ fn reg(comm: VoidP, data: VoidP, size: usize, ty: c_int, mh: VoidPP) -> Result<(
     Ok(())
 }
 
-unsafe extern "C" fn reg_mr_v6(
+/// regMr; `S` is the size's width (int before v8).
+unsafe extern "C" fn reg_mr<S: AbiSize>(
     comm: VoidP,
     data: VoidP,
-    size: c_int,
+    size: S,
     ty: c_int,
     mh: VoidPP,
 ) -> Res {
     boundary("collnet regMr", || {
-        reg(comm, data, int_size(size, "size")?, ty, mh)
+        reg(comm, data, size.to_usize("size")?, ty, mh)
     })
-}
-
-unsafe extern "C" fn reg_mr_v8(
-    comm: VoidP,
-    data: VoidP,
-    size: usize,
-    ty: c_int,
-    mh: VoidPP,
-) -> Res {
-    boundary("collnet regMr", || reg(comm, data, size, ty, mh))
 }
 
 unsafe extern "C" fn dereg_mr(comm: VoidP, mh: VoidP) -> Res {
@@ -236,12 +218,13 @@ fn allreduce(
     Ok(())
 }
 
+/// iallreduce; `S` is the count's width (int before v9).
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn iallreduce_v6(
+unsafe extern "C" fn iallreduce<S: AbiSize>(
     comm: VoidP,
     send: VoidP,
     recv: VoidP,
-    count: c_int,
+    count: S,
     dt: c_int,
     op: c_int,
     _smh: VoidP,
@@ -249,24 +232,7 @@ unsafe extern "C" fn iallreduce_v6(
     req: VoidPP,
 ) -> Res {
     boundary("collnet iallreduce", || {
-        allreduce(comm, send, recv, int_size(count, "count")?, dt, op, req)
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn iallreduce_v9(
-    comm: VoidP,
-    send: VoidP,
-    recv: VoidP,
-    count: usize,
-    dt: c_int,
-    op: c_int,
-    _smh: VoidP,
-    _rmh: VoidP,
-    req: VoidPP,
-) -> Res {
-    boundary("collnet iallreduce", || {
-        allreduce(comm, send, recv, count, dt, op, req)
+        allreduce(comm, send, recv, count.to_usize("count")?, dt, op, req)
     })
 }
 
@@ -298,29 +264,13 @@ fn allgather<S: Sge>(
     Ok(())
 }
 
+/// iallgather; `S` is the version's SGE (32-bit sizes in v8).
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn iallgather_v8(
+unsafe extern "C" fn iallgather<S: Sge>(
     comm: VoidP,
     send: VoidP,
     n: c_int,
-    parts: *mut SgeV8,
-    bpr: usize,
-    off: usize,
-    len: usize,
-    _smh: VoidP,
-    req: VoidPP,
-) -> Res {
-    boundary("collnet iallgather", || {
-        allgather(comm, send, n, parts, bpr, off, len, req)
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn iallgather_v9(
-    comm: VoidP,
-    send: VoidP,
-    n: c_int,
-    parts: *mut SgeV9,
+    parts: *mut S,
     bpr: usize,
     off: usize,
     len: usize,
@@ -364,30 +314,12 @@ fn reducescatter<S: Sge>(
     Ok(())
 }
 
+/// ireducescatter; `S` is the version's SGE (32-bit sizes in v8).
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn ireducescatter_v8(
+unsafe extern "C" fn ireducescatter<S: Sge>(
     comm: VoidP,
     n: c_int,
-    parts: *mut SgeV8,
-    recv: VoidP,
-    bpr: usize,
-    off: usize,
-    len: usize,
-    dt: c_int,
-    op: c_int,
-    _rmh: VoidP,
-    req: VoidPP,
-) -> Res {
-    boundary("collnet ireducescatter", || {
-        reducescatter(comm, n, parts, recv, bpr, off, len, dt, op, req)
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn ireducescatter_v9(
-    comm: VoidP,
-    n: c_int,
-    parts: *mut SgeV9,
+    parts: *mut S,
     recv: VoidP,
     bpr: usize,
     off: usize,
@@ -425,9 +357,9 @@ unsafe extern "C" fn test(request: VoidP, done: *mut c_int, size: *mut c_int) ->
         let done = unsafe { Out::new(done, "done") }?;
         done.set(0);
         if let Some(bytes) = collnet::test(h(request))? {
-            if !size.is_null() {
-                // SAFETY: a non-NULL size is a writable int; bytes <= maxCollBytes fit.
-                unsafe { size.write(bytes as c_int) };
+            // SAFETY: a non-NULL size is a writable int; bytes <= maxCollBytes fit.
+            if let Some(size) = unsafe { Out::optional(size) } {
+                size.set(bytes as c_int);
             }
             done.set(1);
         }
@@ -535,16 +467,16 @@ pub static ncclCollNetPlugin_v12: CollNetV12 = CollNetV12 {
     name: NAME.as_ptr(),
     init: init_v11,
     devices,
-    get_properties: get_properties_v12,
+    get_properties: get_properties::<PropsV12>,
     listen: listen_v11,
     connect,
     reduce_support,
-    reg_mr: reg_mr_v8,
+    reg_mr: reg_mr::<usize>,
     reg_mr_dmabuf,
     dereg_mr,
-    iallreduce: iallreduce_v9,
-    iallgather: iallgather_v9,
-    ireducescatter: ireducescatter_v9,
+    iallreduce: iallreduce::<usize>,
+    iallgather: iallgather::<SgeV9>,
+    ireducescatter: ireducescatter::<SgeV9>,
     iflush,
     test,
     close_coll,
@@ -558,16 +490,16 @@ pub static ncclCollNetPlugin_v11: CollNetV11 = CollNetV11 {
     name: NAME.as_ptr(),
     init: init_v11,
     devices,
-    get_properties: get_properties_v11,
+    get_properties: get_properties::<PropsV11>,
     listen: listen_v11,
     connect,
     reduce_support,
-    reg_mr: reg_mr_v8,
+    reg_mr: reg_mr::<usize>,
     reg_mr_dmabuf,
     dereg_mr,
-    iallreduce: iallreduce_v9,
-    iallgather: iallgather_v9,
-    ireducescatter: ireducescatter_v9,
+    iallreduce: iallreduce::<usize>,
+    iallgather: iallgather::<SgeV9>,
+    ireducescatter: ireducescatter::<SgeV9>,
     iflush,
     test,
     close_coll,
@@ -581,16 +513,16 @@ pub static ncclCollNetPlugin_v10: CollNetV9 = CollNetV9 {
     name: NAME.as_ptr(),
     init: init_v6,
     devices,
-    get_properties: get_properties_v9,
+    get_properties: get_properties::<PropsV9>,
     listen: listen_v6,
     connect,
     reduce_support,
-    reg_mr: reg_mr_v8,
+    reg_mr: reg_mr::<usize>,
     reg_mr_dmabuf,
     dereg_mr,
-    iallreduce: iallreduce_v9,
-    iallgather: iallgather_v9,
-    ireducescatter: ireducescatter_v9,
+    iallreduce: iallreduce::<usize>,
+    iallgather: iallgather::<SgeV9>,
+    ireducescatter: ireducescatter::<SgeV9>,
     iflush,
     test,
     close_coll,
@@ -603,16 +535,16 @@ pub static ncclCollNetPlugin_v9: CollNetV9 = CollNetV9 {
     name: NAME.as_ptr(),
     init: init_v6,
     devices,
-    get_properties: get_properties_v9,
+    get_properties: get_properties::<PropsV9>,
     listen: listen_v6,
     connect,
     reduce_support,
-    reg_mr: reg_mr_v8,
+    reg_mr: reg_mr::<usize>,
     reg_mr_dmabuf,
     dereg_mr,
-    iallreduce: iallreduce_v9,
-    iallgather: iallgather_v9,
-    ireducescatter: ireducescatter_v9,
+    iallreduce: iallreduce::<usize>,
+    iallgather: iallgather::<SgeV9>,
+    ireducescatter: ireducescatter::<SgeV9>,
     iflush,
     test,
     close_coll,
@@ -625,16 +557,16 @@ pub static ncclCollNetPlugin_v8: CollNetV8 = CollNetV8 {
     name: NAME.as_ptr(),
     init: init_v6,
     devices,
-    get_properties: get_properties_v8,
+    get_properties: get_properties::<PropsV8>,
     listen: listen_v6,
     connect,
     reduce_support,
-    reg_mr: reg_mr_v8,
+    reg_mr: reg_mr::<usize>,
     reg_mr_dmabuf,
     dereg_mr,
-    iallreduce: iallreduce_v6,
-    iallgather: iallgather_v8,
-    ireducescatter: ireducescatter_v8,
+    iallreduce: iallreduce::<c_int>,
+    iallgather: iallgather::<SgeV8>,
+    ireducescatter: ireducescatter::<SgeV8>,
     iflush,
     test,
     close_coll,
@@ -646,14 +578,14 @@ pub static ncclCollNetPlugin_v7: CollNetV7 = CollNetV7 {
     name: NAME.as_ptr(),
     init: init_v6,
     devices,
-    get_properties: get_properties_v7,
+    get_properties: get_properties::<PropsV7>,
     listen: listen_v6,
     connect,
     reduce_support,
-    reg_mr: reg_mr_v6,
+    reg_mr: reg_mr::<c_int>,
     reg_mr_dmabuf,
     dereg_mr,
-    iallreduce: iallreduce_v6,
+    iallreduce: iallreduce::<c_int>,
     iflush,
     test,
     close_coll,
@@ -665,14 +597,14 @@ pub static ncclCollNetPlugin_v6: CollNetV6 = CollNetV6 {
     name: NAME.as_ptr(),
     init: init_v6,
     devices,
-    get_properties: get_properties_v6,
+    get_properties: get_properties::<PropsV6>,
     listen: listen_v6,
     connect,
     reduce_support,
-    reg_mr: reg_mr_v6,
+    reg_mr: reg_mr::<c_int>,
     reg_mr_dmabuf,
     dereg_mr,
-    iallreduce: iallreduce_v6,
+    iallreduce: iallreduce::<c_int>,
     iflush,
     test,
     close_coll,

@@ -1,33 +1,42 @@
-//! The C ABI: NCCL's versioned tables and (later) the `fabricoll_*` API. Each export checks its
-//! pointers, makes one call into safe Rust, and runs inside the panic boundary. No logic here.
+//! The C ABI: NCCL's versioned tables (`net`, `collnet`) and the `fabricoll_*` API (`api`).
+//! Each export runs inside the one panic boundary (`boundary`), checks its pointers with the
+//! helpers below (`non_null` and what builds on it: `Out`, `arg_ref`; `region`), and makes one
+//! call into safe Rust. No logic here.
 pub mod api;
+pub(crate) mod boundary;
 pub mod collnet;
 pub mod net;
 pub mod types;
 
+pub(crate) use boundary::boundary;
+
 use crate::error::{Error, Result};
 use crate::transport::Region;
 use std::os::raw::c_void;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
-/// Run `f`, turning its error into an `ncclResult_t` and a caught panic into InternalError:
-/// a panic must never cross the ABI (it would abort the host process).
-pub(crate) fn boundary(what: &'static str, f: impl FnOnce() -> Result<()>) -> i32 {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => 0,
-        Ok(Err(e)) => {
-            log::warn!("{what}: {e}");
-            e.nccl_code()
-        }
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            log::error!("{what}: internal panic caught at the ABI boundary: {msg}");
-            Error::Internal(msg).nccl_code()
-        }
+/// The one null check: `p`, or an error naming the argument when it is NULL.
+pub(crate) fn non_null<P: Pointer>(p: P, name: &str) -> Result<P> {
+    if p.is_null_ptr() {
+        Err(Error::arg(name, "NULL"))
+    } else {
+        Ok(p)
+    }
+}
+
+/// Raw pointers, for [`non_null`].
+pub(crate) trait Pointer: Copy {
+    fn is_null_ptr(self) -> bool;
+}
+
+impl<T> Pointer for *const T {
+    fn is_null_ptr(self) -> bool {
+        self.is_null()
+    }
+}
+
+impl<T> Pointer for *mut T {
+    fn is_null_ptr(self) -> bool {
+        self.is_null()
     }
 }
 
@@ -38,17 +47,31 @@ impl<T> Out<T> {
     /// # Safety
     /// `p` is NULL or points to writable memory for a `T`, as the ABI promises for out-arguments.
     pub(crate) unsafe fn new(p: *mut T, name: &str) -> Result<Out<T>> {
-        if p.is_null() {
-            Err(Error::arg(name, "NULL"))
-        } else {
-            Ok(Out(p))
-        }
+        non_null(p, name).map(Out)
+    }
+
+    /// An optional out-pointer: `None` when the caller passed NULL.
+    ///
+    /// # Safety
+    /// As for [`Out::new`].
+    pub(crate) unsafe fn optional(p: *mut T) -> Option<Out<T>> {
+        (!p.is_null()).then_some(Out(p))
     }
 
     pub(crate) fn set(&self, v: T) {
         // SAFETY: non-NULL and writable per the contract of `Out::new`.
         unsafe { self.0.write(v) }
     }
+}
+
+/// The readable argument behind `p`, or an error naming it when `p` is NULL: the one null
+/// check for pointers the callee reads.
+///
+/// # Safety
+/// `p` is NULL or points to a readable `T` that lives for `'a`, as the ABI promises.
+pub(crate) unsafe fn arg_ref<'a, T>(p: *const T, name: &str) -> Result<&'a T> {
+    // SAFETY: non-NULL, and readable for 'a per this function's contract.
+    Ok(unsafe { &*non_null(p, name)? })
 }
 
 /// The opaque handle behind a pointer NCCL gives back to us (never dereferenced).

@@ -6,6 +6,7 @@
 //! completes in one call, as NCCL requires. Operations start at once and advance whenever NCCL
 //! polls `test` (or starts another). AllGather and ReduceScatter take NCCL's windows: the
 //! global buffer is `nranks x bytesPerRank`, and one call covers `[windowOffset, +windowBytes)`.
+use super::handles::HandleTable;
 use super::{new_handle, Kind, Plugin, HANDLE_SIZE, NCCL_PTR_CUDA, NCCL_PTR_HOST};
 use crate::algo::{Collective, Problem};
 use crate::coll::{self, Call, Comm, RequestId};
@@ -48,9 +49,9 @@ struct Request {
 
 #[derive(Default)]
 struct Tables {
-    listens: HashMap<u64, ListenComm>,
-    comms: HashMap<u64, Arc<CollComm>>,
-    requests: HashMap<u64, Request>,
+    listens: HandleTable<ListenComm>,
+    comms: HandleTable<Arc<CollComm>>,
+    requests: HandleTable<Request>,
 }
 
 static TABLES: Mutex<Option<Tables>> = Mutex::new(None);
@@ -96,7 +97,7 @@ pub fn listen(p: &Plugin, dev: i32) -> Result<([u8; HANDLE_SIZE], u64)> {
     h[4..6].copy_from_slice(&(addr.len() as u16).to_le_bytes());
     h[ADDR_OFF..ADDR_OFF + addr.len()].copy_from_slice(&addr);
     let id = new_handle(d.index, Kind::CollListen);
-    with(|t2| t2.listens.insert(id, ListenComm { transport: t }));
+    with(|t2| t2.listens.insert_at(id, ListenComm { transport: t }));
     Ok((h, id))
 }
 
@@ -129,7 +130,7 @@ pub fn connect(
         .enumerate()
         .map(|(r, h)| parse_handle(h, r))
         .collect::<Result<Vec<_>>>()?;
-    let t = with(|t| t.listens.get(&listen).map(|l| l.transport.clone()))
+    let t = with(|t| t.listens.get(listen).map(|l| l.transport.clone()))
         .ok_or_else(|| Error::arg("listenComm", "not an open CollNet listen comm"))?;
     if addrs[rank] != t.address() {
         return Err(Error::arg(
@@ -142,7 +143,7 @@ pub fn connect(
     log::info!("CollNet comm connected: node {rank} of {} over {domain}; AllReduce/AllGather/ReduceScatter run on fabricoll's engines", addrs.len());
     let id = new_handle(super::handle_dev(listen), Kind::CollComm);
     with(|t| {
-        t.comms.insert(
+        t.comms.insert_at(
             id,
             Arc::new(CollComm {
                 comm,
@@ -154,7 +155,7 @@ pub fn connect(
 }
 
 pub fn close_listen(listen: u64) -> Result<()> {
-    with(|t| t.listens.remove(&listen))
+    with(|t| t.listens.remove(listen))
         .map(|_| ())
         .ok_or_else(|| Error::arg("listenComm", "not an open CollNet listen comm"))
 }
@@ -177,7 +178,7 @@ pub fn own_share(id: u64, bytes_per_rank: usize, offset: usize, len: usize) -> R
 }
 
 fn comm(id: u64) -> Result<Arc<CollComm>> {
-    with(|t| t.comms.get(&id).cloned()).ok_or_else(|| {
+    with(|t| t.comms.get(id).cloned()).ok_or_else(|| {
         Error::arg(
             "collComm",
             format!("{id:#x} is not an open collective comm"),
@@ -188,7 +189,7 @@ fn comm(id: u64) -> Result<Arc<CollComm>> {
 /// Close a collective comm; its pending operations are aborted.
 pub fn close_coll(id: u64) -> Result<()> {
     let c = with(|t| {
-        let c = t.comms.remove(&id)?;
+        let c = t.comms.remove(id)?;
         t.requests.retain(|_, r| !Arc::ptr_eq(&r.comm, &c));
         Some(c)
     })
@@ -249,7 +250,7 @@ fn start(
     let id = c.comm.start(&call)?;
     let h = new_handle(0, Kind::CollRequest);
     with(|t| {
-        t.requests.insert(
+        t.requests.insert_at(
             h,
             Request {
                 comm: c,
@@ -459,13 +460,13 @@ pub fn ireducescatter(
 
 /// Poll a request: `Some(bytes)` when done (the request is then gone).
 pub fn test(req: u64) -> Result<Option<usize>> {
-    let (c, id) = with(|t| t.requests.get(&req).map(|r| (r.comm.clone(), r.id)))
+    let (c, id) = with(|t| t.requests.get(req).map(|r| (r.comm.clone(), r.id)))
         .ok_or_else(|| Error::arg("request", "not a pending CollNet request"))?;
     let r = c.comm.test(id);
     if matches!(r, Ok(false)) {
         return Ok(None);
     }
-    let done = with(|t| t.requests.remove(&req))
+    let done = with(|t| t.requests.remove(req))
         .ok_or_else(|| Error::Internal("request vanished".into()))?;
     r?;
     if let Some(s) = &done.scatter {

@@ -1,6 +1,7 @@
 //! NCCL semantics, independent of the ABI version: devices and their properties, handles,
 //! listen/connect/accept state machines, requests and the registration cache.
 pub mod collnet;
+pub mod handles;
 pub mod mr;
 pub mod net;
 
@@ -12,7 +13,6 @@ use crate::transport::Transport;
 use net::Device;
 use once_cell::sync::OnceCell;
 use std::ffi::CString;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Largest `n` of a grouped receive.
@@ -66,12 +66,14 @@ pub enum Kind {
     CollMr = 11,
 }
 
-static SERIAL: AtomicU64 = AtomicU64::new(1);
+/// The low 8 bits of a plugin handle: the device index and the kind.
+pub fn handle_tag(dev: usize, kind: Kind) -> u8 {
+    ((dev as u8 & 0xf) << 4) | kind as u8
+}
 
-/// A new handle: a never-reused serial, the device index and the kind. Handles are looked up
-/// in tables, never dereferenced, so a garbage pointer from a caller is an error, not a crash.
+/// A new handle (see [`handles`]): a never-reused serial, the device index and the kind.
 pub fn new_handle(dev: usize, kind: Kind) -> u64 {
-    (SERIAL.fetch_add(1, Ordering::Relaxed) << 8) | ((dev as u64 & 0xf) << 4) | kind as u64
+    handles::new_key(handle_tag(dev, kind))
 }
 
 pub fn handle_dev(h: u64) -> usize {

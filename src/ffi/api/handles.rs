@@ -1,0 +1,124 @@
+//! The C API's communicators and requests: one [`HandleTable`] each. A handle is a key, never
+//! a pointer to dereference, so a stale or garbage handle is an error naming the argument.
+use super::types::{fabricoll_comm, fabricoll_request};
+use crate::coll::{Comm, RequestId};
+use crate::error::{Error, Result};
+use crate::ffi::non_null;
+use crate::plugin::handles::HandleTable;
+use once_cell::sync::Lazy;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A communicator as the C API knows it.
+pub(super) struct CommEntry {
+    pub comm: Comm,
+    /// Set by `fabricoll_comm_abort`: its requests then all report that, whatever state they
+    /// reached, so the caller gets one answer on any number of ranks.
+    aborted: AtomicBool,
+}
+
+/// Low bits of a C API key: 0, so that handles look like aligned pointers.
+const TAG: u8 = 0;
+
+/// A pending request: its communicator and its id there.
+type Pending = (Arc<CommEntry>, RequestId);
+
+static COMMS: Lazy<Mutex<HandleTable<Arc<CommEntry>>>> = Lazy::new(Default::default);
+static REQUESTS: Lazy<Mutex<HandleTable<Pending>>> = Lazy::new(Default::default);
+
+fn key<T>(p: *mut T) -> u64 {
+    p as usize as u64
+}
+
+fn aborted_error() -> Error {
+    Error::InvalidUsage(
+        "the communicator was aborted (fabricoll_comm_abort): its requests are freed and fail"
+            .into(),
+    )
+}
+
+/// The live communicator behind `p`.
+pub(super) fn comm_of(p: *mut fabricoll_comm) -> Result<Arc<CommEntry>> {
+    non_null(p, "comm")?;
+    COMMS.lock().get(key(p)).cloned().ok_or_else(|| {
+        Error::arg(
+            "comm",
+            "not a live communicator (destroyed, or never created)",
+        )
+    })
+}
+
+pub(super) fn register_comm(c: Comm) -> *mut fabricoll_comm {
+    let e = Arc::new(CommEntry {
+        comm: c,
+        aborted: AtomicBool::new(false),
+    });
+    COMMS.lock().insert(TAG, e) as usize as *mut fabricoll_comm
+}
+
+/// Free `p` and its requests; collectives in flight are aborted.
+pub(super) fn destroy_comm(p: *mut fabricoll_comm) -> Result<()> {
+    let c = comm_of(p)?;
+    COMMS.lock().remove(key(p));
+    REQUESTS.lock().retain(|_, (rc, _)| !Arc::ptr_eq(rc, &c));
+    if c.comm.pending() > 0 {
+        c.comm.abort();
+    }
+    Ok(())
+}
+
+pub(super) fn abort_comm(p: *mut fabricoll_comm) -> Result<()> {
+    let c = comm_of(p)?;
+    c.aborted.store(true, Ordering::SeqCst);
+    c.comm.abort();
+    Ok(())
+}
+
+pub(super) fn register_request(c: Arc<CommEntry>, id: RequestId) -> *mut fabricoll_request {
+    REQUESTS.lock().insert(TAG, (c, id)) as usize as *mut fabricoll_request
+}
+
+fn req_of(p: *mut fabricoll_request) -> Result<(u64, Arc<CommEntry>, RequestId)> {
+    non_null(p, "request")?;
+    let k = key(p);
+    let g = REQUESTS.lock();
+    let (c, id) = g.get(k).ok_or_else(|| {
+        Error::arg(
+            "request",
+            "not a pending request (completed, or never created)",
+        )
+    })?;
+    Ok((k, c.clone(), *id))
+}
+
+/// `f` on a request of `c`, unless `c` was aborted: then (also when it is aborted while `f`
+/// runs and `f` fails) the error says so.
+fn unless_aborted<T>(c: &CommEntry, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    if c.aborted.load(Ordering::SeqCst) {
+        return Err(aborted_error());
+    }
+    let r = f();
+    if r.is_err() && c.aborted.load(Ordering::SeqCst) {
+        return Err(aborted_error());
+    }
+    r
+}
+
+/// Has the request ended? An ended request (done or failed) is freed.
+pub(super) fn test_request(p: *mut fabricoll_request) -> Result<bool> {
+    let (k, c, id) = req_of(p)?;
+    let r = unless_aborted(&c, || c.comm.test(id));
+    if !matches!(r, Ok(false)) {
+        REQUESTS.lock().remove(k);
+    }
+    r
+}
+
+/// Wait for the request and free it.
+pub(super) fn wait_request(p: *mut fabricoll_request) -> Result<()> {
+    let (k, c, id) = req_of(p)?;
+    let r = unless_aborted(&c, || c.comm.wait(id));
+    REQUESTS.lock().remove(k);
+    r
+}

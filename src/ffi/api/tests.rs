@@ -1,0 +1,224 @@
+use super::*;
+use crate::error::Error;
+use types::{algo, coll, dtype, redop};
+
+/// The committed header must be exactly what cbindgen generates (build.rs writes it to
+/// OUT_DIR). Refresh by copying the generated one into include/.
+#[test]
+fn committed_header_is_current() {
+    let generated = include_str!(concat!(env!("OUT_DIR"), "/fabricoll.h"));
+    let committed = include_str!("../../../include/fabricoll.h");
+    assert!(
+        generated == committed,
+        "include/fabricoll.h is stale: copy {}/fabricoll.h (what build.rs generated) to include/",
+        env!("OUT_DIR")
+    );
+}
+
+#[test]
+fn status_strings() {
+    // SAFETY: both functions return pointers to static NUL-terminated strings.
+    unsafe {
+        assert_eq!(
+            CStr::from_ptr(fabricoll_status_string(6)).to_str().unwrap(),
+            "timeout"
+        );
+        assert_eq!(
+            CStr::from_ptr(fabricoll_status_string(-1))
+                .to_str()
+                .unwrap(),
+            "unknown status"
+        );
+        assert_eq!(
+            CStr::from_ptr(fabricoll_version()).to_str().unwrap(),
+            env!("CARGO_PKG_VERSION")
+        );
+    }
+    assert_eq!(
+        fabricoll_status::from(&Error::Timeout(String::new())) as i32,
+        fabricoll_status::FABRICOLL_TIMEOUT as i32
+    );
+}
+
+fn last_error() -> String {
+    // SAFETY: fabricoll_last_error returns this thread's NUL-terminated message.
+    unsafe { CStr::from_ptr(fabricoll_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Every C enum value, pinned: a value once published never changes.
+#[test]
+fn enum_values_are_pinned() {
+    use crate::algo::{Algorithm as A, Collective as C};
+    use fabricoll_status as S;
+    let statuses = [
+        (S::FABRICOLL_SUCCESS, 0),
+        (S::FABRICOLL_INVALID_ARGUMENT, 1),
+        (S::FABRICOLL_INVALID_USAGE, 2),
+        (S::FABRICOLL_SYSTEM_ERROR, 3),
+        (S::FABRICOLL_INTERNAL_ERROR, 4),
+        (S::FABRICOLL_REMOTE_ERROR, 5),
+        (S::FABRICOLL_TIMEOUT, 6),
+        (S::FABRICOLL_IN_PROGRESS, 7),
+    ];
+    for (s, v) in statuses {
+        assert_eq!(s as i32, v, "{s:?}");
+    }
+    let algos = [
+        (fabricoll_algo::FABRICOLL_ALGO_RING, 1, A::Ring),
+        (fabricoll_algo::FABRICOLL_ALGO_BIDIR_RING, 2, A::BidirRing),
+        (fabricoll_algo::FABRICOLL_ALGO_MESH, 3, A::Mesh),
+        (fabricoll_algo::FABRICOLL_ALGO_MESH1, 4, A::Mesh1),
+        (fabricoll_algo::FABRICOLL_ALGO_RDH, 5, A::Rdh),
+        (fabricoll_algo::FABRICOLL_ALGO_RD, 6, A::Rd),
+        (fabricoll_algo::FABRICOLL_ALGO_TREE, 7, A::Tree),
+        (fabricoll_algo::FABRICOLL_ALGO_DBTREE, 8, A::DbTree),
+        (fabricoll_algo::FABRICOLL_ALGO_BRUCK, 9, A::Bruck),
+        (fabricoll_algo::FABRICOLL_ALGO_PAIRWISE, 10, A::Pairwise),
+        (fabricoll_algo::FABRICOLL_ALGO_HIER, 11, A::Hier),
+    ];
+    assert_eq!(algos.len(), A::ALL.len(), "a new algorithm needs a C value");
+    assert_eq!(fabricoll_algo::FABRICOLL_ALGO_AUTO as i32, 0);
+    assert_eq!(algo(0).unwrap(), None);
+    for (c, v, a) in algos {
+        assert_eq!(c as i32, v);
+        assert_eq!(algo(v).unwrap(), Some(a));
+    }
+    for bad in [-1, 12] {
+        assert!(algo(bad).is_err());
+    }
+    let colls = [
+        (fabricoll_coll::FABRICOLL_COLL_ALLREDUCE, 0, C::AllReduce),
+        (fabricoll_coll::FABRICOLL_COLL_ALLGATHER, 1, C::AllGather),
+        (
+            fabricoll_coll::FABRICOLL_COLL_REDUCESCATTER,
+            2,
+            C::ReduceScatter,
+        ),
+        (fabricoll_coll::FABRICOLL_COLL_BROADCAST, 3, C::Broadcast),
+        (fabricoll_coll::FABRICOLL_COLL_REDUCE, 4, C::Reduce),
+        (fabricoll_coll::FABRICOLL_COLL_ALLTOALL, 5, C::AllToAll),
+    ];
+    assert_eq!(
+        colls.len(),
+        C::ALL.len(),
+        "a new collective needs a C value"
+    );
+    for (c, v, k) in colls {
+        assert_eq!(c as i32, v);
+        assert_eq!(coll(v).unwrap(), k);
+    }
+    assert!(coll(-1).is_err() && coll(6).is_err());
+    use crate::reduce::{DataType as D, RedOp as R};
+    let types = [
+        (fabricoll_datatype::FABRICOLL_INT8, 0, D::Int8),
+        (fabricoll_datatype::FABRICOLL_UINT8, 1, D::Uint8),
+        (fabricoll_datatype::FABRICOLL_INT32, 2, D::Int32),
+        (fabricoll_datatype::FABRICOLL_UINT32, 3, D::Uint32),
+        (fabricoll_datatype::FABRICOLL_INT64, 4, D::Int64),
+        (fabricoll_datatype::FABRICOLL_UINT64, 5, D::Uint64),
+        (fabricoll_datatype::FABRICOLL_FLOAT16, 6, D::Float16),
+        (fabricoll_datatype::FABRICOLL_FLOAT32, 7, D::Float32),
+        (fabricoll_datatype::FABRICOLL_FLOAT64, 8, D::Float64),
+        (fabricoll_datatype::FABRICOLL_BFLOAT16, 9, D::Bfloat16),
+        (fabricoll_datatype::FABRICOLL_FP8_E4M3, 10, D::Float8E4M3),
+        (fabricoll_datatype::FABRICOLL_FP8_E5M2, 11, D::Float8E5M2),
+    ];
+    for (c, v, d) in types {
+        assert_eq!(c as i32, v);
+        assert_eq!(dtype(v).unwrap(), d);
+    }
+    assert!(dtype(12).is_err());
+    let ops = [
+        (fabricoll_redop::FABRICOLL_SUM, 0, R::Sum),
+        (fabricoll_redop::FABRICOLL_PROD, 1, R::Prod),
+        (fabricoll_redop::FABRICOLL_MAX, 2, R::Max),
+        (fabricoll_redop::FABRICOLL_MIN, 3, R::Min),
+        (fabricoll_redop::FABRICOLL_AVG, 4, R::Avg),
+    ];
+    for (c, v, o) in ops {
+        assert_eq!(c as i32, v);
+        assert_eq!(redop(v).unwrap(), o);
+    }
+    assert!(redop(5).is_err());
+}
+
+/// A panic inside the boundary keeps its message in the last error.
+#[test]
+fn panic_message_reaches_last_error() {
+    let s: fabricoll_status =
+        crate::ffi::boundary::boundary("panicking_export", || panic!("deliberate {}", 17));
+    assert_eq!(s, fabricoll_status::FABRICOLL_INTERNAL_ERROR);
+    let e = last_error();
+    assert!(
+        e.contains("panicking_export") && e.contains("deliberate 17"),
+        "{e}"
+    );
+}
+
+/// A one-rank communicator (the bootstrap root in this process).
+fn one_rank_comm() -> Option<*mut fabricoll_comm> {
+    let mut id = fabricoll_unique_id { internal: [0; 128] };
+    if fabricoll_get_unique_id(&mut id) != fabricoll_status::FABRICOLL_SUCCESS {
+        crate::testing::skip("one_rank_comm", &format!("no unique id: {}", last_error()));
+        return None;
+    }
+    let mut comm = std::ptr::null_mut();
+    // SAFETY: both pointers are valid for the call.
+    let s = unsafe { fabricoll_comm_init_rank(&mut comm, 1, &id, 0) };
+    if s != fabricoll_status::FABRICOLL_SUCCESS {
+        crate::testing::skip(
+            "one_rank_comm",
+            &format!("no communicator: {}", last_error()),
+        );
+        return None;
+    }
+    Some(comm)
+}
+
+/// `fabricoll_wait` and `fabricoll_test` after `fabricoll_comm_abort` say that the
+/// communicator was aborted (INVALID_USAGE), as on more ranks, not that the request is unknown.
+#[test]
+fn wait_after_abort_names_the_abort() {
+    let Some(comm) = one_rank_comm() else { return };
+    let (send, mut recv) = ([1.0f32; 16], [0.0f32; 16]);
+    let mut reqs = [std::ptr::null_mut(); 2];
+    for r in reqs.iter_mut() {
+        let s = fabricoll_iallreduce(
+            send.as_ptr().cast(),
+            recv.as_mut_ptr().cast(),
+            16,
+            fabricoll_datatype::FABRICOLL_FLOAT32 as i32,
+            fabricoll_redop::FABRICOLL_SUM as i32,
+            comm,
+            r,
+        );
+        assert_eq!(s, fabricoll_status::FABRICOLL_SUCCESS, "{}", last_error());
+    }
+    assert_eq!(
+        fabricoll_comm_abort(comm),
+        fabricoll_status::FABRICOLL_SUCCESS
+    );
+    assert_eq!(
+        fabricoll_wait(reqs[0]),
+        fabricoll_status::FABRICOLL_INVALID_USAGE
+    );
+    assert!(last_error().contains("aborted"), "{}", last_error());
+    let mut done = 7;
+    assert_eq!(
+        fabricoll_test(reqs[1], &mut done),
+        fabricoll_status::FABRICOLL_INVALID_USAGE
+    );
+    assert_eq!(done, 0);
+    assert!(last_error().contains("aborted"), "{}", last_error());
+    // Both requests are freed: a second wait names the request.
+    assert_eq!(
+        fabricoll_wait(reqs[0]),
+        fabricoll_status::FABRICOLL_INVALID_ARGUMENT
+    );
+    assert_eq!(
+        fabricoll_comm_destroy(comm),
+        fabricoll_status::FABRICOLL_SUCCESS
+    );
+}

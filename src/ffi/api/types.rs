@@ -1,0 +1,213 @@
+//! The C API's types: status codes, the enums passed as `int` (each value an explicit number,
+//! mapped by an explicit match, never by the order of a Rust array), the opaque handles and
+//! the plain structs.
+use crate::algo::{Algorithm, Collective};
+use crate::error::{Error, Result};
+use crate::reduce::{DataType, RedOp};
+use std::os::raw::{c_char, c_int, c_void};
+
+/// Status codes of the C API. The values are stable: new codes are only ever appended.
+#[repr(C)]
+#[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum fabricoll_status {
+    FABRICOLL_SUCCESS = 0,
+    FABRICOLL_INVALID_ARGUMENT = 1,
+    FABRICOLL_INVALID_USAGE = 2,
+    FABRICOLL_SYSTEM_ERROR = 3,
+    FABRICOLL_INTERNAL_ERROR = 4,
+    FABRICOLL_REMOTE_ERROR = 5,
+    FABRICOLL_TIMEOUT = 6,
+    FABRICOLL_IN_PROGRESS = 7,
+}
+
+impl From<&Error> for fabricoll_status {
+    fn from(e: &Error) -> Self {
+        match e {
+            Error::InvalidArgument(_) => fabricoll_status::FABRICOLL_INVALID_ARGUMENT,
+            Error::InvalidUsage(_) => fabricoll_status::FABRICOLL_INVALID_USAGE,
+            Error::System(_) => fabricoll_status::FABRICOLL_SYSTEM_ERROR,
+            Error::Internal(_) => fabricoll_status::FABRICOLL_INTERNAL_ERROR,
+            Error::Remote(_) => fabricoll_status::FABRICOLL_REMOTE_ERROR,
+            Error::Timeout(_) => fabricoll_status::FABRICOLL_TIMEOUT,
+        }
+    }
+}
+
+/// Data types (NCCL's values). Passed as `int`.
+#[repr(C)]
+#[allow(non_camel_case_types, clippy::upper_case_acronyms, dead_code)]
+pub enum fabricoll_datatype {
+    FABRICOLL_INT8 = 0,
+    FABRICOLL_UINT8 = 1,
+    FABRICOLL_INT32 = 2,
+    FABRICOLL_UINT32 = 3,
+    FABRICOLL_INT64 = 4,
+    FABRICOLL_UINT64 = 5,
+    FABRICOLL_FLOAT16 = 6,
+    FABRICOLL_FLOAT32 = 7,
+    FABRICOLL_FLOAT64 = 8,
+    FABRICOLL_BFLOAT16 = 9,
+    FABRICOLL_FP8_E4M3 = 10,
+    FABRICOLL_FP8_E5M2 = 11,
+}
+
+/// Reduction operations (NCCL's values). Passed as `int`.
+#[repr(C)]
+#[allow(non_camel_case_types, clippy::upper_case_acronyms, dead_code)]
+pub enum fabricoll_redop {
+    FABRICOLL_SUM = 0,
+    FABRICOLL_PROD = 1,
+    FABRICOLL_MAX = 2,
+    FABRICOLL_MIN = 3,
+    FABRICOLL_AVG = 4,
+}
+
+/// Algorithms (`FABRICOLL_ALGO` names). Passed as `int`; AUTO lets the cost model choose.
+#[repr(C)]
+#[allow(non_camel_case_types, clippy::upper_case_acronyms, dead_code)]
+pub enum fabricoll_algo {
+    FABRICOLL_ALGO_AUTO = 0,
+    FABRICOLL_ALGO_RING = 1,
+    FABRICOLL_ALGO_BIDIR_RING = 2,
+    FABRICOLL_ALGO_MESH = 3,
+    FABRICOLL_ALGO_MESH1 = 4,
+    FABRICOLL_ALGO_RDH = 5,
+    FABRICOLL_ALGO_RD = 6,
+    FABRICOLL_ALGO_TREE = 7,
+    FABRICOLL_ALGO_DBTREE = 8,
+    FABRICOLL_ALGO_BRUCK = 9,
+    FABRICOLL_ALGO_PAIRWISE = 10,
+    FABRICOLL_ALGO_HIER = 11,
+}
+
+/// Collectives, for `fabricoll_call`. Passed as `int`.
+#[repr(C)]
+#[allow(non_camel_case_types, clippy::upper_case_acronyms, dead_code)]
+pub enum fabricoll_coll {
+    FABRICOLL_COLL_ALLREDUCE = 0,
+    FABRICOLL_COLL_ALLGATHER = 1,
+    FABRICOLL_COLL_REDUCESCATTER = 2,
+    FABRICOLL_COLL_BROADCAST = 3,
+    FABRICOLL_COLL_REDUCE = 4,
+    FABRICOLL_COLL_ALLTOALL = 5,
+}
+
+/// An opaque communicator.
+#[allow(non_camel_case_types)]
+pub struct fabricoll_comm {
+    _private: [u8; 0],
+}
+
+/// An opaque request of a non-blocking call.
+#[allow(non_camel_case_types)]
+pub struct fabricoll_request {
+    _private: [u8; 0],
+}
+
+/// The bootstrap handle of a communicator: made by `fabricoll_get_unique_id` on one process,
+/// copied to every rank (by any means), passed to `fabricoll_comm_init_rank`.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+pub struct fabricoll_unique_id {
+    pub internal: [c_char; 128],
+}
+
+/// One call of any collective, for `fabricoll_collective` (the per-call algorithm override).
+#[repr(C)]
+#[allow(non_camel_case_types)]
+pub struct fabricoll_call {
+    /// A `fabricoll_coll` value.
+    pub coll: c_int,
+    /// Input (ignored on non-root ranks of a broadcast; may be NULL there).
+    pub sendbuf: *const c_void,
+    /// Output (ignored on non-root ranks of a reduce; may be NULL there).
+    pub recvbuf: *mut c_void,
+    /// Elements, as in NCCL: per rank for allgather (sent), reducescatter (received) and
+    /// alltoall (per peer); the whole buffer otherwise.
+    pub count: usize,
+    /// A `fabricoll_datatype` value.
+    pub datatype: c_int,
+    /// A `fabricoll_redop` value (ignored when the collective does not reduce).
+    pub op: c_int,
+    /// Root rank of broadcast and reduce.
+    pub root: c_int,
+    /// A `fabricoll_algo` value; AUTO (0) defers to the communicator.
+    pub algo: c_int,
+}
+
+pub(super) fn dtype(v: c_int) -> Result<DataType> {
+    DataType::from_nccl(v).ok_or_else(|| {
+        Error::arg(
+            "datatype",
+            format!("{v} is not a fabricoll_datatype (0..=11)"),
+        )
+    })
+}
+
+pub(super) fn redop(v: c_int) -> Result<RedOp> {
+    RedOp::from_nccl(v)
+        .ok_or_else(|| Error::arg("op", format!("{v} is not a fabricoll_redop (0..=4)")))
+}
+
+/// A `fabricoll_algo` value: `None` for AUTO.
+pub(super) fn algo(v: c_int) -> Result<Option<Algorithm>> {
+    use fabricoll_algo as A;
+    const AUTO: c_int = A::FABRICOLL_ALGO_AUTO as c_int;
+    const RING: c_int = A::FABRICOLL_ALGO_RING as c_int;
+    const BIDIR_RING: c_int = A::FABRICOLL_ALGO_BIDIR_RING as c_int;
+    const MESH: c_int = A::FABRICOLL_ALGO_MESH as c_int;
+    const MESH1: c_int = A::FABRICOLL_ALGO_MESH1 as c_int;
+    const RDH: c_int = A::FABRICOLL_ALGO_RDH as c_int;
+    const RD: c_int = A::FABRICOLL_ALGO_RD as c_int;
+    const TREE: c_int = A::FABRICOLL_ALGO_TREE as c_int;
+    const DBTREE: c_int = A::FABRICOLL_ALGO_DBTREE as c_int;
+    const BRUCK: c_int = A::FABRICOLL_ALGO_BRUCK as c_int;
+    const PAIRWISE: c_int = A::FABRICOLL_ALGO_PAIRWISE as c_int;
+    const HIER: c_int = A::FABRICOLL_ALGO_HIER as c_int;
+    Ok(Some(match v {
+        AUTO => return Ok(None),
+        RING => Algorithm::Ring,
+        BIDIR_RING => Algorithm::BidirRing,
+        MESH => Algorithm::Mesh,
+        MESH1 => Algorithm::Mesh1,
+        RDH => Algorithm::Rdh,
+        RD => Algorithm::Rd,
+        TREE => Algorithm::Tree,
+        DBTREE => Algorithm::DbTree,
+        BRUCK => Algorithm::Bruck,
+        PAIRWISE => Algorithm::Pairwise,
+        HIER => Algorithm::Hier,
+        _ => {
+            return Err(Error::arg(
+                "algo",
+                format!("{v} is not a fabricoll_algo (0..=11)"),
+            ))
+        }
+    }))
+}
+
+/// A `fabricoll_coll` value.
+pub(super) fn coll(v: c_int) -> Result<Collective> {
+    use fabricoll_coll as C;
+    const ALLREDUCE: c_int = C::FABRICOLL_COLL_ALLREDUCE as c_int;
+    const ALLGATHER: c_int = C::FABRICOLL_COLL_ALLGATHER as c_int;
+    const REDUCESCATTER: c_int = C::FABRICOLL_COLL_REDUCESCATTER as c_int;
+    const BROADCAST: c_int = C::FABRICOLL_COLL_BROADCAST as c_int;
+    const REDUCE: c_int = C::FABRICOLL_COLL_REDUCE as c_int;
+    const ALLTOALL: c_int = C::FABRICOLL_COLL_ALLTOALL as c_int;
+    Ok(match v {
+        ALLREDUCE => Collective::AllReduce,
+        ALLGATHER => Collective::AllGather,
+        REDUCESCATTER => Collective::ReduceScatter,
+        BROADCAST => Collective::Broadcast,
+        REDUCE => Collective::Reduce,
+        ALLTOALL => Collective::AllToAll,
+        _ => {
+            return Err(Error::arg(
+                "coll",
+                format!("{v} is not a fabricoll_coll (0..=5)"),
+            ))
+        }
+    })
+}

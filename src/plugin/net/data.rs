@@ -1,0 +1,322 @@
+//! The data path: memory registration, `isend` / `irecv` / `iflush` with NCCL's matching
+//! rules, `test`, and closing the send and receive comms.
+use super::wire::*;
+use super::*;
+
+impl Device {
+    fn check_comm(st: &State, comm: u64) -> Result<()> {
+        if st.sends.contains(comm) || st.recvs.contains(comm) {
+            Ok(())
+        } else {
+            Err(Error::arg("comm", format!("{comm:#x} is not an open comm")))
+        }
+    }
+
+    /// Register host memory for use on `comm`'s device.
+    pub fn reg_mr(&self, comm: u64, region: Region, ptr_type: i32) -> Result<u64> {
+        if ptr_type == crate::plugin::NCCL_PTR_CUDA {
+            return Err(Error::arg(
+                "type",
+                "NCCL_PTR_CUDA: this plugin supports host memory only (ptrSupport=NCCL_PTR_HOST)",
+            ));
+        }
+        if ptr_type != crate::plugin::NCCL_PTR_HOST {
+            return Err(Error::arg(
+                "type",
+                format!("{ptr_type} is not NCCL_PTR_HOST (1)"),
+            ));
+        }
+        if region.len() > 1 << 40 {
+            return Err(Error::arg(
+                "size",
+                format!("{} bytes is more than 1 TiB", region.len()),
+            ));
+        }
+        let mut st = self.st.lock();
+        Self::check_comm(&st, comm)?;
+        let t = self.transport(&mut st)?;
+        let r = st.cache.register(&*t, region)?;
+        let h = new_handle(self.index, Kind::Mr);
+        st.mrs.insert_at(h, r);
+        Ok(h)
+    }
+
+    pub fn dereg_mr(&self, comm: u64, mh: u64) -> Result<()> {
+        let mut st = self.st.lock();
+        Self::check_comm(&st, comm)?;
+        let r = st.mrs.remove(mh).ok_or_else(|| {
+            Error::arg(
+                "mhandle",
+                format!("{mh:#x} is not a registration of this device"),
+            )
+        })?;
+        st.cache.deregister(r)
+    }
+
+    fn lookup_mr(&self, st: &State, mh: u64, region: Region, what: &str) -> Result<Option<MrRef>> {
+        if mh == 0 {
+            if st.t.as_ref().is_some_and(|t| t.caps().mr_local) && !region.is_empty() {
+                return Err(Error::arg(
+                    what,
+                    "NULL, but the provider needs registered memory (call regMr)",
+                ));
+            }
+            return Ok(None);
+        }
+        let r = st.mrs.get(mh).ok_or_else(|| {
+            Error::arg(
+                what,
+                format!("{mh:#x} is not a registration of this device"),
+            )
+        })?;
+        if !r.region.contains(&region) {
+            return Err(Error::arg(
+                what,
+                "the buffer is not inside the registered memory",
+            ));
+        }
+        Ok(Some(*r))
+    }
+
+    fn check_size(&self, len: usize) -> Result<()> {
+        if len > self.props.max_p2p_bytes {
+            return Err(Error::arg(
+                "size",
+                format!(
+                    "{len} bytes is more than maxP2pBytes ({})",
+                    self.props.max_p2p_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_tag(tag: i32) -> Result<u32> {
+        if !(0..=MAX_TAG).contains(&tag) {
+            return Err(Error::arg("tag", format!("{tag} is outside 0..={MAX_TAG}")));
+        }
+        Ok(tag as u32)
+    }
+
+    /// Post a send; `Ok(None)` when the plugin cannot take more now (NCCL retries).
+    pub fn isend(&self, comm: u64, region: Region, tag: i32, mh: u64) -> Result<Option<u64>> {
+        let tag = Self::check_tag(tag)?;
+        self.check_size(region.len())?;
+        let mut st = self.st.lock();
+        if !st.sends.contains(comm) {
+            return Err(Error::arg(
+                "sendComm",
+                format!("{comm:#x} is not an open send comm"),
+            ));
+        }
+        self.progress(&mut st)?;
+        let mr = self.lookup_mr(&st, mh, region, "mhandle")?;
+        let t = self.transport(&mut st)?;
+        let c = st.sends.get_mut(comm).expect("checked above");
+        if c.inflight >= SEND_CAPACITY {
+            return Ok(None);
+        }
+        let seq = *c.seq.get(&tag).unwrap_or(&0);
+        let wtag = wire_tag(KIND_DATA, c.remote, tag, seq);
+        let peer = c.peer;
+        let h = new_handle(self.index, Kind::Request);
+        let mrobj = mr.as_ref().and_then(|r| st.cache.mr(r));
+        match t.send(peer, wtag, region, mrobj, op(h, 0))? {
+            Posted::Busy => {
+                let c = st.sends.get_mut(comm).expect("checked above");
+                let since = *c.busy_since.get_or_insert_with(Instant::now);
+                if self.timed_out(since) {
+                    c.busy_since = None;
+                    return Err(Error::Timeout(format!(
+                        "isend: the transport refused every send to this peer for {} ms \
+                         (FABRICOLL_TIMEOUT_MS): is the peer alive?",
+                        self.ms()
+                    )));
+                }
+                Ok(None)
+            }
+            Posted::Queued => {
+                let c = st.sends.get_mut(comm).expect("checked above");
+                c.busy_since = None;
+                c.seq.insert(tag, seq.wrapping_add(1));
+                c.inflight += 1;
+                st.reqs.insert_at(h, Request::new(comm, true, 1));
+                Ok(Some(h))
+            }
+        }
+    }
+
+    /// Post a grouped receive of `bufs` (region, tag, mhandle); one request for all.
+    pub fn irecv(&self, comm: u64, bufs: &[(Region, i32, u64)]) -> Result<Option<u64>> {
+        if bufs.is_empty() || bufs.len() > MAX_RECVS {
+            return Err(Error::arg(
+                "n",
+                format!("{} is outside 1..={MAX_RECVS} (maxRecvs)", bufs.len()),
+            ));
+        }
+        let mut tags = [0u32; MAX_RECVS];
+        for (i, (region, tag, _)) in bufs.iter().enumerate() {
+            tags[i] = Self::check_tag(*tag)?;
+            self.check_size(region.len())?;
+        }
+        let mut st = self.st.lock();
+        if !st.recvs.contains(comm) {
+            return Err(Error::arg(
+                "recvComm",
+                format!("{comm:#x} is not an open receive comm"),
+            ));
+        }
+        self.progress(&mut st)?;
+        let mut mrs = [None; MAX_RECVS];
+        for (i, (region, _, mh)) in bufs.iter().enumerate() {
+            mrs[i] = self.lookup_mr(&st, *mh, *region, "mhandles")?;
+        }
+        let t = self.transport(&mut st)?;
+        let c = st.recvs.get_mut(comm).expect("checked above");
+        if c.inflight >= RECV_CAPACITY {
+            return Ok(None);
+        }
+        // Number the messages now: a receive posted later still gets the right one.
+        let id = c.id;
+        let mut wtags = [0u64; MAX_RECVS];
+        let mut next = c.seq.clone();
+        for (i, tag) in tags.iter().take(bufs.len()).enumerate() {
+            let s = next.entry(*tag).or_insert(0);
+            wtags[i] = wire_tag(KIND_DATA, id, *tag, *s);
+            *s = s.wrapping_add(1);
+        }
+        let h = new_handle(self.index, Kind::Request);
+        let mut req = Request::new(comm, false, bufs.len());
+        for (i, (region, _, _)) in bufs.iter().enumerate() {
+            let d = Deferred {
+                tag: wtags[i],
+                region: *region,
+                mr: mrs[i],
+            };
+            let posted = if req.subs[..i].iter().any(|s| s.deferred.is_some()) {
+                Posted::Busy // keep posting order: once one waits, the rest wait behind it
+            } else {
+                t.recv(
+                    d.tag,
+                    0,
+                    d.region,
+                    d.mr.as_ref().and_then(|r| st.cache.mr(r)),
+                    op(h, i as u64),
+                )?
+            };
+            if posted == Posted::Busy {
+                if i == 0 {
+                    return Ok(None); // nothing posted: NCCL retries
+                }
+                req.subs[i].deferred = Some(d);
+                st.deferred.push_back((h, i));
+            }
+        }
+        let c = st.recvs.get_mut(comm).expect("checked above");
+        c.seq = next;
+        c.inflight += 1;
+        st.reqs.insert_at(h, req);
+        Ok(Some(h))
+    }
+
+    /// Flush received data to the consumer: nothing to do for host memory, so it completes at
+    /// once and no request is returned.
+    pub fn iflush(&self, comm: u64, n: i32) -> Result<Option<u64>> {
+        if n < 1 || n as usize > MAX_RECVS {
+            return Err(Error::arg("n", format!("{n} is outside 1..={MAX_RECVS}")));
+        }
+        let st = self.st.lock();
+        if !st.recvs.contains(comm) {
+            return Err(Error::arg(
+                "recvComm",
+                format!("{comm:#x} is not an open receive comm"),
+            ));
+        }
+        Ok(None)
+    }
+
+    /// Poll a request: `Ok(Some(..))` once finished (the request is then gone).
+    pub fn test(&self, req: u64) -> Result<Option<Finished>> {
+        let mut st = self.st.lock();
+        if !st.reqs.contains(req) {
+            return Err(Error::arg(
+                "request",
+                format!("{req:#x} is not a pending request (finished, or its comm closed)"),
+            ));
+        }
+        self.progress(&mut st)?;
+        let r = st.reqs.get(req).expect("checked above");
+        let outcome = if let Some(e) = &r.error {
+            Some(Err(e.clone()))
+        } else if r.left == 0 {
+            let mut f = Finished {
+                n: r.n,
+                sizes: [0; MAX_RECVS],
+            };
+            for (i, s) in r.subs.iter().take(r.n).enumerate() {
+                f.sizes[i] = s.size;
+            }
+            Some(Ok(f))
+        } else if self.timed_out(r.last) {
+            Some(Err(Error::Timeout(format!(
+                "{} request made no progress for {} ms (FABRICOLL_TIMEOUT_MS): is the peer alive?",
+                if r.send { "send" } else { "receive" },
+                self.ms()
+            ))))
+        } else {
+            None
+        };
+        match outcome {
+            None => {
+                let idle = st.idle;
+                drop(st);
+                self.polite(idle);
+                Ok(None)
+            }
+            Some(res) => {
+                let r = st.reqs.remove(req).expect("present");
+                retire(&mut st, req, &r);
+                res.map(Some)
+            }
+        }
+    }
+
+    pub fn close_send(&self, comm: u64) -> Result<()> {
+        let mut st = self.st.lock();
+        let c = st
+            .sends
+            .remove(comm)
+            .ok_or_else(|| Error::arg("sendComm", format!("{comm:#x} is not an open send comm")))?;
+        // Sends cannot be cancelled: their completions are dropped when they arrive.
+        st.reqs.retain(|_, r| r.comm != comm);
+        st.ids.free(c.id);
+        self.progress(&mut st)?;
+        Ok(())
+    }
+
+    pub fn close_recv(&self, comm: u64) -> Result<()> {
+        let mut st = self.st.lock();
+        let c = st.recvs.remove(comm).ok_or_else(|| {
+            Error::arg("recvComm", format!("{comm:#x} is not an open receive comm"))
+        })?;
+        let mine: Vec<u64> = st
+            .reqs
+            .iter()
+            .filter(|(_, r)| r.comm == comm)
+            .map(|(h, _)| h)
+            .collect();
+        for h in mine {
+            let r = st.reqs.remove(h).expect("listed");
+            if let Some(t) = &st.t {
+                for (i, s) in r.subs.iter().take(r.n).enumerate() {
+                    if !s.done && s.deferred.is_none() {
+                        t.cancel(op(h, i as u64));
+                    }
+                }
+            }
+        }
+        st.ids.free(c.id);
+        self.progress(&mut st)?;
+        Ok(())
+    }
+}
