@@ -79,7 +79,7 @@ impl Exec {
         }
         if now.duration_since(last) > self.job.args.timeout {
             return Err(Error::Timeout(format!(
-                "{:?} made no progress for {} ms (FABRICOLL_TIMEOUT_MS): {} of {} steps done; is every rank alive and calling it?",
+                "{:?} made no progress for {} ms (FABRICOLL_TIMEOUT_MS): {} of {} steps done; is every rank alive and making the same call (collective, count, type, op, root)?",
                 self.job.args.tags,
                 self.job.args.timeout.as_millis(),
                 self.done,

@@ -62,9 +62,10 @@ pub(super) fn destroy_comm(p: *mut fabricoll_comm) -> Result<()> {
     let c = comm_of(p)?;
     COMMS.lock().remove(key(p));
     REQUESTS.lock().retain(|_, (rc, _)| !Arc::ptr_eq(rc, &c));
-    if c.comm.pending() > 0 {
-        c.comm.abort();
-    }
+    // Abort first, whatever is in flight: it raises the communicator's abort flag before it
+    // waits for the engine, which a blocking collective on the direct channel holds until it
+    // sees the flag. (Asking `pending()` first waited for that collective's deadline.)
+    c.comm.abort();
     Ok(())
 }
 

@@ -222,3 +222,66 @@ fn wait_after_abort_names_the_abort() {
         fabricoll_status::FABRICOLL_SUCCESS
     );
 }
+
+/// F4: `fabricoll_comm_destroy` from another thread ends a small blocking collective that
+/// runs over shm's direct channel (its peer never joins) within milliseconds, not at the
+/// deadline.
+#[test]
+fn destroy_from_another_thread_ends_a_direct_collective() {
+    use crate::coll::{self, Call, Comm, Kind};
+    use crate::transport::{Region, Transport};
+    let test = "destroy_from_another_thread_ends_a_direct_collective";
+    let cfg = crate::config::Config::from_lookup(|n| match n {
+        "FABRICOLL_PROVIDER" => Some("shm".into()),
+        "FABRICOLL_TIMEOUT_MS" => Some("30000".into()),
+        "FABRICOLL_ALPHA_US" => Some("5".into()),
+        "FABRICOLL_BETA_GBPS" => Some("2".into()),
+        "FABRICOLL_GAMMA_GBPS" => Some("8".into()),
+        _ => None,
+    })
+    .unwrap();
+    let eps: Vec<std::sync::Arc<dyn Transport>> =
+        match (0..2).map(|_| coll::open_endpoint(&cfg)).collect() {
+            Ok(e) => e,
+            Err(e) => return crate::testing::skip(test, &format!("no shm endpoint ({e})")),
+        };
+    let addrs: Vec<Vec<u8>> = eps.iter().map(|e| e.address()).collect();
+    let peer = eps[0].insert_peer(&addrs[1]).unwrap();
+    if eps[0].direct_bytes(peer) == 0 {
+        return crate::testing::skip(test, "this libfabric's shm has no direct channel");
+    }
+    let mut comms: Vec<Comm> = eps
+        .into_iter()
+        .enumerate()
+        .map(|(r, e)| Comm::new(r, e, &addrs, &cfg).unwrap())
+        .collect();
+    let _absent = comms.pop();
+    let handle = handles::register_comm(comms.pop().unwrap()) as usize;
+    let entry = handles::comm_of(handle as *mut fabricoll_comm).unwrap();
+    let runner = std::thread::spawn(move || {
+        let mut data = [1.0f32; 16];
+        // SAFETY: `data` outlives the blocking call.
+        let x = unsafe { Region::from_raw(data.as_mut_ptr().cast(), 64) };
+        let call = Call {
+            kind: Kind::Coll(crate::algo::Collective::AllReduce),
+            send: x,
+            recv: x,
+            count: 16,
+            dtype: crate::reduce::DataType::Float32,
+            op: crate::reduce::RedOp::Sum,
+            root: 0,
+            algo: None,
+        };
+        entry.comm.run(&call).unwrap_err().to_string()
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let t = std::time::Instant::now();
+    assert_eq!(
+        fabricoll_comm_destroy(handle as *mut fabricoll_comm),
+        fabricoll_status::FABRICOLL_SUCCESS
+    );
+    let e = runner.join().unwrap();
+    let took = t.elapsed();
+    assert!(e.contains("aborted"), "{e}");
+    assert!(took < std::time::Duration::from_secs(5), "{took:?}");
+}
