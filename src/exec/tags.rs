@@ -74,7 +74,7 @@ mod tests {
                 assert_eq!(t & SIG_MASK, sig);
             }
         }
-        assert!(MAX_IN_FLIGHT <= 0x3fff + 1);
+        const { assert!(MAX_IN_FLIGHT <= 0x3fff + 1) };
         assert_eq!(MAX_MESSAGES_PER_PEER, 1 << 16);
         for src in [0, 3, max_rank] {
             for seq in [0, 1, (1 << 42) - 1, u64::MAX] {

@@ -203,10 +203,10 @@ unsafe fn recv_bufs<S: Copy + TryInto<usize> + std::fmt::Display>(
     for i in 0..n as usize {
         // SAFETY: i < n and the arrays have n elements (this function's contract).
         let (d, s, t) = unsafe { (*data.add(i), *sizes.add(i), *tags.add(i)) };
-        // SAFETY: as above; mhandles may be NULL as a whole.
         let m = if mhandles.is_null() {
             std::ptr::null_mut()
         } else {
+            // SAFETY: as above; mhandles may be NULL as a whole, and is not here.
             unsafe { *mhandles.add(i) }
         };
         let s: usize = s

@@ -4,6 +4,7 @@
     non_camel_case_types,
     non_snake_case,
     dead_code,
-    clippy::all
+    clippy::all,
+    clippy::undocumented_unsafe_blocks
 )]
 include!(concat!(env!("OUT_DIR"), "/fabric_bindings.rs"));

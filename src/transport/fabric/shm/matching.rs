@@ -133,8 +133,8 @@ impl Inner {
         msg.extend_from_slice(&tag.to_le_bytes());
         match &owned {
             Some(d) => msg.extend_from_slice(d),
-            // SAFETY: Region's contract (the caller promised `len` readable bytes at `addr`).
             None => {
+                // SAFETY: Region's contract (the caller promised `len` readable bytes at `addr`).
                 unsafe { Region::from_raw(addr as *mut u8, len) }.with(|d| msg.extend_from_slice(d))
             }
         }
