@@ -124,7 +124,13 @@ fn exercise(d: &Device) {
         }
         assert!(start.elapsed() < Duration::from_secs(10));
     };
-    assert!(err.to_string().contains("size"), "{err}");
+    // Some providers (tcp;ofi_rxm) do not say how large the message was.
+    let e = err.to_string();
+    assert!(
+        e.contains("arrived for a receive buffer of 4 bytes")
+            && (e.contains("64 bytes") || e.contains("a larger message")),
+        "{e}"
+    );
     let _ = d.test(sq);
     d.close_send(s).unwrap();
     d.close_recv(r).unwrap();

@@ -105,10 +105,17 @@ pub(crate) fn deliver(r: &SoftRecv, tag: u64, data: &[u8]) -> Completion {
 }
 
 /// The error of a receive of `cap` bytes that a message of `got` bytes arrived for.
+/// `got` no larger than `cap` means the provider did not say how large the message was.
 pub(crate) fn too_large(got: u64, cap: usize) -> Error {
-    Error::InvalidUsage(format!(
-        "a message of {got} bytes arrived for a receive buffer of {cap} bytes"
-    ))
+    if got > cap as u64 {
+        Error::InvalidUsage(format!(
+            "a message of {got} bytes arrived for a receive buffer of {cap} bytes"
+        ))
+    } else {
+        Error::InvalidUsage(format!(
+            "a larger message arrived for a receive buffer of {cap} bytes"
+        ))
+    }
 }
 
 impl Inner {
