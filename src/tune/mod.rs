@@ -32,7 +32,7 @@ pub struct Model {
     pub fixed: [bool; 3],
     /// Messages above this many bytes go by a rendezvous protocol that costs one more round
     /// trip, or are cut into slices of this size (`usize::MAX`: no rendezvous). Set from the
-    /// provider (`coll::eager_bytes`).
+    /// provider (`transport::Caps::eager_bytes`).
     pub eager_bytes: usize,
     /// Some machine runs more ranks than it has CPUs for (`coll::placement`): a handshake then
     /// waits for its peer to be scheduled, so the rendezvous of messages sent at once no
