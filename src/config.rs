@@ -110,7 +110,7 @@ pub struct Config {
     pub timeout: Duration,
     pub log: Option<String>,
     pub speed_mbps: u32,
-    /// `FABRICOLL_POLL_US`; None: the transport's default (`coll::poll_window`).
+    /// `FABRICOLL_POLL_US`; None: the transport's default (`transport::Caps::poll_window`).
     pub poll: Option<Duration>,
     pub mr_cache: bool,
     /// `FABRICOLL_SHM_FASTBOX`: small shm messages through our own rings (transport::fabric).

@@ -40,7 +40,7 @@
 //! detection), and the scalar kernels otherwise and for tails; the two agree bit for bit (the
 //! tests check). Large fp8 slices go through a 64 KiB table per (type, op), `t[a << 8 | b]`,
 //! built on first use from the scalar reference: exact by construction, and an AVX2 fp8 kernel
-//! measured no faster. Integers and f64 use scalar loops that the compiler vectorizes.
+//! was no faster. Integers and f64 use scalar loops that the compiler vectorizes.
 #![deny(unsafe_code)]
 
 pub mod conv;
@@ -188,18 +188,17 @@ pub fn reduce_inplace(
 }
 
 /// `dst = src` (same length). Equivalent to `copy_from_slice`, but it avoids a cliff of
-/// glibc's memcpy: from 2 KiB up it uses `rep movsb` on CPUs with ERMS/FSRM, which runs about
-/// 20 times slower when the destination lies 1 to 63 bytes past the source modulo 4 KiB
-/// (measured on this project's AMD EPYC machines: a 128 KiB copy took 64 us instead of 3).
+/// glibc's memcpy: from 2 KiB up it uses `rep movsb` on CPUs with ERMS/FSRM, which runs an
+/// order of magnitude slower when the destination lies 1 to 63 bytes past the source modulo
+/// 4 KiB (docs/performance.md, "Copies").
 /// Two buffers that `malloc` placed one after the other are exactly that far apart (its 16-byte
 /// chunk header) whenever the first one's size is a multiple of 4 KiB, so the case is common.
 /// In that window the copy uses plain vector loads and stores instead.
 ///
 /// From `stream_threshold()` bytes up it uses streaming stores (`simd::copy_stream`): a copy
 /// that large cannot stay in the cache, and ordinary stores first read every destination line
-/// that they then overwrite. On this project's machine (32 MiB of L3 for 2 cores), copies on
-/// both cores at once, GB/s per core, glibc's memcpy against streaming stores: 4 MiB 43 / 21,
-/// 8 MiB 19-26 / 24, 16 MiB 13-15 / 19-20, 32 MiB 14 / 23, 64 MiB 12 / 20.
+/// that they then overwrite, so streaming wins once both cores copy more than the cache holds
+/// (docs/performance.md, "Copies").
 pub fn copy(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "copy of unequal lengths");
     #[cfg(target_arch = "x86_64")]

@@ -1,27 +1,19 @@
 //! The alpha-beta-gamma cost model: a message of m bytes costs `alpha + m*beta`, reducing m
 //! bytes costs `m*gamma`, and every message also costs the sending CPU `o = alpha/2`, so that
-//! algorithms that send many messages at once pay for it on a CPU-driven transport (with 4
-//! ranks, single-step mesh AllReduce of 8 B to 4 KiB took 1.1 to 1.6 times as long as recursive
-//! doubling over shm and tcp alike: `o = alpha/2` predicts that, `alpha/4` did not). The
+//! algorithms that send many messages at once pay for it on a CPU-driven transport (`alpha/2`
+//! predicts single-step mesh's measured cost, `alpha/4` did not; see docs/performance.md). The
 //! formulas are those of shared/docs/algorithms.md, plus one term they leave out: on a
 //! transport with a rendezvous protocol (`eager_bytes`), each round of messages larger than the
 //! eager limit waits for a handshake, costed as two more `alpha`s (`RENDEZVOUS_ALPHAS`), or is
 //! cut into eager-sized slices at `o` per extra message, whichever is cheaper (`eager_slicing`).
-//! Over tcp (ofi_rxm, eager up to 16 KiB) that is what separates algorithms with equal bytes:
-//! with 4 ranks, mesh AllGather (one round of n-1 messages of m/n) took 0.4 to 0.7 times as long
-//! as recursive doubling (log2 n rounds of growing messages) from 64 KiB to 4 MiB, which the
-//! plain formulas, tied on bytes and favouring fewer rounds, got backwards. And it sizes the
-//! slices: with 2 ranks, AllGather of 64 KiB took 60 us in 16 KiB slices against 112 us in whole
-//! 32 KiB messages, 116 against 140 us at 128 KiB (4 slices per message), but 199 against 171 us
-//! at 256 KiB (8 slices), where two alphas of handshake (about 45 us) are less than seven extra
+//! Over tcp (ofi_rxm, eager up to 16 KiB) that term is what separates algorithms with equal
+//! bytes: one round of small messages (mesh) beats several rounds of growing ones (recursive
+//! doubling), which the plain formulas, favouring fewer rounds, get backwards; and it sizes the
 //! slices. Where ranks share CPUs (`Model::shared_cpus`: 4 ranks bound two to a CPU) a
 //! handshake waits for its peer to be scheduled, so the handshakes of one round no longer
 //! overlap and each message pays its own: then mesh, which sends to every peer at once, loses
-//! to recursive halving/doubling. Over tcp, 4 ranks on 2 CPUs, medians of 5 alternating runs,
-//! mesh against rdh: AllReduce of 256 KiB to 4 MiB 1.41 to 1.85 times slower, AllGather and
-//! ReduceScatter of 256 KiB to 1 MiB 1.03 to 1.24 times slower (at 2 and 4 MiB 0.84 to 0.92,
-//! where both are 1.1 to 4 times faster than Open MPI). PURE: the measurements are taken by
-//! `coll`.
+//! to recursive halving/doubling. The measurements behind each term are in
+//! docs/performance.md ("Cost model"). PURE: the measurements are taken by `coll`.
 #![forbid(unsafe_code)]
 
 use crate::algo::{self, Algorithm, Collective, Options, Problem};
@@ -40,7 +32,7 @@ pub struct Model {
     pub fixed: [bool; 3],
     /// Messages above this many bytes go by a rendezvous protocol that costs one more round
     /// trip, or are cut into slices of this size (`usize::MAX`: no rendezvous). Set from the
-    /// provider (`coll::eager_bytes`).
+    /// provider (`transport::Caps::eager_bytes`).
     pub eager_bytes: usize,
     /// Some machine runs more ranks than it has CPUs for (`coll::placement`): a handshake then
     /// waits for its peer to be scheduled, so the rendezvous of messages sent at once no
@@ -376,9 +368,9 @@ pub fn hier_options(nranks: usize, local: usize, opts: Options) -> Options {
 /// Beta comes from the difference between the two largest sizes when there are two: the
 /// per-round latency then cancels out. With more ranks than cores the tiny AllReduce's rounds
 /// include waiting for a peer to be scheduled, so alpha comes out several times the latency a
-/// large round pays; subtracting that from one large timing left nothing, and beta was clamped
-/// to 10000 GB/s (4 ranks over tcp on 2 cores: 3 of 6 calibrations), which made `auto` send
-/// the whole vector to every peer (mesh1) at 1 MiB.
+/// large round pays; subtracting that from one large timing can leave nothing, which clamps
+/// beta to its floor and makes `auto` send the whole vector to every peer (mesh1) at 1 MiB
+/// (seen over tcp with more ranks than cores; docs/performance.md).
 pub fn fit(
     nranks: usize,
     small_us: f64,
@@ -460,7 +452,7 @@ mod tests {
 
     #[test]
     fn rendezvous_rounds_favour_one_round_of_small_messages() {
-        // The tcp figures of 2026-11-23 (4 ranks, AllGather of 64 KiB to 4 MiB): mesh beat rdh.
+        // Parameters fitted over tcp with 4 ranks, where mesh AllGather of 64 KiB to 4 MiB beat rdh.
         let m = Model::new(7.5, 1.4, 19.0);
         let ag = |bytes: usize| Problem::new(Collective::AllGather, 4, bytes / 16);
         for bytes in [64 << 10, 1 << 20, 4 << 20] {
