@@ -100,6 +100,24 @@ pub const VARS: &[Var] = &[
         default: "1",
         meaning: "shm before libfabric 1.19: messages up to 16 KiB to a peer go through a shared-memory ring (fastbox) instead of the provider",
     },
+    Var {
+        name: "FABRICOLL_RANK",
+        accepted: "integer 0..FABRICOLL_NRANKS",
+        default: "unset",
+        meaning: "fabricoll-perf under a launcher: this process's rank (with FABRICOLL_NRANKS and FABRICOLL_UNIQUE_ID)",
+    },
+    Var {
+        name: "FABRICOLL_NRANKS",
+        accepted: "integer >= 1",
+        default: "unset",
+        meaning: "fabricoll-perf under a launcher: the rank count",
+    },
+    Var {
+        name: "FABRICOLL_UNIQUE_ID",
+        accepted: "hex string of a unique id (fabricoll_get_unique_id)",
+        default: "unset",
+        meaning: "fabricoll-perf under a launcher: the id of the bootstrap root, which rank 0's process runs",
+    },
 ];
 
 /// The resolved configuration.

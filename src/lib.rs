@@ -1,5 +1,5 @@
 //! fabricoll: collective communication over libfabric, as an NCCL net / CollNet plugin and a
-//! native C API. See docs in README.md and the design in shared/docs/design.md.
+//! native C API. README.md is for users; docs/architecture.md maps the code.
 pub mod algo;
 pub mod coll;
 pub mod config;
