@@ -1,10 +1,9 @@
 //! Ranks whose calls differ (another collective, type, op or root) never succeed: the
 //! reproducers of the outside test's F3. A rank that receives a message of the other call
-//! fails at once, saying that the calls differ and which argument; a rank that receives
-//! nothing of it (the other rank failed before sending, or the provider dropped the connection
-//! over the mismatched sizes) fails with a timeout or the provider's error within the deadline. Ranks are threads with an endpoint each, over the in-process
-//! loopback transport, shm (small calls take its direct channel, large ones the posted path)
-//! and net on `lo`.
+//! fails at once, saying that the calls differ and which argument, and sends its peers a notice
+//! that a stalled rank picks up. A rank that learns nothing of the other call (the provider
+//! dropped the connection over the mismatched sizes before the notice came) fails with the
+//! provider's error or a timeout, within the deadline.
 use nccl_net_fabricoll::algo::Collective;
 use nccl_net_fabricoll::coll::{self, Call, Comm, Kind};
 use nccl_net_fabricoll::config::Config;

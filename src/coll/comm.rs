@@ -135,7 +135,7 @@ impl Comm {
         let ids: Vec<u32> = e.execs.keys().copied().collect();
         for id in ids {
             if let Some(ReqState::Running(x)) = e.execs.remove(&id) {
-                let keep = x.fail(&*self.transport);
+                let keep = x.fail(&*self.transport, &self.peers);
                 e.graveyard.extend(keep);
                 e.execs.insert(
                     id,

@@ -7,7 +7,7 @@ use super::Comm;
 use crate::algo::{self, Algorithm, Options, Problem, Schedule};
 use crate::error::{Error, Result};
 use crate::exec::{Args, BufPool, Exec, Idle, Job, Plan, Tags};
-use crate::transport::{Completion, Scratch, Transport};
+use crate::transport::{Completion, Peer, Scratch, Transport};
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -252,7 +252,7 @@ impl Comm {
                 _ => Ok(()), // a failed or finished collective's late completion
             };
             if let Err(err) = r {
-                fail(e, t, id, err);
+                fail(e, t, &self.peers, id, err);
             }
         }
         e.scratch = comps;
@@ -280,7 +280,7 @@ impl Comm {
             }
         }
         for (id, err) in failed {
-            fail(e, t, id, err);
+            fail(e, t, &self.peers, id, err);
         }
         Ok(moved)
     }
@@ -370,7 +370,7 @@ impl Comm {
             }
             Err(err) => {
                 // Nothing was posted: the memory goes back to the pool, not the graveyard.
-                for b in exec.fail(t) {
+                for b in exec.fail(t, &self.peers) {
                     e.pool.put(b);
                 }
                 Err(err)
@@ -400,9 +400,9 @@ fn park(spare: &mut Option<Box<Exec>>, pool: &mut BufPool, mut x: Box<Exec>) {
 
 /// Fail request `id` with `err`, keeping its memory in the graveyard while operations may
 /// still touch it.
-fn fail(e: &mut Engine, t: &dyn Transport, id: u32, err: Error) {
+fn fail(e: &mut Engine, t: &dyn Transport, peers: &[Peer], id: u32, err: Error) {
     if let Some(ReqState::Running(x)) = e.execs.remove(&id) {
-        let keep = x.fail(t);
+        let keep = x.fail(t, peers);
         e.graveyard.extend(keep);
     }
     e.execs.insert(id, ReqState::Failed(err));

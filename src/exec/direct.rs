@@ -103,6 +103,7 @@ impl Exec {
                     return Err(Error::InvalidUsage("communicator aborted".into()));
                 }
                 self.check_deadline()?;
+                self.take_notice(t, peers)?;
                 idle.pause();
             }
         }

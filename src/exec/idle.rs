@@ -77,6 +77,7 @@ impl Exec {
             self.last = Some(now);
             return Ok(());
         }
+        self.stalled(now.duration_since(last));
         if now.duration_since(last) > self.job.args.timeout {
             return Err(Error::Timeout(format!(
                 "{:?} made no progress for {} ms (FABRICOLL_TIMEOUT_MS): {} of {} steps done; is every rank alive and making the same call (collective, count, type, op, root)?",

@@ -2,12 +2,13 @@
 //! armed again for the next call of its plan (`rearm`), and at the end kept for reuse
 //! (`retire`), returned to the pool (`recycle`), or given up (`fail`).
 
+use super::notice::Watch;
 use super::pool::{owned, Lists, LISTS_KEPT};
 use super::{Args, BufPool, Exec, Job, Plan, Signature, St, Tags};
 use crate::algo::{Buf, Collective, Span};
 use crate::error::{Error, Result};
 use crate::reduce::{self, DataType, RedOp};
-use crate::transport::{Region, Scratch, Transport};
+use crate::transport::{Peer, Region, Scratch, Transport};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +38,9 @@ impl Exec {
             batch: l.batch,
             id: 0,
             sig: 0,
+            calls_differ: Default::default(),
+            watch: Watch::Off,
+            held: None,
             posted_recvs: 0,
             finished: false,
             job,
@@ -83,6 +87,9 @@ impl Exec {
         }
         let args = &self.job.args;
         self.sig = Signature::of(&self.job.schedule.problem, args.dtype, args.op).bits();
+        self.calls_differ.set(false);
+        self.watch = Watch::Off;
+        self.held = None;
         let inp = self.job.args.inp.sub(0, need_in).expect("checked");
         let out = self.job.args.out.sub(0, need_out).expect("checked");
         // Overlap of input and output: run on a copy of the input (also the restore point),
@@ -128,7 +135,11 @@ impl Exec {
 
     /// Give up: cancel posted receives, restore an in-place input, and hand back the memory
     /// that operations may still touch (the caller keeps it until they drain, or leaks it).
-    pub fn fail(mut self, t: &dyn Transport) -> Vec<Scratch> {
+    pub fn fail(mut self, t: &dyn Transport, peers: &[Peer]) -> Vec<Scratch> {
+        self.unwatch(t);
+        if self.calls_differ.get() {
+            self.send_notices(t, peers);
+        }
         for i in 0..self.state.len() {
             if self.state[i] == St::Posted && self.job.schedule.ranks[self.job.rank][i].op.is_recv()
             {

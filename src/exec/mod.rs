@@ -20,6 +20,7 @@
 mod direct;
 mod idle;
 mod lifecycle;
+mod notice;
 mod plan;
 mod pool;
 mod posted;
@@ -101,6 +102,12 @@ pub struct Exec {
     id: u64,
     /// The call's signature bits (`Signature::bits`), carried by every collective message.
     sig: u64,
+    /// A message carried another call's signature: `fail` tells the peers (`notice`).
+    calls_differ: std::cell::Cell<bool>,
+    /// Whether the collective watches for other ranks' notices (`notice`).
+    watch: notice::Watch,
+    /// An operation's failure held while a notice may explain it (`Exec::hold`).
+    held: Option<(Error, Instant)>,
     posted_recvs: usize,
     finished: bool,
 }

@@ -3,6 +3,7 @@
 //! ones. A `RecvReduce` receives into a staging buffer from the pool, bounded by
 //! `STAGING_LIMIT`, and reduces when its message is in.
 
+use super::notice::{NOTICE_STEP, WATCH_STEP};
 use super::pool::owned;
 use super::{wrong_size, BufPool, Exec, Signature, St, Tags, SIG_MASK, STAGING_LIMIT};
 use crate::algo::Op;
@@ -46,6 +47,7 @@ impl Exec {
         peers: &[Peer],
         pool: &mut BufPool,
     ) -> Result<bool> {
+        self.held_expired()?;
         let mut progressed = false;
         let mut deferred = VecDeque::new();
         let mut batch = std::mem::take(&mut self.batch);
@@ -55,6 +57,7 @@ impl Exec {
         r?;
         self.ready = deferred;
         self.check_finished();
+        self.tend_watch(t)?;
         Ok(progressed)
     }
 
@@ -153,6 +156,11 @@ impl Exec {
     /// Handle a transport completion of one of our operations.
     pub fn on_completion(&mut self, c: Completion, pool: &mut BufPool) -> Result<()> {
         let i = (c.op & 0xffff_ffff) as usize;
+        match i {
+            WATCH_STEP => return self.on_watch(&c),
+            NOTICE_STEP => return Ok(()),
+            _ => {}
+        }
         if i >= self.state.len() || self.state[i] != St::Posted {
             return Err(Error::Internal(format!(
                 "unexpected completion for step {i}"
@@ -164,7 +172,7 @@ impl Exec {
         }
         // We cancel only operations of collectives we have given up: a cancellation reaching a
         // live one came from the provider (rxm does this when a peer's connection is lost).
-        c.status.map_err(|e| match e {
+        let status = c.status.map_err(|e| match e {
             Error::InvalidUsage(m) if m.contains("cancelled") => Error::Remote(
                 "the provider aborted the operation (connection to the peer lost)".into(),
             ),
@@ -175,7 +183,10 @@ impl Exec {
                 ))
             }
             e => e,
-        })?;
+        });
+        if let Err(e) = status {
+            return self.hold(i, e, pool);
+        }
         let step = self.job.schedule.ranks[self.job.rank][i].op.clone();
         match step {
             Op::Send { .. } => {}
@@ -236,6 +247,7 @@ impl Exec {
         if self.sig_ignored() == 0 || theirs == self.sig {
             return Ok(());
         }
+        self.calls_differ.set(true);
         let p = &self.job.schedule.problem;
         let mine = Signature::of(p, self.job.args.dtype, self.job.args.op);
         Err(mine.mismatch(peer, p.nranks, theirs))
@@ -277,7 +289,7 @@ mod tests {
             let posts: String = t.posts.lock().iter().collect();
             let want = if sends_first { "SSSSRRRR" } else { "RRRRSSSS" };
             assert_eq!(posts, want, "sends_first {sends_first}");
-            let _ = x.fail(&t);
+            let _ = x.fail(&t, &[Peer(0), Peer(1)]);
         }
     }
 }

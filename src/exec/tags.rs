@@ -12,10 +12,14 @@ use super::Exec;
 pub fn coll_tag(seq: u32, src: usize, k: usize, sig: u64) -> u64 {
     (1u64 << 62)
         | ((seq as u64 & SEQ_MASK) << 48)
-        | ((src as u64 & 0xf_ffff) << 28)
+        | ((src as u64 & 0xf_ffff) << SRC_SHIFT)
         | ((k as u64 & 0xffff) << SIG_BITS)
         | (sig & SIG_MASK)
 }
+
+/// Where the source rank sits in a collective tag, and its bits there.
+pub(super) const SRC_SHIFT: u32 = 28;
+pub(super) const SRC_MASK: u64 = 0xf_ffff << SRC_SHIFT;
 
 /// The sequence bits of a collective tag: collectives in flight on one communicator must
 /// number fewer than this, which `MAX_IN_FLIGHT` keeps them.
@@ -24,8 +28,9 @@ const SEQ_MASK: u64 = 0x3fff;
 /// Most collectives one communicator may have in flight: tags repeat after `SEQ_MASK + 1`.
 pub const MAX_IN_FLIGHT: usize = 8192;
 
-/// Most messages one collective sends to (or receives from) one peer: the tag's message field.
-pub const MAX_MESSAGES_PER_PEER: usize = 1 << 16;
+/// Most messages one collective sends to (or receives from) one peer: the tag's message field
+/// holds 16 bits, and its largest value is kept for notices (`notice::NOTICE_KEY`).
+pub const MAX_MESSAGES_PER_PEER: usize = (1 << 16) - 1;
 
 /// Wire tags of point-to-point messages: `kind:1 (0) | source rank:20 | sequence per pair:42`.
 pub fn p2p_tag(src: usize, seq: u64) -> u64 {
@@ -75,7 +80,7 @@ mod tests {
             }
         }
         const { assert!(MAX_IN_FLIGHT <= 0x3fff + 1) };
-        assert_eq!(MAX_MESSAGES_PER_PEER, 1 << 16);
+        assert_eq!(MAX_MESSAGES_PER_PEER, 0xffff);
         for src in [0, 3, max_rank] {
             for seq in [0, 1, (1 << 42) - 1, u64::MAX] {
                 let t = p2p_tag(src, seq);
