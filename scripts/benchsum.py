@@ -4,6 +4,7 @@
     benchsum.py coll DIR --algo A --colls "C..." --ranks "R..." --transports "T..." [--t0 SECS]
     benchsum.py collnet SAMPLES --ranks R --transport T     (bench-collnet.sh, one table)
     benchsum.py p2p SAMPLES                                 (bench-p2p.sh, one provider's table)
+    benchsum.py ab ROWS                                     (bench-ab.sh, two builds side by side)
 
 coll: bench-coll.sh's summary (fabricoll-perf next to Open MPI), from its result directory
 (samples.txt, modes.txt and busy.txt as bench-coll.sh writes them); it
@@ -329,6 +330,31 @@ def coll_summary(d, algo, colls, ranks, transports, t0=None, reps=None):
     return out
 
 
+def ab_table(lines):
+    """bench-ab.sh's table: per transport, rank count, collective and size, the median time of
+    builds A and B and the median of the per-repetition ratios B/A (below 1: B is faster).
+    Input lines: LABEL TRANSPORT RANKS COLL BYTES REP TIME_US (LABEL A or B)."""
+    cells = {}
+    for line in lines:
+        f = line.split()
+        if len(f) != 7 or f[0] not in ("A", "B"):
+            continue
+        key = (f[1], int(f[2]), f[3], int(f[4]))
+        cells.setdefault(key, {}).setdefault(f[5], {})[f[0]] = num(f[6])
+    out = [f"{'transport':9} {'ranks':>5} {'collective':14} {'bytes':>9} "
+           f"{'A us':>10} {'B us':>10} {'B/A':>6} {'n':>2}"]
+    for key in sorted(cells):
+        reps = cells[key].values()
+        a = sorted(r["A"] for r in reps if "A" in r)
+        b = sorted(r["B"] for r in reps if "B" in r)
+        ratios = sorted(r["B"] / r["A"] for r in reps if "A" in r and "B" in r and r["A"] > 0)
+        if not ratios:
+            continue
+        out.append(f"{key[0]:9} {key[1]:5} {key[2]:14} {key[3]:9} {median(a):10.2f} "
+                   f"{median(b):10.2f} {median(ratios):6.3f} {len(ratios):2}")
+    return out
+
+
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -346,8 +372,12 @@ def main(argv):
     cn.add_argument("--transport", required=True)
     pp = sub.add_parser("p2p", help="bench-p2p.sh's table of one provider")
     pp.add_argument("samples")
+    ab = sub.add_parser("ab", help="bench-ab.sh's table of two builds")
+    ab.add_argument("rows")
     a = p.parse_args(argv)
-    if a.what == "collnet":
+    if a.what == "ab":
+        lines = ab_table(read_lines(a.rows))
+    elif a.what == "collnet":
         lines = collnet_table(read_lines(a.samples), a.ranks, a.transport)
     elif a.what == "p2p":
         lines = p2p_table(read_lines(a.samples))

@@ -16,6 +16,23 @@ import benchsum  # noqa: E402
 import synthetic_bench  # noqa: E402
 
 
+class AbTable(unittest.TestCase):
+    def test_medians_per_build_and_the_median_of_ratios_within_repetitions(self):
+        rows = [
+            "A shm 2 allreduce 8 1 2.0", "B shm 2 allreduce 8 1 3.0",
+            "A shm 2 allreduce 8 2 4.0", "B shm 2 allreduce 8 2 4.0",
+            "B shm 2 allreduce 8 3 9.0",  # no A in repetition 3: no ratio
+            "A net 4 allgather 65536 1 10.0", "B net 4 allgather 65536 1 5.0",
+            "junk line",
+        ]
+        out = benchsum.ab_table(rows)
+        self.assertEqual(len(out), 3)
+        net, shm = out[1].split(), out[2].split()
+        self.assertEqual(net, ["net", "4", "allgather", "65536", "10.00", "5.00", "0.500", "1"])
+        # A: median of 2, 4 = 3; B: median of 3, 4, 9 = 4; ratios 1.5 and 1.0 -> 1.25.
+        self.assertEqual(shm, ["shm", "2", "allreduce", "8", "3.00", "4.00", "1.250", "2"])
+
+
 class Pieces(unittest.TestCase):
     def test_median_of_odd_and_even_counts(self):
         self.assertEqual(benchsum.median([1.0]), 1.0)
