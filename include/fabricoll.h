@@ -182,6 +182,67 @@ const char *fabricoll_last_error(void);
 fabricoll_status fabricoll_collective(const fabricoll_call *c, fabricoll_comm *comm, fabricoll_request **request);
 
 /*
+ `*done` = 1 when the request has completed (the request is then freed; an error also frees
+ it and is returned), else 0.
+ */
+fabricoll_status fabricoll_test(fabricoll_request *request, int *done);
+
+/*
+ Wait for the request (polling, then sleeping on the fabric; at most FABRICOLL_TIMEOUT_MS
+ without progress) and free it.
+ */
+fabricoll_status fabricoll_wait(fabricoll_request *request);
+
+/*
+ Make a unique id: this process starts the bootstrap root that the communicator's ranks meet
+ at (it serves one communicator, then ends). Listens on `FABRICOLL_BOOTSTRAP_ADDR` (default
+ 127.0.0.1).
+ */
+fabricoll_status fabricoll_get_unique_id(fabricoll_unique_id *id);
+
+/*
+ Create this rank's communicator (collective over all `nranks` ranks; blocks until every rank
+ has joined, at most `FABRICOLL_TIMEOUT_MS`).
+
+ # Safety
+ `id` is NULL or points to a readable `fabricoll_unique_id`; `comm` is NULL or writable.
+ */
+fabricoll_status fabricoll_comm_init_rank(fabricoll_comm **comm, int nranks, const fabricoll_unique_id *id, int rank);
+
+/*
+ Free a communicator. Collectives still in flight on it are aborted and their requests freed.
+ */
+fabricoll_status fabricoll_comm_destroy(fabricoll_comm *comm);
+
+/*
+ Abort: collectives in flight fail (in-place inputs are restored), later calls fail, and
+ test / wait on any of its requests return FABRICOLL_INVALID_USAGE.
+ */
+fabricoll_status fabricoll_comm_abort(fabricoll_comm *comm);
+
+/*
+ Split by `color` (negative: this rank joins no new communicator, `*newcomm` is NULL),
+ ranks ordered by `key` then old rank. Collective over `comm`.
+ */
+fabricoll_status fabricoll_comm_split(fabricoll_comm *comm, int color, int key, fabricoll_comm **newcomm);
+
+/*
+ This rank's index in `comm`.
+ */
+fabricoll_status fabricoll_comm_rank(fabricoll_comm *comm, int *rank);
+
+/*
+ The number of ranks of `comm`.
+ */
+fabricoll_status fabricoll_comm_size(fabricoll_comm *comm, int *size);
+
+/*
+ The communicator's algorithm (a `fabricoll_algo`; AUTO: the cost model). Every rank must set
+ the same.
+ */
+fabricoll_status fabricoll_comm_set_algo(fabricoll_comm *comm, int algo_v);
+
+/*
  recvbuf = the reduction of every rank's sendbuf (count elements each; in place when the buffers are equal).
  */
 fabricoll_status fabricoll_allreduce(const void *sendbuf, void *recvbuf, size_t count, int datatype, int op, fabricoll_comm *comm);
@@ -260,67 +321,6 @@ fabricoll_status fabricoll_recv(void *buf, size_t count, int datatype, int peer,
  Non-blocking fabricoll_recv.
  */
 fabricoll_status fabricoll_irecv(void *buf, size_t count, int datatype, int peer, fabricoll_comm *comm, fabricoll_request **request);
-
-/*
- `*done` = 1 when the request has completed (the request is then freed; an error also frees
- it and is returned), else 0.
- */
-fabricoll_status fabricoll_test(fabricoll_request *request, int *done);
-
-/*
- Wait for the request (polling, then sleeping on the fabric; at most FABRICOLL_TIMEOUT_MS
- without progress) and free it.
- */
-fabricoll_status fabricoll_wait(fabricoll_request *request);
-
-/*
- Make a unique id: this process starts the bootstrap root that the communicator's ranks meet
- at (it serves one communicator, then ends). Listens on `FABRICOLL_BOOTSTRAP_ADDR` (default
- 127.0.0.1).
- */
-fabricoll_status fabricoll_get_unique_id(fabricoll_unique_id *id);
-
-/*
- Create this rank's communicator (collective over all `nranks` ranks; blocks until every rank
- has joined, at most `FABRICOLL_TIMEOUT_MS`).
-
- # Safety
- `id` is NULL or points to a readable `fabricoll_unique_id`; `comm` is NULL or writable.
- */
-fabricoll_status fabricoll_comm_init_rank(fabricoll_comm **comm, int nranks, const fabricoll_unique_id *id, int rank);
-
-/*
- Free a communicator. Collectives still in flight on it are aborted and their requests freed.
- */
-fabricoll_status fabricoll_comm_destroy(fabricoll_comm *comm);
-
-/*
- Abort: collectives in flight fail (in-place inputs are restored), later calls fail, and
- test / wait on any of its requests return FABRICOLL_INVALID_USAGE.
- */
-fabricoll_status fabricoll_comm_abort(fabricoll_comm *comm);
-
-/*
- Split by `color` (negative: this rank joins no new communicator, `*newcomm` is NULL),
- ranks ordered by `key` then old rank. Collective over `comm`.
- */
-fabricoll_status fabricoll_comm_split(fabricoll_comm *comm, int color, int key, fabricoll_comm **newcomm);
-
-/*
- This rank's index in `comm`.
- */
-fabricoll_status fabricoll_comm_rank(fabricoll_comm *comm, int *rank);
-
-/*
- The number of ranks of `comm`.
- */
-fabricoll_status fabricoll_comm_size(fabricoll_comm *comm, int *size);
-
-/*
- The communicator's algorithm (a `fabricoll_algo`; AUTO: the cost model). Every rank must set
- the same.
- */
-fabricoll_status fabricoll_comm_set_algo(fabricoll_comm *comm, int algo_v);
 
 #ifdef __cplusplus
 }  // extern "C"
