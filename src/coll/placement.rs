@@ -160,11 +160,9 @@ pub fn bind_to(cpus: &[usize]) -> std::io::Result<()> {
 }
 
 /// The mean round trip of a cache line between CPUs `a` and `b`: one thread bound to each, they
-/// take turns writing a shared word, `rounds` times. It tells whether two CPUs share a cache: on
-/// the 2-vCPU VMs this project measures on it is 60-80 ns while both vCPUs sit on one L3,
-/// 300-350 ns while the host has put them on different ones (and 30 ns now and then: one core's
-/// two hardware threads, presumably), and shared-memory collectives (Open MPI's and ours) run 3
-/// times slower in the far state. Both threads spin, so the
+/// take turns writing a shared word, `rounds` times. It tells whether two CPUs share a cache,
+/// which decides how fast shared-memory collectives run (figures in docs/performance.md). Both
+/// threads spin, so the
 /// answer means something only on otherwise idle CPUs. Fails, naming the CPU, when a thread
 /// cannot be bound; gives up after `limit` in all (the other thread descheduled for that long).
 pub fn core_rtt(
