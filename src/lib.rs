@@ -6,7 +6,6 @@ pub mod config;
 pub mod error;
 pub mod exec;
 pub mod ffi;
-pub mod logging;
 pub mod plugin;
 pub mod reduce;
 #[doc(hidden)]
@@ -15,3 +14,5 @@ pub mod transport;
 pub mod tune;
 
 pub use error::{Error, Result};
+/// Logging lives with the ABI (it calls NCCL's logger); the tools initialise it from here.
+pub use ffi::logging;

@@ -10,7 +10,7 @@ use super::net::{
 use super::types::*;
 use super::{boundary, h, int_size, non_null, ptr, region, Out};
 use crate::error::{Error, Result};
-use crate::logging;
+use crate::ffi::logging;
 use crate::plugin::collnet;
 use crate::transport::Region;
 use std::os::raw::{c_char, c_int};

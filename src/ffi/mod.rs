@@ -5,6 +5,7 @@
 pub mod api;
 pub(crate) mod boundary;
 pub mod collnet;
+pub mod logging;
 pub mod net;
 pub mod types;
 

@@ -56,7 +56,7 @@ fn out<T>(p: *mut T, name: &str) -> Result<Out<T>> {
 }
 
 fn config() -> Result<&'static crate::config::Config> {
-    crate::logging::init(None);
+    crate::ffi::logging::init(None);
     crate::config::get()
 }
 

@@ -11,7 +11,7 @@ pub use tables::*;
 
 use super::{boundary, h, int_size, non_null, ptr, region, Out};
 use crate::error::{Error, Result};
-use crate::logging::{self, NcclLogger};
+use crate::ffi::logging::{self, NcclLogger};
 use crate::plugin::handles::HandleTable;
 use crate::plugin::{self, Kind, Plugin, HANDLE_SIZE, MAX_RECVS};
 use crate::transport::Region;
