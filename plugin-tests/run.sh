@@ -15,11 +15,13 @@
 #                   per-scenario deadlines, this is the outer bound
 #   CAPI            1 (default): also run the C API examples; 0: only the net harness
 #   COLLNET         1 (default): also run collnet_harness (the ncclCollNetPlugin_v6..v12 tables:
-#                   every scenario for 2, 3, 4 and 5 ranks, kill with 4; see COLLNET_ASAN_RANKS);
+#                   every scenario for 2 to 5 ranks, kill with 4; see COLLNET_RANKS);
 #                   0: skip it
 #   COLLNET_ARGS    extra collnet_harness arguments, e.g. "--scenario allreduce --ranks 3"
+#   COLLNET_RANKS   rank counts of the normal CollNet runs (default "2,3,4"; 5 ranks run in the
+#                   ASan build on every provider)
 #   COLLNET_ASAN_RANKS  rank counts of the ASan CollNet runs (default "2,5"; kill always runs
-#                   with 4); the normal build runs 2, 3, 4 and 5
+#                   with 4)
 #   CAPI_RANKS      ranks of each C API example run (default 4)
 #   CAPI_TIMEOUT    seconds the example's parent waits for its ranks before killing them (180)
 #   NCCL_TORCH      1 (default): run nccl_torch.py (PyTorch's NCCL loads the plugin; two ranks on
@@ -137,7 +139,8 @@ if [ "$COLLNET" = 1 ]; then
       echo "== CollNet harness, provider $prov, $build build ($exe) =="
       envs=(FABRICOLL_PROVIDER="$prov")
       is_ip "$prov" && envs+=(FABRICOLL_DOMAIN=lo)
-      cn_ranks=()
+      # Every rank count runs on every provider across the two builds, each only once.
+      cn_ranks=(--ranks "${COLLNET_RANKS:-2,3,4}")
       if [ "$build" = asan ]; then
         envs+=(ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:print_summary=1:quarantine_size_mb=4")
         cn_ranks=(--ranks "${COLLNET_ASAN_RANKS:-2,5}") # the ASan runs are slow: fewer rank counts
