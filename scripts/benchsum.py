@@ -333,10 +333,10 @@ def coll_summary(d, algo, colls, ranks, transports, t0=None, reps=None):
 def ab_table(lines):
     """bench-ab.sh's table: per transport, rank count, collective and size, the median time of
     builds A and B and the median of the per-repetition ratios B/A (below 1: B is faster).
-    Input lines: LABEL TRANSPORT RANKS COLL BYTES REP TIME_US (LABEL A or B)."""
+    Input rows (fields, as read_lines gives them): LABEL TRANSPORT RANKS COLL BYTES REP TIME_US
+    (LABEL A or B)."""
     cells = {}
-    for line in lines:
-        f = line.split()
+    for f in lines:
         if len(f) != 7 or f[0] not in ("A", "B"):
             continue
         key = (f[1], int(f[2]), f[3], int(f[4]))

@@ -25,7 +25,7 @@ class AbTable(unittest.TestCase):
             "A net 4 allgather 65536 1 10.0", "B net 4 allgather 65536 1 5.0",
             "junk line",
         ]
-        out = benchsum.ab_table(rows)
+        out = benchsum.ab_table([r.split() for r in rows])
         self.assertEqual(len(out), 3)
         net, shm = out[1].split(), out[2].split()
         self.assertEqual(net, ["net", "4", "allgather", "65536", "10.00", "5.00", "0.500", "1"])
