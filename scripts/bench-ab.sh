@@ -28,7 +28,7 @@ run() { # run BUILD_LABEL PERF TRANSPORT RANKS COLL REP
     env -u FABRICOLL_ALGO "${env_p[@]}" FABRICOLL_TIMEOUT_MS=60000 timeout 120 \
       "$perf" --ranks "$r" --coll "$c" -b "$s" -e "$s" -t 0.3 -w 5 -m 5 -n 1000 -d float -o sum -c 0 2>&1 |
       awk -v l="$label" -v tr="$tr" -v r="$r" -v c="$c" -v rep="$rep" \
-        '$1 ~ /^[0-9]+$/ && NF >= 7 { print l, tr, r, c, $1, rep, $6 }' >>"$out/rows.txt"
+        '$1 ~ /^[0-9]+$/ && $1 > 0 && NF >= 7 { print l, tr, r, c, $1, rep, $6 }' >>"$out/rows.txt"
   done
 }
 for rep in $(seq 1 "$reps"); do
