@@ -26,7 +26,10 @@ fn fabric_plugin(provider: &str) -> Option<Plugin> {
     match Plugin::discover(&cfg(&env)) {
         Ok(p) => Some(p),
         Err(e) => {
-            eprintln!("skipping {provider}: {e}");
+            nccl_net_fabricoll::testing::skip(
+                &format!("{provider}_provider"),
+                &format!("no {provider} device: {e}"),
+            );
             None
         }
     }

@@ -330,6 +330,11 @@ mod tests {
             assert!(e.contains("'cpu'") && e.contains("twice"), "{e}");
             let e = core_rtt(a, b, 0, limit).unwrap_err().to_string();
             assert!(e.contains("'rounds'"), "{e}");
+        } else {
+            crate::testing::skip(
+                "core_rtt_measures_two_cpus_and_names_bad_arguments",
+                "the measurement needs 2 CPUs this process may use (the argument checks ran)",
+            );
         }
         let absent = MAX_CPUS + 3;
         let e = core_rtt(before[0], absent, 10, limit)
@@ -344,8 +349,10 @@ mod tests {
     #[test]
     fn core_rtt_reports_a_thread_that_cannot_bind_or_answer() {
         let Some((a, b)) = two_cpus() else {
-            eprintln!("SKIP: needs 2 CPUs");
-            return;
+            return crate::testing::skip(
+                "core_rtt_reports_a_thread_that_cannot_bind_or_answer",
+                "needs 2 CPUs this process may use",
+            );
         };
         // Either thread's binding fails: the error names its CPU, at once (no waiting out
         // the limit), the caller's CPU first, then the responder's (which the caller learns
