@@ -158,29 +158,24 @@ fn generate_c_collectives(out: &std::path::Path) {
         }
     }
     for (name, doc, buf_ty, sends) in P2P {
-        let (send, recv) = if *sends {
-            ("buf", "std::ptr::null_mut()")
-        } else {
-            ("std::ptr::null()", "buf")
-        };
         for nb in [false, true] {
-            let (export, doc, tail, run) = if nb {
+            let (export, doc, tail, call) = if nb {
                 (
                     format!("fabricoll_i{name}"),
                     format!("Non-blocking fabricoll_{name}."),
                     "    request: *mut *mut fabricoll_request,\n",
-                    "start(comm, &a, request)".to_string(),
+                    format!("nonblocking(\"fabricoll_i{name}\", comm, a, request)"),
                 )
             } else {
                 (
                     format!("fabricoll_{name}"),
                     doc.to_string(),
                     "",
-                    "let c = comm_of(comm)?;\n        c.comm.run(&a.call(&c.comm)?)".to_string(),
+                    format!("blocking(\"fabricoll_{name}\", comm, a)"),
                 )
             };
             src += &format!(
-                "\n/// {doc}\n#[no_mangle]\npub extern \"C\" fn {export}(\n    buf: {buf_ty},\n    count: usize,\n    datatype: c_int,\n    peer: c_int,\n    comm: *mut fabricoll_comm,\n{tail}) -> fabricoll_status {{\n    boundary(\"{export}\", || {{\n        let a = Args::new(p2p(peer, {sends})?, {send}, {recv}, count, datatype);\n        {run}\n    }})\n}}\n"
+                "\n/// {doc}\n#[no_mangle]\npub extern \"C\" fn {export}(\n    buf: {buf_ty},\n    count: usize,\n    datatype: c_int,\n    peer: c_int,\n    comm: *mut fabricoll_comm,\n{tail}) -> fabricoll_status {{\n    let a = Args::p2p({sends}, buf as *mut c_void, count, datatype, peer);\n    {call}\n}}\n"
             );
         }
     }

@@ -320,7 +320,7 @@ impl Comm {
     /// yielding the core between idle rounds so that ranks that outnumber the cores get to
     /// run (a yield with nothing else runnable returns at once; spinning first only delayed
     /// the rank that had to make progress). After that long without progress, sleep on the
-    /// completion queue until it signals (at most 1 ms at a time; every collective's own
+    /// completion queue until it signals (`SLEEP_SLICE` at a time; every collective's own
     /// deadline still applies).
     pub fn wait(&self, req: RequestId) -> Result<()> {
         let mut idle = Idle::new(self.spin, self.poll);
@@ -334,7 +334,7 @@ impl Comm {
             } else if !idle.expired() {
                 idle.pause();
             } else {
-                self.transport.wait(Duration::from_millis(1))?;
+                self.transport.wait(SLEEP_SLICE)?;
                 idle.moved();
             }
         }
@@ -378,6 +378,10 @@ impl Comm {
         }
     }
 }
+
+/// Longest single sleep of a waiter on the completion queue, so that it re-checks its request
+/// and the deadline even when the queue's wait object never signals.
+const SLEEP_SLICE: Duration = Duration::from_millis(1);
 
 /// Largest Tmp memory a spare executor keeps outside the pool (and its `POOL_LIMIT`): re-arming
 /// saves little next to a large call (`docs/performance.md`).

@@ -160,3 +160,85 @@ impl Exec {
         mine.mismatch(from, p.nranks, tag & SIG_MASK)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{NOTICE_KEY, WATCH_STEP};
+    use crate::algo::{self, Algorithm, Collective, Options, Problem};
+    use crate::error::Error;
+    use crate::exec::recorder::{rank0_job, Recorder};
+    use crate::exec::tags::coll_tag;
+    use crate::exec::{BufPool, Exec, Plan, St};
+    use crate::transport::{Completion, Peer, Scratch};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    const PEERS: [Peer; 2] = [Peer(0), Peer(1)];
+
+    /// Rank 0 of a 2-rank ring AllReduce of 1024 floats, advanced once on a `Recorder`, and the
+    /// index of a receive it posted.
+    fn posted(t: &Recorder, pool: &mut BufPool) -> (Box<Exec>, usize, Scratch, Scratch) {
+        let p = Problem::new(Collective::AllReduce, 2, 1024);
+        let schedule = Arc::new(algo::build(p, Algorithm::Ring, &Options::default()).unwrap());
+        let plan = Arc::new(Plan::new(&schedule, 0, 4).unwrap());
+        let (inp, out) = (Scratch::new(4096), Scratch::new(4096));
+        let mut x = Exec::new(rank0_job(schedule, &inp, &out, false), plan, 1, pool).unwrap();
+        x.advance(t, &PEERS, pool).unwrap();
+        let i = (0..x.state.len())
+            .find(|&i| x.state[i] == St::Posted && x.job.schedule.ranks[0][i].op.is_recv())
+            .expect("a posted receive");
+        (x, i, inp, out)
+    }
+
+    #[test]
+    fn a_lost_peer_is_held_while_a_notice_may_explain_it_then_reported() {
+        let (t, mut pool) = (Recorder::default(), BufPool::default());
+        let (mut x, i, _inp, _out) = posted(&t, &mut pool);
+        let lost = Completion::failed(x.op_id(i), 0, Error::Remote("peer gone".into()));
+        x.on_completion(lost, &mut pool)
+            .expect("held, not reported yet");
+        t.posts.lock().clear();
+        x.advance(&t, &PEERS, &mut pool)
+            .expect("still within the hold");
+        assert_eq!(*t.posts.lock(), ['W'], "the hold watches for notices");
+        std::thread::sleep(super::HOLD + Duration::from_millis(20));
+        let e = x.advance(&t, &PEERS, &mut pool).unwrap_err().to_string();
+        assert!(e.contains("peer gone"), "{e}");
+        t.posts.lock().clear();
+        let _ = x.fail(&t, &PEERS);
+        assert_eq!(
+            *t.posts.lock(),
+            ['C', 'C'],
+            "the watch and the other receive cancelled"
+        );
+    }
+
+    #[test]
+    fn a_notice_names_the_other_call_and_a_foreign_message_makes_notices() {
+        let (t, mut pool) = (Recorder::default(), BufPool::default());
+        let (mut x, i, _inp, _out) = posted(&t, &mut pool);
+        // Rank 1 called ReduceScatter: its notice carries that call's signature.
+        let theirs = crate::exec::Signature::of(
+            &Problem::new(Collective::ReduceScatter, 2, 1024),
+            crate::reduce::DataType::Float32,
+            crate::reduce::RedOp::Sum,
+        )
+        .bits();
+        let notice = Completion::done(
+            x.op_id(WATCH_STEP),
+            8,
+            coll_tag(0, 1, NOTICE_KEY, theirs),
+            None,
+        );
+        let e = x.on_completion(notice, &mut pool).unwrap_err().to_string();
+        assert!(e.contains("rank 1 called ReduceScatter"), "{e}");
+        // A message of that call on a posted receive fails the collective, and `fail` sends
+        // the one peer a notice.
+        let foreign = Completion::done(x.op_id(i), 2048, coll_tag(0, 1, 0, theirs), None);
+        let e = x.on_completion(foreign, &mut pool).unwrap_err().to_string();
+        assert!(e.contains("the ranks' calls differ"), "{e}");
+        t.posts.lock().clear();
+        let _ = x.fail(&t, &PEERS);
+        assert!(t.posts.lock().contains(&'N'), "{:?}", t.posts.lock());
+    }
+}

@@ -10,7 +10,9 @@ use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A transport that accepts every post, delivers nothing, and records the posts' order.
+/// A transport that accepts every post, delivers nothing, and records the posts' order: `S`
+/// and `R` for sends and receives, `N` for owned sends (notices), `W` for owned receives (the
+/// watch), `C` for cancellations, `T` for direct takes.
 /// Its direct channel takes every message and delivers `reply` to every `take_now`; each
 /// `send_now` records what `watch` holds at that moment.
 #[derive(Default)]
@@ -44,12 +46,16 @@ impl Transport for Recorder {
         Ok(Posted::Queued)
     }
     fn send_owned(&self, _: Peer, _: u64, _: Vec<u8>, _: OpId) -> Result<()> {
+        self.posts.lock().push('N');
         Ok(())
     }
     fn recv_owned(&self, _: u64, _: u64, _: usize, _: OpId) -> Result<()> {
+        self.posts.lock().push('W');
         Ok(())
     }
-    fn cancel(&self, _: OpId) {}
+    fn cancel(&self, _: OpId) {
+        self.posts.lock().push('C');
+    }
     fn poll(&self, _: &mut Vec<Completion>) -> Result<usize> {
         Ok(0)
     }

@@ -19,7 +19,10 @@ use std::os::raw::{c_int, c_void};
 
 /// One call's arguments as C passes them; checked by [`Args::call`].
 struct Args {
+    /// For point-to-point calls the peer in `kind` is a placeholder: `peer` is checked in
+    /// `call`.
     kind: Kind,
+    peer: c_int,
     send: *const c_void,
     recv: *mut c_void,
     count: usize,
@@ -39,6 +42,7 @@ impl Args {
     ) -> Args {
         Args {
             kind,
+            peer: 0,
             send,
             recv,
             count,
@@ -46,6 +50,23 @@ impl Args {
             op: 0,
             root: 0,
             algo: 0,
+        }
+    }
+
+    /// A send (`send`) or a receive of `count` elements with `peer`.
+    fn p2p(send: bool, buf: *mut c_void, count: usize, datatype: c_int, peer: c_int) -> Args {
+        let (kind, s, r) = if send {
+            (
+                Kind::Send { peer: 0 },
+                buf as *const c_void,
+                std::ptr::null_mut(),
+            )
+        } else {
+            (Kind::Recv { peer: 0 }, std::ptr::null(), buf)
+        };
+        Args {
+            peer,
+            ..Args::new(kind, s, r, count, datatype)
         }
     }
 
@@ -69,6 +90,15 @@ impl Args {
 
     /// The checked call on `comm`.
     fn call(&self, comm: &Comm) -> Result<Call> {
+        let peer = || {
+            usize::try_from(self.peer)
+                .map_err(|_| Error::arg("peer", format!("{} is negative", self.peer)))
+        };
+        let kind = match self.kind {
+            Kind::Send { .. } => Kind::Send { peer: peer()? },
+            Kind::Recv { .. } => Kind::Recv { peer: peer()? },
+            k => k,
+        };
         let dt = dtype(self.datatype)?;
         let op = if matches!(self.kind, Kind::Coll(k) if k.reduces()) {
             redop(self.op)?
@@ -78,9 +108,9 @@ impl Args {
         let root = usize::try_from(self.root)
             .map_err(|_| Error::arg("root", format!("{} is negative", self.root)))?;
         // SAFETY: the caller's buffers are valid for the documented lengths until completion.
-        let (s, r) = unsafe { regions(comm, self.kind, self.send, self.recv, self.count, dt) }?;
+        let (s, r) = unsafe { regions(comm, kind, self.send, self.recv, self.count, dt) }?;
         Ok(Call {
-            kind: self.kind,
+            kind,
             send: s,
             recv: r,
             count: self.count,
@@ -163,16 +193,6 @@ fn start(comm: *mut fabricoll_comm, a: &Args, request: *mut *mut fabricoll_reque
     Ok(())
 }
 
-fn p2p(peer: c_int, send: bool) -> Result<Kind> {
-    let peer =
-        usize::try_from(peer).map_err(|_| Error::arg("peer", format!("{peer} is negative")))?;
-    Ok(if send {
-        Kind::Send { peer }
-    } else {
-        Kind::Recv { peer }
-    })
-}
-
 /// Any collective with a per-call algorithm: blocking when `request` is NULL, else non-blocking.
 ///
 /// # Safety
@@ -189,6 +209,7 @@ pub unsafe extern "C" fn fabricoll_collective(
         let c = unsafe { arg_ref(c, "call") }?;
         let a = Args {
             kind: Kind::Coll(coll(c.coll)?),
+            peer: 0,
             send: c.sendbuf,
             recv: c.recvbuf,
             count: c.count,

@@ -285,3 +285,37 @@ fn destroy_from_another_thread_ends_a_direct_collective() {
     assert!(e.contains("aborted"), "{e}");
     assert!(took < std::time::Duration::from_secs(5), "{took:?}");
 }
+
+/// Send and receive name `peer` when it is negative or not a rank, blocking or not, and
+/// leave `*request` NULL.
+#[test]
+fn point_to_point_names_a_bad_peer() {
+    let Some(comm) = one_rank_comm() else { return };
+    let mut buf = [0u8; 8];
+    for peer in [-1, 1] {
+        let s = fabricoll_send(buf.as_ptr().cast(), 8, dtype_u8(), peer, comm);
+        assert_eq!(
+            s,
+            fabricoll_status::FABRICOLL_INVALID_ARGUMENT,
+            "send to {peer}"
+        );
+        assert!(last_error().contains("'peer'"), "{}", last_error());
+        let mut req = 7usize as *mut fabricoll_request;
+        let s = fabricoll_irecv(buf.as_mut_ptr().cast(), 8, dtype_u8(), peer, comm, &mut req);
+        assert_eq!(
+            s,
+            fabricoll_status::FABRICOLL_INVALID_ARGUMENT,
+            "irecv from {peer}"
+        );
+        assert!(last_error().contains("'peer'"), "{}", last_error());
+        assert!(req.is_null());
+    }
+    assert_eq!(
+        fabricoll_comm_destroy(comm),
+        fabricoll_status::FABRICOLL_SUCCESS
+    );
+}
+
+fn dtype_u8() -> i32 {
+    fabricoll_datatype::FABRICOLL_UINT8 as i32
+}
