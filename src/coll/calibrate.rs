@@ -2,7 +2,6 @@
 //! (`run_owned`): the exchange of every rank's placement, and the calibration of the cost model.
 use super::{placement, Call, Comm, Kind};
 use crate::algo::{Algorithm, Collective};
-use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, RedOp};
 use crate::transport::Scratch;
@@ -53,9 +52,9 @@ impl Comm {
     }
 
     /// Measure alpha, beta and gamma unless the configuration fixes them.
-    pub(super) fn calibrate(&mut self, cfg: &Config) -> Result<()> {
+    pub(super) fn calibrate(&mut self) -> Result<()> {
         if self.nranks > 1 && self.model.needs_calibration() {
-            let m = calibrate(self, cfg)?;
+            let m = calibrate(self)?;
             self.set_model(m);
         }
         Ok(())
@@ -98,10 +97,10 @@ impl Comm {
 
 /// Measure alpha (tiny ring AllReduce), beta (1 MiB ring AllReduce) and gamma (a local
 /// reduction) on rank 0, and broadcast them so that every rank chooses the same algorithms.
-pub fn calibrate(comm: &Comm, _cfg: &Config) -> Result<Model> {
+fn calibrate(comm: &Comm) -> Result<Model> {
     use crate::reduce;
     let n = comm.nranks;
-    let small = (Scratch::new(4), Scratch::new(4));
+    let mut small = (Scratch::new(4), Scratch::new(4));
     // The large AllReduces run on buffers like a user's (`Scratch::plain`, small pages): from
     // 2 MiB up `Scratch::new` asks for huge pages, which a peer's copy reads faster than a
     // user's buffer, and beta would come out too high.
@@ -117,7 +116,6 @@ pub fn calibrate(comm: &Comm, _cfg: &Config) -> Result<Model> {
             Algorithm::Ring,
         )
     };
-    let mut small = small;
     for _ in 0..3 {
         small = ar(small)?;
     }

@@ -94,7 +94,7 @@ impl Comm {
         let addrs = bootstrap::exchange(id, rank, nranks, &t.address(), cfg.timeout)?;
         let mut comm = Comm::new(rank, t, &addrs, cfg)?;
         comm.learn_placement()?;
-        comm.calibrate(cfg)?;
+        comm.calibrate()?;
         Ok(comm)
     }
 

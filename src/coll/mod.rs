@@ -19,6 +19,5 @@ pub mod placement;
 #[cfg(test)]
 mod tests;
 
-pub use calibrate::calibrate;
 pub use call::{Call, Kind, RequestId};
 pub use comm::{open_endpoint, whole, Comm};
