@@ -37,6 +37,7 @@ typedef enum {
   FABRICOLL_ALGO_BRUCK = 9,
   FABRICOLL_ALGO_PAIRWISE = 10,
   FABRICOLL_ALGO_HIER = 11,
+  FABRICOLL_ALGO_SWIZZLE = 12,
 } fabricoll_algo;
 
 /*

@@ -54,7 +54,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: "FABRICOLL_ALGO",
         accepted:
-            "auto, ring, bidir_ring, mesh, mesh1, rdh, rd, tree, dbtree, bruck, pairwise, hier",
+            "auto, ring, bidir_ring, mesh, mesh1, rdh, rd, tree, dbtree, bruck, pairwise, hier, swizzle",
         default: "auto",
         meaning: "collective algorithm of the engines; auto takes the smallest predicted time",
     },
@@ -77,10 +77,34 @@ pub const VARS: &[Var] = &[
         meaning: "cost model: local reduction speed (gamma = 1 / speed)",
     },
     Var {
+        name: "FABRICOLL_INTRA_PROVIDER",
+        accepted: "a libfabric provider name (shm, ...), or same",
+        default: "shm",
+        meaning: "engines: provider between ranks of one host; same: FABRICOLL_PROVIDER for every peer (one fabric)",
+    },
+    Var {
+        name: "FABRICOLL_HOST",
+        accepted: "any non-empty string",
+        default: "this machine's boot id, host name and network namespace",
+        meaning: "engines: ranks with equal values share a host (shared memory between them, the network to the others)",
+    },
+    Var {
         name: "FABRICOLL_LOCAL_RANKS",
-        accepted: "integer >= 1 dividing the rank count",
-        default: "1",
-        meaning: "ranks per node for the hier algorithm",
+        accepted: "integer >= 1",
+        default: "unset (hosts are detected)",
+        meaning: "testing: schedules treat each block of this many consecutive ranks as a host (transports still follow the detected hosts)",
+    },
+    Var {
+        name: "FABRICOLL_ROOT",
+        accepted: "host:port (IPv6 in brackets) of rank 0's host",
+        default: "unset",
+        meaning: "launchers without a rank-0 address (mpirun, srun, Hydra): where rank 0 serves the bootstrap",
+    },
+    Var {
+        name: "FABRICOLL_ROOT_FILE",
+        accepted: "a path on a file system every rank sees",
+        default: "unset",
+        meaning: "launchers without a rank-0 address: rank 0 writes its bootstrap id there, the others read it",
     },
     Var {
         name: "FABRICOLL_BOOTSTRAP_ADDR",
@@ -138,6 +162,14 @@ pub struct Config {
     pub beta_gbps: Option<f64>,
     pub gamma_gbps: Option<f64>,
     pub local_ranks: Option<usize>,
+    /// `FABRICOLL_INTRA_PROVIDER`: None means one fabric for every peer ("same").
+    pub intra_provider: Option<String>,
+    /// `FABRICOLL_HOST`: overrides the detected host identity.
+    pub host: Option<String>,
+    /// `FABRICOLL_ROOT`: where rank 0 serves the bootstrap, as given (resolved when used).
+    pub root: Option<String>,
+    /// `FABRICOLL_ROOT_FILE`: the file rank 0 writes its unique id to.
+    pub root_file: Option<std::path::PathBuf>,
     pub bootstrap_addr: Option<std::net::IpAddr>,
 }
 
@@ -250,6 +282,33 @@ impl Config {
             None => None,
             Some(v) => Some(int("FABRICOLL_LOCAL_RANKS", &v, 1, 1 << 20)? as usize),
         };
+        let provider_name = |name: &str, v: &str| -> Result<()> {
+            if v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_;-".contains(c))
+            {
+                Ok(())
+            } else {
+                Err(bad(name, v))
+            }
+        };
+        let intra_provider =
+            match nonempty("FABRICOLL_INTRA_PROVIDER").map(|v| v.trim().to_string()) {
+                None => Some("shm".to_string()),
+                Some(v) if v.eq_ignore_ascii_case("same") => None,
+                Some(v) => {
+                    provider_name("FABRICOLL_INTRA_PROVIDER", &v)?;
+                    Some(v)
+                }
+            };
+        let host = nonempty("FABRICOLL_HOST").map(|v| v.trim().to_string());
+        let root = match nonempty("FABRICOLL_ROOT").map(|v| v.trim().to_string()) {
+            None => None,
+            Some(v) => match v.rsplit_once(':') {
+                Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0) => Some(v),
+                _ => return Err(bad("FABRICOLL_ROOT", &v)),
+            },
+        };
+        let root_file = nonempty("FABRICOLL_ROOT_FILE").map(|v| std::path::PathBuf::from(v.trim()));
         let bootstrap_addr = match nonempty("FABRICOLL_BOOTSTRAP_ADDR") {
             None => None,
             Some(v) => Some(
@@ -264,6 +323,10 @@ impl Config {
             beta_gbps,
             gamma_gbps,
             local_ranks,
+            intra_provider,
+            host,
+            root,
+            root_file,
             bootstrap_addr,
             provider,
             domains,
@@ -317,6 +380,11 @@ mod tests {
                 .shm_fastbox
         );
         assert_eq!(c.speed_mbps, 10_000);
+        assert_eq!(c.intra_provider.as_deref(), Some("shm"));
+        let same = parse(&[("FABRICOLL_INTRA_PROVIDER", "same")]).unwrap();
+        assert_eq!(same.intra_provider, None);
+        let root = parse(&[("FABRICOLL_ROOT", "[::1]:29500")]).unwrap();
+        assert_eq!(root.root.as_deref(), Some("[::1]:29500"));
     }
 
     #[test]
@@ -349,6 +417,9 @@ mod tests {
             ("FABRICOLL_BETA_GBPS", "nan"),
             ("FABRICOLL_LOCAL_RANKS", "0"),
             ("FABRICOLL_BOOTSTRAP_ADDR", "localhost:1"),
+            ("FABRICOLL_INTRA_PROVIDER", "shm net"),
+            ("FABRICOLL_ROOT", "10.0.0.1"),
+            ("FABRICOLL_ROOT", "10.0.0.1:0"),
         ] {
             let e = parse(&[(k, v)]).unwrap_err().to_string();
             assert!(e.contains(k), "{e}");

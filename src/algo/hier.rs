@@ -1,4 +1,4 @@
-//! Hierarchical: X nodes of Y = `local` members (member m = node*Y + local index l); an intra-node
+//! Hierarchical: X hosts of Y members (`Options::hosts`) (member m = node*Y + local index l); an intra-node
 //! algorithm composed with an inter-node one (the members with the same l form an inter group).
 //! AllGather: inter-node AllGather, then per node one intra-node AllGather per source node x'
 //! (chunks x'Y..x'Y+Y are contiguous; the X instances run concurrently). ReduceScatter: per node
@@ -24,17 +24,32 @@ type Levels = (
     &'static dyn Collectives,
 );
 
-fn levels(n: usize, o: &Options) -> AlgoResult<Levels> {
-    let y = o.local;
-    if y == 0 || n % y != 0 {
+fn levels(g: &[usize], o: &Options) -> AlgoResult<Levels> {
+    let n = g.len();
+    // Members per host, in the group's order: each host's members must be consecutive and
+    // every host must hold as many.
+    let mut runs: Vec<usize> = Vec::new();
+    for (m, &r) in g.iter().enumerate() {
+        if m > 0 && o.hosts.host_of(r) == o.hosts.host_of(g[m - 1]) {
+            *runs.last_mut().expect("one run per host") += 1;
+        } else {
+            runs.push(1);
+        }
+    }
+    let y = runs[0];
+    let mut hosts: Vec<usize> = g.iter().map(|&r| o.hosts.host_of(r)).collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    if runs.iter().any(|&r| r != y) || runs.len() != hosts.len() {
         return Err(AlgoError::Invalid(format!(
-            "local: {y} ranks per node does not divide the {n} ranks"
+            "hosts: hier needs the same number of ranks on every host, each host's ranks \
+             consecutive (ranks per host in rank order: {runs:?})"
         )));
     }
     let level = |name: &str, a: Algorithm| {
-        if a == Algorithm::Hier {
+        if matches!(a, Algorithm::Hier | Algorithm::Swizzle) {
             return Err(AlgoError::Invalid(format!(
-                "{name}: the {name}-node algorithm cannot be hier itself"
+                "{name}: the {name}-host algorithm cannot be {a} itself"
             )));
         }
         super::implementation(a)
@@ -75,7 +90,7 @@ impl Collectives for Hier {
         o: &Options,
     ) -> AlgoResult<()> {
         let c = Collective::AllReduce;
-        let (x, y, intra, inter) = levels(g.len(), o)?;
+        let (x, y, intra, inter) = levels(g, o)?;
         if y == 1 {
             return self.sub(c, inter.all_reduce(b, g, src, dst, start, o));
         }
@@ -122,7 +137,7 @@ impl Collectives for Hier {
         o: &Options,
     ) -> AlgoResult<()> {
         let c = Collective::AllGather;
-        let (x, y, intra, inter) = levels(g.len(), o)?;
+        let (x, y, intra, inter) = levels(g, o)?;
         if y == 1 {
             return self.sub(c, inter.all_gather(b, g, src, dst, chunks, start, o));
         }
@@ -165,7 +180,7 @@ impl Collectives for Hier {
         o: &Options,
     ) -> AlgoResult<()> {
         let c = Collective::ReduceScatter;
-        let (x, y, intra, inter) = levels(g.len(), o)?;
+        let (x, y, intra, inter) = levels(g, o)?;
         if y == 1 {
             return self.sub(c, inter.reduce_scatter(b, g, src, dst, chunks, start, o));
         }
@@ -223,7 +238,7 @@ impl Collectives for Hier {
         o: &Options,
     ) -> AlgoResult<()> {
         let c = Collective::Broadcast;
-        let (x, y, intra, inter) = levels(g.len(), o)?;
+        let (x, y, intra, inter) = levels(g, o)?;
         if y == 1 {
             return self.sub(c, inter.broadcast(b, g, root, src, dst, start, o));
         }
@@ -262,7 +277,7 @@ impl Collectives for Hier {
         o: &Options,
     ) -> AlgoResult<()> {
         let c = Collective::Reduce;
-        let (x, y, intra, inter) = levels(g.len(), o)?;
+        let (x, y, intra, inter) = levels(g, o)?;
         if y == 1 {
             return self.sub(c, inter.reduce(b, g, root, src, dst, start, o));
         }

@@ -17,17 +17,21 @@ pub mod bruck;
 pub mod check;
 pub mod dbtree;
 pub mod hier;
+pub mod hosts;
 pub mod mesh;
 pub mod mesh1;
 pub mod pairwise;
 pub mod rd;
 pub mod rdh;
 pub mod ring;
+pub mod swizzle;
 #[cfg(test)]
 mod tests;
 pub mod tree;
 
 use std::fmt;
+
+pub use hosts::Hosts;
 
 /// The collectives of NCCL and MPI that the engines implement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -260,7 +264,8 @@ pub struct Step {
     pub deps: Vec<usize>,
 }
 
-/// The algorithms. `Hier` composes an intra-node and an inter-node algorithm.
+/// The algorithms. `Hier` composes an intra-host and an inter-host algorithm; `Swizzle` is the
+/// node-swizzled two-level ReduceScatter and its mirror AllGather.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     Ring,
@@ -274,10 +279,11 @@ pub enum Algorithm {
     Bruck,
     Pairwise,
     Hier,
+    Swizzle,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 11] = [
+    pub const ALL: [Algorithm; 12] = [
         Algorithm::Ring,
         Algorithm::BidirRing,
         Algorithm::Mesh,
@@ -289,6 +295,7 @@ impl Algorithm {
         Algorithm::Bruck,
         Algorithm::Pairwise,
         Algorithm::Hier,
+        Algorithm::Swizzle,
     ];
 
     /// The name used by `FABRICOLL_ALGO` and the C API.
@@ -305,6 +312,7 @@ impl Algorithm {
             Algorithm::Bruck => "bruck",
             Algorithm::Pairwise => "pairwise",
             Algorithm::Hier => "hier",
+            Algorithm::Swizzle => "swizzle",
         }
     }
 
@@ -324,9 +332,9 @@ impl fmt::Display for Algorithm {
 pub struct Options {
     /// Largest message in elements (messages are sliced to pipeline); 0 = no slicing.
     pub slice: usize,
-    /// Ranks per node for `Hier` (nodes = nranks / local); must divide nranks.
-    pub local: usize,
-    /// Intra-node and inter-node algorithms of `Hier`.
+    /// Which host each rank is on (`Hier`, `Swizzle`, and the rank order of flat algorithms).
+    pub hosts: Hosts,
+    /// Intra-host and inter-host algorithms of `Hier` (`Swizzle` uses `intra`).
     pub intra: Algorithm,
     pub inter: Algorithm,
 }
@@ -335,7 +343,7 @@ impl Default for Options {
     fn default() -> Options {
         Options {
             slice: 0,
-            local: 1,
+            hosts: Hosts::ONE,
             intra: Algorithm::Ring,
             inter: Algorithm::Ring,
         }
@@ -761,6 +769,7 @@ pub fn implementation(algo: Algorithm) -> Option<&'static dyn Collectives> {
         Algorithm::Bruck => &bruck::Bruck,
         Algorithm::Pairwise => &pairwise::Pairwise,
         Algorithm::Hier => &hier::Hier,
+        Algorithm::Swizzle => &swizzle::Swizzle,
     })
 }
 

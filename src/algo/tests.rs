@@ -229,7 +229,7 @@ fn hier() {
     assert!(
         check_algorithm(Algorithm::Hier, |n| {
             (n % 2 == 0).then_some(Options {
-                local: 2,
+                hosts: Hosts::blocks(n, 2),
                 ..Options::default()
             })
         }) > 0
@@ -237,14 +237,13 @@ fn hier() {
     // Bad shapes and nesting are errors that name the field.
     let ar = Problem::new(Collective::AllReduce, 6, 5);
     let bad = [
-        (0, Algorithm::Ring, Algorithm::Ring, "local"),
-        (4, Algorithm::Ring, Algorithm::Ring, "local"),
+        (4, Algorithm::Ring, Algorithm::Ring, "hosts"),
         (2, Algorithm::Hier, Algorithm::Ring, "intra"),
         (2, Algorithm::Ring, Algorithm::Hier, "inter"),
     ];
     for (local, intra, inter, field) in bad {
         let o = Options {
-            local,
+            hosts: Hosts::blocks(6, local),
             intra,
             inter,
             ..Options::default()
@@ -276,7 +275,7 @@ fn hier() {
     for (local, intra, inter) in runs {
         for coll in Collective::ALL {
             let probe = Options {
-                local: 2,
+                hosts: Hosts::blocks(4, 2),
                 intra,
                 inter,
                 ..Options::default()
@@ -289,7 +288,7 @@ fn hier() {
                 .filter(|&n| local == 0 || n % local == 0)
             {
                 let o = Options {
-                    local: if local == 0 { n } else { local },
+                    hosts: Hosts::blocks(n, local),
                     ..probe
                 };
                 for count in counts(n, coll) {

@@ -3,7 +3,6 @@
 use super::Comm;
 use crate::algo::{self, Algorithm, Options, Problem};
 use crate::error::{Error, Result};
-use crate::tune;
 
 /// What a choice depends on besides the model: the problem, the element size and the forced
 /// algorithm (None: `auto`).
@@ -43,7 +42,7 @@ impl Comm {
     ) -> Result<(Algorithm, Options)> {
         let opts = Options {
             slice: (self.slice / elem.max(1)).max(1),
-            local: self.local,
+            hosts: self.hosts,
             intra: Algorithm::Ring,
             inter: Algorithm::Ring,
         };
@@ -60,13 +59,13 @@ impl Comm {
                     ok.join(", ")
                 )));
             }
-            let opts = if a == Algorithm::Hier {
-                tune::hier_options(self.nranks, self.local, opts)
+            let opts = if matches!(a, Algorithm::Hier | Algorithm::Swizzle) {
+                opts
             } else {
                 self.model.eager_slicing(a, p, elem, opts)
             };
             return Ok((a, opts));
         }
-        Ok(self.model.choose(p, elem, opts, self.local))
+        Ok(self.model.choose(p, elem, opts))
     }
 }

@@ -3,7 +3,7 @@
 use super::choice::ChoiceKey;
 use super::engine::{Engine, ReqState};
 use super::{bootstrap, Kind};
-use crate::algo::{self, Algorithm, Collective, Options, Span};
+use crate::algo::{self, Algorithm, Collective, Hosts, Options, Span};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::reduce::DataType;
@@ -32,8 +32,8 @@ pub struct Comm {
     /// (`docs/performance.md`).
     pub(super) choices: Mutex<FxHashMap<ChoiceKey, (Algorithm, Options)>>,
     pub(super) aborted: AtomicBool,
-    /// Ranks per node, for `hier`.
-    pub(super) local: usize,
+    /// Which host each rank is on (`algo::Hosts`): learnt when the communicator is made.
+    pub(super) hosts: Hosts,
     /// Bytes per slice of a pipelined schedule (`slice_bytes`).
     pub(super) slice: usize,
     /// Waiters spin instead of yielding (for up to `poll`): this node's ranks have a core each.
@@ -56,7 +56,10 @@ impl Comm {
             .iter()
             .map(|a| transport.insert_peer(a))
             .collect::<Result<Vec<_>>>()?;
-        let local = local_ranks(addrs, cfg);
+        let hosts = match cfg.local_ranks {
+            Some(l) => Hosts::blocks(nranks, l),
+            None => Hosts::ONE,
+        };
         let caps = transport.caps();
         let (slice, eager) = (caps.slice_bytes, caps.eager_bytes);
         let poll = cfg.poll.unwrap_or(caps.poll_window);
@@ -74,7 +77,7 @@ impl Comm {
             model: Model::from_config(cfg).with_eager(eager),
             choices: Mutex::new(FxHashMap::default()),
             aborted: AtomicBool::new(false),
-            local,
+            hosts,
             slice,
             spin,
             receiver_copies,
@@ -247,16 +250,6 @@ impl Drop for Comm {
 /// (`docs/performance.md`).
 pub(super) fn spin_ok(ranks: usize) -> bool {
     std::thread::available_parallelism().is_ok_and(|n| ranks <= n.get())
-}
-
-/// Ranks per node: how many leading ranks share the first rank's host (by address), if every
-/// host has the same number; else 1 (no hierarchy).
-fn local_ranks(addrs: &[Vec<u8>], cfg: &Config) -> usize {
-    if let Some(l) = cfg.local_ranks {
-        return l;
-    }
-    let _ = addrs;
-    1
 }
 
 /// A new endpoint on the configured device (FABRICOLL_PROVIDER / FABRICOLL_DOMAIN).

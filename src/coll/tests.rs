@@ -35,13 +35,13 @@ fn auto_choices_are_kept_per_model() {
     );
     let base = Options {
         slice: comm.slice / 4,
-        local: comm.local,
+        hosts: comm.hosts,
         intra: Algorithm::Ring,
         inter: Algorithm::Ring,
     };
-    assert_eq!(second, bandwidth_bound.choose(&p, 4, base, comm.local));
+    assert_eq!(second, bandwidth_bound.choose(&p, 4, base));
     comm.set_model(latency_bound.clone());
-    assert_eq!(opts(&comm), latency_bound.choose(&p, 4, base, comm.local));
+    assert_eq!(opts(&comm), latency_bound.choose(&p, 4, base));
     // A forced algorithm is kept under its own key, not as auto's choice.
     assert_eq!(
         comm.choose(&p, 4, Some(Algorithm::Ring)).unwrap().0,

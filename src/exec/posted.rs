@@ -109,7 +109,8 @@ impl Exec {
             }
             Op::Recv { peer, dst } => {
                 let tag = self.tag(peer, i);
-                match t.recv(
+                match t.recv_from(
+                    peers[peer],
                     tag,
                     self.sig_ignored(),
                     self.region(&dst),
@@ -135,7 +136,14 @@ impl Exec {
                 let buf = pool.take(need);
                 let tag = self.tag(peer, i);
                 let into = owned(&buf, need);
-                match t.recv(tag, self.sig_ignored(), into, None, self.op_id(i))? {
+                match t.recv_from(
+                    peers[peer],
+                    tag,
+                    self.sig_ignored(),
+                    into,
+                    None,
+                    self.op_id(i),
+                )? {
                     Posted::Queued => {
                         self.state[i] = St::Posted;
                         self.posted_recvs += 1;

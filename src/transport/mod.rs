@@ -203,6 +203,21 @@ pub trait Transport: Send + Sync {
         mr: Option<&Mr>,
         op: OpId,
     ) -> Result<Posted>;
+    /// `recv` of a message that only `from` sends: a transport over several fabrics posts it
+    /// on the one that reaches `from`; one fabric ignores it (the tag already names the
+    /// sender).
+    fn recv_from(
+        &self,
+        from: Peer,
+        tag: u64,
+        ignore: u64,
+        region: Region,
+        mr: Option<&Mr>,
+        op: OpId,
+    ) -> Result<Posted> {
+        let _ = from;
+        self.recv(tag, ignore, region, mr, op)
+    }
     /// Send a buffer the transport owns until completion; never `Busy` (queued inside).
     fn send_owned(&self, peer: Peer, tag: u64, data: Vec<u8>, op: OpId) -> Result<()>;
     /// Receive into a buffer of `len` bytes the transport owns; handed back in the completion.

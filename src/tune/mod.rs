@@ -214,16 +214,11 @@ impl Model {
     }
 
     /// The algorithm with the smallest predicted time (hier is only chosen when asked for).
-    pub fn choose(
-        &self,
-        p: &Problem,
-        elem: usize,
-        opts: Options,
-        _local: usize,
-    ) -> (Algorithm, Options) {
+    pub fn choose(&self, p: &Problem, elem: usize, opts: Options) -> (Algorithm, Options) {
         let mut cands: Vec<(f64, Algorithm)> = Algorithm::ALL
             .iter()
-            .filter(|a| **a != Algorithm::Hier && algo::supports(**a, p.coll))
+            .filter(|a| !matches!(a, Algorithm::Hier | Algorithm::Swizzle))
+            .filter(|a| algo::supports(**a, p.coll))
             .filter_map(|a| self.predict(*a, p, elem).map(|t| (t, *a)))
             .collect();
         cands.sort_by(|x, y| x.0.total_cmp(&y.0));
@@ -349,16 +344,6 @@ fn rounds(algo: Algorithm, coll: Collective, nranks: usize, big: f64) -> Vec<(f6
     }
 }
 
-/// Options for `hier` on `nranks` ranks with `local` per node (1 node if `local` does not divide).
-pub fn hier_options(nranks: usize, local: usize, opts: Options) -> Options {
-    let local = if local >= 1 && nranks % local == 0 {
-        local
-    } else {
-        nranks
-    };
-    Options { local, ..opts }
-}
-
 /// Alpha, beta and gamma from timings: `small_us` of a ring AllReduce of a tiny message,
 /// `large` = (bytes, us) of ring AllReduces of one or more large sizes (ascending), `reduce` =
 /// (bytes, us) of a local reduction, on a transport whose eager protocol ends at `eager_bytes`
@@ -426,8 +411,8 @@ mod tests {
         let m = Model::new(10.0, 2.0, 8.0);
         let small = Problem::new(Collective::AllReduce, 16, 2);
         let large = Problem::new(Collective::AllReduce, 16, 16 << 20);
-        let (a, _) = m.choose(&small, 4, Options::default(), 1);
-        let (b, _) = m.choose(&large, 4, Options::default(), 1);
+        let (a, _) = m.choose(&small, 4, Options::default());
+        let (b, _) = m.choose(&large, 4, Options::default());
         assert!(
             matches!(
                 a,
@@ -457,12 +442,12 @@ mod tests {
         let ag = |bytes: usize| Problem::new(Collective::AllGather, 4, bytes / 16);
         for bytes in [64 << 10, 1 << 20, 4 << 20] {
             assert_eq!(
-                m.choose(&ag(bytes), 4, Options::default(), 1).0,
+                m.choose(&ag(bytes), 4, Options::default()).0,
                 Algorithm::Rdh
             );
             let tcp = m.clone().with_eager(16 << 10);
             assert_eq!(
-                tcp.choose(&ag(bytes), 4, Options::default(), 1).0,
+                tcp.choose(&ag(bytes), 4, Options::default()).0,
                 Algorithm::Mesh,
                 "{bytes} B"
             );
@@ -471,7 +456,7 @@ mod tests {
         let tcp = m.with_eager(16 << 10);
         let tiny = Problem::new(Collective::AllReduce, 4, 2);
         assert!(matches!(
-            tcp.choose(&tiny, 4, Options::default(), 1).0,
+            tcp.choose(&tiny, 4, Options::default()).0,
             Algorithm::Rd | Algorithm::Rdh
         ));
     }
@@ -484,9 +469,9 @@ mod tests {
         let ar = |bytes: usize| Problem::new(Collective::AllReduce, 4, bytes / 4);
         for bytes in [1 << 20, 4 << 20] {
             for p in [ag(bytes), ar(bytes)] {
-                assert_eq!(tcp.choose(&p, 4, Options::default(), 1).0, Algorithm::Mesh);
+                assert_eq!(tcp.choose(&p, 4, Options::default()).0, Algorithm::Mesh);
                 assert_eq!(
-                    shared.choose(&p, 4, Options::default(), 1).0,
+                    shared.choose(&p, 4, Options::default()).0,
                     Algorithm::Rdh,
                     "{:?} of {bytes} B",
                     p.coll
@@ -533,7 +518,7 @@ mod tests {
             let o = tcp.eager_slicing(Algorithm::Ring, &ag(out), 4, opts);
             let want = if sliced { (16 << 10) / 4 } else { opts.slice };
             assert_eq!(o.slice, want, "{out} B");
-            assert_eq!(tcp.choose(&ag(out), 4, opts, 1).1.slice, want, "{out} B");
+            assert_eq!(tcp.choose(&ag(out), 4, opts).1.slice, want, "{out} B");
         }
         // 4-rank mesh: 3 messages a round, so each slice beyond the first costs 3 * alpha/2.
         let ag4 = |out: usize| Problem::new(Collective::AllGather, 4, out / 4 / 4);

@@ -77,6 +77,7 @@ fn enum_values_are_pinned() {
         (fabricoll_algo::FABRICOLL_ALGO_BRUCK, 9, A::Bruck),
         (fabricoll_algo::FABRICOLL_ALGO_PAIRWISE, 10, A::Pairwise),
         (fabricoll_algo::FABRICOLL_ALGO_HIER, 11, A::Hier),
+        (fabricoll_algo::FABRICOLL_ALGO_SWIZZLE, 12, A::Swizzle),
     ];
     assert_eq!(algos.len(), A::ALL.len(), "a new algorithm needs a C value");
     assert_eq!(fabricoll_algo::FABRICOLL_ALGO_AUTO as i32, 0);

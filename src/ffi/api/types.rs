@@ -79,6 +79,7 @@ pub enum fabricoll_algo {
     FABRICOLL_ALGO_BRUCK = 9,
     FABRICOLL_ALGO_PAIRWISE = 10,
     FABRICOLL_ALGO_HIER = 11,
+    FABRICOLL_ALGO_SWIZZLE = 12,
 }
 
 /// Collectives, for `fabricoll_call`. Passed as `int`.
@@ -140,7 +141,7 @@ pub(super) fn dtype(v: c_int) -> Result<DataType> {
     DataType::from_nccl(v).ok_or_else(|| {
         Error::arg(
             "datatype",
-            format!("{v} is not a fabricoll_datatype (0..=11)"),
+            format!("{v} is not a fabricoll_datatype (0..=12)"),
         )
     })
 }
@@ -165,6 +166,7 @@ pub(super) fn algo(v: c_int) -> Result<Option<Algorithm>> {
     const BRUCK: c_int = A::FABRICOLL_ALGO_BRUCK as c_int;
     const PAIRWISE: c_int = A::FABRICOLL_ALGO_PAIRWISE as c_int;
     const HIER: c_int = A::FABRICOLL_ALGO_HIER as c_int;
+    const SWIZZLE: c_int = A::FABRICOLL_ALGO_SWIZZLE as c_int;
     Ok(Some(match v {
         AUTO => return Ok(None),
         RING => Algorithm::Ring,
@@ -178,10 +180,11 @@ pub(super) fn algo(v: c_int) -> Result<Option<Algorithm>> {
         BRUCK => Algorithm::Bruck,
         PAIRWISE => Algorithm::Pairwise,
         HIER => Algorithm::Hier,
+        SWIZZLE => Algorithm::Swizzle,
         _ => {
             return Err(Error::arg(
                 "algo",
-                format!("{v} is not a fabricoll_algo (0..=11)"),
+                format!("{v} is not a fabricoll_algo (0..=12)"),
             ))
         }
     }))
