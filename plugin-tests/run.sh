@@ -189,7 +189,8 @@ if [ "$CAPI" = 1 ]; then
         log="$LOGDIR/capi-$prog-$prov.log"
         echo "== C API example $prog, provider $prov, $CAPI_RANKS ranks =="
         envs=(FABRICOLL_PROVIDER="$prov")
-        is_ip "$prov" && envs+=(FABRICOLL_DOMAIN=lo)
+        # one host: "same" keeps the C API's ranks on the IP provider instead of shm
+        is_ip "$prov" && envs+=(FABRICOLL_DOMAIN=lo FABRICOLL_INTRA_PROVIDER=same)
         [ "$build" = asan ] && envs+=(ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:print_summary=1:quarantine_size_mb=4")
         # FABRICOLL_TIMEOUT_MS: a lost rank turns into an error well before the parent's deadline
         out=$(timeout --kill-after=15 "$RUN_TIMEOUT" env -u FABRICOLL_DOMAIN FABRICOLL_TIMEOUT_MS=60000 \

@@ -23,7 +23,8 @@ mkdir -p "$out"
 echo "bench-ab: A=$a B=$b reps=$reps -> $out"
 run() { # run BUILD_LABEL PERF TRANSPORT RANKS COLL REP
   local label=$1 perf=$2 tr=$3 r=$4 c=$5 rep=$6 env_p=(FABRICOLL_PROVIDER="$3") s
-  [ "$tr" = shm ] || env_p+=(FABRICOLL_DOMAIN=lo)
+  # one host: "same" keeps its ranks on the IP provider instead of shm
+  [ "$tr" = shm ] || env_p+=(FABRICOLL_DOMAIN=lo FABRICOLL_INTRA_PROVIDER=same)
   for s in $sizes; do
     env -u FABRICOLL_ALGO "${env_p[@]}" FABRICOLL_TIMEOUT_MS=60000 timeout 120 \
       "$perf" --ranks "$r" --coll "$c" -b "$s" -e "$s" -t 0.3 -w 5 -m 5 -n 1000 -d float -o sum -c 0 2>&1 |

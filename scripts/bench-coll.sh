@@ -188,7 +188,7 @@ run_ours() { # run_ours TRANSPORT RANKS COLL FILE
   local tr=$1 r=$2 c=$3 f=$4 env_p
   case "$tr" in
     shm) env_p=(FABRICOLL_PROVIDER=shm) ;;
-    tcp | net) env_p=(FABRICOLL_PROVIDER="$tr" FABRICOLL_DOMAIN=lo) ;;
+    tcp | net) env_p=(FABRICOLL_PROVIDER="$tr" FABRICOLL_DOMAIN=lo FABRICOLL_INTRA_PROVIDER=same) ;;
   esac
   env_p+=(FABRICOLL_TIMEOUT_MS="$lib_timeout_ms")
   local cmd=("$perf" --ranks "$r" --coll "$c" --algo "$algo" -b "$min_b" -e "$max_b" -f 2

@@ -197,7 +197,9 @@ def main():
                     continue
                 envs = {"FABRICOLL_PROVIDER": prov, "FABRICOLL_TIMEOUT_MS": lib_timeout_ms}
                 if is_ip(prov):
+                    # One host: without "same" its ranks would talk over shm, not `prov`.
                     envs["FABRICOLL_DOMAIN"] = "lo"
+                    envs["FABRICOLL_INTRA_PROVIDER"] = "same"
                 if algo == "hier":
                     envs["FABRICOLL_LOCAL_RANKS"] = "2"
                 dt, op = DTYPES[run_i % len(DTYPES)]

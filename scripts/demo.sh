@@ -79,8 +79,8 @@ timeout 30 "$rel/fabricoll-info"
 provider_env() { # provider_env PROV: sets env_p and title
   case "$1" in
     shm) env_p=(FABRICOLL_PROVIDER=shm) title="libfabric shm provider (shared memory)" ;;
-    tcp) env_p=(FABRICOLL_PROVIDER=tcp FABRICOLL_DOMAIN=lo) title="libfabric tcp provider (tcp;ofi_rxm) on lo" ;;
-    net) env_p=(FABRICOLL_PROVIDER=net FABRICOLL_DOMAIN=lo) title="libfabric net provider (native TCP RDM) on lo" ;;
+    tcp) env_p=(FABRICOLL_PROVIDER=tcp FABRICOLL_DOMAIN=lo FABRICOLL_INTRA_PROVIDER=same) title="libfabric tcp provider (tcp;ofi_rxm) on lo" ;;
+    net) env_p=(FABRICOLL_PROVIDER=net FABRICOLL_DOMAIN=lo FABRICOLL_INTRA_PROVIDER=same) title="libfabric net provider (native TCP RDM) on lo" ;;
     *) echo "demo.sh: unknown provider $1 (shm|tcp|net)" >&2; exit 2 ;;
   esac
 }
