@@ -6,7 +6,8 @@
 #   deps          scripts/deps.sh
 #   fmt           cargo fmt --all -- --check
 #   py-tests      python3 -m unittest over scripts/tests (the coll-tests runner's matrix,
-#                 scripts/benchsum.py against bench-coll.sh's earlier tables)
+#                 scripts/benchsum.py against bench-coll.sh's earlier tables) and
+#                 scripts/multihost (placement, launcher variables, the multi-host summary)
 #   build         scripts/build.sh (release library, binaries, C harness)
 #   clippy        cargo clippy --all-targets --release -- -D warnings
 #   cargo-test    cargo test --release (unit tests and tests/: header, README config table,
@@ -157,7 +158,8 @@ stage deps 600 scripts/deps.sh
 cargo fmt --version >/dev/null 2>&1 ||
   fail fmt "rustfmt is not installed; run: rustup component add rustfmt"
 stage fmt 120 cargo fmt --all -- --check
-stage py-tests 120 python3 -m unittest discover -s scripts/tests -v
+stage py-tests 120 sh -c 'python3 -m unittest discover -s scripts/tests -v &&
+  python3 -m unittest discover -s scripts/multihost -v'
 stage build 1500 scripts/build.sh
 cargo clippy --version >/dev/null 2>&1 ||
   fail clippy "clippy is not installed; run: rustup component add clippy"
