@@ -12,14 +12,14 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 skip() {
+  if [ "${FABRICOLL_TEST_STRICT:-0}" = 1 ]; then
+    echo "multihost-tests: cannot run here: $1 (FABRICOLL_TEST_STRICT=1: a test that cannot run fails)"
+    echo "multihost-tests: 0 passed, 1 failed, 0 skipped"
+    exit 1
+  fi
   echo "multihost-tests: SKIPPED: $1"
   if [ -n "${FABRICOLL_SKIP_LOG:-}" ]; then
     echo "multihost-tests: $1" >>"$FABRICOLL_SKIP_LOG"
-  fi
-  if [ "${FABRICOLL_TEST_STRICT:-0}" = 1 ]; then
-    echo "multihost-tests: FABRICOLL_TEST_STRICT=1: a test that cannot run fails" >&2
-    echo "multihost-tests: 0 passed, 1 failed, 0 skipped"
-    exit 1
   fi
   echo "multihost-tests: 0 passed, 0 failed, 1 skipped"
   exit 0
