@@ -30,6 +30,7 @@ MH_LOGDIR [$CARGO_TARGET_DIR/multihost-tests/<date>-<pid>].
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -75,6 +76,13 @@ class Stage:
         self.logdir = os.environ.get("MH_LOGDIR") or os.path.join(
             target, "multihost-tests", f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
         os.makedirs(self.logdir, exist_ok=True)
+        if not os.environ.get("MH_LOGDIR"):
+            # runs of more than a day ago are removed, so that logs do not pile up
+            root = os.path.dirname(self.logdir)
+            for d in os.listdir(root):
+                path = os.path.join(root, d)
+                if os.path.isdir(path) and time.time() - os.path.getmtime(path) > 86400:
+                    shutil.rmtree(path, ignore_errors=True)
         self.passed = self.failed = self.skipped = 0
         self.failures = []
         self.port = 20000
