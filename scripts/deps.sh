@@ -4,8 +4,10 @@
 # Debian / Ubuntu only.  Packages already installed are left alone: apt-get (update + install)
 # runs only when something is missing.  As root it calls apt-get directly, otherwise through
 # sudo when sudo exists.
-#   always:   build-essential pkg-config libfabric-dev libfabric-bin libclang-dev clang
-#   --bench:  also openmpi-bin libopenmpi-dev mpich libmpich-dev (the MPI baselines)
+#   always:   build-essential pkg-config libfabric-dev libfabric-bin libclang-dev clang python3
+#             iproute2 (ip netns, tc, ss) util-linux (unshare) procps (the emulated-hosts stage)
+#   --bench:  also openmpi-bin libopenmpi-dev mpich libmpich-dev (the MPI baselines), iptables
+#             and libnetfilter-queue-dev (the link delays of scripts/bench-multihost.sh)
 # Then checks that cargo exists (rustup's ~/.cargo/bin is added to PATH when needed) and adds the
 # rustfmt and clippy components with rustup when they are missing.  Failing to fetch those
 # components is only a warning here; scripts/test.sh stops with a clear message if they are
@@ -17,16 +19,17 @@ want_bench=0
 for arg in "$@"; do
   case "$arg" in
     --bench) want_bench=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "deps.sh: unknown argument: $arg (expected --bench)" >&2; exit 2 ;;
   esac
 done
 
 log() { echo "deps.sh: $*"; }
 
-pkgs=(build-essential pkg-config libfabric-dev libfabric-bin libclang-dev clang python3)
+pkgs=(build-essential pkg-config libfabric-dev libfabric-bin libclang-dev clang python3
+  iproute2 util-linux procps)
 if [ "$want_bench" = 1 ]; then
-  pkgs+=(openmpi-bin libopenmpi-dev mpich libmpich-dev)
+  pkgs+=(openmpi-bin libopenmpi-dev mpich libmpich-dev iptables libnetfilter-queue-dev)
 fi
 
 # --- Debian packages ------------------------------------------------------------------------

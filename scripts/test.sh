@@ -6,13 +6,19 @@
 #   deps          scripts/deps.sh
 #   fmt           cargo fmt --all -- --check
 #   py-tests      python3 -m unittest over scripts/tests (the coll-tests runner's matrix,
-#                 scripts/benchsum.py against bench-coll.sh's earlier tables)
+#                 scripts/benchsum.py against bench-coll.sh's earlier tables) and
+#                 scripts/multihost (placement, launcher variables, the multi-host summary)
 #   build         scripts/build.sh (release library, binaries, C harness)
 #   clippy        cargo clippy --all-targets --release -- -D warnings
 #   cargo-test    cargo test --release (unit tests and tests/: header, README config table,
 #                 exported symbols, multi-process tests over tcp and shm)
 #   coll-tests    scripts/coll-tests.sh (fabricoll-perf: every algorithm x collective it
 #                 implements, 2-8 ranks, tcp and net on lo and shm, results checked element by element)
+#   multihost-tests scripts/multihost-tests.sh (as root: emulated hosts in network namespaces;
+#                 every algorithm x collective over net and tcp between hosts and shm within,
+#                 layouts 2x2, 3+2+1, 4x1, no TCP inside a host, a killed rank, mismatched
+#                 providers, each launcher's variables, two interfaces per host; skips where
+#                 namespaces cannot be made, which fails under FABRICOLL_TEST_STRICT=1)
 #   plugin-tests  plugin-tests/run.sh (C harness over tcp, net and shm, normal and ASan builds, and
 #                 the C API examples in C and C++)
 # Prints the elapsed time of each stage and a summary at the end (with the test counts); exits
@@ -30,7 +36,7 @@ if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
 fi
 
 t_start=$(date +%s)
-all_stages=(deps fmt py-tests build clippy cargo-test coll-tests plugin-tests)
+all_stages=(deps fmt py-tests build clippy cargo-test coll-tests multihost-tests plugin-tests)
 names=() results=() times=() details=()
 current="" failed=""
 # each stage's output is also kept in $log_dir/<stage>.log
@@ -57,6 +63,7 @@ stage_detail() {
                    p - s, f, s, g, n }' "$log_dir/$1.log" ;;
     py-tests) grep -E '^(Ran [0-9]+ tests|OK|FAILED)' "$log_dir/$1.log" | tr '\n' ' ' | sed 's/ $//' || true ;;
     coll-tests) grep -E '^coll-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
+    multihost-tests) grep -E '^multihost-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
     plugin-tests) grep -E '^plugin-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
   esac
 }
@@ -69,13 +76,13 @@ summary() {
   echo
   echo "==================== test.sh summary ===================="
   for i in "${!names[@]}"; do
-    printf '  %-14s %-8s %-7s %s\n' "${names[$i]}" "${results[$i]}" "${times[$i]}" \
+    printf '  %-16s %-8s %-7s %s\n' "${names[$i]}" "${results[$i]}" "${times[$i]}" \
       "${details[$i]:-}" | sed 's/ *$//'
   done
   for i in "${all_stages[@]:${#names[@]}}"; do
-    printf '  %-14s %s\n' "$i" "not run"
+    printf '  %-16s %s\n' "$i" "not run"
   done
-  echo "  total          $(fmt_secs $(($(date +%s) - t_start)))"
+  echo "  total            $(fmt_secs $(($(date +%s) - t_start)))"
 }
 
 # shellcheck disable=SC2317
@@ -151,7 +158,8 @@ stage deps 600 scripts/deps.sh
 cargo fmt --version >/dev/null 2>&1 ||
   fail fmt "rustfmt is not installed; run: rustup component add rustfmt"
 stage fmt 120 cargo fmt --all -- --check
-stage py-tests 120 python3 -m unittest discover -s scripts/tests -v
+stage py-tests 120 sh -c 'python3 -m unittest discover -s scripts/tests -v &&
+  python3 -m unittest discover -s scripts/multihost -v'
 stage build 1500 scripts/build.sh
 cargo clippy --version >/dev/null 2>&1 ||
   fail clippy "clippy is not installed; run: rustup component add clippy"
@@ -162,6 +170,11 @@ stage cargo-test 900 cargo test --release
 stage coll-tests 900 env \
   FABRICOLL_PERF="${FABRICOLL_PERF:-${CARGO_TARGET_DIR:-target}/release/fabricoll-perf}" \
   scripts/coll-tests.sh
+[ -x scripts/multihost-tests.sh ] ||
+  fail multihost-tests "scripts/multihost-tests.sh is missing or not executable"
+stage multihost-tests 720 env \
+  FABRICOLL_PERF="${FABRICOLL_PERF:-${CARGO_TARGET_DIR:-target}/release/fabricoll-perf}" \
+  scripts/multihost-tests.sh
 [ -x plugin-tests/run.sh ] ||
   fail plugin-tests "plugin-tests/run.sh is missing or not executable"
 stage plugin-tests 1200 env \
