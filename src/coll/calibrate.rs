@@ -173,6 +173,8 @@ fn calibrate(comm: &Comm) -> Result<Model> {
         (big_len, red_us),
         comm.model.eager_bytes,
     );
+    // Quantized, so that calibrations a few per cent apart give the same model.
+    let (a, b, g) = (tune::quantize(a), tune::quantize(b), tune::quantize(g));
     // Rank 0's measurement is everyone's.
     let mut params = Scratch::new(24);
     if comm.rank == 0 {
@@ -308,39 +310,45 @@ fn probe(comm: &Comm, peer: usize, sizes: &[usize]) -> Result<Option<LinkSamples
         return Ok(None);
     }
     let other = if me == 0 { peer } else { 0 };
+    let answer = if me == 0 {
+        Kind::Recv { peer: other }
+    } else {
+        Kind::Send { peer: other }
+    };
     let mut tiny = Scratch::new(4);
-    // One exchange: rank 0 sends `count` messages of `len` bytes then waits for the answer;
-    // the peer receives them and answers. Rank 0's time in microseconds.
-    let mut exchange = |len: usize, count: usize| -> Result<f64> {
+    // One exchange of `buf`'s length: rank 0 sends `count` messages then waits for the answer;
+    // the peer receives them and answers. Rank 0's time in microseconds. The buffers are made
+    // (and their pages touched) before the clock starts.
+    let mut exchange = |mut buf: Scratch, count: usize| -> Result<(Scratch, f64)> {
         let t = Instant::now();
-        if me == 0 {
-            if count > 1 {
-                send_burst(comm, other, count)?;
-            } else {
-                p2p(comm, Kind::Send { peer: other }, Scratch::plain(len))?;
-            }
-            tiny = p2p(
-                comm,
-                Kind::Recv { peer: other },
-                std::mem::replace(&mut tiny, Scratch::new(0)),
-            )?;
+        if me == 0 && count > 1 {
+            send_burst(comm, other, count)?;
         } else {
+            let kind = if me == 0 {
+                Kind::Send { peer: other }
+            } else {
+                Kind::Recv { peer: other }
+            };
             for _ in 0..count {
-                p2p(comm, Kind::Recv { peer: other }, Scratch::plain(len))?;
+                buf = p2p(comm, kind, buf)?;
             }
-            tiny = p2p(
-                comm,
-                Kind::Send { peer: other },
-                std::mem::replace(&mut tiny, Scratch::new(0)),
-            )?;
         }
-        Ok(t.elapsed().as_secs_f64() * 1e6)
+        tiny = p2p(comm, answer, std::mem::replace(&mut tiny, Scratch::new(0)))?;
+        Ok((buf, t.elapsed().as_secs_f64() * 1e6))
     };
     let mut timed = |len: usize, count: usize| -> Result<Vec<f64>> {
+        let mut buf = Scratch::plain(len);
+        buf.bytes_mut().fill(1);
         for _ in 0..WARMUP {
-            exchange(len, count)?;
+            buf = exchange(buf, count)?.0;
         }
-        (0..REPS).map(|_| exchange(len, count)).collect()
+        let mut times = Vec::with_capacity(REPS);
+        for _ in 0..REPS {
+            let (b, t) = exchange(buf, count)?;
+            buf = b;
+            times.push(t);
+        }
+        Ok(times)
     };
     let pingpong = timed(4, 1)?;
     let one_way = sizes
