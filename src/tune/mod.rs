@@ -41,6 +41,7 @@ mod tests_levels;
 
 pub use fit::{fit, fit_link, quantize, LinkSamples};
 pub use levels::Link;
+pub use pick::MARGIN;
 
 /// Measured or configured link parameters (microseconds, microseconds per byte).
 #[derive(Clone, Debug)]
