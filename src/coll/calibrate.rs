@@ -1,11 +1,19 @@
 //! The collectives a communicator runs for itself when it is made, on memory the library owns
 //! (`run_owned`): the exchange of every rank's placement, and the calibration of the cost model.
+//!
+//! Calibration on one host times ring AllReduces (`calibrate`). On several hosts it measures
+//! each level apart (`calibrate_levels`): rank 0 plays ping-pong with a rank of its own host
+//! (if any) and with one of another host while the others wait, and reduces locally for
+//! gamma. Repeated creations on an unchanged machine make the same choices: every figure is a
+//! median over several repetitions (outliers do not move it), the parameters are quantized
+//! (`tune::quantize`), the model keeps a fixed order unless a candidate is predicted
+//! `tune::MARGIN` faster, and rank 0's parameters are broadcast so that all ranks agree.
 use super::{placement, Call, Comm, Kind};
 use crate::algo::{Algorithm, Collective};
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, RedOp};
-use crate::transport::Scratch;
-use crate::tune::{self, Model};
+use crate::transport::{Region, Scratch};
+use crate::tune::{self, LinkSamples, Model};
 use std::time::Instant;
 
 impl Comm {
@@ -54,7 +62,12 @@ impl Comm {
     /// Measure alpha, beta and gamma unless the configuration fixes them.
     pub(super) fn calibrate(&mut self) -> Result<()> {
         if self.nranks > 1 && self.model.needs_calibration() {
-            let m = calibrate(self)?;
+            let spans = self.hosts.count() > 1 && self.hosts.fits(self.nranks);
+            let m = if spans {
+                calibrate_levels(self)?
+            } else {
+                calibrate(self)?
+            };
             self.set_model(m);
         }
         Ok(())
@@ -160,6 +173,8 @@ fn calibrate(comm: &Comm) -> Result<Model> {
         (big_len, red_us),
         comm.model.eager_bytes,
     );
+    // Quantized, so that calibrations a few per cent apart give the same model.
+    let (a, b, g) = (tune::quantize(a), tune::quantize(b), tune::quantize(g));
     // Rank 0's measurement is everyone's.
     let mut params = Scratch::new(24);
     if comm.rank == 0 {
@@ -184,4 +199,218 @@ fn calibrate(comm: &Comm) -> Result<Model> {
         1.0 / (m.gamma_us_per_byte * 1e3)
     );
     Ok(m)
+}
+
+/// Repetitions of each timed exchange (the median is kept), after `WARMUP` untimed ones.
+const REPS: usize = 7;
+const WARMUP: usize = 2;
+/// Messages of the burst that measures the sending CPU's cost per message.
+const BURST: usize = 8;
+/// One-way sizes (bytes) whose difference gives beta: the network's, and shared memory's
+/// (larger, since it is faster).
+const INTER_SIZES: [usize; 2] = [256 << 10, 1 << 20];
+const INTRA_SIZES: [usize; 2] = [1 << 20, 4 << 20];
+
+/// Several hosts: alpha, beta and the per-message cost of each level from rank 0's
+/// point-to-point exchanges with a rank of its own host and one of another, gamma from a local
+/// reduction, all broadcast from rank 0.
+fn calibrate_levels(comm: &Comm) -> Result<Model> {
+    let hosts = comm.hosts;
+    let n = comm.nranks;
+    let home = hosts.host_of(0);
+    let inter_peer = (1..n)
+        .find(|&r| hosts.host_of(r) != home)
+        .ok_or_else(|| Error::Internal("calibration: no rank on another host".into()))?;
+    let intra = match (1..n).find(|&r| hosts.host_of(r) == home) {
+        Some(p) => probe(comm, p, &INTRA_SIZES)?,
+        None => None,
+    };
+    let inter = probe(comm, inter_peer, &INTER_SIZES)?;
+    let mut params = Scratch::new(PARAMS * 8);
+    if comm.rank == 0 {
+        let inter = inter.ok_or_else(|| Error::Internal("calibration: no samples".into()))?;
+        let e = tune::fit_link(&inter, comm.model.eager_bytes);
+        let i = intra.map(|s| tune::fit_link(&s, comm.model.intra.eager_bytes));
+        let g = tune::quantize(gamma_us_per_byte()?);
+        let has_intra = if i.is_some() { 1.0 } else { 0.0 };
+        let i = i.unwrap_or(comm.model.intra);
+        let v = [
+            e.alpha_us,
+            e.beta_us_per_byte,
+            e.o_us,
+            i.alpha_us,
+            i.beta_us_per_byte,
+            i.o_us,
+            g,
+            has_intra,
+        ];
+        for (k, x) in v.iter().enumerate() {
+            params.bytes_mut()[k * 8..k * 8 + 8].copy_from_slice(&x.to_le_bytes());
+        }
+    }
+    let (_, params) = comm.run_owned(
+        Kind::Coll(Collective::Broadcast),
+        (params, Scratch::new(PARAMS * 8)),
+        PARAMS * 8,
+        DataType::Uint8,
+        Algorithm::Ring,
+    )?;
+    let v = params.bytes();
+    let f = |i: usize| f64::from_le_bytes(v[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    let link = |k: usize, eager_bytes: usize| tune::Link {
+        alpha_us: f(k),
+        beta_us_per_byte: f(k + 1),
+        o_us: f(k + 2),
+        eager_bytes,
+    };
+    let inter = link(0, comm.model.eager_bytes);
+    let intra = (f(7) > 0.0).then(|| link(3, comm.model.intra.eager_bytes));
+    let m = comm.model.with_measured_levels(intra, inter, f(6));
+    let gbps = |b: f64| 1.0 / (b * 1e3);
+    let (i, e) = (m.intra, m.inter());
+    log::info!(
+        "calibration on {n} ranks, hosts of {:?} ranks: intra alpha {:.2} us, beta {:.3} GB/s, o {:.2} us{}; inter alpha {:.2} us, beta {:.3} GB/s, o {:.2} us; gamma {:.2} GB/s",
+        hosts.sizes(n),
+        i.alpha_us,
+        gbps(i.beta_us_per_byte),
+        i.o_us,
+        if intra.is_some() { "" } else { " (not measured: one rank per host)" },
+        e.alpha_us,
+        gbps(e.beta_us_per_byte),
+        e.o_us,
+        gbps(m.gamma_us_per_byte)
+    );
+    Ok(m)
+}
+
+/// Values broadcast by `calibrate_levels`: inter alpha, beta, o; intra alpha, beta, o; gamma;
+/// whether intra was measured.
+const PARAMS: usize = 8;
+
+/// Gamma (us per byte): the best of 3 local reductions of 1 MiB of floats.
+fn gamma_us_per_byte() -> Result<f64> {
+    let len = 1 << 20;
+    let (mut acc, src) = (Scratch::new(len), Scratch::plain(len));
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t = Instant::now();
+        crate::reduce::reduce_inplace(DataType::Float32, RedOp::Sum, acc.bytes_mut(), src.bytes())
+            .map_err(|e| Error::Internal(format!("calibration reduction: {e}")))?;
+        best = best.min(t.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(best / len as f64)
+}
+
+/// Rank 0's timings of exchanges with `peer` (`tune::LinkSamples`): ping-pongs of 4 bytes,
+/// one-way messages of `sizes` answered by 4 bytes, and bursts of `BURST` messages answered by
+/// 4 bytes. `peer` answers; every other rank returns at once. Some only on rank 0.
+fn probe(comm: &Comm, peer: usize, sizes: &[usize]) -> Result<Option<LinkSamples>> {
+    let me = comm.rank;
+    if me != 0 && me != peer {
+        return Ok(None);
+    }
+    let other = if me == 0 { peer } else { 0 };
+    let answer = if me == 0 {
+        Kind::Recv { peer: other }
+    } else {
+        Kind::Send { peer: other }
+    };
+    let mut tiny = Scratch::new(4);
+    // One exchange of `buf`'s length: rank 0 sends `count` messages then waits for the answer;
+    // the peer receives them and answers. Rank 0's time in microseconds. The buffers are made
+    // (and their pages touched) before the clock starts.
+    let mut exchange = |mut buf: Scratch, count: usize| -> Result<(Scratch, f64)> {
+        let t = Instant::now();
+        if me == 0 && count > 1 {
+            send_burst(comm, other, count)?;
+        } else {
+            let kind = if me == 0 {
+                Kind::Send { peer: other }
+            } else {
+                Kind::Recv { peer: other }
+            };
+            for _ in 0..count {
+                buf = p2p(comm, kind, buf)?;
+            }
+        }
+        tiny = p2p(comm, answer, std::mem::replace(&mut tiny, Scratch::new(0)))?;
+        Ok((buf, t.elapsed().as_secs_f64() * 1e6))
+    };
+    let mut timed = |len: usize, count: usize| -> Result<Vec<f64>> {
+        let mut buf = Scratch::plain(len);
+        buf.bytes_mut().fill(1);
+        for _ in 0..WARMUP {
+            buf = exchange(buf, count)?.0;
+        }
+        let mut times = Vec::with_capacity(REPS);
+        for _ in 0..REPS {
+            let (b, t) = exchange(buf, count)?;
+            buf = b;
+            times.push(t);
+        }
+        Ok(times)
+    };
+    let pingpong = timed(4, 1)?;
+    let one_way = sizes
+        .iter()
+        .map(|&b| Ok((b, timed(b, 1)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let burst = timed(4, BURST)?;
+    Ok((me == 0).then_some(LinkSamples {
+        pingpong,
+        one_way,
+        burst,
+        burst_len: BURST,
+    }))
+}
+
+/// One blocking send or receive of `buf` with a peer; the buffer comes back.
+fn p2p(comm: &Comm, kind: Kind, buf: Scratch) -> Result<Scratch> {
+    let len = buf.len();
+    let send = matches!(kind, Kind::Send { .. });
+    let pair = if send {
+        (buf, Scratch::new(0))
+    } else {
+        (Scratch::new(0), buf)
+    };
+    let (s, r) = comm.run_owned(kind, pair, len, DataType::Uint8, Algorithm::Ring)?;
+    Ok(if send { s } else { r })
+}
+
+/// `count` sends of 4 bytes to `peer` started at once, then waited for.
+fn send_burst(comm: &Comm, peer: usize, count: usize) -> Result<()> {
+    let bufs: Vec<Scratch> = (0..count).map(|_| Scratch::new(4)).collect();
+    let mut reqs = Vec::with_capacity(count);
+    let mut result = Ok(());
+    for b in &bufs {
+        // SAFETY: every buffer stays owned here until its send has been waited for, and all
+        // are leaked rather than freed if any send fails, so no region outlives its memory.
+        let send = unsafe { b.region() };
+        let call = Call {
+            kind: Kind::Send { peer },
+            send,
+            recv: Region::empty(),
+            count: 4,
+            dtype: DataType::Uint8,
+            op: RedOp::Sum,
+            root: 0,
+            algo: None,
+        };
+        match comm.start(&call) {
+            Ok(id) => reqs.push(id),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    for id in reqs {
+        if let Err(e) = comm.wait(id) {
+            result = result.and(Err(e));
+        }
+    }
+    if result.is_err() {
+        bufs.into_iter().for_each(Scratch::leak);
+    }
+    result
 }

@@ -59,8 +59,10 @@ impl Comm {
                     ok.join(", ")
                 )));
             }
+            // A forced hier or swizzle runs with the levels the model prices best on these
+            // hosts (ring x ring on one host, where the levels do not matter).
             let opts = if matches!(a, Algorithm::Hier | Algorithm::Swizzle) {
-                opts
+                self.model.levels_for(a, p, elem, opts)
             } else {
                 self.model.eager_slicing(a, p, elem, opts)
             };

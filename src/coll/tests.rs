@@ -1,8 +1,8 @@
-//! Unit tests of the communicator: kept choices, placement-driven spinning, and calls whose
-//! buffers cannot exist (F2).
+//! Unit tests of the communicator: kept choices, placement-driven spinning, calls whose
+//! buffers cannot exist (F2), and the two-level model on several hosts (choice, calibration).
 use super::placement;
 use super::{Call, Comm, Kind};
-use crate::algo::{Algorithm, Collective, Options, Problem};
+use crate::algo::{Algorithm, Collective, Hosts, Options, Problem};
 use crate::config::Config;
 use crate::error::Error;
 use crate::reduce::{DataType, RedOp};
@@ -191,6 +191,102 @@ fn counts_beyond_any_schedule_are_refused_naming_count() {
         match comm.run(&call) {
             Err(Error::InvalidArgument(m)) => assert!(m.contains("count"), "{coll:?}: {m}"),
             other => panic!("{coll:?} x {count}: {other:?}"),
+        }
+    }
+}
+
+/// `n` communicators over one loopback fabric, rank r's endpoint first in the returned list,
+/// made and run each on its own thread by `f`.
+fn on_threads<T: Send>(n: usize, f: impl Fn(Comm) -> T + Sync) -> Vec<T> {
+    use crate::transport::loopback::LoopbackFabric;
+    let cfg = Config::from_lookup(|_| None).unwrap();
+    let fab = LoopbackFabric::new();
+    let eps: Vec<Arc<dyn Transport>> = (0..n)
+        .map(|_| Arc::new(fab.endpoint()) as Arc<dyn Transport>)
+        .collect();
+    let addrs: Vec<Vec<u8>> = eps.iter().map(|e| e.address()).collect();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = eps
+            .into_iter()
+            .enumerate()
+            .map(|(r, ep)| {
+                let (addrs, cfg, f) = (&addrs, &cfg, &f);
+                s.spawn(move || f(Comm::new(r, ep, addrs, cfg).unwrap()))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn on_several_hosts_auto_and_forced_hier_take_the_models_levels() {
+    let mut comm = on_threads(1, |c| c).pop().unwrap();
+    // Choosing talks to no peer: one endpoint serves a communicator said to have 4 ranks.
+    // At 64 KiB ring x ring takes one more network alpha than the best pair (ring x rd).
+    let p = Problem::new(Collective::AllReduce, 4, 1 << 14);
+    let mut net = Model::new(50.0, 0.125, 8.0).with_intra(crate::tune::Link {
+        alpha_us: 1.0,
+        beta_us_per_byte: 2e-4,
+        o_us: 0.5,
+        eager_bytes: usize::MAX,
+    });
+    net.inter_o_us = Some(5.0);
+    comm.nranks = 4;
+    comm.hosts = Hosts::blocks(4, 2);
+    comm.set_model(net.clone());
+    let base = Options {
+        slice: comm.slice / 4,
+        hosts: comm.hosts,
+        intra: Algorithm::Ring,
+        inter: Algorithm::Ring,
+    };
+    let auto = comm.choose(&p, 4, None).unwrap();
+    assert_eq!(auto.0, Algorithm::Hier);
+    assert_eq!(auto, net.choose(&p, 4, base));
+    let forced = comm.choose(&p, 4, Some(Algorithm::Hier)).unwrap();
+    assert_eq!(forced.1, net.levels_for(Algorithm::Hier, &p, 4, base));
+    assert_ne!(
+        (forced.1.intra, forced.1.inter),
+        (Algorithm::Ring, Algorithm::Ring),
+        "the model's best pair, not ring x ring"
+    );
+    assert_eq!(forced.1.hosts, comm.hosts);
+    // One host: forced hier keeps ring x ring.
+    comm.hosts = Hosts::ONE;
+    comm.set_model(net);
+    let one = comm.choose(&p, 4, Some(Algorithm::Hier)).unwrap().1;
+    assert_eq!((one.intra, one.inter), (Algorithm::Ring, Algorithm::Ring));
+}
+
+#[test]
+fn calibration_on_several_hosts_measures_each_level_and_every_rank_agrees() {
+    for per in [2, 1] {
+        let models = on_threads(4, |mut c| {
+            c.hosts = Hosts::blocks(4, per);
+            c.calibrate().unwrap();
+            c.model().clone()
+        });
+        for m in &models {
+            assert_eq!(*m, models[0], "{per} ranks per host");
+        }
+        let m = &models[0];
+        assert!(
+            m.inter_o_us.is_some(),
+            "the network's per-message cost is measured"
+        );
+        let i = m.intra;
+        assert_eq!(
+            i == crate::tune::Link::SHM,
+            per == 1,
+            "intra measured only where a host has two ranks: {i:?}"
+        );
+        for x in [
+            m.alpha_us,
+            m.beta_us_per_byte,
+            m.gamma_us_per_byte,
+            i.alpha_us,
+        ] {
+            assert!(x.is_finite() && x > 0.0, "{m:?}");
         }
     }
 }

@@ -14,6 +14,14 @@
 //! overlap and each message pays its own: then mesh, which sends to every peer at once, loses
 //! to recursive halving/doubling. The measurements behind each term are in
 //! docs/performance.md ("Cost model"). PURE: the measurements are taken by `coll`.
+//!
+//! Several hosts (`Options::hosts`): a level per kind of link, intra-host (shared memory) and
+//! inter-host (the network, its beta being a host's link, shared by the ranks that send across
+//! at once), each with its own alpha, beta, per-message CPU cost and eager limit, and gamma
+//! once. `choose` then compares flat algorithms in topology order (`levels`), hierarchical
+//! compositions of any intra x inter pair and the node-swizzled ReduceScatter / AllGather
+//! (`compose`), with a margin before it leaves a fixed order (`pick`). One host keeps the
+//! one-level formulas above exactly.
 #![forbid(unsafe_code)]
 
 use crate::algo::{self, Algorithm, Collective, Options, Problem};
@@ -21,6 +29,19 @@ use crate::config::Config;
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::sync::Arc;
+
+mod compose;
+mod fit;
+mod levels;
+mod pick;
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_levels;
+
+pub use fit::{fit, fit_link, quantize, LinkSamples};
+pub use levels::Link;
+pub use pick::MARGIN;
 
 /// Measured or configured link parameters (microseconds, microseconds per byte).
 #[derive(Clone, Debug)]
@@ -38,6 +59,14 @@ pub struct Model {
     /// waits for its peer to be scheduled, so the rendezvous of messages sent at once no
     /// longer overlap and each costs its own `RENDEZVOUS_ALPHAS` (`eager_alphas`).
     pub shared_cpus: bool,
+    /// The intra-host level (shared memory) where the ranks span several hosts; `alpha_us`,
+    /// `beta_us_per_byte` and `eager_bytes` above are then the inter-host level (the network).
+    pub intra: Link,
+    /// The sending CPU's cost of one message over the network where the ranks span several
+    /// hosts (None: `alpha_us / 2`, as on one host). Measured apart from alpha, since network
+    /// delay costs no CPU: with 1 ms of delay, `alpha/2` per message would make one round of
+    /// many messages (mesh) look far slower than it is.
+    pub inter_o_us: Option<f64>,
     logged: Arc<Mutex<HashSet<(Collective, u32)>>>,
 }
 
@@ -46,6 +75,8 @@ impl PartialEq for Model {
         self.alpha_us == o.alpha_us
             && self.beta_us_per_byte == o.beta_us_per_byte
             && self.gamma_us_per_byte == o.gamma_us_per_byte
+            && self.intra == o.intra
+            && self.inter_o_us == o.inter_o_us
     }
 }
 
@@ -68,8 +99,47 @@ impl Model {
             ],
             eager_bytes: usize::MAX,
             shared_cpus: false,
+            intra: Link::SHM,
+            inter_o_us: None,
             logged: Arc::default(),
         }
+    }
+
+    /// This model for an intra-host transport whose eager protocol ends at `eager_bytes`.
+    pub fn with_intra_eager(mut self, eager_bytes: usize) -> Model {
+        self.intra.eager_bytes = eager_bytes;
+        self
+    }
+
+    /// This model with the intra-host level `intra` (alpha, beta and per-message cost; the
+    /// eager limit stays the transport's).
+    pub fn with_intra(mut self, intra: Link) -> Model {
+        self.intra = Link {
+            eager_bytes: self.intra.eager_bytes,
+            ..intra
+        };
+        self
+    }
+
+    /// The inter-host level (the one level on one host).
+    pub fn inter(&self) -> Link {
+        Link {
+            alpha_us: self.alpha_us,
+            beta_us_per_byte: self.beta_us_per_byte,
+            o_us: self.inter_o_us.unwrap_or(self.alpha_us / 2.0),
+            eager_bytes: self.eager_bytes,
+        }
+    }
+
+    /// Replace the measured parameters of both levels (several hosts), keeping configured
+    /// ones (the configuration's alpha and beta are the network's).
+    pub fn with_measured_levels(&self, intra: Option<Link>, inter: Link, gamma: f64) -> Model {
+        let mut m = self.with_measured(inter.alpha_us, inter.beta_us_per_byte, gamma);
+        m.inter_o_us = Some(inter.o_us);
+        if let Some(l) = intra {
+            m = m.with_intra(l);
+        }
+        m
     }
 
     /// This model for a transport whose eager protocol ends at `eager_bytes`.
@@ -92,6 +162,8 @@ impl Model {
             fixed: [true; 3],
             eager_bytes: usize::MAX,
             shared_cpus: false,
+            intra: Link::SHM,
+            inter_o_us: None,
             logged: Arc::default(),
         }
     }
@@ -166,55 +238,16 @@ impl Model {
     /// The alpha-beta-gamma formulas of algorithms.md (with the per-message CPU cost `o`).
     fn alpha_beta(&self, algo: Algorithm, coll: Collective, n: f64, big: f64) -> Option<f64> {
         let (a, b, g) = (self.alpha_us, self.beta_us_per_byte, self.gamma_us_per_byte);
-        let o = a / 2.0;
-        let lg = n.log2();
-        let clg = n.log2().ceil();
-        let pow2 = (n as usize).is_power_of_two();
-        let f = (n - 1.0) / n;
-        let fold = if pow2 { 0.0 } else { 1.0 };
-        use Algorithm::*;
-        use Collective::*;
-        let t = match (algo, coll) {
-            (Ring, AllReduce) => 2.0 * (n - 1.0) * a + 2.0 * f * big * b + f * big * g,
-            (Ring, AllGather) => (n - 1.0) * a + f * big * b,
-            (Ring, ReduceScatter) => (n - 1.0) * a + f * big * b + f * big * g,
-            (Ring, Broadcast) => (n - 1.0) * a + big * b,
-            (Ring, Reduce) => (n - 1.0) * a + big * b + big * g,
-            // Two rings use both neighbours: twice the messages, the same bytes per link.
-            (BidirRing, AllReduce) => 2.0 * (n - 1.0) * (a + o) + 2.0 * f * big * b + f * big * g,
-            (BidirRing, AllGather) => (n - 1.0) * (a + o) + f * big * b,
-            (BidirRing, ReduceScatter) => (n - 1.0) * (a + o) + f * big * b + f * big * g,
-            (Mesh, AllReduce) => 2.0 * a + 2.0 * (n - 1.0) * o + 2.0 * f * big * b + f * big * g,
-            (Mesh, AllGather) => a + (n - 1.0) * o + f * big * b,
-            (Mesh, ReduceScatter) => a + (n - 1.0) * o + f * big * b + f * big * g,
-            (Mesh, Broadcast) => a + (n - 1.0) * o + (n - 1.0) * big * b,
-            (Mesh, Reduce) => a + (n - 1.0) * o + (n - 1.0) * big * b + f * big * g,
-            (Mesh, AllToAll) => a + (n - 1.0) * o + f * big * b,
-            (Mesh1, AllReduce) => a + (n - 1.0) * o + (n - 1.0) * big * (b + g),
-            (Rdh, AllReduce) => {
-                (2.0 * lg.floor() + 2.0 * fold) * a
-                    + (2.0 * f + 2.0 * fold) * big * b
-                    + (f + fold) * big * g
-            }
-            (Rdh, AllGather) => (lg.floor() + fold) * a + (f + fold) * big * b,
-            (Rdh, ReduceScatter) => {
-                (lg.floor() + fold) * a + (f + fold) * big * b + (f + fold) * big * g
-            }
-            (Rd, AllReduce) => (lg.floor() + 2.0 * fold) * (a + big * b + big * g),
-            (Tree, AllReduce) => 2.0 * clg * a + 3.0 * big * b + big * g,
-            (Tree, Broadcast) => clg * (a + big * b),
-            (Tree, Reduce) => clg * (a + big * b + big * g),
-            (DbTree, AllReduce) => 2.0 * clg * (a + o) + 2.0 * big * b + big * g,
-            (Bruck, AllGather) => clg * a + f * big * b + big * b / 4.0,
-            (Bruck, AllToAll) => clg * a + big / 2.0 * clg * b + big * b / 2.0,
-            (Pairwise, AllToAll) => (n - 1.0) * a + f * big * b,
-            _ => return None,
-        };
-        Some(t)
+        formula(algo, coll, n, big, (a, b, a / 2.0, g))
     }
 
-    /// The algorithm with the smallest predicted time (hier is only chosen when asked for).
+    /// The algorithm with the smallest predicted time. On one host, the flat algorithms of
+    /// the one-level formulas (hier is only run when asked for); on several hosts
+    /// (`opts.hosts`), flat, hierarchical and swizzled candidates priced per level (`pick`).
     pub fn choose(&self, p: &Problem, elem: usize, opts: Options) -> (Algorithm, Options) {
+        if levels::spans_hosts(p, &opts) {
+            return self.choose_levels(p, elem, opts);
+        }
         let mut cands: Vec<(f64, Algorithm)> = Algorithm::ALL
             .iter()
             .filter(|a| !matches!(a, Algorithm::Hier | Algorithm::Swizzle))
@@ -249,6 +282,61 @@ impl Model {
         }
         (best, sliced)
     }
+}
+
+/// The one-level formulas for `n` ranks and a whole vector of `big` bytes on links of
+/// `(alpha, beta, o, gamma)`: the model on one host, and each phase of a composition.
+pub(crate) fn formula(
+    algo: Algorithm,
+    coll: Collective,
+    n: f64,
+    big: f64,
+    (a, b, o, g): (f64, f64, f64, f64),
+) -> Option<f64> {
+    let lg = n.log2();
+    let clg = n.log2().ceil();
+    let pow2 = (n as usize).is_power_of_two();
+    let f = (n - 1.0) / n;
+    let fold = if pow2 { 0.0 } else { 1.0 };
+    use Algorithm::*;
+    use Collective::*;
+    let t = match (algo, coll) {
+        (Ring, AllReduce) => 2.0 * (n - 1.0) * a + 2.0 * f * big * b + f * big * g,
+        (Ring, AllGather) => (n - 1.0) * a + f * big * b,
+        (Ring, ReduceScatter) => (n - 1.0) * a + f * big * b + f * big * g,
+        (Ring, Broadcast) => (n - 1.0) * a + big * b,
+        (Ring, Reduce) => (n - 1.0) * a + big * b + big * g,
+        // Two rings use both neighbours: twice the messages, the same bytes per link.
+        (BidirRing, AllReduce) => 2.0 * (n - 1.0) * (a + o) + 2.0 * f * big * b + f * big * g,
+        (BidirRing, AllGather) => (n - 1.0) * (a + o) + f * big * b,
+        (BidirRing, ReduceScatter) => (n - 1.0) * (a + o) + f * big * b + f * big * g,
+        (Mesh, AllReduce) => 2.0 * a + 2.0 * (n - 1.0) * o + 2.0 * f * big * b + f * big * g,
+        (Mesh, AllGather) => a + (n - 1.0) * o + f * big * b,
+        (Mesh, ReduceScatter) => a + (n - 1.0) * o + f * big * b + f * big * g,
+        (Mesh, Broadcast) => a + (n - 1.0) * o + (n - 1.0) * big * b,
+        (Mesh, Reduce) => a + (n - 1.0) * o + (n - 1.0) * big * b + f * big * g,
+        (Mesh, AllToAll) => a + (n - 1.0) * o + f * big * b,
+        (Mesh1, AllReduce) => a + (n - 1.0) * o + (n - 1.0) * big * (b + g),
+        (Rdh, AllReduce) => {
+            (2.0 * lg.floor() + 2.0 * fold) * a
+                + (2.0 * f + 2.0 * fold) * big * b
+                + (f + fold) * big * g
+        }
+        (Rdh, AllGather) => (lg.floor() + fold) * a + (f + fold) * big * b,
+        (Rdh, ReduceScatter) => {
+            (lg.floor() + fold) * a + (f + fold) * big * b + (f + fold) * big * g
+        }
+        (Rd, AllReduce) => (lg.floor() + 2.0 * fold) * (a + big * b + big * g),
+        (Tree, AllReduce) => 2.0 * clg * a + 3.0 * big * b + big * g,
+        (Tree, Broadcast) => clg * (a + big * b),
+        (Tree, Reduce) => clg * (a + big * b + big * g),
+        (DbTree, AllReduce) => 2.0 * clg * (a + o) + 2.0 * big * b + big * g,
+        (Bruck, AllGather) => clg * a + f * big * b + big * b / 4.0,
+        (Bruck, AllToAll) => clg * a + big / 2.0 * clg * b + big * b / 2.0,
+        (Pairwise, AllToAll) => (n - 1.0) * a + f * big * b,
+        _ => return None,
+    };
+    Some(t)
 }
 
 /// Total bytes of `p`'s "whole vector": the AllReduce, Broadcast or Reduce buffer, N times the
@@ -341,291 +429,5 @@ fn rounds(algo: Algorithm, coll: Collective, nranks: usize, big: f64) -> Vec<(f6
             .map(|k| (1.0, 1.0, (big / n) * f64::from(1u32 << k)))
             .collect(),
         _ => Vec::new(),
-    }
-}
-
-/// Alpha, beta and gamma from timings: `small_us` of a ring AllReduce of a tiny message,
-/// `large` = (bytes, us) of ring AllReduces of one or more large sizes (ascending), `reduce` =
-/// (bytes, us) of a local reduction, on a transport whose eager protocol ends at `eager_bytes`
-/// (the large AllReduces' rounds then wait for a handshake or send extra slices too, as
-/// `Model::predict` assumes).
-///
-/// Beta comes from the difference between the two largest sizes when there are two: the
-/// per-round latency then cancels out. With more ranks than cores the tiny AllReduce's rounds
-/// include waiting for a peer to be scheduled, so alpha comes out several times the latency a
-/// large round pays; subtracting that from one large timing can leave nothing, which clamps
-/// beta to its floor and makes `auto` send the whole vector to every peer (mesh1) at 1 MiB
-/// (seen over tcp with more ranks than cores; docs/performance.md).
-pub fn fit(
-    nranks: usize,
-    small_us: f64,
-    large: &[(usize, f64)],
-    reduce: (usize, f64),
-    eager_bytes: usize,
-) -> (f64, f64, f64) {
-    let n = nranks as f64;
-    let alpha = (small_us / (2.0 * (n - 1.0))).max(0.05);
-    let gamma = (reduce.1 / reduce.0.max(1) as f64).max(1e-7);
-    let f = (n - 1.0) / n;
-    // The calibration's ring runs with the model's slicing (`Model::eager_slicing`), so its
-    // rendezvous or extra slices are the ones `eager_alphas` prices.
-    let alphas = |bytes: f64| {
-        let (extra, _) = eager_alphas(
-            Algorithm::Ring,
-            Collective::AllReduce,
-            nranks,
-            bytes,
-            eager_bytes,
-            false, // one message a round: per round and per message agree
-        );
-        2.0 * (n - 1.0) + extra
-    };
-    // Time a ring AllReduce of `bytes` spends moving data: what latency and reduction leave.
-    let transfer = |&(bytes, us): &(usize, f64)| {
-        let bytes = bytes as f64;
-        us - alphas(bytes) * alpha - f * bytes * gamma
-    };
-    let per_byte = |us: f64, bytes: usize| us / (2.0 * f * bytes as f64);
-    let beta = match large {
-        [.., one @ (b1, _), two @ (b2, _)] if b2 > b1 => {
-            let diff = per_byte(transfer(two) - transfer(one), b2 - b1);
-            if diff > 0.0 {
-                diff
-            } else {
-                per_byte(transfer(two), *b2)
-            }
-        }
-        [.., last] => per_byte(transfer(last), last.0),
-        // No timing at all: no bandwidth term (beta at its floor).
-        [] => 0.0,
-    };
-    (alpha, beta.max(1e-7), gamma)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn small_messages_prefer_latency_algorithms_large_prefer_bandwidth() {
-        let m = Model::new(10.0, 2.0, 8.0);
-        let small = Problem::new(Collective::AllReduce, 16, 2);
-        let large = Problem::new(Collective::AllReduce, 16, 16 << 20);
-        let (a, _) = m.choose(&small, 4, Options::default());
-        let (b, _) = m.choose(&large, 4, Options::default());
-        assert!(
-            matches!(
-                a,
-                Algorithm::Rd
-                    | Algorithm::Rdh
-                    | Algorithm::Tree
-                    | Algorithm::DbTree
-                    | Algorithm::Mesh1
-            ),
-            "{a}"
-        );
-        assert!(matches!(b, Algorithm::Ring | Algorithm::Rdh), "{b}");
-        assert_eq!(
-            m.predict(
-                Algorithm::Ring,
-                &Problem::new(Collective::AllReduce, 1, 5),
-                4
-            ),
-            Some(0.0)
-        );
-    }
-
-    #[test]
-    fn rendezvous_rounds_favour_one_round_of_small_messages() {
-        // Parameters fitted over tcp with 4 ranks, where mesh AllGather of 64 KiB to 4 MiB beat rdh.
-        let m = Model::new(7.5, 1.4, 19.0);
-        let ag = |bytes: usize| Problem::new(Collective::AllGather, 4, bytes / 16);
-        for bytes in [64 << 10, 1 << 20, 4 << 20] {
-            assert_eq!(
-                m.choose(&ag(bytes), 4, Options::default()).0,
-                Algorithm::Rdh
-            );
-            let tcp = m.clone().with_eager(16 << 10);
-            assert_eq!(
-                tcp.choose(&ag(bytes), 4, Options::default()).0,
-                Algorithm::Mesh,
-                "{bytes} B"
-            );
-        }
-        // Below the eager limit nothing changes: tiny AllReduce stays with few rounds.
-        let tcp = m.with_eager(16 << 10);
-        let tiny = Problem::new(Collective::AllReduce, 4, 2);
-        assert!(matches!(
-            tcp.choose(&tiny, 4, Options::default()).0,
-            Algorithm::Rd | Algorithm::Rdh
-        ));
-    }
-
-    #[test]
-    fn where_ranks_share_cpus_each_message_pays_its_own_handshake() {
-        let tcp = Model::new(7.5, 1.4, 19.0).with_eager(16 << 10);
-        let shared = tcp.clone().with_shared_cpus(true);
-        let ag = |bytes: usize| Problem::new(Collective::AllGather, 4, bytes / 16);
-        let ar = |bytes: usize| Problem::new(Collective::AllReduce, 4, bytes / 4);
-        for bytes in [1 << 20, 4 << 20] {
-            for p in [ag(bytes), ar(bytes)] {
-                assert_eq!(tcp.choose(&p, 4, Options::default()).0, Algorithm::Mesh);
-                assert_eq!(
-                    shared.choose(&p, 4, Options::default()).0,
-                    Algorithm::Rdh,
-                    "{:?} of {bytes} B",
-                    p.coll
-                );
-            }
-            // One message a round (ring, rdh): per message is per round, nothing changes.
-            for a in [Algorithm::Ring, Algorithm::Rdh] {
-                assert_eq!(
-                    tcp.predict(a, &ag(bytes), 4),
-                    shared.predict(a, &ag(bytes), 4)
-                );
-            }
-            // Mesh sends three at once: two alphas more for each of the two extra handshakes.
-            let extra = shared.predict(Algorithm::Mesh, &ag(bytes), 4).unwrap()
-                - tcp.predict(Algorithm::Mesh, &ag(bytes), 4).unwrap();
-            assert!((extra - 4.0 * 7.5).abs() < 1e-9, "{extra}");
-        }
-        // Without a rendezvous (shm, net) sharing CPUs changes nothing.
-        let shm = Model::new(7.5, 1.4, 19.0);
-        assert_eq!(
-            shm.clone()
-                .with_shared_cpus(true)
-                .predict(Algorithm::Mesh, &ag(1 << 20), 4),
-            shm.predict(Algorithm::Mesh, &ag(1 << 20), 4)
-        );
-    }
-
-    #[test]
-    fn messages_up_to_four_eager_slices_are_sliced_not_rendezvoused() {
-        let tcp = Model::new(20.0, 1.5, 17.0).with_eager(16 << 10);
-        let opts = Options {
-            slice: (1 << 20) / 4,
-            ..Options::default()
-        };
-        // 2-rank AllGather: one round of one message of half the output.
-        let ag = |out: usize| Problem::new(Collective::AllGather, 2, out / 2 / 4);
-        for (out, sliced) in [
-            (32 << 10, false),  // 16 KiB messages: eager already
-            (64 << 10, true),   // 2 slices
-            (128 << 10, true),  // 4 slices: 3 * alpha/2 < 2 alpha
-            (256 << 10, false), // 8 slices: 7 * alpha/2 > 2 alpha
-            (64 << 20, false),
-        ] {
-            let o = tcp.eager_slicing(Algorithm::Ring, &ag(out), 4, opts);
-            let want = if sliced { (16 << 10) / 4 } else { opts.slice };
-            assert_eq!(o.slice, want, "{out} B");
-            assert_eq!(tcp.choose(&ag(out), 4, opts).1.slice, want, "{out} B");
-        }
-        // 4-rank mesh: 3 messages a round, so each slice beyond the first costs 3 * alpha/2.
-        let ag4 = |out: usize| Problem::new(Collective::AllGather, 4, out / 4 / 4);
-        let mesh = |out: usize| tcp.eager_slicing(Algorithm::Mesh, &ag4(out), 4, opts).slice;
-        assert_eq!(
-            mesh(128 << 10),
-            (16 << 10) / 4,
-            "32 KiB messages: 1.5 alpha < 2 alpha"
-        );
-        assert_eq!(
-            mesh(256 << 10),
-            opts.slice,
-            "64 KiB messages: 4.5 alpha > 2 alpha"
-        );
-        // The sliced variant is what `predict` prices: below the rendezvous.
-        let with = tcp.predict(Algorithm::Ring, &ag(64 << 10), 4).unwrap();
-        let plain = Model::new(20.0, 1.5, 17.0)
-            .predict(Algorithm::Ring, &ag(64 << 10), 4)
-            .unwrap();
-        assert!((with - plain - 10.0).abs() < 1e-9, "{with} {plain}");
-        // No rendezvous (shm), or no slicing at all asked for with 0: left alone.
-        let shm = Model::new(20.0, 1.5, 17.0);
-        assert_eq!(
-            shm.eager_slicing(Algorithm::Ring, &ag(64 << 10), 4, opts),
-            opts
-        );
-        let whole = Options::default();
-        assert_eq!(
-            tcp.eager_slicing(Algorithm::Ring, &ag(64 << 10), 4, whole)
-                .slice,
-            (16 << 10) / 4
-        );
-        // One rank sends nothing.
-        let one = Problem::new(Collective::AllGather, 1, 1 << 14);
-        assert_eq!(tcp.eager_slicing(Algorithm::Ring, &one, 4, opts), opts);
-    }
-
-    #[test]
-    fn fit_recovers_parameters() {
-        let (a, b, g) = (5.0, gbps_to_us_per_byte(3.0), gbps_to_us_per_byte(10.0));
-        let n = 4;
-        let bytes = 1 << 22;
-        let f = 0.75;
-        let t = 2.0 * 3.0 * a + 2.0 * f * bytes as f64 * b + f * bytes as f64 * g;
-        let (fa, fb, fg) = fit(
-            n,
-            2.0 * 3.0 * a,
-            &[(bytes, t)],
-            (1 << 20, (1 << 20) as f64 * g),
-            usize::MAX,
-        );
-        assert!((fa - a).abs() < 1e-9 && (fb - b).abs() / b < 1e-9 && (fg - g).abs() / g < 1e-9);
-        // With a rendezvous above 16 KiB, each of the 6 rounds of 1 MiB also waits a handshake.
-        let (fa, fb, _) = fit(
-            n,
-            2.0 * 3.0 * a,
-            &[(bytes, t + 6.0 * RENDEZVOUS_ALPHAS * a)],
-            (1 << 20, (1 << 20) as f64 * g),
-            16 << 10,
-        );
-        assert!((fa - a).abs() < 1e-9 && (fb - b).abs() / b < 1e-9);
-        // 32 ranks and 1 MiB: 32 KiB messages, which the calibration's ring sends as two eager
-        // slices each (62 rounds, one extra message each at alpha/2), not by rendezvous.
-        let (n, bytes) = (32, 1 << 20);
-        let f = 31.0 / 32.0;
-        let t = 62.0 * a + 2.0 * f * bytes as f64 * b + f * bytes as f64 * g + 62.0 * a / 2.0;
-        let (fa, fb, _) = fit(
-            n,
-            62.0 * a,
-            &[(bytes, t)],
-            (1 << 20, (1 << 20) as f64 * g),
-            16 << 10,
-        );
-        assert!(
-            (fa - a).abs() < 1e-9 && (fb - b).abs() / b < 1e-9,
-            "{fb} {b}"
-        );
-    }
-
-    #[test]
-    fn fit_takes_beta_from_two_sizes_when_small_rounds_are_slow() {
-        // 4 ranks whose tiny AllReduce pays 40 us a round (waiting to be scheduled) while a
-        // large round pays 5: one large timing minus 6 x 40 us leaves nothing.
-        let (a, b, g) = (5.0, gbps_to_us_per_byte(1.5), gbps_to_us_per_byte(15.0));
-        let (n, f) = (4, 0.75);
-        let t = |bytes: usize| {
-            let bytes = bytes as f64;
-            6.0 * a + 6.0 * RENDEZVOUS_ALPHAS * a + 2.0 * f * bytes * b + f * bytes * g
-        };
-        let (m1, m4) = (1usize << 20, 4usize << 20);
-        let red = (m1, m1 as f64 * g);
-        let slow_small = 6.0 * 40.0;
-        let (_, one, _) = fit(n, slow_small, &[(m1, t(m1))], red, 16 << 10);
-        assert!(
-            one < b / 2.0,
-            "one size alone gives a far too small beta: {one}"
-        );
-        let (fa, fb, _) = fit(n, slow_small, &[(m1, t(m1)), (m4, t(m4))], red, 16 << 10);
-        assert!((fa - 40.0).abs() < 1e-9);
-        assert!((fb - b).abs() / b < 1e-9, "{fb} {b}");
-        // A second timing no slower than the first (noise) falls back to the larger one alone.
-        let (_, fb, _) = fit(n, 6.0 * a, &[(m1, t(m4)), (m4, t(m4))], red, 16 << 10);
-        let (_, alone, _) = fit(n, 6.0 * a, &[(m4, t(m4))], red, 16 << 10);
-        assert_eq!(fb, alone);
-        // No large timing: beta at its floor, alpha and gamma still fitted.
-        let (fa, fb, fg) = fit(n, 6.0 * a, &[], red, 16 << 10);
-        assert_eq!((fa, fb), (a, 1e-7));
-        assert!((fg - g).abs() / g < 1e-9);
     }
 }

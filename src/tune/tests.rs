@@ -1,0 +1,221 @@
+//! Tests of the one-level model (one host): choices, eager slicing, and the calibration fit.
+use super::*;
+
+#[test]
+fn small_messages_prefer_latency_algorithms_large_prefer_bandwidth() {
+    let m = Model::new(10.0, 2.0, 8.0);
+    let small = Problem::new(Collective::AllReduce, 16, 2);
+    let large = Problem::new(Collective::AllReduce, 16, 16 << 20);
+    let (a, _) = m.choose(&small, 4, Options::default());
+    let (b, _) = m.choose(&large, 4, Options::default());
+    assert!(
+        matches!(
+            a,
+            Algorithm::Rd | Algorithm::Rdh | Algorithm::Tree | Algorithm::DbTree | Algorithm::Mesh1
+        ),
+        "{a}"
+    );
+    assert!(matches!(b, Algorithm::Ring | Algorithm::Rdh), "{b}");
+    assert_eq!(
+        m.predict(
+            Algorithm::Ring,
+            &Problem::new(Collective::AllReduce, 1, 5),
+            4
+        ),
+        Some(0.0)
+    );
+}
+
+#[test]
+fn rendezvous_rounds_favour_one_round_of_small_messages() {
+    // Parameters fitted over tcp with 4 ranks, where mesh AllGather of 64 KiB to 4 MiB beat rdh.
+    let m = Model::new(7.5, 1.4, 19.0);
+    let ag = |bytes: usize| Problem::new(Collective::AllGather, 4, bytes / 16);
+    for bytes in [64 << 10, 1 << 20, 4 << 20] {
+        assert_eq!(
+            m.choose(&ag(bytes), 4, Options::default()).0,
+            Algorithm::Rdh
+        );
+        let tcp = m.clone().with_eager(16 << 10);
+        assert_eq!(
+            tcp.choose(&ag(bytes), 4, Options::default()).0,
+            Algorithm::Mesh,
+            "{bytes} B"
+        );
+    }
+    // Below the eager limit nothing changes: tiny AllReduce stays with few rounds.
+    let tcp = m.with_eager(16 << 10);
+    let tiny = Problem::new(Collective::AllReduce, 4, 2);
+    assert!(matches!(
+        tcp.choose(&tiny, 4, Options::default()).0,
+        Algorithm::Rd | Algorithm::Rdh
+    ));
+}
+
+#[test]
+fn where_ranks_share_cpus_each_message_pays_its_own_handshake() {
+    let tcp = Model::new(7.5, 1.4, 19.0).with_eager(16 << 10);
+    let shared = tcp.clone().with_shared_cpus(true);
+    let ag = |bytes: usize| Problem::new(Collective::AllGather, 4, bytes / 16);
+    let ar = |bytes: usize| Problem::new(Collective::AllReduce, 4, bytes / 4);
+    for bytes in [1 << 20, 4 << 20] {
+        for p in [ag(bytes), ar(bytes)] {
+            assert_eq!(tcp.choose(&p, 4, Options::default()).0, Algorithm::Mesh);
+            assert_eq!(
+                shared.choose(&p, 4, Options::default()).0,
+                Algorithm::Rdh,
+                "{:?} of {bytes} B",
+                p.coll
+            );
+        }
+        // One message a round (ring, rdh): per message is per round, nothing changes.
+        for a in [Algorithm::Ring, Algorithm::Rdh] {
+            assert_eq!(
+                tcp.predict(a, &ag(bytes), 4),
+                shared.predict(a, &ag(bytes), 4)
+            );
+        }
+        // Mesh sends three at once: two alphas more for each of the two extra handshakes.
+        let extra = shared.predict(Algorithm::Mesh, &ag(bytes), 4).unwrap()
+            - tcp.predict(Algorithm::Mesh, &ag(bytes), 4).unwrap();
+        assert!((extra - 4.0 * 7.5).abs() < 1e-9, "{extra}");
+    }
+    // Without a rendezvous (shm, net) sharing CPUs changes nothing.
+    let shm = Model::new(7.5, 1.4, 19.0);
+    assert_eq!(
+        shm.clone()
+            .with_shared_cpus(true)
+            .predict(Algorithm::Mesh, &ag(1 << 20), 4),
+        shm.predict(Algorithm::Mesh, &ag(1 << 20), 4)
+    );
+}
+
+#[test]
+fn messages_up_to_four_eager_slices_are_sliced_not_rendezvoused() {
+    let tcp = Model::new(20.0, 1.5, 17.0).with_eager(16 << 10);
+    let opts = Options {
+        slice: (1 << 20) / 4,
+        ..Options::default()
+    };
+    // 2-rank AllGather: one round of one message of half the output.
+    let ag = |out: usize| Problem::new(Collective::AllGather, 2, out / 2 / 4);
+    for (out, sliced) in [
+        (32 << 10, false),  // 16 KiB messages: eager already
+        (64 << 10, true),   // 2 slices
+        (128 << 10, true),  // 4 slices: 3 * alpha/2 < 2 alpha
+        (256 << 10, false), // 8 slices: 7 * alpha/2 > 2 alpha
+        (64 << 20, false),
+    ] {
+        let o = tcp.eager_slicing(Algorithm::Ring, &ag(out), 4, opts);
+        let want = if sliced { (16 << 10) / 4 } else { opts.slice };
+        assert_eq!(o.slice, want, "{out} B");
+        assert_eq!(tcp.choose(&ag(out), 4, opts).1.slice, want, "{out} B");
+    }
+    // 4-rank mesh: 3 messages a round, so each slice beyond the first costs 3 * alpha/2.
+    let ag4 = |out: usize| Problem::new(Collective::AllGather, 4, out / 4 / 4);
+    let mesh = |out: usize| tcp.eager_slicing(Algorithm::Mesh, &ag4(out), 4, opts).slice;
+    assert_eq!(
+        mesh(128 << 10),
+        (16 << 10) / 4,
+        "32 KiB messages: 1.5 alpha < 2 alpha"
+    );
+    assert_eq!(
+        mesh(256 << 10),
+        opts.slice,
+        "64 KiB messages: 4.5 alpha > 2 alpha"
+    );
+    // The sliced variant is what `predict` prices: below the rendezvous.
+    let with = tcp.predict(Algorithm::Ring, &ag(64 << 10), 4).unwrap();
+    let plain = Model::new(20.0, 1.5, 17.0)
+        .predict(Algorithm::Ring, &ag(64 << 10), 4)
+        .unwrap();
+    assert!((with - plain - 10.0).abs() < 1e-9, "{with} {plain}");
+    // No rendezvous (shm), or no slicing at all asked for with 0: left alone.
+    let shm = Model::new(20.0, 1.5, 17.0);
+    assert_eq!(
+        shm.eager_slicing(Algorithm::Ring, &ag(64 << 10), 4, opts),
+        opts
+    );
+    let whole = Options::default();
+    assert_eq!(
+        tcp.eager_slicing(Algorithm::Ring, &ag(64 << 10), 4, whole)
+            .slice,
+        (16 << 10) / 4
+    );
+    // One rank sends nothing.
+    let one = Problem::new(Collective::AllGather, 1, 1 << 14);
+    assert_eq!(tcp.eager_slicing(Algorithm::Ring, &one, 4, opts), opts);
+}
+
+#[test]
+fn fit_recovers_parameters() {
+    let (a, b, g) = (5.0, gbps_to_us_per_byte(3.0), gbps_to_us_per_byte(10.0));
+    let n = 4;
+    let bytes = 1 << 22;
+    let f = 0.75;
+    let t = 2.0 * 3.0 * a + 2.0 * f * bytes as f64 * b + f * bytes as f64 * g;
+    let (fa, fb, fg) = fit(
+        n,
+        2.0 * 3.0 * a,
+        &[(bytes, t)],
+        (1 << 20, (1 << 20) as f64 * g),
+        usize::MAX,
+    );
+    assert!((fa - a).abs() < 1e-9 && (fb - b).abs() / b < 1e-9 && (fg - g).abs() / g < 1e-9);
+    // With a rendezvous above 16 KiB, each of the 6 rounds of 1 MiB also waits a handshake.
+    let (fa, fb, _) = fit(
+        n,
+        2.0 * 3.0 * a,
+        &[(bytes, t + 6.0 * RENDEZVOUS_ALPHAS * a)],
+        (1 << 20, (1 << 20) as f64 * g),
+        16 << 10,
+    );
+    assert!((fa - a).abs() < 1e-9 && (fb - b).abs() / b < 1e-9);
+    // 32 ranks and 1 MiB: 32 KiB messages, which the calibration's ring sends as two eager
+    // slices each (62 rounds, one extra message each at alpha/2), not by rendezvous.
+    let (n, bytes) = (32, 1 << 20);
+    let f = 31.0 / 32.0;
+    let t = 62.0 * a + 2.0 * f * bytes as f64 * b + f * bytes as f64 * g + 62.0 * a / 2.0;
+    let (fa, fb, _) = fit(
+        n,
+        62.0 * a,
+        &[(bytes, t)],
+        (1 << 20, (1 << 20) as f64 * g),
+        16 << 10,
+    );
+    assert!(
+        (fa - a).abs() < 1e-9 && (fb - b).abs() / b < 1e-9,
+        "{fb} {b}"
+    );
+}
+
+#[test]
+fn fit_takes_beta_from_two_sizes_when_small_rounds_are_slow() {
+    // 4 ranks whose tiny AllReduce pays 40 us a round (waiting to be scheduled) while a
+    // large round pays 5: one large timing minus 6 x 40 us leaves nothing.
+    let (a, b, g) = (5.0, gbps_to_us_per_byte(1.5), gbps_to_us_per_byte(15.0));
+    let (n, f) = (4, 0.75);
+    let t = |bytes: usize| {
+        let bytes = bytes as f64;
+        6.0 * a + 6.0 * RENDEZVOUS_ALPHAS * a + 2.0 * f * bytes * b + f * bytes * g
+    };
+    let (m1, m4) = (1usize << 20, 4usize << 20);
+    let red = (m1, m1 as f64 * g);
+    let slow_small = 6.0 * 40.0;
+    let (_, one, _) = fit(n, slow_small, &[(m1, t(m1))], red, 16 << 10);
+    assert!(
+        one < b / 2.0,
+        "one size alone gives a far too small beta: {one}"
+    );
+    let (fa, fb, _) = fit(n, slow_small, &[(m1, t(m1)), (m4, t(m4))], red, 16 << 10);
+    assert!((fa - 40.0).abs() < 1e-9);
+    assert!((fb - b).abs() / b < 1e-9, "{fb} {b}");
+    // A second timing no slower than the first (noise) falls back to the larger one alone.
+    let (_, fb, _) = fit(n, 6.0 * a, &[(m1, t(m4)), (m4, t(m4))], red, 16 << 10);
+    let (_, alone, _) = fit(n, 6.0 * a, &[(m4, t(m4))], red, 16 << 10);
+    assert_eq!(fb, alone);
+    // No large timing: beta at its floor, alpha and gamma still fitted.
+    let (fa, fb, fg) = fit(n, 6.0 * a, &[], red, 16 << 10);
+    assert_eq!((fa, fb), (a, 1e-7));
+    assert!((fg - g).abs() / g < 1e-9);
+}
