@@ -178,10 +178,18 @@ fn assert_ran(done: &[Done], launcher: &str) {
     assert!(out.contains(&format!("on {} ranks", done.len())), "{out}");
 }
 
+/// `perf_job` that must succeed (`assert_ran`); returns the ranks' results.
+fn job_ok(test: &str, n: usize, vars: impl Fn(usize) -> Env, launcher: &str) -> Vec<Done> {
+    let (done, dir) = perf_job(test, n, vars, JOB);
+    assert_ran(&done, launcher);
+    std::fs::remove_dir_all(dir).unwrap();
+    done
+}
+
 #[test]
 fn slurm_with_fabricoll_root() {
     let root = format!("127.0.0.1:{}", free_port());
-    let (done, dir) = perf_job(
+    let done = job_ok(
         "slurm",
         3,
         |r| {
@@ -195,10 +203,6 @@ fn slurm_with_fabricoll_root() {
                 ("FABRICOLL_ROOT", &root),
             ])
         },
-        JOB,
-    );
-    assert_ran(
-        &done,
         "Slurm (SLURM_PROCID 0 of SLURM_NTASKS 3, SLURM_LOCALID 0)",
     );
     assert!(
@@ -208,7 +212,6 @@ fn slurm_with_fabricoll_root() {
         "{}",
         done[0].out
     );
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -216,7 +219,7 @@ fn open_mpi_with_a_root_file() {
     let files = temp_dir("ompi-file");
     let path = files.join("root-id");
     let p = path.to_str().unwrap().to_string();
-    let (done, dir) = perf_job(
+    job_ok(
         "ompi",
         2,
         |r| {
@@ -229,22 +232,17 @@ fn open_mpi_with_a_root_file() {
                 ("FABRICOLL_ROOT_FILE", &p),
             ])
         },
-        JOB,
-    );
-    assert_ran(
-        &done,
         "Open MPI (OMPI_COMM_WORLD_RANK 0 of OMPI_COMM_WORLD_SIZE 2",
     );
     // Rank 0 removed its file once every rank had joined; nothing else is left.
     assert_eq!(std::fs::read_dir(&files).unwrap().count(), 0);
     std::fs::remove_dir_all(files).unwrap();
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn hydra_with_fabricoll_root() {
     let root = format!("127.0.0.1:{}", free_port());
-    let (done, dir) = perf_job(
+    job_ok(
         "hydra",
         2,
         |r| {
@@ -254,17 +252,15 @@ fn hydra_with_fabricoll_root() {
                 ("FABRICOLL_ROOT", &root),
             ])
         },
-        JOB,
+        "Hydra (PMI_RANK 0 of PMI_SIZE 2)",
     );
-    assert_ran(&done, "Hydra (PMI_RANK 0 of PMI_SIZE 2)");
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn torchrun_with_master_addr_and_port() {
     // The root listens on MASTER_PORT + 1.
     let port = (free_port() - 1).to_string();
-    let (done, dir) = perf_job(
+    job_ok(
         "torchrun",
         2,
         |r| {
@@ -278,16 +274,14 @@ fn torchrun_with_master_addr_and_port() {
                 ("TORCHELASTIC_RUN_ID", "t1"),
             ])
         },
-        JOB,
+        "torchrun (RANK 0 of WORLD_SIZE 2, LOCAL_RANK 0)",
     );
-    assert_ran(&done, "torchrun (RANK 0 of WORLD_SIZE 2, LOCAL_RANK 0)");
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn fabricoll_variables_with_a_root_and_a_forced_algorithm() {
     let root = format!("127.0.0.1:{}", free_port());
-    let (done, dir) = perf_job(
+    let done = job_ok(
         "own",
         2,
         |r| {
@@ -298,9 +292,8 @@ fn fabricoll_variables_with_a_root_and_a_forced_algorithm() {
                 ("FABRICOLL_ALGO", "ring"),
             ])
         },
-        JOB,
+        "fabricoll (FABRICOLL_RANK 0 of FABRICOLL_NRANKS 2)",
     );
-    assert_ran(&done, "fabricoll (FABRICOLL_RANK 0 of FABRICOLL_NRANKS 2)");
     // The header says which algorithm runs, and the rows ran it.
     let out = &done[0].out;
     assert!(out.contains("algorithm ring (FABRICOLL_ALGO)"), "{out}");
@@ -310,6 +303,59 @@ fn fabricoll_variables_with_a_root_and_a_forced_algorithm() {
             .all(|l| l.contains(" ring ")),
         "{out}"
     );
+}
+
+/// Open MPI's real mpirun, where installed: two ranks meeting through a root file.
+#[test]
+fn real_mpirun_with_a_root_file() {
+    let version = Command::new("mpirun").arg("--version").output();
+    let open_mpi = version
+        .as_ref()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("Open MPI"));
+    if !open_mpi {
+        nccl_net_fabricoll::testing::skip("real_mpirun_with_a_root_file", "no Open MPI mpirun");
+        return;
+    }
+    let files = temp_dir("mpirun-file");
+    let id = files.join("id");
+    let dir = temp_dir("mpirun");
+    let file_var = format!("FABRICOLL_ROOT_FILE={}", id.display());
+    let mut args = vec![
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        "-np",
+        "2",
+        "-x",
+        "FABRICOLL_PROVIDER",
+        "-x",
+        "FABRICOLL_TIMEOUT_MS",
+        "-x",
+        &file_var,
+        env!("CARGO_BIN_EXE_fabricoll-perf"),
+    ];
+    args.extend_from_slice(PERF_ARGS);
+    let kid = command("mpirun", &args, &Env::new(), &dir, "mpirun")
+        .spawn()
+        .unwrap();
+    let done = finish(vec![("mpirun".into(), kid)], &dir, JOB);
+    let d = &done[0];
+    assert_eq!(d.code, Some(0), "{d:?}");
+    for says in [
+        "# launcher: Open MPI (OMPI_COMM_WORLD_RANK 0 of OMPI_COMM_WORLD_SIZE 2",
+        "on 2 ranks",
+        "# Out of bounds values : 0 OK",
+    ] {
+        assert!(d.out.contains(says), "{d:?}");
+    }
+    assert!(
+        done[0].out.contains("job id from OMPI_MCA_ess_base_jobid")
+            || done[0].out.contains("job id from PMIX_NAMESPACE"),
+        "{:?}",
+        done[0]
+    );
+    std::fs::remove_dir_all(files).unwrap();
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -361,7 +407,7 @@ fn a_unique_id_from_the_tool_serves_until_every_rank_joined() {
         id.len() > 16 && id.chars().all(|c| c.is_ascii_hexdigit()),
         "{id:?}"
     );
-    let (done, dir) = perf_job(
+    let done = job_ok(
         "unique-id",
         2,
         |r| {
@@ -371,9 +417,8 @@ fn a_unique_id_from_the_tool_serves_until_every_rank_joined() {
                 ("FABRICOLL_UNIQUE_ID", &id),
             ])
         },
-        JOB,
+        "Slurm (SLURM_PROCID 0 of SLURM_NTASKS 2)",
     );
-    assert_ran(&done, "Slurm (SLURM_PROCID 0 of SLURM_NTASKS 2)");
     assert!(
         done[0].out.contains("(FABRICOLL_UNIQUE_ID)"),
         "{}",
@@ -382,7 +427,6 @@ fn a_unique_id_from_the_tool_serves_until_every_rank_joined() {
     let (code, err) = tool_end(tool, FAST);
     assert_eq!(code, Some(0), "{err}");
     assert!(err.contains("every rank joined"), "{err}");
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -413,6 +457,7 @@ fn the_tool_gives_up_at_its_deadline_and_refuses_a_wrong_size() {
         done[0].err
     );
     tool_end(tool, FAST);
+    std::fs::remove_dir_all(dir).unwrap();
     // Bad arguments.
     for (args, says) in [
         (&["--ranks", "x"][..], "--ranks"),
@@ -433,7 +478,6 @@ fn the_tool_gives_up_at_its_deadline_and_refuses_a_wrong_size() {
             "{args:?}: {err}"
         );
     }
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -458,7 +502,7 @@ fn a_shell_gets_the_id_while_the_tool_serves_on() {
     let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
     assert!(id.len() > 16, "{out:?}");
     // The tool still serves: one rank joins it, and it ends.
-    let (done, dir) = perf_job(
+    job_ok(
         "shell-id",
         1,
         |_| {
@@ -468,10 +512,8 @@ fn a_shell_gets_the_id_while_the_tool_serves_on() {
                 ("FABRICOLL_UNIQUE_ID", &id),
             ])
         },
-        JOB,
+        "fabricoll",
     );
-    assert_ran(&done, "fabricoll");
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// One rank with `vars` fails within `FAST` with exit code `code`, its stderr naming `names`.
