@@ -20,10 +20,10 @@
 //! Only fabricoll's own size is checked against the launcher below it: they must agree.
 //!
 //! How the ranks meet, first that is set: `FABRICOLL_UNIQUE_ID` (a root already serves it, e.g.
-//! `fabricoll-info --unique-id`), `FABRICOLL_ROOT` (host:port: rank 0 listens there, the
-//! others connect), `FABRICOLL_ROOT_FILE` (rank 0 serves on this host's address and writes the
+//! `fabricoll-info --unique-id`), `FABRICOLL_ROOT` (host:port: rank 0 listens on that port
+//! on every interface, the others connect to the address), `FABRICOLL_ROOT_FILE` (rank 0 serves on this host's address and writes the
 //! id to the file, atomically; the others wait for it), and for torchrun `MASTER_ADDR` with
-//! `MASTER_PORT + 1` (torchrun's store has `MASTER_PORT`). Setting two of the first three is an
+//! `MASTER_PORT + 1` (torchrun's store has `MASTER_PORT`; same rule). Setting two of the first three is an
 //! error. A job id (`TORCHELASTIC_RUN_ID`, Open MPI's job id, `SLURM_JOB_ID` and
 //! `SLURM_STEP_ID`) becomes the root's nonce, so that ranks of two jobs never join each other's
 //! root, and a file left by another job is not taken for this job's.
@@ -32,7 +32,7 @@ use super::Comm;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::exec::MAX_RANKS;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -424,7 +424,12 @@ impl Launch {
         };
         let route = match &self.rendezvous {
             Rendezvous::Id(id) => format!("the root at {} (FABRICOLL_UNIQUE_ID)", id.addr),
-            Rendezvous::Listen { addr, var, .. } => format!("rank 0 listens on {addr} ({var})"),
+            Rendezvous::Listen { addr, var, .. } => {
+                format!(
+                    "rank 0 listens on port {}, the others connect to {addr} ({var})",
+                    addr.port()
+                )
+            }
             Rendezvous::File { path, .. } => {
                 format!(
                     "rank 0 writes its id to {} (FABRICOLL_ROOT_FILE)",
@@ -452,20 +457,28 @@ impl Launch {
         match &self.rendezvous {
             Rendezvous::Id(id) => Ok(*id),
             Rendezvous::Listen { addr, nonce, var } => {
-                if self.rank != 0 {
-                    return Ok(UniqueId {
-                        addr: *addr,
-                        nonce: *nonce,
-                    });
+                let id = UniqueId {
+                    addr: *addr,
+                    nonce: *nonce,
+                };
+                if self.rank == 0 {
+                    // Every interface: a host's own name may resolve to a loopback address
+                    // there (Debian's /etc/hosts) while the other hosts reach another one.
+                    let any = match addr {
+                        SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                        SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                    };
+                    let at = SocketAddr::new(any, addr.port());
+                    bootstrap::listen(at, Some(*nonce), Some(self.nranks), cfg.timeout).map_err(
+                        |e| {
+                            Error::arg(
+                                var,
+                                format!("rank 0 cannot serve the bootstrap on {at}: {e}"),
+                            )
+                        },
+                    )?;
                 }
-                let root = bootstrap::listen(*addr, Some(*nonce), Some(self.nranks), cfg.timeout)
-                    .map_err(|e| {
-                    Error::arg(
-                        var,
-                        format!("rank 0 cannot serve the bootstrap on {addr}: {e}"),
-                    )
-                })?;
-                Ok(root.id)
+                Ok(id)
             }
             Rendezvous::File { path, nonce } if self.rank == 0 => {
                 publish(path, *nonce, self.nranks, bind_ip(cfg), cfg.timeout)
