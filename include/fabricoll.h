@@ -211,6 +211,38 @@ fabricoll_status fabricoll_get_unique_id(fabricoll_unique_id *id);
 fabricoll_status fabricoll_comm_init_rank(fabricoll_comm **comm, int nranks, const fabricoll_unique_id *id, int rank);
 
 /*
+ Create this rank's communicator from the environment its launcher set: rank, rank count
+ and how the ranks meet (collective over all ranks; blocks until every rank has joined, at
+ most `FABRICOLL_TIMEOUT_MS`). Fails, naming the variable, where no launcher variable is set
+ or they are inconsistent.
+
+ Launchers, first found wins: fabricoll's own (`FABRICOLL_RANK`, `FABRICOLL_NRANKS`),
+ torchrun (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`), Open MPI (`OMPI_COMM_WORLD_RANK`, `_SIZE`,
+ `_LOCAL_RANK`), MPICH Hydra (`PMI_RANK`, `PMI_SIZE`, `MPI_LOCALRANKID`), Slurm
+ (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`). How the ranks meet, first set wins:
+ `FABRICOLL_UNIQUE_ID` (hex, from `fabricoll-info --unique-id`), `FABRICOLL_ROOT`
+ (host:port; rank 0 listens there), `FABRICOLL_ROOT_FILE` (a path every rank sees; rank 0
+ writes its id there), torchrun's `MASTER_ADDR` at port `MASTER_PORT + 1`.
+
+ Recipes (`./app` calls this function; 2 hosts `node1`, `node2`, 4 ranks each):
+
+ ```sh
+ # torchrun, on node N (0, 1); the root listens on MASTER_PORT + 1:
+ torchrun --nnodes 2 --nproc-per-node 4 --node-rank N --master-addr node1 --no-python ./app
+ # Open MPI:
+ mpirun -np 8 -H node1:4,node2:4 -x FABRICOLL_ROOT=node1:29400 ./app
+ # Slurm (the job id keeps two jobs apart):
+ srun -N 2 --ntasks-per-node 4 --export ALL,FABRICOLL_ROOT_FILE=$HOME/.fabricoll-$SLURM_JOB_ID ./app
+ # MPICH Hydra:
+ mpiexec -n 8 -hosts node1:4,node2:4 -genv FABRICOLL_ROOT node1:29400 ./app
+ # Any launcher, with a unique id served by a tool on node1 until all 8 ranks have joined:
+ ID=$(fabricoll-info --unique-id --ranks 8 --bind node1-address &)
+ mpirun -np 8 -H node1:4,node2:4 -x FABRICOLL_UNIQUE_ID=$ID ./app
+ ```
+ */
+fabricoll_status fabricoll_comm_init_env(fabricoll_comm **comm);
+
+/*
  Free a communicator. Collectives still in flight on it are aborted and their requests freed.
  */
 fabricoll_status fabricoll_comm_destroy(fabricoll_comm *comm);

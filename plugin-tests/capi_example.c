@@ -4,7 +4,8 @@
  * The parent forks N ranks (default 4) and waits for them with a deadline; rank 0 makes the unique
  * id (its process hosts the bootstrap root) and hands it to the others through shared memory, as
  * an MPI program would with MPI_Bcast. Each rank:
- *   - creates its communicator (fabricoll_comm_init_rank), checks rank and size;
+ *   - creates its communicator (fabricoll_comm_init_rank; under a launcher a program would call
+ *     fabricoll_comm_init_env instead), checks rank and size;
  *   - runs every collective blocking (allreduce float sum / int32 max / double avg / int64 min,
  *     count 0, 1 and 256 Ki, in place; allgather, also in place; reducescatter; broadcast from
  *     rank 0 and from the last rank; reduce to rank 1 and to the last rank; alltoall) and checks
@@ -655,6 +656,9 @@ static void errors(fabricoll_comm *comm) {
     expect_error(fabricoll_comm_init_rank(&c2, n, NULL, g_rank), "comm_init_rank, NULL id", "id");
     check(c2 == NULL, "error path: failed init_rank sets *comm = NULL", "comm %p", (void *)c2);
   }
+  /* fabricoll_comm_init_env: a NULL out-pointer is named (the launcher recipes are in the
+   * function's comment in include/fabricoll.h; tests/launchers.rs runs it under srun's variables) */
+  expect_error(fabricoll_comm_init_env(NULL), "comm_init_env, NULL comm", "comm");
   check(fabricoll_status_string(FABRICOLL_INVALID_ARGUMENT) && *fabricoll_status_string(FABRICOLL_INVALID_ARGUMENT),
         "status_string", NULL);
   /* after all that, the communicator still works */

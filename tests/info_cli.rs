@@ -1,4 +1,5 @@
-//! fabricoll-info's arguments: `--core-rtt` measures, wrong arguments fail with a message.
+//! fabricoll-info's arguments: `--core-rtt` measures, wrong arguments fail with a message
+//! (`--unique-id` is tested with the launchers, in tests/launchers.rs).
 use std::process::{Command, Output};
 
 fn info(args: &[&str]) -> Output {
@@ -59,6 +60,7 @@ fn wrong_arguments_fail_with_a_message() {
     }
     let out = info(&["--help"]);
     assert!(out.status.success() && text(&out.stdout).contains("--core-rtt"));
+    assert!(text(&out.stdout).contains("--unique-id"));
 }
 
 #[test]
@@ -66,7 +68,8 @@ fn algorithms_lists_each_algorithm_with_the_collectives_it_implements() {
     let out = info(&["--algorithms"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let lines: Vec<String> = text(&out.stdout).lines().map(str::to_owned).collect();
-    assert_eq!(lines.len(), 11, "{lines:?}");
+    let n = nccl_net_fabricoll::algo::Algorithm::ALL.len();
+    assert_eq!(lines.len(), n, "one line per algorithm: {lines:?}");
     let colls = |algo: &str| -> Vec<String> {
         let l = lines
             .iter()

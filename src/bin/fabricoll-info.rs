@@ -1,13 +1,23 @@
 //! fabricoll-info: the libfabric providers found, each device with the properties NCCL will
-//! see, and the resolved configuration.
+//! see, and the resolved configuration; or a unique id, served until its ranks have joined.
 use nccl_net_fabricoll::algo::{self, Algorithm, Collective};
-use nccl_net_fabricoll::coll::placement;
+use nccl_net_fabricoll::coll::{bootstrap, launch, placement};
 use nccl_net_fabricoll::config::{self, Config, VARS};
 use nccl_net_fabricoll::plugin::Plugin;
 use nccl_net_fabricoll::transport::fabric;
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 
 const USAGE: &str = "usage: fabricoll-info [--core-rtt [CPU CPU]] [--algorithms]
+                      [--unique-id [--ranks N] [--bind ADDR]]
   (no argument)      providers, devices, NCCL properties and configuration
+  --unique-id        start a bootstrap root, print its unique id (hex, one line, for
+                     FABRICOLL_UNIQUE_ID) and close stdout, then serve until N ranks (--ranks;
+                     default: as many as the first rank says) have joined, or
+                     FABRICOLL_TIMEOUT_MS has passed (exit status 1). --bind: the address (or
+                     address:port, or host name) the root listens on; default
+                     FABRICOLL_BOOTSTRAP_ADDR, else this host's first address that is up and
+                     not loopback. E.g. ID=$(fabricoll-info --unique-id --ranks 8 &)
   --algorithms       the collectives each algorithm implements, one line per algorithm:
                      `ALGO COLL...`, with fabricoll-perf's --algo and --coll names
   --core-rtt         mean round trip of a cache line between each pair of the first 8 CPUs this
@@ -24,6 +34,7 @@ fn main() {
         None => info(),
         Some("--core-rtt") => std::process::exit(core_rtt(&args[1..])),
         Some("--algorithms") if args.len() == 1 => algorithms(),
+        Some("--unique-id") => std::process::exit(unique_id(&args[1..])),
         Some("-h" | "--help") => println!("{USAGE}"),
         Some(other) => {
             eprintln!("fabricoll-info: unknown argument {other:?}\n{USAGE}");
@@ -42,6 +53,97 @@ fn algorithms() {
             .map(|c| format!("{c:?}").to_lowercase())
             .collect();
         println!("{} {}", a.name(), colls.join(" "));
+    }
+}
+
+/// `--bind`'s value: an address with or without a port, or a host name with or without one.
+fn bind_addr(v: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = v.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    if let Ok(ip) = v.trim_matches(['[', ']']).parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, 0));
+    }
+    let with_port = if v.contains(':') {
+        v.to_string()
+    } else {
+        format!("{v}:0")
+    };
+    with_port
+        .to_socket_addrs()
+        .map_err(|e| format!("--bind {v:?}: {e}"))?
+        .find(SocketAddr::is_ipv4)
+        .ok_or_else(|| format!("--bind {v:?}: no IPv4 address"))
+}
+
+/// `--unique-id [--ranks N] [--bind ADDR]`: the exit status.
+fn unique_id(args: &[String]) -> i32 {
+    let cfg = match Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fabricoll-info: {e}");
+            return 2;
+        }
+    };
+    nccl_net_fabricoll::logging::init(None);
+    let (mut ranks, mut bind) = (None, SocketAddr::new(launch::bind_ip(&cfg), 0));
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let value = it.next();
+        let parsed = match (a.as_str(), value) {
+            ("--ranks", Some(v)) => v
+                .parse::<usize>()
+                .map(|n| ranks = Some(n))
+                .map_err(|_| format!("--ranks {v:?}: a number of ranks expected")),
+            ("--bind", Some(v)) => bind_addr(v).map(|b| bind = b),
+            ("--ranks" | "--bind", None) => Err(format!("{a} needs a value")),
+            _ => Err(format!("--unique-id: unknown argument {a:?}")),
+        };
+        if let Err(e) = parsed {
+            eprintln!("fabricoll-info: {e}\n{USAGE}");
+            return 2;
+        }
+    }
+    let root = match bootstrap::listen(bind, None, ranks, cfg.timeout) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("fabricoll-info: --unique-id: {e}");
+            return 1;
+        }
+    };
+    println!("{}", root.id.to_hex());
+    let _ = std::io::stdout().flush();
+    close_stdout();
+    eprintln!(
+        "fabricoll-info: serving the unique id on {} for {} until FABRICOLL_TIMEOUT_MS ({} ms)",
+        root.id.addr,
+        ranks.map_or("the ranks the first one says".to_string(), |n| format!(
+            "{n} ranks"
+        )),
+        cfg.timeout.as_millis()
+    );
+    match root.wait() {
+        Ok(()) => {
+            eprintln!("fabricoll-info: every rank joined");
+            0
+        }
+        Err(e) => {
+            eprintln!("fabricoll-info: --unique-id: {e}");
+            1
+        }
+    }
+}
+
+/// Point stdout at /dev/null, so that a shell reading the id (`ID=$(fabricoll-info
+/// --unique-id &)`) sees its end while the root serves on.
+fn close_stdout() {
+    let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") else {
+        return;
+    };
+    // SAFETY: dup2 of an open descriptor onto 1; Rust's stdout has been flushed and later
+    // writes to it go to /dev/null.
+    unsafe {
+        libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), 1);
     }
 }
 

@@ -41,8 +41,16 @@ impl UniqueId {
         b
     }
 
-    pub fn from_bytes(b: &[u8]) -> Result<UniqueId> {
-        let bad = || Error::arg("uniqueId", "not a fabricoll unique id");
+    /// Parse the bytes of a unique id; an error names `what` (the argument or variable the
+    /// bytes came from).
+    pub fn from_bytes(b: &[u8], what: &str) -> Result<UniqueId> {
+        let bad = || {
+            Error::arg(
+                what,
+                "not a fabricoll unique id (make one with fabricoll_get_unique_id or \
+                 `fabricoll-info --unique-id`)",
+            )
+        };
         if b.len() < 31 || &b[0..4] != MAGIC {
             return Err(bad());
         }
@@ -67,16 +75,19 @@ impl UniqueId {
             .collect()
     }
 
-    pub fn from_hex(s: &str) -> Result<UniqueId> {
+    /// Parse the hex form; an error names `what` (`FABRICOLL_UNIQUE_ID`, or the file it was
+    /// read from).
+    pub fn from_hex(s: &str, what: &str) -> Result<UniqueId> {
         let s = s.trim();
+        let not_hex = || Error::arg(what, format!("{s:?} is not a hex string"));
         if s.len() % 2 != 0 || !s.is_ascii() {
-            return Err(Error::arg("FABRICOLL_UNIQUE_ID", "not a hex string"));
+            return Err(not_hex());
         }
         let v: std::result::Result<Vec<u8>, _> = (0..s.len())
             .step_by(2)
             .map(|i| u8::from_str_radix(&s[i..i + 2], 16))
             .collect();
-        UniqueId::from_bytes(&v.map_err(|_| Error::arg("FABRICOLL_UNIQUE_ID", "not a hex string"))?)
+        UniqueId::from_bytes(&v.map_err(|_| not_hex())?, what)
     }
 }
 
@@ -251,23 +262,57 @@ fn read_hello(
     Ok(Hello { rank, nranks, addr })
 }
 
-/// Start a root on `bind` (port 0: any) serving one communicator; returns its unique id.
-pub fn serve(bind: SocketAddr, nonce_value: Option<u64>, timeout: Duration) -> Result<UniqueId> {
+/// A running root: its unique id, and its thread, which ends once it has served one
+/// communicator or its deadline has passed.
+pub struct Root {
+    pub id: UniqueId,
+    thread: std::thread::JoinHandle<Result<()>>,
+}
+
+impl Root {
+    /// Wait until the root has served its communicator (every rank joined: Ok) or given up
+    /// (the error the ranks were sent).
+    pub fn wait(self) -> Result<()> {
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Err(Error::Internal("the bootstrap root panicked".into())))
+    }
+}
+
+/// Start a root on `bind` (port 0: any) serving one communicator of `nranks` ranks (None: as
+/// many as the first rank to arrive says), with `nonce` (None: a fresh one).
+pub fn listen(
+    bind: SocketAddr,
+    nonce_value: Option<u64>,
+    nranks: Option<usize>,
+    timeout: Duration,
+) -> Result<Root> {
+    if let Some(n) = nranks {
+        check_ranks(0, n)?;
+    }
     let listener = TcpListener::bind(bind).map_err(|e| io(&format!("listen on {bind}"), e))?;
     let addr = listener.local_addr().map_err(|e| io("local address", e))?;
     let id = UniqueId {
         addr,
         nonce: nonce_value.unwrap_or_else(nonce),
     };
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("fabricoll-bootstrap".into())
         .spawn(move || {
-            if let Err(e) = root(listener, id, timeout) {
+            let r = root(listener, id, nranks.unwrap_or(0), timeout);
+            if let Err(e) = &r {
                 log::warn!("bootstrap root on {addr}: {e}");
             }
+            r
         })
         .map_err(|e| io("thread", e))?;
-    Ok(id)
+    Ok(Root { id, thread })
+}
+
+/// Start a root on `bind` (port 0: any) serving one communicator; returns its unique id (the
+/// root's thread runs on by itself).
+pub fn serve(bind: SocketAddr, nonce_value: Option<u64>, timeout: Duration) -> Result<UniqueId> {
+    Ok(listen(bind, nonce_value, None, timeout)?.id)
 }
 
 /// A unique id for a new communicator, with its root listening on `FABRICOLL_BOOTSTRAP_ADDR`'s
@@ -288,24 +333,37 @@ fn missing(arrived: &BTreeMap<usize, (TcpStream, Vec<u8>)>, nranks: usize) -> St
 }
 
 /// Serve one communicator: gather every rank's hello, then send each the table of addresses.
-/// The communicator's size is the first good hello's `nranks`; ranks that disagree are
-/// refused. Memory grows only with the ranks that arrived (at most `MAX_ADDR` bytes each).
-fn root(listener: TcpListener, id: UniqueId, timeout: Duration) -> Result<()> {
+/// The communicator's size is `expected`, or (0) the first good hello's `nranks`; ranks that
+/// disagree are refused. Memory grows only with the ranks that arrived (at most `MAX_ADDR`
+/// bytes each).
+fn root(listener: TcpListener, id: UniqueId, expected: usize, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     listener
         .set_nonblocking(true)
         .map_err(|e| io("listener", e))?;
     let mut conns: BTreeMap<usize, (TcpStream, Vec<u8>)> = BTreeMap::new();
-    let mut nranks = 0usize;
+    let mut nranks = expected;
+    let said = if expected > 0 {
+        "the root was started for them"
+    } else {
+        "the first rank to arrive said so"
+    };
     while nranks == 0 || conns.len() < nranks {
         if Instant::now() > deadline {
-            let e = Error::Timeout(format!(
-                "{} of {nranks} ranks did not arrive within FABRICOLL_TIMEOUT_MS ({} ms): \
-                 rank(s) {} missing",
-                nranks - conns.len(),
-                timeout.as_millis(),
-                missing(&conns, nranks)
-            ));
+            let e = Error::Timeout(if nranks == 0 {
+                format!(
+                    "no rank arrived within FABRICOLL_TIMEOUT_MS ({} ms)",
+                    timeout.as_millis()
+                )
+            } else {
+                format!(
+                    "{} of {nranks} ranks did not arrive within FABRICOLL_TIMEOUT_MS ({} ms): \
+                     rank(s) {} missing",
+                    nranks - conns.len(),
+                    timeout.as_millis(),
+                    missing(&conns, nranks)
+                )
+            });
             for (s, _) in conns.values_mut() {
                 refuse(s, &e);
             }
@@ -337,8 +395,7 @@ fn root(listener: TcpListener, id: UniqueId, timeout: Duration) -> Result<()> {
             Some(Error::arg(
                 "nranks",
                 format!(
-                    "rank {} says {}, but the communicator has {nranks} ranks (the first rank \
-                     to arrive said so)",
+                    "rank {} says {}, but the communicator has {nranks} ranks ({said})",
                     h.rank, h.nranks
                 ),
             ))
@@ -472,9 +529,14 @@ mod tests {
     #[test]
     fn id_round_trips_and_ranks_exchange() {
         let id = new_unique_id(IpAddr::V4(Ipv4Addr::LOCALHOST), Duration::from_secs(10)).unwrap();
-        assert_eq!(UniqueId::from_bytes(&id.to_bytes()).unwrap(), id);
-        assert_eq!(UniqueId::from_hex(&id.to_hex()).unwrap(), id);
-        assert!(UniqueId::from_bytes(&[0u8; 128]).is_err());
+        assert_eq!(UniqueId::from_bytes(&id.to_bytes(), "id").unwrap(), id);
+        assert_eq!(UniqueId::from_hex(&id.to_hex(), "X").unwrap(), id);
+        let e = UniqueId::from_bytes(&[0u8; 128], "id").unwrap_err();
+        assert!(e.to_string().contains("'id'"), "{e}");
+        for bad in ["zz", "abc", "00112233", "é1"] {
+            let e = UniqueId::from_hex(bad, "FABRICOLL_UNIQUE_ID").unwrap_err();
+            assert!(e.to_string().contains("FABRICOLL_UNIQUE_ID"), "{bad}: {e}");
+        }
         let hs: Vec<_> = (0..3)
             .map(|r| {
                 std::thread::spawn(move || {

@@ -15,6 +15,7 @@ mod call;
 mod choice;
 mod comm;
 mod engine;
+pub mod launch;
 pub mod placement;
 #[cfg(test)]
 mod tests;

@@ -6,8 +6,9 @@ use nccl_net_fabricoll::algo::{Algorithm, Collective};
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
 
 /// nccl-tests-style benchmark of the collective engines. Without a launcher it forks the
-/// ranks itself; under one (FABRICOLL_RANK, FABRICOLL_NRANKS, FABRICOLL_UNIQUE_ID, or torchrun's
-/// RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) it runs as one rank.
+/// ranks itself; under one (torchrun, mpirun, mpiexec, srun, or FABRICOLL_RANK and
+/// FABRICOLL_NRANKS; ranks meet through FABRICOLL_UNIQUE_ID, FABRICOLL_ROOT, FABRICOLL_ROOT_FILE
+/// or torchrun's MASTER_ADDR and MASTER_PORT) it runs as one rank.
 #[derive(Clone, Debug, Parser)]
 #[command(
     name = "fabricoll-perf",

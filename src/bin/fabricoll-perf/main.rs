@@ -1,20 +1,21 @@
 //! fabricoll-perf: nccl-tests-style benchmark of the collective engines.
 //!
 //! `fabricoll-perf --ranks 4 --coll allreduce -b 8 -e 256M -f 2 -d float -o sum -n 20 -w 5 -c 1`
-//! forks the ranks itself; under a launcher it runs as one rank (`FABRICOLL_RANK`,
-//! `FABRICOLL_NRANKS`, `FABRICOLL_UNIQUE_ID`, or torchrun's `RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
-//! `MASTER_PORT`). Rank 0 prints one row per size: size, count, type, redop, algorithm, time,
+//! forks the ranks itself where no launcher variable is set; under a launcher (torchrun,
+//! mpirun, mpiexec, srun, or fabricoll's own `FABRICOLL_RANK` and `FABRICOLL_NRANKS`: see
+//! `coll::launch`) it runs as one rank. Rank 0 prints one row per size: size, count, type, redop, algorithm, time,
 //! algbw, busbw (as nccl-tests defines them) and #wrong, then `# Avg bus bandwidth`.
 //!
-//! `args` holds the command line, `check` the expected values, `launch` how the ranks start;
+//! `args` holds the command line, `check` the expected values, `fork` how the ranks start where no launcher did;
 //! this file runs one rank's sizes and prints the rows.
 mod args;
 mod check;
-mod launch;
+mod fork;
 
 use args::{parse, Args, Average};
 use check::{bus_factor, counts, enc, value, wrong};
 use nccl_net_fabricoll::algo::{Algorithm, Collective};
+use nccl_net_fabricoll::coll::launch::{self, Launch};
 use nccl_net_fabricoll::coll::{Call, Comm, Kind};
 use nccl_net_fabricoll::config::Config;
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
@@ -22,7 +23,16 @@ use nccl_net_fabricoll::transport::{Region, Scratch};
 use std::process::ExitCode;
 use std::time::Instant;
 
-fn run_rank(a: &Args, comm: &Comm) -> Result<usize, String> {
+/// The algorithm every row runs unless `auto`, and who forced it.
+fn forced(a: &Args, cfg: &Config) -> String {
+    match (a.algo, cfg.algo) {
+        (Some(x), _) => format!("{} (--algo)", x.name()),
+        (None, Some(x)) => format!("{} (FABRICOLL_ALGO)", x.name()),
+        (None, None) => "auto".to_string(),
+    }
+}
+
+fn run_rank(a: &Args, comm: &Comm, cfg: &Config, how: &Launch) -> Result<usize, String> {
     let n = comm.nranks;
     let el = a.dtype.size();
     if comm.rank == 0 {
@@ -36,12 +46,15 @@ fn run_rank(a: &Args, comm: &Comm) -> Result<usize, String> {
         println!(
             "# fabricoll-perf: {:?} on {n} ranks, algorithm {}, type {}, op {}, {} warm-up + {timed}, {}",
             a.coll,
-            a.algo.map_or("auto".to_string(), |x| x.name().to_string()),
+            forced(a, cfg),
             a.dtype.name(),
             a.op.name(),
             a.warmup,
             if a.in_place { "in place" } else { "out of place" }
         );
+        println!("# launcher: {}", how.describe());
+        // TODO(lead): the host layout, once `Comm` exposes its `algo::Hosts`, e.g.
+        // println!("# hosts: {}", comm.hosts());
         println!(
             "# time: {} mean per iteration (-a {})",
             a.average.name(),
@@ -256,24 +269,28 @@ fn main() -> ExitCode {
         }
     };
     nccl_net_fabricoll::logging::init(None);
-    match launch::launched(&cfg) {
+    match launch::from_env(&cfg) {
         Err(e) => {
             eprintln!("fabricoll-perf: {e}");
             ExitCode::from(2)
         }
-        Ok(Some((rank, n, id))) => {
-            let comm = match Comm::init_rank(n, &id, rank, &cfg) {
+        Ok(Some(how)) => {
+            let rank = how.rank;
+            if a.root >= how.nranks {
+                eprintln!(
+                    "fabricoll-perf: -r {} is not a rank of {}",
+                    a.root, how.nranks
+                );
+                return ExitCode::from(2);
+            }
+            let comm = match how.init(&cfg) {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("fabricoll-perf rank {rank}: {e}");
                     return ExitCode::from(1);
                 }
             };
-            if a.root >= n {
-                eprintln!("fabricoll-perf: -r {} is not a rank of {n}", a.root);
-                return ExitCode::from(2);
-            }
-            match run_rank(&a, &comm) {
+            match run_rank(&a, &comm, &cfg, &how) {
                 Ok(0) => ExitCode::SUCCESS,
                 Ok(_) => ExitCode::from(1),
                 Err(e) => {
@@ -282,7 +299,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Ok(None) => launch::fork_ranks(&a, &argv, &cfg),
+        Ok(None) => fork::fork_ranks(&a, &argv, &cfg),
     }
 }
 

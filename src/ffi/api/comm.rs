@@ -2,7 +2,7 @@
 use super::handles::{abort_comm, comm_of, destroy_comm, register_comm};
 use super::types::{algo, fabricoll_comm, fabricoll_status, fabricoll_unique_id};
 use super::{config, out};
-use crate::coll::{bootstrap, Comm};
+use crate::coll::{bootstrap, launch, Comm};
 use crate::error::Error;
 use crate::ffi::arg_ref;
 use crate::ffi::boundary::boundary;
@@ -48,8 +48,51 @@ pub unsafe extern "C" fn fabricoll_comm_init_rank(
             .map_err(|_| Error::arg("nranks", format!("{nranks} is negative")))?;
         let r =
             usize::try_from(rank).map_err(|_| Error::arg("rank", format!("{rank} is negative")))?;
-        let c = Comm::init_rank(nr, &bootstrap::UniqueId::from_bytes(&bytes)?, r, config()?)?;
+        let c = Comm::init_rank(
+            nr,
+            &bootstrap::UniqueId::from_bytes(&bytes, "id")?,
+            r,
+            config()?,
+        )?;
         comm.set(register_comm(c));
+        Ok(())
+    })
+}
+
+/// Create this rank's communicator from the environment its launcher set: rank, rank count
+/// and how the ranks meet (collective over all ranks; blocks until every rank has joined, at
+/// most `FABRICOLL_TIMEOUT_MS`). Fails, naming the variable, where no launcher variable is set
+/// or they are inconsistent.
+///
+/// Launchers, first found wins: fabricoll's own (`FABRICOLL_RANK`, `FABRICOLL_NRANKS`),
+/// torchrun (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`), Open MPI (`OMPI_COMM_WORLD_RANK`, `_SIZE`,
+/// `_LOCAL_RANK`), MPICH Hydra (`PMI_RANK`, `PMI_SIZE`, `MPI_LOCALRANKID`), Slurm
+/// (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`). How the ranks meet, first set wins:
+/// `FABRICOLL_UNIQUE_ID` (hex, from `fabricoll-info --unique-id`), `FABRICOLL_ROOT`
+/// (host:port; rank 0 listens there), `FABRICOLL_ROOT_FILE` (a path every rank sees; rank 0
+/// writes its id there), torchrun's `MASTER_ADDR` at port `MASTER_PORT + 1`.
+///
+/// Recipes (`./app` calls this function; 2 hosts `node1`, `node2`, 4 ranks each):
+///
+/// ```sh
+/// # torchrun, on node N (0, 1); the root listens on MASTER_PORT + 1:
+/// torchrun --nnodes 2 --nproc-per-node 4 --node-rank N --master-addr node1 --no-python ./app
+/// # Open MPI:
+/// mpirun -np 8 -H node1:4,node2:4 -x FABRICOLL_ROOT=node1:29400 ./app
+/// # Slurm (the job id keeps two jobs apart):
+/// srun -N 2 --ntasks-per-node 4 --export ALL,FABRICOLL_ROOT_FILE=$HOME/.fabricoll-$SLURM_JOB_ID ./app
+/// # MPICH Hydra:
+/// mpiexec -n 8 -hosts node1:4,node2:4 -genv FABRICOLL_ROOT node1:29400 ./app
+/// # Any launcher, with a unique id served by a tool on node1 until all 8 ranks have joined:
+/// ID=$(fabricoll-info --unique-id --ranks 8 --bind node1-address &)
+/// mpirun -np 8 -H node1:4,node2:4 -x FABRICOLL_UNIQUE_ID=$ID ./app
+/// ```
+#[no_mangle]
+pub extern "C" fn fabricoll_comm_init_env(comm: *mut *mut fabricoll_comm) -> fabricoll_status {
+    boundary("fabricoll_comm_init_env", || {
+        let comm = out(comm, "comm")?;
+        comm.set(std::ptr::null_mut());
+        comm.set(register_comm(launch::init_from_env(config()?)?));
         Ok(())
     })
 }

@@ -1,11 +1,10 @@
-//! How fabricoll-perf gets its ranks: from a launcher's environment (`FABRICOLL_RANK`,
-//! `FABRICOLL_NRANKS`, `FABRICOLL_UNIQUE_ID`, or torchrun's `RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
-//! `MASTER_PORT`), or by forking them itself, bound to CPUs as `--bind` says.
+//! How fabricoll-perf gets its ranks where no launcher started it (`coll::launch` reads a
+//! launcher's environment): it forks them itself, bound to CPUs as `--bind` says, and runs
+//! their bootstrap root.
 use crate::args::{Args, Bind};
-use nccl_net_fabricoll::coll::bootstrap::{self, UniqueId};
+use nccl_net_fabricoll::coll::bootstrap;
 use nccl_net_fabricoll::coll::placement::{allowed_cpus, bind_to};
 use nccl_net_fabricoll::config::Config;
-use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitCode};
 use std::time::Duration;
@@ -19,53 +18,6 @@ pub fn bind_plan(bind: Bind, ranks: usize, cpus: &[usize]) -> Vec<Option<usize>>
         }
         _ => vec![None; ranks],
     }
-}
-
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
-}
-
-/// This process's rank, rank count and unique id when a launcher started it.
-pub fn launched(cfg: &Config) -> Result<Option<(usize, usize, UniqueId)>, String> {
-    if let (Some(r), Some(n), Some(id)) = (
-        env("FABRICOLL_RANK"),
-        env("FABRICOLL_NRANKS"),
-        env("FABRICOLL_UNIQUE_ID"),
-    ) {
-        let r = r.parse().map_err(|_| "FABRICOLL_RANK: not a number")?;
-        let n = n.parse().map_err(|_| "FABRICOLL_NRANKS: not a number")?;
-        return Ok(Some((
-            r,
-            n,
-            UniqueId::from_hex(&id).map_err(|e| e.to_string())?,
-        )));
-    }
-    if let (Some(r), Some(n), Some(addr), Some(port)) = (
-        env("RANK"),
-        env("WORLD_SIZE"),
-        env("MASTER_ADDR"),
-        env("MASTER_PORT"),
-    ) {
-        let r: usize = r.parse().map_err(|_| "RANK: not a number")?;
-        let n = n.parse().map_err(|_| "WORLD_SIZE: not a number")?;
-        let port: u16 = port.parse().map_err(|_| "MASTER_PORT: not a number")?;
-        let ip = std::net::ToSocketAddrs::to_socket_addrs(&(addr.as_str(), port))
-            .map_err(|e| format!("MASTER_ADDR {addr:?}: {e}"))?
-            .next()
-            .ok_or("MASTER_ADDR: no address")?;
-        // torchrun's store port is taken: our root listens on MASTER_PORT + 1.
-        let at = SocketAddr::new(ip.ip(), port.wrapping_add(1));
-        let id = if r == 0 {
-            bootstrap::serve(at, Some(0x7472_6368), cfg.timeout).map_err(|e| e.to_string())?
-        } else {
-            UniqueId {
-                addr: at,
-                nonce: 0x7472_6368,
-            }
-        };
-        return Ok(Some((r, n, id)));
-    }
-    Ok(None)
 }
 
 /// Forks `a.ranks` copies of this program with the same `argv`, each told its rank, and runs
