@@ -110,7 +110,7 @@ pub const VARS: &[Var] = &[
         name: "FABRICOLL_BOOTSTRAP_ADDR",
         accepted: "an IPv4 or IPv6 address of this host",
         default: "127.0.0.1",
-        meaning: "address the unique id's bootstrap root listens on (set it for several hosts)",
+        meaning: "address the unique id's bootstrap root listens on (set it for several hosts); FABRICOLL_ROOT_FILE's root and fabricoll-info --unique-id default to this host's first non-loopback address instead",
     },
     Var {
         name: "FABRICOLL_MR_CACHE",
@@ -128,19 +128,19 @@ pub const VARS: &[Var] = &[
         name: "FABRICOLL_RANK",
         accepted: "integer 0..FABRICOLL_NRANKS",
         default: "unset",
-        meaning: "fabricoll-perf under a launcher: this process's rank (with FABRICOLL_NRANKS and FABRICOLL_UNIQUE_ID)",
+        meaning: "launchers: this process's rank (with FABRICOLL_NRANKS and one of FABRICOLL_UNIQUE_ID, FABRICOLL_ROOT, FABRICOLL_ROOT_FILE); read by fabricoll-perf and fabricoll_comm_init_env",
     },
     Var {
         name: "FABRICOLL_NRANKS",
         accepted: "integer >= 1",
         default: "unset",
-        meaning: "fabricoll-perf under a launcher: the rank count",
+        meaning: "launchers: the rank count (must agree with the launcher's own)",
     },
     Var {
         name: "FABRICOLL_UNIQUE_ID",
         accepted: "hex string of a unique id (fabricoll_get_unique_id)",
         default: "unset",
-        meaning: "fabricoll-perf under a launcher: the id of the bootstrap root, which rank 0's process runs",
+        meaning: "launchers: the hex id of a bootstrap root someone serves (fabricoll-info --unique-id)",
     },
 ];
 
