@@ -25,11 +25,13 @@ type Sig = (Collective, usize, DataType, RedOp, usize);
 /// Two communicators over `transport` ("loopback", "shm" or "net"), or None (skipped) where
 /// the provider is missing.
 fn pair(test: &str, transport: &str) -> Option<Vec<Arc<Comm>>> {
-    let cfg: Config = match transport {
+    let mut cfg: Config = match transport {
         "net" => common::fixed_model_on(Some("net"), Some("lo"), DEADLINE_MS),
         "shm" => common::fixed_model(Some("shm"), DEADLINE_MS),
         _ => common::fixed_model(None, DEADLINE_MS),
     };
+    // Each provider between these ranks of one host (FABRICOLL_INTRA_PROVIDER=same).
+    cfg.intra_provider = None;
     let eps: Vec<Arc<dyn Transport>> = if transport == "loopback" {
         let f = LoopbackFabric::new();
         (0..2)
