@@ -11,6 +11,7 @@ use nccl_net_fabricoll::coll::{self, Call, Comm, Kind};
 use nccl_net_fabricoll::config::Config;
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
 use nccl_net_fabricoll::testing::skip;
+use nccl_net_fabricoll::transport::fabric::Use;
 use nccl_net_fabricoll::transport::{Region, Transport};
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr};
@@ -371,6 +372,28 @@ fn threads_on_two_hosts_learn_the_layout_from_their_addresses() {
             });
         }
     });
+    // A split learns its own layout from the envelopes: ranks 2, 1, 0 on hosts x, y, x.
+    let cfgs = &cfgs;
+    let parts: Vec<Comm> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| s.spawn(move || c.split(0, -(r as i32), &cfgs[r]).unwrap().unwrap()))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(parts[0].rank, 2);
+    assert_eq!(parts[0].hosts(), algo::Hosts::from_labels(&["x", "y", "x"]));
+    assert_eq!(
+        parts[0].provider_to(0),
+        intra.provider,
+        "new rank 0 is old rank 2"
+    );
+    std::thread::scope(|s| {
+        for c in &parts {
+            s.spawn(move || assert!(check_one(c, None, Collective::AllReduce, 100)));
+        }
+    });
     // FABRICOLL_INTRA_PROVIDER=same: one fabric, as before.
     let mut same = cfgs[0].clone();
     same.intra_provider = None;
@@ -387,4 +410,35 @@ fn threads_on_two_hosts_learn_the_layout_from_their_addresses() {
         e.contains("FABRICOLL_INTRA_PROVIDER") && e.contains("same"),
         "{e}"
     );
+}
+
+/// Several devices: the network provider's endpoint takes device `hint mod n` of those
+/// FABRICOLL_DOMAIN lists, in order (here the interfaces of this machine).
+#[test]
+fn the_device_hint_spreads_endpoints_over_the_listed_devices() {
+    let test = "the_device_hint_spreads_endpoints_over_the_listed_devices";
+    let probe = common::fixed_model(Some("net"), 20000);
+    let domains: Vec<String> =
+        match nccl_net_fabricoll::transport::fabric::discover(&probe, Use::Engines) {
+            Ok(d) => {
+                let mut v: Vec<String> = d.devices.iter().map(|x| x.caps.domain.clone()).collect();
+                v.extend(d.skipped);
+                v
+            }
+            Err(e) => return skip(test, &format!("no net provider ({e})")),
+        };
+    if domains.len() < 2 {
+        return skip(test, &format!("net has one device here ({domains:?})"));
+    }
+    let mut cfg = probe.clone();
+    cfg.domains = Some(domains.clone());
+    for hint in 0..2 * domains.len() + 1 {
+        let t = coll::open_endpoint_on(&cfg, hint).unwrap();
+        assert_eq!(
+            t.caps().domain,
+            domains[hint % domains.len()],
+            "hint {hint}"
+        );
+        assert!(t.caps().intra.is_some(), "the intra fabric comes along");
+    }
 }

@@ -46,24 +46,24 @@ impl Place {
 
     /// This process's place under the process's configuration (`FABRICOLL_HOST`).
     pub fn here() -> Place {
-        match crate::config::get() {
-            Ok(cfg) => Place::here_for(cfg),
-            Err(_) => Place::here_for(
-                &Config::from_lookup(|_| None)
-                    .unwrap_or_else(|_| unreachable!("the empty configuration is valid")),
-            ),
-        }
+        let named = crate::config::get().ok().and_then(|c| c.host.as_deref());
+        Place::on_host(host_key_named(named))
     }
 
     /// This process's place: its machine, its host under `cfg`, and the CPUs it may run on now.
     pub fn here_for(cfg: &Config) -> Place {
+        Place::on_host(host_key(cfg))
+    }
+
+    /// This process's machine and CPUs, on the host `host`.
+    fn on_host(host: u64) -> Place {
         let mut cpus = allowed_cpus();
         if cpus.is_empty() {
             // The kernel did not say: as many CPUs as the standard library finds.
             let n = std::thread::available_parallelism().map_or(1, |n| n.get());
             cpus = (0..n).collect();
         }
-        Place::new(kernel_key(), host_key(cfg), cpus)
+        Place::new(kernel_key(), host, cpus)
     }
 
     pub fn to_bytes(&self) -> [u8; RECORD] {
@@ -327,7 +327,12 @@ pub fn kernel_key() -> u64 {
 /// memory (the intra-host fabric); the transport's address carries the key
 /// (`transport::tiered`).
 pub fn host_key(cfg: &Config) -> u64 {
-    match &cfg.host {
+    host_key_named(cfg.host.as_deref())
+}
+
+/// `host_key` for the `FABRICOLL_HOST` value `named`.
+fn host_key_named(named: Option<&str>) -> u64 {
+    match named {
         Some(h) => fnv1a(&[b"named\0", h.as_bytes()]),
         None => {
             let read = |f: &str| std::fs::read_to_string(f).unwrap_or_default();
