@@ -165,8 +165,8 @@ impl Comm {
         Ok(comm)
     }
 
-    /// The provider that carries messages to rank `r` (over two fabrics, the intra-host one
-    /// for ranks of this host).
+    /// The provider that carries messages to rank `r` (below `nranks`): over two fabrics, the
+    /// intra-host one for ranks of this host.
     pub fn provider_to(&self, r: usize) -> &str {
         &self.transport.caps_to(self.peers[r]).provider
     }

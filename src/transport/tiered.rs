@@ -10,7 +10,12 @@
 //! consumed by the cancelled receive and lost. The only such receive of the engines watches
 //! for notices that the calls differ, where any one notice fails the collective, so a second
 //! one lost changes nothing. An operation id of a receive without a sender must not be reused
-//! before both of its completions came back (one delivered, one swallowed).
+//! before both of its completions came back (one delivered, one swallowed). Such a receive
+//! into a region lands in a buffer of each fabric and is copied into the region by the poll
+//! that delivers it (two fabrics must not write one region), so it takes no registration.
+//!
+//! `wait` sleeps in one poll(2) on both fabrics' wait fds; where either has none (shm's
+//! fastbox raises no completion) it yields, as that fabric alone would.
 use super::{Caps, Completion, Mr, OpId, Peer, Posted, Region, Transport, WaitObject};
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
@@ -277,6 +282,12 @@ impl Transport for Tiered {
                 p.0
             )));
         }
+        log::debug!(
+            "peer {:#x} on {} host: over {}",
+            p.0 | bit,
+            if bit == 0 { "this" } else { "another" },
+            t.caps().provider
+        );
         Ok(Peer(p.0 | bit))
     }
 
