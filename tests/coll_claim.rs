@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 /// `n` communicators over net endpoints on loopback, or None where the provider is missing
 /// (test `test` is then skipped: `testing::skip`).
 fn comms(test: &str, n: usize) -> Option<Vec<Arc<Comm>>> {
-    let c = common::fixed_model_on(Some("net"), Some("lo"), 20000);
+    let mut c = common::fixed_model_on(Some("net"), Some("lo"), 20000);
+    // net between these ranks of one host, not shared memory (FABRICOLL_INTRA_PROVIDER=same).
+    c.intra_provider = None;
     let eps = match (0..n)
         .map(|_| coll::open_endpoint(&c))
         .collect::<Result<Vec<_>, _>>()

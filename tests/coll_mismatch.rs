@@ -22,21 +22,34 @@ const DEADLINE_MS: u32 = 3000;
 /// One rank's call: collective, count, type, op, root.
 type Sig = (Collective, usize, DataType, RedOp, usize);
 
-/// Two communicators over `transport` ("loopback", "shm" or "net"), or None (skipped) where
-/// the provider is missing.
+/// Two communicators over `transport` ("loopback", "shm", "net", or two fabrics, shm and
+/// net, with the ranks on two hosts ("tiered-inter") or one ("tiered-intra")), or None
+/// (skipped) where the provider is missing.
 fn pair(test: &str, transport: &str) -> Option<Vec<Arc<Comm>>> {
-    let cfg: Config = match transport {
-        "net" => common::fixed_model_on(Some("net"), Some("lo"), DEADLINE_MS),
+    let mut cfg: Config = match transport {
+        "net" | "tiered-inter" | "tiered-intra" => {
+            common::fixed_model_on(Some("net"), Some("lo"), DEADLINE_MS)
+        }
         "shm" => common::fixed_model(Some("shm"), DEADLINE_MS),
         _ => common::fixed_model(None, DEADLINE_MS),
     };
+    if !transport.starts_with("tiered") {
+        // Each provider between these ranks of one host (FABRICOLL_INTRA_PROVIDER=same).
+        cfg.intra_provider = None;
+    }
+    let cfgs: Vec<Config> = (0..2)
+        .map(|r| Config {
+            host: Some(if transport == "tiered-inter" { r } else { 0 }.to_string()),
+            ..cfg.clone()
+        })
+        .collect();
     let eps: Vec<Arc<dyn Transport>> = if transport == "loopback" {
         let f = LoopbackFabric::new();
         (0..2)
             .map(|_| Arc::new(f.endpoint()) as Arc<dyn Transport>)
             .collect()
     } else {
-        match (0..2).map(|_| coll::open_endpoint(&cfg)).collect() {
+        match cfgs.iter().map(coll::open_endpoint).collect() {
             Ok(e) => e,
             Err(e) => {
                 skip(test, &format!("no {transport} endpoint ({e})"));
@@ -48,7 +61,7 @@ fn pair(test: &str, transport: &str) -> Option<Vec<Arc<Comm>>> {
     Some(
         eps.into_iter()
             .enumerate()
-            .map(|(r, e)| Arc::new(Comm::new(r, e, &addrs, &cfg).unwrap()))
+            .map(|(r, e)| Arc::new(Comm::new(r, e, &addrs, &cfgs[r]).unwrap()))
             .collect(),
     )
 }
@@ -196,4 +209,14 @@ fn mismatched_calls_fail_on_every_rank_over_net() {
         "net",
         1 << 20,
     );
+}
+
+#[test]
+fn mismatched_calls_fail_on_every_rank_over_two_fabrics() {
+    // The watch for notices is a receive without a sender, posted on both fabrics.
+    let test = "mismatched_calls_fail_on_every_rank_over_two_fabrics";
+    for transport in ["tiered-inter", "tiered-intra"] {
+        check(test, transport, 1024);
+        check(test, transport, 1 << 20);
+    }
 }

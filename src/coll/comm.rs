@@ -1,12 +1,14 @@
 //! The communicator: how it is made (over a transport and the peers' addresses, from a unique
 //! id, or by splitting another), what it exposes, and how it ends (abort, drop).
+use super::agree::{self, Envelope};
 use super::choice::ChoiceKey;
 use super::engine::{Engine, ReqState};
-use super::{bootstrap, Kind};
+use super::{bootstrap, placement, Kind};
 use crate::algo::{self, Algorithm, Collective, Hosts, Options, Span};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::reduce::DataType;
+use crate::transport::tiered::{self, Tiered};
 use crate::transport::{Peer, Scratch, Transport};
 use crate::tune::Model;
 use parking_lot::Mutex;
@@ -43,12 +45,48 @@ pub struct Comm {
 }
 
 impl Comm {
-    /// A communicator over `transport`, whose peers have the endpoint addresses `addrs`.
+    /// A communicator over `transport`, whose peers have the endpoint addresses `addrs`. The
+    /// hosts come from the addresses where they carry them (a transport over two fabrics,
+    /// `tiered`), else every rank counts as on one host; `FABRICOLL_LOCAL_RANKS` overrides.
     pub fn new(
         rank: usize,
         transport: Arc<dyn Transport>,
         addrs: &[Vec<u8>],
         cfg: &Config,
+    ) -> Result<Comm> {
+        let keys = match transport.caps().intra {
+            Some(_) => Some(
+                addrs
+                    .iter()
+                    .map(|a| tiered::decode_address(a).map(|(host, _, _)| host))
+                    .collect::<Result<Vec<u64>>>()?,
+            ),
+            None => None,
+        };
+        Comm::with_hosts(rank, transport, addrs, cfg, keys.as_deref())
+    }
+
+    /// A communicator over `transport`, whose ranks sent the envelopes `envelopes`
+    /// (`agree::Envelope`): every rank fails alike where one disagrees with rank 0, before any
+    /// peer is inserted. The hosts are the envelopes' (`FABRICOLL_LOCAL_RANKS` overrides).
+    pub fn agreed(
+        rank: usize,
+        transport: Arc<dyn Transport>,
+        envelopes: &[Vec<u8>],
+        cfg: &Config,
+    ) -> Result<Comm> {
+        let all = agree::check(envelopes)?;
+        let keys: Vec<u64> = all.iter().map(|e| e.host).collect();
+        let addrs: Vec<Vec<u8>> = all.into_iter().map(|e| e.address).collect();
+        Comm::with_hosts(rank, transport, &addrs, cfg, Some(&keys))
+    }
+
+    fn with_hosts(
+        rank: usize,
+        transport: Arc<dyn Transport>,
+        addrs: &[Vec<u8>],
+        cfg: &Config,
+        host_keys: Option<&[u64]>,
     ) -> Result<Comm> {
         let nranks = addrs.len();
         bootstrap::check_ranks(rank, nranks)?;
@@ -56,11 +94,34 @@ impl Comm {
             .iter()
             .map(|a| transport.insert_peer(a))
             .collect::<Result<Vec<_>>>()?;
-        let hosts = match cfg.local_ranks {
-            Some(l) => Hosts::blocks(nranks, l),
-            None => Hosts::ONE,
+        let hosts = match (cfg.local_ranks, host_keys) {
+            (Some(l), _) => Hosts::blocks(nranks, l),
+            (None, Some(k)) => Hosts::from_labels(k),
+            (None, None) => Hosts::ONE,
         };
-        let caps = transport.caps();
+        if rank == 0 {
+            log::info!(
+                "{nranks} ranks on {} hosts, ranks per host {:?}{}",
+                hosts.count(),
+                hosts.sizes(nranks),
+                if cfg.local_ranks.is_some() {
+                    " (FABRICOLL_LOCAL_RANKS)"
+                } else {
+                    ""
+                }
+            );
+        }
+        // Where every peer is reached over the intra-host fabric, its capabilities rule.
+        let caps = match &transport.caps().intra {
+            Some(intra)
+                if peers
+                    .iter()
+                    .all(|&p| std::ptr::eq(transport.caps_to(p), &**intra)) =>
+            {
+                &**intra
+            }
+            _ => transport.caps(),
+        };
         let (slice, eager) = (caps.slice_bytes, caps.eager_bytes);
         let poll = cfg.poll.unwrap_or(caps.poll_window);
         let spin = spin_ok(nranks);
@@ -85,7 +146,8 @@ impl Comm {
         Ok(comm)
     }
 
-    /// Join the communicator of `id` over a new endpoint of the default device.
+    /// Join the communicator of `id` over a new endpoint (`open_endpoint_on`, this rank's
+    /// device hint: the rank itself).
     pub fn init_rank(
         nranks: usize,
         id: &bootstrap::UniqueId,
@@ -93,12 +155,25 @@ impl Comm {
         cfg: &Config,
     ) -> Result<Comm> {
         bootstrap::check_ranks(rank, nranks)?;
-        let t = open_endpoint(cfg)?;
-        let addrs = bootstrap::exchange(id, rank, nranks, &t.address(), cfg.timeout)?;
-        let mut comm = Comm::new(rank, t, &addrs, cfg)?;
+        // TODO(lead): the launcher's local rank as the device hint, where it gives one.
+        let t = open_endpoint_on(cfg, rank)?;
+        let mine = Envelope::here(&*t, cfg).to_bytes();
+        let all = bootstrap::exchange(id, rank, nranks, &mine, cfg.timeout)?;
+        let mut comm = Comm::agreed(rank, t, &all, cfg)?;
         comm.learn_placement()?;
         comm.calibrate()?;
         Ok(comm)
+    }
+
+    /// The provider that carries messages to rank `r` (below `nranks`): over two fabrics, the
+    /// intra-host one for ranks of this host.
+    pub fn provider_to(&self, r: usize) -> &str {
+        &self.transport.caps_to(self.peers[r]).provider
+    }
+
+    /// Which host each rank is on.
+    pub fn hosts(&self) -> Hosts {
+        self.hosts
     }
 
     /// Whether collectives post their ready sends before their ready receives
@@ -159,48 +234,59 @@ impl Comm {
     }
 
     /// Split by colour (negative: not part of any new communicator), ordered by key then rank.
+    /// The ranks exchange their new endpoints' envelopes (`agree`), checked on every rank
+    /// before any leaves: the new communicator learns its own hosts from them.
     pub fn split(&self, color: i32, key: i32, cfg: &Config) -> Result<Option<Comm>> {
-        let t = open_endpoint(cfg)?;
-        let mine = t.address();
-        if mine.len() > 240 {
-            return Err(Error::Internal("endpoint address too long to split".into()));
+        /// Bytes per rank in the exchange: colour, key, envelope length, envelope.
+        const REC: usize = 512;
+        let t = open_endpoint_on(cfg, self.rank)?;
+        let mine = Envelope::here(&*t, cfg).to_bytes();
+        if mine.len() > REC - 10 {
+            return Err(Error::Internal(format!(
+                "endpoint envelope of {} bytes, too long to split (at most {})",
+                mine.len(),
+                REC - 10
+            )));
         }
-        let mut rec = [0u8; 256];
+        let mut rec = [0u8; REC];
         rec[0..4].copy_from_slice(&color.to_le_bytes());
         rec[4..8].copy_from_slice(&key.to_le_bytes());
         rec[8..10].copy_from_slice(&(mine.len() as u16).to_le_bytes());
         rec[10..10 + mine.len()].copy_from_slice(&mine);
-        let all = Scratch::new(256 * self.nranks);
-        let mut own = Scratch::new(256);
+        let all = Scratch::new(REC * self.nranks);
+        let mut own = Scratch::new(REC);
         own.bytes_mut().copy_from_slice(&rec);
         let (_, all) = self.run_owned(
             Kind::Coll(Collective::AllGather),
             (own, all),
-            256,
+            REC,
             DataType::Uint8,
             Algorithm::Ring,
         )?;
-        let table = all.bytes();
-        if color < 0 {
-            return Ok(None);
-        }
         let mut members: Vec<(i32, usize, Vec<u8>)> = Vec::new();
-        for r in 0..self.nranks {
-            let b = &table[r * 256..(r + 1) * 256];
+        let mut envelopes = Vec::with_capacity(self.nranks);
+        for (r, b) in all.bytes().chunks(REC).enumerate() {
             let c = i32::from_le_bytes(b[0..4].try_into().expect("4"));
             let k = i32::from_le_bytes(b[4..8].try_into().expect("4"));
-            let l = u16::from_le_bytes([b[8], b[9]]) as usize;
+            let l = (u16::from_le_bytes([b[8], b[9]]) as usize).min(REC - 10);
+            let e = b[10..10 + l].to_vec();
             if c == color {
-                members.push((k, r, b[10..10 + l].to_vec()));
+                members.push((k, r, e.clone()));
             }
+            envelopes.push(e);
+        }
+        // Every rank, in a new communicator or not, fails alike where one disagrees.
+        agree::check(&envelopes)?;
+        if color < 0 {
+            return Ok(None);
         }
         members.sort_by_key(|m| (m.0, m.1));
         let new_rank = members
             .iter()
             .position(|m| m.1 == self.rank)
             .expect("self is a member");
-        let addrs: Vec<Vec<u8>> = members.into_iter().map(|m| m.2).collect();
-        let mut c = Comm::new(new_rank, t, &addrs, cfg)?;
+        let envelopes: Vec<Vec<u8>> = members.into_iter().map(|m| m.2).collect();
+        let mut c = Comm::agreed(new_rank, t, &envelopes, cfg)?;
         c.learn_placement()?;
         // The parent's measurements, and whether the new communicator's own ranks share CPUs.
         let shared = c.model.shared_cpus;
@@ -252,26 +338,91 @@ pub(super) fn spin_ok(ranks: usize) -> bool {
     std::thread::available_parallelism().is_ok_and(|n| ranks <= n.get())
 }
 
-/// A new endpoint on the configured device (FABRICOLL_PROVIDER / FABRICOLL_DOMAIN).
+/// A new endpoint on the configured device (FABRICOLL_PROVIDER / FABRICOLL_DOMAIN): the
+/// first device (`open_endpoint_on` with hint 0).
 pub fn open_endpoint(cfg: &Config) -> Result<Arc<dyn Transport>> {
-    use crate::transport::fabric::{self, FabricTransport};
-    static DISCOVERY: once_cell::sync::OnceCell<std::result::Result<fabric::Discovery, Error>> =
-        once_cell::sync::OnceCell::new();
-    let d = DISCOVERY
-        .get_or_init(|| fabric::discover(cfg, fabric::Use::Engines))
-        .as_ref()
-        .map_err(Clone::clone)?;
-    let dev = d.devices.first().ok_or_else(|| {
-        Error::System(format!(
+    open_endpoint_on(cfg, 0)
+}
+
+/// A new endpoint for the collective engines. The network provider (FABRICOLL_PROVIDER) takes
+/// device `hint mod n` of its n devices (FABRICOLL_DOMAIN lists them in order): ranks of one
+/// host given their local rank as the hint spread over the host's NICs. Where
+/// FABRICOLL_INTRA_PROVIDER names another provider, the endpoint is a transport over two
+/// fabrics (`tiered::Tiered`): that provider for ranks of this host, the network for the rest.
+pub fn open_endpoint_on(cfg: &Config, hint: usize) -> Result<Arc<dyn Transport>> {
+    use crate::transport::fabric::FabricTransport;
+    let d = discovery(cfg)?;
+    if d.devices.is_empty() {
+        return Err(Error::System(format!(
             "no libfabric device (providers found: {})",
             if d.providers.is_empty() {
                 "none".to_string()
             } else {
                 d.providers.join(", ")
             }
+        )));
+    }
+    let i = hint % d.devices.len();
+    let dev = &d.devices[i];
+    log::info!(
+        "endpoint hint {hint}: device {i} of {} ({} / {})",
+        d.devices.len(),
+        dev.caps.provider,
+        dev.caps.domain
+    );
+    let inter: Arc<dyn Transport> = Arc::new(FabricTransport::open(dev)?);
+    let core = |p: &str| p.split(';').next().unwrap_or(p).to_string();
+    let intra_name = match &cfg.intra_provider {
+        Some(p) if core(p) != core(&dev.caps.provider) => p.clone(),
+        _ => return Ok(inter),
+    };
+    let intra_cfg = Config {
+        provider: Some(intra_name.clone()),
+        domains: None,
+        ..cfg.clone()
+    };
+    let unavailable = |why: String| {
+        Error::arg(
+            "FABRICOLL_INTRA_PROVIDER",
+            format!(
+                "{intra_name}: {why}; set FABRICOLL_INTRA_PROVIDER=same to use {} for every peer",
+                dev.caps.provider
+            ),
+        )
+    };
+    let di = discovery(&intra_cfg).map_err(|e| unavailable(e.to_string()))?;
+    let idev = di.devices.first().ok_or_else(|| {
+        unavailable(format!(
+            "no such provider here (providers found: {})",
+            di.providers.join(", ")
         ))
     })?;
-    Ok(Arc::new(FabricTransport::open(dev)?))
+    let intra: Arc<dyn Transport> = Arc::new(FabricTransport::open(idev)?);
+    Ok(Arc::new(Tiered::new(
+        placement::host_key(cfg),
+        intra,
+        inter,
+    )?))
+}
+
+/// What discovery finds for the engines under `cfg`'s provider, domains and fastbox setting,
+/// found once per process for each.
+fn discovery(cfg: &Config) -> Result<&'static crate::transport::fabric::Discovery> {
+    use crate::transport::fabric::{self, Discovery};
+    type Key = (Option<String>, Option<Vec<String>>, bool);
+    type Found = &'static std::result::Result<Discovery, Error>;
+    static CACHE: Mutex<Vec<(Key, Found)>> = Mutex::new(Vec::new());
+    let key: Key = (cfg.provider.clone(), cfg.domains.clone(), cfg.shm_fastbox);
+    let mut cache = CACHE.lock();
+    let found = match cache.iter().find(|(k, _)| *k == key) {
+        Some((_, f)) => *f,
+        None => {
+            let f: Found = Box::leak(Box::new(fabric::discover(cfg, fabric::Use::Engines)));
+            cache.push((key, f));
+            f
+        }
+    };
+    found.as_ref().map_err(Clone::clone)
 }
 
 /// Spans of a whole buffer, for tests and tools.

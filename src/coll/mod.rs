@@ -8,7 +8,9 @@
 //! - `choice`: which algorithm runs a problem, and the choices kept;
 //! - `calibrate`: the communicator's own collectives at creation (placement, calibration);
 //! - `bootstrap`: the TCP exchange of endpoint addresses behind a unique id;
-//! - `placement`: which machine and CPUs each rank runs on.
+//! - `placement`: which machine, host and CPUs each rank runs on;
+//! - `agree`: what every rank must agree on when a communicator is made.
+pub mod agree;
 pub mod bootstrap;
 mod calibrate;
 mod call;
@@ -21,4 +23,4 @@ pub mod placement;
 mod tests;
 
 pub use call::{Call, Kind, RequestId};
-pub use comm::{open_endpoint, whole, Comm};
+pub use comm::{open_endpoint, open_endpoint_on, whole, Comm};

@@ -6,28 +6,35 @@
 //! 2 ranks on 2 CPUs to one CPU, so each sees one CPU and two ranks, although nobody shares; and
 //! 4 unbound ranks on 2 CPUs each see two CPUs, although two share each. A machine is a kernel:
 //! ranks with the same boot id (containers on one host included) share its CPUs.
-use rustc_hash::FxHasher;
-use std::hash::Hasher;
+//!
+//! A host is narrower than a machine: the kernel, host name and network namespace
+//! (`host_key`), or `FABRICOLL_HOST`. Ranks of one host talk through shared memory, the others
+//! through the network; namespaces of one kernel emulate hosts, yet share the CPUs.
+use crate::config::Config;
 
 /// CPUs a record describes (glibc's CPU_SETSIZE); CPUs above it count as absent.
 pub const MAX_CPUS: usize = 1024;
 const WORDS: usize = MAX_CPUS / 64;
-/// Bytes of one rank's record in the exchange: the machine, then the CPU bitmap.
-pub const RECORD: usize = 8 + MAX_CPUS / 8;
+/// Bytes of one rank's record in the exchange: the kernel, the host, then the CPU bitmap.
+pub const RECORD: usize = 16 + MAX_CPUS / 8;
 
-/// One rank's machine and CPU set.
+/// One rank's machine, host and CPU set.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Place {
-    /// Identifies the kernel the rank runs on (a hash of its boot id, else of its host name).
+    /// Identifies the kernel the rank runs on (`kernel_key`): ranks of one kernel share CPUs.
+    pub kernel: u64,
+    /// Identifies the rank's host (`host_key`): ranks of one host share memory.
     pub host: u64,
     /// Bitmap of the CPUs the rank may run on (bit c of word c / 64).
     cpus: [u64; WORDS],
 }
 
 impl Place {
-    /// A place on `host` with the CPUs `cpus` (those at or above `MAX_CPUS` are dropped).
-    pub fn new(host: u64, cpus: impl IntoIterator<Item = usize>) -> Place {
+    /// A place on `kernel` and `host` with the CPUs `cpus` (those at or above `MAX_CPUS` are
+    /// dropped).
+    pub fn new(kernel: u64, host: u64, cpus: impl IntoIterator<Item = usize>) -> Place {
         let mut p = Place {
+            kernel,
             host,
             cpus: [0; WORDS],
         };
@@ -37,22 +44,34 @@ impl Place {
         p
     }
 
-    /// This process's place: its machine and the CPUs it may run on now.
+    /// This process's place under the process's configuration (`FABRICOLL_HOST`).
     pub fn here() -> Place {
+        let named = crate::config::get().ok().and_then(|c| c.host.as_deref());
+        Place::on_host(host_key_named(named))
+    }
+
+    /// This process's place: its machine, its host under `cfg`, and the CPUs it may run on now.
+    pub fn here_for(cfg: &Config) -> Place {
+        Place::on_host(host_key(cfg))
+    }
+
+    /// This process's machine and CPUs, on the host `host`.
+    fn on_host(host: u64) -> Place {
         let mut cpus = allowed_cpus();
         if cpus.is_empty() {
             // The kernel did not say: as many CPUs as the standard library finds.
             let n = std::thread::available_parallelism().map_or(1, |n| n.get());
             cpus = (0..n).collect();
         }
-        Place::new(host_key(), cpus)
+        Place::new(kernel_key(), host, cpus)
     }
 
     pub fn to_bytes(&self) -> [u8; RECORD] {
         let mut b = [0u8; RECORD];
-        b[..8].copy_from_slice(&self.host.to_le_bytes());
+        b[..8].copy_from_slice(&self.kernel.to_le_bytes());
+        b[8..16].copy_from_slice(&self.host.to_le_bytes());
         for (i, w) in self.cpus.iter().enumerate() {
-            b[8 + 8 * i..16 + 8 * i].copy_from_slice(&w.to_le_bytes());
+            b[16 + 8 * i..24 + 8 * i].copy_from_slice(&w.to_le_bytes());
         }
         b
     }
@@ -65,10 +84,11 @@ impl Place {
         let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         let mut cpus = [0u64; WORDS];
         for (i, w) in cpus.iter_mut().enumerate() {
-            *w = word(8 + 8 * i);
+            *w = word(16 + 8 * i);
         }
         Some(Place {
-            host: word(0),
+            kernel: word(0),
+            host: word(8),
             cpus,
         })
     }
@@ -78,7 +98,7 @@ impl Place {
     }
 }
 
-/// Can every rank on the machine of rank `me` run on a CPU no other of them runs on, each
+/// Can every rank on the machine (kernel) of rank `me` run on a CPU no other of them runs on, each
 /// within its own CPU set? (A matching of ranks to CPUs covering all of them: ranks bound one
 /// per CPU, or unbound ranks no more than the CPUs, pass; 4 ranks on 2 CPUs, or 2 ranks bound
 /// to the same CPU, do not.)
@@ -86,7 +106,7 @@ pub fn own_cpus(places: &[Place], me: usize) -> bool {
     let Some(mine) = places.get(me) else {
         return false;
     };
-    let local: Vec<&Place> = places.iter().filter(|p| p.host == mine.host).collect();
+    let local: Vec<&Place> = places.iter().filter(|p| p.kernel == mine.kernel).collect();
     let mut union = [0u64; WORDS];
     for p in &local {
         for (u, w) in union.iter_mut().zip(p.cpus.iter()) {
@@ -289,7 +309,8 @@ fn core_rtt_with(
 }
 
 /// The machine: a hash of the kernel's boot id, or of the host name where it is unreadable.
-fn host_key() -> u64 {
+/// Network namespaces of one kernel share it: their ranks compete for the same CPUs.
+pub fn kernel_key() -> u64 {
     let id = [
         "/proc/sys/kernel/random/boot_id",
         "/proc/sys/kernel/hostname",
@@ -297,9 +318,53 @@ fn host_key() -> u64 {
     .iter()
     .find_map(|f| std::fs::read_to_string(f).ok())
     .unwrap_or_default();
-    let mut h = FxHasher::default();
-    h.write(id.trim().as_bytes());
-    h.finish()
+    fnv1a(&[b"kernel\0", id.trim().as_bytes()])
+}
+
+/// The host: a hash of `FABRICOLL_HOST` where set (`Config::host`), else of the boot id, the
+/// host name and the network namespace (the inode of `/proc/thread-self/ns/net`), so that namespaces
+/// of one kernel are hosts of their own, as they are in the multi-host tests. Equal keys share
+/// memory (the intra-host fabric); the transport's address carries the key
+/// (`transport::tiered`).
+pub fn host_key(cfg: &Config) -> u64 {
+    host_key_named(cfg.host.as_deref())
+}
+
+/// `host_key` for the `FABRICOLL_HOST` value `named`.
+fn host_key_named(named: Option<&str>) -> u64 {
+    match named {
+        Some(h) => fnv1a(&[b"named\0", h.as_bytes()]),
+        None => {
+            let read = |f: &str| std::fs::read_to_string(f).unwrap_or_default();
+            let boot = read("/proc/sys/kernel/random/boot_id");
+            let name = read("/proc/sys/kernel/hostname");
+            // The calling thread's namespace (a thread may have entered one of its own).
+            let netns = ["/proc/thread-self/ns/net", "/proc/self/ns/net"]
+                .iter()
+                .find_map(|f| std::fs::read_link(f).ok())
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            fnv1a(&[
+                b"detected\0",
+                boot.trim().as_bytes(),
+                b"\0",
+                name.trim().as_bytes(),
+                b"\0",
+                netns.as_bytes(),
+            ])
+        }
+    }
+}
+
+/// 64-bit FNV-1a over the concatenation of `parts`: a hash every build computes alike, since
+/// ranks compare the keys of other processes.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in parts.iter().flat_map(|p| p.iter()) {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
 }
 
 #[cfg(test)]
@@ -308,8 +373,8 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::{Duration, Instant};
 
-    fn on(host: u64, cpus: &[usize]) -> Place {
-        Place::new(host, cpus.iter().copied())
+    fn on(kernel: u64, cpus: &[usize]) -> Place {
+        Place::new(kernel, kernel, cpus.iter().copied())
     }
 
     /// Two CPUs this process may use, or None (the test then has nothing to measure).
@@ -399,7 +464,7 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_wrong_lengths_are_refused() {
-        let p = on(0xdead_beef, &[0, 5, 63, 64, 1023, 1024, 4000]);
+        let p = Place::new(0xdead_beef, 7, [0, 5, 63, 64, 1023, 1024, 4000]);
         assert_eq!(Place::from_bytes(&p.to_bytes()), Some(p.clone()));
         assert_eq!(
             p.cpu_list().collect::<Vec<_>>(),
@@ -460,7 +525,56 @@ mod tests {
     fn here_names_this_process_cpus() {
         let p = Place::here();
         assert!(p.cpu_list().count() >= 1);
-        assert_eq!(p.host, host_key(), "the key is stable within a process");
+        assert_eq!(p.kernel, kernel_key(), "the key is stable within a process");
         assert!(own_cpus(&[p], 0), "one rank always has a CPU");
+    }
+
+    fn cfg_host(h: Option<&str>) -> Config {
+        Config::from_lookup(|n| {
+            (n == "FABRICOLL_HOST")
+                .then(|| h.map(String::from))
+                .flatten()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn the_host_is_fabricoll_host_where_set_else_the_kernel_name_and_namespace() {
+        let detected = host_key(&cfg_host(None));
+        assert_eq!(detected, host_key(&cfg_host(None)), "stable");
+        let (a, b) = (
+            host_key(&cfg_host(Some("a"))),
+            host_key(&cfg_host(Some("b"))),
+        );
+        assert_ne!(a, b);
+        assert_eq!(a, host_key(&cfg_host(Some("a"))));
+        assert_ne!(a, detected);
+        assert_ne!(
+            detected,
+            kernel_key(),
+            "the host includes the name and the namespace"
+        );
+        // Another network namespace is another host, with the same kernel: a thread may enter
+        // one of its own (unshare needs CAP_SYS_ADMIN; skipped without it).
+        let other = std::thread::spawn(|| {
+            // SAFETY: unshare with CLONE_NEWNET only changes this thread's namespace.
+            (unsafe { libc::unshare(libc::CLONE_NEWNET) } == 0)
+                .then(|| (host_key(&cfg_host(None)), kernel_key()))
+        })
+        .join()
+        .unwrap();
+        match other {
+            Some((h, k)) => {
+                assert_ne!(
+                    h, detected,
+                    "a network namespace of its own is another host"
+                );
+                assert_eq!(k, kernel_key(), "on the same kernel");
+            }
+            None => crate::testing::skip(
+                "the_host_is_fabricoll_host_where_set_else_the_kernel_name_and_namespace",
+                "no new network namespace here (needs CAP_SYS_ADMIN); the named hosts were checked",
+            ),
+        }
     }
 }

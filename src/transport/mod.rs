@@ -1,13 +1,16 @@
 //! The `Transport` trait: tagged send/receive between endpoints, memory registration and
 //! completion polling, with the semantics of a libfabric RDM endpoint. Two backends:
-//! `fabric` (libfabric) and `loopback` (in-process, ranks as threads, for tests).
+//! `fabric` (libfabric) and `loopback` (in-process, ranks as threads, for tests), and `tiered`,
+//! one transport over two of them (peers of this host on one, the others on the other).
 use crate::error::{Error, Result};
 use std::any::Any;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub mod fabric;
 pub mod loopback;
 mod mem;
+pub mod tiered;
 
 pub use mem::{Region, Scratch};
 
@@ -110,6 +113,10 @@ impl Completion {
 
 /// What a backend can do, probed, not assumed. The layers above read these fields, never the
 /// provider's name: the transport that fills them in knows its provider's protocols.
+///
+/// A transport over two fabrics (`tiered::Tiered`) reports the inter-host fabric's fields
+/// (what the cost model prices: the network), except where noted, and the intra-host
+/// fabric's own in `intra`.
 #[derive(Debug, Clone)]
 pub struct Caps {
     pub provider: String,
@@ -125,7 +132,8 @@ pub struct Caps {
     pub mr_local: bool,
     pub hmem: bool,
     pub rma: bool,
-    /// The endpoint's completion queue has a wait object we can sleep on.
+    /// The endpoint's completion queue has a wait object we can sleep on (over two fabrics:
+    /// both have one).
     pub wait_fd: bool,
     pub tx_size: usize,
     pub rx_size: usize,
@@ -141,8 +149,13 @@ pub struct Caps {
     /// once.
     pub receiver_copies: bool,
     /// The endpoint has a direct channel (`Transport::send_now` / `take_now`): to a peer whose
-    /// endpoint has one too, `Transport::direct_bytes` is then non-zero.
+    /// endpoint has one too, `Transport::direct_bytes` is then non-zero (over two fabrics:
+    /// the intra-host one has it).
     pub direct_channel: bool,
+    /// Over two fabrics, the capabilities of the one between ranks of this host (shared
+    /// memory), whose eager limit, slice size and poll window price the intra-host steps; the
+    /// other fields describe the fabric between hosts. None over one fabric.
+    pub intra: Option<Arc<Caps>>,
 }
 
 /// Slice size where the provider says nothing better: small enough to pipeline, large enough
@@ -173,13 +186,29 @@ impl Default for Caps {
             poll_window: DEFAULT_POLL_WINDOW,
             receiver_copies: false,
             direct_channel: false,
+            intra: None,
         }
     }
+}
+
+/// How a transport's `wait` would sleep now (`Transport::wait_object`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitObject {
+    /// Something is ready or needs progress: poll again instead of sleeping.
+    Ready,
+    /// Nothing to sleep on: yield the CPU.
+    Yield,
+    /// Nothing is ready, and this file descriptor becomes readable when something is.
+    Fd(std::os::raw::c_int),
 }
 
 /// Tagged point-to-point messaging over one endpoint, the RDM model.
 pub trait Transport: Send + Sync {
     fn caps(&self) -> &Caps;
+    /// The capabilities of the fabric that reaches `peer` (over one fabric, `caps`).
+    fn caps_to(&self, _peer: Peer) -> &Caps {
+        self.caps()
+    }
     /// This endpoint's address, to be handed to peers.
     fn address(&self) -> Vec<u8>;
     /// Make a peer reachable; inserting the same address again returns the same `Peer`.
@@ -228,6 +257,13 @@ pub trait Transport: Send + Sync {
     fn poll(&self, out: &mut Vec<Completion>) -> Result<usize>;
     /// Sleep until a completion may be ready, at most `timeout`.
     fn wait(&self, timeout: Duration) -> Result<()>;
+
+    /// Prepare to sleep as `wait` would, without sleeping: a transport that waits on several
+    /// (`tiered`) sleeps on all their file descriptors at once. After `Fd(fd)`, the caller may
+    /// sleep in poll(2) on `fd` until it is readable; it must poll the transport first.
+    fn wait_object(&self) -> WaitObject {
+        WaitObject::Yield
+    }
 
     /// The largest payload of the direct channel to and from `peer` (`send_now`, `take_now`):
     /// 0 where there is none (the default). A message of at most that many bytes between the

@@ -3,7 +3,7 @@
 use super::shm::matching::{too_large, FREE_BUFS};
 use super::{check, cstr, strerror, sys, FabricTransport, Inner, Role};
 use crate::error::{Error, Result};
-use crate::transport::Completion;
+use crate::transport::{Completion, WaitObject};
 use std::os::raw::{c_int, c_void};
 use std::time::Duration;
 
@@ -163,28 +163,14 @@ impl Inner {
 
 impl FabricTransport {
     pub(super) fn wait_cq(&self, timeout: Duration) -> Result<()> {
-        let Some(fd) = self.wait_fd else {
-            std::thread::yield_now();
-            return Ok(());
-        };
-        {
-            let g = self.inner.lock();
-            if !g.ready.is_empty() || !g.backlog.is_empty() || !g.shm.hellos.is_empty() {
-                return Ok(());
-            }
-            if g.shm.inbox.is_some() {
-                // A fastbox frame raises no completion: never sleep past one.
-                drop(g);
+        let fd = match self.wait_prepare() {
+            WaitObject::Ready => return Ok(()),
+            WaitObject::Yield => {
                 std::thread::yield_now();
                 return Ok(());
             }
-            let mut fids = [g.cq as *mut sys::fid];
-            // SAFETY: fabric and cq are open; fids holds one valid fid.
-            let rc = unsafe { sys::fi_trywait(g.dom.fabric, fids.as_mut_ptr(), 1) };
-            if rc != 0 {
-                return Ok(()); // something is ready or needs progress: the caller polls
-            }
-        }
+            WaitObject::Fd(fd) => fd,
+        };
         let mut pfd = libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -194,5 +180,27 @@ impl FabricTransport {
         // SAFETY: pfd is one valid pollfd; the fd belongs to our CQ, open while self lives.
         unsafe { libc::poll(&mut pfd, 1, ms) };
         Ok(())
+    }
+
+    /// `Transport::wait_object`: whether the queue's wait fd may be slept on now.
+    pub(super) fn wait_prepare(&self) -> WaitObject {
+        let Some(fd) = self.wait_fd else {
+            return WaitObject::Yield;
+        };
+        let g = self.inner.lock();
+        if !g.ready.is_empty() || !g.backlog.is_empty() || !g.shm.hellos.is_empty() {
+            return WaitObject::Ready;
+        }
+        if g.shm.inbox.is_some() {
+            // A fastbox frame raises no completion: never sleep past one.
+            return WaitObject::Yield;
+        }
+        let mut fids = [g.cq as *mut sys::fid];
+        // SAFETY: fabric and cq are open; fids holds one valid fid.
+        let rc = unsafe { sys::fi_trywait(g.dom.fabric, fids.as_mut_ptr(), 1) };
+        if rc != 0 {
+            return WaitObject::Ready; // something is ready or needs progress: the caller polls
+        }
+        WaitObject::Fd(fd)
     }
 }

@@ -427,4 +427,8 @@ impl Transport for FabricTransport {
     fn wait(&self, timeout: Duration) -> Result<()> {
         self.wait_cq(timeout)
     }
+
+    fn wait_object(&self) -> super::WaitObject {
+        self.wait_prepare()
+    }
 }
