@@ -216,3 +216,43 @@ fn swizzle_sends_in_swizzled_order() {
         assert_eq!(remote, want, "rank {r}");
     }
 }
+
+/// The elements each rank sends within and between hosts match the two-level model's formulas
+/// (X hosts of Y ranks, N = XY, B elements in the AllReduce buffer, the AllGather output or the
+/// ReduceScatter input; ring at both levels): AllReduce 2(Y-1)B/Y within, 2(X-1)B/N between;
+/// AllGather and ReduceScatter half that. Only 1/Y of the data crosses the network.
+#[test]
+fn two_level_bytes_match_the_model() {
+    let b = 720;
+    for (x, y) in [(2, 2), (2, 4), (4, 2), (3, 3)] {
+        let n = x * y;
+        let hosts = Hosts::blocks(n, y);
+        let o = Options {
+            hosts,
+            ..Options::default()
+        };
+        for algo in [Algorithm::Hier, Algorithm::Swizzle] {
+            for (coll, count, k) in [
+                (Collective::AllReduce, b, 2),
+                (Collective::AllGather, b / n, 1),
+                (Collective::ReduceScatter, b / n, 1),
+            ] {
+                let s = build(Problem::new(coll, n, count), algo, &o).unwrap();
+                for r in 0..n {
+                    let (mut within, mut between) = (0, 0);
+                    for st in &s.ranks[r] {
+                        if let Op::Send { peer, src } = st.op {
+                            if hosts.host_of(peer) == hosts.host_of(r) {
+                                within += src.len;
+                            } else {
+                                between += src.len;
+                            }
+                        }
+                    }
+                    let want = (k * (y - 1) * b / y, k * (x - 1) * b / n);
+                    assert_eq!((within, between), want, "{algo} {coll:?} {x}x{y} rank {r}");
+                }
+            }
+        }
+    }
+}
