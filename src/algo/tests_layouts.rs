@@ -256,3 +256,46 @@ fn two_level_bytes_match_the_model() {
         }
     }
 }
+
+/// Larger uneven and scattered layouts (7+5+3+1, 4 hosts x 4 round-robin, 4+3+2+4 interleaved)
+/// for the two-level algorithms and the flat ones they are built from.
+#[test]
+fn larger_layouts() {
+    let mut sizes: Vec<u8> = Vec::new();
+    for (h, s) in [7usize, 5, 3, 1].into_iter().enumerate() {
+        sizes.extend(std::iter::repeat(h as u8).take(s));
+    }
+    let round_robin: Vec<u8> = (0..16).map(|r| (r % 4) as u8).collect();
+    let mixed = vec![0, 1, 2, 0, 1, 2, 0, 1, 0, 0, 3, 3, 3];
+    for labels in [sizes, round_robin, mixed] {
+        let n = labels.len();
+        let hosts = Hosts::from_labels(&labels);
+        for algo in [
+            Algorithm::Hier,
+            Algorithm::Swizzle,
+            Algorithm::Ring,
+            Algorithm::Rdh,
+        ] {
+            for coll in Collective::ALL {
+                for count in [0, 5, 3 * n + 1] {
+                    for slice in [0, 2] {
+                        let o = Options {
+                            hosts,
+                            slice,
+                            intra: Algorithm::Rdh,
+                            inter: Algorithm::Ring,
+                        };
+                        let p = Problem::new(coll, n, count).with_root(n / 3);
+                        let s = match build(p, algo, &o) {
+                            Ok(s) => s,
+                            Err(AlgoError::NotApplicable { .. }) => continue,
+                            Err(e) => panic!("{algo} {labels:?} {p:?}: {e}"),
+                        };
+                        check(&s)
+                            .unwrap_or_else(|e| panic!("{algo} {labels:?} {p:?} {slice}: {e}"));
+                    }
+                }
+            }
+        }
+    }
+}
