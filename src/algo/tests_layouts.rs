@@ -188,6 +188,21 @@ fn swizzle_on_every_layout() {
         build(w, Algorithm::Swizzle, &o),
         Err(AlgoError::NotApplicable { .. })
     ));
+    for (hosts, field) in [
+        (Hosts::blocks(4, 2), "intra"),
+        (Hosts::blocks(6, 2), "hosts"),
+    ] {
+        let o = Options {
+            hosts,
+            intra: Algorithm::Hier,
+            ..Options::default()
+        };
+        let rs = Problem::new(Collective::ReduceScatter, 4, 4);
+        match build(rs, Algorithm::Swizzle, &o) {
+            Err(AlgoError::Invalid(e)) => assert!(e.contains(field), "{e}"),
+            r => panic!("{o:?}: {:?}", r.map(|_| ())),
+        }
+    }
 }
 
 /// Swizzle's wire pattern on 4 hosts x 2: every member sends to the member of its local index
