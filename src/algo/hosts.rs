@@ -71,6 +71,11 @@ impl Hosts {
         self.0.get(r).map_or(0, |h| *h as usize)
     }
 
+    /// How many ranks the layout names (0 for `ONE`, which fits any number).
+    pub fn ranks(&self) -> usize {
+        self.0.len()
+    }
+
     /// Does this layout describe `n` ranks? (`ONE` describes any number.)
     pub fn fits(&self, n: usize) -> bool {
         self.is_one() || self.0.len() == n
@@ -100,6 +105,24 @@ impl Hosts {
     /// boundary once per direction.
     pub fn order(&self, n: usize) -> Vec<usize> {
         self.members(n).concat()
+    }
+
+    /// The hosts of a group of ranks `g`: for each host, in the order hosts first appear in
+    /// `g`, the positions in `g` (member indices) of its ranks, in group order.
+    pub fn groups(&self, g: &[usize]) -> Vec<Vec<usize>> {
+        let mut label: Vec<usize> = Vec::new();
+        let mut out: Vec<Vec<usize>> = Vec::new();
+        for (m, &r) in g.iter().enumerate() {
+            let h = self.host_of(r);
+            match label.iter().position(|&x| x == h) {
+                Some(i) => out[i].push(m),
+                None => {
+                    label.push(h);
+                    out.push(vec![m]);
+                }
+            }
+        }
+        out
     }
 
     /// Are the ranks of each host consecutive (so that `order` is 0..n)?
@@ -134,6 +157,7 @@ mod tests {
         assert_eq!(a.order(6), vec![0, 2, 5, 1, 4, 3]);
         assert!(!a.contiguous(6));
         assert_eq!(a.even(6), None);
+        assert_eq!(a.groups(&[3, 1, 0, 4]), vec![vec![0], vec![1, 3], vec![2]]);
         let b = Hosts::from_labels(&[7, 3, 7, 9, 3, 7]);
         assert_eq!(a, b);
         assert!(std::ptr::eq(a.0, b.0), "one copy per layout");

@@ -27,6 +27,8 @@ pub mod ring;
 pub mod swizzle;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_layouts;
 pub mod tree;
 
 use std::fmt;
@@ -563,7 +565,7 @@ pub fn build(problem: Problem, algo: Algorithm, opts: &Options) -> AlgoResult<Sc
                 problem.count * n
             )));
         }
-        if algo == Algorithm::Hier {
+        if matches!(algo, Algorithm::Hier | Algorithm::Swizzle) {
             return Err(AlgoError::NotApplicable {
                 algo,
                 coll: problem.coll,
@@ -578,8 +580,27 @@ pub fn build(problem: Problem, algo: Algorithm, opts: &Options) -> AlgoResult<Sc
             opts.slice
         )));
     }
+    if !opts.hosts.fits(n) {
+        return Err(AlgoError::Invalid(format!(
+            "hosts: the layout names {} ranks, the problem has {n}",
+            opts.hosts.ranks()
+        )));
+    }
     let mut b = Builder::new(n);
-    let group: Vec<usize> = (0..n).collect();
+    // Flat algorithms run in the topology-aware order (each host's ranks contiguous, so that a
+    // ring crosses each host boundary once per direction); member m is rank `group[m]` and its
+    // chunk and root are that rank's. Two-level algorithms read the layout themselves, and
+    // AllToAll's blocks are indexed by member, so they keep the rank order.
+    let two_level = matches!(algo, Algorithm::Hier | Algorithm::Swizzle);
+    let group: Vec<usize> = if two_level || problem.coll == Collective::AllToAll {
+        (0..n).collect()
+    } else {
+        opts.hosts.order(n)
+    };
+    let root = group
+        .iter()
+        .position(|&r| r == problem.root)
+        .expect("the root is a rank of the group");
     let start = no_deps(n);
     let inp = |len: usize| vec![Span::new(Buf::In, 0, len); n];
     let out = |len: usize| vec![Span::new(Buf::Out, 0, len); n];
@@ -594,7 +615,7 @@ pub fn build(problem: Problem, algo: Algorithm, opts: &Options) -> AlgoResult<Sc
             algo_impl.all_reduce(&mut b, &group, &inp(c), &out(c), &start, opts)
         }
         Collective::AllGather => {
-            let cs: Vec<(usize, usize)> = (0..n).map(|i| problem.slice(i)).collect();
+            let cs: Vec<(usize, usize)> = group.iter().map(|&r| problem.slice(r)).collect();
             let src: Vec<Span> = (0..n).map(|i| Span::new(Buf::In, 0, cs[i].1)).collect();
             algo_impl.all_gather(
                 &mut b,
@@ -607,7 +628,7 @@ pub fn build(problem: Problem, algo: Algorithm, opts: &Options) -> AlgoResult<Sc
             )
         }
         Collective::ReduceScatter => {
-            let cs: Vec<(usize, usize)> = (0..n).map(|i| problem.slice(i)).collect();
+            let cs: Vec<(usize, usize)> = group.iter().map(|&r| problem.slice(r)).collect();
             let dst: Vec<Span> = (0..n).map(|i| Span::new(Buf::Out, 0, cs[i].1)).collect();
             algo_impl.reduce_scatter(
                 &mut b,
@@ -620,10 +641,10 @@ pub fn build(problem: Problem, algo: Algorithm, opts: &Options) -> AlgoResult<Sc
             )
         }
         Collective::Broadcast => {
-            algo_impl.broadcast(&mut b, &group, problem.root, &inp(c), &out(c), &start, opts)
+            algo_impl.broadcast(&mut b, &group, root, &inp(c), &out(c), &start, opts)
         }
         Collective::Reduce => {
-            algo_impl.reduce(&mut b, &group, problem.root, &inp(c), &out(c), &start, opts)
+            algo_impl.reduce(&mut b, &group, root, &inp(c), &out(c), &start, opts)
         }
         Collective::AllToAll => {
             algo_impl.all_to_all(&mut b, &group, &inp(c * n), &out(c * n), c, &start, opts)
@@ -662,6 +683,15 @@ pub trait Collectives {
             algo: self.algorithm(),
             coll,
         }
+    }
+
+    /// A sub-algorithm's result, its "not applicable" reported as this algorithm's (for the
+    /// compositions of algorithms).
+    fn as_own(&self, coll: Collective, r: AlgoResult<()>) -> AlgoResult<()> {
+        r.map_err(|e| match e {
+            AlgoError::NotApplicable { .. } => self.na(coll),
+            e => e,
+        })
     }
 
     /// Every member ends with the reduction of all members' `src` in its `dst` (equal lengths).

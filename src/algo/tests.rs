@@ -237,13 +237,34 @@ fn hier() {
     // Bad shapes and nesting are errors that name the field.
     let ar = Problem::new(Collective::AllReduce, 6, 5);
     let bad = [
-        (4, Algorithm::Ring, Algorithm::Ring, "hosts"),
-        (2, Algorithm::Hier, Algorithm::Ring, "intra"),
-        (2, Algorithm::Ring, Algorithm::Hier, "inter"),
+        (
+            Hosts::blocks(8, 2),
+            Algorithm::Ring,
+            Algorithm::Ring,
+            "hosts",
+        ),
+        (
+            Hosts::blocks(6, 2),
+            Algorithm::Hier,
+            Algorithm::Ring,
+            "intra",
+        ),
+        (
+            Hosts::blocks(6, 2),
+            Algorithm::Ring,
+            Algorithm::Hier,
+            "inter",
+        ),
+        (
+            Hosts::blocks(6, 4),
+            Algorithm::Swizzle,
+            Algorithm::Ring,
+            "intra",
+        ),
     ];
-    for (local, intra, inter, field) in bad {
+    for (hosts, intra, inter, field) in bad {
         let o = Options {
-            hosts: Hosts::blocks(6, local),
+            hosts,
             intra,
             inter,
             ..Options::default()
