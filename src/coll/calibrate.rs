@@ -48,11 +48,11 @@ impl Comm {
         let shared = (0..self.nranks).any(|r| !placement::own_cpus(&places, r));
         let m = self.model.clone().with_shared_cpus(shared);
         self.set_model(m);
-        let mine = places[self.rank].host;
+        let mine = places[self.rank].kernel;
         log::debug!(
             "rank {}: {} of {} ranks on this machine; waiters {}",
             self.rank,
-            places.iter().filter(|p| p.host == mine).count(),
+            places.iter().filter(|p| p.kernel == mine).count(),
             self.nranks,
             if self.spin { "spin" } else { "yield" }
         );

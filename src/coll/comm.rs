@@ -123,6 +123,12 @@ impl Comm {
             _ => transport.caps(),
         };
         let (slice, eager) = (caps.slice_bytes, caps.eager_bytes);
+        // The intra-host level's eager limit, where the other hosts are reached otherwise.
+        let intra_eager = transport
+            .caps()
+            .intra
+            .as_ref()
+            .map_or(eager, |c| c.eager_bytes);
         let poll = cfg.poll.unwrap_or(caps.poll_window);
         let spin = spin_ok(nranks);
         let receiver_copies = caps.receiver_copies;
@@ -135,7 +141,9 @@ impl Comm {
             timeout: cfg.timeout,
             poll,
             algo: Mutex::new(cfg.algo),
-            model: Model::from_config(cfg).with_eager(eager),
+            model: Model::from_config(cfg)
+                .with_eager(eager)
+                .with_intra_eager(intra_eager),
             choices: Mutex::new(FxHashMap::default()),
             aborted: AtomicBool::new(false),
             hosts,
@@ -146,17 +154,28 @@ impl Comm {
         Ok(comm)
     }
 
-    /// Join the communicator of `id` over a new endpoint (`open_endpoint_on`, this rank's
-    /// device hint: the rank itself).
+    /// Join the communicator of `id` over a new endpoint, on device `rank mod devices`
+    /// (`init_rank_on`).
     pub fn init_rank(
         nranks: usize,
         id: &bootstrap::UniqueId,
         rank: usize,
         cfg: &Config,
     ) -> Result<Comm> {
+        Comm::init_rank_on(nranks, id, rank, cfg, rank)
+    }
+
+    /// `init_rank` with the device hint `device` (`open_endpoint_on`): the launcher's local
+    /// rank where it gives one, so that the ranks of a host spread over its NICs.
+    pub fn init_rank_on(
+        nranks: usize,
+        id: &bootstrap::UniqueId,
+        rank: usize,
+        cfg: &Config,
+        device: usize,
+    ) -> Result<Comm> {
         bootstrap::check_ranks(rank, nranks)?;
-        // TODO(lead): the launcher's local rank as the device hint, where it gives one.
-        let t = open_endpoint_on(cfg, rank)?;
+        let t = open_endpoint_on(cfg, device)?;
         let mine = Envelope::here(&*t, cfg).to_bytes();
         let all = bootstrap::exchange(id, rank, nranks, &mine, cfg.timeout)?;
         let mut comm = Comm::agreed(rank, t, &all, cfg)?;

@@ -492,8 +492,7 @@ impl Launch {
     /// Join this job's communicator.
     pub fn init(&self, cfg: &Config) -> Result<Comm> {
         let id = self.unique_id(cfg)?;
-        // TODO(lead): pass `self.local_rank` to `open_endpoint` as the device hint once
-        // `Comm::init_rank` takes one.
-        Comm::init_rank(self.nranks, &id, self.rank, cfg)
+        let device = self.local_rank.unwrap_or(self.rank);
+        Comm::init_rank_on(self.nranks, &id, self.rank, cfg, device)
     }
 }

@@ -25,7 +25,7 @@ pub struct Args {
     #[arg(long, default_value = "allreduce", value_parser = collective)]
     pub coll: Collective,
     /// Algorithm: auto or one of the library's (ring bidir_ring mesh mesh1 rdh rd tree dbtree
-    /// bruck pairwise hier); auto lets the library choose.
+    /// bruck pairwise hier swizzle); auto lets the library choose.
     #[arg(long, default_value = "auto", value_parser = algorithm)]
     pub algo: Auto,
     /// Smallest size in bytes.

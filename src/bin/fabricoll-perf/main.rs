@@ -53,18 +53,45 @@ fn run_rank(a: &Args, comm: &Comm, cfg: &Config, how: &Launch) -> Result<usize, 
             if a.in_place { "in place" } else { "out of place" }
         );
         println!("# launcher: {}", how.describe());
-        // TODO(lead): the host layout, once `Comm` exposes its `algo::Hosts`, e.g.
-        // println!("# hosts: {}", comm.hosts());
+        let hosts = comm.hosts();
+        if hosts.count() > 1 {
+            let (mut within, mut between) = (None, None);
+            for r in (0..n).filter(|&r| r != comm.rank) {
+                let slot = if hosts.host_of(r) == hosts.host_of(comm.rank) {
+                    &mut within
+                } else {
+                    &mut between
+                };
+                slot.get_or_insert_with(|| comm.provider_to(r).to_string());
+            }
+            println!(
+                "# hosts: {} with {:?} ranks; provider {} within a host, {} between hosts",
+                hosts.count(),
+                hosts.sizes(n),
+                within.as_deref().unwrap_or("-"),
+                between.as_deref().unwrap_or("-")
+            );
+        }
         println!(
             "# time: {} mean per iteration (-a {})",
             a.average.name(),
             a.average as u8
         );
+        let m = comm.model();
         println!(
-            "# model: alpha {:.2} us, beta {:.3} GB/s, gamma {:.2} GB/s",
-            comm.model().alpha_us,
-            1e-3 / comm.model().beta_us_per_byte,
-            1e-3 / comm.model().gamma_us_per_byte
+            "# model: alpha {:.2} us, beta {:.3} GB/s, gamma {:.2} GB/s{}",
+            m.alpha_us,
+            1e-3 / m.beta_us_per_byte,
+            1e-3 / m.gamma_us_per_byte,
+            if hosts.count() > 1 {
+                format!(
+                    " between hosts; within a host alpha {:.2} us, beta {:.3} GB/s",
+                    m.intra.alpha_us,
+                    1e-3 / m.intra.beta_us_per_byte
+                )
+            } else {
+                String::new()
+            }
         );
         println!("#");
         let it = if a.time_target.is_some() {
