@@ -8,7 +8,18 @@ use crate::exec::MAX_RANKS;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Roots serving in this process, each with the flag it raises when its thread ends. A rank
+/// whose own process runs the root waits for it after its exchange (`exchange`), so that the
+/// rank cannot exit (failing the agreement check, say) while the root is still sending the
+/// other ranks their tables, which would cut them off with a closed connection.
+type Running = Vec<(
+    UniqueId,
+    Arc<(parking_lot::Mutex<bool>, parking_lot::Condvar)>,
+)>;
+static RUNNING: parking_lot::Mutex<Running> = parking_lot::Mutex::new(Vec::new());
 
 /// Size of the unique id (`fabricoll_unique_id`).
 pub const UNIQUE_ID_BYTES: usize = 128;
@@ -296,6 +307,8 @@ pub fn listen(
         addr,
         nonce: nonce_value.unwrap_or_else(nonce),
     };
+    let done = Arc::new((parking_lot::Mutex::new(false), parking_lot::Condvar::new()));
+    RUNNING.lock().push((id, done.clone()));
     let thread = std::thread::Builder::new()
         .name("fabricoll-bootstrap".into())
         .spawn(move || {
@@ -303,9 +316,18 @@ pub fn listen(
             if let Err(e) = &r {
                 log::warn!("bootstrap root on {addr}: {e}");
             }
+            RUNNING.lock().retain(|(i, _)| *i != id);
+            *done.0.lock() = true;
+            done.1.notify_all();
             r
-        })
-        .map_err(|e| io("thread", e))?;
+        });
+    let thread = match thread {
+        Ok(t) => t,
+        Err(e) => {
+            RUNNING.lock().retain(|(i, _)| *i != id);
+            return Err(io("thread", e));
+        }
+    };
     Ok(Root { id, thread })
 }
 
@@ -494,6 +516,19 @@ pub fn exchange(
     }
     let mut table = vec![0u8; len as usize];
     read_exact(&mut s, &mut table, deadline, "table", late)?;
+    // This process's own root, if it is one, let it finish sending the others their tables.
+    // Matched by port and nonce: a root listening on every interface is reached by a named one.
+    let own = RUNNING
+        .lock()
+        .iter()
+        .find(|(i, _)| i.nonce == id.nonce && i.addr.port() == id.addr.port())
+        .map(|(_, d)| d.clone());
+    if let Some(done) = own {
+        let mut finished = done.0.lock();
+        while !*finished && Instant::now() < deadline {
+            done.1.wait_until(&mut finished, deadline);
+        }
+    }
     let mut out = Vec::with_capacity(nranks);
     let mut p = 0;
     while p + 4 <= table.len() {
