@@ -157,7 +157,8 @@ impl Net {
         Some(p)
     }
 
-    /// The node-swizzled ReduceScatter (or its mirror AllGather) with `intra` inside hosts.
+    /// The node-swizzled ReduceScatter (or its mirror AllGather) with `intra` inside hosts;
+    /// AllReduce is the two in turn (the schedule runs them so).
     pub fn swizzle(
         &self,
         coll: Collective,
@@ -165,6 +166,16 @@ impl Net {
         big: f64,
         intra: Algorithm,
     ) -> Option<Priced> {
+        if coll == Collective::AllReduce {
+            let rs = self.swizzle(Collective::ReduceScatter, lay, big, intra)?;
+            let ag = self.swizzle(Collective::AllGather, lay, big, intra)?;
+            let mut p = Priced::flat(Algorithm::Swizzle, rs.us + ag.us);
+            p.intra = intra;
+            p.nparts = 2;
+            p.parts[0] = (Level::Intra, rs.parts[0].1 + ag.parts[0].1);
+            p.parts[1] = (Level::Inter, rs.parts[1].1 + ag.parts[1].1);
+            return Some(p);
+        }
         if !matches!(coll, Collective::ReduceScatter | Collective::AllGather) {
             return None;
         }

@@ -1,5 +1,5 @@
-//! The choice on several hosts: every flat algorithm in topology order, every hierarchical
-//! intra x inter pair and the swizzle, priced per level; the first in that fixed order whose
+//! The choice on several hosts: every flat algorithm in topology order, the swizzle with each
+//! intra algorithm and every hierarchical intra x inter pair, priced per level; the first in that fixed order whose
 //! prediction is within `MARGIN` of the best wins, so that parameters a few per cent apart
 //! (calibrations on an unchanged machine) make the same choice.
 #![forbid(unsafe_code)]
@@ -25,7 +25,7 @@ impl Model {
     }
 
     /// Every candidate for `p` on the hosts of `opts` with its prediction, in the fixed order
-    /// (flat ones in `Algorithm::ALL` order, then hier pairs, then swizzles).
+    /// (flat ones in `Algorithm::ALL` order, then swizzles, then hier pairs).
     pub(super) fn candidates(&self, p: &Problem, elem: usize, opts: &Options) -> Vec<Priced> {
         let net = self.net();
         let lay = Layout::new(p, opts);
@@ -45,15 +45,18 @@ impl Model {
         if p.window.is_some() || lay.ymax() == 1 {
             return out;
         }
+        // Swizzles before hier pairs: of two schedules predicted alike, the one that overlaps
+        // its intra-host work with the network loses less where that work is slower than
+        // predicted (ranks sharing CPUs; docs/performance.md, "Several hosts").
+        if algo::supports(Algorithm::Swizzle, p.coll) {
+            out.extend(flats().filter_map(|i| net.swizzle(p.coll, &lay, big, i)));
+        }
         if algo::supports(Algorithm::Hier, p.coll) {
             for intra in flats() {
                 for inter in flats() {
                     out.extend(net.hier(p.coll, &lay, big, intra, inter));
                 }
             }
-        }
-        if algo::supports(Algorithm::Swizzle, p.coll) {
-            out.extend(flats().filter_map(|i| net.swizzle(p.coll, &lay, big, i)));
         }
         out
     }
