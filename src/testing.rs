@@ -38,6 +38,38 @@ pub fn skip(test: &str, why: &str) {
     }
 }
 
+/// The TCP connections of this process in state ESTABLISHED, as (local port, remote port):
+/// the `/proc/self/net/tcp` and `tcp6` lines whose socket inode is one of our descriptors (both
+/// ends of a loopback connection count, since both are ours). Tests use it to see which
+/// fabric carried a peer's messages.
+pub fn tcp_connections() -> Vec<(u16, u16)> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter_map(|l| {
+                    let l = l.to_string_lossy().into_owned();
+                    Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let port = |a: &str| u16::from_str_radix(a.rsplit(':').next().unwrap_or(""), 16).ok();
+    let mut out = Vec::new();
+    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // sl local remote state ... inode (the tenth field); 01: established.
+            if f.len() > 9 && f[3] == "01" && inodes.contains(f[9]) {
+                if let (Some(l), Some(r)) = (port(f[1]), port(f[2])) {
+                    out.push((l, r));
+                }
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

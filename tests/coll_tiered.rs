@@ -13,7 +13,6 @@ use nccl_net_fabricoll::reduce::{DataType, RedOp};
 use nccl_net_fabricoll::testing::skip;
 use nccl_net_fabricoll::transport::fabric::Use;
 use nccl_net_fabricoll::transport::{Region, Transport};
-use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -80,35 +79,6 @@ fn check_one(c: &Comm, algo: Option<Algorithm>, coll: Collective, count: usize) 
     true
 }
 
-/// The established TCP connections of this process, as (local port, remote port).
-fn tcp_connections() -> Vec<(u16, u16)> {
-    let inodes: HashSet<String> = std::fs::read_dir("/proc/self/fd")
-        .map(|d| {
-            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-                .filter_map(|l| {
-                    let l = l.to_string_lossy().into_owned();
-                    Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let port = |a: &str| u16::from_str_radix(a.rsplit(':').next().unwrap_or(""), 16).ok();
-    let mut out = Vec::new();
-    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
-        let text = std::fs::read_to_string(table).unwrap_or_default();
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            // sl local remote state ... inode (the tenth field); 01: established.
-            if f.len() > 9 && f[3] == "01" && inodes.contains(f[9]) {
-                if let (Some(l), Some(r)) = (port(f[1]), port(f[2])) {
-                    out.push((l, r));
-                }
-            }
-        }
-    }
-    out
-}
-
 /// A rank process: join, run what its parent asked, print what the parent checks (`@@` lines).
 #[test]
 fn rank_process() {
@@ -142,7 +112,7 @@ fn rank_process() {
         }
     }
     println!("@@refused {}", refused.join(","));
-    let conns: Vec<String> = tcp_connections()
+    let conns: Vec<String> = nccl_net_fabricoll::testing::tcp_connections()
         .iter()
         .map(|(l, r)| format!("{l}-{r}"))
         .collect();

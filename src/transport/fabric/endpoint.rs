@@ -419,28 +419,17 @@ mod tests {
         }
     }
 
-    /// The TCP sockets of this process in state ESTABLISHED (both ends of a loopback
-    /// connection count, since both are ours): `/proc/net/tcp` and `tcp6` lines whose socket
-    /// inode is one of our descriptors.
-    fn established_sockets() -> usize {
-        let ours: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
-            .map(|d| {
-                d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-                    .filter_map(|l| {
-                        let l = l.to_string_lossy().into_owned();
-                        Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        ["/proc/net/tcp", "/proc/net/tcp6"]
+    /// The TCP sockets of this process in state ESTABLISHED with one end at the port of
+    /// `addrs` (sockaddr_in/in6 endpoint addresses): other tests' connections do not count.
+    fn established_sockets(addrs: &[Vec<u8>]) -> usize {
+        let ports: Vec<u16> = addrs
             .iter()
-            .filter_map(|f| std::fs::read_to_string(f).ok())
-            .flat_map(|t| t.lines().skip(1).map(str::to_owned).collect::<Vec<_>>())
-            .filter(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                f.len() > 9 && f[3] == "01" && ours.contains(f[9])
-            })
+            .filter(|a| a.len() >= 4)
+            .map(|a| u16::from_be_bytes([a[2], a[3]]))
+            .collect();
+        crate::testing::tcp_connections()
+            .iter()
+            .filter(|(l, r)| ports.contains(l) || ports.contains(r))
             .count()
     }
 
@@ -467,7 +456,8 @@ mod tests {
             let g = t.inner.lock();
             assert!(g.tx_ep != g.ep, "a send endpoint of its own");
         }
-        let before = established_sockets();
+        let ends = [a.address(), b.address()];
+        let before = established_sockets(&ends);
         let to_a = b.insert_peer(&a.address()).expect("insert");
         let to_b = a.insert_peer(&b.address()).expect("insert");
         // Both ways at once, large and small, each checked.
@@ -511,7 +501,7 @@ mod tests {
         );
         assert_eq!((&ga, &gb), (b"to a", b"to b"));
         // Two connections, each with both ends in this process.
-        assert_eq!(established_sockets() - before, 4);
+        assert_eq!(established_sockets(&ends) - before, 4);
         // The plugins' endpoints send from the receiving endpoint (see `own_send_endpoint`).
         let cfg = Config::from_lookup(|n| match n {
             "FABRICOLL_PROVIDER" => Some("net".into()),
