@@ -48,7 +48,8 @@ impl Priced {
         }
     }
 
-    /// "ring 900.0 us", "hier(ring x tree) 812.0 us = intra 40.0 + inter 732.0 + intra 40.0".
+    /// The candidate and its prediction for the log, per level where it has levels: the
+    /// algorithm (with its levels), the total, and each phase's share.
     pub fn describe(&self) -> String {
         let name = match self.algo {
             Algorithm::Hier => format!("hier({} x {})", self.intra, self.inter),

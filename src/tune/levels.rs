@@ -28,7 +28,7 @@ pub struct Link {
 }
 
 impl Link {
-    /// Shared memory before it is measured: 1 us, 10 GB/s, 0.5 us per message.
+    /// Shared memory until it is measured (the values below: a guess of the right order).
     pub const SHM: Link = Link {
         alpha_us: 1.0,
         beta_us_per_byte: 1e-4,

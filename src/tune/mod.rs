@@ -64,8 +64,8 @@ pub struct Model {
     pub intra: Link,
     /// The sending CPU's cost of one message over the network where the ranks span several
     /// hosts (None: `alpha_us / 2`, as on one host). Measured apart from alpha, since network
-    /// delay costs no CPU: with 1 ms of delay, `alpha/2` per message would make one round of
-    /// many messages (mesh) look far slower than it is.
+    /// delay costs no CPU: on a long link `alpha/2` per message would make one round of many
+    /// messages (mesh) look far slower than it is.
     pub inter_o_us: Option<f64>,
     logged: Arc<Mutex<HashSet<(Collective, u32)>>>,
 }
