@@ -71,7 +71,9 @@ typedef enum {
 } fabricoll_datatype;
 
 /*
- Reduction operations (NCCL's values). Passed as `int`.
+ Reduction operations (NCCL's values 0..=4, then the bitwise ops). Passed as `int`.
+ `BAND`, `BOR` and `BXOR` combine the bits of integer types; with a floating-point datatype
+ they are an invalid argument.
  */
 typedef enum {
   FABRICOLL_SUM = 0,
@@ -79,6 +81,9 @@ typedef enum {
   FABRICOLL_MAX = 2,
   FABRICOLL_MIN = 3,
   FABRICOLL_AVG = 4,
+  FABRICOLL_BAND = 5,
+  FABRICOLL_BOR = 6,
+  FABRICOLL_BXOR = 7,
 } fabricoll_redop;
 
 /*

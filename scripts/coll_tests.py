@@ -53,7 +53,8 @@ import time
 ALGOS = "ring bidir_ring mesh mesh1 rdh rd tree dbtree bruck pairwise hier auto"
 COLLS = "allreduce allgather reducescatter broadcast reduce alltoall"
 DTYPES = [("float", "sum"), ("double", "max"), ("int32", "sum"), ("bfloat16", "sum"),
-          ("half", "avg"), ("int64", "prod"), ("uint8", "min"), ("fp8_e4m3", "sum")]
+          ("half", "avg"), ("int64", "prod"), ("uint8", "min"), ("fp8_e4m3", "sum"),
+          ("int32", "bxor"), ("uint64", "bor"), ("int8", "band")]
 # Fixed cost models (alpha us, beta GB/s, gamma GB/s) for cases of a named algorithm.
 MODELS = [("5", "2", "8"), ("20", "1", "4"), ("2", "10", "30")]
 # Variables of the caller's environment that would change what a case runs.

@@ -78,6 +78,9 @@ fn combine(op: RedOp, vals: &[f64], dt: DataType) -> f64 {
                 (s as i64 / vals.len() as i64) as f64
             }
         }
+        RedOp::BAnd => vals.iter().fold(-1i64, |a, &x| a & x as i64) as f64,
+        RedOp::BOr => vals.iter().fold(0i64, |a, &x| a | x as i64) as f64,
+        RedOp::BXor => vals.iter().fold(0i64, |a, &x| a ^ x as i64) as f64,
     }
 }
 
@@ -203,7 +206,72 @@ const SAMPLE: &[(DataType, RedOp)] = &[
     (DataType::Float32, RedOp::Avg),
     (DataType::Float8E4M3, RedOp::Max),
     (DataType::Uint64, RedOp::Prod),
+    (DataType::Int32, RedOp::BXor),
+    (DataType::Uint8, RedOp::BOr),
+    (DataType::Int64, RedOp::BAnd),
 ];
+
+/// A bitwise op on a floating-point type is an invalid argument naming the op and the type,
+/// found before anything is sent: one rank calling alone gets it at once (no peer, no timeout).
+#[test]
+fn bitwise_ops_on_floats_fail_at_call_time() {
+    let cs = comms(2, &cfg(&[("FABRICOLL_TIMEOUT_MS", "60000")]));
+    for coll in [
+        Collective::AllReduce,
+        Collective::ReduceScatter,
+        Collective::Reduce,
+    ] {
+        for dt in [DataType::Float32, DataType::Float16, DataType::Float8E5M2] {
+            let mut a = vec![0u8; 64];
+            let mut b = vec![0u8; 64];
+            let t = std::time::Instant::now();
+            let e = cs[0]
+                .run(&Call {
+                    kind: Kind::Coll(coll),
+                    send: region(&mut a),
+                    recv: region(&mut b),
+                    count: 4,
+                    dtype: dt,
+                    op: RedOp::BXor,
+                    root: 0,
+                    algo: None,
+                })
+                .unwrap_err();
+            let msg = e.to_string();
+            assert!(
+                msg.contains("invalid argument")
+                    && msg.contains("'op'")
+                    && msg.contains("bxor")
+                    && msg.contains(dt.name()),
+                "{coll:?} {dt}: {msg}"
+            );
+            assert!(
+                t.elapsed().as_secs() < 10,
+                "{coll:?} {dt}: took {:?}",
+                t.elapsed()
+            );
+        }
+    }
+    // Collectives that do not reduce ignore the op, as NCCL does.
+    std::thread::scope(|s| {
+        for c in &cs {
+            s.spawn(move || {
+                let mut a = vec![1u8; 16];
+                c.run(&Call {
+                    kind: Kind::Coll(Collective::Broadcast),
+                    send: region(&mut a),
+                    recv: region(&mut a),
+                    count: 4,
+                    dtype: DataType::Float32,
+                    op: RedOp::BXor,
+                    root: 0,
+                    algo: None,
+                })
+                .unwrap();
+            });
+        }
+    });
+}
 
 #[test]
 fn every_algorithm_and_collective_on_threads() {

@@ -1,5 +1,6 @@
 //! One call as the communicator receives it (`Call`, `Kind`), and the checks of its arguments
-//! that need no communicator state: root and peer ranks, and the byte size of every buffer.
+//! that need no communicator state: root and peer ranks, the op for the type, and the byte size
+//! of every buffer.
 use crate::algo::{Algorithm, Collective, Problem};
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, RedOp};
@@ -53,6 +54,15 @@ impl Call {
             return Err(Error::arg(
                 "root",
                 format!("{} is not a rank of {nranks}", self.root),
+            ));
+        }
+        if coll.reduces() && !self.op.supports(self.dtype) {
+            return Err(Error::arg(
+                "op",
+                format!(
+                    "{} is a bitwise op, for integer types only, not {}",
+                    self.op, self.dtype
+                ),
             ));
         }
         // AllGather receives, ReduceScatter sends, AllToAll sends and receives `nranks`

@@ -15,6 +15,8 @@
 //!   see Avg as Sum).
 //! - **Integers** wrap on overflow (sum, prod), as NCCL. Integer Avg divides truncating toward
 //!   zero (`-7 / 2 == -3`).
+//! - **Bitwise ops** (BAnd, BOr, BXor) combine the raw bits of integer types; on floating-point
+//!   types they are a [`ReduceError::Unsupported`] naming the op (argument `op`).
 //! - **Floats: NaN.** Every NaN a kernel writes is the canonical positive quiet NaN (f32
 //!   `0x7fc00000`, f64 `0x7ff8000000000000`, f16 `0x7e00`, bf16 `0x7fc0`, e4m3 `0x7f`, e5m2
 //!   `0x7e`): payloads and signs of NaNs never propagate, so results do not depend on the CPU,
@@ -76,6 +78,8 @@ pub enum ReduceError {
     },
     /// `scale_avg` with `n == 0` (argument `n`).
     ZeroDivisor,
+    /// An op that `dtype` does not have (a bitwise op on a floating-point type; argument `op`).
+    Unsupported { op: RedOp, dtype: DataType },
 }
 
 impl ReduceError {
@@ -84,6 +88,7 @@ impl ReduceError {
         match self {
             ReduceError::NotMultiple { arg, .. } | ReduceError::LengthMismatch { arg, .. } => arg,
             ReduceError::ZeroDivisor => "n",
+            ReduceError::Unsupported { .. } => "op",
         }
     }
 }
@@ -100,6 +105,10 @@ impl fmt::Display for ReduceError {
                 write!(f, "argument '{arg}': length {len} bytes, expected {expected} (the other operands' length)")
             }
             ReduceError::ZeroDivisor => write!(f, "argument 'n': the Avg divisor must be at least 1"),
+            ReduceError::Unsupported { op, dtype } => write!(
+                f,
+                "argument 'op': {op} is a bitwise op, for integer types only, not {dtype}"
+            ),
         }
     }
 }
@@ -119,17 +128,33 @@ enum Kind {
     Prod,
     Max,
     Min,
+    BAnd,
+    BOr,
+    BXor,
 }
 
 impl Kind {
+    /// How many kinds there are (`k as usize < COUNT`).
+    const COUNT: usize = 7;
+
     fn of(op: RedOp) -> Kind {
         match op {
             RedOp::Sum | RedOp::Avg => Kind::Sum,
             RedOp::Prod => Kind::Prod,
             RedOp::Max => Kind::Max,
             RedOp::Min => Kind::Min,
+            RedOp::BAnd => Kind::BAnd,
+            RedOp::BOr => Kind::BOr,
+            RedOp::BXor => Kind::BXor,
         }
     }
+}
+
+fn check_op(dt: DataType, op: RedOp) -> Result<(), ReduceError> {
+    if !op.supports(dt) {
+        return Err(ReduceError::Unsupported { op, dtype: dt });
+    }
+    Ok(())
 }
 
 fn check_multiple(dt: DataType, arg: &'static str, s: &[u8]) -> Result<(), ReduceError> {
@@ -168,6 +193,7 @@ pub fn reduce(
     check_multiple(dt, "dst", dst)?;
     check_same("b", b, a.len())?;
     check_same("dst", dst, a.len())?;
+    check_op(dt, op)?;
     binary(dt, Kind::of(op), a, b, dst, true);
     Ok(())
 }
@@ -183,6 +209,7 @@ pub fn reduce_inplace(
     check_multiple(dt, "acc", acc)?;
     check_multiple(dt, "b", b)?;
     check_same("b", b, acc.len())?;
+    check_op(dt, op)?;
     inplace(dt, Kind::of(op), acc, b, true);
     Ok(())
 }
@@ -391,10 +418,11 @@ const FP8_TABLE_MIN: usize = 4096;
 /// The 64 KiB table `t[a << 8 | b] = a ⊕ b` of an fp8 type and op, built once from the scalar
 /// reference.
 fn fp8_table(dt: DataType, k: Kind) -> &'static [u8] {
-    static TABLES: [OnceLock<Box<[u8]>>; 8] = [const { OnceLock::new() }; 8];
+    static TABLES: [OnceLock<Box<[u8]>>; 2 * Kind::COUNT] =
+        [const { OnceLock::new() }; 2 * Kind::COUNT];
     let (slot, build): (usize, fn(Kind, u8, u8) -> u8) = match dt {
         DataType::Float8E4M3 => (0, |k, x, y| fp8_op::<E4m3>(k, E4m3(x), E4m3(y)).0),
-        _ => (4, |k, x, y| fp8_op::<E5m2>(k, E5m2(x), E5m2(y)).0),
+        _ => (Kind::COUNT, |k, x, y| fp8_op::<E5m2>(k, E5m2(x), E5m2(y)).0),
     };
     let slot = slot + k as usize;
     TABLES[slot].get_or_init(|| {
@@ -410,5 +438,8 @@ fn fp8_op<T: Elem>(k: Kind, x: T, y: T) -> T {
         Kind::Prod => x.op_prod(y),
         Kind::Max => x.op_max(y),
         Kind::Min => x.op_min(y),
+        Kind::BAnd => x.op_band(y),
+        Kind::BOr => x.op_bor(y),
+        Kind::BXor => x.op_bxor(y),
     }
 }

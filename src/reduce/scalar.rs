@@ -10,7 +10,10 @@ use super::Kind;
 pub(super) const CANON_F32: u32 = 0x7fc0_0000;
 pub(super) const CANON_F64: u64 = 0x7ff8_0000_0000_0000;
 
-/// One element type: unaligned load and store, and the four combining ops.
+/// One element type: unaligned load and store, and the combining ops.
+///
+/// The bitwise ops combine the raw bits. `reduce` allows them on integer types only; the
+/// floating-point types have them (on their codes) only so that every kernel is total.
 pub(super) trait Elem: Copy {
     const SIZE: usize;
     /// `b.len() == SIZE`.
@@ -21,6 +24,9 @@ pub(super) trait Elem: Copy {
     fn op_prod(self, o: Self) -> Self;
     fn op_max(self, o: Self) -> Self;
     fn op_min(self, o: Self) -> Self;
+    fn op_band(self, o: Self) -> Self;
+    fn op_bor(self, o: Self) -> Self;
+    fn op_bxor(self, o: Self) -> Self;
     /// `self / n` for Avg (n >= 1).
     fn div_n(self, n: usize) -> Self;
 }
@@ -52,6 +58,18 @@ macro_rules! int_elem {
             #[inline(always)]
             fn op_min(self, o: Self) -> Self {
                 Ord::min(self, o)
+            }
+            #[inline(always)]
+            fn op_band(self, o: Self) -> Self {
+                self & o
+            }
+            #[inline(always)]
+            fn op_bor(self, o: Self) -> Self {
+                self | o
+            }
+            #[inline(always)]
+            fn op_bxor(self, o: Self) -> Self {
+                self ^ o
             }
             #[inline(always)]
             fn div_n(self, n: usize) -> Self {
@@ -206,6 +224,18 @@ impl Elem for f32 {
         fmin32(self, o)
     }
     #[inline(always)]
+    fn op_band(self, o: Self) -> Self {
+        f32::from_bits(self.to_bits() & o.to_bits())
+    }
+    #[inline(always)]
+    fn op_bor(self, o: Self) -> Self {
+        f32::from_bits(self.to_bits() | o.to_bits())
+    }
+    #[inline(always)]
+    fn op_bxor(self, o: Self) -> Self {
+        f32::from_bits(self.to_bits() ^ o.to_bits())
+    }
+    #[inline(always)]
     fn div_n(self, n: usize) -> Self {
         canon32(self / n as f32)
     }
@@ -236,6 +266,18 @@ impl Elem for f64 {
     #[inline(always)]
     fn op_min(self, o: Self) -> Self {
         fmin64(self, o)
+    }
+    #[inline(always)]
+    fn op_band(self, o: Self) -> Self {
+        f64::from_bits(self.to_bits() & o.to_bits())
+    }
+    #[inline(always)]
+    fn op_bor(self, o: Self) -> Self {
+        f64::from_bits(self.to_bits() | o.to_bits())
+    }
+    #[inline(always)]
+    fn op_bxor(self, o: Self) -> Self {
+        f64::from_bits(self.to_bits() ^ o.to_bits())
     }
     #[inline(always)]
     fn div_n(self, n: usize) -> Self {
@@ -288,6 +330,18 @@ macro_rules! narrow_float_elem {
                 Self::from_f32(fmin32(self.f(), o.f()))
             }
             #[inline(always)]
+            fn op_band(self, o: Self) -> Self {
+                $name(self.0 & o.0)
+            }
+            #[inline(always)]
+            fn op_bor(self, o: Self) -> Self {
+                $name(self.0 | o.0)
+            }
+            #[inline(always)]
+            fn op_bxor(self, o: Self) -> Self {
+                $name(self.0 ^ o.0)
+            }
+            #[inline(always)]
             fn div_n(self, n: usize) -> Self {
                 Self::from_f32(canon32(self.f() / n as f32))
             }
@@ -328,6 +382,9 @@ pub(super) fn binary<T: Elem>(op: Kind, a: &[u8], b: &[u8], dst: &mut [u8]) {
         Kind::Prod => binary_with::<T>(a, b, dst, T::op_prod),
         Kind::Max => binary_with::<T>(a, b, dst, T::op_max),
         Kind::Min => binary_with::<T>(a, b, dst, T::op_min),
+        Kind::BAnd => binary_with::<T>(a, b, dst, T::op_band),
+        Kind::BOr => binary_with::<T>(a, b, dst, T::op_bor),
+        Kind::BXor => binary_with::<T>(a, b, dst, T::op_bxor),
     }
 }
 
@@ -338,6 +395,9 @@ pub(super) fn inplace<T: Elem>(op: Kind, acc: &mut [u8], b: &[u8]) {
         Kind::Prod => inplace_with::<T>(acc, b, T::op_prod),
         Kind::Max => inplace_with::<T>(acc, b, T::op_max),
         Kind::Min => inplace_with::<T>(acc, b, T::op_min),
+        Kind::BAnd => inplace_with::<T>(acc, b, T::op_band),
+        Kind::BOr => inplace_with::<T>(acc, b, T::op_bor),
+        Kind::BXor => inplace_with::<T>(acc, b, T::op_bxor),
     }
 }
 

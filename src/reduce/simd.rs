@@ -187,6 +187,8 @@ unsafe fn dispatch<const FMT: u8>(
         Kind::Prod => binary_kernel::<FMT, PROD>(a, b, dst, n),
         Kind::Max => binary_kernel::<FMT, MAX>(a, b, dst, n),
         Kind::Min => binary_kernel::<FMT, MIN>(a, b, dst, n),
+        // Bitwise ops are for integer types, never these: none done, the scalar kernel runs.
+        Kind::BAnd | Kind::BOr | Kind::BXor => 0,
     }
 }
 

@@ -280,6 +280,10 @@ fn reference(dt: DataType, op: RedOp, x: V, y: V) -> V {
                 RedOp::Prod => x.wrapping_mul(y),
                 RedOp::Max => x.max(y),
                 RedOp::Min => x.min(y),
+                // i128 holds each type's value sign- or zero-extended: its bits are the type's.
+                RedOp::BAnd => x & y,
+                RedOp::BOr => x | y,
+                RedOp::BXor => x ^ y,
             },
         )),
         (V::F(x), V::F(y)) => {
@@ -288,6 +292,7 @@ fn reference(dt: DataType, op: RedOp, x: V, y: V) -> V {
                 RedOp::Prod => x * y,
                 RedOp::Max => ref_max(x, y),
                 RedOp::Min => ref_min(x, y),
+                RedOp::BAnd | RedOp::BOr | RedOp::BXor => unreachable!("{op} on {dt}"),
             };
             V::F(round_to(r, fmt_of(dt).unwrap()))
         }
@@ -425,12 +430,24 @@ fn datatype_values_names_sizes() {
 fn redop_values_names() {
     for (i, op) in RedOp::ALL.iter().enumerate() {
         assert_eq!(op.to_nccl(), i as i32);
-        assert_eq!(RedOp::from_nccl(i as i32), Some(*op));
+        assert_eq!(RedOp::from_c(i as i32), Some(*op));
+        let nccl = (i < 5).then_some(*op);
+        assert_eq!(RedOp::from_nccl(i as i32), nccl);
         assert_eq!(RedOp::from_name(op.name()), Some(*op));
     }
     let names: Vec<&str> = RedOp::ALL.iter().map(|o| o.name()).collect();
-    assert_eq!(names, ["sum", "prod", "max", "min", "avg"]);
-    assert_eq!(RedOp::from_nccl(5), None);
+    assert_eq!(
+        names,
+        ["sum", "prod", "max", "min", "avg", "band", "bor", "bxor"]
+    );
+    // NCCL's values 5 and up are user-created ops, never the bitwise ones.
+    assert_eq!(RedOp::NCCL[..], RedOp::ALL[..5]);
+    for v in [5, 6, 7, 8, -1] {
+        assert_eq!(RedOp::from_nccl(v), None);
+    }
+    assert_eq!(RedOp::from_c(7), Some(RedOp::BXor));
+    assert_eq!(RedOp::from_c(8), None);
+    assert_eq!(RedOp::from_name("BXor"), Some(RedOp::BXor));
     assert_eq!(RedOp::from_name("ncclSum"), Some(RedOp::Sum));
     assert_eq!(RedOp::from_name("MAX"), Some(RedOp::Max));
     assert_eq!(RedOp::from_name("premulsum"), None);
@@ -737,6 +754,11 @@ fn every_dtype_and_op_matches_reference() {
                 let (a, b) = (&a[oa..], &b[ob..]);
                 let mut dbuf = vec![0x5a; od + n * s];
                 let dst = &mut dbuf[od..];
+                if !op.supports(dt) {
+                    let e = reduce(dt, op, a, b, dst).unwrap_err();
+                    assert_eq!(e, ReduceError::Unsupported { op, dtype: dt });
+                    continue;
+                }
                 reduce(dt, op, a, b, dst).unwrap();
                 for i in 0..n {
                     let (x, y) = (get(dt, a, i), get(dt, b, i));
@@ -832,7 +854,10 @@ fn fp8_every_pair_of_codes() {
 fn ops_commute_bitwise() {
     let mut rng = Rng(99);
     for dt in DataType::ALL {
-        for op in [RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min] {
+        let ops = RedOp::ALL
+            .into_iter()
+            .filter(|&o| o != RedOp::Avg && o.supports(dt));
+        for op in ops {
             let a = random_elems(&mut rng, dt, 2000);
             let b = random_elems(&mut rng, dt, 2000);
             let mut ab = vec![0u8; a.len()];
@@ -1226,12 +1251,129 @@ fn bad_lengths_name_the_argument() {
     assert_eq!(e.nccl_code(), crate::error::nccl::INVALID_ARGUMENT);
 }
 
+/// The bitwise ops on every integer type, against the type's own `&`, `|` and `^`, at unaligned
+/// offsets, with both entry points and the scalar path.
+#[test]
+fn bitwise_ops_on_every_integer_type() {
+    fn check<T: Copy + PartialEq + std::fmt::Debug, const N: usize>(
+        dt: DataType,
+        rng: &mut Rng,
+        from: fn([u8; N]) -> T,
+        ops: [fn(T, T) -> T; 3],
+    ) {
+        assert_eq!(dt.size(), N);
+        let bit_ops = [RedOp::BAnd, RedOp::BOr, RedOp::BXor];
+        for (op, f) in bit_ops.into_iter().zip(ops) {
+            for n in [0usize, 1, 3, 31, 64, 1000] {
+                let a: Vec<u8> = (0..n * N).map(|_| rng.next() as u8).collect();
+                let b: Vec<u8> = (0..n * N).map(|_| rng.next() as u8).collect();
+                let b1 = at_offset(&b, 1);
+                let mut dst = vec![0u8; n * N + 3];
+                reduce(dt, op, &a, &b1[1..], &mut dst[3..]).unwrap();
+                let mut acc = at_offset(&a, 2);
+                reduce_inplace(dt, op, &mut acc[2..], &b).unwrap();
+                let mut sc = vec![0u8; n * N];
+                binary(dt, Kind::of(op), &a, &b, &mut sc, false);
+                for i in 0..n {
+                    let at = |v: &[u8]| from(v[i * N..(i + 1) * N].try_into().unwrap());
+                    let want = f(at(&a), at(&b));
+                    assert_eq!(at(&dst[3..]), want, "{dt} {op} element {i}");
+                    assert_eq!(at(&acc[2..]), want, "{dt} {op} element {i} in place");
+                    assert_eq!(at(&sc), want, "{dt} {op} element {i} scalar");
+                }
+            }
+        }
+        // Known values: all ones, zero, and a pattern.
+        let (x, y) = (vec![0xffu8; N], vec![0xa5u8; N]);
+        let mut d = vec![0u8; N];
+        reduce(dt, RedOp::BAnd, &x, &y, &mut d).unwrap();
+        assert_eq!(d, y, "{dt} band");
+        reduce(dt, RedOp::BOr, &[0; N], &y, &mut d).unwrap();
+        assert_eq!(d, y, "{dt} bor");
+        reduce(dt, RedOp::BXor, &x, &y, &mut d).unwrap();
+        assert_eq!(d, vec![0x5au8; N], "{dt} bxor");
+    }
+    let mut rng = Rng(7);
+    check(
+        DataType::Int8,
+        &mut rng,
+        i8::from_ne_bytes,
+        [|x, y| x & y, |x, y| x | y, |x, y| x ^ y],
+    );
+    check(
+        DataType::Uint8,
+        &mut rng,
+        u8::from_ne_bytes,
+        [|x, y| x & y, |x, y| x | y, |x, y| x ^ y],
+    );
+    check(
+        DataType::Int32,
+        &mut rng,
+        i32::from_ne_bytes,
+        [|x, y| x & y, |x, y| x | y, |x, y| x ^ y],
+    );
+    check(
+        DataType::Uint32,
+        &mut rng,
+        u32::from_ne_bytes,
+        [|x, y| x & y, |x, y| x | y, |x, y| x ^ y],
+    );
+    check(
+        DataType::Int64,
+        &mut rng,
+        i64::from_ne_bytes,
+        [|x, y| x & y, |x, y| x | y, |x, y| x ^ y],
+    );
+    check(
+        DataType::Uint64,
+        &mut rng,
+        u64::from_ne_bytes,
+        [|x, y| x & y, |x, y| x | y, |x, y| x ^ y],
+    );
+}
+
+/// The bitwise ops on floating-point types are an error naming the op and the type, and write
+/// nothing.
+#[test]
+fn bitwise_ops_on_floats_are_an_error_naming_op_and_type() {
+    for dt in DataType::ALL.into_iter().filter(|d| d.is_float()) {
+        for op in [RedOp::BAnd, RedOp::BOr, RedOp::BXor] {
+            assert!(!op.supports(dt));
+            let n = 4 * dt.size();
+            let mut dst = vec![0x11u8; n];
+            let e = reduce(dt, op, &vec![0xff; n], &vec![0xff; n], &mut dst).unwrap_err();
+            assert_eq!(e, ReduceError::Unsupported { op, dtype: dt });
+            assert_eq!(e.arg(), "op");
+            let msg = e.to_string();
+            assert!(
+                msg.contains("'op'") && msg.contains(op.name()) && msg.contains(dt.name()),
+                "{msg}"
+            );
+            assert!(dst.iter().all(|&x| x == 0x11), "{dt} {op}: wrote");
+            let e = reduce_inplace(dt, op, &mut dst, &vec![0xff; n]).unwrap_err();
+            assert_eq!(e.arg(), "op");
+            assert!(dst.iter().all(|&x| x == 0x11), "{dt} {op}: wrote in place");
+            let e: crate::Error = e.into();
+            assert_eq!(e.nccl_code(), crate::error::nccl::INVALID_ARGUMENT);
+        }
+    }
+    for dt in DataType::ALL.into_iter().filter(|d| !d.is_float()) {
+        for op in RedOp::ALL {
+            assert!(op.supports(dt), "{op} on {dt}");
+        }
+    }
+}
+
 #[test]
 fn empty_slices_are_a_no_op() {
     for dt in DataType::ALL {
         for op in RedOp::ALL {
-            reduce(dt, op, &[], &[], &mut []).unwrap();
-            reduce_inplace(dt, op, &mut [], &[]).unwrap();
+            if op.supports(dt) {
+                reduce(dt, op, &[], &[], &mut []).unwrap();
+                reduce_inplace(dt, op, &mut [], &[]).unwrap();
+            } else {
+                assert_eq!(reduce(dt, op, &[], &[], &mut []).unwrap_err().arg(), "op");
+            }
         }
         scale_avg(dt, &mut [], 4).unwrap();
     }

@@ -124,10 +124,14 @@ impl fmt::Display for DataType {
     }
 }
 
-/// A reduction operation, with NCCL's `ncclRedOp_t` values.
+/// A reduction operation: NCCL's `ncclRedOp_t` values (0..=4), then the bitwise ops of this
+/// library's C API (5..=7; in NCCL, values from 5 up are user-created ops).
 ///
 /// `Avg` reduces as `Sum`; the division by the number of contributions happens once, at the end
 /// (`scale_avg`), as in NCCL (whose network plugins see Avg as Sum).
+///
+/// `BAnd`, `BOr` and `BXor` combine the raw bits of integer types; they are not defined for
+/// floating-point types ([`RedOp::supports`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RedOp {
     Sum = 0,
@@ -135,25 +139,59 @@ pub enum RedOp {
     Max = 2,
     Min = 3,
     Avg = 4,
+    BAnd = 5,
+    BOr = 6,
+    BXor = 7,
 }
 
 impl RedOp {
-    /// Every op, in NCCL order (`ALL[i] as i32 == i`).
-    pub const ALL: [RedOp; 5] = [RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min, RedOp::Avg];
+    /// Every op, in value order (`ALL[i] as i32 == i`): the C API's `fabricoll_redop`.
+    pub const ALL: [RedOp; 8] = [
+        RedOp::Sum,
+        RedOp::Prod,
+        RedOp::Max,
+        RedOp::Min,
+        RedOp::Avg,
+        RedOp::BAnd,
+        RedOp::BOr,
+        RedOp::BXor,
+    ];
 
-    /// The op for an `ncclRedOp_t` value; `None` outside 0..=4 (user-created ops included).
+    /// NCCL's built-in ops, in NCCL order (`NCCL[i] as i32 == i`).
+    pub const NCCL: [RedOp; 5] = [RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min, RedOp::Avg];
+
+    /// The op for an `ncclRedOp_t` value; `None` outside 0..=4 (NCCL's user-created ops, 5 and
+    /// up, included: those are not this library's bitwise ops).
     pub fn from_nccl(v: i32) -> Option<RedOp> {
+        usize::try_from(v)
+            .ok()
+            .and_then(|i| Self::NCCL.get(i).copied())
+    }
+
+    /// The op for a C API `fabricoll_redop` value; `None` outside 0..=7.
+    pub fn from_c(v: i32) -> Option<RedOp> {
         usize::try_from(v)
             .ok()
             .and_then(|i| Self::ALL.get(i).copied())
     }
 
-    /// The `ncclRedOp_t` value.
+    /// The `ncclRedOp_t` value (and the `fabricoll_redop` value).
     pub fn to_nccl(self) -> i32 {
         self as i32
     }
 
-    /// "sum", "prod", "max", "min" or "avg" (nccl-tests' names).
+    /// Whether the op is bitwise (BAnd, BOr, BXor).
+    pub fn is_bitwise(self) -> bool {
+        matches!(self, RedOp::BAnd | RedOp::BOr | RedOp::BXor)
+    }
+
+    /// Whether the op is defined for `dt`: every op on integer types; all but the bitwise ops on
+    /// floating-point types.
+    pub fn supports(self, dt: DataType) -> bool {
+        !(self.is_bitwise() && dt.is_float())
+    }
+
+    /// "sum", "prod", "max", "min", "avg" (nccl-tests' names), "band", "bor" or "bxor".
     pub fn name(self) -> &'static str {
         match self {
             RedOp::Sum => "sum",
@@ -161,6 +199,9 @@ impl RedOp {
             RedOp::Max => "max",
             RedOp::Min => "min",
             RedOp::Avg => "avg",
+            RedOp::BAnd => "band",
+            RedOp::BOr => "bor",
+            RedOp::BXor => "bxor",
         }
     }
 
@@ -174,6 +215,9 @@ impl RedOp {
             "max" => RedOp::Max,
             "min" => RedOp::Min,
             "avg" | "mean" => RedOp::Avg,
+            "band" => RedOp::BAnd,
+            "bor" => RedOp::BOr,
+            "bxor" => RedOp::BXor,
             _ => return None,
         })
     }

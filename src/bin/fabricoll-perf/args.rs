@@ -41,7 +41,7 @@ pub struct Args {
     /// fp8_e5m2.
     #[arg(short = 'd', long = "datatype", default_value = "float", value_parser = datatype)]
     pub dtype: DataType,
-    /// Reduction: sum prod max min avg.
+    /// Reduction: sum prod max min avg band bor bxor (the bitwise ops for integer types only).
     #[arg(short = 'o', long = "op", default_value = "sum", value_parser = redop)]
     pub op: RedOp,
     /// Timed iterations per size (the most, with -t).

@@ -7,8 +7,11 @@ use nccl_net_fabricoll::coll::Comm;
 use nccl_net_fabricoll::reduce::{conv, fp8, DataType, RedOp};
 
 /// The rank-r, element-i input value: small integers, so sums are exact in every type but fp8.
+/// The bitwise ops (integer types only) get 0..=126, seven varied bits that every integer type
+/// holds as they are.
 pub fn value(op: RedOp, r: usize, i: usize) -> f64 {
     match op {
+        RedOp::BAnd | RedOp::BOr | RedOp::BXor => ((r * 37 + i * 11 + 5) % 127) as f64,
         RedOp::Prod => {
             if (r + i) % 7 == 0 {
                 2.0
@@ -81,6 +84,9 @@ fn reference(op: RedOp, dt: DataType, vals: impl Iterator<Item = f64>, n: usize)
                 (s as i64 / n as i64) as f64
             }
         }
+        RedOp::BAnd => v.iter().fold(-1i64, |a, &x| a & x as i64) as f64,
+        RedOp::BOr => v.iter().fold(0i64, |a, &x| a | x as i64) as f64,
+        RedOp::BXor => v.iter().fold(0i64, |a, &x| a ^ x as i64) as f64,
     }
 }
 

@@ -137,12 +137,19 @@ fn enum_values_are_pinned() {
         (fabricoll_redop::FABRICOLL_MAX, 2, R::Max),
         (fabricoll_redop::FABRICOLL_MIN, 3, R::Min),
         (fabricoll_redop::FABRICOLL_AVG, 4, R::Avg),
+        (fabricoll_redop::FABRICOLL_BAND, 5, R::BAnd),
+        (fabricoll_redop::FABRICOLL_BOR, 6, R::BOr),
+        (fabricoll_redop::FABRICOLL_BXOR, 7, R::BXor),
     ];
+    assert_eq!(ops.len(), R::ALL.len(), "a new op needs a C value");
     for (c, v, o) in ops {
         assert_eq!(c as i32, v);
         assert_eq!(redop(v).unwrap(), o);
     }
-    assert!(redop(5).is_err());
+    for bad in [-1, 8] {
+        let e = redop(bad).unwrap_err().to_string();
+        assert!(e.contains("'op'"), "{e}");
+    }
 }
 
 /// A panic inside the boundary keeps its message in the last error.
@@ -218,6 +225,60 @@ fn wait_after_abort_names_the_abort() {
         fabricoll_wait(reqs[0]),
         fabricoll_status::FABRICOLL_INVALID_ARGUMENT
     );
+    assert_eq!(
+        fabricoll_comm_destroy(comm),
+        fabricoll_status::FABRICOLL_SUCCESS
+    );
+}
+
+/// The bitwise ops through the C API: on int32 they run; on float, and for op 8, the call is
+/// INVALID_ARGUMENT naming 'op' (and the type).
+#[test]
+fn bitwise_ops_through_the_c_api() {
+    let Some(comm) = one_rank_comm() else { return };
+    let send: Vec<i32> = (0..16).map(|i| i * 0x0101_0101 - 7).collect();
+    let mut recv = [0i32; 16];
+    for op in [
+        fabricoll_redop::FABRICOLL_BAND,
+        fabricoll_redop::FABRICOLL_BOR,
+        fabricoll_redop::FABRICOLL_BXOR,
+    ] {
+        recv.fill(0);
+        let s = fabricoll_allreduce(
+            send.as_ptr().cast(),
+            recv.as_mut_ptr().cast(),
+            16,
+            fabricoll_datatype::FABRICOLL_INT32 as i32,
+            op as i32,
+            comm,
+        );
+        assert_eq!(s, fabricoll_status::FABRICOLL_SUCCESS, "{}", last_error());
+        assert_eq!(recv[..], send[..], "one rank: the reduction is the input");
+    }
+    let fsend = [1.0f32; 16];
+    let mut frecv = [0.0f32; 16];
+    for (dt, op, what) in [
+        (fabricoll_datatype::FABRICOLL_FLOAT32 as i32, 7, "float"),
+        (fabricoll_datatype::FABRICOLL_FLOAT32 as i32, 5, "band"),
+        (
+            fabricoll_datatype::FABRICOLL_INT32 as i32,
+            8,
+            "fabricoll_redop",
+        ),
+    ] {
+        let s = fabricoll_allreduce(
+            fsend.as_ptr().cast(),
+            frecv.as_mut_ptr().cast(),
+            16,
+            dt,
+            op,
+            comm,
+        );
+        assert_eq!(s, fabricoll_status::FABRICOLL_INVALID_ARGUMENT, "op {op}");
+        let e = last_error();
+        assert!(e.contains("'op'") && e.contains(what), "op {op}: {e}");
+    }
+    assert_eq!(frecv, [0.0f32; 16]);
     assert_eq!(
         fabricoll_comm_destroy(comm),
         fabricoll_status::FABRICOLL_SUCCESS

@@ -52,7 +52,9 @@ pub enum fabricoll_datatype {
     FABRICOLL_FP8_E5M2 = 11,
 }
 
-/// Reduction operations (NCCL's values). Passed as `int`.
+/// Reduction operations (NCCL's values 0..=4, then the bitwise ops). Passed as `int`.
+/// `BAND`, `BOR` and `BXOR` combine the bits of integer types; with a floating-point datatype
+/// they are an invalid argument.
 #[repr(C)]
 #[allow(non_camel_case_types, clippy::upper_case_acronyms, dead_code)]
 pub enum fabricoll_redop {
@@ -61,6 +63,9 @@ pub enum fabricoll_redop {
     FABRICOLL_MAX = 2,
     FABRICOLL_MIN = 3,
     FABRICOLL_AVG = 4,
+    FABRICOLL_BAND = 5,
+    FABRICOLL_BOR = 6,
+    FABRICOLL_BXOR = 7,
 }
 
 /// Algorithms (`FABRICOLL_ALGO` names). Passed as `int`; AUTO lets the cost model choose.
@@ -147,8 +152,8 @@ pub(super) fn dtype(v: c_int) -> Result<DataType> {
 }
 
 pub(super) fn redop(v: c_int) -> Result<RedOp> {
-    RedOp::from_nccl(v)
-        .ok_or_else(|| Error::arg("op", format!("{v} is not a fabricoll_redop (0..=4)")))
+    RedOp::from_c(v)
+        .ok_or_else(|| Error::arg("op", format!("{v} is not a fabricoll_redop (0..=7)")))
 }
 
 /// A `fabricoll_algo` value: `None` for AUTO.
