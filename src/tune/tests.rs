@@ -191,8 +191,8 @@ fn fit_recovers_parameters() {
 
 #[test]
 fn fit_takes_beta_from_two_sizes_when_small_rounds_are_slow() {
-    // 4 ranks whose tiny AllReduce pays 40 us a round (waiting to be scheduled) while a
-    // large round pays 5: one large timing minus 6 x 40 us leaves nothing.
+    // Ranks whose tiny AllReduce rounds cost several times a large round's latency (waiting
+    // to be scheduled): subtracting the tiny rounds from one large timing leaves nothing.
     let (a, b, g) = (5.0, gbps_to_us_per_byte(1.5), gbps_to_us_per_byte(15.0));
     let (n, f) = (4, 0.75);
     let t = |bytes: usize| {

@@ -3,8 +3,8 @@
 use super::*;
 use crate::algo::Hosts;
 
-/// Intra-host 1 us and 5 GB/s (0.5 us a message); the network `alpha` us, `gbps` GB/s and 5
-/// us a message; reductions at 8 GB/s.
+/// A shared-memory intra level much faster than the network, whose latency and bandwidth are
+/// `alpha` and `gbps`; the values are the ones spelled out below.
 fn two_level(alpha: f64, gbps: f64) -> Model {
     let mut m = Model::new(alpha, gbps, 8.0).with_intra(Link {
         alpha_us: 1.0,
