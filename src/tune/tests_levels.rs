@@ -82,8 +82,8 @@ fn two_hosts_of_two_at_1_gbit_pick_a_hierarchy_from_64k() {
             assert_eq!(m.levels_for(a, &p, 4, opts), o);
         }
     }
-    // Where the network carries half as much, the hierarchy is worth the 1 MiB figures of the
-    // issue (hier 9.5 ms, ring 13.2 ms): about two thirds of the ring.
+    // Where the network carries half as much, the hierarchy takes about two thirds of the
+    // ring's time, as issue 29 measured at 1 MiB (docs/performance.md, "Several hosts").
     let p = problem(Collective::AllReduce, 4, 1 << 20);
     let ratio = m.predict_on(Algorithm::Hier, &p, 4, &opts).unwrap()
         / m.predict_on(Algorithm::Ring, &p, 4, &opts).unwrap();
