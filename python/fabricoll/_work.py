@@ -18,8 +18,9 @@ non-contiguous tensor) runs once every request has succeeded and before the futu
 completes or ``wait`` returns. The first failure is raised by ``wait`` and set on the
 future, as a :class:`fabricoll.FabricollError` naming the operation.
 
-Works in flight are kept alive by their backend (their buffers stay valid while the
-library may write them) until they complete or the communicator is destroyed.
+A Work dropped while no one has asked for its completion (an ``isend`` never waited)
+hands its requests to the library as it is collected, so that they still complete and free
+their buffers (which the Work keeps alive until then).
 """
 
 import ctypes
@@ -53,15 +54,18 @@ def _on_complete(user_data, status):
 _CALLBACK = c.CALLBACK(_on_complete)
 
 
+def _HAS_NOTIFY():
+    return c.lib().has("fabricoll_request_notify")
+
+
 class Work(_C10dWork):
     """The requests of one operation (``requests``: request handles, possibly none when
     the operation had nothing to do), the tensors its future yields (``result``), the
     post-processing to run on success (``finish``) and the buffers to keep alive
     (``keep``)."""
 
-    def __init__(self, backend, opname, requests, result, finish=None, keep=None):
+    def __init__(self, opname, requests, result, finish=None, keep=None):
         super().__init__()
-        self._backend = backend
         self._opname = opname
         self._requests = requests
         self._result = result
@@ -73,10 +77,15 @@ class Work(_C10dWork):
         self._event = None
         self._error = None
         self._remaining = len(requests)
-        if requests:
-            backend._inflight.add(self)
-        else:
+        if not requests:
             self._complete(None)
+
+    def __del__(self):
+        # Dropped before anyone asked: let the library finish the requests (this resurrects
+        # the Work in _notified until its callbacks have run).
+        if self._state == _PENDING and _HAS_NOTIFY():
+            self._state = _NOTIFIED
+            self._notify()
 
     # -- torch's interface --------------------------------------------------------------
 
@@ -106,7 +115,7 @@ class Work(_C10dWork):
             fut = self._future = torch.futures.Future()
             state = self._state
             if state == _PENDING:
-                if not c.lib().has("fabricoll_request_notify"):
+                if not _HAS_NOTIFY():
                     self._future = None
                     c.lib().fabricoll_request_notify()  # raises NotImplementedError
                 self._state = _NOTIFIED
@@ -171,7 +180,7 @@ class Work(_C10dWork):
             event = self._event
             hand = self._state == _PENDING
             if hand:
-                if not c.lib().has("fabricoll_request_notify"):
+                if not _HAS_NOTIFY():
                     self._state = _WAITING
                     hand = None
                 else:
@@ -241,7 +250,6 @@ class Work(_C10dWork):
             self._keep = None
             self._finish = None
             fut, event = self._future, self._event
-        self._backend._inflight.discard(self)
         if event is not None:
             event.set()
         if fut is not None:
@@ -252,14 +260,6 @@ class Work(_C10dWork):
             fut.set_result(self._result)
         else:
             fut.set_exception(self._error)
-
-    def _abandon(self, reason):
-        """The communicator is gone: a request no one drives will never complete."""
-        with self._lock:
-            if self._state != _PENDING:
-                return
-            self._state = _WAITING
-        self._complete(RuntimeError(f"fabricoll {self._opname}: {reason}"))
 
 
 class WorkList(_C10dWork):
