@@ -8,16 +8,19 @@
 //! Handles are looked up in tables, never dereferenced: a stale or garbage pointer is an error.
 //!
 //! Files: `types` (status and enums, structs), `handles` (the tables of communicators and
-//! requests), `comm` (a communicator's life), `collectives` (the calls, test and wait); this
+//! requests), `comm` (a communicator's life), `collectives` (the calls, test and wait),
+//! `varied` (gather, scatter, barrier, the uneven-count collectives, tagged send/recv); this
 //! file holds the last error and the static strings.
 pub mod collectives;
 pub mod comm;
 mod handles;
 pub mod types;
+pub mod varied;
 
 pub use collectives::*;
 pub use comm::*;
 pub use types::*;
+pub use varied::*;
 
 use super::boundary::AbiReturn;
 use super::Out;
