@@ -292,7 +292,6 @@ fabricoll_status fabricoll_comm_size(fabricoll_comm *comm, int *size);
 fabricoll_status fabricoll_comm_set_algo(fabricoll_comm *comm, int algo_v);
 
 /*
-<<<<<<< HEAD
  Hand a pending non-blocking request to the library: it then completes by itself (the
  communicator's progress thread advances it, sleeping on the fabric's completion queue when
  nothing moves; no caller thread polls) and `callback(user_data, status)` runs exactly once
@@ -306,7 +305,8 @@ fabricoll_status fabricoll_comm_set_algo(fabricoll_comm *comm, int algo_v);
  the requests still pending: their callbacks run with the abort status.
  */
 fabricoll_status fabricoll_request_notify(fabricoll_request *request, fabricoll_callback callback, void *user_data);
-=======
+
+/*
  Every rank's sendbuf (sendcount elements) lands in rank order in the root's recvbuf
  (nranks x sendcount; written on the root only, may be NULL elsewhere).
  */
@@ -394,7 +394,6 @@ fabricoll_status fabricoll_recv_tagged(void *buf, size_t count, int datatype, in
  Non-blocking fabricoll_recv_tagged.
  */
 fabricoll_status fabricoll_irecv_tagged(void *buf, size_t count, int datatype, int peer, int tag, fabricoll_comm *comm, fabricoll_request **request);
->>>>>>> wt-varied
 
 /*
  recvbuf = the reduction of every rank's sendbuf (count elements each; in place when the buffers are equal).
