@@ -54,6 +54,13 @@ def _on_complete(user_data, status):
 _CALLBACK = c.CALLBACK(_on_complete)
 
 
+def _unwrap(fut):
+    err, result = fut.value()
+    if err is not None:
+        raise err
+    return result
+
+
 def _HAS_NOTIFY():
     return c.lib().has("fabricoll_request_notify")
 
@@ -74,6 +81,7 @@ class Work(_C10dWork):
         self._lock = threading.Lock()
         self._state = _PENDING
         self._future = None
+        self._future_out = None
         self._event = None
         self._error = None
         self._remaining = len(requests)
@@ -109,10 +117,10 @@ class Work(_C10dWork):
         """A future completed by the library when the operation completes (its value: the
         operation's output tensors)."""
         with self._lock:
-            fut = self._future
-            if fut is not None:
-                return fut
+            if self._future is not None:
+                return self._future_out
             fut = self._future = torch.futures.Future()
+            self._future_out = fut.then(_unwrap)
             state = self._state
             if state == _PENDING:
                 if not _HAS_NOTIFY():
@@ -123,7 +131,7 @@ class Work(_C10dWork):
             self._notify()
         elif state == _DONE:
             self._settle(fut)
-        return fut
+        return self._future_out
 
     def is_completed(self):
         return self._state == _DONE
@@ -228,7 +236,9 @@ class Work(_C10dWork):
     def _one_done(self, status, err=None):
         if status and err is None:
             err = self._failure(
-                c.FabricollError("fabricoll_request_notify", status, "the request failed")
+                c.FabricollError(
+                    "completion", status, "the library reported this status to the request's callback"
+                )
             )
         with self._lock:
             if err is not None and self._error is None:
@@ -256,10 +266,10 @@ class Work(_C10dWork):
             self._settle(fut)
 
     def _settle(self, fut):
-        if self._error is None:
-            fut.set_result(self._result)
-        else:
-            fut.set_exception(self._error)
+        # (error, tensors): _unwrap, chained behind, raises the error, which marks the future
+        # that torch sees as failed. Future.set_exception would not: it only makes this
+        # Python wrapper raise, and torch's C++ side (DDP) would take the error for a value.
+        fut.set_result((self._error, self._result))
 
 
 class WorkList(_C10dWork):
