@@ -25,14 +25,17 @@ applied; the communicator's timeout (torch's group timeout) is.
 import ctypes
 
 import torch
-from torch._C._distributed_c10d import Backend as _C10dBackend
+from torch._C._distributed_c10d import Backend as _C10dBackend, ReduceOp
 
 from . import _capi as c
 from ._dtypes import DIRECT, Buffer, Unsupported, engine_view, nbytes, reduction, scaled
-from ._work import Work, WorkList
+from ._work import Done, Work, WorkList
 
 _U8 = c.UINT8
 _STRIDED = torch.strided
+_SUM = ReduceOp.SUM
+_SUM_DIRECT = {dt: reduction("allreduce", dt, _SUM) for dt in DIRECT}
+_DONE = Done([])
 
 
 def _IALLREDUCE(*args):
@@ -40,6 +43,12 @@ def _IALLREDUCE(*args):
     global _IALLREDUCE
     _IALLREDUCE = c.lib().fabricoll_iallreduce
     return _IALLREDUCE(*args)
+
+
+def _ALLREDUCE(*args):
+    global _ALLREDUCE
+    _ALLREDUCE = c.lib().fabricoll_allreduce
+    return _ALLREDUCE(*args)
 
 
 def _sizes(values):
@@ -162,15 +171,29 @@ class FabricollBackend(_C10dBackend):
 
     def allreduce(self, tensors, opts):
         t = tensors[0] if len(tensors) == 1 else None
-        red = reduction("allreduce", t.dtype, opts.reduceOp) if t is not None else None
+        rop = opts.reduceOp
+        if t is None:
+            red = None
+        elif rop == _SUM:  # the most common op, without reduction()'s lookups
+            red = _SUM_DIRECT.get(t.dtype)
+        else:
+            red = reduction("allreduce", t.dtype, rop)
+        comm = self._comm
         if (
-            red is not None and red.factor is None and t.is_cpu and t.layout is _STRIDED
-            and t.dtype in DIRECT and t.is_contiguous() and self._coalescing is None
+            red is not None and red.factor is None and t.dtype in DIRECT and t.is_contiguous()
+            and t.is_cpu and t.layout is _STRIDED and self._coalescing is None
+            and comm is not None
         ):  # fmt: skip
-            # The common case, kept short: in place on the caller's own memory.
+            # The common case, kept short: in place on the caller's own memory; a synchronous
+            # call (torch waits at once) runs the blocking C call.
             p = t.data_ptr()
+            if not opts.asyncOp:
+                rc = _ALLREDUCE(p, p, t.numel(), red.dtype, red.op, comm)
+                if rc:
+                    raise self._failed("allreduce", "fabricoll_allreduce", rc)
+                return _DONE  # torch waits on it and drops it; the caller never sees it
             req = ctypes.c_void_p()
-            rc = _IALLREDUCE(p, p, t.numel(), red.dtype, red.op, self.comm(), ctypes.byref(req))
+            rc = _IALLREDUCE(p, p, t.numel(), red.dtype, red.op, comm, ctypes.byref(req))
             if rc:
                 raise self._failed("allreduce", "fabricoll_iallreduce", rc)
             return Work("allreduce", [req.value], tensors, None, t)

@@ -272,6 +272,34 @@ class Work(_C10dWork):
         fut.set_result((self._error, self._result))
 
 
+class Done(_C10dWork):
+    """An operation that already completed (a synchronous call): ``wait`` returns at once."""
+
+    def __init__(self, result):
+        super().__init__()
+        self._result = result
+
+    def wait(self, timeout=None):
+        return True
+
+    def get_future(self):
+        fut = torch.futures.Future()
+        fut.set_result(self._result)
+        return fut
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._result
+
+
 class WorkList(_C10dWork):
     """Several Works as one (the end of a coalescing block)."""
 
