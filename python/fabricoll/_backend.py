@@ -22,7 +22,9 @@ Data movement copies bytes, so it takes every dtype. A per-call ``opts.timeout``
 applied; the communicator's timeout (torch's group timeout) is.
 """
 
+import atexit
 import ctypes
+import weakref
 
 import torch
 from torch._C._distributed_c10d import Backend as _C10dBackend, ReduceOp
@@ -80,6 +82,20 @@ def _split_into(flat, outputs):
         off += n
 
 
+# Live backends: destroyed at exit, before the interpreter finalizes, so that no progress
+# thread runs a completion callback into a Python that is gone.
+_live = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all():
+    for b in list(_live):
+        try:
+            b.shutdown()
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
+
+
 class FabricollBackend(_C10dBackend):
     """torch's Backend over one fabricoll communicator (``comm``: its handle)."""
 
@@ -89,6 +105,7 @@ class FabricollBackend(_C10dBackend):
         self._comm = comm
         self._timeout = timeout
         self._coalescing = None
+        _live.add(self)
 
     # -- identity ------------------------------------------------------------------------
 

@@ -91,9 +91,12 @@ class Work(_C10dWork):
     def __del__(self):
         # Dropped before anyone asked: let the library finish the requests (this resurrects
         # the Work in _notified until its callbacks have run).
-        if self._state == _PENDING and _HAS_NOTIFY():
-            self._state = _NOTIFIED
-            self._notify()
+        try:
+            if self._state == _PENDING and _HAS_NOTIFY():
+                self._state = _NOTIFIED
+                self._notify()
+        except Exception:  # noqa: BLE001 - at interpreter exit the library may be gone
+            pass
 
     # -- torch's interface --------------------------------------------------------------
 
