@@ -9,10 +9,12 @@ Every operation starts a non-blocking C call (``fabricoll_i*``) and returns a
   (``all_gather_into_tensor``), ``allgather_coalesced``, ``all_gather_single_coalesced``;
 - ``reduce_scatter`` (lists; uneven through reducescatterv), ``reduce_scatter_single``
   (``reduce_scatter_tensor``), ``reduce_scatter_single_coalesced``;
-- ``broadcast``, ``gather``, ``gather_single``, ``scatter``, ``barrier``;
+- ``broadcast``, ``gather``, ``scatter``, ``barrier``; ``gather_single`` is implemented, but
+  torch 2.15's trampoline for Python backends does not forward it, so
+  ``dist.gather_into_tensor`` gets torch's own "does not support gather_single" error;
 - ``alltoall`` (lists, uneven sizes) and ``all_to_all_single`` (with split sizes, through
   alltoallv);
-- ``send`` / ``recv`` with tags (``fabricoll_isend_tagged``; tag 0 is the untagged call);
+- ``send`` / ``recv`` with tags 0 ..= ``FABRICOLL_MAX_TAG`` (``fabricoll_isend_tagged``);
 - ``recv_anysource`` raises: the C API receives from a named peer only;
 - coalescing blocks (``start_coalescing`` / ``end_coalescing``);
 - ``abort`` (``fabricoll_comm_abort``: in-flight operations fail) and ``shutdown``
