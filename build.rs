@@ -133,52 +133,25 @@ fn generate_c_collectives(out: &std::path::Path) {
          // collective exports. Edit the table there, not this file.\n",
     );
     for (name, doc, rest, args) in COLLS {
-        let params: String = rest
+        let params: String = [("sendbuf", "*const c_void"), ("recvbuf", "*mut c_void")]
             .iter()
+            .chain(rest.iter())
             .map(|(n, t)| format!("    {n}: {t},\n"))
             .collect();
-        for nb in [false, true] {
-            let (export, doc, tail, call) = if nb {
-                (
-                    format!("fabricoll_i{name}"),
-                    format!("Non-blocking fabricoll_{name}: `*request` completes through fabricoll_test / fabricoll_wait."),
-                    "    request: *mut *mut fabricoll_request,\n",
-                    format!("nonblocking(\"fabricoll_i{name}\", comm, a, request)"),
-                )
-            } else {
-                (
-                    format!("fabricoll_{name}"),
-                    doc.to_string(),
-                    "",
-                    format!("blocking(\"fabricoll_{name}\", comm, a)"),
-                )
-            };
-            src += &format!(
-                "\n/// {doc}\n#[no_mangle]\npub extern \"C\" fn {export}(\n    sendbuf: *const c_void,\n    recvbuf: *mut c_void,\n{params}    comm: *mut fabricoll_comm,\n{tail}) -> fabricoll_status {{\n    let a = {args};\n    {call}\n}}\n"
-            );
-        }
+        src += &export_pair(name, doc, &nb_doc(name), &params, args);
     }
     for (name, doc, buf_ty, sends) in P2P {
-        for nb in [false, true] {
-            let (export, doc, tail, call) = if nb {
-                (
-                    format!("fabricoll_i{name}"),
-                    format!("Non-blocking fabricoll_{name}."),
-                    "    request: *mut *mut fabricoll_request,\n",
-                    format!("nonblocking(\"fabricoll_i{name}\", comm, a, request)"),
-                )
-            } else {
-                (
-                    format!("fabricoll_{name}"),
-                    doc.to_string(),
-                    "",
-                    format!("blocking(\"fabricoll_{name}\", comm, a)"),
-                )
-            };
-            src += &format!(
-                "\n/// {doc}\n#[no_mangle]\npub extern \"C\" fn {export}(\n    buf: {buf_ty},\n    count: usize,\n    datatype: c_int,\n    peer: c_int,\n    comm: *mut fabricoll_comm,\n{tail}) -> fabricoll_status {{\n    let a = Args::p2p({sends}, buf as *mut c_void, count, datatype, peer);\n    {call}\n}}\n"
-            );
-        }
+        let params = format!(
+            "    buf: {buf_ty},\n    count: usize,\n    datatype: c_int,\n    peer: c_int,\n"
+        );
+        let args = format!("Args::p2p({sends}, buf as *mut c_void, count, datatype, peer)");
+        src += &export_pair(
+            name,
+            doc,
+            &format!("Non-blocking fabricoll_{name}."),
+            &params,
+            &args,
+        );
     }
     std::fs::write(out.join("c_api_collectives.rs"), src).expect("write c_api_collectives.rs");
 }
@@ -251,28 +224,43 @@ fn generate_c_varied(out: &std::path::Path) {
             .iter()
             .map(|(n, t)| format!("    {n}: {t},\n"))
             .collect();
-        for nb in [false, true] {
-            let (export, doc, tail, call) = if nb {
-                (
-                    format!("fabricoll_i{name}"),
-                    format!("Non-blocking fabricoll_{name}: `*request` completes through fabricoll_test / fabricoll_wait."),
-                    "    request: *mut *mut fabricoll_request,\n",
-                    format!("nonblocking(\"fabricoll_i{name}\", comm, a, request)"),
-                )
-            } else {
-                (
-                    format!("fabricoll_{name}"),
-                    doc.to_string(),
-                    "",
-                    format!("blocking(\"fabricoll_{name}\", comm, a)"),
-                )
-            };
-            src += &format!(
-                "\n/// {doc}\n#[no_mangle]\npub extern \"C\" fn {export}(\n{params}    comm: *mut fabricoll_comm,\n{tail}) -> fabricoll_status {{\n    let a = {args};\n    {call}\n}}\n"
-            );
-        }
+        src += &export_pair(name, doc, &nb_doc(name), &params, args);
     }
     std::fs::write(out.join("c_api_varied.rs"), src).expect("write c_api_varied.rs");
+}
+
+/// The doc of a non-blocking export.
+fn nb_doc(name: &str) -> String {
+    format!(
+        "Non-blocking fabricoll_{name}: `*request` completes through fabricoll_test / fabricoll_wait."
+    )
+}
+
+/// The export `fabricoll_{name}` and its non-blocking twin `fabricoll_i{name}`: `params` are
+/// the arguments before `comm` (one a line), `args` makes the call's arguments `a` from them.
+fn export_pair(name: &str, doc: &str, nb_doc: &str, params: &str, args: &str) -> String {
+    let mut src = String::new();
+    for nb in [false, true] {
+        let (export, doc, tail, call) = if nb {
+            (
+                format!("fabricoll_i{name}"),
+                nb_doc,
+                "    request: *mut *mut fabricoll_request,\n",
+                format!("nonblocking(\"fabricoll_i{name}\", comm, a, request)"),
+            )
+        } else {
+            (
+                format!("fabricoll_{name}"),
+                doc,
+                "",
+                format!("blocking(\"fabricoll_{name}\", comm, a)"),
+            )
+        };
+        src += &format!(
+            "\n/// {doc}\n#[no_mangle]\npub extern \"C\" fn {export}(\n{params}    comm: *mut fabricoll_comm,\n{tail}) -> fabricoll_status {{\n    let a = {args};\n    {call}\n}}\n"
+        );
+    }
+    src
 }
 
 fn generate_header(out: &std::path::Path) {
