@@ -271,6 +271,38 @@ fn every_varied_op_over_net() {
     every_op_on("every_varied_op_over_net", "net");
 }
 
+/// No rank leaves a barrier before the last one has entered it (3 and 5 ranks: dissemination
+/// rounds that do not divide evenly).
+#[test]
+fn no_rank_leaves_the_barrier_before_the_last_enters() {
+    for n in [3, 5] {
+        let Some(cs) = comms("no_rank_leaves_the_barrier", "loopback", n) else {
+            return;
+        };
+        let late = Duration::from_millis(200);
+        let t0 = Instant::now();
+        let left: Vec<Duration> = std::thread::scope(|s| {
+            let hs: Vec<_> = cs
+                .iter()
+                .enumerate()
+                .map(|(r, c)| {
+                    s.spawn(move || {
+                        if r == 1 {
+                            std::thread::sleep(late);
+                        }
+                        let b = Kind::Varied(Layout::new(Varied::Barrier));
+                        c.run(&call(b, Region::empty(), Region::empty(), 0, 0))
+                            .unwrap();
+                        t0.elapsed()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(left.iter().all(|&t| t >= late), "n {n}: {left:?}");
+    }
+}
+
 /// Ranks whose counts disagree: every rank fails within the deadline, never hangs.
 #[test]
 fn counts_that_differ_between_ranks_fail_every_rank() {
@@ -339,6 +371,11 @@ fn counts_that_differ_between_ranks_fail_every_rank() {
                     || e.contains("bytes where")
                     || e.contains("arrived for a receive buffer")),
                 "{transport} {case}: no rank said why: {got:?}"
+            );
+            // AllGatherV's counts are the same on every rank: the signature compares them.
+            assert!(
+                case != "allgatherv" || got.iter().any(|e| e.contains("the ranks' calls differ")),
+                "{transport}: {got:?}"
             );
         }
     }
