@@ -17,16 +17,24 @@ fn last_error() -> String {
         .into_owned()
 }
 
+/// A bootstrap id whose root listens in this process, or None (skipped) where it cannot.
+fn unique_id(test: &str) -> Option<fabricoll_unique_id> {
+    let mut id = fabricoll_unique_id { internal: [0; 128] };
+    if fabricoll_get_unique_id(&mut id) != fabricoll_status::FABRICOLL_SUCCESS {
+        skip(test, &format!("no unique id: {}", last_error()));
+        return None;
+    }
+    Some(id)
+}
+
 /// The C API's null checks and argument checks on a one-rank communicator, and each new call
 /// (blocking and not) running there.
 #[test]
 fn c_api_checks_and_runs_each_call_on_one_rank() {
     let test = "c_api_checks_and_runs_each_call_on_one_rank";
-    let mut id = fabricoll_unique_id { internal: [0; 128] };
-    if fabricoll_get_unique_id(&mut id) != fabricoll_status::FABRICOLL_SUCCESS {
-        skip(test, &format!("no unique id: {}", last_error()));
+    let Some(id) = unique_id(test) else {
         return;
-    }
+    };
     let mut comm = std::ptr::null_mut();
     // SAFETY: both pointers are valid for the call.
     if unsafe { fabricoll_comm_init_rank(&mut comm, 1, &id, 0) }
@@ -151,11 +159,9 @@ fn c_api_checks_and_runs_each_call_on_one_rank() {
 #[test]
 fn c_api_runs_the_uneven_calls_on_two_ranks() {
     let test = "c_api_runs_the_uneven_calls_on_two_ranks";
-    let mut id = fabricoll_unique_id { internal: [0; 128] };
-    if fabricoll_get_unique_id(&mut id) != fabricoll_status::FABRICOLL_SUCCESS {
-        skip(test, &format!("no unique id: {}", last_error()));
+    let Some(id) = unique_id(test) else {
         return;
-    }
+    };
     const I32: i32 = fabricoll_datatype::FABRICOLL_INT32 as i32;
     const OK: fabricoll_status = fabricoll_status::FABRICOLL_SUCCESS;
     let id = &id;
@@ -206,9 +212,9 @@ fn c_api_runs_the_uneven_calls_on_two_ranks() {
                     "alltoallv",
                 );
                 let mut want = Vec::new();
-                for i in 0..2 {
+                for (i, &c) in rc.iter().enumerate() {
                     let off = if r == 0 { 0 } else { i + 1 };
-                    want.extend((0..rc[i]).map(|k| v(i, off + k)));
+                    want.extend((0..c).map(|k| v(i, off + k)));
                 }
                 assert_eq!(out, want, "rank {r}");
                 // Tagged: each sends tag 9 to the other.
