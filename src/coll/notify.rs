@@ -133,19 +133,27 @@ impl Comm {
     fn fail_notified(&self, e: &mut Engine, err: &Error) {
         let ids: Vec<u32> = e.notified.keys().copied().collect();
         for id in ids {
-            if let Some(ReqState::Running(x)) = e.execs.remove(&id) {
-                let keep = x.fail(&*self.transport, &self.peers);
-                e.graveyard.extend(keep);
-                e.execs.insert(id, ReqState::Failed(err.clone()));
-            }
+            self.fail_running(e, id, err);
+        }
+    }
+
+    /// Fail request `id` with `err` if it is still running (an ended one keeps its status).
+    fn fail_running(&self, e: &mut Engine, id: u32, err: &Error) {
+        if !matches!(e.execs.get(&id), Some(ReqState::Running(_))) {
+            return;
+        }
+        if let Some(ReqState::Running(x)) = e.execs.remove(&id) {
+            let keep = x.fail(&*self.transport, &self.peers);
+            e.graveyard.extend(keep);
+            e.execs.insert(id, ReqState::Failed(err.clone()));
         }
     }
 
     /// At drop: stop the progress thread and end the notified requests still pending (those
     /// still running fail: the communicator is gone).
-    pub(super) fn end_notified(&mut self) {
+    pub(super) fn end_notified(&self) {
         self.notifier.stop();
-        let e = self.engine.get_mut();
+        let mut e = self.engine.lock();
         if e.notified.is_empty() {
             return;
         }
@@ -155,16 +163,13 @@ impl Comm {
         let ids: Vec<u32> = e.notified.keys().copied().collect();
         let mut ready = Vec::with_capacity(ids.len());
         for id in ids {
-            if let Some(ReqState::Running(x)) = e.execs.remove(&id) {
-                let keep = x.fail(&*self.transport, &self.peers);
-                e.graveyard.extend(keep);
-                e.execs.insert(id, ReqState::Failed(gone.clone()));
-            }
-            let r = take_ended(e, id);
+            self.fail_running(&mut e, id, &gone);
+            let r = take_ended(&mut e, id);
             if let Some(cb) = e.notified.remove(&id) {
                 ready.push((cb, r));
             }
         }
+        drop(e);
         run_all(ready);
     }
 }
