@@ -158,6 +158,42 @@ typedef struct {
 } fabricoll_unique_id;
 
 /*
+ A communicator's own settings; every field has a "default" value that defers to the
+ environment (`fabricoll_config_init` sets them all so). New fields are only ever appended:
+ `size` says which ones the caller's struct has.
+ */
+typedef struct {
+  /*
+   sizeof(fabricoll_config) as the caller compiled it: set by `fabricoll_config_init`.
+   */
+  size_t size;
+  /*
+   Deadline in milliseconds (1..=86400000) of the communicator's calls and of its
+   bootstrap; 0: FABRICOLL_TIMEOUT_MS.
+   */
+  int timeout_ms;
+  /*
+   The communicator's default algorithm, a `fabricoll_algo`; AUTO (0): FABRICOLL_ALGO,
+   else the cost model.
+   */
+  int algo;
+  /*
+   The libfabric provider of its fabric; NULL: FABRICOLL_PROVIDER.
+   */
+  const char *provider;
+  /*
+   The provider between ranks of one host, or "same" (one fabric); NULL:
+   FABRICOLL_INTRA_PROVIDER.
+   */
+  const char *intra_provider;
+  /*
+   The address a unique id's bootstrap root listens on (an IPv4 or IPv6 address of this
+   host); NULL: FABRICOLL_BOOTSTRAP_ADDR.
+   */
+  const char *bootstrap_addr;
+} fabricoll_config;
+
+/*
  Called once per notified request, with its final status (a `fabricoll_status` value).
  */
 typedef void (*fabricoll_callback)(void *user_data, int status);
@@ -284,6 +320,31 @@ fabricoll_status fabricoll_comm_size(fabricoll_comm *comm, int *size);
  the same.
  */
 fabricoll_status fabricoll_comm_set_algo(fabricoll_comm *comm, int algo_v);
+
+/*
+ Set every field to its default (the environment's settings) and `size` to
+ sizeof(fabricoll_config).
+ */
+fabricoll_status fabricoll_config_init(fabricoll_config *config);
+
+/*
+ `fabricoll_get_unique_id` with the settings of `config` (NULL: the environment's): its
+ root listens on `config->bootstrap_addr` and serves for `config->timeout_ms`.
+
+ # Safety
+ `config` is NULL or points to a struct readable for `config->size` bytes, whose string
+ fields are NULL or NUL-terminated.
+ */
+fabricoll_status fabricoll_get_unique_id_config(fabricoll_unique_id *id, const fabricoll_config *config);
+
+/*
+ `fabricoll_comm_init_rank` with the settings of `config` (NULL: the environment's): the
+ communicator's (and its bootstrap's) timeout, its providers and its default algorithm.
+
+ # Safety
+ As `fabricoll_comm_init_rank`; `config` as for `fabricoll_get_unique_id_config`.
+ */
+fabricoll_status fabricoll_comm_init_rank_config(fabricoll_comm **comm, int nranks, const fabricoll_unique_id *id, int rank, const fabricoll_config *config);
 
 /*
  Hand a pending non-blocking request to the library: it then completes by itself (the
