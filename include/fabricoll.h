@@ -347,6 +347,21 @@ fabricoll_status fabricoll_get_unique_id_config(fabricoll_unique_id *id, const f
 fabricoll_status fabricoll_comm_init_rank_config(fabricoll_comm **comm, int nranks, const fabricoll_unique_id *id, int rank, const fabricoll_config *config);
 
 /*
+ Start a group (nestable, per thread, as NCCL's ncclGroupStart): until the matching
+ fabricoll_group_end, blocking calls of this thread (any communicator) are started as
+ non-blocking and return at once.
+ */
+fabricoll_status fabricoll_group_start(void);
+
+/*
+ End a group: the outermost end waits for every call started in the group (at most the
+ timeout without progress) and returns the first failure (all calls have finished or
+ failed by then; their buffers are free). Without a matching fabricoll_group_start:
+ FABRICOLL_INVALID_USAGE.
+ */
+fabricoll_status fabricoll_group_end(void);
+
+/*
  Hand a pending non-blocking request to the library: it then completes by itself (the
  communicator's progress thread advances it, sleeping on the fabric's completion queue when
  nothing moves; no caller thread polls) and `callback(user_data, status)` runs exactly once

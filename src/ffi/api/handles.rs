@@ -125,14 +125,20 @@ pub(super) fn wait_request(p: *mut fabricoll_request) -> Result<()> {
     r
 }
 
-/// Hand the request to its communicator's progress thread: `callback` runs once when it ends
-/// (at once, in this thread, if it already has), with the abort error where the communicator
-/// was aborted. The request is freed here; a bad request is an error that leaves it as it was.
-pub(super) fn notify_request(p: *mut fabricoll_request, callback: Callback) -> Result<()> {
-    let (k, c, id) = req_of(p)?;
-    let entry = Arc::downgrade(&c);
-    let cb: Callback = Box::new(move |r| {
-        // As test and wait do: after fabricoll_comm_abort every request reports the abort.
+/// Wait for request `id` of `c`, that no handle names (a group's call).
+pub(super) fn wait_pending(c: &CommEntry, id: RequestId) -> Result<()> {
+    unless_aborted(c, || c.comm.wait(id))
+}
+
+/// Hand request `id` of `c`, that no handle names (a group's call), to the progress thread.
+pub(super) fn notify_pending(c: &Arc<CommEntry>, id: RequestId, callback: Callback) -> Result<()> {
+    c.comm.notify(id, with_abort(c, callback))
+}
+
+/// `callback`, reporting the abort error where `c` was aborted (as test and wait do).
+fn with_abort(c: &Arc<CommEntry>, callback: Callback) -> Callback {
+    let entry = Arc::downgrade(c);
+    Box::new(move |r| {
         let aborted = entry
             .upgrade()
             .is_some_and(|e| e.aborted.load(Ordering::SeqCst));
@@ -141,8 +147,15 @@ pub(super) fn notify_request(p: *mut fabricoll_request, callback: Callback) -> R
         } else {
             r
         })
-    });
-    c.comm.notify(id, cb)?;
+    })
+}
+
+/// Hand the request to its communicator's progress thread: `callback` runs once when it ends
+/// (at once, in this thread, if it already has), with the abort error where the communicator
+/// was aborted. The request is freed here; a bad request is an error that leaves it as it was.
+pub(super) fn notify_request(p: *mut fabricoll_request, callback: Callback) -> Result<()> {
+    let (k, c, id) = req_of(p)?;
+    notify_pending(&c, id, callback)?;
     REQUESTS.lock().remove(k);
     Ok(())
 }

@@ -9,11 +9,12 @@
 //!
 //! Files: `types` (status and enums, structs), `handles` (the tables of communicators and
 //! requests), `comm` (a communicator's life), `collectives` (the calls, test and wait), `notify` (completion callbacks), `config`
-//! (per-communicator options); this
+//! (per-communicator options), `group` (group calls); this
 //! file holds the last error and the static strings.
 pub mod collectives;
 pub mod comm;
 pub mod config;
+pub mod group;
 mod handles;
 pub mod notify;
 pub mod types;
@@ -21,6 +22,7 @@ pub mod types;
 pub use collectives::*;
 pub use comm::*;
 pub use config::*;
+pub use group::*;
 pub use notify::*;
 pub use types::*;
 
