@@ -541,47 +541,31 @@ mod tests {
     #[test]
     fn bad_overrides_name_the_field() {
         let env = parse(&[]).unwrap();
+        let with = |set: fn(&mut Overrides)| {
+            let mut o = Overrides::default();
+            set(&mut o);
+            o
+        };
         for (o, name) in [
+            (with(|o| o.timeout_ms = Some(-1)), "config.timeout_ms"),
             (
-                Overrides {
-                    timeout_ms: Some(-1),
-                    ..Default::default()
-                },
+                with(|o| o.timeout_ms = Some(86_400_001)),
                 "config.timeout_ms",
             ),
             (
-                Overrides {
-                    timeout_ms: Some(86_400_001),
-                    ..Default::default()
-                },
-                "config.timeout_ms",
-            ),
-            (
-                Overrides {
-                    provider: Some("shm net".into()),
-                    ..Default::default()
-                },
+                with(|o| o.provider = Some("shm net".into())),
                 "config.provider",
             ),
             (
-                Overrides {
-                    provider: Some(String::new()),
-                    ..Default::default()
-                },
+                with(|o| o.provider = Some(String::new())),
                 "config.provider",
             ),
             (
-                Overrides {
-                    intra_provider: Some("a/b".into()),
-                    ..Default::default()
-                },
+                with(|o| o.intra_provider = Some("a/b".into())),
                 "config.intra_provider",
             ),
             (
-                Overrides {
-                    bootstrap_addr: Some("localhost".into()),
-                    ..Default::default()
-                },
+                with(|o| o.bootstrap_addr = Some("localhost".into())),
                 "config.bootstrap_addr",
             ),
         ] {

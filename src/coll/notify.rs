@@ -317,42 +317,35 @@ mod tests {
         }
     }
 
-    /// The thread starts at the first notify, completes the request once, and is joined
+    /// The thread starts at the first notify, reports an abort once, parks, and is joined
     /// when the communicator goes (nothing keeps the communicator alive).
     #[test]
     fn thread_starts_at_first_notify_and_ends_with_the_communicator() {
         let cs = pair();
         assert!(!cs[0].notifier.started());
-        let mut bufs = [[0u8; 8], [0u8; 8]];
-        bufs[0][..4].copy_from_slice(&3i32.to_ne_bytes());
-        bufs[1][..4].copy_from_slice(&4i32.to_ne_bytes());
+        let mut buf = [0u8; 8];
         let calls = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = std::sync::mpsc::channel();
-        let ids: Vec<_> = cs
-            .iter()
-            .zip(bufs.iter_mut())
-            .map(|(c, b)| c.start(&allreduce(b)).unwrap())
-            .collect();
-        for (c, id) in cs.iter().zip(ids) {
-            let (n, tx) = (calls.clone(), tx.clone());
-            c.notify(
-                id,
-                Box::new(move |r| {
-                    n.fetch_add(1, Ordering::SeqCst);
-                    tx.send(r.is_ok()).unwrap();
-                }),
-            )
-            .unwrap();
-        }
-        for _ in 0..2 {
-            assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap());
-        }
-        assert_eq!(calls.load(Ordering::SeqCst), 2);
-        for b in &bufs {
-            assert_eq!(i32::from_ne_bytes(b[4..].try_into().unwrap()), 7);
-        }
+        // Rank 1 never joins: the request stays pending until the abort.
+        let id = cs[0].start(&allreduce(&mut buf)).unwrap();
+        let n = calls.clone();
+        let cb: Callback = Box::new(move |r| {
+            n.fetch_add(1, Ordering::SeqCst);
+            tx.send(r.is_err()).unwrap();
+        });
+        cs[0].notify(id, cb).unwrap();
+        assert!(cs[0].notifier.started());
+        cs[0].abort();
+        assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap());
+        assert_eq!(cs[0].pending(), 0);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
         let weak = Arc::downgrade(&cs[0]);
         drop(cs);
+        // The thread lets go once the round that ran the callback ends.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while weak.upgrade().is_some() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         assert!(
             weak.upgrade().is_none(),
             "the thread holds no reference when parked"
