@@ -301,7 +301,8 @@ fabricoll_status fabricoll_comm_abort(fabricoll_comm *comm);
 
 /*
  Split by `color` (negative: this rank joins no new communicator, `*newcomm` is NULL),
- ranks ordered by `key` then old rank. Collective over `comm`.
+ ranks ordered by `key` then old rank. Collective over `comm`. The new communicator has
+ `comm`'s settings (those of its `fabricoll_config`, if it was made with one).
  */
 fabricoll_status fabricoll_comm_split(fabricoll_comm *comm, int color, int key, fabricoll_comm **newcomm);
 

@@ -296,3 +296,41 @@ fn a_callback_may_call_into_its_communicator() {
         assert_eq!(fabricoll_comm_destroy(comm(c)), FABRICOLL_SUCCESS);
     }
 }
+
+#[test]
+fn a_split_inherits_the_config() {
+    let test = "a_split_inherits_the_config";
+    let Some(cs) = pair(test, &shm_config()) else {
+        return;
+    };
+    let kids: Vec<usize> = std::thread::scope(|s| {
+        let hs: Vec<_> = cs
+            .iter()
+            .map(|&c| {
+                s.spawn(move || {
+                    let mut kid = std::ptr::null_mut();
+                    let st = fabricoll_comm_split(comm(c), 0, 0, &mut kid);
+                    assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
+                    kid as usize
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // Rank 0 alone on the child: its timeout is the parent's config's, not the environment's.
+    let (send, mut recv) = ([1.0f32; 2], [0.0f32; 2]);
+    let t0 = Instant::now();
+    let st = fabricoll_allreduce(
+        send.as_ptr().cast(),
+        recv.as_mut_ptr().cast(),
+        2,
+        fabricoll_datatype::FABRICOLL_FLOAT32 as c_int,
+        fabricoll_redop::FABRICOLL_SUM as c_int,
+        comm(kids[0]),
+    );
+    assert_eq!(st, FABRICOLL_TIMEOUT, "{}", last_error());
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    for c in kids.into_iter().chain(cs) {
+        assert_eq!(fabricoll_comm_destroy(comm(c)), FABRICOLL_SUCCESS);
+    }
+}

@@ -1,5 +1,5 @@
 //! The communicator's life: unique id, init, split, rank and size, algorithm, abort, destroy.
-use super::handles::{abort_comm, comm_of, destroy_comm, register_comm};
+use super::handles::{abort_comm, comm_of, destroy_comm, register_comm, register_comm_with};
 use super::types::{algo, fabricoll_comm, fabricoll_status, fabricoll_unique_id};
 use super::{config, out};
 use crate::coll::{bootstrap, launch, Comm};
@@ -69,7 +69,8 @@ pub(super) unsafe fn init_rank(
         .map_err(|_| Error::arg("nranks", format!("{nranks} is negative")))?;
     let r = usize::try_from(rank).map_err(|_| Error::arg("rank", format!("{rank} is negative")))?;
     let c = Comm::init_rank(nr, &bootstrap::UniqueId::from_bytes(&bytes, "id")?, r, cfg)?;
-    comm.set(register_comm(c));
+    let own = (cfg != config()?).then(|| cfg.clone());
+    comm.set(register_comm_with(c, own));
     Ok(())
 }
 
@@ -125,7 +126,8 @@ pub extern "C" fn fabricoll_comm_abort(comm: *mut fabricoll_comm) -> fabricoll_s
 }
 
 /// Split by `color` (negative: this rank joins no new communicator, `*newcomm` is NULL),
-/// ranks ordered by `key` then old rank. Collective over `comm`.
+/// ranks ordered by `key` then old rank. Collective over `comm`. The new communicator has
+/// `comm`'s settings (those of its `fabricoll_config`, if it was made with one).
 #[no_mangle]
 pub extern "C" fn fabricoll_comm_split(
     comm: *mut fabricoll_comm,
@@ -136,8 +138,13 @@ pub extern "C" fn fabricoll_comm_split(
     boundary("fabricoll_comm_split", || {
         let newcomm = out(newcomm, "newcomm")?;
         newcomm.set(std::ptr::null_mut());
-        if let Some(c) = comm_of(comm)?.comm.split(color, key, config()?)? {
-            newcomm.set(register_comm(c));
+        let parent = comm_of(comm)?;
+        let cfg = match &parent.cfg {
+            Some(c) => c,
+            None => config()?,
+        };
+        if let Some(c) = parent.comm.split(color, key, cfg)? {
+            newcomm.set(register_comm_with(c, parent.cfg.clone()));
         }
         Ok(())
     })

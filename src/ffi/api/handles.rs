@@ -2,6 +2,7 @@
 //! a pointer to dereference, so a stale or garbage handle is an error naming the argument.
 use super::types::{fabricoll_comm, fabricoll_request};
 use crate::coll::{Callback, Comm, RequestId};
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::ffi::non_null;
 use crate::plugin::handles::HandleTable;
@@ -17,6 +18,9 @@ pub(super) struct CommEntry {
     /// Set by `fabricoll_comm_abort`: its requests then all report that, whatever state they
     /// reached, so the caller gets one answer on any number of ranks.
     aborted: AtomicBool,
+    /// The settings it was made with where they were not the environment's
+    /// (`fabricoll_comm_init_rank_config`): communicators split from it inherit them.
+    pub cfg: Option<Config>,
 }
 
 /// Low bits of a C API key: 0, so that handles look like aligned pointers.
@@ -51,9 +55,15 @@ pub(super) fn comm_of(p: *mut fabricoll_comm) -> Result<Arc<CommEntry>> {
 }
 
 pub(super) fn register_comm(c: Comm) -> *mut fabricoll_comm {
+    register_comm_with(c, None)
+}
+
+/// `register_comm` of a communicator made with `cfg` (None: the environment's settings).
+pub(super) fn register_comm_with(c: Comm, cfg: Option<Config>) -> *mut fabricoll_comm {
     let e = Arc::new(CommEntry {
         comm: Arc::new(c),
         aborted: AtomicBool::new(false),
+        cfg,
     });
     COMMS.lock().insert(TAG, e) as usize as *mut fabricoll_comm
 }
