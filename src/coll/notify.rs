@@ -89,9 +89,12 @@ impl Comm {
                 callback(r);
             }
             None => {
+                // Started before the callback is taken: where it cannot start, the request
+                // stays the caller's.
+                self.notifier.start(self)?;
                 e.notified.insert(id, callback);
                 drop(e);
-                self.notifier.start(self)?;
+                self.notifier.wake();
             }
         }
         Ok(())
@@ -186,7 +189,7 @@ fn take_ended(e: &mut Engine, id: u32) -> Result<()> {
 }
 
 impl Notifier {
-    /// Wake the progress thread, starting it at the first call.
+    /// Start the progress thread, at the first call.
     fn start(&self, comm: &Arc<Comm>) -> Result<()> {
         let mut t = self.thread.lock();
         if t.is_none() {
@@ -198,10 +201,13 @@ impl Notifier {
                 .map_err(|e| Error::System(format!("cannot start the progress thread: {e}")))?;
             *t = Some(h);
         }
-        drop(t);
+        Ok(())
+    }
+
+    /// Tell the progress thread that a request was handed over.
+    fn wake(&self) {
         *self.shared.work.lock() = true;
         self.shared.wake.notify_one();
-        Ok(())
     }
 
     /// Stop the progress thread and join it, unless this is that thread (the communicator's
@@ -212,7 +218,8 @@ impl Notifier {
             let _w = self.shared.work.lock();
             self.shared.wake.notify_all();
         }
-        if let Some(h) = self.thread.lock().take() {
+        let handle = self.thread.lock().take();
+        if let Some(h) = handle {
             if h.thread().id() != std::thread::current().id() {
                 let _ = h.join();
             }
