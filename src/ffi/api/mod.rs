@@ -2,15 +2,17 @@
 //!
 //! Ownership: `fabricoll_comm_init_rank` / `fabricoll_comm_split` create a communicator that
 //! `fabricoll_comm_destroy` frees; a non-blocking call creates a request that the `fabricoll_test`
-//! reporting completion (or an error), or `fabricoll_wait`, frees. Strings are static.
+//! reporting completion (or an error), or `fabricoll_wait`, frees, or that
+//! `fabricoll_request_notify` hands to the library (freed after its callback). Strings are
+//! static.
 //! Thread safety: every function may be called from any thread; calls on one communicator are
 //! serialised internally, and collectives must be issued in the same order on every rank.
 //! Handles are looked up in tables, never dereferenced: a stale or garbage pointer is an error.
 //!
 //! Files: `types` (status and enums, structs), `handles` (the tables of communicators and
-//! requests), `comm` (a communicator's life), `collectives` (the calls, test and wait), `notify` (completion callbacks), `config`
-//! (per-communicator options), `group` (group calls); this
-//! file holds the last error and the static strings.
+//! requests), `comm` (a communicator's life), `config` (per-communicator options),
+//! `collectives` (the calls, test and wait), `group` (group calls), `notify` (completion
+//! callbacks); this file holds the last error and the static strings.
 pub mod collectives;
 pub mod comm;
 pub mod config;
