@@ -86,6 +86,27 @@ fn a_smaller_struct_is_read_only_as_far_as_its_size() {
     assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
 }
 
+/// A blocking allreduce on `c` that its peer never makes fails with a timeout after
+/// TIMEOUT_MS (not the environment's ten minutes).
+fn lone_allreduce_times_out(c: usize) {
+    let (send, mut recv) = ([1.0f32; 2], [0.0f32; 2]);
+    let t0 = Instant::now();
+    let st = fabricoll_allreduce(
+        send.as_ptr().cast(),
+        recv.as_mut_ptr().cast(),
+        2,
+        fabricoll_datatype::FABRICOLL_FLOAT32 as c_int,
+        fabricoll_redop::FABRICOLL_SUM as c_int,
+        comm(c),
+    );
+    let took = t0.elapsed();
+    assert_eq!(st, FABRICOLL_TIMEOUT, "{}", last_error());
+    assert!(
+        took >= Duration::from_millis(TIMEOUT_MS as u64) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+}
+
 #[test]
 fn the_configs_timeout_rules_the_bootstrap_and_the_calls() {
     let test = "the_configs_timeout_rules_the_bootstrap_and_the_calls";
@@ -104,22 +125,7 @@ fn the_configs_timeout_rules_the_bootstrap_and_the_calls() {
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     // A collective that one rank alone makes fails after the config's timeout.
     let Some(cs) = pair(test, &cfg) else { return };
-    let (send, mut recv) = ([1.0f32; 2], [0.0f32; 2]);
-    let t0 = Instant::now();
-    let st = fabricoll_allreduce(
-        send.as_ptr().cast(),
-        recv.as_mut_ptr().cast(),
-        2,
-        fabricoll_datatype::FABRICOLL_FLOAT32 as c_int,
-        fabricoll_redop::FABRICOLL_SUM as c_int,
-        comm(cs[0]),
-    );
-    let took = t0.elapsed();
-    assert_eq!(st, FABRICOLL_TIMEOUT, "{}", last_error());
-    assert!(
-        took >= Duration::from_millis(TIMEOUT_MS as u64) && took < Duration::from_secs(5),
-        "{took:?}"
-    );
+    lone_allreduce_times_out(cs[0]);
     for c in cs {
         assert_eq!(fabricoll_comm_destroy(comm(c)), FABRICOLL_SUCCESS);
     }
@@ -318,18 +324,7 @@ fn a_split_inherits_the_config() {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     // Rank 0 alone on the child: its timeout is the parent's config's, not the environment's.
-    let (send, mut recv) = ([1.0f32; 2], [0.0f32; 2]);
-    let t0 = Instant::now();
-    let st = fabricoll_allreduce(
-        send.as_ptr().cast(),
-        recv.as_mut_ptr().cast(),
-        2,
-        fabricoll_datatype::FABRICOLL_FLOAT32 as c_int,
-        fabricoll_redop::FABRICOLL_SUM as c_int,
-        comm(kids[0]),
-    );
-    assert_eq!(st, FABRICOLL_TIMEOUT, "{}", last_error());
-    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    lone_allreduce_times_out(kids[0]);
     for c in kids.into_iter().chain(cs) {
         assert_eq!(fabricoll_comm_destroy(comm(c)), FABRICOLL_SUCCESS);
     }
