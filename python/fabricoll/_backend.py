@@ -9,7 +9,8 @@ Every operation starts a non-blocking C call (``fabricoll_i*``) and returns a
   (``all_gather_into_tensor``), ``allgather_coalesced``, ``all_gather_single_coalesced``;
 - ``reduce_scatter`` (lists; uneven through reducescatterv), ``reduce_scatter_single``
   (``reduce_scatter_tensor``), ``reduce_scatter_single_coalesced``;
-- ``broadcast``, ``gather``, ``scatter``, ``barrier``; ``gather_single`` is implemented, but
+- ``broadcast``, ``gather``, ``scatter``, ``barrier``, ``monitored_barrier`` (without the
+  names of missing ranks); ``gather_single`` is implemented, but
   torch 2.15's trampoline for Python backends does not forward it, so
   ``dist.gather_into_tensor`` gets torch's own "does not support gather_single" error;
 - ``alltoall`` (lists, uneven sizes) and ``all_to_all_single`` (with split sizes, through
@@ -526,6 +527,12 @@ class FabricollBackend(_C10dBackend):
     def barrier(self, opts=None):
         req = self._start("barrier", c.lib().fabricoll_ibarrier)
         return self._work("barrier", [req], [])
+
+    def monitored_barrier(self, opts, wait_all_ranks=False):
+        """A barrier that raises ``TimeoutError`` after ``opts.timeout`` (the communicator's
+        timeout when unset); it cannot name the missing ranks."""
+        timeout = opts.timeout if opts.timeout.total_seconds() > 0 else None
+        self.barrier(opts).wait(timeout)
 
     # -- coalescing ------------------------------------------------------------------------
 
