@@ -61,7 +61,7 @@ def _unwrap(fut):
     return result
 
 
-def _HAS_NOTIFY():
+def _has_notify():
     return c.lib().has("fabricoll_request_notify")
 
 
@@ -92,7 +92,7 @@ class Work(_C10dWork):
         # Dropped before anyone asked: let the library finish the requests (this resurrects
         # the Work in _notified until its callbacks have run).
         try:
-            if self._state == _PENDING and _HAS_NOTIFY():
+            if self._state == _PENDING and _has_notify():
                 self._state = _NOTIFIED
                 self._notify()
         except Exception:  # noqa: BLE001 - at interpreter exit the library may be gone
@@ -126,7 +126,7 @@ class Work(_C10dWork):
             self._future_out = fut.then(_unwrap)
             state = self._state
             if state == _PENDING:
-                if not _HAS_NOTIFY():
+                if not _has_notify():
                     self._future = None
                     c.lib().fabricoll_request_notify()  # raises NotImplementedError
                 self._state = _NOTIFIED
@@ -191,7 +191,7 @@ class Work(_C10dWork):
             event = self._event
             hand = self._state == _PENDING
             if hand:
-                if not _HAS_NOTIFY():
+                if not _has_notify():
                     self._state = _WAITING
                     hand = None
                 else:
