@@ -27,7 +27,6 @@ applied; the communicator's timeout (torch's group timeout) is.
 
 import atexit
 import ctypes
-import weakref
 
 import torch
 from torch._C._distributed_c10d import Backend as _C10dBackend, ReduceOp
@@ -85,9 +84,11 @@ def _split_into(flat, outputs):
         off += n
 
 
-# Live backends: destroyed at exit, before the interpreter finalizes, so that no progress
-# thread runs a completion callback into a Python that is gone.
-_live = weakref.WeakSet()
+# Live backends, held until shutdown: torch may keep only the C++ side of a Python backend
+# (TORCH_DISTRIBUTED_DEBUG=DETAIL wraps it in a C++ ProcessGroupWrapper), and without its
+# Python object the C++ side no longer finds these methods. Destroyed at exit, before the
+# interpreter finalizes, so that no progress thread calls back into a Python that is gone.
+_live = set()
 
 
 @atexit.register
@@ -108,6 +109,7 @@ class FabricollBackend(_C10dBackend):
         self._comm = comm
         self._timeout = timeout
         self._coalescing = None
+        self._seq = 0  # collectives issued (torch's sequence number; point-to-point excluded)
         _live.add(self)
 
     # -- identity ------------------------------------------------------------------------
@@ -141,7 +143,15 @@ class FabricollBackend(_C10dBackend):
         err.args = (f"fabricoll {opname}: {err.args[0]}",)
         return err
 
+    def _get_sequence_number_for_group(self):
+        return self._seq
+
+    def _set_sequence_number_for_group(self):
+        self._seq = 0
+
     def _work(self, opname, requests, result, finish=None, keep=None):
+        if opname not in ("send", "recv"):
+            self._seq += 1
         w = Work(opname, requests, result, finish, keep)
         if self._coalescing is not None:
             self._coalescing.append(w)
@@ -207,6 +217,7 @@ class FabricollBackend(_C10dBackend):
             # The common case, kept short: in place on the caller's own memory; a synchronous
             # call (torch waits at once) runs the blocking C call.
             p = t.data_ptr()
+            self._seq += 1
             if not opts.asyncOp:
                 rc = _ALLREDUCE(p, p, t.numel(), red.dtype, red.op, comm)
                 if rc:
@@ -558,6 +569,7 @@ class FabricollBackend(_C10dBackend):
         """Destroy the communicator: operations still in flight fail (a later ``wait`` on
         one raises: its request is no longer live)."""
         comm, self._comm = self._comm, None
+        _live.discard(self)
         if comm is None:
             return
         c.call("comm_destroy", comm)
