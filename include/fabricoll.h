@@ -157,6 +157,11 @@ typedef struct {
   char internal[128];
 } fabricoll_unique_id;
 
+/*
+ Called once per notified request, with its final status (a `fabricoll_status` value).
+ */
+typedef void (*fabricoll_callback)(void *user_data, int status);
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -279,6 +284,21 @@ fabricoll_status fabricoll_comm_size(fabricoll_comm *comm, int *size);
  the same.
  */
 fabricoll_status fabricoll_comm_set_algo(fabricoll_comm *comm, int algo_v);
+
+/*
+ Hand a pending non-blocking request to the library: it then completes by itself (the
+ communicator's progress thread advances it, sleeping on the fabric's completion queue when
+ nothing moves; no caller thread polls) and `callback(user_data, status)` runs exactly once
+ when it completes or fails: in the progress thread, or in the calling thread when the
+ request had already completed. The request is freed after the callback returns: the
+ caller must not test or wait on it after this call. Fails (INVALID_ARGUMENT, naming
+ 'request' or 'callback') without taking the request when an argument is bad.
+
+ The callback must not block for long; it may call any fabricoll_* function except
+ destroying the communicator it came from. Aborting or destroying the communicator fails
+ the requests still pending: their callbacks run with the abort status.
+ */
+fabricoll_status fabricoll_request_notify(fabricoll_request *request, fabricoll_callback callback, void *user_data);
 
 /*
  recvbuf = the reduction of every rank's sendbuf (count elements each; in place when the buffers are equal).

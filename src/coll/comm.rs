@@ -3,6 +3,7 @@
 use super::agree::{self, Envelope};
 use super::choice::ChoiceKey;
 use super::engine::{Engine, ReqState};
+use super::notify::Notifier;
 use super::{bootstrap, placement, Kind};
 use crate::algo::{self, Algorithm, Collective, Hosts, Options, Span};
 use crate::config::Config;
@@ -42,6 +43,8 @@ pub struct Comm {
     pub(super) spin: bool,
     /// The transport's receivers copy large messages themselves (`Caps::receiver_copies`).
     pub(super) receiver_copies: bool,
+    /// The progress thread of notified requests (`notify`).
+    pub(super) notifier: Notifier,
 }
 
 impl Comm {
@@ -150,6 +153,7 @@ impl Comm {
             slice,
             spin,
             receiver_copies,
+            notifier: Notifier::default(),
         };
         Ok(comm)
     }
@@ -331,6 +335,8 @@ impl Comm {
 
 impl Drop for Comm {
     fn drop(&mut self) {
+        // The progress thread stops first; notified requests still pending fail.
+        self.end_notified();
         // Operations of failed collectives may still touch their memory: give them a moment
         // to drain, then leak what is left rather than free memory a provider may write.
         let mut e = self.engine.lock();

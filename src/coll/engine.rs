@@ -3,6 +3,7 @@
 //! test and wait, and run a blocking collective, over the direct channel where it fits.
 use super::call::{Call, Kind, RequestId};
 use super::choice::ChoiceKey;
+use super::notify::Notified;
 use super::Comm;
 use crate::algo::{self, Algorithm, Options, Problem, Schedule};
 use crate::error::{Error, Result};
@@ -52,6 +53,8 @@ pub(super) struct Engine {
     spare: Option<Box<Exec>>,
     /// Blocking collectives that ran over the direct channel (`run_direct`).
     pub(super) direct_runs: u64,
+    /// Requests handed to `Comm::notify`, with their callbacks (`notify`).
+    pub(super) notified: Notified,
 }
 
 impl Engine {
@@ -69,6 +72,7 @@ impl Engine {
             last: None,
             spare: None,
             direct_runs: 0,
+            notified: Notified::default(),
         }
     }
 }
@@ -240,7 +244,7 @@ impl Comm {
     }
 
     /// Poll the transport, route completions, advance every running collective.
-    fn progress(&self, e: &mut Engine) -> Result<bool> {
+    pub(super) fn progress(&self, e: &mut Engine) -> Result<bool> {
         let t = &*self.transport;
         let mut comps = std::mem::take(&mut e.scratch);
         t.poll(&mut comps)?;
@@ -295,10 +299,10 @@ impl Comm {
         let id = u32::try_from(req)
             .map_err(|_| Error::arg("request", "not a request of this communicator"))?;
         let mut e = self.engine.lock();
-        if !e.execs.contains_key(&id) {
+        if !e.execs.contains_key(&id) || e.notified.contains_key(&id) {
             return Err(Error::arg(
                 "request",
-                "not a pending request of this communicator",
+                "not a pending request of this communicator (or handed to notify)",
             ));
         }
         let moved = self.progress(&mut e)?;
@@ -381,7 +385,7 @@ impl Comm {
 
 /// Longest single sleep of a waiter on the completion queue, so that it re-checks its request
 /// and the deadline even when the queue's wait object never signals.
-const SLEEP_SLICE: Duration = Duration::from_millis(1);
+pub(super) const SLEEP_SLICE: Duration = Duration::from_millis(1);
 
 /// Largest Tmp memory a spare executor keeps outside the pool (and its `POOL_LIMIT`): re-arming
 /// saves little next to a large call (`docs/performance.md`).

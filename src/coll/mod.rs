@@ -1,10 +1,12 @@
 //! Communicators and the collective front end: choose an algorithm (`tune`), build (and cache)
-//! its schedule (`algo`), run it (`exec`). Progress is polled in the caller's thread: blocking
-//! calls poll, then sleep on the transport's completion queue instead of spinning.
+//! its schedule (`algo`), run it (`exec`). Progress is polled in the caller's thread (blocking
+//! calls poll, then sleep on the transport's completion queue instead of spinning), or in the
+//! communicator's progress thread for notified requests (`notify`).
 //!
 //! - `call`: one call (`Call`, `Kind`) and the checks of its arguments;
 //! - `comm`: the communicator, how it is made, split, aborted and dropped;
 //! - `engine`: the request table and the per-call paths (prepare, progress, test, wait, run);
+//! - `notify`: notified requests and the progress thread that completes them;
 //! - `choice`: which algorithm runs a problem, and the choices kept;
 //! - `calibrate`: the communicator's own collectives at creation (placement, calibration);
 //! - `bootstrap`: the TCP exchange of endpoint addresses behind a unique id;
@@ -18,9 +20,11 @@ mod choice;
 mod comm;
 mod engine;
 pub mod launch;
+mod notify;
 pub mod placement;
 #[cfg(test)]
 mod tests;
 
 pub use call::{Call, Kind, RequestId};
 pub use comm::{open_endpoint, open_endpoint_on, whole, Comm};
+pub use notify::Callback;

@@ -1,7 +1,7 @@
 //! The C API's communicators and requests: one [`HandleTable`] each. A handle is a key, never
 //! a pointer to dereference, so a stale or garbage handle is an error naming the argument.
 use super::types::{fabricoll_comm, fabricoll_request};
-use crate::coll::{Comm, RequestId};
+use crate::coll::{Callback, Comm, RequestId};
 use crate::error::{Error, Result};
 use crate::ffi::non_null;
 use crate::plugin::handles::HandleTable;
@@ -12,7 +12,8 @@ use std::sync::Arc;
 
 /// A communicator as the C API knows it.
 pub(super) struct CommEntry {
-    pub comm: Comm,
+    /// Shared with the communicator's progress thread, which holds it weakly (`Comm::notify`).
+    pub comm: Arc<Comm>,
     /// Set by `fabricoll_comm_abort`: its requests then all report that, whatever state they
     /// reached, so the caller gets one answer on any number of ranks.
     aborted: AtomicBool,
@@ -51,7 +52,7 @@ pub(super) fn comm_of(p: *mut fabricoll_comm) -> Result<Arc<CommEntry>> {
 
 pub(super) fn register_comm(c: Comm) -> *mut fabricoll_comm {
     let e = Arc::new(CommEntry {
-        comm: c,
+        comm: Arc::new(c),
         aborted: AtomicBool::new(false),
     });
     COMMS.lock().insert(TAG, e) as usize as *mut fabricoll_comm
@@ -122,4 +123,26 @@ pub(super) fn wait_request(p: *mut fabricoll_request) -> Result<()> {
     let r = unless_aborted(&c, || c.comm.wait(id));
     REQUESTS.lock().remove(k);
     r
+}
+
+/// Hand the request to its communicator's progress thread: `callback` runs once when it ends
+/// (at once, in this thread, if it already has), with the abort error where the communicator
+/// was aborted. The request is freed here; a bad request is an error that leaves it as it was.
+pub(super) fn notify_request(p: *mut fabricoll_request, callback: Callback) -> Result<()> {
+    let (k, c, id) = req_of(p)?;
+    let entry = Arc::downgrade(&c);
+    let cb: Callback = Box::new(move |r| {
+        // As test and wait do: after fabricoll_comm_abort every request reports the abort.
+        let aborted = entry
+            .upgrade()
+            .is_some_and(|e| e.aborted.load(Ordering::SeqCst));
+        callback(if r.is_err() && aborted {
+            Err(aborted_error())
+        } else {
+            r
+        })
+    });
+    c.comm.notify(id, cb)?;
+    REQUESTS.lock().remove(k);
+    Ok(())
 }

@@ -8,15 +8,17 @@
 //! Handles are looked up in tables, never dereferenced: a stale or garbage pointer is an error.
 //!
 //! Files: `types` (status and enums, structs), `handles` (the tables of communicators and
-//! requests), `comm` (a communicator's life), `collectives` (the calls, test and wait); this
+//! requests), `comm` (a communicator's life), `collectives` (the calls, test and wait), `notify` (completion callbacks); this
 //! file holds the last error and the static strings.
 pub mod collectives;
 pub mod comm;
 mod handles;
+pub mod notify;
 pub mod types;
 
 pub use collectives::*;
 pub use comm::*;
+pub use notify::*;
 pub use types::*;
 
 use super::boundary::AbiReturn;

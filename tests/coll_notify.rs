@@ -1,0 +1,336 @@
+//! Notified requests (`Comm::notify`) over shm: the callback runs exactly once, in the progress
+//! thread, with the request's status (success, a lone rank's timeout, abort, drop of the
+//! communicator), or in the caller's thread for a request that had already ended; the progress
+//! thread takes no CPU while nothing is pending.
+use nccl_net_fabricoll::algo::Collective;
+use nccl_net_fabricoll::coll::{self, Callback, Comm, Kind};
+use nccl_net_fabricoll::config::Config;
+use nccl_net_fabricoll::error::Result;
+use nccl_net_fabricoll::testing::skip;
+use nccl_net_fabricoll::transport::{Region, Transport};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+mod common;
+
+/// FABRICOLL_TIMEOUT_MS of these communicators.
+const DEADLINE_MS: u32 = 1500;
+
+/// The tests of this file run one at a time: the idle test counts the CPU time of every
+/// progress thread of the process.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// `n` communicators over shm in this process (None: skipped, no shm here).
+fn comms(test: &str, n: usize) -> Option<Vec<Arc<Comm>>> {
+    let mut cfg: Config = common::fixed_model(Some("shm"), DEADLINE_MS);
+    cfg.intra_provider = None;
+    let eps: Vec<Arc<dyn Transport>> = match (0..n).map(|_| coll::open_endpoint(&cfg)).collect() {
+        Ok(e) => e,
+        Err(e) => {
+            skip(test, &format!("no shm endpoint ({e})"));
+            return None;
+        }
+    };
+    let addrs: Vec<Vec<u8>> = eps.iter().map(|e| e.address()).collect();
+    Some(
+        eps.into_iter()
+            .enumerate()
+            .map(|(r, e)| Arc::new(Comm::new(r, e, &addrs, &cfg).unwrap()))
+            .collect(),
+    )
+}
+
+/// A float allreduce of 2 elements between `buf`'s halves (in-place-free: send then receive).
+fn allreduce(buf: &mut [f32; 4]) -> coll::Call {
+    let p = buf.as_mut_ptr().cast::<u8>();
+    // SAFETY: the buffer outlives the request: every test waits for its callback (or for
+    // the communicator's drop, which ends it) before the buffer goes.
+    let (send, recv) = unsafe { (Region::from_raw(p, 8), Region::from_raw(p.add(8), 8)) };
+    common::call(Kind::Coll(Collective::AllReduce), send, recv, 2)
+}
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What one callback saw: its status, and the name of the thread it ran in.
+type Seen = (Result<()>, String);
+
+/// A callback that reports to `tx` and counts its calls in `count`.
+fn reporter(tx: mpsc::Sender<Seen>, count: Arc<AtomicUsize>) -> Callback {
+    Box::new(move |r| {
+        count.fetch_add(1, Ordering::SeqCst);
+        let name = std::thread::current().name().unwrap_or("").to_string();
+        let _ = tx.send((r, name));
+    })
+}
+
+#[test]
+fn callback_runs_once_in_the_progress_thread_on_success() {
+    let _serial = serial();
+    let Some(cs) = comms("callback_runs_once_in_the_progress_thread_on_success", 2) else {
+        return;
+    };
+    let mut bufs = [[1.0f32, 2.0, 0.0, 0.0], [10.0, 20.0, 0.0, 0.0]];
+    let count = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = mpsc::channel();
+    for _round in 0..20 {
+        let ids: Vec<_> = cs
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(c, b)| c.start(&allreduce(b)).unwrap())
+            .collect();
+        for (c, id) in cs.iter().zip(ids) {
+            c.notify(id, reporter(tx.clone(), count.clone())).unwrap();
+            // The request is the library's now.
+            assert!(c.test(id).is_err());
+        }
+        for _ in 0..2 {
+            let (r, _name) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+            r.unwrap();
+        }
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(count.load(Ordering::SeqCst), 40, "one call per request");
+    for b in &bufs {
+        assert_eq!(b[2..], [11.0, 22.0]);
+    }
+    // Where the request was still running at notify, the callback came from the progress
+    // thread; check one that surely was (the peer has not started yet).
+    let id = cs[0].start(&allreduce(&mut bufs[0])).unwrap();
+    cs[0]
+        .notify(id, reporter(tx.clone(), count.clone()))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let id1 = cs[1].start(&allreduce(&mut bufs[1])).unwrap();
+    cs[1].wait(id1).unwrap();
+    let (r, name) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    r.unwrap();
+    assert!(name.starts_with("fabricoll-progress"), "ran in {name:?}");
+}
+
+#[test]
+fn a_lone_ranks_request_fails_within_the_timeout() {
+    let _serial = serial();
+    let Some(cs) = comms("a_lone_ranks_request_fails_within_the_timeout", 2) else {
+        return;
+    };
+    let mut buf = [1.0f32; 4];
+    let count = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = mpsc::channel();
+    let t0 = Instant::now();
+    let id = cs[0].start(&allreduce(&mut buf)).unwrap();
+    cs[0].notify(id, reporter(tx, count.clone())).unwrap();
+    let (r, name) = rx
+        .recv_timeout(Duration::from_millis(u64::from(DEADLINE_MS) * 3))
+        .expect("the callback within the timeout");
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("no progress"), "{e}");
+    assert!(t0.elapsed() >= Duration::from_millis(u64::from(DEADLINE_MS)));
+    assert!(name.starts_with("fabricoll-progress"), "{name}");
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    assert_eq!(cs[0].pending(), 0, "the failed request is freed");
+}
+
+#[test]
+fn abort_fails_notified_requests() {
+    let _serial = serial();
+    let Some(cs) = comms("abort_fails_notified_requests", 2) else {
+        return;
+    };
+    let mut buf = [1.0f32; 4];
+    let count = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = mpsc::channel();
+    let id = cs[0].start(&allreduce(&mut buf)).unwrap();
+    cs[0].notify(id, reporter(tx, count.clone())).unwrap();
+    cs[0].abort();
+    let (r, _) = rx.recv_timeout(Duration::from_secs(2)).unwrap();
+    assert!(r.unwrap_err().to_string().contains("aborted"));
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn notify_on_an_ended_request_calls_back_in_the_callers_thread() {
+    let _serial = serial();
+    let Some(cs) = comms(
+        "notify_on_an_ended_request_calls_back_in_the_callers_thread",
+        1,
+    ) else {
+        return;
+    };
+    let mut buf = [3.0f32, 4.0, 0.0, 0.0];
+    let count = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = mpsc::channel();
+    // One rank: the collective ends inside `start`.
+    let id = cs[0].start(&allreduce(&mut buf)).unwrap();
+    let me = std::thread::current().name().unwrap_or("").to_string();
+    cs[0].notify(id, reporter(tx, count.clone())).unwrap();
+    assert_eq!(
+        count.load(Ordering::SeqCst),
+        1,
+        "called before notify returned"
+    );
+    let (r, name) = rx.try_recv().unwrap();
+    r.unwrap();
+    assert_eq!(name, me);
+    assert_eq!(buf[2..], [3.0, 4.0]);
+    // A request handed over (or unknown) is not a request any more; the callback is dropped.
+    let never = Arc::new(AtomicUsize::new(0));
+    let (tx2, _rx2) = mpsc::channel();
+    let e = cs[0].notify(id, reporter(tx2, never.clone())).unwrap_err();
+    assert!(e.to_string().contains("request"), "{e}");
+    assert_eq!(never.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn dropping_the_communicator_fails_pending_notified_requests() {
+    let _serial = serial();
+    let Some(mut cs) = comms(
+        "dropping_the_communicator_fails_pending_notified_requests",
+        2,
+    ) else {
+        return;
+    };
+    let mut buf = [1.0f32; 4];
+    let count = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = mpsc::channel();
+    let c = cs.remove(0);
+    let id = c.start(&allreduce(&mut buf)).unwrap();
+    c.notify(id, reporter(tx, count.clone())).unwrap();
+    let weak = Arc::downgrade(&c);
+    let t0 = Instant::now();
+    drop(c);
+    // The drop (here, or in the progress thread between its rounds) ran the callback.
+    let (r, _) = rx.recv_timeout(Duration::from_secs(2)).unwrap();
+    assert!(r.is_err());
+    assert!(t0.elapsed() < Duration::from_millis(u64::from(DEADLINE_MS)));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while weak.upgrade().is_some() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(weak.upgrade().is_none(), "the progress thread let it go");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}
+
+/// CPU time (user + system, in clock ticks) of this process's threads named `prefix*`.
+fn thread_ticks(prefix: &str) -> Option<u64> {
+    let mut total = None;
+    for t in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(t.ok()?.path().join("stat")).ok()?;
+        let (name, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+        if name.starts_with(prefix) {
+            let f: Vec<&str> = rest.split(' ').collect();
+            // Fields 14 and 15 (utime, stime) of stat(5); `rest` starts at field 3.
+            let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+            *total.get_or_insert(0) += ticks;
+        }
+    }
+    total
+}
+
+#[test]
+fn the_progress_thread_sleeps_when_idle() {
+    let _serial = serial();
+    let Some(cs) = comms("the_progress_thread_sleeps_when_idle", 2) else {
+        return;
+    };
+    let mut bufs = [[1.0f32; 4], [2.0f32; 4]];
+    let (tx, rx) = mpsc::channel();
+    let count = Arc::new(AtomicUsize::new(0));
+    let ids: Vec<_> = cs
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(c, b)| c.start(&allreduce(b)).unwrap())
+        .collect();
+    for (c, id) in cs.iter().zip(ids) {
+        c.notify(id, reporter(tx.clone(), count.clone())).unwrap();
+    }
+    for _ in 0..2 {
+        rx.recv_timeout(Duration::from_secs(10)).unwrap().0.unwrap();
+    }
+    // Nothing notified is pending: the threads park. (The thread name is cut to 15 bytes.)
+    let Some(before) = thread_ticks("fabricoll-progr") else {
+        return skip("the_progress_thread_sleeps_when_idle", "no /proc/self/task");
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let after = thread_ticks("fabricoll-progr").unwrap();
+    // 500 ms of spinning would be about 50 ticks; a parked thread takes none.
+    assert!(after - before <= 2, "{} ticks while idle", after - before);
+    // Pending but stalled (the peer never joins): the thread sleeps on the completion queue.
+    let mut lone = [1.0f32; 4];
+    let id = cs[0].start(&allreduce(&mut lone)).unwrap();
+    cs[0]
+        .notify(id, reporter(tx.clone(), count.clone()))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let before = thread_ticks("fabricoll-progr").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let after = thread_ticks("fabricoll-progr").unwrap();
+    assert!(
+        after - before <= 15,
+        "{} ticks while stalled",
+        after - before
+    );
+    cs[0].abort();
+    assert!(rx.recv_timeout(Duration::from_secs(2)).unwrap().0.is_err());
+}
+
+/// The figures of /work/notes: an 8-byte allreduce at 2 ranks, from start to the callback
+/// against start to `wait`'s return (run with `--ignored --nocapture`).
+#[test]
+#[ignore]
+fn notify_latency() {
+    let _serial = serial();
+    let Some(cs) = comms("notify_latency", 2) else {
+        return;
+    };
+    const N: usize = 2000;
+    let mut by_mode = Vec::new();
+    for mode in ["wait", "notify", "wait", "notify"] {
+        let cs2 = cs.clone();
+        let peer = std::thread::spawn(move || {
+            let mut b = [1.0f32; 4];
+            for _ in 0..N {
+                cs2[1].run(&allreduce(&mut b)).unwrap();
+            }
+        });
+        let mut b = [1.0f32; 4];
+        let mut t = Vec::with_capacity(N);
+        for _ in 0..N {
+            let t0 = Instant::now();
+            let id = cs[0].start(&allreduce(&mut b)).unwrap();
+            if mode == "wait" {
+                cs[0].wait(id).unwrap();
+            } else {
+                let (tx, rx) = mpsc::sync_channel(1);
+                cs[0]
+                    .notify(
+                        id,
+                        Box::new(move |r| {
+                            let _ = tx.send((r, Instant::now()));
+                        }),
+                    )
+                    .unwrap();
+                let (r, at) = rx.recv().unwrap();
+                r.unwrap();
+                t.push(at - t0);
+                continue;
+            }
+            t.push(t0.elapsed());
+        }
+        peer.join().unwrap();
+        t.sort();
+        by_mode.push((mode, t[N / 2], t[N * 9 / 10]));
+    }
+    for (m, med, p90) in by_mode {
+        println!(
+            "{m}: median {:.1} us, p90 {:.1} us",
+            med.as_secs_f64() * 1e6,
+            p90.as_secs_f64() * 1e6
+        );
+    }
+}
