@@ -1,9 +1,10 @@
 """Spawn a job's ranks as subprocesses, bound them by a hard timeout, collect per-rank results.
 
-Each rank runs `python -m tests.rank_main JOB OUTDIR ARGS_JSON` with RANK, WORLD_SIZE,
+Each rank runs `python -m tests.rank_main MODULE OUTDIR ARGS_JSON` (MODULE: tests.ranks.JOB
+unless the caller names another) with RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and a free MASTER_PORT set, and writes
 OUTDIR/rank<r>.json (tests.rank_main). Its output goes to OUTDIR/rank<r>.log. OUTDIR is
-$CARGO_TARGET_DIR/torch-tests/<tag> (kept after the run, for the logs).
+$CARGO_TARGET_DIR/torch-tests/<tag> unless the caller names another (kept, for the logs).
 """
 import json
 import os
@@ -51,9 +52,9 @@ class JobResult:
         return "\n".join(lines)
 
 
-def launch(job, nranks, tag, env=None, args=None, timeout=180):
+def launch(job, nranks, tag, env=None, args=None, timeout=180, module=None, outdir=None):
     """Run `job` on `nranks` ranks; kill them all after `timeout` seconds. Returns a JobResult."""
-    outdir = os.path.join(harness.target_dir(), "torch-tests", tag)
+    outdir = outdir or os.path.join(harness.target_dir(), "torch-tests", tag)
     os.makedirs(outdir, exist_ok=True)
     for name in os.listdir(outdir):
         os.remove(os.path.join(outdir, name))
@@ -70,8 +71,13 @@ def launch(job, nranks, tag, env=None, args=None, timeout=180):
         "FABRICOLL_TEST_BACKEND": harness.BACKEND,
         "PYTHONUNBUFFERED": "1",
     })
-    base.update(env or {})
-    argv = [sys.executable, "-m", "tests.rank_main", job, outdir, json.dumps(args or {})]
+    extra = dict(env or {})
+    # the package and the tests stay importable whatever path the caller adds
+    base["PYTHONPATH"] = os.pathsep.join(
+        p for p in (harness.PY_DIR, extra.pop("PYTHONPATH", ""), base["PYTHONPATH"]) if p)
+    base.update(extra)
+    argv = [sys.executable, "-m", "tests.rank_main", module or f"tests.ranks.{job}", outdir,
+            json.dumps(args or {})]
     procs, logs = [], []
     t0 = time.monotonic()
     for r in range(nranks):

@@ -1,6 +1,6 @@
-"""Entry point of one rank: `python -m tests.rank_main JOB OUTDIR ARGS_JSON` (tests.launcher).
+"""Entry point of one rank: `python -m tests.rank_main MODULE OUTDIR ARGS_JSON` (tests.launcher).
 
-Runs tests.ranks.<JOB>.run(args) and writes its returned dict to OUTDIR/rank<RANK>.json, with
+Runs MODULE.run(args) and writes its returned dict to OUTDIR/rank<RANK>.json, with
 "error" holding the traceback when it raised (the exit status is then 1).
 """
 import importlib
@@ -11,12 +11,12 @@ import traceback
 
 
 def main():
-    job, outdir, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    module, outdir, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     rank = int(os.environ["RANK"])
     out = {"rank": rank}
     rc = 0
     try:
-        mod = importlib.import_module(f"tests.ranks.{job}")
+        mod = importlib.import_module(module)
         out.update(mod.run(args) or {})
     except BaseException:  # pylint: disable=broad-except  # reported to the test, then exit 1
         out["error"] = traceback.format_exc()

@@ -4,7 +4,10 @@ test/distributed/test_distributed_spawn.py does (that file is not in the wheel):
 WORLD_SIZE processes that init the backend from a file store.
 
     python -m tests.torch_suite --backend fabricoll [--world-size 3] [--select ci|all|REGEX]
-                                [--json OUT] [--list]
+                                [--start spawn|fork] [--json OUT] [--list]
+
+--start fork (CI's subset) forks the ranks from the runner, as PyTorch's former
+test_distributed_fork.py did: a spawned rank spends seconds importing torch before each test.
 
 "fabricoll" is counted as a CPU backend like gloo where that is honest: it joins
 DistTestCases.backend_feature "ddp", "subgroup" and "plugin", and "gpu" (the set of the standard
@@ -43,6 +46,8 @@ def parse():
     p.add_argument("--backend", default=os.environ.get("BACKEND", "fabricoll"))
     p.add_argument("--world-size", default=os.environ.get("WORLD_SIZE", "3"))
     p.add_argument("--select", default="ci", help="ci, all, or a regular expression")
+    p.add_argument("--start", choices=("spawn", "fork"),
+                   default=os.environ.get("TORCH_SUITE_START", "spawn"))
     p.add_argument("--json", help="write {test: [status, reason]} here")
     p.add_argument("--list", action="store_true", help="print the selected tests and exit")
     return p.parse_args()
@@ -53,6 +58,7 @@ if __name__ == "__main__":
     # the children (spawn) re-import this module: they find these in their environment
     os.environ["BACKEND"] = ARGS.backend
     os.environ["WORLD_SIZE"] = str(ARGS.world_size)
+    os.environ["TORCH_SUITE_START"] = ARGS.start
 os.environ.setdefault("DISTRIBUTED_TESTS_DEFAULT_TIMEOUT", "120")
 os.environ.setdefault("TEMP_DIR", "/tmp")  # replaced per test by TestDistBackend.setUp
 
@@ -70,11 +76,14 @@ from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
 
 
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
-    """As PyTorch's test_distributed_spawn.py: each test spawns its ranks."""
+    """As PyTorch's test_distributed_spawn.py: each test spawns (or forks) its ranks."""
 
     def setUp(self):
         super().setUp()
-        self._spawn_processes()
+        if os.environ.get("TORCH_SUITE_START") == "fork":
+            self._start_processes(torch.multiprocessing.get_context("fork").Process)
+        else:
+            self._spawn_processes()
         torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
 
 
@@ -133,10 +142,11 @@ def main():
     if ARGS.json:
         with open(ARGS.json, "w", encoding="utf-8") as f:
             json.dump({"backend": ARGS.backend, "world_size": ARGS.world_size,
-                       "select": ARGS.select, "seconds": round(time.monotonic() - t0, 1),
+                       "select": ARGS.select, "start": ARGS.start, "seconds": round(time.monotonic() - t0, 1),
                        "tests": res.status}, f, indent=1, sort_keys=True)
     print(f"torch-suite: {counts['passed']} passed, {counts['failed']} failed, "
           f"{counts['skipped']} skipped ({ARGS.backend}, world size {ARGS.world_size}, "
+          f"{ARGS.start}, "
           f"{time.monotonic() - t0:.0f}s)")
     return 0 if counts["failed"] == 0 else 1
 
