@@ -8,7 +8,8 @@
 # tests.test_ops.ReduceOps.test_shm_2, or --no-suite).
 #   --full   instead: PyTorch's whole backend-generic suite, with fabricoll and with gloo
 #            (world size 3), and the comparison of the two (python/tests/suite_compare.py);
-#            results in $CARGO_TARGET_DIR/torch-tests/suite-*.json. Takes an hour or more.
+#            results in $CARGO_TARGET_DIR/torch-tests/suite-*.json. The ranks are forked
+#            (minutes); TORCH_SUITE_START=spawn spawns them as PyTorch's CI does (an hour).
 # Environment: FABRICOLL_TORCH_VENV (the venv), FABRICOLL_TEST_BACKEND (default fabricoll; gloo
 # runs the harness gloo against gloo), FABRICOLL_TEST_STRICT, TORCH_TESTS_SUITE_TIMEOUT.
 set -euo pipefail
@@ -25,6 +26,7 @@ if [ "${1:-}" = --full ]; then
   for backend in fabricoll gloo; do
     (cd python && TORCH_TESTS_SUITE_TIMEOUT=${TORCH_TESTS_SUITE_TIMEOUT:-7200} timeout 7500 \
       "$py" -m tests.torch_suite --backend "$backend" --select all \
+      --start "${TORCH_SUITE_START:-fork}" \
       --json "$out/suite-$backend-all.json" "$@" >"$out/suite-$backend-all.log" 2>&1) || rc=1
     tail -1 "$out/suite-$backend-all.log"
   done

@@ -7,6 +7,7 @@ distributed tests (tests.torch_suite, the CI subset), one count line at the end:
 Under FABRICOLL_TEST_STRICT=1 a skip is a failure (tests.harness.skip), and so is a PyTorch
 test of the CI subset that skips (the subset is chosen to run with the backend).
 Each piece has a deadline (TORCH_TESTS_SUITE_TIMEOUT, default 600 s, for PyTorch's tests).
+PyTorch's tests fork their ranks here (TORCH_SUITE_START=spawn to spawn them, slower).
 """
 import argparse
 import json
@@ -41,7 +42,8 @@ def run_suite(select):
         os.remove(out_json)
     limit = int(os.environ.get("TORCH_TESTS_SUITE_TIMEOUT", "600"))
     cmd = [sys.executable, "-m", "tests.torch_suite", "--backend", harness.BACKEND,
-           "--select", select, "--json", out_json]
+           "--select", select, "--json", out_json,
+           "--start", os.environ.get("TORCH_SUITE_START", "fork")]
     env = dict(os.environ, PYTHONPATH=harness.PY_DIR + os.pathsep
                + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
     print(f"\nPyTorch's distributed tests ({select}, backend {harness.BACKEND}): log {log}",
