@@ -45,12 +45,13 @@ class Errors(unittest.TestCase):
             self.assertIsNone(out["after"][0], "the group failed after a refused call")
             self.assertEqual(out["after_value"], 2.0)
 
-    def _killed(self, provider):
+    def _killed(self, provider, finish):
         harness.require(self.id(), provider)
         ws = 3
         res = launcher.launch("errors", ws, f"errors-killed-{harness.BACKEND}-{provider}",
                               env=harness.provider_env(provider),
-                              args={"case": "killed", "timeout_s": TIMEOUT_S}, timeout=120)
+                              args={"case": "killed", "timeout_s": TIMEOUT_S, "finish": finish},
+                              timeout=120)
         if res.timed_out:
             self.fail("a survivor hung: " + res.describe())
         self.assertNotEqual(res.rcs[ws - 1], 0, "the victim was not killed")
@@ -58,18 +59,18 @@ class Errors(unittest.TestCase):
             if res.rcs[r] != 0 or res.results[r] is None:
                 self.fail(res.describe())
             out = res.results[r]["results"]
-            for name in ("sync", "async", "destroy"):
+            for name in ("sync", "async", "finish"):
                 err, secs = out[name]
-                print(f"\n  survivor {r} {name}: {secs:.2f}s: {err}")
+                print(f"\n  survivor {r} {name if name != 'finish' else finish}: {secs:.2f}s: {err}")
                 self.assertLess(secs, TIMEOUT_S + SLACK_S, f"survivor {r}: {name} took too long")
             for name in ("sync", "async"):
                 self.assertIsNotNone(out[name][0], f"survivor {r}: {name} did not raise")
 
-    def test_killed_rank_shm(self):
-        self._killed("shm")
+    def test_killed_rank_shm_abort(self):
+        self._killed("shm", "abort")
 
-    def test_killed_rank_net(self):
-        self._killed("net")
+    def test_killed_rank_net_destroy(self):
+        self._killed("net", "destroy")
 
 
 if __name__ == "__main__":

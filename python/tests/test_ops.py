@@ -44,5 +44,12 @@ class MoveOps(unittest.TestCase):
         self._run(4, "net")
 
 
+class Mixed(unittest.TestCase):
+    """init_process_group("cpu:<backend>,cuda:..."): CPU tensors go to the backend under test."""
+
+    def test_cpu_and_cuda_backends(self):
+        assert_checks(self, run_job(self, "mixed", 2, "shm"))
+
+
 if __name__ == "__main__":
     unittest.main()

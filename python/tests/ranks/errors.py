@@ -48,7 +48,7 @@ def unsupported(rank, ws):
     return out
 
 
-def killed(rank, ws):
+def killed(rank, ws, finish="destroy"):
     victim = ws - 1
     t = torch.ones(1024)
     dist.all_reduce(t)  # every rank connected and working
@@ -57,7 +57,11 @@ def killed(rank, ws):
     time.sleep(0.5)
     out = {"sync": timed(lambda: dist.all_reduce(t))}
     out["async"] = timed(lambda: dist.all_reduce(t, async_op=True).wait())
-    out["destroy"] = timed(dist.destroy_process_group)
+    if finish == "abort":
+        # what a job does after a failure: abort the group, failing what is pending
+        out["finish"] = timed(dist.distributed_c10d._abort_process_group)  # pylint: disable=protected-access
+    else:
+        out["finish"] = timed(dist.destroy_process_group)
     return out
 
 
@@ -71,4 +75,5 @@ def run(args):
     import datetime  # pylint: disable=import-outside-toplevel
     dist.init_process_group(common.BACKEND, timeout=datetime.timedelta(seconds=timeout_s))
     rank, ws = dist.get_rank(), dist.get_world_size()
-    return {"case": args["case"], "results": CASES[args["case"]](rank, ws)}
+    kw = {"finish": args["finish"]} if "finish" in args else {}
+    return {"case": args["case"], "results": CASES[args["case"]](rank, ws, **kw)}
