@@ -22,6 +22,12 @@
 #include <stddef.h>
 
 /*
+ The largest tag of fabricoll_send_tagged / fabricoll_recv_tagged (tags are 0 ..= this).
+ A literal, so that cbindgen writes it into the header; it is the executor's `MAX_TAG`.
+ */
+#define FABRICOLL_MAX_TAG 1048575
+
+/*
  Algorithms (`FABRICOLL_ALGO` names). Passed as `int`; AUTO lets the cost model choose.
  */
 typedef enum {
@@ -299,6 +305,95 @@ fabricoll_status fabricoll_comm_set_algo(fabricoll_comm *comm, int algo_v);
  the requests still pending: their callbacks run with the abort status.
  */
 fabricoll_status fabricoll_request_notify(fabricoll_request *request, fabricoll_callback callback, void *user_data);
+
+/*
+ Every rank's sendbuf (sendcount elements) lands in rank order in the root's recvbuf
+ (nranks x sendcount; written on the root only, may be NULL elsewhere).
+ */
+fabricoll_status fabricoll_gather(const void *sendbuf, void *recvbuf, size_t sendcount, int datatype, int root, fabricoll_comm *comm);
+
+/*
+ Non-blocking fabricoll_gather: `*request` completes through fabricoll_test / fabricoll_wait.
+ */
+fabricoll_status fabricoll_igather(const void *sendbuf, void *recvbuf, size_t sendcount, int datatype, int root, fabricoll_comm *comm, fabricoll_request **request);
+
+/*
+ Block i (recvcount elements) of the root's sendbuf (nranks x recvcount; read on the root
+ only, may be NULL elsewhere) lands in rank i's recvbuf.
+ */
+fabricoll_status fabricoll_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, int datatype, int root, fabricoll_comm *comm);
+
+/*
+ Non-blocking fabricoll_scatter: `*request` completes through fabricoll_test / fabricoll_wait.
+ */
+fabricoll_status fabricoll_iscatter(const void *sendbuf, void *recvbuf, size_t recvcount, int datatype, int root, fabricoll_comm *comm, fabricoll_request **request);
+
+/*
+ Returns once every rank has called it.
+ */
+fabricoll_status fabricoll_barrier(fabricoll_comm *comm);
+
+/*
+ Non-blocking fabricoll_barrier: `*request` completes once every rank has called it.
+ */
+fabricoll_status fabricoll_ibarrier(fabricoll_comm *comm, fabricoll_request **request);
+
+/*
+ recvbuf + displs[i] (recvcounts[i] elements) = rank i's sendbuf; sendcount must equal
+ recvcounts[rank]. recvcounts (nranks values, the same on every rank) must not be NULL;
+ displs NULL packs the blocks in rank order.
+ */
+fabricoll_status fabricoll_allgatherv(const void *sendbuf, size_t sendcount, void *recvbuf, const size_t *recvcounts, const size_t *displs, int datatype, fabricoll_comm *comm);
+
+/*
+ Non-blocking fabricoll_allgatherv (the arrays are read before it returns).
+ */
+fabricoll_status fabricoll_iallgatherv(const void *sendbuf, size_t sendcount, void *recvbuf, const size_t *recvcounts, const size_t *displs, int datatype, fabricoll_comm *comm, fabricoll_request **request);
+
+/*
+ recvbuf (recvcounts[rank] elements) = block `rank` of the reduction of every rank's
+ sendbuf, whose blocks are recvcounts[0..nranks] packed. recvcounts (the same on every
+ rank) must not be NULL.
+ */
+fabricoll_status fabricoll_reducescatterv(const void *sendbuf, void *recvbuf, const size_t *recvcounts, int datatype, int op, fabricoll_comm *comm);
+
+/*
+ Non-blocking fabricoll_reducescatterv (the array is read before it returns).
+ */
+fabricoll_status fabricoll_ireducescatterv(const void *sendbuf, void *recvbuf, const size_t *recvcounts, int datatype, int op, fabricoll_comm *comm, fabricoll_request **request);
+
+/*
+ sendbuf + sdispls[j] (sendcounts[j] elements) goes to rank j, landing at its recvbuf +
+ rdispls[i] (recvcounts[i]) for this rank i. The counts arrays must not be NULL; a NULL
+ displacements array packs its blocks in rank order.
+ */
+fabricoll_status fabricoll_alltoallv(const void *sendbuf, const size_t *sendcounts, const size_t *sdispls, void *recvbuf, const size_t *recvcounts, const size_t *rdispls, int datatype, fabricoll_comm *comm);
+
+/*
+ Non-blocking fabricoll_alltoallv (the arrays are read before it returns).
+ */
+fabricoll_status fabricoll_ialltoallv(const void *sendbuf, const size_t *sendcounts, const size_t *sdispls, void *recvbuf, const size_t *recvcounts, const size_t *rdispls, int datatype, fabricoll_comm *comm, fabricoll_request **request);
+
+/*
+ Send count elements to `peer` with `tag` (0 ..= FABRICOLL_MAX_TAG), matched in order with
+ its receives of that tag from this rank (fabricoll_send is tag 0).
+ */
+fabricoll_status fabricoll_send_tagged(const void *buf, size_t count, int datatype, int peer, int tag, fabricoll_comm *comm);
+
+/*
+ Non-blocking fabricoll_send_tagged.
+ */
+fabricoll_status fabricoll_isend_tagged(const void *buf, size_t count, int datatype, int peer, int tag, fabricoll_comm *comm, fabricoll_request **request);
+
+/*
+ Receive count elements from `peer` with `tag` (fabricoll_recv is tag 0).
+ */
+fabricoll_status fabricoll_recv_tagged(void *buf, size_t count, int datatype, int peer, int tag, fabricoll_comm *comm);
+
+/*
+ Non-blocking fabricoll_recv_tagged.
+ */
+fabricoll_status fabricoll_irecv_tagged(void *buf, size_t count, int datatype, int peer, int tag, fabricoll_comm *comm, fabricoll_request **request);
 
 /*
  recvbuf = the reduction of every rank's sendbuf (count elements each; in place when the buffers are equal).

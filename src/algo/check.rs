@@ -62,7 +62,8 @@ fn combine(a: Sym, b: Sym) -> Sym {
     }
 }
 
-struct Mem {
+/// One rank's buffers during a symbolic run.
+pub struct Mem {
     inp: Vec<Sym>,
     out: Vec<Sym>,
     tmp: Vec<Sym>,
@@ -96,7 +97,7 @@ fn reduce_vec(a: &[Sym], b: &[Sym]) -> Vec<Sym> {
 }
 
 /// Structural checks: bounds, peers, lengths, dependency order, no writes to `In`.
-fn check_structure(s: &Schedule) -> Result<(), String> {
+fn check_structure(s: &Schedule, lens: &dyn Fn(usize) -> (usize, usize)) -> Result<(), String> {
     let p = &s.problem;
     let n = p.nranks;
     if s.ranks.len() != n || s.tmp_len.len() != n {
@@ -107,8 +108,8 @@ fn check_structure(s: &Schedule) -> Result<(), String> {
     }
     for (r, steps) in s.ranks.iter().enumerate() {
         let bound = |sp: &Span| match sp.buf {
-            Buf::In => p.in_len(),
-            Buf::Out => p.out_len(),
+            Buf::In => lens(r).0,
+            Buf::Out => lens(r).1,
             Buf::Tmp => s.tmp_len[r],
         };
         for (i, st) in steps.iter().enumerate() {
@@ -211,16 +212,16 @@ fn check_races(s: &Schedule) -> Result<(), String> {
 }
 
 /// Execute symbolically with rendezvous matching; returns each rank's memory.
-fn execute(s: &Schedule) -> Result<Vec<Mem>, String> {
+fn execute(s: &Schedule, lens: &dyn Fn(usize) -> (usize, usize)) -> Result<Vec<Mem>, String> {
     let p = &s.problem;
     let n = p.nranks;
     assert!(n <= 64, "the checker handles up to 64 ranks");
     let mut mem: Vec<Mem> = (0..n)
         .map(|r| Mem {
-            inp: (0..p.in_len_of(r))
+            inp: (0..lens(r).0)
                 .map(|i| leaf(input_index(p, r, i), r))
                 .collect(),
-            out: vec![Sym::Undef; p.out_len_of(r)],
+            out: vec![Sym::Undef; lens(r).1],
             tmp: vec![Sym::Undef; s.tmp_len[r]],
         })
         .collect();
@@ -408,13 +409,39 @@ fn expected(s: &Schedule, r: usize, j: usize) -> Option<(usize, u64)> {
 
 /// Check a schedule; the error says what is wrong and where.
 pub fn check(s: &Schedule) -> Result<(), String> {
-    check_structure(s)?;
+    let p = &s.problem;
+    // Spans are bounded by the longest buffer of any rank (windows make them differ).
+    check_structure(s, &|_| (p.in_len(), p.out_len()))?;
+    let mem = verify(s, &|r| (p.in_len_of(r), p.out_len_of(r)), &|r, j| {
+        expected(s, r, j)
+    })?;
+    check_trees(s, &mem)
+}
+
+/// `check` of a schedule whose buffer lengths per rank (input, output) and expected outputs
+/// (rank, output element) -> (input element, mask of the ranks reduced into it) the caller
+/// gives (the problem cannot tell them for `varied` collectives); returns each rank's memory.
+pub fn check_with(
+    s: &Schedule,
+    lens: &dyn Fn(usize) -> (usize, usize),
+    expected: &dyn Fn(usize, usize) -> Option<(usize, u64)>,
+) -> Result<Vec<Mem>, String> {
+    check_structure(s, lens)?;
+    verify(s, lens, expected)
+}
+
+/// Races, the symbolic run and the outputs (`check_with` after the structure).
+fn verify(
+    s: &Schedule,
+    lens: &dyn Fn(usize) -> (usize, usize),
+    expected: &dyn Fn(usize, usize) -> Option<(usize, u64)>,
+) -> Result<Vec<Mem>, String> {
     check_races(s)?;
-    let mem = execute(s)?;
+    let mem = execute(s, lens)?;
     let p = &s.problem;
     for (r, m) in mem.iter().enumerate() {
-        for j in 0..p.out_len_of(r) {
-            let Some((idx, mask)) = expected(s, r, j) else {
+        for j in 0..lens(r).1 {
+            let Some((idx, mask)) = expected(r, j) else {
                 continue;
             };
             match m.out[j] {
@@ -428,7 +455,12 @@ pub fn check(s: &Schedule) -> Result<(), String> {
             }
         }
     }
-    // Bit-identical: where several ranks hold the same element, the reduction trees agree.
+    Ok(mem)
+}
+
+/// Bit-identical: where several ranks hold the same element, the reduction trees agree.
+fn check_trees(s: &Schedule, mem: &[Mem]) -> Result<(), String> {
+    let p = &s.problem;
     if matches!(p.coll, Collective::AllReduce) {
         for j in 0..p.out_len() {
             let t0 = mem[0].out[j];

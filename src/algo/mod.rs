@@ -29,7 +29,10 @@ pub mod swizzle;
 mod tests;
 #[cfg(test)]
 mod tests_layouts;
+#[cfg(test)]
+mod tests_varied;
 pub mod tree;
+pub mod varied;
 
 use std::fmt;
 
@@ -79,6 +82,9 @@ pub struct Problem {
     /// `nranks x count` vector (NCCL CollNet's windows): each rank contributes (AllGather) or
     /// receives (ReduceScatter) only the part of its own slice inside the window.
     pub window: Option<(usize, usize)>,
+    /// The collective of `varied` this problem is (then `coll` is the uniform one nearest in
+    /// kind), with a hash of the counts every rank must agree on; None for uniform ones.
+    pub shape: Option<varied::Shape>,
 }
 
 impl Problem {
@@ -89,6 +95,7 @@ impl Problem {
             count,
             root: 0,
             window: None,
+            shape: None,
         }
     }
 

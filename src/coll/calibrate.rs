@@ -8,13 +8,23 @@
 //! median over several repetitions (outliers do not move it), the parameters are quantized
 //! (`tune::quantize`), the model keeps a fixed order unless a candidate is predicted
 //! `tune::MARGIN` faster, and rank 0's parameters are broadcast so that all ranks agree.
+//!
+//! A calibration is measured once per process and topology: rank 0 keeps what it measured
+//! (`cache`), and a later communicator over the same topology takes it, at the cost of one tiny
+//! broadcast instead of the measurement (torch's `new_group` and DeviceMesh make many such
+//! communicators). Rank 0 decides, so all ranks measure or none do. Not lazily at the first
+//! collective: the choice is made under the engine's lock, where a calibration could not run
+//! its own collectives, and most of a process's first creation is the provider's discovery,
+//! which a lazy calibration would not save. A forced algorithm measures nothing.
 use super::{placement, Call, Comm, Kind};
-use crate::algo::{Algorithm, Collective};
+use crate::algo::{Algorithm, Collective, Hosts};
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, RedOp};
 use crate::transport::{Region, Scratch};
 use crate::tune::{self, LinkSamples, Model};
 use std::time::Instant;
+
+mod cache;
 
 impl Comm {
     /// Exchange every rank's machine and CPU set (`placement`), and spin while waiting only if
@@ -59,18 +69,107 @@ impl Comm {
         Ok(())
     }
 
-    /// Measure alpha, beta and gamma unless the configuration fixes them.
-    pub(super) fn calibrate(&mut self) -> Result<()> {
-        if self.nranks > 1 && self.model.needs_calibration() {
-            let spans = self.hosts.count() > 1 && self.hosts.fits(self.nranks);
-            let m = if spans {
-                calibrate_levels(self)?
-            } else {
-                calibrate(self)?
-            };
-            self.set_model(m);
+    /// Measure alpha, beta and gamma unless the configuration fixes them, the communicator's
+    /// algorithm is forced (`needs_measured_choice`), or rank 0 of this process kept the
+    /// parameters of an earlier communicator over the same topology (`cache`). Rank 0 decides
+    /// and broadcasts its decision, with the kept parameters when it has them, so that every
+    /// rank measures or none does, and all end with rank 0's parameters.
+    pub(super) fn calibrate(&mut self) -> Result<Calibrated> {
+        if self.nranks == 1 || !self.model.needs_calibration() || !self.needs_measured_choice() {
+            return Ok(Calibrated::Skipped);
         }
-        Ok(())
+        let spans = self.spans_hosts();
+        let key = self.calibration_key();
+        let kept = if self.rank == 0 {
+            cache::get(&key)
+        } else {
+            None
+        };
+        let (params, how) = match share(self, kept)? {
+            Some(p) => (p, Calibrated::Kept),
+            None => {
+                let mine = if spans {
+                    calibrate_levels(self)?
+                } else {
+                    calibrate(self)?
+                };
+                let p = share(self, mine)?.ok_or_else(|| {
+                    Error::Internal("calibration: rank 0 sent no parameters".into())
+                })?;
+                if self.rank == 0 {
+                    cache::put(key, p.clone());
+                }
+                (p, Calibrated::Measured)
+            }
+        };
+        let m = self.measured_model(spans, &params)?;
+        log_model(&m, self.nranks, self.hosts, spans, how);
+        self.set_model(m);
+        Ok(how)
+    }
+
+    /// Whether any choice of this communicator can depend on measured parameters: not where
+    /// its algorithm is forced (`FABRICOLL_ALGO`, the config's algorithm), since the eager
+    /// slicing of a forced algorithm is linear in alpha (`tune::eager_alphas`), except for
+    /// hier and swizzle on several hosts, whose levels the model picks (`Model::levels_for`).
+    /// A per-call algorithm is not known here: those communicators still calibrate.
+    fn needs_measured_choice(&self) -> bool {
+        match *self.algo.lock() {
+            None => true,
+            Some(a) => matches!(a, Algorithm::Hier | Algorithm::Swizzle) && self.spans_hosts(),
+        }
+    }
+
+    /// Do the ranks span several hosts (two-level calibration)?
+    fn spans_hosts(&self) -> bool {
+        self.hosts.count() > 1 && self.hosts.fits(self.nranks)
+    }
+
+    /// What this communicator's calibration depends on (`cache::Key`).
+    fn calibration_key(&self) -> cache::Key {
+        let caps = self.transport.caps();
+        let mut fabric = vec![format!("{} / {}", caps.provider, caps.domain)];
+        if let Some(i) = &caps.intra {
+            fabric.push(format!("{} / {}", i.provider, i.domain));
+        }
+        let m = &self.model;
+        cache::Key {
+            nranks: self.nranks,
+            hosts: self.hosts,
+            fabric,
+            base: [
+                m.alpha_us.to_bits(),
+                m.beta_us_per_byte.to_bits(),
+                m.gamma_us_per_byte.to_bits(),
+            ],
+            fixed: m.fixed,
+            eager: [m.eager_bytes, m.intra.eager_bytes],
+            shared_cpus: m.shared_cpus,
+            spin: self.spin,
+            poll_ns: self.poll.as_nanos(),
+        }
+    }
+
+    /// The model with rank 0's parameters (`calibrate`'s or `calibrate_levels`' `PARAMS`).
+    fn measured_model(&self, spans: bool, v: &[f64]) -> Result<Model> {
+        if v.len() != PARAMS {
+            return Err(Error::Internal(format!(
+                "calibration: {} parameters, expected {PARAMS}",
+                v.len()
+            )));
+        }
+        if !spans {
+            return Ok(self.model.with_measured(v[0], v[1], v[2]));
+        }
+        let link = |k: usize, eager_bytes: usize| tune::Link {
+            alpha_us: v[k],
+            beta_us_per_byte: v[k + 1],
+            o_us: v[k + 2],
+            eager_bytes,
+        };
+        let inter = link(0, self.model.eager_bytes);
+        let intra = (v[7] > 0.0).then(|| link(3, self.model.intra.eager_bytes));
+        Ok(self.model.with_measured_levels(intra, inter, v[6]))
     }
 
     /// Run a blocking collective of the communicator's own (placement, split, calibration) on
@@ -108,9 +207,9 @@ impl Comm {
     }
 }
 
-/// Measure alpha (tiny ring AllReduce), beta (1 MiB ring AllReduce) and gamma (a local
-/// reduction) on rank 0, and broadcast them so that every rank chooses the same algorithms.
-fn calibrate(comm: &Comm) -> Result<Model> {
+/// Measure alpha (tiny ring AllReduce), beta (1 and 4 MiB ring AllReduces) and gamma (a local
+/// reduction): the `PARAMS` alpha, beta, gamma then zeros, on rank 0 (None elsewhere).
+fn calibrate(comm: &Comm) -> Result<Option<Vec<f64>>> {
     use crate::reduce;
     let n = comm.nranks;
     let mut small = (Scratch::new(4), Scratch::new(4));
@@ -174,31 +273,9 @@ fn calibrate(comm: &Comm) -> Result<Model> {
         comm.model.eager_bytes,
     );
     // Quantized, so that calibrations a few per cent apart give the same model.
-    let (a, b, g) = (tune::quantize(a), tune::quantize(b), tune::quantize(g));
-    // Rank 0's measurement is everyone's.
-    let mut params = Scratch::new(24);
-    if comm.rank == 0 {
-        for (i, x) in [a, b, g].iter().enumerate() {
-            params.bytes_mut()[i * 8..i * 8 + 8].copy_from_slice(&x.to_le_bytes());
-        }
-    }
-    let (_, params) = comm.run_owned(
-        Kind::Coll(Collective::Broadcast),
-        (params, Scratch::new(24)),
-        24,
-        DataType::Uint8,
-        Algorithm::Ring,
-    )?;
-    let v = params.bytes();
-    let f = |i: usize| f64::from_le_bytes(v[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-    let m = comm.model.with_measured(f(0), f(1), f(2));
-    log::info!(
-        "calibration on {n} ranks: alpha {:.2} us, beta {:.3} GB/s, gamma {:.2} GB/s",
-        m.alpha_us,
-        1.0 / (m.beta_us_per_byte * 1e3),
-        1.0 / (m.gamma_us_per_byte * 1e3)
-    );
-    Ok(m)
+    let mut v = vec![0.0; PARAMS];
+    v[..3].copy_from_slice(&[tune::quantize(a), tune::quantize(b), tune::quantize(g)]);
+    Ok((comm.rank == 0).then_some(v))
 }
 
 /// Repetitions of each timed exchange (the median is kept), after `WARMUP` untimed ones.
@@ -213,8 +290,8 @@ const INTRA_SIZES: [usize; 2] = [1 << 20, 4 << 20];
 
 /// Several hosts: alpha, beta and the per-message cost of each level from rank 0's
 /// point-to-point exchanges with a rank of its own host and one of another, gamma from a local
-/// reduction, all broadcast from rank 0.
-fn calibrate_levels(comm: &Comm) -> Result<Model> {
+/// reduction: the `PARAMS`, on rank 0 (None elsewhere).
+fn calibrate_levels(comm: &Comm) -> Result<Option<Vec<f64>>> {
     let hosts = comm.hosts;
     let n = comm.nranks;
     let home = hosts.host_of(0);
@@ -226,66 +303,101 @@ fn calibrate_levels(comm: &Comm) -> Result<Model> {
         None => None,
     };
     let inter = probe(comm, inter_peer, &INTER_SIZES)?;
-    let mut params = Scratch::new(PARAMS * 8);
+    if comm.rank != 0 {
+        return Ok(None);
+    }
+    let inter = inter.ok_or_else(|| Error::Internal("calibration: no samples".into()))?;
+    let e = tune::fit_link(&inter, comm.model.eager_bytes);
+    let i = intra.map(|s| tune::fit_link(&s, comm.model.intra.eager_bytes));
+    let g = tune::quantize(gamma_us_per_byte()?);
+    let has_intra = if i.is_some() { 1.0 } else { 0.0 };
+    let i = i.unwrap_or(comm.model.intra);
+    Ok(Some(vec![
+        e.alpha_us,
+        e.beta_us_per_byte,
+        e.o_us,
+        i.alpha_us,
+        i.beta_us_per_byte,
+        i.o_us,
+        g,
+        has_intra,
+    ]))
+}
+
+/// Values rank 0 broadcasts: on one host alpha, beta, gamma, then zeros; on several
+/// (`calibrate_levels`) inter alpha, beta, o; intra alpha, beta, o; gamma; whether intra was
+/// measured.
+const PARAMS: usize = 8;
+
+/// What `Comm::calibrate` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Calibrated {
+    /// Nothing to measure: one rank, a configured model, or a forced algorithm.
+    Skipped,
+    /// Every rank took part in a measurement; rank 0 kept its result (`cache`).
+    Measured,
+    /// Rank 0 had kept the parameters of an earlier communicator over the same topology.
+    Kept,
+}
+
+/// Broadcast rank 0's `params` (`PARAMS` values, or None) to every rank: the parameters, or
+/// None where rank 0 had none. The other ranks' `params` are ignored.
+fn share(comm: &Comm, params: Option<Vec<f64>>) -> Result<Option<Vec<f64>>> {
+    let len = (PARAMS + 1) * 8;
+    let mut send = Scratch::new(len);
     if comm.rank == 0 {
-        let inter = inter.ok_or_else(|| Error::Internal("calibration: no samples".into()))?;
-        let e = tune::fit_link(&inter, comm.model.eager_bytes);
-        let i = intra.map(|s| tune::fit_link(&s, comm.model.intra.eager_bytes));
-        let g = tune::quantize(gamma_us_per_byte()?);
-        let has_intra = if i.is_some() { 1.0 } else { 0.0 };
-        let i = i.unwrap_or(comm.model.intra);
-        let v = [
-            e.alpha_us,
-            e.beta_us_per_byte,
-            e.o_us,
-            i.alpha_us,
-            i.beta_us_per_byte,
-            i.o_us,
-            g,
-            has_intra,
-        ];
-        for (k, x) in v.iter().enumerate() {
-            params.bytes_mut()[k * 8..k * 8 + 8].copy_from_slice(&x.to_le_bytes());
+        if let Some(p) = params.filter(|p| p.len() == PARAMS) {
+            let v = std::iter::once(1.0).chain(p);
+            for (k, x) in v.enumerate() {
+                send.bytes_mut()[k * 8..k * 8 + 8].copy_from_slice(&x.to_le_bytes());
+            }
         }
     }
-    let (_, params) = comm.run_owned(
+    let (_, got) = comm.run_owned(
         Kind::Coll(Collective::Broadcast),
-        (params, Scratch::new(PARAMS * 8)),
-        PARAMS * 8,
+        (send, Scratch::new(len)),
+        len,
         DataType::Uint8,
         Algorithm::Ring,
     )?;
-    let v = params.bytes();
-    let f = |i: usize| f64::from_le_bytes(v[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-    let link = |k: usize, eager_bytes: usize| tune::Link {
-        alpha_us: f(k),
-        beta_us_per_byte: f(k + 1),
-        o_us: f(k + 2),
-        eager_bytes,
+    let v: Vec<f64> = got
+        .bytes()
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    Ok((v[0] > 0.0).then(|| v[1..].to_vec()))
+}
+
+/// Log the calibrated model `m` of `n` ranks on `hosts` (`spans`: the two-level one).
+fn log_model(m: &Model, n: usize, hosts: Hosts, spans: bool, how: Calibrated) {
+    let how = if how == Calibrated::Kept {
+        " (kept from an earlier communicator over the same topology)"
+    } else {
+        ""
     };
-    let inter = link(0, comm.model.eager_bytes);
-    let intra = (f(7) > 0.0).then(|| link(3, comm.model.intra.eager_bytes));
-    let m = comm.model.with_measured_levels(intra, inter, f(6));
     let gbps = |b: f64| 1.0 / (b * 1e3);
+    if !spans {
+        log::info!(
+            "calibration on {n} ranks: alpha {:.2} us, beta {:.3} GB/s, gamma {:.2} GB/s{how}",
+            m.alpha_us,
+            gbps(m.beta_us_per_byte),
+            gbps(m.gamma_us_per_byte)
+        );
+        return;
+    }
     let (i, e) = (m.intra, m.inter());
     log::info!(
-        "calibration on {n} ranks, hosts of {:?} ranks: intra alpha {:.2} us, beta {:.3} GB/s, o {:.2} us{}; inter alpha {:.2} us, beta {:.3} GB/s, o {:.2} us; gamma {:.2} GB/s",
+        "calibration on {n} ranks, hosts of {:?} ranks: intra alpha {:.2} us, beta {:.3} GB/s, o {:.2} us; inter alpha {:.2} us, beta {:.3} GB/s, o {:.2} us; gamma {:.2} GB/s{how}",
         hosts.sizes(n),
         i.alpha_us,
         gbps(i.beta_us_per_byte),
         i.o_us,
-        if intra.is_some() { "" } else { " (not measured: one rank per host)" },
         e.alpha_us,
         gbps(e.beta_us_per_byte),
         e.o_us,
         gbps(m.gamma_us_per_byte)
     );
-    Ok(m)
 }
-
-/// Values broadcast by `calibrate_levels`: inter alpha, beta, o; intra alpha, beta, o; gamma;
-/// whether intra was measured.
-const PARAMS: usize = 8;
 
 /// Gamma (us per byte): the best of 3 local reductions of 1 MiB of floats.
 fn gamma_us_per_byte() -> Result<f64> {

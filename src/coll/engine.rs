@@ -1,13 +1,13 @@
 //! The request table of a communicator (`Engine`) and the per-call paths over it: prepare a
 //! call's executor (cached schedules and plans, the spare executor), start it, poll progress,
 //! test and wait, and run a blocking collective, over the direct channel where it fits.
-use super::call::{Call, Kind, RequestId};
+use super::call::{algo_arg, Call, Kind, RequestId};
 use super::choice::ChoiceKey;
 use super::notify::Notified;
 use super::Comm;
 use crate::algo::{self, Algorithm, Options, Problem, Schedule};
 use crate::error::{Error, Result};
-use crate::exec::{Args, BufPool, Exec, Idle, Job, Plan, Tags};
+use crate::exec::{p2p_key, Args, BufPool, Exec, Idle, Job, Plan, Tags, MAX_TAG};
 use crate::transport::{Completion, Peer, Scratch, Transport};
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
@@ -39,6 +39,8 @@ pub(super) struct Engine {
     seq: u32,
     p2p_send: Vec<u64>,
     p2p_recv: Vec<u64>,
+    /// Transfers per (sends, peer, tag) of the tagged ones (tag 0 counts in `p2p_send`/`p2p_recv`).
+    p2p_tagged: FxHashMap<(bool, usize, u32), u64>,
     /// Memory of failed collectives that operations may still touch.
     pub(super) graveyard: Vec<Scratch>,
     scratch: Vec<Completion>,
@@ -65,6 +67,7 @@ impl Engine {
             seq: 0,
             p2p_send: vec![0; nranks],
             p2p_recv: vec![0; nranks],
+            p2p_tagged: FxHashMap::default(),
             graveyard: Vec::new(),
             scratch: Vec::new(),
             cache: FxHashMap::default(),
@@ -97,22 +100,27 @@ impl Comm {
         }
         let schedule =
             Arc::new(algo::build(p, a, &o).map_err(|err| Error::InvalidArgument(err.to_string()))?);
+        let planned = self.planned(schedule, elem)?;
+        if e.cache.len() > 256 {
+            e.cache.clear();
+        }
+        e.cache.insert((p, a, o, elem), planned.clone());
+        Ok(planned)
+    }
+
+    /// This rank's plan of `schedule`, and whether it fits the direct channel.
+    fn planned(&self, schedule: Arc<Schedule>, elem: usize) -> Result<Planned> {
         let plan = Arc::new(Plan::new(&schedule, self.rank, elem)?);
         let direct = plan
             .message_peers
             .iter()
             .map(|&r| self.transport.direct_bytes(self.peers[r]))
             .all(|d| d > 0 && plan.max_message <= d);
-        let planned = Planned {
+        Ok(Planned {
             schedule,
             plan,
             direct,
-        };
-        if e.cache.len() > 256 {
-            e.cache.clear();
-        }
-        e.cache.insert((p, a, o, elem), planned.clone());
-        Ok(planned)
+        })
     }
 
     /// Start a call; returns its request.
@@ -129,15 +137,19 @@ impl Comm {
     /// direct channel (`Planned::direct`; never for point-to-point calls).
     fn prepare(&self, call: &Call, e: &mut Engine) -> Result<(Box<Exec>, u32, bool)> {
         let elem = call.dtype.size();
+        // Tags repeat after a few thousand collectives (`exec::MAX_IN_FLIGHT`).
+        if !matches!(
+            call.kind,
+            Kind::Send { .. } | Kind::Recv { .. } | Kind::Tagged { .. }
+        ) && e.execs.len() >= crate::exec::MAX_IN_FLIGHT
+        {
+            return Err(Error::InvalidUsage(format!(
+                "{} operations are in flight on this communicator, the most it takes: wait for some before starting more",
+                e.execs.len()
+            )));
+        }
         let (schedule, rank) = match call.kind {
             Kind::Coll(coll) | Kind::Window { coll, .. } => {
-                // Tags repeat after a few thousand collectives (`exec::MAX_IN_FLIGHT`).
-                if e.execs.len() >= crate::exec::MAX_IN_FLIGHT {
-                    return Err(Error::InvalidUsage(format!(
-                        "{} operations are in flight on this communicator, the most it takes: wait for some before starting more",
-                        e.execs.len()
-                    )));
-                }
                 let p = call.problem(coll, self.nranks)?;
                 let key = (p, elem, call.algo.or(*self.algo.lock()));
                 if !matches!(&e.last, Some((k, ..)) if *k == key) {
@@ -154,7 +166,26 @@ impl Comm {
                 };
                 (Some((prep, *a, planned.direct)), self.rank)
             }
+            Kind::Varied(l) => {
+                // Built for this rank only and not cached: the counts make each call its own.
+                let spec = call.varied_spec(&l, self.nranks, self.rank)?;
+                let s =
+                    algo::varied::schedule(self.nranks, &[(self.rank, &spec)]).map_err(algo_arg)?;
+                let planned = self.planned(Arc::new(s), elem)?;
+                let (a, d) = (planned.schedule.algo, planned.direct);
+                (Some((Prep::Fresh(planned), a, d)), self.rank)
+            }
             Kind::Send { peer } | Kind::Recv { peer } => {
+                call.check_p2p(peer, self.nranks)?;
+                (None, self.rank)
+            }
+            Kind::Tagged { peer, tag, .. } => {
+                if tag > MAX_TAG {
+                    return Err(Error::arg(
+                        "tag",
+                        format!("{tag} is above FABRICOLL_MAX_TAG ({MAX_TAG})"),
+                    ));
+                }
                 call.check_p2p(peer, self.nranks)?;
                 (None, self.rank)
             }
@@ -202,42 +233,35 @@ impl Comm {
                     )?,
                 }
             }
-            (None, Kind::Send { peer }) => {
-                let k = e.p2p_send[peer];
-                e.p2p_send[peer] += 1;
+            (None, kind) => {
+                let (send, peer, tag) = match kind {
+                    Kind::Send { peer } => (true, peer, 0),
+                    Kind::Recv { peer } => (false, peer, 0),
+                    Kind::Tagged { send, peer, tag } => (send, peer, tag),
+                    _ => unreachable!("collectives have schedules"),
+                };
+                let c = if tag != 0 {
+                    e.p2p_tagged.entry((send, peer, tag)).or_default()
+                } else if send {
+                    &mut e.p2p_send[peer]
+                } else {
+                    &mut e.p2p_recv[peer]
+                };
+                let k = *c;
+                *c += 1;
                 Exec::p2p(
-                    true,
+                    send,
                     self.rank,
                     peer,
                     self.nranks,
-                    call.send,
+                    if send { call.send } else { call.recv },
                     call.count,
                     call.dtype,
-                    k,
+                    p2p_key(tag, k),
                     self.timeout,
                     id,
                     &mut e.pool,
                 )?
-            }
-            (None, Kind::Recv { peer }) => {
-                let k = e.p2p_recv[peer];
-                e.p2p_recv[peer] += 1;
-                Exec::p2p(
-                    false,
-                    self.rank,
-                    peer,
-                    self.nranks,
-                    call.recv,
-                    call.count,
-                    call.dtype,
-                    k,
-                    self.timeout,
-                    id,
-                    &mut e.pool,
-                )?
-            }
-            (None, Kind::Coll(_) | Kind::Window { .. }) => {
-                unreachable!("collectives have schedules")
             }
         };
         Ok((exec, id, direct))

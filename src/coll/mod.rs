@@ -25,6 +25,6 @@ pub mod placement;
 #[cfg(test)]
 mod tests;
 
-pub use call::{Call, Kind, RequestId};
+pub use call::{varied_bytes, Call, Kind, Layout, RequestId};
 pub use comm::{open_endpoint, open_endpoint_on, whole, Comm};
 pub use notify::Callback;

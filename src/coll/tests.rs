@@ -1,5 +1,7 @@
 //! Unit tests of the communicator: kept choices, placement-driven spinning, calls whose
-//! buffers cannot exist (F2), and the two-level model on several hosts (choice, calibration).
+//! buffers cannot exist (F2), the two-level model on several hosts (choice, calibration), and
+//! calibrations kept for later communicators over the same topology.
+use super::calibrate::Calibrated;
 use super::placement;
 use super::{Call, Comm, Kind};
 use crate::algo::{Algorithm, Collective, Hosts, Options, Problem};
@@ -198,19 +200,25 @@ fn counts_beyond_any_schedule_are_refused_naming_count() {
 /// `n` communicators over one loopback fabric, rank r's endpoint first in the returned list,
 /// made and run each on its own thread by `f`.
 fn on_threads<T: Send>(n: usize, f: impl Fn(Comm) -> T + Sync) -> Vec<T> {
+    on_threads_with(&Config::from_lookup(|_| None).unwrap(), n, f)
+}
+
+/// `on_threads` with the configuration `cfg`.
+fn on_threads_with<T: Send>(cfg: &Config, n: usize, f: impl Fn(Comm) -> T + Sync) -> Vec<T> {
     use crate::transport::loopback::LoopbackFabric;
-    let cfg = Config::from_lookup(|_| None).unwrap();
     let fab = LoopbackFabric::new();
     let eps: Vec<Arc<dyn Transport>> = (0..n)
         .map(|_| Arc::new(fab.endpoint()) as Arc<dyn Transport>)
         .collect();
     let addrs: Vec<Vec<u8>> = eps.iter().map(|e| e.address()).collect();
+    // The endpoints live until every rank has joined: a rank that returns at once (nothing
+    // to calibrate) must not drop its endpoint before the others have inserted it.
     std::thread::scope(|s| {
         let hs: Vec<_> = eps
-            .into_iter()
+            .iter()
             .enumerate()
             .map(|(r, ep)| {
-                let (addrs, cfg, f) = (&addrs, &cfg, &f);
+                let (addrs, f, ep) = (&addrs, &f, ep.clone());
                 s.spawn(move || f(Comm::new(r, ep, addrs, cfg).unwrap()))
             })
             .collect();
@@ -288,5 +296,126 @@ fn calibration_on_several_hosts_measures_each_level_and_every_rank_agrees() {
         ] {
             assert!(x.is_finite() && x > 0.0, "{m:?}");
         }
+    }
+}
+
+/// A configuration whose alpha is `alpha` (beta and gamma measured), and `more` variables: a
+/// fixed alpha no other test uses keys this test's calibrations apart from theirs in the
+/// process-wide cache (`calibrate::cache::Key`), since tests run at once in one process.
+fn keyed_config(alpha: &str, more: &[(&str, &str)]) -> Config {
+    Config::from_lookup(|k| {
+        if k == "FABRICOLL_ALPHA_US" {
+            return Some(alpha.to_string());
+        }
+        more.iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.to_string())
+    })
+    .unwrap()
+}
+
+/// Each rank's outcome, model and choice of a 64 KiB AllReduce, one communicator of `n`
+/// threads over `cfg` calibrated.
+fn calibrated(cfg: &Config, n: usize) -> Vec<(Calibrated, Model, Algorithm)> {
+    let p = Problem::new(Collective::AllReduce, n, 1 << 14);
+    on_threads_with(cfg, n, |mut c| {
+        let how = c.calibrate().unwrap();
+        let algo = c.choose(&p, 4, None).unwrap().0;
+        (how, c.model().clone(), algo)
+    })
+}
+
+#[test]
+fn two_communicators_over_the_same_ranks_calibrate_once_and_every_rank_agrees() {
+    let cfg = keyed_config("3.0625", &[("FABRICOLL_TIMEOUT_MS", "20000")]);
+    let first = calibrated(&cfg, 3);
+    let second = calibrated(&cfg, 3);
+    for (r, (a, b)) in first.iter().zip(&second).enumerate() {
+        assert_eq!(a.0, Calibrated::Measured, "rank {r}: the first measures");
+        assert_eq!(b.0, Calibrated::Kept, "rank {r}: the second takes rank 0's");
+        assert_eq!(a.1, first[0].1, "rank {r}: every rank has rank 0's model");
+        assert_eq!(
+            b.1, first[0].1,
+            "rank {r}: the kept model is the measured one"
+        );
+        assert_eq!(
+            (a.2, b.2),
+            (first[0].2, first[0].2),
+            "rank {r}: same choice"
+        );
+    }
+    assert_eq!(first[0].1.alpha_us, 3.0625, "the configured alpha stays");
+    // Another rank count is another topology: measured again.
+    assert!(calibrated(&cfg, 2)
+        .iter()
+        .all(|x| x.0 == Calibrated::Measured));
+}
+
+#[test]
+fn a_forced_algorithm_skips_calibration() {
+    for algo in ["ring", "mesh", "hier"] {
+        let cfg = keyed_config("3.1875", &[("FABRICOLL_ALGO", algo)]);
+        let base = Model::from_config(&cfg);
+        for (r, (how, m, _)) in calibrated(&cfg, 2).into_iter().enumerate() {
+            assert_eq!(how, Calibrated::Skipped, "{algo}, rank {r}");
+            assert_eq!(m, base, "{algo}, rank {r}: the configured model");
+        }
+    }
+}
+
+/// Over shm endpoints: a parent calibrated (or kept), split in two; each child has the
+/// parent's model and makes the same choices on all of its ranks.
+#[test]
+fn split_communicators_keep_the_parents_calibration_on_every_rank() {
+    let test = "split_communicators_keep_the_parents_calibration_on_every_rank";
+    let cfg = keyed_config("3.3125", &[("FABRICOLL_PROVIDER", "shm")]);
+    let eps: Vec<Arc<dyn Transport>> = match (0..4).map(|_| super::open_endpoint(&cfg)).collect() {
+        Ok(e) => e,
+        Err(e) => {
+            crate::testing::skip(test, &format!("no shm endpoint ({e})"));
+            return;
+        }
+    };
+    let addrs: Vec<Vec<u8>> = eps.iter().map(|e| e.address()).collect();
+    let p = Problem::new(Collective::AllReduce, 2, 1 << 14);
+    let got: Vec<(Model, Model, Algorithm)> = std::thread::scope(|s| {
+        let hs: Vec<_> = eps
+            .into_iter()
+            .enumerate()
+            .map(|(r, ep)| {
+                let (addrs, cfg, p) = (&addrs, &cfg, &p);
+                s.spawn(move || {
+                    let mut parent = Comm::new(r, ep, addrs, cfg).unwrap();
+                    parent.calibrate().unwrap();
+                    let child = parent
+                        .split((r % 2) as i32, r as i32, cfg)
+                        .unwrap()
+                        .expect("every rank has a colour");
+                    let algo = child.choose(p, 4, None).unwrap().0;
+                    (parent.model().clone(), child.model().clone(), algo)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, (parent, child, algo)) in got.iter().enumerate() {
+        assert_eq!(parent, &got[0].0, "rank {r}: rank 0's model");
+        assert_eq!(child, parent, "rank {r}: the child keeps it");
+        assert_eq!(*algo, got[0].2, "rank {r}: same choice in both children");
+    }
+}
+
+/// Creation with and without a kept calibration, printed as a figure (never asserted: the
+/// machine's load decides it). `cargo test --release --lib creation_time -- --nocapture`.
+#[test]
+fn creation_time_with_and_without_a_kept_calibration() {
+    let cfg = keyed_config("3.4375", &[]);
+    for round in 0..3 {
+        let t = std::time::Instant::now();
+        let how = calibrated(&cfg, 2)[0].0;
+        eprintln!(
+            "round {round}: 2 ranks over loopback, {how:?} in {:.2} ms",
+            t.elapsed().as_secs_f64() * 1e3
+        );
     }
 }

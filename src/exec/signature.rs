@@ -8,6 +8,7 @@
 //! them when the message is in: a message whose signature differs from the receiver's fails the
 //! collective at once with an error that says how the calls differ. When exactly one argument
 //! differs, the receiver finds which by hashing its own call with that argument changed.
+use crate::algo::varied::{Shape, Varied};
 use crate::algo::{Collective, Problem};
 use crate::error::Error;
 use crate::reduce::{DataType, RedOp};
@@ -27,6 +28,8 @@ pub struct Signature {
     pub dtype: DataType,
     pub op: RedOp,
     pub root: usize,
+    /// The varied collective and the hash of its counts (`algo::varied::Shape`).
+    pub shape: Option<Shape>,
 }
 
 /// Most roots tried when looking for the one argument that differs.
@@ -41,11 +44,15 @@ impl Signature {
             dtype,
             op,
             root: problem.root,
+            shape: problem.shape,
         }
     }
 
     fn rooted(&self) -> bool {
-        matches!(self.coll, Collective::Broadcast | Collective::Reduce)
+        match self.shape {
+            Some(s) => matches!(s.coll, Varied::Gather | Varied::Scatter),
+            None => matches!(self.coll, Collective::Broadcast | Collective::Reduce),
+        }
     }
 
     /// The signature's tag bits. The op counts only where the collective reduces and the root
@@ -61,6 +68,10 @@ impl Signature {
             u8::MAX
         });
         h.write_u64(if self.rooted() { self.root as u64 } else { 0 });
+        if let Some(s) = self.shape {
+            h.write_u8(s.coll as u8 + 1);
+            h.write_u64(s.hash);
+        }
         let x = h.finish();
         // Fold all 64 bits into the tag's 12, so that every field reaches them.
         (x ^ (x >> 12) ^ (x >> 24) ^ (x >> 36) ^ (x >> 48) ^ (x >> 60)) & SIG_MASK
@@ -74,7 +85,8 @@ impl Signature {
         let what = match self.differing(nranks, theirs) {
             Some(d) => format!("rank {peer} {d}"),
             None => format!(
-                "rank {peer}'s count or several of its arguments differ (signature {theirs:#05x}, this rank's {:#05x})",
+                "rank {peer}'s count{} or several of its arguments differ (signature {theirs:#05x}, this rank's {:#05x})",
+                if self.shape.is_some() { "s (or its collective)" } else { "" },
                 self.bits()
             ),
         };
@@ -84,7 +96,13 @@ impl Signature {
     }
 
     fn describe(&self) -> String {
-        let mut s = format!("{:?} of {} x {}", self.coll, self.count, self.dtype);
+        let mut s = match self.shape {
+            Some(v) => format!(
+                "{:?} of {} x {} in all (counts hash {:#x})",
+                v.coll, self.count, self.dtype, v.hash
+            ),
+            None => format!("{:?} of {} x {}", self.coll, self.count, self.dtype),
+        };
         if self.coll.reduces() {
             s += &format!(" with op {}", self.op);
         }
@@ -155,6 +173,7 @@ mod tests {
             dtype,
             op,
             root,
+            shape: None,
         }
     }
 

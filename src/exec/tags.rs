@@ -32,9 +32,26 @@ pub const MAX_IN_FLIGHT: usize = 8192;
 /// holds 16 bits, and its largest value is kept for notices (`notice::NOTICE_KEY`).
 pub const MAX_MESSAGES_PER_PEER: usize = (1 << 16) - 1;
 
-/// Wire tags of point-to-point messages: `kind:1 (0) | source rank:20 | sequence per pair:42`.
-pub fn p2p_tag(src: usize, seq: u64) -> u64 {
-    ((src as u64 & 0xf_ffff) << 42) | (seq & ((1 << 42) - 1))
+/// Wire tags of point-to-point messages: `kind:1 (0) | source rank:20 | key:42`, the key
+/// being `p2p_key` of the user's tag and the transfer's number among those of its pair and tag.
+pub fn p2p_tag(src: usize, key: u64) -> u64 {
+    ((src as u64 & 0xf_ffff) << 42) | (key & ((1 << 42) - 1))
+}
+
+/// The largest user tag of a point-to-point transfer (`FABRICOLL_MAX_TAG`).
+pub const MAX_TAG: u32 = (1 << TAG_BITS) - 1;
+
+/// Bits of the user tag in a point-to-point key; the other 22 number the transfers of one
+/// (pair, tag), so that at most `1 << 22` of them may be in flight at once before the numbers
+/// repeat.
+const TAG_BITS: u32 = 20;
+const P2P_SEQ_BITS: u32 = 42 - TAG_BITS;
+
+/// The key of transfer `seq` of `tag` (at most `MAX_TAG`) between two ranks: `tag:20 | seq:22`.
+/// Untagged transfers are tag 0, so they match tag-0 transfers of the other side.
+pub fn p2p_key(tag: u32, seq: u64) -> u64 {
+    debug_assert!(tag <= MAX_TAG);
+    ((tag as u64 & MAX_TAG as u64) << P2P_SEQ_BITS) | (seq & ((1 << P2P_SEQ_BITS) - 1))
 }
 
 /// Largest rank count the tags carry.
@@ -45,7 +62,8 @@ pub const MAX_RANKS: usize = 1 << 20;
 pub enum Tags {
     /// A collective: its sequence number on the communicator (the same on every rank).
     Coll(u32),
-    /// A point-to-point transfer: its number among the transfers between the two ranks.
+    /// A point-to-point transfer: its key (`p2p_key`: its tag and its number among the
+    /// transfers of that tag between the two ranks).
     P2p(u64),
 }
 
@@ -61,7 +79,9 @@ impl Exec {
 
 #[cfg(test)]
 mod tests {
-    use super::{coll_tag, p2p_tag, MAX_IN_FLIGHT, MAX_MESSAGES_PER_PEER, MAX_RANKS};
+    use super::{
+        coll_tag, p2p_key, p2p_tag, MAX_IN_FLIGHT, MAX_MESSAGES_PER_PEER, MAX_RANKS, MAX_TAG,
+    };
     use crate::exec::signature::{SIG_BITS, SIG_MASK};
 
     #[test]
@@ -91,5 +111,23 @@ mod tests {
         }
         assert_ne!(coll_tag(1, 2, 3, 0), coll_tag(2, 2, 3, 0));
         assert_ne!(p2p_tag(1, 9), p2p_tag(2, 9));
+    }
+
+    #[test]
+    fn point_to_point_keys_keep_tags_and_sequences_apart() {
+        assert_eq!(MAX_TAG, (1 << 20) - 1);
+        // Untagged transfers keep their old keys (tag 0).
+        assert_eq!(p2p_key(0, 5), 5);
+        let mut seen = std::collections::HashSet::new();
+        for tag in [0, 1, 7, MAX_TAG] {
+            for seq in [0, 1, (1 << 22) - 1] {
+                let t = p2p_tag(3, p2p_key(tag, seq));
+                assert!(t < 1 << crate::transport::TAG_BITS);
+                assert_eq!(t >> 42, 3, "source rank");
+                assert!(seen.insert(t), "tag {tag} seq {seq}");
+            }
+        }
+        // Sequences wrap inside their tag, never into the next tag.
+        assert_eq!(p2p_key(7, 1 << 22), p2p_key(7, 0));
     }
 }

@@ -166,8 +166,25 @@ unsafe fn regions(
     ))
 }
 
+/// Arguments as C passes them, checked into a [`Call`] on a communicator: [`Args`], and the
+/// varied collectives' and tagged transfers' (`varied`), so that every call takes the one
+/// [`blocking`] and [`nonblocking`] path.
+pub(super) trait ToCall {
+    fn call(&self, comm: &Comm) -> Result<Call>;
+}
+
+impl ToCall for Args {
+    fn call(&self, comm: &Comm) -> Result<Call> {
+        Args::call(self, comm)
+    }
+}
+
 /// Run the call to completion.
-fn blocking(what: &'static str, comm: *mut fabricoll_comm, a: Args) -> fabricoll_status {
+pub(super) fn blocking(
+    what: &'static str,
+    comm: *mut fabricoll_comm,
+    a: impl ToCall,
+) -> fabricoll_status {
     boundary(what, || {
         let c = comm_of(comm)?;
         c.comm.run(&a.call(&c.comm)?)
@@ -175,16 +192,20 @@ fn blocking(what: &'static str, comm: *mut fabricoll_comm, a: Args) -> fabricoll
 }
 
 /// Start the call; `*request` (NULL on failure) completes through test / wait.
-fn nonblocking(
+pub(super) fn nonblocking(
     what: &'static str,
     comm: *mut fabricoll_comm,
-    a: Args,
+    a: impl ToCall,
     request: *mut *mut fabricoll_request,
 ) -> fabricoll_status {
     boundary(what, || start(comm, &a, request))
 }
 
-fn start(comm: *mut fabricoll_comm, a: &Args, request: *mut *mut fabricoll_request) -> Result<()> {
+fn start(
+    comm: *mut fabricoll_comm,
+    a: &impl ToCall,
+    request: *mut *mut fabricoll_request,
+) -> Result<()> {
     let req = out(request, "request")?;
     req.set(std::ptr::null_mut());
     let c = comm_of(comm)?;

@@ -8,18 +8,21 @@
 //! Handles are looked up in tables, never dereferenced: a stale or garbage pointer is an error.
 //!
 //! Files: `types` (status and enums, structs), `handles` (the tables of communicators and
-//! requests), `comm` (a communicator's life), `collectives` (the calls, test and wait), `notify` (completion callbacks); this
-//! file holds the last error and the static strings.
+//! requests), `comm` (a communicator's life), `collectives` (the calls, test and wait),
+//! `varied` (gather, scatter, barrier, the uneven-count collectives, tagged send/recv), `notify`
+//! (completion callbacks); this file holds the last error and the static strings.
 pub mod collectives;
 pub mod comm;
 mod handles;
 pub mod notify;
 pub mod types;
+pub mod varied;
 
 pub use collectives::*;
 pub use comm::*;
 pub use notify::*;
 pub use types::*;
+pub use varied::*;
 
 use super::boundary::AbiReturn;
 use super::Out;
