@@ -69,8 +69,15 @@ def check_async(ck, rank, ws, seed):
         got = fut.wait()
         common.same(t, total, ws == 2, "async all_reduce", ws)
         common.same(got, total * 2 + 1, ws == 2, "then() chain", ws)
+
+    def completed():
+        t = xs[rank].clone()
+        work = dist.all_reduce(t, async_op=True)
         work.wait()
-        assert work.is_completed(), "a waited Work is not completed"
+        # (torch hands the caller a wrapper of a Python backend's Work that forwards only
+        # wait() and get_future(): a backend must complete that wrapper itself)
+        assert work.is_completed(), "Work.is_completed() is False after Work.wait() returned"
+        assert work.is_success(), "Work.is_success() is False after Work.wait() returned"
 
     def many_in_flight():
         ts = [xs[rank].clone() * (i + 1) for i in range(8)]
@@ -88,6 +95,7 @@ def check_async(ck, rank, ws, seed):
         common.same(t, total, ws == 2, "future-only all_reduce", ws)
 
     ck.run("async_op future then() chain", futures)
+    ck.run("Work.is_completed() after wait()", completed)
     ck.run("8 async all_reduce in flight, wait_all", many_in_flight)
     ck.run("future completes without Work.wait", future_only)
 
