@@ -6,6 +6,7 @@ grouped by the reason it gave (a skip's reason, or the last line of the failure)
 """
 import collections
 import json
+import re
 import sys
 
 
@@ -14,11 +15,15 @@ def load(path):
         return json.load(f)
 
 
+EXC = re.compile(r"^(\w+\.)*[A-Z]\w*: \S")  # "AssertionError: ...", "pkg.mod.Unsupported: ..."
+
+
 def reason(why):
+    """The line that says why: the last exception line of a failure, else the last line."""
     lines = [ln.strip() for ln in why.strip().splitlines() if ln.strip()]
-    # a spawned rank's failure ends with the parent's summary; the cause is the last exception
+    # a spawned rank's failure ends with the parent's advice; the cause is the last exception
     for ln in reversed(lines):
-        if "Error" in ln or "Exception" in ln or "assert" in ln.lower():
+        if EXC.match(ln):
             return ln[:240]
     return (lines[-1] if lines else "")[:240]
 

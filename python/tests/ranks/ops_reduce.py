@@ -232,7 +232,17 @@ def check_coalesced(ck, gloo, rank, ws, seed):
             common.same(o, full[rank * n:(rank + 1) * n], ws == 2,
                         "coalesced reduce_scatter_tensor", ws)
 
+    def all_gather_coalesced():
+        ins = [common.gen(torch.int32, s, rank, seed + 50 + i) for i, s in enumerate(shapes)]
+        outs = [[torch.empty(s, dtype=torch.int32) for s in shapes] for _ in range(ws)]
+        dist.all_gather_coalesced(outs, ins)  # outs[r][i]: rank r's tensor i
+        for r in range(ws):
+            for i, s in enumerate(shapes):
+                common.same(outs[r][i], common.gen(torch.int32, s, r, seed + 50 + i), True,
+                            f"all_gather_coalesced rank {r} tensor {i}")
+
     ck.run("all_reduce_coalesced", all_reduce_coalesced)
+    ck.run("all_gather_coalesced", all_gather_coalesced)
     ck.run("coalescing manager all_reduce", manager_all_reduce)
     ck.run("coalescing manager all_gather_into_tensor", manager_all_gather)
     ck.run("coalescing manager reduce_scatter_tensor", manager_reduce_scatter)
