@@ -61,6 +61,7 @@ fn main() {
     println!("cargo:rustc-link-lib=dylib=fabric");
 
     generate_c_collectives(&out);
+    generate_c_varied(&out);
     generate_header(&out);
 
     // NCCL dlcloses and re-opens net plugins: keep our statics and threads alive (-z nodelete),
@@ -132,54 +133,134 @@ fn generate_c_collectives(out: &std::path::Path) {
          // collective exports. Edit the table there, not this file.\n",
     );
     for (name, doc, rest, args) in COLLS {
-        let params: String = rest
+        let params: String = [("sendbuf", "*const c_void"), ("recvbuf", "*mut c_void")]
+            .iter()
+            .chain(rest.iter())
+            .map(|(n, t)| format!("    {n}: {t},\n"))
+            .collect();
+        src += &export_pair(name, doc, &nb_doc(name), &params, args);
+    }
+    for (name, doc, buf_ty, sends) in P2P {
+        let params = format!(
+            "    buf: {buf_ty},\n    count: usize,\n    datatype: c_int,\n    peer: c_int,\n"
+        );
+        let args = format!("Args::p2p({sends}, buf as *mut c_void, count, datatype, peer)");
+        src += &export_pair(
+            name,
+            doc,
+            &format!("Non-blocking fabricoll_{name}."),
+            &params,
+            &args,
+        );
+    }
+    std::fs::write(out.join("c_api_collectives.rs"), src).expect("write c_api_collectives.rs");
+}
+
+/// The C API's gather, scatter, barrier, uneven-count and tagged exports, blocking and
+/// non-blocking, from one table into OUT_DIR (`include!`d by src/ffi/api/varied.rs), as
+/// `generate_c_collectives` does for the others.
+fn generate_c_varied(out: &std::path::Path) {
+    type Params = &'static [(&'static str, &'static str)];
+    const SEND: (&str, &str) = ("sendbuf", "*const c_void");
+    const RECV: (&str, &str) = ("recvbuf", "*mut c_void");
+    const DT: (&str, &str) = ("datatype", "c_int");
+    // (name, doc, every argument before `comm`, how they build the call's arguments)
+    const CALLS: &[(&str, &str, Params, &str)] = &[
+        (
+            "gather",
+            "Every rank's sendbuf (sendcount elements) lands in rank order in the root's recvbuf (nranks x sendcount; written on the root only, may be NULL elsewhere).",
+            &[SEND, RECV, ("sendcount", "usize"), DT, ("root", "c_int")],
+            "VArgs::rooted(false, sendbuf, recvbuf, sendcount, datatype, root)",
+        ),
+        (
+            "scatter",
+            "Block i (recvcount elements) of the root's sendbuf (nranks x recvcount; read on the root only, may be NULL elsewhere) lands in rank i's recvbuf.",
+            &[SEND, RECV, ("recvcount", "usize"), DT, ("root", "c_int")],
+            "VArgs::rooted(true, sendbuf, recvbuf, recvcount, datatype, root)",
+        ),
+        (
+            "barrier",
+            "Completes once every rank has called it.",
+            &[],
+            "VArgs::new(Varied::Barrier, std::ptr::null(), std::ptr::null_mut(), 0)",
+        ),
+        (
+            "allgatherv",
+            "recvbuf + displs[i] (recvcounts[i] elements) = rank i's sendbuf; sendcount must equal recvcounts[rank]. recvcounts (nranks values, the same on every rank) must not be NULL; displs NULL packs the blocks in rank order. The arrays are read before the call returns.",
+            &[SEND, ("sendcount", "usize"), RECV, ("recvcounts", "*const usize"), ("displs", "*const usize"), DT],
+            "VArgs::allgatherv(sendbuf, sendcount, recvbuf, recvcounts, displs, datatype)",
+        ),
+        (
+            "reducescatterv",
+            "recvbuf (recvcounts[rank] elements) = block `rank` of the reduction of every rank's sendbuf, whose blocks are recvcounts[0..nranks] packed. recvcounts (the same on every rank) must not be NULL; it is read before the call returns.",
+            &[SEND, RECV, ("recvcounts", "*const usize"), DT, ("op", "c_int")],
+            "VArgs::reducescatterv(sendbuf, recvbuf, recvcounts, datatype, op)",
+        ),
+        (
+            "alltoallv",
+            "sendbuf + sdispls[j] (sendcounts[j] elements) goes to rank j, landing at its recvbuf + rdispls[i] (recvcounts[i]) for this rank i. The counts arrays must not be NULL; a NULL displacements array packs its blocks in rank order. The arrays are read before the call returns.",
+            &[SEND, ("sendcounts", "*const usize"), ("sdispls", "*const usize"), RECV, ("recvcounts", "*const usize"), ("rdispls", "*const usize"), DT],
+            "VArgs::alltoallv([sendcounts, sdispls, recvcounts, rdispls], sendbuf, recvbuf, datatype)",
+        ),
+        (
+            "send_tagged",
+            "Send count elements to `peer` with `tag` (0 ..= FABRICOLL_MAX_TAG), matched in order with its receives of that tag from this rank (fabricoll_send is tag 0).",
+            &[("buf", "*const c_void"), ("count", "usize"), DT, ("peer", "c_int"), ("tag", "c_int")],
+            "Tagged { send: true, buf: buf as *mut c_void, count, datatype, peer, tag }",
+        ),
+        (
+            "recv_tagged",
+            "Receive count elements from `peer` with `tag` (fabricoll_recv is tag 0).",
+            &[("buf", "*mut c_void"), ("count", "usize"), DT, ("peer", "c_int"), ("tag", "c_int")],
+            "Tagged { send: false, buf, count, datatype, peer, tag }",
+        ),
+    ];
+    let mut src = String::from(
+        "// Generated by build.rs (generate_c_varied): the C API's gather, scatter, barrier,\n\
+         // uneven-count and tagged exports. Edit the table there, not this file.\n",
+    );
+    for (name, doc, params, args) in CALLS {
+        let params: String = params
             .iter()
             .map(|(n, t)| format!("    {n}: {t},\n"))
             .collect();
-        for nb in [false, true] {
-            let (export, doc, tail, call) = if nb {
-                (
-                    format!("fabricoll_i{name}"),
-                    format!("Non-blocking fabricoll_{name}: `*request` completes through fabricoll_test / fabricoll_wait."),
-                    "    request: *mut *mut fabricoll_request,\n",
-                    format!("nonblocking(\"fabricoll_i{name}\", comm, a, request)"),
-                )
-            } else {
-                (
-                    format!("fabricoll_{name}"),
-                    doc.to_string(),
-                    "",
-                    format!("blocking(\"fabricoll_{name}\", comm, a)"),
-                )
-            };
-            src += &format!(
-                "\n/// {doc}\n#[no_mangle]\npub extern \"C\" fn {export}(\n    sendbuf: *const c_void,\n    recvbuf: *mut c_void,\n{params}    comm: *mut fabricoll_comm,\n{tail}) -> fabricoll_status {{\n    let a = {args};\n    {call}\n}}\n"
-            );
-        }
+        src += &export_pair(name, doc, &nb_doc(name), &params, args);
     }
-    for (name, doc, buf_ty, sends) in P2P {
-        for nb in [false, true] {
-            let (export, doc, tail, call) = if nb {
-                (
-                    format!("fabricoll_i{name}"),
-                    format!("Non-blocking fabricoll_{name}."),
-                    "    request: *mut *mut fabricoll_request,\n",
-                    format!("nonblocking(\"fabricoll_i{name}\", comm, a, request)"),
-                )
-            } else {
-                (
-                    format!("fabricoll_{name}"),
-                    doc.to_string(),
-                    "",
-                    format!("blocking(\"fabricoll_{name}\", comm, a)"),
-                )
-            };
-            src += &format!(
-                "\n/// {doc}\n#[no_mangle]\npub extern \"C\" fn {export}(\n    buf: {buf_ty},\n    count: usize,\n    datatype: c_int,\n    peer: c_int,\n    comm: *mut fabricoll_comm,\n{tail}) -> fabricoll_status {{\n    let a = Args::p2p({sends}, buf as *mut c_void, count, datatype, peer);\n    {call}\n}}\n"
-            );
-        }
+    std::fs::write(out.join("c_api_varied.rs"), src).expect("write c_api_varied.rs");
+}
+
+/// The doc of a non-blocking export.
+fn nb_doc(name: &str) -> String {
+    format!(
+        "Non-blocking fabricoll_{name}: `*request` completes through fabricoll_test / fabricoll_wait."
+    )
+}
+
+/// The export `fabricoll_{name}` and its non-blocking twin `fabricoll_i{name}`: `params` are
+/// the arguments before `comm` (one a line), `args` makes the call's arguments `a` from them.
+fn export_pair(name: &str, doc: &str, nb_doc: &str, params: &str, args: &str) -> String {
+    let mut src = String::new();
+    for nb in [false, true] {
+        let (export, doc, tail, call) = if nb {
+            (
+                format!("fabricoll_i{name}"),
+                nb_doc,
+                "    request: *mut *mut fabricoll_request,\n",
+                format!("nonblocking(\"fabricoll_i{name}\", comm, a, request)"),
+            )
+        } else {
+            (
+                format!("fabricoll_{name}"),
+                doc,
+                "",
+                format!("blocking(\"fabricoll_{name}\", comm, a)"),
+            )
+        };
+        src += &format!(
+            "\n/// {doc}\n#[no_mangle]\npub extern \"C\" fn {export}(\n{params}    comm: *mut fabricoll_comm,\n{tail}) -> fabricoll_status {{\n    let a = {args};\n    {call}\n}}\n"
+        );
     }
-    std::fs::write(out.join("c_api_collectives.rs"), src).expect("write c_api_collectives.rs");
+    src
 }
 
 fn generate_header(out: &std::path::Path) {
@@ -195,6 +276,7 @@ fn generate_header(out: &std::path::Path) {
         .with_config(config)
         .with_src(PathBuf::from(&crate_dir).join("src/ffi/api/mod.rs"))
         .with_src(out.join("c_api_collectives.rs"))
+        .with_src(out.join("c_api_varied.rs"))
         .generate()
     {
         Ok(b) => {

@@ -67,6 +67,34 @@ fn reporter(tx: mpsc::Sender<Seen>, count: Arc<AtomicUsize>) -> Callback {
     })
 }
 
+/// Start a collective on `c` that its peer never joins, and notify it: the receiver of its
+/// callback's report, and the count of its calls.
+fn notify_lone(c: &Arc<Comm>, buf: &mut [f32; 4]) -> (mpsc::Receiver<Seen>, Arc<AtomicUsize>) {
+    let count = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = mpsc::channel();
+    let id = c.start(&allreduce(buf)).unwrap();
+    c.notify(id, reporter(tx, count.clone())).unwrap();
+    (rx, count)
+}
+
+/// Start an allreduce on both ranks and notify both; each rank's communicator and request.
+fn notify_both<'a>(
+    cs: &'a [Arc<Comm>],
+    bufs: &mut [[f32; 4]; 2],
+    tx: &mpsc::Sender<Seen>,
+    count: &Arc<AtomicUsize>,
+) -> Vec<(&'a Arc<Comm>, coll::RequestId)> {
+    let ids: Vec<_> = cs
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(c, b)| (c, c.start(&allreduce(b)).unwrap()))
+        .collect();
+    for (c, id) in &ids {
+        c.notify(*id, reporter(tx.clone(), count.clone())).unwrap();
+    }
+    ids
+}
+
 #[test]
 fn callback_runs_once_in_the_progress_thread_on_success() {
     let _serial = serial();
@@ -77,13 +105,7 @@ fn callback_runs_once_in_the_progress_thread_on_success() {
     let count = Arc::new(AtomicUsize::new(0));
     let (tx, rx) = mpsc::channel();
     for _round in 0..20 {
-        let ids: Vec<_> = cs
-            .iter()
-            .zip(bufs.iter_mut())
-            .map(|(c, b)| c.start(&allreduce(b)).unwrap())
-            .collect();
-        for (c, id) in cs.iter().zip(ids) {
-            c.notify(id, reporter(tx.clone(), count.clone())).unwrap();
+        for (c, id) in notify_both(&cs, &mut bufs, &tx, &count) {
             // The request is the library's now.
             assert!(c.test(id).is_err());
         }
@@ -118,11 +140,8 @@ fn a_lone_ranks_request_fails_within_the_timeout() {
         return;
     };
     let mut buf = [1.0f32; 4];
-    let count = Arc::new(AtomicUsize::new(0));
-    let (tx, rx) = mpsc::channel();
     let t0 = Instant::now();
-    let id = cs[0].start(&allreduce(&mut buf)).unwrap();
-    cs[0].notify(id, reporter(tx, count.clone())).unwrap();
+    let (rx, count) = notify_lone(&cs[0], &mut buf);
     let (r, name) = rx
         .recv_timeout(Duration::from_millis(u64::from(DEADLINE_MS) * 3))
         .expect("the callback within the timeout");
@@ -142,10 +161,7 @@ fn abort_fails_notified_requests() {
         return;
     };
     let mut buf = [1.0f32; 4];
-    let count = Arc::new(AtomicUsize::new(0));
-    let (tx, rx) = mpsc::channel();
-    let id = cs[0].start(&allreduce(&mut buf)).unwrap();
-    cs[0].notify(id, reporter(tx, count.clone())).unwrap();
+    let (rx, count) = notify_lone(&cs[0], &mut buf);
     cs[0].abort();
     let (r, _) = rx.recv_timeout(Duration::from_secs(2)).unwrap();
     assert!(r.unwrap_err().to_string().contains("aborted"));
@@ -196,11 +212,8 @@ fn dropping_the_communicator_fails_pending_notified_requests() {
         return;
     };
     let mut buf = [1.0f32; 4];
-    let count = Arc::new(AtomicUsize::new(0));
-    let (tx, rx) = mpsc::channel();
     let c = cs.remove(0);
-    let id = c.start(&allreduce(&mut buf)).unwrap();
-    c.notify(id, reporter(tx, count.clone())).unwrap();
+    let (rx, count) = notify_lone(&c, &mut buf);
     let weak = Arc::downgrade(&c);
     let t0 = Instant::now();
     drop(c);
@@ -241,14 +254,7 @@ fn the_progress_thread_sleeps_when_idle() {
     let mut bufs = [[1.0f32; 4], [2.0f32; 4]];
     let (tx, rx) = mpsc::channel();
     let count = Arc::new(AtomicUsize::new(0));
-    let ids: Vec<_> = cs
-        .iter()
-        .zip(bufs.iter_mut())
-        .map(|(c, b)| c.start(&allreduce(b)).unwrap())
-        .collect();
-    for (c, id) in cs.iter().zip(ids) {
-        c.notify(id, reporter(tx.clone(), count.clone())).unwrap();
-    }
+    notify_both(&cs, &mut bufs, &tx, &count);
     for _ in 0..2 {
         rx.recv_timeout(Duration::from_secs(10)).unwrap().0.unwrap();
     }
@@ -259,6 +265,7 @@ fn the_progress_thread_sleeps_when_idle() {
     std::thread::sleep(Duration::from_millis(500));
     let after = thread_ticks("fabricoll-progr").unwrap();
     // 500 ms of spinning would be about 50 ticks; a parked thread takes none.
+    println!("parked: {} ticks in 500 ms", after - before);
     assert!(after - before <= 2, "{} ticks while idle", after - before);
     // Pending but stalled (the peer never joins): the thread sleeps on the completion queue.
     let mut lone = [1.0f32; 4];
@@ -270,6 +277,7 @@ fn the_progress_thread_sleeps_when_idle() {
     let before = thread_ticks("fabricoll-progr").unwrap();
     std::thread::sleep(Duration::from_millis(500));
     let after = thread_ticks("fabricoll-progr").unwrap();
+    println!("stalled: {} ticks in 500 ms", after - before);
     assert!(
         after - before <= 15,
         "{} ticks while stalled",
@@ -279,8 +287,11 @@ fn the_progress_thread_sleeps_when_idle() {
     assert!(rx.recv_timeout(Duration::from_secs(2)).unwrap().0.is_err());
 }
 
-/// The figures of /work/notes: an 8-byte allreduce at 2 ranks, from start to the callback
-/// against start to `wait`'s return (run with `--ignored --nocapture`).
+/// The figures of /work/notes (run with `--ignored --nocapture`): an 8-byte allreduce at 2
+/// ranks, rank 1 blocking, rank 0 completing by `wait` or by `notify`. Per call: rank 0's
+/// start to its completion (wait's return, or the callback's first instruction), and the
+/// callback or return against the end of rank 1's call (the same clock: one process), whose
+/// last act was to see rank 0's message after sending its own.
 #[test]
 #[ignore]
 fn notify_latency() {
@@ -288,49 +299,61 @@ fn notify_latency() {
     let Some(cs) = comms("notify_latency", 2) else {
         return;
     };
-    const N: usize = 2000;
-    let mut by_mode = Vec::new();
+    const N: usize = 4000;
+    let us = |d: f64| d * 1e6;
     for mode in ["wait", "notify", "wait", "notify"] {
         let cs2 = cs.clone();
         let peer = std::thread::spawn(move || {
             let mut b = [1.0f32; 4];
-            for _ in 0..N {
-                cs2[1].run(&allreduce(&mut b)).unwrap();
-            }
+            (0..N)
+                .map(|_| {
+                    cs2[1].run(&allreduce(&mut b)).unwrap();
+                    Instant::now()
+                })
+                .collect::<Vec<_>>()
         });
         let mut b = [1.0f32; 4];
-        let mut t = Vec::with_capacity(N);
+        let mut ends = Vec::with_capacity(N);
+        let mut total = Vec::with_capacity(N);
         for _ in 0..N {
             let t0 = Instant::now();
             let id = cs[0].start(&allreduce(&mut b)).unwrap();
-            if mode == "wait" {
+            let at = if mode == "wait" {
                 cs[0].wait(id).unwrap();
+                Instant::now()
             } else {
                 let (tx, rx) = mpsc::sync_channel(1);
-                cs[0]
-                    .notify(
-                        id,
-                        Box::new(move |r| {
-                            let _ = tx.send((r, Instant::now()));
-                        }),
-                    )
-                    .unwrap();
+                let cb: Callback = Box::new(move |r| {
+                    let _ = tx.send((r, Instant::now()));
+                });
+                cs[0].notify(id, cb).unwrap();
                 let (r, at) = rx.recv().unwrap();
                 r.unwrap();
-                t.push(at - t0);
-                continue;
-            }
-            t.push(t0.elapsed());
+                at
+            };
+            total.push((at - t0).as_secs_f64());
+            ends.push(at);
         }
-        peer.join().unwrap();
-        t.sort();
-        by_mode.push((mode, t[N / 2], t[N * 9 / 10]));
-    }
-    for (m, med, p90) in by_mode {
+        let peer_ends = peer.join().unwrap();
+        let mut lag: Vec<f64> = ends
+            .iter()
+            .zip(&peer_ends)
+            .map(|(a, p)| {
+                if a >= p {
+                    (*a - *p).as_secs_f64()
+                } else {
+                    -(*p - *a).as_secs_f64()
+                }
+            })
+            .collect();
+        total.sort_by(f64::total_cmp);
+        lag.sort_by(f64::total_cmp);
         println!(
-            "{m}: median {:.1} us, p90 {:.1} us",
-            med.as_secs_f64() * 1e6,
-            p90.as_secs_f64() * 1e6
+            "{mode}: start to completion median {:.1} us (p90 {:.1}); after the peer's end median {:.1} us (p90 {:.1})",
+            us(total[N / 2]),
+            us(total[N * 9 / 10]),
+            us(lag[N / 2]),
+            us(lag[N * 9 / 10])
         );
     }
 }

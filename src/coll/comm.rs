@@ -233,7 +233,14 @@ impl Comm {
     pub fn abort(&self) {
         self.aborted.store(true, Ordering::SeqCst);
         let mut e = self.engine.lock();
-        let ids: Vec<u32> = e.execs.keys().copied().collect();
+        // Only the running ones: a request that ended keeps its status for test, wait or
+        // its notified callback.
+        let ids: Vec<u32> = e
+            .execs
+            .iter()
+            .filter(|(_, s)| matches!(s, ReqState::Running(_)))
+            .map(|(id, _)| *id)
+            .collect();
         for id in ids {
             if let Some(ReqState::Running(x)) = e.execs.remove(&id) {
                 let keep = x.fail(&*self.transport, &self.peers);
@@ -376,16 +383,19 @@ pub fn open_endpoint(cfg: &Config) -> Result<Arc<dyn Transport>> {
 /// fabrics (`tiered::Tiered`): that provider for ranks of this host, the network for the rest.
 pub fn open_endpoint_on(cfg: &Config, hint: usize) -> Result<Arc<dyn Transport>> {
     use crate::transport::fabric::FabricTransport;
-    let d = discovery(cfg)?;
+    let d = discovery(cfg).map_err(|e| named_provider(cfg, e))?;
     if d.devices.is_empty() {
-        return Err(Error::System(format!(
-            "no libfabric device (providers found: {})",
-            if d.providers.is_empty() {
-                "none".to_string()
-            } else {
-                d.providers.join(", ")
-            }
-        )));
+        return Err(named_provider(
+            cfg,
+            Error::System(format!(
+                "no libfabric device (providers found: {})",
+                if d.providers.is_empty() {
+                    "none".to_string()
+                } else {
+                    d.providers.join(", ")
+                }
+            )),
+        ));
     }
     let i = hint % d.devices.len();
     let dev = &d.devices[i];
@@ -407,10 +417,11 @@ pub fn open_endpoint_on(cfg: &Config, hint: usize) -> Result<Arc<dyn Transport>>
         ..cfg.clone()
     };
     let unavailable = |why: String| {
+        let var = cfg.intra_provider_var;
         Error::arg(
-            "FABRICOLL_INTRA_PROVIDER",
+            var,
             format!(
-                "{intra_name}: {why}; set FABRICOLL_INTRA_PROVIDER=same to use {} for every peer",
+                "{intra_name}: {why}; set {var}=same to use {} for every peer",
                 dev.caps.provider
             ),
         )
@@ -428,6 +439,17 @@ pub fn open_endpoint_on(cfg: &Config, hint: usize) -> Result<Arc<dyn Transport>>
         intra,
         inter,
     )?))
+}
+
+/// Where a communicator's options chose the provider (`Config::provider_var`), a failure to
+/// find it is an invalid argument naming that field; the environment's keeps its error.
+fn named_provider(cfg: &Config, e: Error) -> Error {
+    match &cfg.provider {
+        Some(p) if cfg.provider_var != "FABRICOLL_PROVIDER" => {
+            Error::arg(cfg.provider_var, format!("{p}: {e}"))
+        }
+        _ => e,
+    }
 }
 
 /// What discovery finds for the engines under `cfg`'s provider, domains and fastbox setting,

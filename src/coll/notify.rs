@@ -89,9 +89,12 @@ impl Comm {
                 callback(r);
             }
             None => {
+                // Started before the callback is taken: where it cannot start, the request
+                // stays the caller's.
+                self.notifier.start(self)?;
                 e.notified.insert(id, callback);
                 drop(e);
-                self.notifier.start(self)?;
+                self.notifier.wake();
             }
         }
         Ok(())
@@ -133,19 +136,27 @@ impl Comm {
     fn fail_notified(&self, e: &mut Engine, err: &Error) {
         let ids: Vec<u32> = e.notified.keys().copied().collect();
         for id in ids {
-            if let Some(ReqState::Running(x)) = e.execs.remove(&id) {
-                let keep = x.fail(&*self.transport, &self.peers);
-                e.graveyard.extend(keep);
-                e.execs.insert(id, ReqState::Failed(err.clone()));
-            }
+            self.fail_running(e, id, err);
+        }
+    }
+
+    /// Fail request `id` with `err` if it is still running (an ended one keeps its status).
+    fn fail_running(&self, e: &mut Engine, id: u32, err: &Error) {
+        if !matches!(e.execs.get(&id), Some(ReqState::Running(_))) {
+            return;
+        }
+        if let Some(ReqState::Running(x)) = e.execs.remove(&id) {
+            let keep = x.fail(&*self.transport, &self.peers);
+            e.graveyard.extend(keep);
+            e.execs.insert(id, ReqState::Failed(err.clone()));
         }
     }
 
     /// At drop: stop the progress thread and end the notified requests still pending (those
     /// still running fail: the communicator is gone).
-    pub(super) fn end_notified(&mut self) {
+    pub(super) fn end_notified(&self) {
         self.notifier.stop();
-        let e = self.engine.get_mut();
+        let mut e = self.engine.lock();
         if e.notified.is_empty() {
             return;
         }
@@ -155,16 +166,13 @@ impl Comm {
         let ids: Vec<u32> = e.notified.keys().copied().collect();
         let mut ready = Vec::with_capacity(ids.len());
         for id in ids {
-            if let Some(ReqState::Running(x)) = e.execs.remove(&id) {
-                let keep = x.fail(&*self.transport, &self.peers);
-                e.graveyard.extend(keep);
-                e.execs.insert(id, ReqState::Failed(gone.clone()));
-            }
-            let r = take_ended(e, id);
+            self.fail_running(&mut e, id, &gone);
+            let r = take_ended(&mut e, id);
             if let Some(cb) = e.notified.remove(&id) {
                 ready.push((cb, r));
             }
         }
+        drop(e);
         run_all(ready);
     }
 }
@@ -181,7 +189,7 @@ fn take_ended(e: &mut Engine, id: u32) -> Result<()> {
 }
 
 impl Notifier {
-    /// Wake the progress thread, starting it at the first call.
+    /// Start the progress thread, at the first call.
     fn start(&self, comm: &Arc<Comm>) -> Result<()> {
         let mut t = self.thread.lock();
         if t.is_none() {
@@ -193,10 +201,13 @@ impl Notifier {
                 .map_err(|e| Error::System(format!("cannot start the progress thread: {e}")))?;
             *t = Some(h);
         }
-        drop(t);
+        Ok(())
+    }
+
+    /// Tell the progress thread that a request was handed over.
+    fn wake(&self) {
         *self.shared.work.lock() = true;
         self.shared.wake.notify_one();
-        Ok(())
     }
 
     /// Stop the progress thread and join it, unless this is that thread (the communicator's
@@ -207,7 +218,8 @@ impl Notifier {
             let _w = self.shared.work.lock();
             self.shared.wake.notify_all();
         }
-        if let Some(h) = self.thread.lock().take() {
+        let handle = self.thread.lock().take();
+        if let Some(h) = handle {
             if h.thread().id() != std::thread::current().id() {
                 let _ = h.join();
             }
@@ -312,42 +324,35 @@ mod tests {
         }
     }
 
-    /// The thread starts at the first notify, completes the request once, and is joined
+    /// The thread starts at the first notify, reports an abort once, parks, and is joined
     /// when the communicator goes (nothing keeps the communicator alive).
     #[test]
     fn thread_starts_at_first_notify_and_ends_with_the_communicator() {
         let cs = pair();
         assert!(!cs[0].notifier.started());
-        let mut bufs = [[0u8; 8], [0u8; 8]];
-        bufs[0][..4].copy_from_slice(&3i32.to_ne_bytes());
-        bufs[1][..4].copy_from_slice(&4i32.to_ne_bytes());
+        let mut buf = [0u8; 8];
         let calls = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = std::sync::mpsc::channel();
-        let ids: Vec<_> = cs
-            .iter()
-            .zip(bufs.iter_mut())
-            .map(|(c, b)| c.start(&allreduce(b)).unwrap())
-            .collect();
-        for (c, id) in cs.iter().zip(ids) {
-            let (n, tx) = (calls.clone(), tx.clone());
-            c.notify(
-                id,
-                Box::new(move |r| {
-                    n.fetch_add(1, Ordering::SeqCst);
-                    tx.send(r.is_ok()).unwrap();
-                }),
-            )
-            .unwrap();
-        }
-        for _ in 0..2 {
-            assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap());
-        }
-        assert_eq!(calls.load(Ordering::SeqCst), 2);
-        for b in &bufs {
-            assert_eq!(i32::from_ne_bytes(b[4..].try_into().unwrap()), 7);
-        }
+        // Rank 1 never joins: the request stays pending until the abort.
+        let id = cs[0].start(&allreduce(&mut buf)).unwrap();
+        let n = calls.clone();
+        let cb: Callback = Box::new(move |r| {
+            n.fetch_add(1, Ordering::SeqCst);
+            tx.send(r.is_err()).unwrap();
+        });
+        cs[0].notify(id, cb).unwrap();
+        assert!(cs[0].notifier.started());
+        cs[0].abort();
+        assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap());
+        assert_eq!(cs[0].pending(), 0);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
         let weak = Arc::downgrade(&cs[0]);
         drop(cs);
+        // The thread lets go once the round that ran the callback ends.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while weak.upgrade().is_some() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         assert!(
             weak.upgrade().is_none(),
             "the thread holds no reference when parked"

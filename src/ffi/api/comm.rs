@@ -1,9 +1,10 @@
 //! The communicator's life: unique id, init, split, rank and size, algorithm, abort, destroy.
-use super::handles::{abort_comm, comm_of, destroy_comm, register_comm};
+use super::handles::{abort_comm, comm_of, destroy_comm, register_comm, register_comm_with};
 use super::types::{algo, fabricoll_comm, fabricoll_status, fabricoll_unique_id};
 use super::{config, out};
 use crate::coll::{bootstrap, launch, Comm};
-use crate::error::Error;
+use crate::config::Config;
+use crate::error::{Error, Result};
 use crate::ffi::arg_ref;
 use crate::ffi::boundary::boundary;
 use std::os::raw::{c_char, c_int};
@@ -15,15 +16,19 @@ use std::os::raw::{c_char, c_int};
 pub extern "C" fn fabricoll_get_unique_id(id: *mut fabricoll_unique_id) -> fabricoll_status {
     boundary("fabricoll_get_unique_id", || {
         let id = out(id, "id")?;
-        let cfg = config()?;
-        let u = bootstrap::new_unique_id(bootstrap::default_bind_ip(cfg), cfg.timeout)?;
-        let mut internal = [0 as c_char; 128];
-        for (d, s) in internal.iter_mut().zip(u.to_bytes()) {
-            *d = s as c_char;
-        }
-        id.set(fabricoll_unique_id { internal });
+        id.set(unique_id(config()?)?);
         Ok(())
     })
+}
+
+/// A new unique id, its root listening where `cfg` says.
+pub(super) fn unique_id(cfg: &Config) -> Result<fabricoll_unique_id> {
+    let u = bootstrap::new_unique_id(bootstrap::default_bind_ip(cfg), cfg.timeout)?;
+    let mut internal = [0 as c_char; 128];
+    for (d, s) in internal.iter_mut().zip(u.to_bytes()) {
+        *d = s as c_char;
+    }
+    Ok(fabricoll_unique_id { internal })
 }
 
 /// Create this rank's communicator (collective over all `nranks` ranks; blocks until every rank
@@ -39,24 +44,34 @@ pub unsafe extern "C" fn fabricoll_comm_init_rank(
     rank: c_int,
 ) -> fabricoll_status {
     boundary("fabricoll_comm_init_rank", || {
-        let comm = out(comm, "comm")?;
-        comm.set(std::ptr::null_mut());
-        // SAFETY: the C API documents `id` as NULL or a readable fabricoll_unique_id.
-        let id = unsafe { arg_ref(id, "id") }?;
-        let bytes: Vec<u8> = id.internal.iter().map(|c| *c as u8).collect();
-        let nr = usize::try_from(nranks)
-            .map_err(|_| Error::arg("nranks", format!("{nranks} is negative")))?;
-        let r =
-            usize::try_from(rank).map_err(|_| Error::arg("rank", format!("{rank} is negative")))?;
-        let c = Comm::init_rank(
-            nr,
-            &bootstrap::UniqueId::from_bytes(&bytes, "id")?,
-            r,
-            config()?,
-        )?;
-        comm.set(register_comm(c));
-        Ok(())
+        // SAFETY: the function's contract.
+        unsafe { init_rank(comm, nranks, id, rank, config()?) }
     })
+}
+
+/// `fabricoll_comm_init_rank` under `cfg`.
+///
+/// # Safety
+/// As `fabricoll_comm_init_rank`.
+pub(super) unsafe fn init_rank(
+    comm: *mut *mut fabricoll_comm,
+    nranks: c_int,
+    id: *const fabricoll_unique_id,
+    rank: c_int,
+    cfg: &Config,
+) -> Result<()> {
+    let comm = out(comm, "comm")?;
+    comm.set(std::ptr::null_mut());
+    // SAFETY: the C API documents `id` as NULL or a readable fabricoll_unique_id.
+    let id = unsafe { arg_ref(id, "id") }?;
+    let bytes: Vec<u8> = id.internal.iter().map(|c| *c as u8).collect();
+    let nr = usize::try_from(nranks)
+        .map_err(|_| Error::arg("nranks", format!("{nranks} is negative")))?;
+    let r = usize::try_from(rank).map_err(|_| Error::arg("rank", format!("{rank} is negative")))?;
+    let c = Comm::init_rank(nr, &bootstrap::UniqueId::from_bytes(&bytes, "id")?, r, cfg)?;
+    let own = (cfg != config()?).then(|| cfg.clone());
+    comm.set(register_comm_with(c, own));
+    Ok(())
 }
 
 /// Create this rank's communicator from the environment its launcher set: rank, rank count
@@ -111,7 +126,8 @@ pub extern "C" fn fabricoll_comm_abort(comm: *mut fabricoll_comm) -> fabricoll_s
 }
 
 /// Split by `color` (negative: this rank joins no new communicator, `*newcomm` is NULL),
-/// ranks ordered by `key` then old rank. Collective over `comm`.
+/// ranks ordered by `key` then old rank. Collective over `comm`. The new communicator has
+/// `comm`'s settings (those of its `fabricoll_config`, if it was made with one).
 #[no_mangle]
 pub extern "C" fn fabricoll_comm_split(
     comm: *mut fabricoll_comm,
@@ -122,8 +138,13 @@ pub extern "C" fn fabricoll_comm_split(
     boundary("fabricoll_comm_split", || {
         let newcomm = out(newcomm, "newcomm")?;
         newcomm.set(std::ptr::null_mut());
-        if let Some(c) = comm_of(comm)?.comm.split(color, key, config()?)? {
-            newcomm.set(register_comm(c));
+        let parent = comm_of(comm)?;
+        let cfg = match &parent.cfg {
+            Some(c) => c,
+            None => config()?,
+        };
+        if let Some(c) = parent.comm.split(color, key, cfg)? {
+            newcomm.set(register_comm_with(c, parent.cfg.clone()));
         }
         Ok(())
     })

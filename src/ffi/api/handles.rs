@@ -2,6 +2,7 @@
 //! a pointer to dereference, so a stale or garbage handle is an error naming the argument.
 use super::types::{fabricoll_comm, fabricoll_request};
 use crate::coll::{Callback, Comm, RequestId};
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::ffi::non_null;
 use crate::plugin::handles::HandleTable;
@@ -17,6 +18,9 @@ pub(super) struct CommEntry {
     /// Set by `fabricoll_comm_abort`: its requests then all report that, whatever state they
     /// reached, so the caller gets one answer on any number of ranks.
     aborted: AtomicBool,
+    /// The settings it was made with where they were not the environment's
+    /// (`fabricoll_comm_init_rank_config`): communicators split from it inherit them.
+    pub cfg: Option<Config>,
 }
 
 /// Low bits of a C API key: 0, so that handles look like aligned pointers.
@@ -51,9 +55,15 @@ pub(super) fn comm_of(p: *mut fabricoll_comm) -> Result<Arc<CommEntry>> {
 }
 
 pub(super) fn register_comm(c: Comm) -> *mut fabricoll_comm {
+    register_comm_with(c, None)
+}
+
+/// `register_comm` of a communicator made with `cfg` (None: the environment's settings).
+pub(super) fn register_comm_with(c: Comm, cfg: Option<Config>) -> *mut fabricoll_comm {
     let e = Arc::new(CommEntry {
         comm: Arc::new(c),
         aborted: AtomicBool::new(false),
+        cfg,
     });
     COMMS.lock().insert(TAG, e) as usize as *mut fabricoll_comm
 }
@@ -125,14 +135,20 @@ pub(super) fn wait_request(p: *mut fabricoll_request) -> Result<()> {
     r
 }
 
-/// Hand the request to its communicator's progress thread: `callback` runs once when it ends
-/// (at once, in this thread, if it already has), with the abort error where the communicator
-/// was aborted. The request is freed here; a bad request is an error that leaves it as it was.
-pub(super) fn notify_request(p: *mut fabricoll_request, callback: Callback) -> Result<()> {
-    let (k, c, id) = req_of(p)?;
-    let entry = Arc::downgrade(&c);
-    let cb: Callback = Box::new(move |r| {
-        // As test and wait do: after fabricoll_comm_abort every request reports the abort.
+/// Wait for request `id` of `c`, that no handle names (a group's call).
+pub(super) fn wait_pending(c: &CommEntry, id: RequestId) -> Result<()> {
+    unless_aborted(c, || c.comm.wait(id))
+}
+
+/// Hand request `id` of `c`, that no handle names (a group's call), to the progress thread.
+pub(super) fn notify_pending(c: &Arc<CommEntry>, id: RequestId, callback: Callback) -> Result<()> {
+    c.comm.notify(id, with_abort(c, callback))
+}
+
+/// `callback`, reporting the abort error where `c` was aborted (as test and wait do).
+fn with_abort(c: &Arc<CommEntry>, callback: Callback) -> Callback {
+    let entry = Arc::downgrade(c);
+    Box::new(move |r| {
         let aborted = entry
             .upgrade()
             .is_some_and(|e| e.aborted.load(Ordering::SeqCst));
@@ -141,8 +157,15 @@ pub(super) fn notify_request(p: *mut fabricoll_request, callback: Callback) -> R
         } else {
             r
         })
-    });
-    c.comm.notify(id, cb)?;
+    })
+}
+
+/// Hand the request to its communicator's progress thread: `callback` runs once when it ends
+/// (at once, in this thread, if it already has), with the abort error where the communicator
+/// was aborted. The request is freed here; a bad request is an error that leaves it as it was.
+pub(super) fn notify_request(p: *mut fabricoll_request, callback: Callback) -> Result<()> {
+    let (k, c, id) = req_of(p)?;
+    notify_pending(&c, id, callback)?;
     REQUESTS.lock().remove(k);
     Ok(())
 }

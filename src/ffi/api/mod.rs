@@ -2,17 +2,22 @@
 //!
 //! Ownership: `fabricoll_comm_init_rank` / `fabricoll_comm_split` create a communicator that
 //! `fabricoll_comm_destroy` frees; a non-blocking call creates a request that the `fabricoll_test`
-//! reporting completion (or an error), or `fabricoll_wait`, frees. Strings are static.
+//! reporting completion (or an error), or `fabricoll_wait`, frees, or that
+//! `fabricoll_request_notify` hands to the library (freed after its callback). Strings are
+//! static.
 //! Thread safety: every function may be called from any thread; calls on one communicator are
 //! serialised internally, and collectives must be issued in the same order on every rank.
 //! Handles are looked up in tables, never dereferenced: a stale or garbage pointer is an error.
 //!
 //! Files: `types` (status and enums, structs), `handles` (the tables of communicators and
-//! requests), `comm` (a communicator's life), `collectives` (the calls, test and wait),
-//! `varied` (gather, scatter, barrier, the uneven-count collectives, tagged send/recv), `notify`
-//! (completion callbacks); this file holds the last error and the static strings.
+//! requests), `comm` (a communicator's life), `config` (per-communicator options),
+//! `collectives` (the calls, test and wait), `varied` (gather, scatter, barrier, the
+//! uneven-count collectives, tagged send/recv), `group` (group calls), `notify` (completion
+//! callbacks); this file holds the last error and the static strings.
 pub mod collectives;
 pub mod comm;
+pub mod config;
+pub mod group;
 mod handles;
 pub mod notify;
 pub mod types;
@@ -20,6 +25,8 @@ pub mod varied;
 
 pub use collectives::*;
 pub use comm::*;
+pub use config::*;
+pub use group::*;
 pub use notify::*;
 pub use types::*;
 pub use varied::*;

@@ -65,6 +65,51 @@ impl VArgs {
             ..VArgs::new(coll, send, recv, datatype)
         }
     }
+
+    fn allgatherv(
+        send: *const c_void,
+        sendcount: usize,
+        recv: *mut c_void,
+        recvcounts: *const usize,
+        displs: *const usize,
+        datatype: c_int,
+    ) -> VArgs {
+        let none = (std::ptr::null(), "");
+        VArgs {
+            count: sendcount,
+            arrays: [(recvcounts, "recvcounts"), (displs, "displs"), none, none],
+            ..VArgs::new(Varied::AllGatherV, send, recv, datatype)
+        }
+    }
+
+    fn reducescatterv(
+        send: *const c_void,
+        recv: *mut c_void,
+        recvcounts: *const usize,
+        datatype: c_int,
+        op: c_int,
+    ) -> VArgs {
+        let none = (std::ptr::null(), "");
+        VArgs {
+            op,
+            arrays: [(recvcounts, "recvcounts"), none, none, none],
+            ..VArgs::new(Varied::ReduceScatterV, send, recv, datatype)
+        }
+    }
+
+    /// `arrays`: sendcounts, sdispls, recvcounts, rdispls.
+    fn alltoallv(
+        arrays: [*const usize; 4],
+        send: *const c_void,
+        recv: *mut c_void,
+        datatype: c_int,
+    ) -> VArgs {
+        let names = ["sendcounts", "sdispls", "recvcounts", "rdispls"];
+        VArgs {
+            arrays: [0, 1, 2, 3].map(|i| (arrays[i], names[i])),
+            ..VArgs::new(Varied::AllToAllV, send, recv, datatype)
+        }
+    }
 }
 
 impl ToCall for VArgs {
@@ -190,311 +235,5 @@ impl ToCall for Tagged {
     }
 }
 
-/// Every rank's sendbuf (sendcount elements) lands in rank order in the root's recvbuf
-/// (nranks x sendcount; written on the root only, may be NULL elsewhere).
-#[no_mangle]
-pub extern "C" fn fabricoll_gather(
-    sendbuf: *const c_void,
-    recvbuf: *mut c_void,
-    sendcount: usize,
-    datatype: c_int,
-    root: c_int,
-    comm: *mut fabricoll_comm,
-) -> fabricoll_status {
-    let a = VArgs::rooted(false, sendbuf, recvbuf, sendcount, datatype, root);
-    blocking("fabricoll_gather", comm, a)
-}
-
-/// Non-blocking fabricoll_gather: `*request` completes through fabricoll_test / fabricoll_wait.
-#[no_mangle]
-pub extern "C" fn fabricoll_igather(
-    sendbuf: *const c_void,
-    recvbuf: *mut c_void,
-    sendcount: usize,
-    datatype: c_int,
-    root: c_int,
-    comm: *mut fabricoll_comm,
-    request: *mut *mut fabricoll_request,
-) -> fabricoll_status {
-    let a = VArgs::rooted(false, sendbuf, recvbuf, sendcount, datatype, root);
-    nonblocking("fabricoll_igather", comm, a, request)
-}
-
-/// Block i (recvcount elements) of the root's sendbuf (nranks x recvcount; read on the root
-/// only, may be NULL elsewhere) lands in rank i's recvbuf.
-#[no_mangle]
-pub extern "C" fn fabricoll_scatter(
-    sendbuf: *const c_void,
-    recvbuf: *mut c_void,
-    recvcount: usize,
-    datatype: c_int,
-    root: c_int,
-    comm: *mut fabricoll_comm,
-) -> fabricoll_status {
-    let a = VArgs::rooted(true, sendbuf, recvbuf, recvcount, datatype, root);
-    blocking("fabricoll_scatter", comm, a)
-}
-
-/// Non-blocking fabricoll_scatter: `*request` completes through fabricoll_test / fabricoll_wait.
-#[no_mangle]
-pub extern "C" fn fabricoll_iscatter(
-    sendbuf: *const c_void,
-    recvbuf: *mut c_void,
-    recvcount: usize,
-    datatype: c_int,
-    root: c_int,
-    comm: *mut fabricoll_comm,
-    request: *mut *mut fabricoll_request,
-) -> fabricoll_status {
-    let a = VArgs::rooted(true, sendbuf, recvbuf, recvcount, datatype, root);
-    nonblocking("fabricoll_iscatter", comm, a, request)
-}
-
-/// Returns once every rank has called it.
-#[no_mangle]
-pub extern "C" fn fabricoll_barrier(comm: *mut fabricoll_comm) -> fabricoll_status {
-    let a = VArgs::new(Varied::Barrier, std::ptr::null(), std::ptr::null_mut(), 0);
-    blocking("fabricoll_barrier", comm, a)
-}
-
-/// Non-blocking fabricoll_barrier: `*request` completes once every rank has called it.
-#[no_mangle]
-pub extern "C" fn fabricoll_ibarrier(
-    comm: *mut fabricoll_comm,
-    request: *mut *mut fabricoll_request,
-) -> fabricoll_status {
-    let a = VArgs::new(Varied::Barrier, std::ptr::null(), std::ptr::null_mut(), 0);
-    nonblocking("fabricoll_ibarrier", comm, a, request)
-}
-
-fn allgatherv(
-    sendbuf: *const c_void,
-    sendcount: usize,
-    recvbuf: *mut c_void,
-    recvcounts: *const usize,
-    displs: *const usize,
-    datatype: c_int,
-) -> VArgs {
-    let none = (std::ptr::null(), "");
-    VArgs {
-        count: sendcount,
-        arrays: [(recvcounts, "recvcounts"), (displs, "displs"), none, none],
-        ..VArgs::new(Varied::AllGatherV, sendbuf, recvbuf, datatype)
-    }
-}
-
-/// recvbuf + displs[i] (recvcounts[i] elements) = rank i's sendbuf; sendcount must equal
-/// recvcounts[rank]. recvcounts (nranks values, the same on every rank) must not be NULL;
-/// displs NULL packs the blocks in rank order.
-#[no_mangle]
-pub extern "C" fn fabricoll_allgatherv(
-    sendbuf: *const c_void,
-    sendcount: usize,
-    recvbuf: *mut c_void,
-    recvcounts: *const usize,
-    displs: *const usize,
-    datatype: c_int,
-    comm: *mut fabricoll_comm,
-) -> fabricoll_status {
-    let a = allgatherv(sendbuf, sendcount, recvbuf, recvcounts, displs, datatype);
-    blocking("fabricoll_allgatherv", comm, a)
-}
-
-/// Non-blocking fabricoll_allgatherv (the arrays are read before it returns).
-#[no_mangle]
-pub extern "C" fn fabricoll_iallgatherv(
-    sendbuf: *const c_void,
-    sendcount: usize,
-    recvbuf: *mut c_void,
-    recvcounts: *const usize,
-    displs: *const usize,
-    datatype: c_int,
-    comm: *mut fabricoll_comm,
-    request: *mut *mut fabricoll_request,
-) -> fabricoll_status {
-    let a = allgatherv(sendbuf, sendcount, recvbuf, recvcounts, displs, datatype);
-    nonblocking("fabricoll_iallgatherv", comm, a, request)
-}
-
-fn reducescatterv(
-    sendbuf: *const c_void,
-    recvbuf: *mut c_void,
-    recvcounts: *const usize,
-    datatype: c_int,
-    op: c_int,
-) -> VArgs {
-    let none = (std::ptr::null(), "");
-    VArgs {
-        op,
-        arrays: [(recvcounts, "recvcounts"), none, none, none],
-        ..VArgs::new(Varied::ReduceScatterV, sendbuf, recvbuf, datatype)
-    }
-}
-
-/// recvbuf (recvcounts[rank] elements) = block `rank` of the reduction of every rank's
-/// sendbuf, whose blocks are recvcounts[0..nranks] packed. recvcounts (the same on every
-/// rank) must not be NULL.
-#[no_mangle]
-pub extern "C" fn fabricoll_reducescatterv(
-    sendbuf: *const c_void,
-    recvbuf: *mut c_void,
-    recvcounts: *const usize,
-    datatype: c_int,
-    op: c_int,
-    comm: *mut fabricoll_comm,
-) -> fabricoll_status {
-    let a = reducescatterv(sendbuf, recvbuf, recvcounts, datatype, op);
-    blocking("fabricoll_reducescatterv", comm, a)
-}
-
-/// Non-blocking fabricoll_reducescatterv (the array is read before it returns).
-#[no_mangle]
-pub extern "C" fn fabricoll_ireducescatterv(
-    sendbuf: *const c_void,
-    recvbuf: *mut c_void,
-    recvcounts: *const usize,
-    datatype: c_int,
-    op: c_int,
-    comm: *mut fabricoll_comm,
-    request: *mut *mut fabricoll_request,
-) -> fabricoll_status {
-    let a = reducescatterv(sendbuf, recvbuf, recvcounts, datatype, op);
-    nonblocking("fabricoll_ireducescatterv", comm, a, request)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn alltoallv(
-    sendbuf: *const c_void,
-    sendcounts: *const usize,
-    sdispls: *const usize,
-    recvbuf: *mut c_void,
-    recvcounts: *const usize,
-    rdispls: *const usize,
-    datatype: c_int,
-) -> VArgs {
-    VArgs {
-        arrays: [
-            (sendcounts, "sendcounts"),
-            (sdispls, "sdispls"),
-            (recvcounts, "recvcounts"),
-            (rdispls, "rdispls"),
-        ],
-        ..VArgs::new(Varied::AllToAllV, sendbuf, recvbuf, datatype)
-    }
-}
-
-/// sendbuf + sdispls[j] (sendcounts[j] elements) goes to rank j, landing at its recvbuf +
-/// rdispls[i] (recvcounts[i]) for this rank i. The counts arrays must not be NULL; a NULL
-/// displacements array packs its blocks in rank order.
-#[no_mangle]
-pub extern "C" fn fabricoll_alltoallv(
-    sendbuf: *const c_void,
-    sendcounts: *const usize,
-    sdispls: *const usize,
-    recvbuf: *mut c_void,
-    recvcounts: *const usize,
-    rdispls: *const usize,
-    datatype: c_int,
-    comm: *mut fabricoll_comm,
-) -> fabricoll_status {
-    let a = alltoallv(
-        sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, datatype,
-    );
-    blocking("fabricoll_alltoallv", comm, a)
-}
-
-/// Non-blocking fabricoll_alltoallv (the arrays are read before it returns).
-#[no_mangle]
-pub extern "C" fn fabricoll_ialltoallv(
-    sendbuf: *const c_void,
-    sendcounts: *const usize,
-    sdispls: *const usize,
-    recvbuf: *mut c_void,
-    recvcounts: *const usize,
-    rdispls: *const usize,
-    datatype: c_int,
-    comm: *mut fabricoll_comm,
-    request: *mut *mut fabricoll_request,
-) -> fabricoll_status {
-    let a = alltoallv(
-        sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, datatype,
-    );
-    nonblocking("fabricoll_ialltoallv", comm, a, request)
-}
-
-/// Send count elements to `peer` with `tag` (0 ..= FABRICOLL_MAX_TAG), matched in order with
-/// its receives of that tag from this rank (fabricoll_send is tag 0).
-#[no_mangle]
-pub extern "C" fn fabricoll_send_tagged(
-    buf: *const c_void,
-    count: usize,
-    datatype: c_int,
-    peer: c_int,
-    tag: c_int,
-    comm: *mut fabricoll_comm,
-) -> fabricoll_status {
-    let a = tagged(true, buf as *mut c_void, count, datatype, peer, tag);
-    blocking("fabricoll_send_tagged", comm, a)
-}
-
-/// Non-blocking fabricoll_send_tagged.
-#[no_mangle]
-pub extern "C" fn fabricoll_isend_tagged(
-    buf: *const c_void,
-    count: usize,
-    datatype: c_int,
-    peer: c_int,
-    tag: c_int,
-    comm: *mut fabricoll_comm,
-    request: *mut *mut fabricoll_request,
-) -> fabricoll_status {
-    let a = tagged(true, buf as *mut c_void, count, datatype, peer, tag);
-    nonblocking("fabricoll_isend_tagged", comm, a, request)
-}
-
-/// Receive count elements from `peer` with `tag` (fabricoll_recv is tag 0).
-#[no_mangle]
-pub extern "C" fn fabricoll_recv_tagged(
-    buf: *mut c_void,
-    count: usize,
-    datatype: c_int,
-    peer: c_int,
-    tag: c_int,
-    comm: *mut fabricoll_comm,
-) -> fabricoll_status {
-    let a = tagged(false, buf, count, datatype, peer, tag);
-    blocking("fabricoll_recv_tagged", comm, a)
-}
-
-/// Non-blocking fabricoll_recv_tagged.
-#[no_mangle]
-pub extern "C" fn fabricoll_irecv_tagged(
-    buf: *mut c_void,
-    count: usize,
-    datatype: c_int,
-    peer: c_int,
-    tag: c_int,
-    comm: *mut fabricoll_comm,
-    request: *mut *mut fabricoll_request,
-) -> fabricoll_status {
-    let a = tagged(false, buf, count, datatype, peer, tag);
-    nonblocking("fabricoll_irecv_tagged", comm, a, request)
-}
-
-fn tagged(
-    send: bool,
-    buf: *mut c_void,
-    count: usize,
-    datatype: c_int,
-    peer: c_int,
-    tag: c_int,
-) -> Tagged {
-    Tagged {
-        send,
-        buf,
-        count,
-        datatype,
-        peer,
-        tag,
-    }
-}
+// The 16 exports, generated by build.rs (generate_c_varied) from one table.
+include!(concat!(env!("OUT_DIR"), "/c_api_varied.rs"));

@@ -1,0 +1,174 @@
+//! Per-communicator options (`fabricoll_config`): read from the caller's struct, as far as its
+//! `size` says it reaches, into `config::Overrides` over the environment's configuration.
+use super::types::{algo, fabricoll_comm, fabricoll_status, fabricoll_unique_id};
+use super::{comm, config, out};
+use crate::config::{Config, Overrides};
+use crate::error::{Error, Result};
+use crate::ffi::boundary::boundary;
+use std::ffi::CStr;
+use std::mem::{offset_of, size_of};
+use std::os::raw::{c_char, c_int};
+
+/// A communicator's own settings; every field has a "default" value that defers to the
+/// environment (`fabricoll_config_init` sets them all so). New fields are only ever appended:
+/// `size` says which ones the caller's struct has.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+pub struct fabricoll_config {
+    /// sizeof(fabricoll_config) as the caller compiled it: set by `fabricoll_config_init`.
+    pub size: usize,
+    /// Deadline in milliseconds (1..=86400000) of the communicator's calls and of its
+    /// bootstrap; 0: FABRICOLL_TIMEOUT_MS.
+    pub timeout_ms: c_int,
+    /// The communicator's default algorithm, a `fabricoll_algo`; AUTO (0): FABRICOLL_ALGO,
+    /// else the cost model.
+    pub algo: c_int,
+    /// The libfabric provider of its fabric; NULL: FABRICOLL_PROVIDER.
+    pub provider: *const c_char,
+    /// The provider between ranks of one host, or "same" (one fabric); NULL:
+    /// FABRICOLL_INTRA_PROVIDER.
+    pub intra_provider: *const c_char,
+    /// The address a unique id's bootstrap root listens on (an IPv4 or IPv6 address of this
+    /// host); NULL: FABRICOLL_BOOTSTRAP_ADDR.
+    pub bootstrap_addr: *const c_char,
+}
+
+/// Field `$f` of the caller's struct at `$p`, or None where its `size` ends before it.
+macro_rules! field {
+    ($p:expr, $size:expr, $f:ident, $t:ty) => {{
+        let off = offset_of!(fabricoll_config, $f);
+        if off + size_of::<$t>() <= $size {
+            // SAFETY: the caller's struct is readable for `size` bytes (its documented
+            // contract), and this field lies within them.
+            Some(unsafe { $p.cast::<u8>().add(off).cast::<$t>().read_unaligned() })
+        } else {
+            None
+        }
+    }};
+}
+
+/// The overrides of the caller's struct (NULL: none, the environment's settings).
+///
+/// # Safety
+/// `p` is NULL or points to a struct readable for its `size` field's bytes.
+unsafe fn overrides(p: *const fabricoll_config) -> Result<Overrides> {
+    if p.is_null() {
+        return Ok(Overrides::default());
+    }
+    // SAFETY: a non-NULL config starts with its size field (the caller's contract).
+    let size = unsafe { p.cast::<usize>().read_unaligned() };
+    let full = size_of::<fabricoll_config>();
+    if !(size_of::<usize>()..=full).contains(&size) {
+        return Err(Error::arg(
+            "config.size",
+            format!(
+                "{size} is not the size of a fabricoll_config (at most {full}, this library's; call fabricoll_config_init first)"
+            ),
+        ));
+    }
+    let string = |v: Option<*const c_char>, name: &str| -> Result<Option<String>> {
+        match v {
+            Some(s) if !s.is_null() => {
+                // SAFETY: a non-NULL string field is a NUL-terminated string (the contract).
+                let c = unsafe { CStr::from_ptr(s) };
+                c.to_str()
+                    .map(|s| Some(s.to_string()))
+                    .map_err(|_| Error::arg(name, "is not UTF-8"))
+            }
+            _ => Ok(None),
+        }
+    };
+    let timeout_ms = field!(p, size, timeout_ms, c_int)
+        .filter(|&t| t != 0)
+        .map(i64::from);
+    let algo = match field!(p, size, algo, c_int) {
+        None => None,
+        Some(v) => algo(v).map_err(|_| {
+            Error::arg(
+                "config.algo",
+                format!("{v} is not a fabricoll_algo (0..=12)"),
+            )
+        })?,
+    };
+    Ok(Overrides {
+        timeout_ms,
+        algo,
+        provider: string(field!(p, size, provider, *const c_char), "config.provider")?,
+        intra_provider: string(
+            field!(p, size, intra_provider, *const c_char),
+            "config.intra_provider",
+        )?,
+        bootstrap_addr: string(
+            field!(p, size, bootstrap_addr, *const c_char),
+            "config.bootstrap_addr",
+        )?,
+    })
+}
+
+/// The environment's configuration with the caller's settings over it.
+///
+/// # Safety
+/// As `overrides`.
+unsafe fn resolve(p: *const fabricoll_config) -> Result<Config> {
+    // SAFETY: forwarded from this function's contract.
+    let o = unsafe { overrides(p) }?;
+    config()?.with_overrides(&o)
+}
+
+/// Set every field to its default (the environment's settings) and `size` to
+/// sizeof(fabricoll_config).
+#[no_mangle]
+pub extern "C" fn fabricoll_config_init(config: *mut fabricoll_config) -> fabricoll_status {
+    boundary("fabricoll_config_init", || {
+        out(config, "config")?.set(fabricoll_config {
+            size: size_of::<fabricoll_config>(),
+            timeout_ms: 0,
+            algo: 0,
+            provider: std::ptr::null(),
+            intra_provider: std::ptr::null(),
+            bootstrap_addr: std::ptr::null(),
+        });
+        Ok(())
+    })
+}
+
+/// `fabricoll_get_unique_id` with the settings of `config` (NULL: the environment's): its
+/// root listens on `config->bootstrap_addr` and serves for `config->timeout_ms`.
+///
+/// # Safety
+/// `config` is NULL or points to a struct readable for `config->size` bytes, whose string
+/// fields are NULL or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn fabricoll_get_unique_id_config(
+    id: *mut fabricoll_unique_id,
+    config: *const fabricoll_config,
+) -> fabricoll_status {
+    boundary("fabricoll_get_unique_id_config", || {
+        let id = out(id, "id")?;
+        // SAFETY: the function's contract.
+        let cfg = unsafe { resolve(config) }?;
+        id.set(comm::unique_id(&cfg)?);
+        Ok(())
+    })
+}
+
+/// `fabricoll_comm_init_rank` with the settings of `config` (NULL: the environment's): the
+/// communicator's (and its bootstrap's) timeout, its providers and its default algorithm.
+///
+/// # Safety
+/// As `fabricoll_comm_init_rank`; `config` as for `fabricoll_get_unique_id_config`.
+#[no_mangle]
+pub unsafe extern "C" fn fabricoll_comm_init_rank_config(
+    comm: *mut *mut fabricoll_comm,
+    nranks: c_int,
+    id: *const fabricoll_unique_id,
+    rank: c_int,
+    config: *const fabricoll_config,
+) -> fabricoll_status {
+    boundary("fabricoll_comm_init_rank_config", || {
+        // SAFETY: the function's contract.
+        let cfg = unsafe { resolve(config) }?;
+        // SAFETY: the function's contract.
+        unsafe { comm::init_rank(comm, nranks, id, rank, &cfg) }
+    })
+}

@@ -1,0 +1,82 @@
+//! What the C API tests share: a config over shm with a short timeout, and two ranks'
+//! communicators made with it as threads of one process.
+#![allow(dead_code)] // not every test binary uses each helper
+use nccl_net_fabricoll::ffi::api::*;
+use nccl_net_fabricoll::testing::skip;
+use std::ffi::CStr;
+use std::os::raw::c_int;
+
+use fabricoll_status::*;
+
+/// The per-communicator timeout of these tests; the environment's is FABRICOLL_TIMEOUT_MS's
+/// default (ten minutes) unless a runner sets it.
+pub const TIMEOUT_MS: c_int = 400;
+
+pub fn last_error() -> String {
+    // SAFETY: fabricoll_last_error returns this thread's NUL-terminated message.
+    unsafe { CStr::from_ptr(fabricoll_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A config over shm, one fabric, with the short timeout. The strings are static.
+pub fn shm_config() -> fabricoll_config {
+    let mut c = std::mem::MaybeUninit::<fabricoll_config>::uninit();
+    assert_eq!(fabricoll_config_init(c.as_mut_ptr()), FABRICOLL_SUCCESS);
+    // SAFETY: fabricoll_config_init wrote every field.
+    let mut c = unsafe { c.assume_init() };
+    assert_eq!(c.size, std::mem::size_of::<fabricoll_config>());
+    assert!(c.provider.is_null() && c.timeout_ms == 0 && c.algo == 0);
+    c.timeout_ms = TIMEOUT_MS;
+    c.provider = c"shm".as_ptr();
+    c.intra_provider = c"same".as_ptr();
+    c
+}
+
+/// Two communicators (ranks 0 and 1) made with `cfg`, or None (skipped) without shm.
+pub fn pair(test: &str, cfg: &fabricoll_config) -> Option<[usize; 2]> {
+    let mut id = fabricoll_unique_id { internal: [0; 128] };
+    // SAFETY: both pointers are valid.
+    if unsafe { fabricoll_get_unique_id_config(&mut id, cfg) } != FABRICOLL_SUCCESS {
+        skip(test, &format!("no unique id: {}", last_error()));
+        return None;
+    }
+    let cfg_addr = cfg as *const fabricoll_config as usize;
+    let id_addr = &id as *const fabricoll_unique_id as usize;
+    let made: Vec<std::result::Result<usize, String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                s.spawn(move || {
+                    let mut comm = std::ptr::null_mut();
+                    // SAFETY: the id and the config outlive this scope; `comm` is writable.
+                    let st = unsafe {
+                        fabricoll_comm_init_rank_config(
+                            &mut comm,
+                            2,
+                            id_addr as *const fabricoll_unique_id,
+                            r,
+                            cfg_addr as *const fabricoll_config,
+                        )
+                    };
+                    if st == FABRICOLL_SUCCESS {
+                        Ok(comm as usize)
+                    } else {
+                        Err(last_error())
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    match (&made[0], &made[1]) {
+        (Ok(a), Ok(b)) => Some([*a, *b]),
+        _ => {
+            skip(test, &format!("no shm communicators: {made:?}"));
+            None
+        }
+    }
+}
+
+pub fn comm(c: usize) -> *mut fabricoll_comm {
+    c as *mut fabricoll_comm
+}
