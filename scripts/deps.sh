@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/deps.sh [--bench] - install what fabricoll needs to build and test, idempotently.
+# scripts/deps.sh [--bench] [--torch] - install what fabricoll needs to build and test, idempotently.
 #
 # Debian / Ubuntu only.  Packages already installed are left alone: apt-get (update + install)
 # runs only when something is missing.  As root it calls apt-get directly, otherwise through
@@ -8,6 +8,11 @@
 #             iproute2 (ip netns, tc, ss) util-linux (unshare) procps (the emulated-hosts stage)
 #   --bench:  also openmpi-bin libopenmpi-dev mpich libmpich-dev (the MPI baselines), iptables
 #             and libnetfilter-queue-dev (the link delays of scripts/bench-multihost.sh)
+#   --torch:  also python3-venv, then a cached virtual environment for the torch tests and
+#             benchmark (scripts/torch-tests.sh, scripts/bench-torch.sh): torch, numpy and
+#             expecttest (PyTorch's distributed tests import it) at the pinned versions below,
+#             from PyPI, in $FABRICOLL_TORCH_VENV (default ~/.cache/fabricoll/torch-venv); an
+#             existing one is reused when it imports them at those versions
 # Then checks that cargo exists (rustup's ~/.cargo/bin is added to PATH when needed) and adds the
 # rustfmt and clippy components with rustup when they are missing.  Failing to fetch those
 # components is only a warning here; scripts/test.sh stops with a clear message if they are
@@ -15,12 +20,13 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-want_bench=0
+want_bench=0 want_torch=0
 for arg in "$@"; do
   case "$arg" in
     --bench) want_bench=1 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
-    *) echo "deps.sh: unknown argument: $arg (expected --bench)" >&2; exit 2 ;;
+    --torch) want_torch=1 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) echo "deps.sh: unknown argument: $arg (expected --bench or --torch)" >&2; exit 2 ;;
   esac
 done
 
@@ -30,6 +36,9 @@ pkgs=(build-essential pkg-config libfabric-dev libfabric-bin libclang-dev clang 
   iproute2 util-linux procps)
 if [ "$want_bench" = 1 ]; then
   pkgs+=(openmpi-bin libopenmpi-dev mpich libmpich-dev iptables libnetfilter-queue-dev)
+fi
+if [ "$want_torch" = 1 ]; then
+  pkgs+=(python3-venv)
 fi
 
 # --- Debian packages ------------------------------------------------------------------------
@@ -98,5 +107,34 @@ if command -v rustup >/dev/null 2>&1; then
   fi
 else
   log "rustup not found: not checking the rustfmt / clippy components"
+fi
+
+# --- torch virtual environment (--torch) ----------------------------------------------------
+# The versions the torch tests are written and measured against.
+TORCH_VERSION=2.15.0 NUMPY_VERSION=2.4.6 EXPECTTEST_VERSION=0.3.0
+torch_venv_ok() {
+  "$1/bin/python" - "$TORCH_VERSION" "$NUMPY_VERSION" "$EXPECTTEST_VERSION" <<'PY' 2>/dev/null
+import sys
+from importlib.metadata import version
+import numpy, torch, expecttest  # noqa: F401  (importable, not only installed)
+want = dict(zip(("torch", "numpy", "expecttest"), sys.argv[1:]))
+sys.exit(0 if all(version(k) == v for k, v in want.items()) else 1)
+PY
+}
+if [ "$want_torch" = 1 ]; then
+  venv=${FABRICOLL_TORCH_VENV:-$HOME/.cache/fabricoll/torch-venv}
+  if [ -x "$venv/bin/python" ] && torch_venv_ok "$venv"; then
+    log "torch venv $venv: torch $TORCH_VERSION, numpy $NUMPY_VERSION, expecttest $EXPECTTEST_VERSION"
+  else
+    log "making the torch venv $venv (torch $TORCH_VERSION: a few GB, about two minutes)"
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+      "torch==$TORCH_VERSION" "numpy==$NUMPY_VERSION" "expecttest==$EXPECTTEST_VERSION"
+    torch_venv_ok "$venv" || {
+      log "the torch venv $venv still lacks torch $TORCH_VERSION / numpy / expecttest" >&2
+      exit 1
+    }
+    log "torch venv $venv ready"
+  fi
 fi
 exit 0

@@ -21,6 +21,10 @@
 #                 namespaces cannot be made, which fails under FABRICOLL_TEST_STRICT=1)
 #   plugin-tests  plugin-tests/run.sh (C harness over tcp, net and shm, normal and ASan builds, and
 #                 the C API examples in C and C++)
+#   torch-tests   scripts/torch-tests.sh (the torch venv from scripts/deps.sh --torch, then the
+#                 torch.distributed backend: every operation against gloo in the same job, DDP and
+#                 FSDP2 training, error paths, at 2 and 4 ranks over shm and net, and a subset of
+#                 PyTorch's own distributed tests)
 # Prints the elapsed time of each stage and a summary at the end (with the test counts); exits
 # non-zero on any failure.  Each stage's output is also saved in $CARGO_TARGET_DIR/test-logs/.
 # Tests run strict (FABRICOLL_TEST_STRICT=1 unless set): a test that cannot run here fails.
@@ -36,7 +40,8 @@ if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
 fi
 
 t_start=$(date +%s)
-all_stages=(deps fmt py-tests build clippy cargo-test coll-tests multihost-tests plugin-tests)
+all_stages=(deps fmt py-tests build clippy cargo-test coll-tests multihost-tests plugin-tests
+  torch-tests)
 names=() results=() times=() details=()
 current="" failed=""
 # each stage's output is also kept in $log_dir/<stage>.log
@@ -65,6 +70,7 @@ stage_detail() {
     coll-tests) grep -E '^coll-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
     multihost-tests) grep -E '^multihost-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
     plugin-tests) grep -E '^plugin-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
+    torch-tests) grep -E '^torch-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
   esac
 }
 
@@ -180,4 +186,7 @@ stage multihost-tests 720 env \
 stage plugin-tests 1200 env \
   FABRICOLL_LIB="${FABRICOLL_LIB:-${CARGO_TARGET_DIR:-target}/release/libnccl-net-fabricoll.so}" \
   plugin-tests/run.sh
+[ -x scripts/torch-tests.sh ] ||
+  fail torch-tests "scripts/torch-tests.sh is missing or not executable"
+stage torch-tests 1500 scripts/torch-tests.sh
 exit 0

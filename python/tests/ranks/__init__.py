@@ -1,0 +1,1 @@
+"""Rank-side code of the torch tests: each module's `run(ctx)` is one job's body (tests.rank_main)."""

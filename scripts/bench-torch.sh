@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# scripts/bench-torch.sh [--quick] [OPTIONS] - the torch.distributed backend against gloo.
+#
+# dist.all_reduce, all_gather_into_tensor and reduce_scatter_tensor from 8 B to 64 MiB (x4
+# steps; --step 8) at 2 and 4 ranks over shm and net (one host: net with
+# FABRICOLL_INTRA_PROVIDER=same), fabricoll and gloo in the same job, alternating, medians of
+# 5 runs (--reps, at least 3); nccl-tests style tables (time, algbw, busbw) with gloo's time
+# over fabricoll's per size; then a DDP training step of a small MLP (median step time, ratio).
+#   --quick   a smoke run (2 ranks over shm, three sizes, short timings): seconds, for CI
+# Other options: scripts/torch/bench.py --help. The tables are saved in
+# $CARGO_TARGET_DIR/bench-torch/<date>-<time>.txt (raw timings beside them, .json).
+# Uses the torch venv of scripts/deps.sh --torch; FABRICOLL_TEST_BACKEND=gloo benchmarks gloo
+# against itself (a check of the harness).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+scripts/deps.sh --torch >/dev/null
+py=${FABRICOLL_TORCH_VENV:-$HOME/.cache/fabricoll/torch-venv}/bin/python
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+exec "$py" scripts/torch/bench.py "$@"
