@@ -372,8 +372,15 @@ class FabricollBackend(_C10dBackend):
         return self._work("allgather", [req], output_tensors[0], finish, keep)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts):
+        # torch's layout: output_lists[r][i] receives rank r's input_tensors[i].
+        if len(output_lists) != self._size or any(len(o) != len(input_tensors) for o in output_lists):
+            raise Unsupported(
+                f"fabricoll allgather_coalesced: output_tensor_lists must hold {self._size} lists "
+                f"(one per rank) of {len(input_tensors)} tensors (one per input)"
+            )
         reqs, keep, finishes = [], [], []
-        for outs, inp in zip(output_lists, input_tensors):
+        for i, inp in enumerate(input_tensors):
+            outs = [output_lists[r][i] for r in range(self._size)]
             req, k, f = self._allgather_list("allgather_coalesced", outs, inp)
             reqs.append(req)
             keep.append(k)
