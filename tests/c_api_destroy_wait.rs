@@ -26,17 +26,9 @@ unsafe extern "C" fn slow(user_data: *mut c_void, _status: c_int) {
     s.left.store(true, Ordering::SeqCst);
 }
 
-fn iallreduce(c: usize, send: &[f32; 2], recv: &mut [f32; 2]) -> *mut fabricoll_request {
+fn ibarrier(c: usize) -> *mut fabricoll_request {
     let mut req = std::ptr::null_mut();
-    let st = fabricoll_iallreduce(
-        send.as_ptr().cast(),
-        recv.as_mut_ptr().cast(),
-        2,
-        fabricoll_datatype::FABRICOLL_FLOAT32 as c_int,
-        fabricoll_redop::FABRICOLL_SUM as c_int,
-        comm(c),
-        &mut req,
-    );
+    let st = fabricoll_ibarrier(comm(c), &mut req);
     assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
     req
 }
@@ -47,16 +39,13 @@ fn destroy_waits_for_a_callback_in_progress() {
     let Some(cs) = pair(test, &shm_config()) else {
         return;
     };
-    let send = [1.0f32, 2.0];
-    let mut recv = [[0.0f32; 2]; 2];
     let seen = [Slow::default(), Slow::default()];
-    let [r0, r1] = &mut recv;
     // Rank 1 first, so that its request is still pending when handed over: its callback then
     // runs in the progress thread.
-    let req1 = iallreduce(cs[1], &send, r1);
+    let req1 = ibarrier(cs[1]);
     let st = fabricoll_request_notify(req1, Some(slow), &seen[1] as *const Slow as *mut c_void);
     assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
-    let req0 = iallreduce(cs[0], &send, r0);
+    let req0 = ibarrier(cs[0]);
     let st = fabricoll_request_notify(req0, Some(slow), &seen[0] as *const Slow as *mut c_void);
     assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -74,5 +63,4 @@ fn destroy_waits_for_a_callback_in_progress() {
     );
     assert_eq!(fabricoll_comm_destroy(comm(cs[0])), FABRICOLL_SUCCESS);
     assert!(seen[0].left.load(Ordering::SeqCst));
-    assert_eq!(recv, [[2.0, 4.0], [2.0, 4.0]]);
 }
