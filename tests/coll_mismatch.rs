@@ -5,12 +5,10 @@
 //! dropped the connection over the mismatched sizes before the notice came) fails with the
 //! provider's error or a timeout, within the deadline.
 use nccl_net_fabricoll::algo::Collective;
-use nccl_net_fabricoll::coll::{self, Call, Comm, Kind};
+use nccl_net_fabricoll::coll::{Call, Comm, Kind};
 use nccl_net_fabricoll::config::Config;
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
-use nccl_net_fabricoll::testing::skip;
-use nccl_net_fabricoll::transport::loopback::LoopbackFabric;
-use nccl_net_fabricoll::transport::{Region, Transport};
+use nccl_net_fabricoll::transport::Region;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,27 +41,7 @@ fn pair(test: &str, transport: &str) -> Option<Vec<Arc<Comm>>> {
             ..cfg.clone()
         })
         .collect();
-    let eps: Vec<Arc<dyn Transport>> = if transport == "loopback" {
-        let f = LoopbackFabric::new();
-        (0..2)
-            .map(|_| Arc::new(f.endpoint()) as Arc<dyn Transport>)
-            .collect()
-    } else {
-        match cfgs.iter().map(coll::open_endpoint).collect() {
-            Ok(e) => e,
-            Err(e) => {
-                skip(test, &format!("no {transport} endpoint ({e})"));
-                return None;
-            }
-        }
-    };
-    let addrs: Vec<Vec<u8>> = eps.iter().map(|e| e.address()).collect();
-    Some(
-        eps.into_iter()
-            .enumerate()
-            .map(|(r, e)| Arc::new(Comm::new(r, e, &addrs, &cfgs[r]).unwrap()))
-            .collect(),
-    )
+    common::comms_in_process(test, transport, &cfgs)
 }
 
 /// Run `calls[r]` on rank r at once; each rank's error text (or "OK").

@@ -7,7 +7,7 @@ use nccl_net_fabricoll::coll::{self, Callback, Comm, Kind};
 use nccl_net_fabricoll::config::Config;
 use nccl_net_fabricoll::error::Result;
 use nccl_net_fabricoll::testing::skip;
-use nccl_net_fabricoll::transport::{Region, Transport};
+use nccl_net_fabricoll::transport::Region;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -26,20 +26,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 fn comms(test: &str, n: usize) -> Option<Vec<Arc<Comm>>> {
     let mut cfg: Config = common::fixed_model(Some("shm"), DEADLINE_MS);
     cfg.intra_provider = None;
-    let eps: Vec<Arc<dyn Transport>> = match (0..n).map(|_| coll::open_endpoint(&cfg)).collect() {
-        Ok(e) => e,
-        Err(e) => {
-            skip(test, &format!("no shm endpoint ({e})"));
-            return None;
-        }
-    };
-    let addrs: Vec<Vec<u8>> = eps.iter().map(|e| e.address()).collect();
-    Some(
-        eps.into_iter()
-            .enumerate()
-            .map(|(r, e)| Arc::new(Comm::new(r, e, &addrs, &cfg).unwrap()))
-            .collect(),
-    )
+    common::comms_in_process(test, "shm", &vec![cfg; n])
 }
 
 /// A float allreduce of 2 elements between `buf`'s halves (in-place-free: send then receive).

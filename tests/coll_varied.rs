@@ -4,12 +4,10 @@
 //! the deadline, bad tags, roots and missing count arrays are invalid arguments naming them
 //! (the C API's side: tests/capi_varied.rs).
 use nccl_net_fabricoll::algo::varied::Varied;
-use nccl_net_fabricoll::coll::{self, Call, Comm, Kind, Layout};
+use nccl_net_fabricoll::coll::{Call, Comm, Kind, Layout};
 use nccl_net_fabricoll::config::Config;
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
-use nccl_net_fabricoll::testing::skip;
-use nccl_net_fabricoll::transport::loopback::LoopbackFabric;
-use nccl_net_fabricoll::transport::{Region, Transport};
+use nccl_net_fabricoll::transport::Region;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,27 +24,7 @@ fn comms(test: &str, transport: &str, n: usize) -> Option<Vec<Arc<Comm>>> {
     };
     cfg.intra_provider = None;
     cfg.host = Some("0".into());
-    let eps: Vec<Arc<dyn Transport>> = if transport == "loopback" {
-        let f = LoopbackFabric::new();
-        (0..n)
-            .map(|_| Arc::new(f.endpoint()) as Arc<dyn Transport>)
-            .collect()
-    } else {
-        match (0..n).map(|_| coll::open_endpoint(&cfg)).collect() {
-            Ok(e) => e,
-            Err(e) => {
-                skip(test, &format!("no {transport} endpoint ({e})"));
-                return None;
-            }
-        }
-    };
-    let addrs: Vec<Vec<u8>> = eps.iter().map(|e| e.address()).collect();
-    Some(
-        eps.into_iter()
-            .enumerate()
-            .map(|(r, e)| Arc::new(Comm::new(r, e, &addrs, &cfg).unwrap()))
-            .collect(),
-    )
+    common::comms_in_process(test, transport, &vec![cfg; n])
 }
 
 /// Rank r's input element k.

@@ -45,3 +45,39 @@ pub fn call(kind: Kind, send: Region, recv: Region, count: usize) -> Call {
         algo: None,
     }
 }
+
+/// Communicators in this process, one per entry of `cfgs`, over `transport`: "loopback" (the
+/// in-process transport) or a libfabric endpoint opened from each configuration. None (the
+/// test skipped, naming `test`) where no endpoint opens here.
+#[allow(dead_code)] // not every test binary uses each helper
+pub fn comms_in_process(
+    test: &str,
+    transport: &str,
+    cfgs: &[Config],
+) -> Option<Vec<std::sync::Arc<nccl_net_fabricoll::coll::Comm>>> {
+    use nccl_net_fabricoll::coll::{self, Comm};
+    use nccl_net_fabricoll::transport::{loopback::LoopbackFabric, Transport};
+    use std::sync::Arc;
+    let eps: Vec<Arc<dyn Transport>> = if transport == "loopback" {
+        let f = LoopbackFabric::new();
+        cfgs.iter()
+            .map(|_| Arc::new(f.endpoint()) as Arc<dyn Transport>)
+            .collect()
+    } else {
+        match cfgs.iter().map(coll::open_endpoint).collect() {
+            Ok(e) => e,
+            Err(e) => {
+                nccl_net_fabricoll::testing::skip(test, &format!("no {transport} endpoint ({e})"));
+                return None;
+            }
+        }
+    };
+    let addrs: Vec<Vec<u8>> = eps.iter().map(|e| e.address()).collect();
+    Some(
+        eps.into_iter()
+            .zip(cfgs)
+            .enumerate()
+            .map(|(r, (e, cfg))| Arc::new(Comm::new(r, e, &addrs, cfg).unwrap()))
+            .collect(),
+    )
+}
