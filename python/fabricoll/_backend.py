@@ -9,10 +9,13 @@ Every operation starts a non-blocking C call (``fabricoll_i*``) and returns a
   (``all_gather_into_tensor``), ``allgather_coalesced``, ``all_gather_single_coalesced``;
 - ``reduce_scatter`` (lists; uneven through reducescatterv), ``reduce_scatter_single``
   (``reduce_scatter_tensor``), ``reduce_scatter_single_coalesced``;
-- ``broadcast``, ``gather``, ``gather_single``, ``scatter``, ``barrier``;
+- ``broadcast``, ``gather``, ``scatter``, ``barrier``, ``monitored_barrier`` (without the
+  names of missing ranks); ``gather_single`` is implemented, but
+  torch 2.15's trampoline for Python backends does not forward it, so
+  ``dist.gather_into_tensor`` gets torch's own "does not support gather_single" error;
 - ``alltoall`` (lists, uneven sizes) and ``all_to_all_single`` (with split sizes, through
   alltoallv);
-- ``send`` / ``recv`` with tags (``fabricoll_isend_tagged``; tag 0 is the untagged call);
+- ``send`` / ``recv`` with tags 0 ..= ``FABRICOLL_MAX_TAG`` (``fabricoll_isend_tagged``);
 - ``recv_anysource`` raises: the C API receives from a named peer only;
 - coalescing blocks (``start_coalescing`` / ``end_coalescing``);
 - ``abort`` (``fabricoll_comm_abort``: in-flight operations fail) and ``shutdown``
@@ -22,16 +25,34 @@ Data movement copies bytes, so it takes every dtype. A per-call ``opts.timeout``
 applied; the communicator's timeout (torch's group timeout) is.
 """
 
+import atexit
 import ctypes
 
 import torch
-from torch._C._distributed_c10d import Backend as _C10dBackend
+from torch._C._distributed_c10d import Backend as _C10dBackend, ReduceOp
 
 from . import _capi as c
-from ._dtypes import Buffer, Unsupported, engine_view, nbytes, reduction, scaled
-from ._work import Work, WorkList
+from ._dtypes import DIRECT, Buffer, Unsupported, engine_view, nbytes, reduction, scaled
+from ._work import Done, Work, WorkList
 
 _U8 = c.UINT8
+_STRIDED = torch.strided
+_SUM = ReduceOp.SUM
+_SUM_DIRECT = {dt: reduction("allreduce", dt, _SUM) for dt in DIRECT}
+_DONE = Done([])
+
+
+def _IALLREDUCE(*args):
+    # Bound at the first call (the library loads lazily), then replaced by the C function.
+    global _IALLREDUCE
+    _IALLREDUCE = c.lib().fabricoll_iallreduce
+    return _IALLREDUCE(*args)
+
+
+def _ALLREDUCE(*args):
+    global _ALLREDUCE
+    _ALLREDUCE = c.lib().fabricoll_allreduce
+    return _ALLREDUCE(*args)
 
 
 def _sizes(values):
@@ -63,6 +84,22 @@ def _split_into(flat, outputs):
         off += n
 
 
+# Live backends, held until shutdown: torch may keep only the C++ side of a Python backend
+# (TORCH_DISTRIBUTED_DEBUG=DETAIL wraps it in a C++ ProcessGroupWrapper), and without its
+# Python object the C++ side no longer finds these methods. Destroyed at exit, before the
+# interpreter finalizes, so that no progress thread calls back into a Python that is gone.
+_live = set()
+
+
+@atexit.register
+def _shutdown_all():
+    for b in list(_live):
+        try:
+            b.shutdown()
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
+
+
 class FabricollBackend(_C10dBackend):
     """torch's Backend over one fabricoll communicator (``comm``: its handle)."""
 
@@ -71,8 +108,9 @@ class FabricollBackend(_C10dBackend):
         self._rank, self._size = rank, size
         self._comm = comm
         self._timeout = timeout
-        self._inflight = set()
         self._coalescing = None
+        self._seq = 0  # collectives issued (torch's sequence number; point-to-point excluded)
+        _live.add(self)
 
     # -- identity ------------------------------------------------------------------------
 
@@ -96,13 +134,25 @@ class FabricollBackend(_C10dBackend):
         req = ctypes.c_void_p()
         rc = fn(*args, self.comm(), ctypes.byref(req))
         if rc:
-            err = c.error(fn.__name__, rc)
-            err.args = (f"fabricoll {opname}: {err.args[0]}",)
-            raise err
+            raise self._failed(opname, fn.__name__, rc)
         return req.value
 
+    @staticmethod
+    def _failed(opname, function, rc):
+        err = c.error(function, rc)
+        err.args = (f"fabricoll {opname}: {err.args[0]}",)
+        return err
+
+    def _get_sequence_number_for_group(self):
+        return self._seq
+
+    def _set_sequence_number_for_group(self):
+        self._seq = 0
+
     def _work(self, opname, requests, result, finish=None, keep=None):
-        w = Work(self, opname, requests, result, finish, keep)
+        if opname not in ("send", "recv"):
+            self._seq += 1
+        w = Work(opname, requests, result, finish, keep)
         if self._coalescing is not None:
             self._coalescing.append(w)
         return w
@@ -150,6 +200,34 @@ class FabricollBackend(_C10dBackend):
         return req, buf, send
 
     def allreduce(self, tensors, opts):
+        t = tensors[0] if len(tensors) == 1 else None
+        rop = opts.reduceOp
+        if t is None:
+            red = None
+        elif rop == _SUM:  # the most common op, without reduction()'s lookups
+            red = _SUM_DIRECT.get(t.dtype)
+        else:
+            red = reduction("allreduce", t.dtype, rop)
+        comm = self._comm
+        if (
+            red is not None and red.factor is None and t.dtype in DIRECT and t.is_contiguous()
+            and t.is_cpu and t.layout is _STRIDED and self._coalescing is None
+            and comm is not None
+        ):  # fmt: skip
+            # The common case, kept short: in place on the caller's own memory; a synchronous
+            # call (torch waits at once) runs the blocking C call.
+            p = t.data_ptr()
+            self._seq += 1
+            if not opts.asyncOp:
+                rc = _ALLREDUCE(p, p, t.numel(), red.dtype, red.op, comm)
+                if rc:
+                    raise self._failed("allreduce", "fabricoll_allreduce", rc)
+                return _DONE  # torch waits on it and drops it; the caller never sees it
+            req = ctypes.c_void_p()
+            rc = _IALLREDUCE(p, p, t.numel(), red.dtype, red.op, comm, ctypes.byref(req))
+            if rc:
+                raise self._failed("allreduce", "fabricoll_iallreduce", rc)
+            return Work("allreduce", [req.value], tensors, None, t)
         t = self._one(tensors, "allreduce")
         req, buf, send = self._allreduce_one("allreduce", t, opts.reduceOp)
         return self._work("allreduce", [req], tensors, self._finish_all([buf]), (buf, send))
@@ -461,6 +539,12 @@ class FabricollBackend(_C10dBackend):
         req = self._start("barrier", c.lib().fabricoll_ibarrier)
         return self._work("barrier", [req], [])
 
+    def monitored_barrier(self, opts, wait_all_ranks=False):
+        """A barrier that raises ``TimeoutError`` after ``opts.timeout`` (the communicator's
+        timeout when unset); it cannot name the missing ranks."""
+        timeout = opts.timeout if opts.timeout.total_seconds() > 0 else None
+        self.barrier(opts).wait(timeout)
+
     # -- coalescing ------------------------------------------------------------------------
 
     def start_coalescing(self):
@@ -482,15 +566,13 @@ class FabricollBackend(_C10dBackend):
             c.call("comm_abort", self._comm)
 
     def shutdown(self):
-        """Destroy the communicator: operations still in flight fail."""
+        """Destroy the communicator: operations still in flight fail (a later ``wait`` on
+        one raises: its request is no longer live)."""
         comm, self._comm = self._comm, None
+        _live.discard(self)
         if comm is None:
             return
-        try:
-            c.call("comm_destroy", comm)
-        finally:
-            for w in list(self._inflight):
-                w._abandon("the communicator was destroyed before it completed")
+        c.call("comm_destroy", comm)
 
     def __del__(self):
         try:

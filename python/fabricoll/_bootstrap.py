@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from . import _capi as c
 
-_MAX_MS = 2**31 - 1
+_MAX_MS = 86_400_000  # fabricoll_config.timeout_ms's upper bound (a day)
 
 
 class Options:
@@ -62,7 +62,7 @@ def _algo_value(algo):
 
 def timeout_ms(timeout):
     """torch's timeout (a timedelta, or None) as ``fabricoll_config.timeout_ms`` (0: the
-    library's default)."""
+    library's default), clamped to 1 ms .. a day (the field's range)."""
     if timeout is None:
         return 0
     ms = int(timeout / timedelta(milliseconds=1))

@@ -40,6 +40,9 @@ FLOAT16, FLOAT32, FLOAT64, BFLOAT16, FP8_E4M3, FP8_E5M2 = 6, 7, 8, 9, 10, 11
 # fabricoll_redop values.
 SUM, PROD, MAX, MIN, AVG, BAND, BOR, BXOR = 0, 1, 2, 3, 4, 5, 6, 7
 
+# Largest tag of fabricoll_send_tagged / fabricoll_recv_tagged (FABRICOLL_MAX_TAG).
+MAX_TAG = 1048575
+
 # fabricoll_algo names, for the backend's options (FABRICOLL_ALGO's spelling).
 ALGOS = {
     "auto": 0, "ring": 1, "bidir_ring": 2, "mesh": 3, "mesh1": 4, "rdh": 5, "rd": 6,

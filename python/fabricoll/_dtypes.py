@@ -81,10 +81,23 @@ def _factor(reduce_op):
     return f
 
 
+# (dtype, op kind) -> Reduction, for the ops without a factor (the hot path's lookup).
+_CACHE = {}
+
+
 def reduction(opname, dtype, reduce_op):
     """The engine datatype and op that run ``reduce_op`` on ``dtype`` tensors (raises
     :class:`Unsupported` naming ``opname`` otherwise)."""
-    kind = int(getattr(reduce_op, "op", reduce_op))
+    kind = reduce_op.op.value if hasattr(reduce_op, "op") else int(reduce_op)
+    red = _CACHE.get((dtype, kind))
+    if red is None:
+        red = _reduction(opname, dtype, kind, reduce_op)
+        if red.factor is None:
+            _CACHE[(dtype, kind)] = red
+    return red
+
+
+def _reduction(opname, dtype, kind, reduce_op):
     name = OP_NAMES.get(kind)
     if name is None:
         raise Unsupported(f"fabricoll {opname}: reduce op {reduce_op} is not supported")

@@ -18,8 +18,9 @@ non-contiguous tensor) runs once every request has succeeded and before the futu
 completes or ``wait`` returns. The first failure is raised by ``wait`` and set on the
 future, as a :class:`fabricoll.FabricollError` naming the operation.
 
-Works in flight are kept alive by their backend (their buffers stay valid while the
-library may write them) until they complete or the communicator is destroyed.
+A Work dropped while no one has asked for its completion (an ``isend`` never waited)
+hands its requests to the library as it is collected, so that they still complete and free
+their buffers (which the Work keeps alive until then).
 """
 
 import ctypes
@@ -53,15 +54,25 @@ def _on_complete(user_data, status):
 _CALLBACK = c.CALLBACK(_on_complete)
 
 
+def _unwrap(fut):
+    err, result = fut.value()
+    if err is not None:
+        raise err
+    return result
+
+
+def _has_notify():
+    return c.lib().has("fabricoll_request_notify")
+
+
 class Work(_C10dWork):
     """The requests of one operation (``requests``: request handles, possibly none when
     the operation had nothing to do), the tensors its future yields (``result``), the
     post-processing to run on success (``finish``) and the buffers to keep alive
     (``keep``)."""
 
-    def __init__(self, backend, opname, requests, result, finish=None, keep=None):
+    def __init__(self, opname, requests, result, finish=None, keep=None):
         super().__init__()
-        self._backend = backend
         self._opname = opname
         self._requests = requests
         self._result = result
@@ -70,13 +81,22 @@ class Work(_C10dWork):
         self._lock = threading.Lock()
         self._state = _PENDING
         self._future = None
+        self._future_out = None
         self._event = None
         self._error = None
         self._remaining = len(requests)
-        if requests:
-            backend._inflight.add(self)
-        else:
+        if not requests:
             self._complete(None)
+
+    def __del__(self):
+        # Dropped before anyone asked: let the library finish the requests (this resurrects
+        # the Work in _notified until its callbacks have run).
+        try:
+            if self._state == _PENDING and _has_notify():
+                self._state = _NOTIFIED
+                self._notify()
+        except Exception:  # noqa: BLE001 - at interpreter exit the library may be gone
+            pass
 
     # -- torch's interface --------------------------------------------------------------
 
@@ -100,13 +120,13 @@ class Work(_C10dWork):
         """A future completed by the library when the operation completes (its value: the
         operation's output tensors)."""
         with self._lock:
-            fut = self._future
-            if fut is not None:
-                return fut
+            if self._future is not None:
+                return self._future_out
             fut = self._future = torch.futures.Future()
+            self._future_out = fut.then(_unwrap)
             state = self._state
             if state == _PENDING:
-                if not c.lib().has("fabricoll_request_notify"):
+                if not _has_notify():
                     self._future = None
                     c.lib().fabricoll_request_notify()  # raises NotImplementedError
                 self._state = _NOTIFIED
@@ -114,7 +134,7 @@ class Work(_C10dWork):
             self._notify()
         elif state == _DONE:
             self._settle(fut)
-        return fut
+        return self._future_out
 
     def is_completed(self):
         return self._state == _DONE
@@ -171,7 +191,7 @@ class Work(_C10dWork):
             event = self._event
             hand = self._state == _PENDING
             if hand:
-                if not c.lib().has("fabricoll_request_notify"):
+                if not _has_notify():
                     self._state = _WAITING
                     hand = None
                 else:
@@ -219,7 +239,9 @@ class Work(_C10dWork):
     def _one_done(self, status, err=None):
         if status and err is None:
             err = self._failure(
-                c.FabricollError("fabricoll_request_notify", status, "the request failed")
+                c.FabricollError(
+                    "completion", status, "the library reported this status to the request's callback"
+                )
             )
         with self._lock:
             if err is not None and self._error is None:
@@ -241,25 +263,44 @@ class Work(_C10dWork):
             self._keep = None
             self._finish = None
             fut, event = self._future, self._event
-        self._backend._inflight.discard(self)
         if event is not None:
             event.set()
         if fut is not None:
             self._settle(fut)
 
     def _settle(self, fut):
-        if self._error is None:
-            fut.set_result(self._result)
-        else:
-            fut.set_exception(self._error)
+        # (error, tensors): _unwrap, chained behind, raises the error, which marks the future
+        # that torch sees as failed. Future.set_exception would not: it only makes this
+        # Python wrapper raise, and torch's C++ side (DDP) would take the error for a value.
+        fut.set_result((self._error, self._result))
 
-    def _abandon(self, reason):
-        """The communicator is gone: a request no one drives will never complete."""
-        with self._lock:
-            if self._state != _PENDING:
-                return
-            self._state = _WAITING
-        self._complete(RuntimeError(f"fabricoll {self._opname}: {reason}"))
+
+class Done(_C10dWork):
+    """An operation that already completed (a synchronous call): ``wait`` returns at once."""
+
+    def __init__(self, result):
+        super().__init__()
+        self._result = result
+
+    def wait(self, timeout=None):
+        return True
+
+    def get_future(self):
+        fut = torch.futures.Future()
+        fut.set_result(self._result)
+        return fut
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._result
 
 
 class WorkList(_C10dWork):

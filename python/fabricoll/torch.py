@@ -8,7 +8,7 @@
     init_device_mesh("cpu", (2, 2))                      # once fabricoll is the default
 
 Functional collectives (``torch.distributed._functional_collectives``), DDP and FSDP2 on
-CPU run through it. Options per group: pass :class:`Options` as ``pg_options``; torch's
+CPU run through it, also under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (torch's checking wrapper). Options per group: pass :class:`Options` as ``pg_options``; torch's
 ``timeout`` becomes the communicator's timeout (``fabricoll_config.timeout_ms``: the most
 any operation waits without progress). What each operation supports and how dtypes map:
 :mod:`fabricoll._backend` and :mod:`fabricoll._dtypes`.
