@@ -165,7 +165,8 @@ def main():
     if ARGS.json:
         with open(ARGS.json, "w", encoding="utf-8") as f:
             json.dump({"backend": ARGS.backend, "world_size": ARGS.world_size,
-                       "select": ARGS.select, "start": ARGS.start, "seconds": round(time.monotonic() - t0, 1),
+                       "select": ARGS.select, "start": ARGS.start,
+                       "seconds": round(time.monotonic() - t0, 1),
                        "tests": res.status}, f, indent=1, sort_keys=True)
     # a rank that hung (a failed test leaves it behind) must not hold this process at exit:
     # multiprocessing joins its children then
