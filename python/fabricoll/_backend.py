@@ -68,10 +68,18 @@ def _displs(counts):
     return out
 
 
-def _flat(tensors, dtype):
+def _same_dtype(opname, tensors, dtype):
+    """Raise unless every tensor has ``dtype`` (lists are moved as one flat buffer)."""
+    for t in tensors:
+        if t.dtype != dtype:
+            raise Unsupported(f"fabricoll {opname}: mixed dtypes ({t.dtype} and {dtype})")
+
+
+def _flat(tensors, dtype, opname="collective"):
     """One contiguous buffer holding ``tensors`` (all of ``dtype``) back to back."""
     if not tensors:
         return torch.empty(0, dtype=dtype)
+    _same_dtype(opname, tensors, dtype)
     return torch.cat([t.reshape(-1) for t in tensors])
 
 
@@ -291,7 +299,7 @@ class FabricollBackend(_C10dBackend):
             raise Unsupported(f"fabricoll reduce_scatter: {len(ins)} inputs for {self._size} ranks")
         counts = [t.numel() for t in ins]
         uneven = None if len(set(counts)) == 1 else counts
-        flat = _flat(ins, out.dtype)
+        flat = _flat(ins, out.dtype, "reduce_scatter")
         req, buf, keep = self._reduce_scatter_flat("reduce_scatter", flat, out, opts.reduceOp, uneven)
         return self._work("reduce_scatter", [req], output_tensors, self._finish_all([buf]), keep)
 
@@ -351,6 +359,7 @@ class FabricollBackend(_C10dBackend):
     def _allgather_list(self, opname, outs, inp):
         if len(outs) != self._size:
             raise Unsupported(f"fabricoll {opname}: {len(outs)} outputs for {self._size} ranks")
+        _same_dtype(opname, outs, inp.dtype)
         counts = [nbytes(o) for o in outs]
         flat = torch.empty(sum(o.numel() for o in outs), dtype=inp.dtype)
         uneven = None if len(set(counts)) == 1 else counts
@@ -363,8 +372,15 @@ class FabricollBackend(_C10dBackend):
         return self._work("allgather", [req], output_tensors[0], finish, keep)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts):
+        # torch's layout: output_lists[r][i] receives rank r's input_tensors[i].
+        if len(output_lists) != self._size or any(len(o) != len(input_tensors) for o in output_lists):
+            raise Unsupported(
+                f"fabricoll allgather_coalesced: output_tensor_lists must hold {self._size} lists "
+                f"(one per rank) of {len(input_tensors)} tensors (one per input)"
+            )
         reqs, keep, finishes = [], [], []
-        for outs, inp in zip(output_lists, input_tensors):
+        for i, inp in enumerate(input_tensors):
+            outs = [output_lists[r][i] for r in range(self._size)]
             req, k, f = self._allgather_list("allgather_coalesced", outs, inp)
             reqs.append(req)
             keep.append(k)
@@ -413,6 +429,7 @@ class FabricollBackend(_C10dBackend):
         outs = output_tensors[0]
         if len(outs) != self._size:
             raise Unsupported(f"fabricoll gather: {len(outs)} outputs for {self._size} ranks")
+        _same_dtype("gather", outs, inp.dtype)
         flat = torch.empty(sum(o.numel() for o in outs), dtype=inp.dtype)
         req, keep = self._gather_flat("gather", inp, flat, root)
         return self._work("gather", [req], outs, lambda: _split_into(flat, outs), keep)
@@ -438,7 +455,7 @@ class FabricollBackend(_C10dBackend):
                     f"fabricoll scatter: the root needs {self._size} inputs of the output's "
                     f"{out.numel()} elements"
                 )
-            flat = _flat(ins, out.dtype)
+            flat = _flat(ins, out.dtype, "scatter")
         send = flat.data_ptr() if flat is not None else None
         req = self._start("scatter", c.lib().fabricoll_iscatter, send, buf.engine.data_ptr(), nbytes(out), _U8, root)
         return self._work("scatter", [req], output_tensors, self._finish_all([buf]), (flat, buf))
@@ -458,7 +475,8 @@ class FabricollBackend(_C10dBackend):
             raise Unsupported(f"fabricoll alltoall: {len(input_tensors)} inputs and "
                               f"{len(output_tensors)} outputs for {n} ranks")  # fmt: skip
         dtype = input_tensors[0].dtype
-        src = _flat(input_tensors, dtype)
+        src = _flat(input_tensors, dtype, "alltoall")
+        _same_dtype("alltoall", output_tensors, dtype)
         dst = torch.empty(sum(o.numel() for o in output_tensors), dtype=output_tensors[0].dtype)
         scounts = [nbytes(t) for t in input_tensors]
         rcounts = [nbytes(t) for t in output_tensors]
