@@ -376,7 +376,8 @@ fabricoll_status fabricoll_group_end(void);
  communicator's progress thread advances it, sleeping on the fabric's completion queue when
  nothing moves; no caller thread polls) and `callback(user_data, status)` runs exactly once
  when it completes or fails: in the progress thread, or in the calling thread when the
- request had already completed. The request is freed after the callback returns: the
+ request had already completed. On failure, `fabricoll_last_error()` called inside the
+ callback gives the message (peer gone, deadline, calls that differ). The request is freed after the callback returns: the
  caller must not test or wait on it after this call. Fails (INVALID_ARGUMENT, naming
  'request' or 'callback') without taking the request when an argument is bad.
 

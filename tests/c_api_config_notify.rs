@@ -131,10 +131,12 @@ fn the_configs_timeout_rules_the_bootstrap_and_the_calls() {
     }
 }
 
-/// What a C callback saw: the status (-1 before it ran) and how many times it ran.
+/// What a C callback saw: the status (-1 before it ran), how many times it ran, and the
+/// thread's last error inside the callback when the status is a failure.
 struct Seen {
     status: AtomicI32,
     calls: AtomicUsize,
+    message: std::sync::Mutex<String>,
 }
 
 impl Seen {
@@ -142,6 +144,7 @@ impl Seen {
         Seen {
             status: AtomicI32::new(-1),
             calls: AtomicUsize::new(0),
+            message: std::sync::Mutex::new(String::new()),
         }
     }
 
@@ -158,6 +161,9 @@ impl Seen {
 unsafe extern "C" fn record(user_data: *mut c_void, status: c_int) {
     // SAFETY: every test passes a `Seen` that outlives its request.
     let seen = unsafe { &*(user_data as *const Seen) };
+    if status != FABRICOLL_SUCCESS as c_int {
+        *seen.message.lock().unwrap() = last_error();
+    }
     seen.status.store(status, Ordering::SeqCst);
     seen.calls.fetch_add(1, Ordering::SeqCst);
 }
@@ -251,7 +257,11 @@ fn notified_requests_call_back_once_with_their_status() {
     assert_eq!(fabricoll_comm_destroy(comm(cs[0])), FABRICOLL_SUCCESS);
     for s in [&aborted, &destroyed] {
         assert_eq!(s.calls.load(Ordering::SeqCst), 1);
+        // Inside the callback, fabricoll_last_error says why.
+        let m = s.message.lock().unwrap().clone();
+        assert!(m.contains("fabricoll_request_notify"), "{m}");
     }
+    assert!(aborted.message.lock().unwrap().contains("abort"));
 }
 
 #[test]

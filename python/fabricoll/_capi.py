@@ -166,6 +166,47 @@ def _candidates():
     ]
 
 
+# Signals whose handlers loading the library must leave as they were. Debian's libfabric links
+# its psm provider, whose libinfinipath installs, in its load-time constructor, handlers for
+# these that call exit() inside the handler: a SIGTERM (multiprocessing's terminate of a
+# rank's peers) then runs the process's exit handlers and library destructors while its
+# threads still run, corrupting the heap; the crash that follows re-enters exit() in the
+# same handler and deadlocks, so the process never ends. It also replaces Python's SIGINT
+# handler (no KeyboardInterrupt).
+_KEPT_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGILL", "SIGABRT", "SIGINT", "SIGTERM")
+
+# Bytes that hold a C `struct sigaction` (152 on x86-64 and aarch64 glibc), with room to spare.
+_SIGACTION_BYTES = 512
+
+
+def _load_keeping_signals(path):
+    """``ctypes.CDLL(path)``, with the handlers of ``_KEPT_SIGNALS`` restored afterwards
+    to what they were before the load (the library and its dependencies install none of their
+    own that the process keeps)."""
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        sigaction = libc.sigaction
+        sigaction.argtypes = [c_int, c_void_p, c_void_p]
+        sigaction.restype = c_int
+    except (OSError, AttributeError):
+        return ctypes.CDLL(path)  # no sigaction to call: nothing to save
+    saved = []
+    for name in _KEPT_SIGNALS:
+        num = getattr(signal, name, None)
+        if num is None:
+            continue
+        buf = ctypes.create_string_buffer(_SIGACTION_BYTES)
+        if sigaction(int(num), None, buf) == 0:
+            saved.append((int(num), buf))
+    try:
+        return ctypes.CDLL(path)
+    finally:
+        for num, buf in saved:
+            sigaction(num, buf, None)
+
+
 class _Lib:
     """The loaded library: each C function is an attribute (missing ones are falsy)."""
 
@@ -174,7 +215,7 @@ class _Lib:
         for origin, path in _candidates():
             if origin == "FABRICOLL_LIB" or os.path.exists(path):
                 try:
-                    self.dll = ctypes.CDLL(path)
+                    self.dll = _load_keeping_signals(path)
                 except OSError as e:
                     raise OSError(f"cannot load fabricoll from {origin} ({path}): {e}") from e
                 self.path = path

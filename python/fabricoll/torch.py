@@ -25,10 +25,27 @@ the library itself reads its own variables (``FABRICOLL_PROVIDER``, ``FABRICOLL_
 for whatever :class:`Options` leaves unset.
 """
 
+import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import Backend as _C10dBackend
 
-from ._backend import FabricollBackend
-from ._bootstrap import Options, create_comm
+
+def _check_torch():
+    """Older torch (2.11 has been seen) cannot construct a Python subclass of its c10d
+    Backend ("No constructor defined"): say so at import, not at the first group."""
+    try:
+        _C10dBackend(0, 1)
+    except TypeError as e:
+        raise ImportError(
+            f"fabricoll.torch needs a torch whose c10d Backend can be subclassed in Python "
+            f"(tested: 2.15); this is torch {torch.__version__}: {e}"
+        ) from None
+
+
+_check_torch()
+
+from ._backend import FabricollBackend  # noqa: E402
+from ._bootstrap import Options, create_comm  # noqa: E402
 
 __all__ = ["FabricollBackend", "Options", "NAME"]
 

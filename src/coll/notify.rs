@@ -49,8 +49,13 @@ struct Shared {
 const PARK_SLICE: Duration = Duration::from_secs(1);
 
 /// The first nap of an idle progress thread where the transport has no wait object (doubled
-/// each idle round up to `SLEEP_SLICE`): short, as a message may arrive any moment.
+/// each idle round up to `NAP_MAX`): short, as a message may arrive any moment.
 const NAP_MIN: Duration = Duration::from_micros(20);
+
+/// The longest nap: a notified request waits for peers that are still computing (DDP's
+/// buckets), so a nap is added to the request's latency; the thread naps only while a
+/// notified request is pending.
+const NAP_MAX: Duration = Duration::from_micros(200);
 
 /// Callbacks ready to run, with their statuses.
 type Ready = Vec<(Callback, Result<()>)>;
@@ -274,7 +279,7 @@ fn progress_thread(shared: &Shared, comm: &Weak<Comm>) {
                     WaitObject::Yield => {
                         drop(c);
                         std::thread::sleep(nap);
-                        nap = (nap * 2).min(SLEEP_SLICE);
+                        nap = (nap * 2).min(NAP_MAX);
                     }
                     // A failing wait only shortens the sleep: the next round's poll reports it.
                     WaitObject::Fd(_) => {

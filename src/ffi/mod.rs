@@ -7,6 +7,7 @@ pub(crate) mod boundary;
 pub mod collnet;
 pub mod logging;
 pub mod net;
+pub mod signals;
 pub mod types;
 
 pub(crate) use boundary::boundary;

@@ -10,6 +10,7 @@ use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// A communicator as the C API knows it.
 pub(super) struct CommEntry {
@@ -25,6 +26,10 @@ pub(super) struct CommEntry {
 
 /// Low bits of a C API key: 0, so that handles look like aligned pointers.
 const TAG: u8 = 0;
+
+/// Longest wait in `destroy_comm` for other threads (the progress thread running a callback)
+/// to release the communicator.
+const DESTROY_GRACE: Duration = Duration::from_secs(2);
 
 /// A pending request: its communicator and its id there.
 type Pending = (Arc<CommEntry>, RequestId);
@@ -77,6 +82,16 @@ pub(super) fn destroy_comm(p: *mut fabricoll_comm) -> Result<()> {
     // waits for the engine, which a blocking collective on the direct channel holds until it
     // sees the flag. (Asking `pending()` first waited for that collective's deadline.)
     c.comm.abort();
+    // The progress thread may hold the communicator for the rest of a round (a callback in
+    // progress): wait for it to let go, so that the communicator and its fabric objects are
+    // gone when destroy returns, not freed by that thread later (at process exit, while the
+    // libraries' destructors run). Bounded: a callback that never returns costs the grace.
+    let gone = Arc::downgrade(&c.comm);
+    drop(c);
+    let deadline = Instant::now() + DESTROY_GRACE;
+    while gone.strong_count() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     Ok(())
 }
 

@@ -24,7 +24,8 @@ unsafe impl Send for UserData {}
 /// communicator's progress thread advances it, sleeping on the fabric's completion queue when
 /// nothing moves; no caller thread polls) and `callback(user_data, status)` runs exactly once
 /// when it completes or fails: in the progress thread, or in the calling thread when the
-/// request had already completed. The request is freed after the callback returns: the
+/// request had already completed. On failure, `fabricoll_last_error()` called inside the
+/// callback gives the message (peer gone, deadline, calls that differ). The request is freed after the callback returns: the
 /// caller must not test or wait on it after this call. Fails (INVALID_ARGUMENT, naming
 /// 'request' or 'callback') without taking the request when an argument is bad.
 ///
@@ -44,7 +45,12 @@ pub extern "C" fn fabricoll_request_notify(
             let data = data;
             let status = match &r {
                 Ok(()) => fabricoll_status::FABRICOLL_SUCCESS,
-                Err(e) => fabricoll_status::from(e),
+                Err(e) => {
+                    // The callback's thread may be the progress thread: its last error is
+                    // where the callback reads why (fabricoll_last_error).
+                    super::set_last_error(&format!("fabricoll_request_notify: {e}"));
+                    fabricoll_status::from(e)
+                }
             };
             // SAFETY: `f` is the caller's callback, called once with the caller's user_data,
             // as `fabricoll_request_notify` documents.
