@@ -1,4 +1,6 @@
 """Test-side assertions over a job's per-rank results (tests.launcher.JobResult)."""
+import unittest
+
 from tests import harness, launcher
 
 
@@ -32,3 +34,20 @@ def assert_checks(case, res):
         print(f"    refused: {u}")
     if failed:
         case.fail(f"{len(failed)} failed checks (logs in {res.outdir}):\n" + "\n".join(failed[:30]))
+
+
+def matrix_case(module, name, job, doc):
+    """A TestCase class `name` (of `module`) running `job` once per (provider, rank count):
+    test_shm_2, test_shm_4, test_net_2, test_net_4."""
+
+    def make(nranks, provider):
+        def test(self):
+            assert_checks(self, run_job(self, job, nranks, provider))
+        test.__doc__ = f"{job} at {nranks} ranks over {provider}"
+        return test
+
+    attrs = {"__doc__": doc, "__module__": module}
+    for provider in ("shm", "net"):
+        for nranks in (2, 4):
+            attrs[f"test_{provider}_{nranks}"] = make(nranks, provider)
+    return type(name, (unittest.TestCase,), attrs)

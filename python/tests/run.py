@@ -17,7 +17,7 @@ import sys
 import time
 import unittest
 
-from tests import harness
+from tests import harness, suite_compare
 
 
 def run_ours(names):
@@ -68,7 +68,7 @@ def run_suite(select):
         if status == "skipped" and select == "ci" and harness.strict():
             status, why = "failed", f"skipped under FABRICOLL_TEST_STRICT=1: {why}"
         counts[status] += 1
-        line = why.strip().splitlines()[-1] if why.strip() else ""
+        line = suite_compare.reason(why)
         print(f"  {status.upper():<7} {name} {line[:200]}")
     print(f"  ({time.monotonic() - t0:.0f}s)")
     return counts["passed"], counts["failed"], counts["skipped"]

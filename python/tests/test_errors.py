@@ -59,11 +59,12 @@ class Errors(unittest.TestCase):
             if res.rcs[r] != 0 or res.results[r] is None:
                 self.fail(res.describe())
             out = res.results[r]["results"]
-            for name in ("sync", "async", "finish"):
+            for name in ("sync", "async", "future", "finish"):
                 err, secs = out[name]
-                print(f"\n  survivor {r} {name if name != 'finish' else finish}: {secs:.2f}s: {err}")
+                label = finish if name == "finish" else name
+                print(f"\n  survivor {r} {label}: {secs:.2f}s: {err}")
                 self.assertLess(secs, TIMEOUT_S + SLACK_S, f"survivor {r}: {name} took too long")
-            for name in ("sync", "async"):
+            for name in ("sync", "async", "future"):
                 self.assertIsNotNone(out[name][0], f"survivor {r}: {name} did not raise")
 
     def test_killed_rank_shm_abort(self):

@@ -84,3 +84,29 @@ class Reference(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Reports(unittest.TestCase):
+    def test_reason_is_the_exception_line(self):
+        from tests.suite_compare import reason  # pylint: disable=import-outside-toplevel
+        why = ("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+               "fabricoll._dtypes.Unsupported: fabricoll x: no\n\nTo execute this test, run:\n"
+               "This message can be suppressed by setting PYTORCH_PRINT_REPRO_ON_FAILURE=0\n")
+        self.assertEqual(reason(why), "fabricoll._dtypes.Unsupported: fabricoll x: no")
+        self.assertEqual(reason("Skipped due to small world size."),
+                         "Skipped due to small world size.")
+
+    def test_bench_table_follows_nccl_tests(self):
+        import sys  # pylint: disable=import-outside-toplevel
+        sys.path.insert(0, os.path.join(harness.REPO, "scripts", "torch"))
+        import bench  # pylint: disable=import-outside-toplevel
+        res = {"ranks": 4, "colls": [
+            {"coll": "all_reduce", "size": 1 << 20, "iters": {},
+             "times": {"fabricoll": [1e-3, 2e-3, 3e-3], "gloo": [4e-3, 4e-3, 9e-3]}}]}
+        lines = bench.tables(res, "shm")
+        row = [ln for ln in lines if "1MiB" in ln][0].split()
+        # 1 MiB in 2 ms: algbw 0.524 GB/s, busbw x 2(n-1)/n = 0.786; gloo's median 4 ms: 2.00x
+        self.assertEqual(row[3:6], ["2000.0", "0.524", "0.786"])
+        self.assertEqual(row[-1], "2.00x")
+        self.assertEqual(bench.sizes(8, 64 << 20)[:3], [8, 64, 512])
+        self.assertEqual(bench.sizes(4, 64 << 20)[-2:], [32 << 20, 64 << 20])

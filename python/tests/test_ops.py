@@ -3,46 +3,15 @@ over shm and net (tests.ranks.ops_reduce and tests.ranks.ops_move hold the check
 import os
 import unittest
 
-from tests.checks import assert_checks, run_job
+from tests.checks import assert_checks, matrix_case, run_job
 
-
-class ReduceOps(unittest.TestCase):
-    """all_reduce (every ReduceOp x CPU dtype), reduce, reduce_scatter, coalesced forms."""
-
-    def _run(self, nranks, provider):
-        assert_checks(self, run_job(self, "ops_reduce", nranks, provider))
-
-    def test_shm_2(self):
-        self._run(2, "shm")
-
-    def test_shm_4(self):
-        self._run(4, "shm")
-
-    def test_net_2(self):
-        self._run(2, "net")
-
-    def test_net_4(self):
-        self._run(4, "net")
-
-
-class MoveOps(unittest.TestCase):
-    """broadcast, all_gather, all_to_all, gather, scatter, barrier, send/recv, futures, groups,
-    DeviceMesh, functional collectives, object collectives."""
-
-    def _run(self, nranks, provider):
-        assert_checks(self, run_job(self, "ops_move", nranks, provider))
-
-    def test_shm_2(self):
-        self._run(2, "shm")
-
-    def test_shm_4(self):
-        self._run(4, "shm")
-
-    def test_net_2(self):
-        self._run(2, "net")
-
-    def test_net_4(self):
-        self._run(4, "net")
+ReduceOps = matrix_case(
+    __name__, "ReduceOps", "ops_reduce",
+    "all_reduce (every ReduceOp x CPU dtype), reduce, reduce_scatter, coalesced forms.")
+MoveOps = matrix_case(
+    __name__, "MoveOps", "ops_move",
+    "broadcast, all_gather, all_to_all, gather, scatter, barrier, send/recv, futures, groups, "
+    "DeviceMesh, functional collectives, object collectives.")
 
 
 class Mixed(unittest.TestCase):

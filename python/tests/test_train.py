@@ -2,24 +2,10 @@
 and 4 ranks over shm and net (tests.ranks.train)."""
 import unittest
 
-from tests.checks import assert_checks, run_job
+from tests.checks import matrix_case
 
-
-class Training(unittest.TestCase):
-    def _run(self, nranks, provider):
-        assert_checks(self, run_job(self, "train", nranks, provider))
-
-    def test_shm_2(self):
-        self._run(2, "shm")
-
-    def test_shm_4(self):
-        self._run(4, "shm")
-
-    def test_net_2(self):
-        self._run(2, "net")
-
-    def test_net_4(self):
-        self._run(4, "net")
+Training = matrix_case(__name__, "Training", "train",
+                       "DDP and FSDP2: parameters after the steps equal gloo's.")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ Prints one line per test and `torch-suite: N passed, M failed, K skipped`; --jso
 """
 import argparse
 import json
+import multiprocessing
 import os
 import re
 import sys
@@ -100,6 +101,14 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
             self._spawn_processes()
         torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
 
+    def tearDown(self):
+        # a rank left blocked by a failed test (SIGTERM may be blocked there) must not outlive it
+        for proc in getattr(self, "processes", []):
+            if proc.is_alive():
+                proc.kill()
+                proc.join(10)
+        super().tearDown()
+
 
 def selected(select):
     names = sorted(n for n in dir(TestDistBackendWithSpawn) if n.startswith("test_"))
@@ -156,14 +165,23 @@ def main():
     if ARGS.json:
         with open(ARGS.json, "w", encoding="utf-8") as f:
             json.dump({"backend": ARGS.backend, "world_size": ARGS.world_size,
-                       "select": ARGS.select, "start": ARGS.start, "seconds": round(time.monotonic() - t0, 1),
+                       "select": ARGS.select, "start": ARGS.start,
+                       "seconds": round(time.monotonic() - t0, 1),
                        "tests": res.status}, f, indent=1, sort_keys=True)
+    # a rank that hung (a failed test leaves it behind) must not hold this process at exit:
+    # multiprocessing joins its children then
+    for child in multiprocessing.active_children():
+        child.kill()
     print(f"torch-suite: {counts['passed']} passed, {counts['failed']} failed, "
           f"{counts['skipped']} skipped ({ARGS.backend}, world size {ARGS.world_size}, "
           f"{ARGS.start}, "
           f"{time.monotonic() - t0:.0f}s)")
+    sys.stdout.flush()
     return 0 if counts["failed"] == 0 else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    RC = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(RC)  # (no interpreter teardown: a backend's threads cannot turn a result into a hang)

@@ -1,1 +1,2 @@
-"""Rank-side code of the torch tests: each module's `run(ctx)` is one job's body (tests.rank_main)."""
+"""Rank-side code of the torch tests: each module's `run(args)` is one job's body
+(tests.rank_main)."""

@@ -57,9 +57,12 @@ def killed(rank, ws, finish="destroy"):
     time.sleep(0.5)
     out = {"sync": timed(lambda: dist.all_reduce(t))}
     out["async"] = timed(lambda: dist.all_reduce(t, async_op=True).wait())
+    # DDP's way: only the future is waited on (the request completes through a notification)
+    out["future"] = timed(lambda: dist.all_reduce(t, async_op=True).get_future().wait())
     if finish == "abort":
         # what a job does after a failure: abort the group, failing what is pending
-        out["finish"] = timed(dist.distributed_c10d._abort_process_group)  # pylint: disable=protected-access
+        abort = dist.distributed_c10d._abort_process_group  # pylint: disable=protected-access
+        out["finish"] = timed(abort)
     else:
         out["finish"] = timed(dist.destroy_process_group)
     return out

@@ -132,7 +132,8 @@ def check_groups(ck, rank, ws, seed):
 
 
 def check_mesh(ck, rank, ws, seed):
-    from torch.distributed.device_mesh import init_device_mesh  # pylint: disable=import-outside-toplevel
+    # pylint: disable-next=import-outside-toplevel
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import (  # pylint: disable=import-outside-toplevel
         Replicate, Shard, distribute_tensor)
 
@@ -164,7 +165,7 @@ def check_mesh(ck, rank, ws, seed):
 
 
 def check_functional(ck, rank, ws, seed):
-    import torch.distributed._functional_collectives as fc  # pylint: disable=import-outside-toplevel
+    import torch.distributed._functional_collectives as fc  # pylint: disable=C0415
 
     xs = [common.gen(torch.float32, (ws * 2,), r, seed) for r in range(ws)]
     group = dist.group.WORLD

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from tests.ranks import common, ops_misc
+from tests.ranks.ops_reduce import GLOO_LACKS
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
           torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128,
@@ -33,6 +34,10 @@ def check_types(ck, gloo, rank, ws, seed):
                 t = xs[rank].clone()
                 dist.broadcast(t, src=root)
                 common.same(t, xs[root], True, f"broadcast from {root}")
+                if dtype not in GLOO_LACKS:
+                    g = xs[rank].clone()
+                    dist.broadcast(g, src=root, group=gloo)
+                    common.same(t, g, True, "against gloo")
 
         def gather_tensor(dtype=dtype, xs=xs):
             out = torch.empty(ws * 37, dtype=dtype)
@@ -49,6 +54,10 @@ def check_types(ck, gloo, rank, ws, seed):
             dist.all_gather(outs, xs[rank].clone())
             for r in range(ws):
                 common.same(outs[r], xs[r], True, f"all_gather block {r}")
+            if dtype not in GLOO_LACKS:
+                gouts = [torch.empty(37, dtype=dtype) for _ in range(ws)]
+                dist.all_gather(gouts, xs[rank].clone(), group=gloo)
+                common.same(torch.stack(outs), torch.stack(gouts), True, "against gloo")
 
         def a2a_single(dtype=dtype, xs=xs):
             ins = [common.gen(dtype, (ws * 3,), r, seed + 1) for r in range(ws)]
@@ -114,9 +123,13 @@ def check_rooted(ck, gloo, rank, ws, seed):
             outs = [torch.empty(11, dtype=torch.float64) for _ in range(ws)] \
                 if rank == root else None
             dist.gather(xs[rank].clone(), outs, dst=root)
+            gouts = [torch.empty(11, dtype=torch.float64) for _ in range(ws)] \
+                if rank == root else None
+            dist.gather(xs[rank].clone(), gouts, dst=root, group=gloo)
             if rank == root:
                 for r in range(ws):
                     common.same(outs[r], xs[r], True, f"gather block {r}")
+                    common.same(outs[r], gouts[r], True, f"gather block {r} against gloo")
 
         def scatter(root=root):
             blocks = [common.gen(torch.int32, (9,), 100 + i, seed + root) for i in range(ws)]

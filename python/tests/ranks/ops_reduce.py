@@ -145,6 +145,11 @@ def check_reduce(ck, gloo, rank, ws, seed):
                 dist.reduce(t, dst=root, op=make_op(op))
                 if rank == root:  # (a non-root's buffer is scratch space, as with gloo)
                     common.same(t, want, exact(dtype, op, ws), "reduce at the root", ws)
+                if gloo_has(dtype, op):
+                    g = xs[rank].clone()
+                    dist.reduce(g, dst=root, op=make_op(op), group=gloo)
+                    if rank == root:
+                        common.same(t, g, exact(dtype, op, ws), "against gloo", ws)
 
             ck.run(f"reduce {op} {dtype} root {root}", body)
 
