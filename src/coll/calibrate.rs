@@ -385,17 +385,10 @@ fn log_model(m: &Model, n: usize, hosts: Hosts, spans: bool, how: Calibrated) {
         );
         return;
     }
-    let (i, e) = (m.intra, m.inter());
     log::info!(
-        "calibration on {n} ranks, hosts of {:?} ranks: intra alpha {:.2} us, beta {:.3} GB/s, o {:.2} us; inter alpha {:.2} us, beta {:.3} GB/s, o {:.2} us; gamma {:.2} GB/s{how}",
+        "calibration on {n} ranks, hosts of {:?} ranks: {}{how}",
         hosts.sizes(n),
-        i.alpha_us,
-        gbps(i.beta_us_per_byte),
-        i.o_us,
-        e.alpha_us,
-        gbps(e.beta_us_per_byte),
-        e.o_us,
-        gbps(m.gamma_us_per_byte)
+        m.levels_text()
     );
 }
 

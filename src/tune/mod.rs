@@ -121,6 +121,26 @@ impl Model {
         self
     }
 
+    /// Both levels' parameters and gamma, for log lines:
+    /// "intra alpha .. us, beta .. GB/s, o .. us; inter ...; gamma .. GB/s".
+    pub fn levels_text(&self) -> String {
+        let gbps = |b: f64| 1.0 / (b * 1e3);
+        let link = |l: Link| {
+            format!(
+                "alpha {:.2} us, beta {:.3} GB/s, o {:.2} us",
+                l.alpha_us,
+                gbps(l.beta_us_per_byte),
+                l.o_us
+            )
+        };
+        format!(
+            "intra {}; inter {}; gamma {:.2} GB/s",
+            link(self.intra),
+            link(self.inter()),
+            gbps(self.gamma_us_per_byte)
+        )
+    }
+
     /// The inter-host level (the one level on one host).
     pub fn inter(&self) -> Link {
         Link {

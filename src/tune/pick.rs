@@ -134,22 +134,18 @@ impl Model {
         let mut sorted = cands.to_vec();
         sorted.sort_by(|x, y| x.us.total_cmp(&y.us));
         let list: Vec<String> = sorted.iter().map(Priced::describe).collect();
-        let (i, e) = (self.intra, self.inter());
-        let gbps = |b: f64| 1.0 / (b * 1e3);
         log::info!(
-            "{:?} of {} B on {} ranks, hosts of {:?} ranks (intra alpha {:.2} us, beta {:.3} GB/s, o {:.2} us; inter alpha {:.2} us, beta {:.3} GB/s, o {:.2} us; gamma {:.2} GB/s{}): predicted {}; chose {}",
+            "{:?} of {} B on {} ranks, hosts of {:?} ranks ({}{}): predicted {}; chose {}",
             p.coll,
             p.count * elem,
             p.nranks,
             opts.hosts.sizes(p.nranks),
-            i.alpha_us,
-            gbps(i.beta_us_per_byte),
-            i.o_us,
-            e.alpha_us,
-            gbps(e.beta_us_per_byte),
-            e.o_us,
-            gbps(self.gamma_us_per_byte),
-            if self.shared_cpus { ", ranks share CPUs" } else { "" },
+            self.levels_text(),
+            if self.shared_cpus {
+                ", ranks share CPUs"
+            } else {
+                ""
+            },
             list.join(", "),
             best.describe()
         );
