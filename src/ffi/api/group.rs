@@ -57,25 +57,28 @@ pub extern "C" fn fabricoll_group_start() -> fabricoll_status {
 /// FABRICOLL_INVALID_USAGE.
 #[no_mangle]
 pub extern "C" fn fabricoll_group_end() -> fabricoll_status {
-    boundary("fabricoll_group_end", || {
-        let started = GROUP.with(|g| {
-            let mut g = g.borrow_mut();
-            match g.depth {
-                0 => Err(Error::InvalidUsage(
-                    "fabricoll_group_end without a matching fabricoll_group_start".into(),
-                )),
-                1 => {
-                    g.depth = 0;
-                    Ok(std::mem::take(&mut g.started))
-                }
-                _ => {
-                    g.depth -= 1;
-                    Ok(Vec::new())
-                }
+    boundary("fabricoll_group_end", end_group)
+}
+
+/// Leave one level of this thread's group; at the outermost, wait for its calls.
+fn end_group() -> Result<()> {
+    let started = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        match g.depth {
+            0 => Err(Error::InvalidUsage(
+                "fabricoll_group_end without a matching fabricoll_group_start".into(),
+            )),
+            1 => {
+                g.depth = 0;
+                Ok(std::mem::take(&mut g.started))
             }
-        })?;
-        wait_all(started)
-    })
+            _ => {
+                g.depth -= 1;
+                Ok(Vec::new())
+            }
+        }
+    })?;
+    wait_all(started)
 }
 
 /// Wait for every call; the first failure (in the order the calls were made).
