@@ -46,6 +46,28 @@ impl Error {
     pub fn arg(name: &str, why: impl fmt::Display) -> Error {
         Error::InvalidArgument(format!("argument '{name}': {why}"))
     }
+
+    /// The error for a call that failed with `errno` (a libfabric `FI_E*` or POSIX value, of
+    /// either sign), `msg` naming the call and carrying the provider's words. Neuron's net
+    /// plugin maps errno values so (neuron-abi.md section 2, Errors): `EINVAL` is a bug of
+    /// ours (Internal); `EMSGSIZE` a call the provider cannot take (InvalidUsage); a
+    /// connection aborted, reset, refused or not connected, or a host down or unreachable,
+    /// the peer's failure (Remote); anything else a fabric or OS failure (System).
+    pub fn from_errno(errno: i64, msg: impl Into<String>) -> Error {
+        let msg = msg.into();
+        let code = i32::try_from(errno.unsigned_abs()).unwrap_or(i32::MAX);
+        match code {
+            libc::EINVAL => Error::Internal(msg),
+            libc::EMSGSIZE => Error::InvalidUsage(msg),
+            libc::ECONNABORTED
+            | libc::ECONNRESET
+            | libc::ECONNREFUSED
+            | libc::ENOTCONN
+            | libc::EHOSTDOWN
+            | libc::EHOSTUNREACH => Error::Remote(msg),
+            _ => Error::System(msg),
+        }
+    }
 }
 
 impl fmt::Display for Error {
@@ -73,5 +95,34 @@ mod tests {
         assert_eq!(Error::System("x".into()).nccl_code(), 2);
         assert_eq!(Error::Timeout("x".into()).nccl_code(), 6);
         assert!(Error::arg("size", "too big").to_string().contains("'size'"));
+    }
+
+    #[test]
+    fn errno_values_map_as_neuron_maps_them_with_either_sign() {
+        let rows: [(i32, i32); 10] = [
+            (libc::EINVAL, nccl::INTERNAL_ERROR),
+            (libc::EMSGSIZE, nccl::INVALID_USAGE),
+            (libc::ECONNABORTED, nccl::REMOTE_ERROR),
+            (libc::ECONNRESET, nccl::REMOTE_ERROR),
+            (libc::ECONNREFUSED, nccl::REMOTE_ERROR),
+            (libc::ENOTCONN, nccl::REMOTE_ERROR),
+            (libc::EHOSTDOWN, nccl::REMOTE_ERROR),
+            (libc::EHOSTUNREACH, nccl::REMOTE_ERROR),
+            (libc::EIO, nccl::SYSTEM_ERROR),
+            (libc::ENOMEM, nccl::SYSTEM_ERROR),
+        ];
+        for (errno, code) in rows {
+            for e in [errno as i64, -(errno as i64)] {
+                let err = Error::from_errno(e, format!("fi_write failed: words ({e})"));
+                assert_eq!(err.nccl_code(), code, "errno {e}: {err}");
+                let text = err.to_string();
+                assert!(text.contains("fi_write failed: words"), "{text}");
+                assert!(!matches!(err, Error::Timeout(_)), "{text}");
+            }
+        }
+        // libfabric's own codes (above 255) and nonsense are fabric failures.
+        for e in [-265i64, 0, i64::MIN, 1 << 40] {
+            assert!(matches!(Error::from_errno(e, "x"), Error::System(_)), "{e}");
+        }
     }
 }

@@ -54,6 +54,9 @@ pub struct Mr {
     pub region: Region,
     /// Backend state that closes the registration when dropped.
     pub keep: Option<Box<dyn Any + Send + Sync>>,
+    /// The key peers use to reach this registration remotely (`Transport::register_remote`
+    /// only; None for `register`).
+    pub key: Option<u64>,
 }
 
 impl std::fmt::Debug for Mr {
@@ -61,6 +64,7 @@ impl std::fmt::Debug for Mr {
         f.debug_struct("Mr")
             .field("desc", &self.desc)
             .field("region", &self.region)
+            .field("key", &self.key)
             .finish()
     }
 }
@@ -111,6 +115,26 @@ impl Completion {
     }
 }
 
+/// What remote memory access the transport offers (`Caps::rma_caps`; None: no RMA).
+///
+/// Where it is offered, remote addresses are the peer's virtual addresses (`virt_addr`), as
+/// the Neuron net plugin's `iwrite`/`iread` hand them over: a provider that addresses remote
+/// memory by offset into the registration offers no RMA here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RmaCaps {
+    /// Remote addresses are virtual addresses (libfabric's `FI_MR_VIRT_ADDR`); always true
+    /// where RMA is offered.
+    pub virt_addr: bool,
+    /// The provider chooses the keys (`FI_MR_PROV_KEY`); otherwise the transport requests a
+    /// key unique in the process.
+    pub prov_key: bool,
+    /// Bytes of a key the provider uses (`mr_key_size`).
+    pub key_size: usize,
+    /// The largest `Transport::write_inject` (`FI_OPT_INJECT_RMA_SIZE` where the provider
+    /// answers it, else the endpoint's inject size).
+    pub inject_size: usize,
+}
+
 /// What a backend can do, probed, not assumed. The layers above read these fields, never the
 /// provider's name: the transport that fills them in knows its provider's protocols.
 ///
@@ -131,7 +155,11 @@ pub struct Caps {
     /// Registration is required for local buffers (`FI_MR_LOCAL` or HMEM).
     pub mr_local: bool,
     pub hmem: bool,
+    /// The domain offers `FI_RMA` (in whatever addressing mode; see `rma_caps`).
     pub rma: bool,
+    /// The remote memory access this endpoint can do (`Transport::register_remote`, `write`,
+    /// `write_inject`, `read`); None where it can do none.
+    pub rma_caps: Option<RmaCaps>,
     /// The endpoint's completion queue has a wait object we can sleep on (over two fabrics:
     /// both have one).
     pub wait_fd: bool,
@@ -178,6 +206,7 @@ impl Default for Caps {
             mr_local: false,
             hmem: false,
             rma: false,
+            rma_caps: None,
             wait_fd: false,
             tx_size: 0,
             rx_size: 0,
@@ -214,6 +243,54 @@ pub trait Transport: Send + Sync {
     /// Make a peer reachable; inserting the same address again returns the same `Peer`.
     fn insert_peer(&self, addr: &[u8]) -> Result<Peer>;
     fn register(&self, region: Region) -> Result<Mr>;
+
+    /// Register `region` exactly (no page rounding) for local use and for peers' remote reads
+    /// and writes; the key peers use is in `Mr::key`. Only where `caps().rma_caps` is Some.
+    fn register_remote(&self, region: Region) -> Result<Mr> {
+        let _ = region;
+        Err(no_rma())
+    }
+
+    /// Write `src` (its registration's `desc`, or 0) into `peer`'s memory at virtual address
+    /// `addr` of its registration with `key` (`fi_write`). Its completion, with `len` the
+    /// bytes written, comes through `poll` as `op`; `src` must stay untouched until then.
+    fn write(
+        &self,
+        peer: Peer,
+        src: Region,
+        desc: usize,
+        addr: u64,
+        key: u64,
+        op: OpId,
+    ) -> Result<Posted> {
+        let _ = (peer, src, desc, addr, key, op);
+        Err(no_rma())
+    }
+
+    /// Write `src` (at most `rma_caps.inject_size` bytes, no registration needed) into
+    /// `peer`'s memory at `addr` with `key` (`fi_inject_write`): `Queued` means it is on its
+    /// way and `src` may be reused at once; no completion follows. `Busy`: try again after
+    /// progress.
+    fn write_inject(&self, peer: Peer, src: &[u8], addr: u64, key: u64) -> Result<Posted> {
+        let _ = (peer, src, addr, key);
+        Err(no_rma())
+    }
+
+    /// Read `peer`'s memory at virtual address `addr` of its registration with `key` into
+    /// `dst` (its registration's `desc`, or 0) (`fi_read`). Its completion, with `len` the
+    /// bytes read, comes through `poll` as `op`.
+    fn read(
+        &self,
+        peer: Peer,
+        dst: Region,
+        desc: usize,
+        addr: u64,
+        key: u64,
+        op: OpId,
+    ) -> Result<Posted> {
+        let _ = (peer, dst, desc, addr, key, op);
+        Err(no_rma())
+    }
     /// Send `region` to `peer` with `tag`.
     fn send(
         &self,
@@ -297,6 +374,11 @@ pub trait Transport: Send + Sync {
             "this transport has no direct channel (direct_bytes is 0)".into(),
         ))
     }
+}
+
+/// The error of an RMA call on a transport without RMA.
+fn no_rma() -> Error {
+    Error::InvalidUsage("this transport offers no RMA (caps().rma_caps is None)".into())
 }
 
 #[cfg(test)]

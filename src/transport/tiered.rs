@@ -128,6 +128,8 @@ impl Tiered {
             mr_local: i.mr_local || e.mr_local,
             max_msg_size: i.max_msg_size.min(e.max_msg_size),
             intra: Some(Arc::new(i.clone())),
+            // RMA is not routed over two fabrics: the trait's defaults refuse it.
+            rma_caps: None,
             ..e.clone()
         };
         Ok(Tiered {
@@ -307,6 +309,7 @@ impl Transport for Tiered {
             desc: 0,
             region,
             keep: Some(Box::new(pair)),
+            key: None,
         })
     }
 

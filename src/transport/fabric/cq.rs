@@ -28,7 +28,7 @@ impl Inner {
             }
             check("fi_cq_read", n as i64)?;
             for e in &entries[..n as usize] {
-                let Some(ctx) = self.ops.remove(&(e.op_context as usize)) else {
+                let Some(ctx) = self.take_ctx(e.op_context) else {
                     log::warn!(
                         "completion for an unknown operation context {:p}",
                         e.op_context
@@ -110,7 +110,7 @@ impl Inner {
             )
         };
         let prov = cstr(prov);
-        let Some(ctx) = self.ops.remove(&(e.op_context as usize)) else {
+        let Some(ctx) = self.take_ctx(e.op_context) else {
             log::warn!(
                 "completion error for an unknown operation: {} ({prov})",
                 strerror(e.err as i64)
@@ -144,11 +144,14 @@ impl Inner {
         } else if err == sys::FI_ETRUNC as c_int {
             Err(too_large((ctx.len + e.olen) as u64, ctx.len))
         } else {
-            Err(Error::System(format!(
-                "{} failed: {} (provider: {prov})",
-                if ctx.recv { "receive" } else { "send" },
-                strerror(e.err as i64)
-            )))
+            Err(Error::from_errno(
+                e.err as i64,
+                format!(
+                    "{} failed: {} (provider: {prov})",
+                    ctx.what,
+                    strerror(e.err as i64)
+                ),
+            ))
         };
         out.push(Completion {
             op: ctx.op,

@@ -171,7 +171,7 @@ fn domains_with(provider: &str, extra: u64) -> Vec<String> {
     out
 }
 
-fn getinfo_caps(provider: Option<&str>, extra: u64) -> Result<InfoList> {
+pub(super) fn getinfo_caps(provider: Option<&str>, extra: u64) -> Result<InfoList> {
     // SAFETY: fi_allocinfo returns a zeroed fi_info with allocated attribute structs, or NULL.
     let hints = unsafe { sys::fi_allocinfo() };
     if hints.is_null() {
@@ -367,6 +367,10 @@ pub fn discover(cfg: &Config, for_use: Use) -> Result<Discovery> {
         };
         let mut caps = caps;
         tuning::apply(&mut caps);
+        if for_use == Use::Plugin {
+            // Only the plugins' endpoints ask for RMA, and only where the domain offers it.
+            super::rma::probe(dup, &mut caps);
+        }
         crate::transport::require_tag_bits(&chosen, &dom, tag_format)?;
         disc.devices.push(FabricDevice {
             pci_path: sys_pci_path(nic, &dom),

@@ -93,6 +93,9 @@ impl FabricTransport {
         let shm = caps.provider.split(';').next() == Some("shm");
         let (ep, shm_name) = endpoint(dom.domain, info, av, cq, shm, "")?;
         let guard_ep = scopeguard(ep as *mut sys::fid);
+        if let Some(r) = caps.rma_caps.as_mut() {
+            r.inject_size = super::rma::inject_size(ep, r.inject_size);
+        }
         let mut name = vec![0u8; 256];
         let mut len = name.len();
         // SAFETY: ep is enabled; name has `len` writable bytes.
@@ -135,6 +138,7 @@ impl FabricTransport {
                 peers: HashMap::new(),
                 backlog: VecDeque::new(),
                 ready: Vec::new(),
+                rma_order: VecDeque::new(),
                 shm: ShmPath::new(shm_name),
                 claims,
             }),
@@ -232,25 +236,52 @@ impl FabricTransport {
                 desc: 0,
                 region,
                 keep: None,
+                key: None,
             });
         }
+        let access = (sys::FI_SEND | sys::FI_RECV) as u64;
+        let (keep, desc) = self.mr_reg(region, access, 0)?;
+        Ok(Mr {
+            desc,
+            region,
+            keep: Some(Box::new(keep)),
+            key: None,
+        })
+    }
+
+    /// Register exactly `region` with `access` and `requested_key` (`fi_mr_reg`), bound to
+    /// the endpoint where the provider asks for it: the registration and its descriptor.
+    pub(super) fn mr_reg(
+        &self,
+        region: Region,
+        access: u64,
+        requested_key: u64,
+    ) -> Result<(MrFid, usize)> {
         let g = self.inner.lock();
         let mut mr: *mut sys::fid_mr = ptr::null_mut();
-        let access = (sys::FI_SEND | sys::FI_RECV) as u64;
         // SAFETY: the domain is open; the region is valid memory per its contract.
-        check("fi_mr_reg", unsafe {
+        let rc = unsafe {
             sys::fi_mr_reg(
                 g.dom.domain,
                 region.addr() as *const c_void,
                 region.len(),
                 access,
                 0,
-                0,
+                requested_key,
                 0,
                 &mut mr,
                 ptr::null_mut(),
             )
-        } as i64)?;
+        };
+        check(
+            &format!(
+                "fi_mr_reg of {} bytes at {:#x} on {}",
+                region.len(),
+                region.addr(),
+                self.caps.domain
+            ),
+            rc as i64,
+        )?;
         let keep = MrFid {
             mr,
             _domain: g.dom.clone(),
@@ -267,11 +298,7 @@ impl FabricTransport {
         }
         // SAFETY: mr is open.
         let desc = unsafe { sys::fi_mr_desc(mr) } as usize;
-        Ok(Mr {
-            desc,
-            region,
-            keep: Some(Box::new(keep)),
-        })
+        Ok((keep, desc))
     }
 }
 

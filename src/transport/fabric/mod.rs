@@ -13,6 +13,7 @@ mod cq;
 mod discovery;
 mod endpoint;
 mod fid;
+mod rma;
 mod route;
 mod shm;
 pub mod sys;
@@ -46,13 +47,14 @@ fn strerror(rc: i64) -> String {
         .into_owned()
 }
 
-/// `rc` as a Result: an error naming `what` when negative.
+/// `rc` as a Result: an error naming `what` when negative, of the kind its errno maps to
+/// (`Error::from_errno`).
 fn check(what: &str, rc: i64) -> Result<()> {
     if rc < 0 {
-        Err(Error::System(format!(
-            "{what} failed: {} ({rc})",
-            strerror(rc)
-        )))
+        Err(Error::from_errno(
+            rc,
+            format!("{what} failed: {} ({rc})", strerror(rc)),
+        ))
     } else {
         Ok(())
     }
@@ -86,6 +88,8 @@ struct OpCtx {
     recv: bool,
     owned: Option<Vec<u8>>,
     role: Role,
+    /// What the operation is, for its errors ("send", "receive", "RMA write", "RMA read").
+    what: &'static str,
 }
 
 /// What a completion means to us.
@@ -125,6 +129,8 @@ struct Inner {
     backlog: VecDeque<(Peer, u64, Vec<u8>, OpId)>,
     /// Completions known without the CQ (injected sends).
     ready: Vec<Completion>,
+    /// The contexts of RMA operations in flight, oldest first (`rma::take_ctx`).
+    rma_order: VecDeque<usize>,
     /// The shm paths (software matching, fastbox, CMA rendezvous, direct channel, peer watch).
     shm: ShmPath,
     /// Messages that stopped a connection of the native TCP endpoint, claimed (`claim`);
@@ -177,6 +183,7 @@ impl Inner {
             recv,
             owned,
             role,
+            what: if recv { "receive" } else { "send" },
         });
         let p = &mut *b as *mut OpCtx as *mut c_void;
         self.ops.insert(p as usize, b);
@@ -298,6 +305,40 @@ impl Transport for FabricTransport {
 
     fn register(&self, region: Region) -> Result<Mr> {
         self.register_region(region)
+    }
+
+    fn register_remote(&self, region: Region) -> Result<Mr> {
+        self.register_remote_region(region)
+    }
+
+    fn write(
+        &self,
+        peer: Peer,
+        src: Region,
+        desc: usize,
+        addr: u64,
+        key: u64,
+        op: OpId,
+    ) -> Result<Posted> {
+        let r = rma::Remote { addr, key, desc };
+        self.rma_op(true, peer, src, r, op)
+    }
+
+    fn write_inject(&self, peer: Peer, src: &[u8], addr: u64, key: u64) -> Result<Posted> {
+        self.rma_inject(peer, src, addr, key)
+    }
+
+    fn read(
+        &self,
+        peer: Peer,
+        dst: Region,
+        desc: usize,
+        addr: u64,
+        key: u64,
+        op: OpId,
+    ) -> Result<Posted> {
+        let r = rma::Remote { addr, key, desc };
+        self.rma_op(false, peer, dst, r, op)
     }
 
     fn send(

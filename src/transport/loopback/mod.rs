@@ -1,7 +1,10 @@
 //! In-process transport: endpoints are objects in one process (ranks as threads), with the
 //! semantics of a libfabric RDM endpoint: tagged messages matched in posted order, an
-//! unexpected-message queue, truncation errors, cancellation, and a waitable completion queue.
+//! unexpected-message queue, truncation errors, cancellation, and a waitable completion queue;
+//! and remote memory access between them (`rma`).
 use super::{Caps, Completion, Mr, OpId, Peer, Posted, Region, Transport};
+
+mod rma;
 use crate::error::{Error, Result};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
@@ -14,6 +17,8 @@ use std::time::Duration;
 pub struct LoopbackFabric {
     endpoints: Mutex<HashMap<u64, Weak<Endpoint>>>,
     next: AtomicU64,
+    /// The last RMA key given out (`rma`), unique on the fabric.
+    next_key: AtomicU64,
 }
 
 struct PostedRecv {
@@ -34,6 +39,8 @@ struct State {
 struct Endpoint {
     state: Mutex<State>,
     cv: Condvar,
+    /// Registrations peers may write and read, by key (`rma`).
+    mrs: Mutex<HashMap<u64, Region>>,
 }
 
 impl Endpoint {
@@ -101,6 +108,7 @@ impl LoopbackFabric {
         let ep = Arc::new(Endpoint {
             state: Mutex::new(State::default()),
             cv: Condvar::new(),
+            mrs: Mutex::new(HashMap::new()),
         });
         self.endpoints.lock().insert(id, Arc::downgrade(&ep));
         LoopbackTransport {
@@ -116,6 +124,8 @@ impl LoopbackFabric {
                 wait_fd: true,
                 tx_size: 1024,
                 rx_size: 1024,
+                rma: true,
+                rma_caps: Some(rma::CAPS),
                 ..Default::default()
             },
         }
@@ -134,21 +144,20 @@ impl LoopbackTransport {
         self.ep.cv.notify_all();
     }
 
-    fn send_bytes(&self, peer: Peer, tag: u64, data: Vec<u8>, op: OpId) {
-        let len = data.len();
+    /// The endpoint of `peer`, or an error where it is closed.
+    fn endpoint_of(&self, peer: Peer) -> Result<Arc<Endpoint>> {
         let dest = self
             .fabric
             .endpoints
             .lock()
             .get(&peer.0)
             .and_then(Weak::upgrade);
-        let status = match dest {
-            Some(d) => {
-                d.deliver(tag, data);
-                Ok(())
-            }
-            None => Err(Error::Remote(format!("loopback peer {} is closed", peer.0))),
-        };
+        dest.ok_or_else(|| Error::Remote(format!("loopback peer {} is closed", peer.0)))
+    }
+
+    fn send_bytes(&self, peer: Peer, tag: u64, data: Vec<u8>, op: OpId) {
+        let len = data.len();
+        let status = self.endpoint_of(peer).map(|d| d.deliver(tag, data));
         self.push(Completion {
             op,
             len,
@@ -204,7 +213,43 @@ impl Transport for LoopbackTransport {
             desc: 0,
             region,
             keep: None,
+            key: None,
         })
+    }
+
+    fn register_remote(&self, region: Region) -> Result<Mr> {
+        self.register_remote_region(region)
+    }
+
+    fn write(
+        &self,
+        peer: Peer,
+        src: Region,
+        _desc: usize,
+        addr: u64,
+        key: u64,
+        op: OpId,
+    ) -> Result<Posted> {
+        self.rma(true, peer, src, addr, key, op);
+        Ok(Posted::Queued)
+    }
+
+    fn write_inject(&self, peer: Peer, src: &[u8], addr: u64, key: u64) -> Result<Posted> {
+        self.inject(peer, src, addr, key)?;
+        Ok(Posted::Queued)
+    }
+
+    fn read(
+        &self,
+        peer: Peer,
+        dst: Region,
+        _desc: usize,
+        addr: u64,
+        key: u64,
+        op: OpId,
+    ) -> Result<Posted> {
+        self.rma(false, peer, dst, addr, key, op);
+        Ok(Posted::Queued)
     }
 
     fn send(
