@@ -218,6 +218,24 @@ fn exercise(a: &dyn Transport, b: &dyn Transport) {
         );
         src = sent;
     }
+    // An inject with a bad key is lost or refused, but never taken for another operation's
+    // failure.
+    let small = [3u8; 16];
+    let start = Instant::now();
+    while let Ok(Posted::Busy) = a.write_inject(to_b, &small, base, key ^ 0x5a5a_0000) {
+        let mut sink = Vec::new();
+        a.poll(&mut sink).expect("poll");
+        b.poll(&mut sink).expect("poll");
+        assert!(start.elapsed() < DEADLINE, "{name}: inject stays busy");
+    }
+    let mut after = [4u8; 16];
+    let c = rma(a, b, to_b, true, region(&mut after), 0, base + 64, key, op);
+    op += 1;
+    assert!(
+        c.status.is_ok(),
+        "{name}: a write after a bad inject: {:?}",
+        c.status
+    );
     target.fill(0);
     let big = vec![1u8; n + 1];
     let e = a
