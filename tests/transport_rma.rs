@@ -62,45 +62,71 @@ fn wait_op(a: &dyn Transport, b: &dyn Transport, op: u64, what: &str) -> Complet
     }
 }
 
-/// Post (retrying while busy) a write or read and wait for its completion.
-#[allow(clippy::too_many_arguments)]
-fn rma(
-    a: &dyn Transport,
-    b: &dyn Transport,
+/// The initiator `a`, the target `b`, and `b` as `a` knows it.
+struct Ends<'t> {
+    a: &'t dyn Transport,
+    b: &'t dyn Transport,
     to_b: Peer,
-    write: bool,
-    buf: Region,
-    desc: usize,
-    addr: u64,
-    key: u64,
-    op: u64,
-) -> Completion {
-    let what = format!(
-        "{} {} {} bytes at {addr:#x}",
-        a.caps().provider,
-        if write { "write" } else { "read" },
-        buf.len()
-    );
-    let start = Instant::now();
-    loop {
-        let posted = if write {
-            a.write(to_b, buf, desc, addr, key, op)
-        } else {
-            a.read(to_b, buf, desc, addr, key, op)
-        };
-        match posted {
-            Ok(Posted::Queued) => break,
-            Ok(Posted::Busy) => {
-                let mut sink = Vec::new();
-                a.poll(&mut sink).expect("poll");
-                b.poll(&mut sink).expect("poll");
-                assert!(sink.is_empty(), "{what}: {sink:?}");
-                assert!(start.elapsed() < DEADLINE, "{what}: stays busy");
+}
+
+impl Ends<'_> {
+    /// Progress both ends once; their completions go to `sink`.
+    fn progress(&self, sink: &mut Vec<Completion>) {
+        self.a.poll(sink).expect("poll a");
+        self.b.poll(sink).expect("poll b");
+    }
+
+    /// `write_inject`, retried while busy: its result once not busy.
+    fn inject(&self, src: &[u8], addr: u64, key: u64) -> nccl_net_fabricoll::Result<Posted> {
+        let start = Instant::now();
+        loop {
+            match self.a.write_inject(self.to_b, src, addr, key) {
+                Ok(Posted::Busy) => {
+                    self.progress(&mut Vec::new());
+                    assert!(start.elapsed() < DEADLINE, "inject stays busy");
+                }
+                other => return other,
             }
-            Err(e) => return Completion::failed(op, 0, e),
         }
     }
-    wait_op(a, b, op, &what)
+
+    /// Post (retrying while busy) a write or read and wait for its completion.
+    fn rma(
+        &self,
+        write: bool,
+        buf: Region,
+        desc: usize,
+        addr: u64,
+        key: u64,
+        op: u64,
+    ) -> Completion {
+        let (a, to_b) = (self.a, self.to_b);
+        let what = format!(
+            "{} {} {} bytes at {addr:#x}",
+            a.caps().provider,
+            if write { "write" } else { "read" },
+            buf.len()
+        );
+        let start = Instant::now();
+        loop {
+            let posted = if write {
+                a.write(to_b, buf, desc, addr, key, op)
+            } else {
+                a.read(to_b, buf, desc, addr, key, op)
+            };
+            match posted {
+                Ok(Posted::Queued) => break,
+                Ok(Posted::Busy) => {
+                    let mut sink = Vec::new();
+                    self.progress(&mut sink);
+                    assert!(sink.is_empty(), "{what}: {sink:?}");
+                    assert!(start.elapsed() < DEADLINE, "{what}: stays busy");
+                }
+                Err(e) => return Completion::failed(op, 0, e),
+            }
+        }
+        wait_op(a, self.b, op, &what)
+    }
 }
 
 /// The bytes of `v` as they are now: a peer may write them behind the compiler's back.
@@ -124,6 +150,7 @@ fn exercise(a: &dyn Transport, b: &dyn Transport) {
     assert!(rc.virt_addr, "{name}: {rc:?}");
     let to_b = a.insert_peer(&b.address()).expect("insert b");
     b.insert_peer(&a.address()).expect("insert a");
+    let e = Ends { a, b, to_b };
     let total = (4 << 20) + 3 * 4096 + 17;
     let mut target = vec![0u8; total];
     let tmr: Mr = b
@@ -141,17 +168,7 @@ fn exercise(a: &dyn Transport, b: &dyn Transport) {
         let what = format!("{name}: {size} B at offset {off}");
         let mut src = pattern(size, off);
         let smr = a.register_remote(region(&mut src)).expect("register src");
-        let c = rma(
-            a,
-            b,
-            to_b,
-            true,
-            region(&mut src),
-            smr.desc,
-            base + off as u64,
-            key,
-            op,
-        );
+        let c = e.rma(true, region(&mut src), smr.desc, base + off as u64, key, op);
         assert!(c.status.is_ok(), "{what}: write {:?}", c.status);
         assert_eq!(c.len, size, "{what}");
         assert!(
@@ -167,10 +184,7 @@ fn exercise(a: &dyn Transport, b: &dyn Transport) {
         op += 1;
         let mut back = vec![0xeeu8; size];
         let bmr = a.register_remote(region(&mut back)).expect("register dst");
-        let c = rma(
-            a,
-            b,
-            to_b,
+        let c = e.rma(
             false,
             region(&mut back),
             bmr.desc,
@@ -191,16 +205,8 @@ fn exercise(a: &dyn Transport, b: &dyn Transport) {
     let start = Instant::now();
     for (i, off) in [(0u8, 100usize), (1, 100 + n)] {
         src.iter_mut().for_each(|x| *x = x.wrapping_add(i));
-        while a
-            .write_inject(to_b, &src, base + off as u64, key)
-            .expect("inject")
-            == Posted::Busy
-        {
-            let mut sink = Vec::new();
-            a.poll(&mut sink).expect("poll");
-            b.poll(&mut sink).expect("poll");
-            assert!(start.elapsed() < DEADLINE, "{name}: inject stays busy");
-        }
+        let posted = e.inject(&src, base + off as u64, key).expect("inject");
+        assert_eq!(posted, Posted::Queued, "{name}");
         let sent = src.clone();
         src.fill(0xab); // the provider has its own copy
         let (mut sa, mut sb) = (Vec::new(), Vec::new());
@@ -220,16 +226,9 @@ fn exercise(a: &dyn Transport, b: &dyn Transport) {
     }
     // An inject with a bad key is lost or refused, but never taken for another operation's
     // failure.
-    let small = [3u8; 16];
-    let start = Instant::now();
-    while let Ok(Posted::Busy) = a.write_inject(to_b, &small, base, key ^ 0x5a5a_0000) {
-        let mut sink = Vec::new();
-        a.poll(&mut sink).expect("poll");
-        b.poll(&mut sink).expect("poll");
-        assert!(start.elapsed() < DEADLINE, "{name}: inject stays busy");
-    }
+    let _ = e.inject(&[3u8; 16], base, key ^ 0x5a5a_0000);
     let mut after = [4u8; 16];
-    let c = rma(a, b, to_b, true, region(&mut after), 0, base + 64, key, op);
+    let c = e.rma(true, region(&mut after), 0, base + 64, key, op);
     op += 1;
     assert!(
         c.status.is_ok(),
@@ -238,10 +237,10 @@ fn exercise(a: &dyn Transport, b: &dyn Transport) {
     );
     target.fill(0);
     let big = vec![1u8; n + 1];
-    let e = a
+    let err = a
         .write_inject(to_b, &big, base, key)
         .expect_err("inject above the inject size");
-    assert!(e.to_string().contains("'src'"), "{name}: {e}");
+    assert!(err.to_string().contains("'src'"), "{name}: {err}");
 
     // A bad key fails (at the post or in the completion), never hangs. libfabric 1.17's shm
     // writes and reads small and large RMA straight into the peer's memory by cross-memory
@@ -258,7 +257,7 @@ fn exercise(a: &dyn Transport, b: &dyn Transport) {
     ] {
         for write in [true, false] {
             let mut one = [7u8; 8];
-            let c = rma(a, b, to_b, write, region(&mut one), 0, addr, k, op);
+            let c = e.rma(write, region(&mut one), 0, addr, k, op);
             op += 1;
             let what = format!(
                 "{name}: {} of 8 B at {addr:#x} key {k:#x}",
@@ -283,7 +282,7 @@ fn exercise(a: &dyn Transport, b: &dyn Transport) {
     assert_ne!(skey, key, "{name}: keys are unique");
     let sbase = base + sub_off as u64;
     let mut src = pattern(sub_len, 9);
-    let c = rma(a, b, to_b, true, region(&mut src), 0, sbase, skey, op);
+    let c = e.rma(true, region(&mut src), 0, sbase, skey, op);
     assert!(c.status.is_ok(), "{name}: sub-page write {:?}", c.status);
     assert!(
         target[sub_off..sub_off + sub_len] == src[..],
@@ -295,16 +294,8 @@ fn exercise(a: &dyn Transport, b: &dyn Transport) {
         region(&mut target[sub_off..sub_off + sub_len]),
         "{name}: not rounded"
     );
-    assert_eq!(
-        target[sub_off - 1],
-        0,
-        "{name}: the byte before was written"
-    );
-    assert_eq!(
-        target[sub_off + sub_len],
-        0,
-        "{name}: the byte after was written"
-    );
+    let around = |t: &[u8]| (t[sub_off - 1], t[sub_off + sub_len]);
+    assert_eq!(around(&target), (0, 0), "{name}: a byte around was written");
     if checks_keys {
         // Where the provider checks registrations, the bytes around this one are out of reach.
         for (addr, len) in [
@@ -313,23 +304,14 @@ fn exercise(a: &dyn Transport, b: &dyn Transport) {
             (sbase, sub_len + 1),
         ] {
             let mut x = vec![0x55u8; len];
-            let c = rma(a, b, to_b, true, region(&mut x), 0, addr, skey, op);
+            let c = e.rma(true, region(&mut x), 0, addr, skey, op);
             assert!(
                 c.status.is_err(),
                 "{name}: {len} B at {addr:#x} outside the registration was written"
             );
             op += 1;
         }
-        assert_eq!(
-            target[sub_off - 1],
-            0,
-            "{name}: the byte before was written"
-        );
-        assert_eq!(
-            target[sub_off + sub_len],
-            0,
-            "{name}: the byte after was written"
-        );
+        assert_eq!(around(&target), (0, 0), "{name}: a byte around was written");
     }
     drop((smr, tmr));
 }
@@ -354,6 +336,7 @@ fn large_registration(a: &dyn Transport, b: &dyn Transport, test: &str) {
         return;
     }
     let to_b = a.insert_peer(&b.address()).expect("insert b");
+    let e = Ends { a, b, to_b };
     // SAFETY: the mapping lives until munmap below, after every operation completed.
     let big = unsafe { Region::from_raw(p as *mut u8, len) };
     let mr = b.register_remote(big).expect("2.5 GiB registration");
@@ -365,30 +348,10 @@ fn large_registration(a: &dyn Transport, b: &dyn Transport, test: &str) {
     {
         let mut src = pattern(4096, i);
         let addr = p as u64 + off as u64;
-        let c = rma(
-            a,
-            b,
-            to_b,
-            true,
-            region(&mut src),
-            0,
-            addr,
-            key,
-            100 + i as u64,
-        );
+        let c = e.rma(true, region(&mut src), 0, addr, key, 100 + i as u64);
         assert!(c.status.is_ok(), "{name}: write at {off}: {:?}", c.status);
         let mut back = vec![0u8; 4096];
-        let c = rma(
-            a,
-            b,
-            to_b,
-            false,
-            region(&mut back),
-            0,
-            addr,
-            key,
-            200 + i as u64,
-        );
+        let c = e.rma(false, region(&mut back), 0, addr, key, 200 + i as u64);
         assert!(c.status.is_ok(), "{name}: read at {off}: {:?}", c.status);
         assert!(back == src, "{name}: bytes at {off}");
     }
@@ -489,18 +452,9 @@ fn loopback_writes_and_reads_like_a_provider() {
     let key = mr.key.expect("key");
     drop(mr);
     let to_b = a.insert_peer(&b.address()).expect("insert");
+    let e = Ends { a: &a, b: &b, to_b };
     let mut one = [1u8];
-    let c = rma(
-        &a,
-        &b,
-        to_b,
-        true,
-        region(&mut one),
-        0,
-        buf.as_ptr() as u64,
-        key,
-        9,
-    );
+    let c = e.rma(true, region(&mut one), 0, buf.as_ptr() as u64, key, 9);
     assert!(c.status.is_err(), "a dropped key still reached its memory");
 }
 
