@@ -24,6 +24,10 @@ const RMA_BITS: u64 =
 /// provider that does not know it answers `-FI_ENOPROTOOPT`).
 const FI_OPT_INJECT_RMA_SIZE: c_int = 18;
 
+/// What an RMA operation's context says it is (`OpCtx::what`).
+const WRITE: &str = "RMA write";
+const READ: &str = "RMA read";
+
 /// `FI_KEY_NOTAVAIL`: what `fi_mr_key` returns where a registration has no key (a cast macro
 /// that the generated bindings leave out).
 const KEY_NOTAVAIL: u64 = u64::MAX;
@@ -269,7 +273,7 @@ impl Inner {
         r: Remote,
         op: OpId,
     ) -> Result<Posted> {
-        let what = if write { "RMA write" } else { "RMA read" };
+        let what = if write { WRITE } else { READ };
         let mut b = Box::new(OpCtx {
             ctx: sys::fi_context2::default(),
             op,
@@ -341,16 +345,18 @@ impl Inner {
         if self.rma_order.is_empty() {
             return self.ops.remove(&(op_context as usize));
         }
-        let key = if op_context.is_null() {
-            self.rma_order.pop_front()?
-        } else {
-            let key = op_context as usize;
+        if op_context.is_null() {
+            let key = self.rma_order.pop_front()?;
+            return self.ops.remove(&key);
+        }
+        let key = op_context as usize;
+        let ctx = self.ops.remove(&key)?;
+        if ctx.what == WRITE || ctx.what == READ {
             if let Some(i) = self.rma_order.iter().position(|&k| k == key) {
                 self.rma_order.remove(i);
             }
-            key
-        };
-        self.ops.remove(&key)
+        }
+        Some(ctx)
     }
 }
 
