@@ -37,7 +37,7 @@ const KEY_NOTAVAIL: u64 = u64::MAX;
 static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
 
 /// What a domain grants when asked for RMA: its capability bits, `mr_mode`, key size and
-/// inject size.
+/// inject size (`probe` takes the endpoint's own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Offer {
     pub caps: u64,
@@ -95,11 +95,22 @@ pub(super) fn offer(provider: &str, domain: &str, addr_format: u32, base: u64) -
 /// (`caps.rma_caps`). Elsewhere both stay as they are.
 pub(super) fn probe(info: *mut sys::fi_info, caps: &mut Caps) {
     // SAFETY: info is a complete fi_info we own (a duplicate); its attributes are allocated.
-    let (addr_format, base) = unsafe { ((*info).addr_format, (*info).caps) };
+    let (addr_format, base, inject) = unsafe {
+        (
+            (*info).addr_format,
+            (*info).caps,
+            (*(*info).tx_attr).inject_size,
+        )
+    };
     let base = base & (sys::FI_TAGGED | sys::FI_MSG) as u64;
     let Some(o) = offer(&caps.provider, &caps.domain, addr_format, base) else {
         log::debug!("{} / {}: no RMA offered", caps.provider, caps.domain);
         return;
+    };
+    // The endpoint opened is this info's: its inject size, until the endpoint says better.
+    let o = Offer {
+        inject_size: inject,
+        ..o
     };
     let Some(rma) = usable(&o) else {
         log::info!(
