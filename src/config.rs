@@ -154,7 +154,8 @@ pub struct Config {
     pub speed_mbps: u32,
     /// `FABRICOLL_POLL_US`; None: the transport's default (`transport::Caps::poll_window`).
     pub poll: Option<Duration>,
-    pub mr_cache: bool,
+    /// `FABRICOLL_MR_CACHE`; None: the plugin flavour's default (`plugin::Flavour::mr_cache`).
+    pub mr_cache: Option<bool>,
     /// `FABRICOLL_SHM_FASTBOX`: small shm messages through our own rings (transport::fabric).
     pub shm_fastbox: bool,
     pub algo: Option<crate::algo::Algorithm>,
@@ -271,8 +272,9 @@ impl Config {
             )?)),
         };
         let mr_cache = match nonempty("FABRICOLL_MR_CACHE").as_deref().map(str::trim) {
-            None | Some("1") => true,
-            Some("0") => false,
+            None => None,
+            Some("1") => Some(true),
+            Some("0") => Some(false),
             Some(v) => return Err(bad("FABRICOLL_MR_CACHE", v)),
         };
         let shm_fastbox = match nonempty("FABRICOLL_SHM_FASTBOX").as_deref().map(str::trim) {
@@ -457,7 +459,7 @@ mod tests {
         let c = parse(&[]).unwrap();
         assert_eq!(c.timeout, Duration::from_secs(600));
         assert_eq!(c.provider, None);
-        assert!(c.mr_cache);
+        assert_eq!(c.mr_cache, None);
         assert!(c.shm_fastbox);
         assert!(
             !parse(&[("FABRICOLL_SHM_FASTBOX", "0")])

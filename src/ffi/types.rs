@@ -104,7 +104,7 @@ const _: () = {
 /// `ncclNetDeviceType` HOST with version 0: what a host plugin must report.
 const DEVICE_HOST: c_int = 0;
 
-fn pci(p: &DeviceProps) -> *const c_char {
+pub(crate) fn pci(p: &DeviceProps) -> *const c_char {
     p.pci_path.as_ref().map_or(std::ptr::null(), |c| c.as_ptr())
 }
 

@@ -29,6 +29,26 @@ pub const MAX_COMMS: i32 = 65536;
 pub const NCCL_PTR_HOST: i32 = 1;
 /// `ptrSupport` bit for CUDA memory.
 pub const NCCL_PTR_CUDA: i32 = 2;
+/// `ptrSupport` bit for Neuron device memory (Neuron's ABI; NVIDIA's DMABUF bit has this value).
+pub const NCCL_PTR_NEURON: i32 = 4;
+
+/// Which runtime loads the plugin. The semantics are NCCL's for both; Neuron's libnccom differs in
+/// what it expects of registrations: it keeps its own cache and registers sub-page buffers, and
+/// it may write and read peers' registered memory (RMA).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavour {
+    Nccl,
+    Neuron,
+}
+
+impl Flavour {
+    /// Whether registrations are cached and page-rounded (`FABRICOLL_MR_CACHE` overrides): yes
+    /// for NCCL (which makes `regIsGlobal` true); no for Neuron, whose runtime caches itself and
+    /// wants each registration exactly as asked.
+    pub fn mr_cache(self, cfg: &Config) -> bool {
+        cfg.mr_cache.unwrap_or(self == Flavour::Nccl)
+    }
+}
 
 /// Properties of a device, version-neutral; the ffi layer writes them into each ABI's struct.
 #[derive(Debug, Clone)]
@@ -47,6 +67,17 @@ pub struct DeviceProps {
     pub max_recvs: i32,
     pub max_p2p_bytes: usize,
     pub max_coll_bytes: usize,
+    /// Remote memory access, where the provider offers it with virtual addresses (Neuron only).
+    pub rma: Option<RmaProps>,
+    /// The provider's `mr_key_size`.
+    pub mr_key_size: usize,
+}
+
+/// What `iwrite` / `iread` can do on a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RmaProps {
+    /// Largest `iwriteInline` (the provider's RMA inject size).
+    pub inline_bytes: usize,
 }
 
 /// Kinds of objects handed to NCCL as opaque pointers.
@@ -107,14 +138,20 @@ fn nominal_latency_us(provider: &str) -> f32 {
 
 /// The plugin: its devices and what discovery saw.
 pub struct Plugin {
+    pub flavour: Flavour,
     pub devices: Vec<Device>,
     pub provider: String,
     pub providers: Vec<String>,
 }
 
 impl Plugin {
-    /// Devices from libfabric discovery, as the configuration asks.
+    /// Devices from libfabric discovery, as the configuration asks (NCCL's flavour).
     pub fn discover(cfg: &Config) -> Result<Plugin> {
+        Plugin::discover_as(cfg, Flavour::Nccl)
+    }
+
+    /// Devices from libfabric discovery, for the runtime `flavour`.
+    pub fn discover_as(cfg: &Config, flavour: Flavour) -> Result<Plugin> {
         let disc = fabric::discover(cfg, fabric::Use::Plugin)?;
         let Some(provider) = disc.chosen.clone() else {
             return Err(Error::System(format!(
@@ -141,7 +178,7 @@ impl Plugin {
                     pci.as_deref().unwrap_or("").as_bytes(),
                 ]),
                 ptr_support: NCCL_PTR_HOST,
-                reg_is_global: cfg.mr_cache,
+                reg_is_global: flavour.mr_cache(cfg),
                 speed_mbps: d
                     .speed_mbps
                     .unwrap_or(cfg.speed_mbps as u64)
@@ -152,12 +189,14 @@ impl Plugin {
                 max_recvs: MAX_RECVS as i32,
                 max_p2p_bytes: MAX_P2P_BYTES.min(caps.max_msg_size),
                 max_coll_bytes: MAX_COLL_BYTES.min(caps.max_msg_size),
+                rma: rma_props(flavour, &caps),
+                mr_key_size: caps.rma_caps.as_ref().map_or(0, |r| r.key_size),
             };
             let dev = Arc::new(d);
             let open = move || -> Result<Arc<dyn Transport>> {
                 Ok(Arc::new(FabricTransport::open(&dev)?))
             };
-            devices.push(Device::new(i, props, cfg, Box::new(open)));
+            devices.push(Device::new(i, props, cfg, flavour, Box::new(open)));
         }
         if devices.is_empty() {
             return Err(Error::System(format!(
@@ -165,14 +204,27 @@ impl Plugin {
             )));
         }
         Ok(Plugin {
+            flavour,
             devices,
             provider,
             providers: disc.providers,
         })
     }
 
-    /// `ndev` devices on an in-process fabric (tests).
+    /// `ndev` devices on an in-process fabric (tests), NCCL's flavour.
     pub fn loopback(fabric: &Arc<LoopbackFabric>, ndev: usize, cfg: &Config) -> Plugin {
+        Plugin::loopback_as(fabric, ndev, cfg, Flavour::Nccl)
+    }
+
+    /// `ndev` devices on an in-process fabric (tests), for the runtime `flavour`.
+    pub fn loopback_as(
+        fabric: &Arc<LoopbackFabric>,
+        ndev: usize,
+        cfg: &Config,
+        flavour: Flavour,
+    ) -> Plugin {
+        // What an endpoint of this fabric offers (every one offers the same).
+        let caps = fabric.endpoint().caps().clone();
         let devices = (0..ndev)
             .map(|i| {
                 let props = DeviceProps {
@@ -181,7 +233,7 @@ impl Plugin {
                     pci_path: None,
                     guid: i as u64 + 1,
                     ptr_support: NCCL_PTR_HOST,
-                    reg_is_global: cfg.mr_cache,
+                    reg_is_global: flavour.mr_cache(cfg),
                     speed_mbps: cfg.speed_mbps as i32,
                     port: 0,
                     latency_us: 0.0,
@@ -189,13 +241,16 @@ impl Plugin {
                     max_recvs: MAX_RECVS as i32,
                     max_p2p_bytes: MAX_P2P_BYTES,
                     max_coll_bytes: MAX_COLL_BYTES,
+                    rma: rma_props(flavour, &caps),
+                    mr_key_size: caps.rma_caps.as_ref().map_or(0, |r| r.key_size),
                 };
                 let f = fabric.clone();
                 let open = move || -> Result<Arc<dyn Transport>> { Ok(Arc::new(f.endpoint())) };
-                Device::new(i, props, cfg, Box::new(open))
+                Device::new(i, props, cfg, flavour, Box::new(open))
             })
             .collect();
         Plugin {
+            flavour,
             devices,
             provider: "loopback".into(),
             providers: vec!["loopback".into()],
@@ -229,12 +284,33 @@ impl Plugin {
     }
 }
 
-static PLUGIN: OnceCell<Result<Plugin>> = OnceCell::new();
+/// RMA for the Neuron tables, where the transport offers it with virtual addresses; NCCL's
+/// tables have no RMA calls.
+fn rma_props(flavour: Flavour, caps: &crate::transport::Caps) -> Option<RmaProps> {
+    match (&caps.rma_caps, flavour) {
+        (Some(r), Flavour::Neuron) if r.virt_addr => Some(RmaProps {
+            inline_bytes: r.inject_size,
+        }),
+        _ => None,
+    }
+}
 
-/// The process-wide plugin, discovered on first use.
+static PLUGIN: OnceCell<Result<Plugin>> = OnceCell::new();
+static NEURON_PLUGIN: OnceCell<Result<Plugin>> = OnceCell::new();
+
+/// The process-wide plugin of NCCL's tables, discovered on first use.
 pub fn global() -> Result<&'static Plugin> {
-    PLUGIN
-        .get_or_init(|| Plugin::discover(crate::config::get()?))
+    global_as(Flavour::Nccl)
+}
+
+/// The process-wide plugin of `flavour`'s tables, discovered on first use. Only one flavour
+/// is exported by a library; the other exists for tests.
+pub fn global_as(flavour: Flavour) -> Result<&'static Plugin> {
+    let cell = match flavour {
+        Flavour::Nccl => &PLUGIN,
+        Flavour::Neuron => &NEURON_PLUGIN,
+    };
+    cell.get_or_init(|| Plugin::discover_as(crate::config::get()?, flavour))
         .as_ref()
         .map_err(Clone::clone)
 }

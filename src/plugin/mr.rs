@@ -33,8 +33,8 @@ impl MrCache {
         }
     }
 
-    /// Register `region` (or reuse a registration covering it).
-    pub fn register(&mut self, t: &dyn Transport, region: Region) -> Result<MrRef> {
+    /// Register `region` (or reuse a registration covering it); `remote`: for peers' RMA too.
+    pub fn register(&mut self, t: &dyn Transport, region: Region, remote: bool) -> Result<MrRef> {
         if self.shared {
             if let Some((id, e)) = self
                 .entries
@@ -50,7 +50,11 @@ impl MrCache {
         } else {
             region
         };
-        let mr = t.register(span)?;
+        let mr = if remote {
+            t.register_remote(span)?
+        } else {
+            t.register(span)?
+        };
         self.next += 1;
         self.entries.insert(self.next, Entry { span, mr, refs: 1 });
         Ok(MrRef {

@@ -1,14 +1,16 @@
 //! One device's comms: the state they share, its progress, and its deadlines. The rest by
 //! concern: `wire` (tags, handle and message formats), `setup` (listen / connect / accept),
-//! `data` (registration, isend / irecv / iflush / test, closing), `dispatch` (completions).
+//! `data` (registration, isend / irecv / iflush / test, closing), `rma` (Neuron's writes and
+//! reads of peers' memory), `dispatch` (completions).
 mod data;
 mod dispatch;
+mod rma;
 mod setup;
 mod wire;
 
 use super::handles::HandleTable;
 use super::mr::{MrCache, MrRef};
-use super::{new_handle, DeviceProps, Kind, HANDLE_SIZE, MAX_RECVS};
+use super::{new_handle, DeviceProps, Flavour, Kind, HANDLE_SIZE, MAX_RECVS};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::transport::{Completion, Peer, Posted, Region, Transport};
@@ -23,8 +25,8 @@ use wire::{op, ID_BITS};
 pub const MAX_TAG: i32 = (1 << 24) - 1;
 /// Requests in flight per send comm (NCCL: 32 per comm x maxRecvs with shared comms).
 pub const SEND_CAPACITY: usize = 256;
-/// Requests in flight per receive comm.
-pub const RECV_CAPACITY: usize = 64;
+/// Requests in flight per receive comm (Neuron's NCCL_NET_MAX_REQUESTS is 128).
+pub const RECV_CAPACITY: usize = 128;
 
 struct Listen {
     id: u32,
@@ -52,6 +54,8 @@ struct SendComm {
 
 struct RecvComm {
     id: u32,
+    /// The connector's endpoint (RMA reads from it).
+    peer: Peer,
     seq: HashMap<u32, u16>,
     inflight: usize,
 }
@@ -132,20 +136,28 @@ type Opener = Box<dyn Fn() -> Result<Arc<dyn Transport>> + Send + Sync>;
 pub struct Device {
     pub index: usize,
     pub props: DeviceProps,
+    flavour: Flavour,
     timeout: Duration,
     open: Opener,
     st: Mutex<State>,
 }
 
 impl Device {
-    pub fn new(index: usize, props: DeviceProps, cfg: &Config, open: Opener) -> Device {
+    pub fn new(
+        index: usize,
+        props: DeviceProps,
+        cfg: &Config,
+        flavour: Flavour,
+        open: Opener,
+    ) -> Device {
         Device {
             index,
             props,
+            flavour,
             timeout: cfg.timeout,
             open,
             st: Mutex::new(State {
-                cache: MrCache::new(cfg.mr_cache),
+                cache: MrCache::new(flavour.mr_cache(cfg)),
                 ..Default::default()
             }),
         }
@@ -202,6 +214,30 @@ impl Device {
         if idle >= 64 && idle % 8 == 0 {
             std::thread::yield_now();
         }
+    }
+
+    /// Close everything open on this device, endpoint included (Neuron's `fini`); the next use
+    /// opens a new endpoint. Returns the handles closed, which the caller may still close.
+    pub fn close_all(&self) -> Vec<u64> {
+        let mut st = self.st.lock();
+        let mut closed: Vec<u64> = Vec::new();
+        closed.extend(st.listens.iter().map(|(h, _)| h));
+        closed.extend(st.pendings.iter().map(|(h, _)| h));
+        closed.extend(st.sends.iter().map(|(h, _)| h));
+        closed.extend(st.recvs.iter().map(|(h, _)| h));
+        closed.extend(st.reqs.iter().map(|(h, _)| h));
+        closed.extend(st.mrs.iter().map(|(h, _)| h));
+        let fresh = State {
+            cache: MrCache::new(st.cache.shared),
+            ..Default::default()
+        };
+        let mut old = std::mem::replace(&mut *st, fresh);
+        drop(st);
+        // Registrations before the endpoint and domain they belong to.
+        drop(std::mem::take(&mut old.mrs));
+        drop(std::mem::take(&mut old.cache));
+        drop(old);
+        closed
     }
 
     /// Counts of live objects, for leak tests: (comms, listens, requests, registrations).

@@ -92,41 +92,49 @@ pub(crate) fn handle_bytes<'a>(handle: VoidP) -> Result<&'a mut [u8; HANDLE_SIZE
     Ok(unsafe { &mut *(handle as *mut [u8; HANDLE_SIZE]) })
 }
 
-fn listen_inner(dev: c_int, handle: VoidP, out: &Out<VoidP>) -> Result<()> {
+pub(crate) fn listen_inner(p: &Plugin, dev: c_int, handle: VoidP, out: &Out<VoidP>) -> Result<()> {
     let bytes = handle_bytes(handle)?;
-    let (hb, l) = plugin()?.device(dev)?.listen()?;
+    let (hb, l) = p.device(dev)?.listen()?;
     *bytes = hb;
     out.set(ptr(Some(l)));
     Ok(())
 }
 
-fn connect_inner(dev: c_int, handle: VoidP, out: &Out<VoidP>, dev_comm: VoidPP) -> Result<()> {
+pub(crate) fn connect_inner(
+    p: &Plugin,
+    dev: c_int,
+    handle: VoidP,
+    out: &Out<VoidP>,
+    dev_comm: VoidPP,
+) -> Result<()> {
     // SAFETY: a non-NULL devComm out-pointer is writable per the ABI; a host plugin has none.
     if let Some(d) = unsafe { Out::optional(dev_comm) } {
         d.set(std::ptr::null_mut());
     }
-    let c = plugin()?.device(dev)?.connect(handle_bytes(handle)?)?;
+    let c = p.device(dev)?.connect(handle_bytes(handle)?)?;
     out.set(ptr(c));
     Ok(())
 }
 
-fn accept_inner(listen: VoidP, out: &Out<VoidP>, dev_comm: VoidPP) -> Result<()> {
+pub(crate) fn accept_inner(
+    p: &Plugin,
+    listen: VoidP,
+    out: &Out<VoidP>,
+    dev_comm: VoidPP,
+) -> Result<()> {
     // SAFETY: as in `connect_inner`.
     if let Some(d) = unsafe { Out::optional(dev_comm) } {
         d.set(std::ptr::null_mut());
     }
     let l = h(listen);
-    let c = plugin()?
-        .device_of(l, Kind::Listen, "listenComm")?
-        .accept(l)?;
+    let c = p.device_of(l, Kind::Listen, "listenComm")?.accept(l)?;
     out.set(ptr(c));
     Ok(())
 }
 
 /// The device of a send or receive comm.
-fn comm_device(comm: VoidP) -> Result<&'static plugin::net::Device> {
+pub(crate) fn comm_device(p: &Plugin, comm: VoidP) -> Result<&plugin::net::Device> {
     let c = h(comm);
-    let p = plugin()?;
     p.device_of(c, Kind::Send, "comm")
         .or_else(|_| p.device_of(c, Kind::Recv, "comm"))
 }
@@ -149,14 +157,22 @@ impl AbiSize for usize {
     }
 }
 
-fn reg_mr_inner(comm: VoidP, data: VoidP, size: usize, ty: c_int, out: &Out<VoidP>) -> Result<()> {
+pub(crate) fn reg_mr_inner(
+    p: &Plugin,
+    comm: VoidP,
+    data: VoidP,
+    size: usize,
+    ty: c_int,
+    out: &Out<VoidP>,
+) -> Result<()> {
     // SAFETY: NCCL keeps registered memory allocated until deregMr.
     let r = unsafe { region(data, size, "data") }?;
-    out.set(ptr(Some(comm_device(comm)?.reg_mr(h(comm), r, ty)?)));
+    out.set(ptr(Some(comm_device(p, comm)?.reg_mr(h(comm), r, ty)?)));
     Ok(())
 }
 
-fn isend_inner(
+pub(crate) fn isend_inner(
+    p: &Plugin,
     comm: VoidP,
     data: VoidP,
     size: usize,
@@ -167,7 +183,7 @@ fn isend_inner(
     // SAFETY: NCCL keeps the buffer valid until test() reports the request done.
     let r = unsafe { region(data, size, "data") }?;
     let c = h(comm);
-    let req = plugin()?
+    let req = p
         .device_of(c, Kind::Send, "sendComm")?
         .isend(c, r, tag, h(mh))?;
     out.set(ptr(req));
@@ -179,7 +195,7 @@ fn isend_inner(
 /// # Safety
 /// Each array has `n` readable elements when `n` is in 1..=MAX_RECVS (checked before reading);
 /// each data pointer is valid for its size until the request completes.
-unsafe fn recv_bufs<S: Copy + TryInto<usize> + std::fmt::Display>(
+pub(crate) unsafe fn recv_bufs<S: Copy + TryInto<usize> + std::fmt::Display>(
     n: c_int,
     data: VoidPP,
     sizes: *const S,
@@ -218,27 +234,53 @@ unsafe fn recv_bufs<S: Copy + TryInto<usize> + std::fmt::Display>(
     Ok(v)
 }
 
-fn irecv_inner(
+pub(crate) fn irecv_inner(
+    p: &Plugin,
     comm: VoidP,
     bufs: Result<Vec<(Region, c_int, u64)>>,
     out: &Out<VoidP>,
 ) -> Result<()> {
     let bufs = bufs?;
     let c = h(comm);
-    let req = plugin()?
-        .device_of(c, Kind::Recv, "recvComm")?
-        .irecv(c, &bufs)?;
+    let req = p.device_of(c, Kind::Recv, "recvComm")?.irecv(c, &bufs)?;
     out.set(ptr(req));
     Ok(())
 }
 
 pub(crate) fn write_props<T: for<'a> From<&'a plugin::DeviceProps>>(
+    p: &Plugin,
     dev: c_int,
     props: *mut T,
 ) -> Result<()> {
     // SAFETY: NCCL passes a writable props struct of this version's layout.
     let out = unsafe { Out::new(props, "props") }?;
-    out.set(T::from(&plugin()?.device(dev)?.props));
+    out.set(T::from(&p.device(dev)?.props));
+    Ok(())
+}
+
+/// `test`: `done` is 1 once the request finished, and then `sizes` (NULL, or one int for a
+/// send, one per buffer for a receive) holds the sizes.
+pub(crate) fn test_inner(
+    p: &Plugin,
+    request: VoidP,
+    done: *mut c_int,
+    sizes: *mut c_int,
+) -> Result<()> {
+    // SAFETY: the caller passes a writable int*.
+    let done = unsafe { Out::new(done, "done") }?;
+    done.set(0);
+    let r = h(request);
+    let Some(f) = p.device_of(r, Kind::Request, "request")?.test(r)? else {
+        return Ok(());
+    };
+    if !sizes.is_null() {
+        for (i, s) in f.sizes.iter().take(f.n).enumerate() {
+            // SAFETY: for a send the caller passes one int, for a receive an int per buffer (f.n
+            // of them, n <= maxRecvs); sizes fit an int because transfers are <= maxP2pBytes.
+            unsafe { sizes.add(i).write(*s as c_int) };
+        }
+    }
+    done.set(1);
     Ok(())
 }
 
@@ -276,14 +318,14 @@ pub(crate) unsafe extern "C" fn get_properties<P: for<'a> From<&'a plugin::Devic
     dev: c_int,
     props: *mut P,
 ) -> Res {
-    boundary("getProperties", || write_props(dev, props))
+    boundary("getProperties", || write_props(plugin()?, dev, props))
 }
 
 unsafe extern "C" fn listen(ctx: VoidP, dev: c_int, handle: VoidP, listen_comm: VoidPP) -> Res {
     boundary("listen", || {
         check_context(ctx)?;
         // SAFETY: NCCL passes a writable void* out-pointer.
-        listen_inner(dev, handle, &unsafe {
+        listen_inner(plugin()?, dev, handle, &unsafe {
             Out::new(listen_comm, "listenComm")
         }?)
     })
@@ -300,6 +342,7 @@ unsafe extern "C" fn connect(
         check_context(ctx)?;
         // SAFETY: NCCL passes a writable void* out-pointer.
         connect_inner(
+            plugin()?,
             dev,
             handle,
             &unsafe { Out::new(send_comm, "sendComm") }?,
@@ -312,6 +355,7 @@ unsafe extern "C" fn accept(listen_comm: VoidP, recv_comm: VoidPP, dev_comm: Voi
     boundary("accept", || {
         // SAFETY: NCCL passes a writable void* out-pointer.
         accept_inner(
+            plugin()?,
             listen_comm,
             &unsafe { Out::new(recv_comm, "recvComm") }?,
             dev_comm,
@@ -330,7 +374,7 @@ unsafe extern "C" fn reg_mr<S: AbiSize>(
     boundary("regMr", || {
         // SAFETY: NCCL passes a writable void* out-pointer.
         let out = unsafe { Out::new(mh, "mhandle") }?;
-        reg_mr_inner(comm, data, size.to_usize("size")?, ty, &out)
+        reg_mr_inner(plugin()?, comm, data, size.to_usize("size")?, ty, &out)
     })
 }
 
@@ -355,7 +399,9 @@ pub(crate) unsafe extern "C" fn reg_mr_dmabuf(
 }
 
 unsafe extern "C" fn dereg_mr(comm: VoidP, mh: VoidP) -> Res {
-    boundary("deregMr", || comm_device(comm)?.dereg_mr(h(comm), h(mh)))
+    boundary("deregMr", || {
+        comm_device(plugin()?, comm)?.dereg_mr(h(comm), h(mh))
+    })
 }
 
 /// isend; `S` is the size's width (int before v9).
@@ -372,7 +418,7 @@ unsafe extern "C" fn isend<S: AbiSize>(
         // SAFETY: NCCL passes a writable void* out-pointer.
         let out = unsafe { Out::new(req, "request") }?;
         out.set(std::ptr::null_mut());
-        isend_inner(comm, data, size.to_usize("size")?, tag, mh, &out)
+        isend_inner(plugin()?, comm, data, size.to_usize("size")?, tag, mh, &out)
     })
 }
 
@@ -393,7 +439,12 @@ unsafe extern "C" fn irecv<S: Copy + TryInto<usize> + std::fmt::Display>(
         let out = unsafe { Out::new(req, "request") }?;
         out.set(std::ptr::null_mut());
         // SAFETY: NCCL's arrays have n elements; buffers live until test() reports done.
-        irecv_inner(comm, unsafe { recv_bufs(n, data, sizes, tags, mhs) }, &out)
+        irecv_inner(
+            plugin()?,
+            comm,
+            unsafe { recv_bufs(n, data, sizes, tags, mhs) },
+            &out,
+        )
     })
 }
 
@@ -405,42 +456,41 @@ unsafe extern "C" fn iflush(
     mhs: VoidPP,
     req: VoidPP,
 ) -> Res {
-    boundary("iflush", || {
-        // SAFETY: NCCL passes a writable void* out-pointer.
-        let out = unsafe { Out::new(req, "request") }?;
-        out.set(std::ptr::null_mut());
-        // The same arrays as the receive being flushed, validated the same way (no tags).
-        let tags = [0 as c_int; MAX_RECVS];
-        // SAFETY: NCCL's arrays have n elements (n is checked against MAX_RECVS before reading).
-        let bufs = unsafe { recv_bufs(n, data, sizes, tags.as_ptr(), mhs) }?;
-        let c = h(comm);
-        let r = plugin()?
-            .device_of(c, Kind::Recv, "recvComm")?
-            .iflush(c, bufs.len() as c_int)?;
-        out.set(ptr(r));
-        Ok(())
+    // SAFETY: NCCL's arrays have n elements; the out-pointer is writable.
+    boundary("iflush", || unsafe {
+        iflush_inner(plugin()?, comm, n, data, sizes, mhs, req)
     })
 }
 
+/// `iflush`: the same arrays as the receive being flushed, validated the same way.
+///
+/// # Safety
+/// `req` is NULL or writable; the arrays have `n` elements (checked against MAX_RECVS first).
+pub(crate) unsafe fn iflush_inner(
+    p: &Plugin,
+    comm: VoidP,
+    n: c_int,
+    data: VoidPP,
+    sizes: *mut c_int,
+    mhs: VoidPP,
+    req: VoidPP,
+) -> Result<()> {
+    // SAFETY: forwarded from this function's contract.
+    let out = unsafe { Out::new(req, "request") }?;
+    out.set(std::ptr::null_mut());
+    let tags = [0 as c_int; MAX_RECVS];
+    // SAFETY: forwarded from this function's contract.
+    let bufs = unsafe { recv_bufs(n, data, sizes, tags.as_ptr(), mhs) }?;
+    let c = h(comm);
+    let r = p
+        .device_of(c, Kind::Recv, "recvComm")?
+        .iflush(c, bufs.len() as c_int)?;
+    out.set(ptr(r));
+    Ok(())
+}
+
 unsafe extern "C" fn test(request: VoidP, done: *mut c_int, sizes: *mut c_int) -> Res {
-    boundary("test", || {
-        // SAFETY: NCCL passes a writable int*.
-        let done = unsafe { Out::new(done, "done") }?;
-        done.set(0);
-        let r = h(request);
-        let Some(f) = plugin()?.device_of(r, Kind::Request, "request")?.test(r)? else {
-            return Ok(());
-        };
-        if !sizes.is_null() {
-            for (i, s) in f.sizes.iter().take(f.n).enumerate() {
-                // SAFETY: for a send NCCL passes one int, for a receive an int per buffer (f.n of
-                // them, n <= maxRecvs); sizes fit an int because transfers are <= maxP2pBytes.
-                unsafe { sizes.add(i).write(*s as c_int) };
-            }
-        }
-        done.set(1);
-        Ok(())
-    })
+    boundary("test", || test_inner(plugin()?, request, done, sizes))
 }
 
 unsafe extern "C" fn close_send(comm: VoidP) -> Res {

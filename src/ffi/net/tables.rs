@@ -1,5 +1,7 @@
 //! The table types `ncclNet_v6_t` ... `ncclNet_v12_t` and the exported statics
 //! `ncclNetPlugin_v6` ... `ncclNetPlugin_v12`: which function serves which slot of each version.
+//! The statics carry NCCL's symbol names; the Neuron flavour compiles them without exporting.
+#![allow(non_upper_case_globals)]
 use super::super::types::*;
 use super::shims::*;
 use super::*;
@@ -174,7 +176,7 @@ const _: () = {
 /// The plugin's name (`NCCL_NET=fabricoll`).
 pub const NAME: &std::ffi::CStr = c"fabricoll";
 
-#[no_mangle]
+#[cfg_attr(not(feature = "neuron"), no_mangle)]
 pub static ncclNetPlugin_v12: NetV12 = NetV12 {
     name: NAME.as_ptr(),
     init: init_v11,
@@ -200,7 +202,7 @@ pub static ncclNetPlugin_v12: NetV12 = NetV12 {
     set_net_attr,
 };
 
-#[no_mangle]
+#[cfg_attr(not(feature = "neuron"), no_mangle)]
 pub static ncclNetPlugin_v11: NetV11 = NetV11 {
     name: NAME.as_ptr(),
     init: init_v11,
@@ -226,7 +228,7 @@ pub static ncclNetPlugin_v11: NetV11 = NetV11 {
     set_net_attr,
 };
 
-#[no_mangle]
+#[cfg_attr(not(feature = "neuron"), no_mangle)]
 pub static ncclNetPlugin_v10: NetV10 = NetV10 {
     name: NAME.as_ptr(),
     init: init_v10,
@@ -250,7 +252,7 @@ pub static ncclNetPlugin_v10: NetV10 = NetV10 {
     make_vdevice: None,
 };
 
-#[no_mangle]
+#[cfg_attr(not(feature = "neuron"), no_mangle)]
 pub static ncclNetPlugin_v9: NetV9 = NetV9 {
     name: NAME.as_ptr(),
     init: init_v6,
@@ -274,7 +276,7 @@ pub static ncclNetPlugin_v9: NetV9 = NetV9 {
     make_vdevice: None,
 };
 
-#[no_mangle]
+#[cfg_attr(not(feature = "neuron"), no_mangle)]
 pub static ncclNetPlugin_v8: NetV8 = NetV8 {
     name: NAME.as_ptr(),
     init: init_v6,
@@ -297,7 +299,7 @@ pub static ncclNetPlugin_v8: NetV8 = NetV8 {
     irecv_consumed: None,
 };
 
-#[no_mangle]
+#[cfg_attr(not(feature = "neuron"), no_mangle)]
 pub static ncclNetPlugin_v7: NetV7 = NetV7 {
     name: NAME.as_ptr(),
     init: init_v6,
@@ -320,7 +322,7 @@ pub static ncclNetPlugin_v7: NetV7 = NetV7 {
     irecv_consumed: None,
 };
 
-#[no_mangle]
+#[cfg_attr(not(feature = "neuron"), no_mangle)]
 pub static ncclNetPlugin_v6: NetV6 = NetV6 {
     name: NAME.as_ptr(),
     init: init_v6,

@@ -12,8 +12,16 @@ impl Device {
         }
     }
 
-    /// Register host memory for use on `comm`'s device.
+    /// Register host memory for use on `comm`'s device (and, where the device offers RMA, for
+    /// peers' writes and reads).
     pub fn reg_mr(&self, comm: u64, region: Region, ptr_type: i32) -> Result<u64> {
+        if self.flavour == Flavour::Neuron && ptr_type == crate::plugin::NCCL_PTR_NEURON {
+            return Err(Error::InvalidUsage(
+                "regMr: Neuron device memory (type 4) cannot be registered: the provider has no \
+                 FI_HMEM_NEURON support here (ptrSupport is NCCL_PTR_HOST only)"
+                    .into(),
+            ));
+        }
         if ptr_type == crate::plugin::NCCL_PTR_CUDA {
             return Err(Error::arg(
                 "type",
@@ -35,7 +43,7 @@ impl Device {
         let mut st = self.st.lock();
         Self::check_comm(&st, comm)?;
         let t = self.transport(&mut st)?;
-        let r = st.cache.register(&*t, region)?;
+        let r = st.cache.register(&*t, region, self.props.rma.is_some())?;
         let h = new_handle(self.index, Kind::Mr);
         st.mrs.insert_at(h, r);
         Ok(h)
@@ -53,7 +61,13 @@ impl Device {
         st.cache.deregister(r)
     }
 
-    fn lookup_mr(&self, st: &State, mh: u64, region: Region, what: &str) -> Result<Option<MrRef>> {
+    pub(super) fn lookup_mr(
+        &self,
+        st: &State,
+        mh: u64,
+        region: Region,
+        what: &str,
+    ) -> Result<Option<MrRef>> {
         if mh == 0 {
             if st.t.as_ref().is_some_and(|t| t.caps().mr_local) && !region.is_empty() {
                 return Err(Error::arg(
@@ -78,7 +92,7 @@ impl Device {
         Ok(Some(*r))
     }
 
-    fn check_size(&self, len: usize) -> Result<()> {
+    pub(super) fn check_size(&self, len: usize) -> Result<()> {
         if len > self.props.max_p2p_bytes {
             return Err(Error::arg(
                 "size",
@@ -225,14 +239,26 @@ impl Device {
         if n < 1 || n as usize > MAX_RECVS {
             return Err(Error::arg("n", format!("{n} is outside 1..={MAX_RECVS}")));
         }
-        let st = self.st.lock();
+        let mut st = self.st.lock();
         if !st.recvs.contains(comm) {
             return Err(Error::arg(
                 "recvComm",
                 format!("{comm:#x} is not an open receive comm"),
             ));
         }
-        Ok(None)
+        if self.flavour == Flavour::Nccl {
+            return Ok(None); // NCCL: no request, nothing to wait for
+        }
+        // libnccom reads a NULL request as "busy, call again": hand it one that is done.
+        let h = new_handle(self.index, Kind::Request);
+        let mut req = Request::new(comm, false, n as usize);
+        req.left = 0;
+        for s in req.subs.iter_mut() {
+            s.done = true;
+        }
+        st.recvs.get_mut(comm).expect("checked above").inflight += 1;
+        st.reqs.insert_at(h, req);
+        Ok(Some(h))
     }
 
     /// Poll a request: `Ok(Some(..))` once finished (the request is then gone).

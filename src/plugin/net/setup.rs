@@ -182,6 +182,7 @@ impl Device {
             h,
             RecvComm {
                 id,
+                peer,
                 seq: HashMap::new(),
                 inflight: 0,
             },
