@@ -66,8 +66,14 @@ fn main() {
 
     // NCCL dlcloses and re-opens net plugins: keep our statics and threads alive (-z nodelete),
     // and give the library the soname NCCL opens it by.
+    // The Neuron flavour is the library libnccom finds by that name on the loader's path.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnccl-net-fabricoll.so");
+    let soname = if env::var_os("CARGO_FEATURE_NEURON").is_some() {
+        "libnccom-net.so"
+    } else {
+        "libnccl-net-fabricoll.so"
+    };
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{soname}");
 }
 
 /// include/fabricoll.h from the `fabricoll_*` functions (src/ffi/api/), written to OUT_DIR;

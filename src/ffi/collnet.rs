@@ -2,6 +2,8 @@
 //! (argument widths: int sizes and counts up to v8, 32-bit SGE sizes in v8; v6/v7 have no
 //! iallgather/ireducescatter; v11+ take a context). Each export checks its pointers and makes
 //! one call into `plugin::collnet`, inside the panic boundary.
+// The table statics carry NCCL's symbol names (unexported in the Neuron flavour).
+#![allow(non_upper_case_globals)]
 use super::net::{
     check_context, devices, finalize, get_properties, handle_bytes, init_v6, legacy_context,
     new_context, plugin, reg_mr_dmabuf, AbiSize, FClose, FDevices, FMakeVDevice, FRegDmaBuf, FTest,
@@ -462,7 +464,7 @@ const _: () = {
 
 const NAME: &std::ffi::CStr = c"fabricoll";
 
-#[no_mangle]
+#[cfg_attr(not(feature = "neuron"), no_mangle)]
 pub static ncclCollNetPlugin_v12: CollNetV12 = CollNetV12 {
     name: NAME.as_ptr(),
     init: init_v11,
@@ -485,7 +487,7 @@ pub static ncclCollNetPlugin_v12: CollNetV12 = CollNetV12 {
     finalize,
 };
 
-#[no_mangle]
+#[cfg_attr(not(feature = "neuron"), no_mangle)]
 pub static ncclCollNetPlugin_v11: CollNetV11 = CollNetV11 {
     name: NAME.as_ptr(),
     init: init_v11,
@@ -508,7 +510,7 @@ pub static ncclCollNetPlugin_v11: CollNetV11 = CollNetV11 {
     finalize,
 };
 
-#[no_mangle]
+#[cfg_attr(not(feature = "neuron"), no_mangle)]
 pub static ncclCollNetPlugin_v10: CollNetV9 = CollNetV9 {
     name: NAME.as_ptr(),
     init: init_v6,
@@ -530,7 +532,7 @@ pub static ncclCollNetPlugin_v10: CollNetV9 = CollNetV9 {
     make_vdevice: None,
 };
 
-#[no_mangle]
+#[cfg_attr(not(feature = "neuron"), no_mangle)]
 pub static ncclCollNetPlugin_v9: CollNetV9 = CollNetV9 {
     name: NAME.as_ptr(),
     init: init_v6,
@@ -552,7 +554,7 @@ pub static ncclCollNetPlugin_v9: CollNetV9 = CollNetV9 {
     make_vdevice: None,
 };
 
-#[no_mangle]
+#[cfg_attr(not(feature = "neuron"), no_mangle)]
 pub static ncclCollNetPlugin_v8: CollNetV8 = CollNetV8 {
     name: NAME.as_ptr(),
     init: init_v6,
@@ -573,7 +575,7 @@ pub static ncclCollNetPlugin_v8: CollNetV8 = CollNetV8 {
     close_listen,
 };
 
-#[no_mangle]
+#[cfg_attr(not(feature = "neuron"), no_mangle)]
 pub static ncclCollNetPlugin_v7: CollNetV7 = CollNetV7 {
     name: NAME.as_ptr(),
     init: init_v6,
@@ -592,7 +594,7 @@ pub static ncclCollNetPlugin_v7: CollNetV7 = CollNetV7 {
     close_listen,
 };
 
-#[no_mangle]
+#[cfg_attr(not(feature = "neuron"), no_mangle)]
 pub static ncclCollNetPlugin_v6: CollNetV6 = CollNetV6 {
     name: NAME.as_ptr(),
     init: init_v6,

@@ -2,11 +2,16 @@
 //! Each export runs inside the one panic boundary (`boundary`), checks its pointers with the
 //! helpers below (`non_null` and what builds on it: `Out`, `arg_ref`; `region`), and makes one
 //! call into safe Rust. No logic here.
+//!
+//! The Neuron flavour (feature `neuron`, `libnccom-net.so`) exports the Neuron tables (`neuron`)
+//! alone: the NCCL tables stay compiled but unexported, and the C API is left out.
+#[cfg(not(feature = "neuron"))]
 pub mod api;
 pub(crate) mod boundary;
 pub mod collnet;
 pub mod logging;
 pub mod net;
+pub mod neuron;
 pub mod signals;
 pub mod types;
 
@@ -67,10 +72,11 @@ impl<T> Out<T> {
 }
 
 /// The readable argument behind `p`, or an error naming it when `p` is NULL: the one null
-/// check for pointers the callee reads.
+/// check for pointers the callee reads (the C API's; the Neuron flavour has none).
 ///
 /// # Safety
 /// `p` is NULL or points to a readable `T` that lives for `'a`, as the ABI promises.
+#[cfg_attr(feature = "neuron", allow(dead_code))]
 pub(crate) unsafe fn arg_ref<'a, T>(p: *const T, name: &str) -> Result<&'a T> {
     // SAFETY: non-NULL, and readable for 'a per this function's contract.
     Ok(unsafe { &*non_null(p, name)? })

@@ -1,0 +1,80 @@
+//! The exported statics `ncclNetPlugin_v4`, `_v5` and `_v6` of the Neuron flavour: which
+//! function serves which slot. Under the NCCL flavour they are compiled (and tested) but not
+//! exported, since NCCL's tables hold those names.
+use super::rma::*;
+use super::types::*;
+use super::*;
+
+/// The plugin's name in every table.
+const NAME: &std::ffi::CStr = c"fabricoll";
+
+#[cfg_attr(feature = "neuron", export_name = "ncclNetPlugin_v6")]
+pub static NEURON_NET_V6: NeuronNetV6 = NeuronNetV6 {
+    name: NAME.as_ptr(),
+    init,
+    fini,
+    devices,
+    get_properties: get_properties::<NeuronPropsV6>,
+    listen,
+    connect,
+    accept,
+    reg_mr,
+    reg_mr_dmabuf,
+    dereg_mr,
+    isend,
+    irecv,
+    iflush,
+    test,
+    close_send,
+    close_recv,
+    close_listen,
+    get_mr_key,
+    iwrite,
+    iwrite_inline,
+    iread,
+};
+
+#[cfg_attr(feature = "neuron", export_name = "ncclNetPlugin_v5")]
+pub static NEURON_NET_V5: NeuronNetV5 = NeuronNetV5 {
+    name: NAME.as_ptr(),
+    init,
+    devices,
+    get_properties: get_properties::<NeuronPropsV6>,
+    listen,
+    connect,
+    accept,
+    reg_mr,
+    reg_mr_dmabuf,
+    dereg_mr,
+    isend,
+    irecv,
+    iflush,
+    test,
+    close_send,
+    close_recv,
+    close_listen,
+    get_mr_key,
+    iwrite,
+    iwrite_inline,
+    iread,
+};
+
+#[cfg_attr(feature = "neuron", export_name = "ncclNetPlugin_v4")]
+pub static NEURON_NET_V4: NeuronNetV4 = NeuronNetV4 {
+    name: NAME.as_ptr(),
+    init,
+    devices,
+    get_properties: get_properties::<NeuronPropsV4>,
+    listen: listen_v4,
+    connect: connect_v4,
+    accept: accept_v4,
+    reg_mr,
+    dereg_mr,
+    isend: isend_v4,
+    irecv: irecv_v4,
+    iflush: iflush_v4,
+    test,
+    close_send,
+    close_recv,
+    close_listen,
+};
