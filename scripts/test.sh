@@ -8,8 +8,10 @@
 #   py-tests      python3 -m unittest over scripts/tests (the coll-tests runner's matrix,
 #                 scripts/benchsum.py against bench-coll.sh's earlier tables) and
 #                 scripts/multihost (placement, launcher variables, the multi-host summary)
-#   build         scripts/build.sh (release library, binaries, C harness)
-#   clippy        cargo clippy --all-targets --release -- -D warnings
+#   build         scripts/build.sh (release library, binaries, the Neuron flavour
+#                 libnccom-net.so, C harness)
+#   clippy        cargo clippy --all-targets --release -- -D warnings, and the Neuron flavour's
+#                 library (--features neuron)
 #   cargo-test    cargo test --release (unit tests and tests/: header, README config table,
 #                 exported symbols, multi-process tests over tcp and shm)
 #   coll-tests    scripts/coll-tests.sh (fabricoll-perf: every algorithm x collective it
@@ -21,6 +23,8 @@
 #                 namespaces cannot be made, which fails under FABRICOLL_TEST_STRICT=1)
 #   plugin-tests  plugin-tests/run.sh (C harness over tcp, net and shm, normal and ASan builds, and
 #                 the C API examples in C and C++)
+#   neuron-tests  plugin-tests/neuron_run.sh (libnccom-net.so played as libnccom: the Neuron
+#                 tables v4-v6 over tcp, net and shm, normal and ASan builds)
 #   torch-tests   scripts/torch-tests.sh (the torch venv from scripts/deps.sh --torch, then the
 #                 torch.distributed backend: every operation against gloo in the same job, DDP and
 #                 FSDP2 training, error paths, at 2 and 4 ranks over shm and net, and a subset of
@@ -41,7 +45,7 @@ fi
 
 t_start=$(date +%s)
 all_stages=(deps fmt py-tests build clippy cargo-test coll-tests multihost-tests plugin-tests
-  torch-tests)
+  neuron-tests torch-tests)
 names=() results=() times=() details=()
 current="" failed=""
 # each stage's output is also kept in $log_dir/<stage>.log
@@ -70,6 +74,7 @@ stage_detail() {
     coll-tests) grep -E '^coll-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
     multihost-tests) grep -E '^multihost-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
     plugin-tests) grep -E '^plugin-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
+    neuron-tests) grep -E '^neuron-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
     torch-tests) grep -E '^torch-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
   esac
 }
@@ -169,7 +174,9 @@ stage py-tests 120 sh -c 'python3 -m unittest discover -s scripts/tests -v &&
 stage build 1500 scripts/build.sh
 cargo clippy --version >/dev/null 2>&1 ||
   fail clippy "clippy is not installed; run: rustup component add clippy"
-stage clippy 900 cargo clippy --all-targets --release -- -D warnings
+stage clippy 900 sh -c 'cargo clippy --all-targets --release -- -D warnings &&
+  cargo clippy --release --lib --features neuron \
+    --target-dir "${CARGO_TARGET_DIR:-target}/neuron" -- -D warnings'
 stage cargo-test 900 cargo test --release
 [ -x scripts/coll-tests.sh ] ||
   fail coll-tests "scripts/coll-tests.sh is missing or not executable"
@@ -186,6 +193,11 @@ stage multihost-tests 720 env \
 stage plugin-tests 1200 env \
   FABRICOLL_LIB="${FABRICOLL_LIB:-${CARGO_TARGET_DIR:-target}/release/libnccl-net-fabricoll.so}" \
   plugin-tests/run.sh
+[ -x plugin-tests/neuron_run.sh ] ||
+  fail neuron-tests "plugin-tests/neuron_run.sh is missing or not executable"
+stage neuron-tests 900 env \
+  FABRICOLL_NEURON_LIB="${FABRICOLL_NEURON_LIB:-${CARGO_TARGET_DIR:-target}/release/libnccom-net.so}" \
+  plugin-tests/neuron_run.sh
 [ -x scripts/torch-tests.sh ] ||
   fail torch-tests "scripts/torch-tests.sh is missing or not executable"
 stage torch-tests 1500 scripts/torch-tests.sh
