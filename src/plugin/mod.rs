@@ -284,11 +284,11 @@ impl Plugin {
     }
 }
 
-/// RMA for the Neuron tables, where the transport offers it with virtual addresses; NCCL's
-/// tables have no RMA calls.
+/// RMA for the Neuron tables, where the transport offers it (at peers' virtual addresses, which
+/// `Caps::rma_caps` promises); NCCL's tables have no RMA calls.
 fn rma_props(flavour: Flavour, caps: &crate::transport::Caps) -> Option<RmaProps> {
     match (&caps.rma_caps, flavour) {
-        (Some(r), Flavour::Neuron) if r.virt_addr => Some(RmaProps {
+        (Some(r), Flavour::Neuron) => Some(RmaProps {
             inline_bytes: r.inject_size,
         }),
         _ => None,
