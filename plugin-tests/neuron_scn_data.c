@@ -334,10 +334,12 @@ int scn_rma(rctx_t* c) {
       rma_arg_t a = {sc, src, rma_ops[i].size, smh, theirs.addr + RD + rma_ops[i].off, theirs.key};
       if (rma_wait(c, what, rma_ops[i].size, post_write, &a)) return -1;
     }
+    /* Four disjoint slices of [RD + WR, TSZ); each size is capped at its slice's length. */
     const size_t isz[4] = {1, inl < 8 ? inl : 8, inl / 2 ? inl / 2 : 1, inl};
     const size_t ioff[4] = {RD + WR, RD + WR + 9, RD + WR + 4096, RD + WR + 32768};
+    const size_t ilen[4] = {9, 4096 - 9, 32768 - 4096, TSZ - (RD + WR + 32768)};
     for (int i = 0; i < 4; i++) {
-      size_t n = isz[i] < 32768 ? isz[i] : 32768; /* stays inside the region */
+      size_t n = isz[i] < ilen[i] ? isz[i] : ilen[i];
       char what[96];
       unsigned char ib[32768];
       snprintf(what, sizeof what, "iwriteInline %zu B at offset %zu", n, ioff[i]);
@@ -365,7 +367,7 @@ int scn_rma(rctx_t* c) {
                      rma_ops[i].size, o, nbad, first);
     }
     for (int i = 0; i < 4; i++) {
-      size_t n = isz[i] < 32768 ? isz[i] : 32768, nbad;
+      size_t n = isz[i] < ilen[i] ? isz[i] : ilen[i], nbad;
       c->checks++;
       long first = pat_check_at(t + ioff[i], n, seed_of(peer, 32, 0), ioff[i], &nbad);
       if (first >= 0)

@@ -331,23 +331,42 @@ int scn_mesh4(rctx_t* c) {
         post_send(c, sc[p], sb[p], MESH_MSG, 5, smh[p], &sreq[p], "mesh"))
       return -1;
   }
-  for (int p = 0; p < R; p++)
-    if (p != me && wait_req(c, sreq[p], NULL, "mesh send")) return -1;
-  int seen = 0;
-  for (int i = 0; i < R - 1; i++) {
-    int got = -1;
-    if (wait_req(c, rreq[i], &got, "mesh recv")) return -1;
-    uint64_t src;
-    memcpy(&src, rb[i], 8);
-    c->checks += 3;
-    if (got != MESH_MSG) return failf(c, "mesh: received %d bytes, expected %d", got, MESH_MSG);
-    if (src >= (uint64_t)R || src == (uint64_t)me || (seen & (1 << src)))
-      return failf(c, "mesh: message %d names sender %llu", i, (unsigned long long)src);
-    seen |= 1 << src;
-    size_t nbad;
-    long first = pat_check_at(rb[i] + 8, MESH_MSG - 8, seed_of(src, me, 4), 8, &nbad);
-    if (first >= 0) return failf(c, "mesh: from rank %llu: %zu bytes differ, first at %ld", (unsigned long long)src, nbad,
-                                 first + 8);
+  /* Test every outstanding request in turn, as libnccom's proxy does: waiting on one alone could
+   * stall a peer that needs this rank to drain another connection. */
+  int seen = 0, left = 2 * (R - 1);
+  spins = 0;
+  int64_t deadline2 = op_deadline(c);
+  while (left) {
+    for (int p = 0; p < R; p++) {
+      int done = 0, sizes[1] = {-1};
+      if (p != me && sreq[p]) {
+        if ((r = nn_test(&c->n, sreq[p], &done, sizes)) != ncclSuccess)
+          return failf(c, "mesh: test(send to rank %d) returned %d (%s)", p, r, rstr(r));
+        if (done) sreq[p] = NULL, left--;
+      }
+      if (p >= R - 1 || !rreq[p]) continue;
+      done = 0;
+      if ((r = nn_test(&c->n, rreq[p], &done, sizes)) != ncclSuccess)
+        return failf(c, "mesh: test(receive %d) returned %d (%s)", p, r, rstr(r));
+      if (!done) continue;
+      rreq[p] = NULL, left--;
+      uint64_t src;
+      memcpy(&src, rb[p], 8);
+      c->checks += 3;
+      if (sizes[0] != MESH_MSG) return failf(c, "mesh: received %d bytes, expected %d", sizes[0], MESH_MSG);
+      if (src >= (uint64_t)R || src == (uint64_t)me || (seen & (1 << src)))
+        return failf(c, "mesh: message %d names sender %llu", p, (unsigned long long)src);
+      seen |= 1 << src;
+      size_t nbad;
+      long first = pat_check_at(rb[p] + 8, MESH_MSG - 8, seed_of(src, me, 4), 8, &nbad);
+      if (first >= 0)
+        return failf(c, "mesh: from rank %llu: %zu bytes differ, first at %ld", (unsigned long long)src, nbad,
+                     first + 8);
+    }
+    if (check_abort(c)) return -1;
+    if (now_ns() > deadline2) return failf(c, "mesh: %d of %d requests not done within %d ms", left, 2 * (R - 1),
+                                           g_op_timeout_ms);
+    backoff(&spins);
   }
   if (sync_ranks(c, "mesh done")) return -1;
   for (int p = 0; p < R; p++) {
