@@ -3,7 +3,8 @@
  * ncclNetPlugin_v4, _v5, _v6 in Neuron's layouts, neuron_net.h), playing libnccom.
  *
  *   neuron_harness [--lib PATH] [--scenario NAME[,NAME...]|all] [--skip NAME[,...]]
- *                  [--op-timeout-ms 30000] [--kill-timeout-ms 3000] [--cycles 300] [--list]
+ *                  [--op-timeout-ms 30000] [--kill-timeout-ms 3000] [--cycles 300] [--expect-rma 0|1]
+ *                  [--list]
  *
  * The library is --lib, else $FABRICOLL_NEURON_LIB, else <repo>/target/release/libnccom-net.so
  * (<repo> found from this program's path, plugin-tests/build/). Process model (as net_harness):
@@ -36,6 +37,7 @@ int g_op_timeout_ms = 30000;
 int g_kill_timeout_ms = 3000;
 int g_cycles = 300;
 int g_kill_victim = 1;
+int g_expect_rma = -1;
 
 typedef struct runstate runstate_t;
 
@@ -299,7 +301,9 @@ static int in_list(const char* list, const char* name) {
 
 static void usage(FILE* f) {
   fprintf(f, "usage: neuron_harness [--lib PATH] [--scenario NAME[,NAME...]|all] [--skip NAME[,...]]\n"
-             "                      [--op-timeout-ms MS] [--kill-timeout-ms MS] [--cycles N] [--list]\n"
+             "                      [--op-timeout-ms MS] [--kill-timeout-ms MS] [--cycles N] [--expect-rma 0|1]\n"
+             "                      [--list]\n"
+             "--expect-rma: the rma_supported that v5/v6 getProperties must report (the provider's FI_RMA)\n"
              "library: --lib, else $FABRICOLL_NEURON_LIB, else <repo>/target/release/libnccom-net.so\nscenarios:\n");
   for (int i = 0; i < NSCEN; i++) fprintf(f, "  %-10s %d rank(s): %s\n", g_scenarios[i].name, g_scenarios[i].nranks,
                                           g_scenarios[i].help);
@@ -355,6 +359,11 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "--op-timeout-ms")) bad = parse_int(a, val, 100, &g_op_timeout_ms);
     else if (!strcmp(a, "--kill-timeout-ms")) bad = parse_int(a, val, 1, &g_kill_timeout_ms);
     else if (!strcmp(a, "--cycles")) bad = parse_int(a, val, 10, &g_cycles);
+    else if (!strcmp(a, "--expect-rma")) {
+      bad = strcmp(val, "0") != 0 && strcmp(val, "1") != 0;
+      if (bad) fprintf(stderr, "neuron_harness: --expect-rma: '%s' is neither 0 nor 1\n", val);
+      else g_expect_rma = val[0] - '0';
+    }
     else {
       fprintf(stderr, "neuron_harness: unknown argument %s\n", a);
       usage(stderr);

@@ -28,6 +28,7 @@ extern int g_op_timeout_ms;   /* one operation (a connection, a transfer, a barr
 extern int g_kill_timeout_ms; /* FABRICOLL_TIMEOUT_MS of the kill and badinput ranks */
 extern int g_cycles;
 extern int g_kill_victim; /* set by the parent before forking the kill ranks */
+extern int g_expect_rma;  /* --expect-rma: the rma_supported props must report; -1: not checked */
 
 /* --------------------------------------------------------------------- shared-memory mailbox */
 

@@ -2,7 +2,7 @@
  * neuron_mock.c: a minimal Neuron net plugin (ncclNetPlugin_v4/_v5/_v6 of neuron_net.h) used only
  * to self-test neuron_harness (make neuron-mock; neuron_selftest.sh). It is not fabricoll: data
  * moves over abstract-namespace Unix stream sockets, one per comm, progressed inside the calls;
- * it has no RMA (rma_supported 0: the four RMA calls return SystemError). It follows the team
+ * RMA (MOCK_RMA=1 only) uses process_vm_writev/readv. It follows the team
  * contract (neuron31.md) so that the harness passes against it; MOCK_BUG=<name> injects one bug
  * that the named scenario must catch:
  *   corrupt  flip one received byte in messages >= 4096 B       (xfer6)
@@ -12,6 +12,7 @@
  *   loudclose  a close after fini logs a WARN line                (lifecycle)
  *   leakfd   never closes a connection's socket                   (cycles)
  *   hang     ignores EOF and errors from a dead peer              (kill)
+ *   rmaoff   RMA one byte off the given address (with MOCK_RMA=1)  (rma)
  */
 #include <errno.h>
 #include <stdint.h>
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -47,6 +49,7 @@ struct obj {
   int dead;         /* the peer is gone */
 };
 
+static int rma_on(void);
 static ncclDebugLogger_t g_log;
 static int g_up;
 static obj_t** g_objs; /* every live object, for pointer validation and fini */
@@ -159,6 +162,7 @@ static void fill(ncclNetProperties_v6_t* p) {
   p->latency = 10.0f;
   p->maxComms = 65536;
   p->maxRecvs = 1;
+  if (rma_on()) p->rma_supported = 1, p->max_write_inline_size = 64, p->max_mr_key_size = 8;
 }
 
 static ncclResult_t m_props6(int dev, ncclNetProperties_v6_t* p) {
@@ -461,31 +465,63 @@ static ncclResult_t m_close_send(void* c) { return close_kind(c, K_SEND); }
 static ncclResult_t m_close_recv(void* c) { return close_kind(c, K_RECV); }
 static ncclResult_t m_close_listen(void* c) { return close_kind(c, K_LISTEN); }
 
-/* ---------------------------------------------------------------------- RMA: not supported */
+/* ----------------------------------------------------------------------------------------- RMA */
+/* MOCK_RMA=1: rma_supported 1, done with process_vm_writev/readv into the process named by the
+ * key (the registering process's pid); otherwise the four calls return SystemError. */
+
+static int rma_on(void) {
+  const char* e = getenv("MOCK_RMA");
+  return e && strcmp(e, "1") == 0;
+}
 
 static ncclResult_t m_getmrkey(void* mh, uint64_t* key) {
   UP();
   if (!find(mh, K_MR)) return bad("mhandle");
-  (void)key;
-  return ncclSystemError;
+  if (!key) return bad("mr_key");
+  if (!rma_on()) return ncclSystemError;
+  *key = (uint64_t)getpid();
+  return ncclSuccess;
+}
+
+/* One RMA op, done at once: a request that test reports done with the size. */
+static ncclResult_t rma_op(int write, void* local, size_t size, uint64_t addr, uint64_t key, void** req) {
+  if (!req) return bad("request");
+  if (bug("rmaoff")) addr += 1;
+  struct iovec l = {local, size}, r = {(void*)(uintptr_t)addr, size};
+  ssize_t n = write ? process_vm_writev((pid_t)key, &l, 1, &r, 1, 0) : process_vm_readv((pid_t)key, &l, 1, &r, 1, 0);
+  if (n != (ssize_t)size) {
+    LOG(NCCL_LOG_WARN, "mock: process_vm_%sv of %zu B: %s", write ? "write" : "read", size, strerror(errno));
+    return ncclRemoteError;
+  }
+  obj_t* o = new_obj(K_REQ);
+  if (!o) return ncclSystemError;
+  o->is_send = 1, o->size = size, o->done = 1;
+  *req = o;
+  return ncclSuccess;
 }
 
 static ncclResult_t m_iwrite(void* sc, void* src, size_t size, void* mh, uint64_t dest, uint64_t key, void** req) {
-  (void)src, (void)size, (void)mh, (void)dest, (void)key, (void)req;
   UP();
-  return find(sc, K_SEND) ? ncclSystemError : bad("sComm");
+  if (!find(sc, K_SEND)) return bad("sComm");
+  if (!rma_on()) return ncclSystemError;
+  if (!find(mh, K_MR)) return bad("src_mhandle");
+  return rma_op(1, src, size, dest, key, req);
 }
 
 static ncclResult_t m_iwrite_inline(void* sc, void* src, size_t size, uint64_t dest, uint64_t key, void** req) {
-  (void)src, (void)size, (void)dest, (void)key, (void)req;
   UP();
-  return find(sc, K_SEND) ? ncclSystemError : bad("sComm");
+  if (!find(sc, K_SEND)) return bad("sComm");
+  if (!rma_on()) return ncclSystemError;
+  if (size > 64) return bad("size");
+  return rma_op(1, src, size, dest, key, req);
 }
 
 static ncclResult_t m_iread(void* rc, void* dst, size_t size, void* mh, uint64_t src, uint64_t key, void** req) {
-  (void)dst, (void)size, (void)mh, (void)src, (void)key, (void)req;
   UP();
-  return find(rc, K_RECV) ? ncclSystemError : bad("rComm");
+  if (!find(rc, K_RECV)) return bad("rComm");
+  if (!rma_on()) return ncclSystemError;
+  if (!find(mh, K_MR)) return bad("dest_mhandle");
+  return rma_op(0, dst, size, src, key, req);
 }
 
 /* ------------------------------------------------------------------------------------ tables */

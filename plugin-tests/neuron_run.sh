@@ -12,6 +12,8 @@
 #   HARNESS_ARGS    extra neuron_harness arguments, e.g. "--scenario xfer6,rma" or "--cycles 100"
 #   RUN_TIMEOUT     seconds allowed per harness run (default 1200); each scenario also has its own
 #                   deadline inside the harness, this is the outer bound
+#   EXPECT_RMA      auto (default): rma_supported must be 1 exactly where fi_info lists the provider
+#                   with FI_RMA (--expect-rma); 0 or 1: that value everywhere; any: not checked
 # Logs: plugin-tests/build/logs/neuron-<provider>-<build>.log (stderr of the run).
 set -u
 
@@ -25,6 +27,7 @@ PROVIDERS=${PROVIDERS:-tcp shm net}
 BUILDS=${BUILDS:-"normal asan"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-1200}
 STRICT=${FABRICOLL_TEST_STRICT:-0}
+EXPECT_RMA=${EXPECT_RMA:-auto}
 
 if ! timeout 300 make -C "$HERE" neuron >/dev/null; then
   echo "neuron-tests: build failed" >&2
@@ -44,12 +47,10 @@ total_fail=0
 summary=""
 
 # Whether libfabric offers the provider here (tcp is tcp;ofi_rxm, the others RDM endpoints).
-provider_available() {
-  case "$1" in
-    tcp) fi_info -p 'tcp;ofi_rxm' -t FI_EP_RDM >/dev/null 2>&1 ;;
-    *) fi_info -p "$1" -t FI_EP_RDM >/dev/null 2>&1 ;;
-  esac
-}
+provider_available() { fi_info -p "$(fi_name "$1")" -t FI_EP_RDM >/dev/null 2>&1; }
+
+# fi_info's name of the provider (tcp is tcp;ofi_rxm).
+fi_name() { if [ "$1" = tcp ]; then echo 'tcp;ofi_rxm'; else echo "$1"; fi; }
 
 for prov in $PROVIDERS; do
   if ! command -v fi_info >/dev/null 2>&1 || ! provider_available "$prov"; then
@@ -63,6 +64,17 @@ for prov in $PROVIDERS; do
     fi
     continue
   fi
+  rma_args=()
+  case "$EXPECT_RMA" in
+    any) ;;
+    0 | 1) rma_args=(--expect-rma "$EXPECT_RMA") ;;
+    *) # auto
+      if fi_info -p "$(fi_name "$prov")" -t FI_EP_RDM -c FI_RMA >/dev/null 2>&1; then
+        rma_args=(--expect-rma 1)
+      else
+        rma_args=(--expect-rma 0)
+      fi ;;
+  esac
   for build in $BUILDS; do
     case "$build" in
       normal) exe="$HERE/build/neuron_harness" ;;
@@ -70,7 +82,7 @@ for prov in $PROVIDERS; do
       *) echo "neuron-tests: unknown build '$build'" >&2; exit 2 ;;
     esac
     log="$LOGDIR/neuron-$prov-$build.log"
-    echo "== Neuron tables, provider $prov, $build build =="
+    echo "== Neuron tables, provider $prov, $build build ${rma_args[*]} =="
     envs=(FABRICOLL_PROVIDER="$prov")
     is_ip "$prov" && envs+=(FABRICOLL_DOMAIN=lo) # loopback only: never send traffic off the host
     if [ "$build" = asan ]; then
@@ -82,7 +94,7 @@ for prov in $PROVIDERS; do
     # kill and badinput ranks run with FABRICOLL_TIMEOUT_MS=3000 (--kill-timeout-ms)
     # shellcheck disable=SC2086
     out=$(timeout --kill-after=15 "$RUN_TIMEOUT" env -u FABRICOLL_DOMAIN "${envs[@]}" "$exe" --lib "$LIB" \
-      --kill-timeout-ms 3000 ${HARNESS_ARGS:-} 2>"$log")
+      --kill-timeout-ms 3000 "${rma_args[@]}" ${HARNESS_ARGS:-} 2>"$log")
     rc=$?
     printf '%s\n' "$out"
     line=$(printf '%s\n' "$out" | grep -E '^neuron_harness: [0-9]+ passed, [0-9]+ failed$' | tail -1)

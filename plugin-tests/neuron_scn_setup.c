@@ -119,6 +119,10 @@ int scn_props(rctx_t* c) {
       PCHECK(p.latency > 0 && isfinite(p.latency), "v%d dev %d: latency %g", v, dev, (double)p.latency);
       PCHECK(p.maxRecvs == 1, "v%d dev %d: maxRecvs %d, expected 1", v, dev, p.maxRecvs);
       PCHECK(p.rma_supported == 0 || p.rma_supported == 1, "v%d dev %d: rma_supported %d", v, dev, p.rma_supported);
+      if (g_expect_rma >= 0)
+        PCHECK(p.rma_supported == g_expect_rma, "v%d dev %d: rma_supported %d, expected %d (--expect-rma: %s)", v, dev,
+               p.rma_supported, g_expect_rma,
+               g_expect_rma ? "fi_info lists FI_RMA for this provider" : "the provider offers no FI_RMA");
       PCHECK(p.max_mr_key_size <= 8, "v%d dev %d: max_mr_key_size %zu > 8 (keys are uint64_t)", v, dev,
              p.max_mr_key_size);
       if (p.rma_supported == 1) {

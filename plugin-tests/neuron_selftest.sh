@@ -11,21 +11,26 @@ OUT=$(mktemp)
 trap 'rm -f "$OUT"' EXIT
 pass=0
 fail=0
-for exe in neuron_harness neuron_harness_asan; do
-  if ASAN_OPTIONS=detect_leaks=0 timeout 600 "$HERE/build/$exe" --lib "$MOCK" >"$OUT" 2>&1; then
-    echo "ok   $exe: every scenario passes on the correct mock"
+# without RMA (the four calls must return SystemError) and with it (MOCK_RMA=1)
+for run in "neuron_harness 0" "neuron_harness_asan 0" "neuron_harness 1"; do
+  exe=${run% *}
+  rma=${run#* }
+  if MOCK_RMA=$rma ASAN_OPTIONS=detect_leaks=0 timeout 600 "$HERE/build/$exe" --lib "$MOCK" --expect-rma "$rma" \
+    >"$OUT" 2>&1; then
+    echo "ok   $exe: every scenario passes on the correct mock (MOCK_RMA=$rma)"
     pass=$((pass + 1))
   else
-    echo "FAIL $exe: scenarios failed on the correct mock:"
+    echo "FAIL $exe: scenarios failed on the correct mock (MOCK_RMA=$rma):"
     grep -E '^(FAIL|neuron_harness:)' "$OUT"
     fail=$((fail + 1))
   fi
 done
 # bug -> the scenario that must catch it
-for pair in corrupt:xfer6 overrun:xfer5 nulls:inflight cudaok:badinput loudclose:lifecycle leakfd:cycles hang:kill; do
+for pair in corrupt:xfer6 overrun:xfer5 nulls:inflight cudaok:badinput loudclose:lifecycle leakfd:cycles hang:kill \
+  rmaoff:rma; do
   bug=${pair%%:*}
   scn=${pair#*:}
-  MOCK_BUG=$bug timeout 300 "$HERE/build/neuron_harness" --lib "$MOCK" --scenario "$scn" >"$OUT" 2>&1
+  MOCK_RMA=1 MOCK_BUG=$bug timeout 300 "$HERE/build/neuron_harness" --lib "$MOCK" --scenario "$scn" >"$OUT" 2>&1
   if grep -q "^FAIL $scn:" "$OUT"; then
     echo "ok   MOCK_BUG=$bug caught by $scn: $(grep "^FAIL $scn:" "$OUT" | cut -c1-160)"
     pass=$((pass + 1))
