@@ -240,32 +240,30 @@ int pair_loopback(rctx_t* c, void** sc, void** rc, const char* what) {
 
 /* --------------------------------------------------------------------------------- transfers */
 
-int post_send(rctx_t* c, void* sc, void* data, int size, int tag, void* mh, void** req, const char* what) {
+/* isend or irecv, called again while the request comes back NULL ("busy"). */
+static int post(rctx_t* c, int is_send, void* comm, void* data, int size, int tag, void* mh, void** req,
+                const char* what) {
   int64_t deadline = op_deadline(c);
   int spins = 0;
+  const char* call = is_send ? "isend" : "irecv";
   *req = NULL;
   for (;;) {
-    ncclResult_t r = nn_isend(&c->n, sc, data, size, tag, mh, req);
-    if (r != ncclSuccess) return failf(c, "%s: isend(%d B) returned %d (%s)", what, size, r, rstr(r));
+    ncclResult_t r = is_send ? nn_isend(&c->n, comm, data, size, tag, mh, req)
+                             : nn_irecv1(&c->n, comm, data, size, tag, mh, req);
+    if (r != ncclSuccess) return failf(c, "%s: %s(%d B) returned %d (%s)", what, call, size, r, rstr(r));
     if (*req) return 0;
     if (check_abort(c)) return -1;
-    if (now_ns() > deadline) return failf(c, "%s: isend(%d B) kept returning a NULL request", what, size);
+    if (now_ns() > deadline) return failf(c, "%s: %s(%d B) kept returning a NULL request", what, call, size);
     backoff(&spins);
   }
 }
 
+int post_send(rctx_t* c, void* sc, void* data, int size, int tag, void* mh, void** req, const char* what) {
+  return post(c, 1, sc, data, size, tag, mh, req, what);
+}
+
 int post_recv(rctx_t* c, void* rc, void* data, int size, int tag, void* mh, void** req, const char* what) {
-  int64_t deadline = op_deadline(c);
-  int spins = 0;
-  *req = NULL;
-  for (;;) {
-    ncclResult_t r = nn_irecv1(&c->n, rc, data, size, tag, mh, req);
-    if (r != ncclSuccess) return failf(c, "%s: irecv(%d B) returned %d (%s)", what, size, r, rstr(r));
-    if (*req) return 0;
-    if (check_abort(c)) return -1;
-    if (now_ns() > deadline) return failf(c, "%s: irecv(%d B) kept returning a NULL request", what, size);
-    backoff(&spins);
-  }
+  return post(c, 0, rc, data, size, tag, mh, req, what);
 }
 
 int wait_req(rctx_t* c, void* req, int* size_out, const char* what) {

@@ -80,6 +80,8 @@ extern char log_last_warn[512];
 
 /* ------------------------------------------------------------------------------ small helpers */
 
+/* Defined in netapi.c, linked as it is (its header declares NVIDIA's layouts, so it is not
+ * included here): CLOCK_MONOTONIC ns, HARNESS_VERBOSE logging, and the polling back-off. */
 int64_t now_ns(void);
 double ms_since(int64_t t0);
 int verbose(void);

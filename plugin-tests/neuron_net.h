@@ -156,112 +156,81 @@ _Static_assert(offsetof(ncclNet_v4_t, closeSend) == 104, "v4.closeSend");
 _Static_assert(offsetof(ncclNet_v4_t, closeRecv) == 112, "v4.closeRecv");
 _Static_assert(offsetof(ncclNet_v4_t, closeListen) == 120, "v4.closeListen");
 
-/* --------------------------------------------------------------------------- v5 (doc §1) */
+/* ------------------------------------------------------------------------- v5, v6 (doc §1) */
+
+/* The slots from `devices` to `iread`: the same in v5 and v6, which has `fini` before them. */
+#define NEURON_NET_V5_V6_SLOTS                                                                            \
+  ncclResult_t (*devices)(int* ndev);                                                                     \
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v6_t* props);                                  \
+  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);                                       \
+  ncclResult_t (*connect)(int dev, void* handle, void** sendComm); /* never blocks */                     \
+  ncclResult_t (*accept)(void* listenComm, void** recvComm);       /* never blocks */                     \
+  ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);                   \
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,     \
+                              void** mhandle);                                                            \
+  ncclResult_t (*deregMr)(void* comm, void* mhandle);                                                     \
+  ncclResult_t (*isend)(void* sendComm, void* data, int size, int tag, void* mhandle, void** request);    \
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, int* sizes, int* tags, void** mhandles,       \
+                        void** request);                                                                  \
+  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request); \
+  ncclResult_t (*test)(void* request, int* done, int* sizes);                                             \
+  ncclResult_t (*closeSend)(void* sendComm);                                                              \
+  ncclResult_t (*closeRecv)(void* recvComm);                                                              \
+  ncclResult_t (*closeListen)(void* listenComm);                                                          \
+  ncclResult_t (*getMrKey)(void* mhandle, uint64_t* mr_key);                                              \
+  ncclResult_t (*iwrite)(void* sComm, void* src, size_t size, void* src_mhandle, uint64_t dest,           \
+                         uint64_t mr_key, void** request);                                                \
+  ncclResult_t (*iwriteInline)(void* sComm, void* src, size_t size, uint64_t dest, uint64_t mr_key,       \
+                               void** request);                                                           \
+  ncclResult_t (*iread)(void* rComm, void* dest, size_t size, void* dest_mhandle, uint64_t src,           \
+                        uint64_t mr_key, void** request);
+
+/* The doc's offsets of those slots, `devices` being at `base`. */
+#define NEURON_NET_ASSERT_SLOTS(T, base)                                            \
+  _Static_assert(offsetof(T, devices) == (base), #T ".devices");                    \
+  _Static_assert(offsetof(T, getProperties) == (base) + 8, #T ".getProperties");    \
+  _Static_assert(offsetof(T, listen) == (base) + 16, #T ".listen");                 \
+  _Static_assert(offsetof(T, connect) == (base) + 24, #T ".connect");               \
+  _Static_assert(offsetof(T, accept) == (base) + 32, #T ".accept");                 \
+  _Static_assert(offsetof(T, regMr) == (base) + 40, #T ".regMr");                   \
+  _Static_assert(offsetof(T, regMrDmaBuf) == (base) + 48, #T ".regMrDmaBuf");       \
+  _Static_assert(offsetof(T, deregMr) == (base) + 56, #T ".deregMr");               \
+  _Static_assert(offsetof(T, isend) == (base) + 64, #T ".isend");                   \
+  _Static_assert(offsetof(T, irecv) == (base) + 72, #T ".irecv");                   \
+  _Static_assert(offsetof(T, iflush) == (base) + 80, #T ".iflush");                 \
+  _Static_assert(offsetof(T, test) == (base) + 88, #T ".test");                     \
+  _Static_assert(offsetof(T, closeSend) == (base) + 96, #T ".closeSend");           \
+  _Static_assert(offsetof(T, closeRecv) == (base) + 104, #T ".closeRecv");          \
+  _Static_assert(offsetof(T, closeListen) == (base) + 112, #T ".closeListen");      \
+  _Static_assert(offsetof(T, getMrKey) == (base) + 120, #T ".getMrKey");            \
+  _Static_assert(offsetof(T, iwrite) == (base) + 128, #T ".iwrite");                \
+  _Static_assert(offsetof(T, iwriteInline) == (base) + 136, #T ".iwriteInline");    \
+  _Static_assert(offsetof(T, iread) == (base) + 144, #T ".iread")
 
 typedef struct {
   const char* name;
   ncclResult_t (*init)(ncclDebugLogger_t logFunction);
-  ncclResult_t (*devices)(int* ndev);
-  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v5_t* props);
-  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
-  ncclResult_t (*connect)(int dev, void* handle, void** sendComm); /* never blocks */
-  ncclResult_t (*accept)(void* listenComm, void** recvComm);       /* never blocks */
-  ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
-  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
-                              void** mhandle);
-  ncclResult_t (*deregMr)(void* comm, void* mhandle);
-  ncclResult_t (*isend)(void* sendComm, void* data, int size, int tag, void* mhandle, void** request);
-  ncclResult_t (*irecv)(void* recvComm, int n, void** data, int* sizes, int* tags, void** mhandles,
-                        void** request);
-  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request);
-  ncclResult_t (*test)(void* request, int* done, int* sizes);
-  ncclResult_t (*closeSend)(void* sendComm);
-  ncclResult_t (*closeRecv)(void* recvComm);
-  ncclResult_t (*closeListen)(void* listenComm);
-  ncclResult_t (*getMrKey)(void* mhandle, uint64_t* mr_key);
-  ncclResult_t (*iwrite)(void* sComm, void* src, size_t size, void* src_mhandle, uint64_t dest, uint64_t mr_key,
-                         void** request);
-  ncclResult_t (*iwriteInline)(void* sComm, void* src, size_t size, uint64_t dest, uint64_t mr_key,
-                               void** request);
-  ncclResult_t (*iread)(void* rComm, void* dest, size_t size, void* dest_mhandle, uint64_t src, uint64_t mr_key,
-                        void** request);
+  NEURON_NET_V5_V6_SLOTS
 } ncclNet_v5_t;
 _Static_assert(sizeof(ncclNet_v5_t) == 168, "ncclNet_v5_t size");
 _Static_assert(offsetof(ncclNet_v5_t, name) == 0, "v5.name");
 _Static_assert(offsetof(ncclNet_v5_t, init) == 8, "v5.init");
-_Static_assert(offsetof(ncclNet_v5_t, devices) == 16, "v5.devices");
-_Static_assert(offsetof(ncclNet_v5_t, getProperties) == 24, "v5.getProperties");
-_Static_assert(offsetof(ncclNet_v5_t, listen) == 32, "v5.listen");
-_Static_assert(offsetof(ncclNet_v5_t, connect) == 40, "v5.connect");
-_Static_assert(offsetof(ncclNet_v5_t, accept) == 48, "v5.accept");
-_Static_assert(offsetof(ncclNet_v5_t, regMr) == 56, "v5.regMr");
-_Static_assert(offsetof(ncclNet_v5_t, regMrDmaBuf) == 64, "v5.regMrDmaBuf");
-_Static_assert(offsetof(ncclNet_v5_t, deregMr) == 72, "v5.deregMr");
-_Static_assert(offsetof(ncclNet_v5_t, isend) == 80, "v5.isend");
-_Static_assert(offsetof(ncclNet_v5_t, irecv) == 88, "v5.irecv");
-_Static_assert(offsetof(ncclNet_v5_t, iflush) == 96, "v5.iflush");
-_Static_assert(offsetof(ncclNet_v5_t, test) == 104, "v5.test");
-_Static_assert(offsetof(ncclNet_v5_t, closeSend) == 112, "v5.closeSend");
-_Static_assert(offsetof(ncclNet_v5_t, closeRecv) == 120, "v5.closeRecv");
-_Static_assert(offsetof(ncclNet_v5_t, closeListen) == 128, "v5.closeListen");
-_Static_assert(offsetof(ncclNet_v5_t, getMrKey) == 136, "v5.getMrKey");
-_Static_assert(offsetof(ncclNet_v5_t, iwrite) == 144, "v5.iwrite");
-_Static_assert(offsetof(ncclNet_v5_t, iwriteInline) == 152, "v5.iwriteInline");
-_Static_assert(offsetof(ncclNet_v5_t, iread) == 160, "v5.iread");
-
-/* --------------------------------------------------------------------------- v6 (doc §1) */
+NEURON_NET_ASSERT_SLOTS(ncclNet_v5_t, 16); /* devices 16 ... getMrKey 136, iwrite 144, iread 160 */
 
 typedef struct {
   const char* name;
   ncclResult_t (*init)(ncclDebugLogger_t logFunction);
   ncclResult_t (*fini)(void);
-  ncclResult_t (*devices)(int* ndev);
-  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v6_t* props);
-  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
-  ncclResult_t (*connect)(int dev, void* handle, void** sendComm); /* never blocks */
-  ncclResult_t (*accept)(void* listenComm, void** recvComm);       /* never blocks */
-  ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
-  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
-                              void** mhandle);
-  ncclResult_t (*deregMr)(void* comm, void* mhandle);
-  ncclResult_t (*isend)(void* sendComm, void* data, int size, int tag, void* mhandle, void** request);
-  ncclResult_t (*irecv)(void* recvComm, int n, void** data, int* sizes, int* tags, void** mhandles,
-                        void** request);
-  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request);
-  ncclResult_t (*test)(void* request, int* done, int* sizes);
-  ncclResult_t (*closeSend)(void* sendComm);
-  ncclResult_t (*closeRecv)(void* recvComm);
-  ncclResult_t (*closeListen)(void* listenComm);
-  ncclResult_t (*getMrKey)(void* mhandle, uint64_t* mr_key);
-  ncclResult_t (*iwrite)(void* sComm, void* src, size_t size, void* src_mhandle, uint64_t dest, uint64_t mr_key,
-                         void** request);
-  ncclResult_t (*iwriteInline)(void* sComm, void* src, size_t size, uint64_t dest, uint64_t mr_key,
-                               void** request);
-  ncclResult_t (*iread)(void* rComm, void* dest, size_t size, void* dest_mhandle, uint64_t src, uint64_t mr_key,
-                        void** request);
+  NEURON_NET_V5_V6_SLOTS
 } ncclNet_v6_t;
 _Static_assert(sizeof(ncclNet_v6_t) == 176, "ncclNet_v6_t size");
 _Static_assert(offsetof(ncclNet_v6_t, name) == 0, "v6.name");
 _Static_assert(offsetof(ncclNet_v6_t, init) == 8, "v6.init");
 _Static_assert(offsetof(ncclNet_v6_t, fini) == 16, "v6.fini");
-_Static_assert(offsetof(ncclNet_v6_t, devices) == 24, "v6.devices");
-_Static_assert(offsetof(ncclNet_v6_t, getProperties) == 32, "v6.getProperties");
-_Static_assert(offsetof(ncclNet_v6_t, listen) == 40, "v6.listen");
-_Static_assert(offsetof(ncclNet_v6_t, connect) == 48, "v6.connect");
-_Static_assert(offsetof(ncclNet_v6_t, accept) == 56, "v6.accept");
-_Static_assert(offsetof(ncclNet_v6_t, regMr) == 64, "v6.regMr");
-_Static_assert(offsetof(ncclNet_v6_t, regMrDmaBuf) == 72, "v6.regMrDmaBuf");
-_Static_assert(offsetof(ncclNet_v6_t, deregMr) == 80, "v6.deregMr");
-_Static_assert(offsetof(ncclNet_v6_t, isend) == 88, "v6.isend");
-_Static_assert(offsetof(ncclNet_v6_t, irecv) == 96, "v6.irecv");
-_Static_assert(offsetof(ncclNet_v6_t, iflush) == 104, "v6.iflush");
-_Static_assert(offsetof(ncclNet_v6_t, test) == 112, "v6.test");
-_Static_assert(offsetof(ncclNet_v6_t, closeSend) == 120, "v6.closeSend");
-_Static_assert(offsetof(ncclNet_v6_t, closeRecv) == 128, "v6.closeRecv");
-_Static_assert(offsetof(ncclNet_v6_t, closeListen) == 136, "v6.closeListen");
-_Static_assert(offsetof(ncclNet_v6_t, getMrKey) == 144, "v6.getMrKey");
-_Static_assert(offsetof(ncclNet_v6_t, iwrite) == 152, "v6.iwrite");
-_Static_assert(offsetof(ncclNet_v6_t, iwriteInline) == 160, "v6.iwriteInline");
-_Static_assert(offsetof(ncclNet_v6_t, iread) == 168, "v6.iread");
+NEURON_NET_ASSERT_SLOTS(ncclNet_v6_t, 24); /* devices 24 ... getMrKey 144, iwrite 152, iread 168 */
+/* The doc's named offsets, once more by name. */
+_Static_assert(offsetof(ncclNet_v5_t, regMrDmaBuf) == 64 && offsetof(ncclNet_v6_t, regMrDmaBuf) == 72, "regMrDmaBuf");
+_Static_assert(offsetof(ncclNet_v5_t, getMrKey) == 136 && offsetof(ncclNet_v6_t, getMrKey) == 144, "getMrKey");
+_Static_assert(offsetof(ncclNet_v5_t, iread) == 160 && offsetof(ncclNet_v6_t, iread) == 168, "iread");
 
 #endif

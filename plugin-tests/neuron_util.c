@@ -1,18 +1,16 @@
 /*
  * neuron_util.c: the helpers of neuron_harness (see neuron_harness.h): the logger handed to init,
- * failure and stage reporting into the shared mailbox, byte patterns, deadlines, a caller of the
- * v4/v5/v6 tables by version, and connection and transfer helpers that poll with deadlines.
+ * failure and stage reporting into the shared mailbox, byte patterns, deadlines, the mailbox and
+ * a barrier. Clocks, HARNESS_VERBOSE and the polling back-off come from netapi.c (linked).
  */
 #include "neuron_harness.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 /* ---------------------------------------------------------------------------------- logger */
@@ -42,43 +40,6 @@ void nn_logger(ncclDebugLogLevel level, unsigned long flags, const char* file, i
 }
 
 /* ------------------------------------------------------------------------------ small helpers */
-
-int64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-double ms_since(int64_t t0) { return (double)(now_ns() - t0) / 1e6; }
-
-int verbose(void) {
-  static int v = -1;
-  if (v < 0) {
-    const char* e = getenv("HARNESS_VERBOSE");
-    v = (e && *e && strcmp(e, "0") != 0) ? 1 : 0;
-  }
-  return v;
-}
-
-void vlog(const char* fmt, ...) {
-  if (!verbose()) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-}
-
-/* Spin first, then yield, then sleep briefly: 2 cores may be shared by 4 ranks. */
-void backoff(int* spins) {
-  int s = ++*spins;
-  if (s < 64) return;
-  if (s < 512) {
-    sched_yield();
-    return;
-  }
-  struct timespec ts = {0, 20000};
-  nanosleep(&ts, NULL);
-}
 
 const char* rstr(int r) {
   switch (r) {
