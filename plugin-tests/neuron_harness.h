@@ -81,13 +81,15 @@ extern char log_last_warn[512];
 /* ------------------------------------------------------------------------------ small helpers */
 
 /* Defined in netapi.c, linked as it is (its header declares NVIDIA's layouts, so it is not
- * included here): CLOCK_MONOTONIC ns, HARNESS_VERBOSE logging, and the polling back-off. */
+ * included here): CLOCK_MONOTONIC ns, HARNESS_VERBOSE logging, the polling back-off, and the
+ * names of ncclResult_t values (the same numbers in both ABIs). */
 int64_t now_ns(void);
 double ms_since(int64_t t0);
 int verbose(void);
 void vlog(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void backoff(int* spins);
-const char* rstr(int r);
+const char* nccl_result_str(int r); /* netapi.c: also names 1000, NN_NO_MEMBER, "table member is NULL" */
+static inline const char* rstr(int r) { return nccl_result_str(r); }
 void copy_str(char* dst, size_t cap, const char* src);
 void stagef(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 int failf(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));

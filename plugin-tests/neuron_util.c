@@ -41,20 +41,6 @@ void nn_logger(ncclDebugLogLevel level, unsigned long flags, const char* file, i
 
 /* ------------------------------------------------------------------------------ small helpers */
 
-const char* rstr(int r) {
-  switch (r) {
-    case ncclSuccess: return "ncclSuccess";
-    case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
-    case ncclSystemError: return "ncclSystemError";
-    case ncclInternalError: return "ncclInternalError";
-    case ncclInvalidArgument: return "ncclInvalidArgument";
-    case ncclInvalidUsage: return "ncclInvalidUsage";
-    case ncclRemoteError: return "ncclRemoteError";
-    case (int)NN_NO_MEMBER: return "(no such member in this table version)";
-    default: return "(unknown ncclResult_t)";
-  }
-}
-
 void copy_str(char* dst, size_t cap, const char* src) {
   size_t n = strlen(src);
   if (n >= cap) n = cap - 1;
@@ -62,14 +48,13 @@ void copy_str(char* dst, size_t cap, const char* src) {
   dst[n] = 0;
 }
 
+/* The stage is written straight into the mailbox: the parent reads it when a rank hangs. */
 void stagef(rctx_t* c, const char* fmt, ...) {
-  char b[STAGE_LEN];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(b, sizeof b, fmt, ap);
+  vsnprintf(c->shm->stage[c->rank], STAGE_LEN, fmt, ap);
   va_end(ap);
-  copy_str(c->shm->stage[c->rank], STAGE_LEN, b);
-  vlog("[%s rank %d] %s\n", c->scn, c->rank, b);
+  vlog("[%s rank %d] %s\n", c->scn, c->rank, c->shm->stage[c->rank]);
 }
 
 int failf(rctx_t* c, const char* fmt, ...) {
@@ -90,12 +75,10 @@ int failf(rctx_t* c, const char* fmt, ...) {
 }
 
 void detailf(rctx_t* c, const char* fmt, ...) {
-  char b[DETAIL_LEN];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(b, sizeof b, fmt, ap);
+  vsnprintf(c->shm->detail[c->rank], DETAIL_LEN, fmt, ap);
   va_end(ap);
-  copy_str(c->shm->detail[c->rank], DETAIL_LEN, b);
 }
 
 int check_abort(rctx_t* c) {
