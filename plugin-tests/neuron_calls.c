@@ -56,7 +56,10 @@ void nn_close_dl(nn_t* n) {
 #define CALL_56(n, m, ...) \
   ((n)->v == 6 ? (n)->t6->m(__VA_ARGS__) : (n)->v == 5 ? (n)->t5->m(__VA_ARGS__) : NN_NO_MEMBER)
 
-ncclResult_t nn_init(nn_t* n) { return CALL_ALL(n, init, nn_logger); }
+ncclResult_t nn_init(nn_t* n) {
+  g_logger_given = 1;
+  return CALL_ALL(n, init, nn_logger);
+}
 ncclResult_t nn_fini(nn_t* n) { return n->v == 6 ? n->t6->fini() : NN_NO_MEMBER; }
 ncclResult_t nn_devices(nn_t* n, int* ndev) { return CALL_ALL(n, devices, ndev); }
 

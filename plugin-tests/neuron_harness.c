@@ -265,6 +265,8 @@ static scenario_t g_scenarios[] = {
      0, NULL, 0},
     {"badinput", "NULL comms, garbage handle, CUDA/NEURON/other registration types, irecv n = 0/9", 1, scn_badinput,
      120, 1, NULL, 0},
+    {"v4block", "v4 accept with nobody connecting and connect to a zeroed handle end at FABRICOLL_TIMEOUT_MS", 1,
+     scn_v4block, 60, 1, NULL, 0},
     {"cycles", "N listen/connect/accept/1 KiB/close cycles: open fds and RSS before/after", 2, scn_cycles, 600, 0,
      NULL, 0},
     {"kill", "SIGKILL one rank mid-stream (receiver, then sender): the survivor gets an error in time", 2, scn_kill,

@@ -103,8 +103,17 @@ typedef struct {
   int count;
 } errs_t;
 void add_err(errs_t* e, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-/* One check of a returned code: counted; a mismatch goes into e. */
-void expect_rc(rctx_t* c, errs_t* e, const char* what, ncclResult_t got, ncclResult_t want);
+/* One check of a returned code: counted; a mismatch goes into e. An error code returned once the
+ * library has a logger must come with a WARN line (contract: errors are logged at WARN); w0 is
+ * the WARN count before the call. Use EXPECT_RC, which takes that count. */
+void expect_rc(rctx_t* c, errs_t* e, const char* what, ncclResult_t got, ncclResult_t want, long w0);
+#define EXPECT_RC(c, e, what, call, want)             \
+  do {                                                \
+    long w0_ = atomic_load(&log_warns);               \
+    ncclResult_t r_ = (call);                         \
+    expect_rc((c), (e), (what), r_, (want), w0_);     \
+  } while (0)
+extern int g_logger_given; /* init was called: the library has our logger */
 /* Turns the accumulated problems into the rank's failure (0 when there were none). */
 int errs_finish(rctx_t* c, errs_t* e, const char* scope);
 
@@ -191,6 +200,7 @@ int scn_inflight(rctx_t* c);
 int scn_bigreg(rctx_t* c);
 int scn_rma(rctx_t* c);
 int scn_badinput(rctx_t* c);
+int scn_v4block(rctx_t* c);
 int scn_cycles(rctx_t* c);
 int scn_kill(rctx_t* c);
 

@@ -13,6 +13,7 @@
  *   leakfd   never closes a connection's socket                   (cycles)
  *   hang     ignores EOF and errors from a dead peer              (kill)
  *   rmaoff   RMA one byte off the given address (with MOCK_RMA=1)  (rma)
+ *   quieterr return errors without logging a WARN line              (badinput)
  */
 #include <errno.h>
 #include <stdint.h>
@@ -107,36 +108,40 @@ static int retired(void* p) {
   return 0;
 }
 
+/* Every error is logged at WARN (the contract); the mock names only the line. */
+static ncclResult_t err_at(ncclResult_t code, int line) {
+  if (!bug("quieterr")) LOG(NCCL_LOG_WARN, "mock: error %d at line %d", (int)code, line);
+  return code;
+}
+#define ERR(code) err_at((code), __LINE__)
+
 static ncclResult_t bad(const char* what) {
-  LOG(NCCL_LOG_WARN, "mock: invalid argument '%s'", what);
+  if (!bug("quieterr")) LOG(NCCL_LOG_WARN, "mock: invalid argument '%s'", what);
   return ncclInvalidArgument;
 }
 
 #define UP()                                               \
   do {                                                     \
-    if (!g_up) {                                           \
-      LOG(NCCL_LOG_WARN, "mock: not initialised");         \
-      return ncclInvalidUsage;                             \
-    }                                                      \
+    if (!g_up) return ERR(ncclInvalidUsage);               \
   } while (0)
 
 /* --------------------------------------------------------------------------------- lifecycle */
 
 static ncclResult_t m_init(ncclDebugLogger_t l) {
   g_log = l;
-  if (g_up) return ncclSystemError;
+  if (g_up) return ERR(ncclSystemError);
   g_up = 1;
   return ncclSuccess;
 }
 
 static ncclResult_t m_fini(void) {
-  if (!g_up) return ncclSystemError;
+  if (!g_up) return ERR(ncclSystemError);
   while (g_nobj) {
     obj_t* o = g_objs[g_nobj - 1];
     if (g_nret == g_retcap) {
       size_t cap = g_retcap ? 2 * g_retcap : 64;
       void** n = realloc(g_retired, cap * sizeof *n);
-      if (!n) return ncclSystemError;
+      if (!n) return ERR(ncclSystemError);
       g_retired = n, g_retcap = cap;
     }
     g_retired[g_nret++] = o;
@@ -207,7 +212,7 @@ static ncclResult_t m_listen(int dev, void* handle, void** lc) {
   UP();
   if (dev != 0) return bad("dev");
   obj_t* o = new_obj(K_LISTEN);
-  if (!o) return ncclSystemError;
+  if (!o) return ERR(ncclSystemError);
   handle_t h;
   memset(&h, 0, sizeof h);
   h.magic = MAGIC;
@@ -218,7 +223,7 @@ static ncclResult_t m_listen(int dev, void* handle, void** lc) {
   o->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (o->fd < 0 || bind(o->fd, (struct sockaddr*)&a, len) != 0 || listen(o->fd, 512) != 0) {
     free_obj(o);
-    return ncclSystemError;
+    return ERR(ncclSystemError);
   }
   memcpy(handle, &h, sizeof h);
   *lc = o;
@@ -238,7 +243,7 @@ static ncclResult_t do_connect(void* handle, void** sc, int poll) {
     return ncclSuccess;
   }
   obj_t* o = new_obj(K_SEND);
-  if (!o) return ncclSystemError;
+  if (!o) return ERR(ncclSystemError);
   struct sockaddr_un a;
   socklen_t len;
   sock_name(&a, &len, h.name);
@@ -246,7 +251,7 @@ static ncclResult_t do_connect(void* handle, void** sc, int poll) {
   if (o->fd < 0 || connect(o->fd, (struct sockaddr*)&a, len) != 0) {
     free_obj(o);
     LOG(NCCL_LOG_WARN, "mock: connect to %s failed: %s", h.name, strerror(errno));
-    return ncclRemoteError;
+    return ERR(ncclRemoteError);
   }
   *sc = o;
   return ncclSuccess;
@@ -268,19 +273,21 @@ static ncclResult_t do_accept(void* lc, void** rc, int block) {
   obj_t* l = find(lc, K_LISTEN);
   if (!l) return bad("listenComm");
   *rc = NULL;
-  for (int i = 0; i < (block ? 200000 : 1); i++) {
+  const char* t = getenv("FABRICOLL_TIMEOUT_MS");
+  int tries = block ? (t ? atoi(t) : 20000) * 10 : 1; /* 100 us each */
+  for (int i = 0; i < tries; i++) {
     int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd >= 0) {
       obj_t* o = new_obj(K_RECV);
-      if (!o) return ncclSystemError;
+      if (!o) return ERR(ncclSystemError);
       o->fd = fd;
       *rc = o;
       return ncclSuccess;
     }
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return ncclSystemError;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return ERR(ncclSystemError);
     if (block) usleep(100);
   }
-  return block ? ncclRemoteError : ncclSuccess;
+  return block ? ERR(ncclRemoteError) : ncclSuccess;
 }
 
 static ncclResult_t m_accept(void* lc, void** rc) { return do_accept(lc, rc, 0); }
@@ -292,18 +299,18 @@ static ncclResult_t m_regmr(void* comm, void* data, size_t size, int type, void*
   if (!mh) return bad("mhandle");
   UP();
   if (!find(comm, K_SEND) && !find(comm, K_RECV)) return bad("comm");
-  if (type == NCCL_PTR_NEURON) return ncclInvalidUsage;
+  if (type == NCCL_PTR_NEURON) return ERR(ncclInvalidUsage);
   if (type != NCCL_PTR_HOST && !(type == NCCL_PTR_CUDA && bug("cudaok"))) return bad("type");
   (void)data, (void)size;
   obj_t* o = new_obj(K_MR);
-  if (!o) return ncclSystemError;
+  if (!o) return ERR(ncclSystemError);
   *mh = o;
   return ncclSuccess;
 }
 
 static ncclResult_t m_regmr_dmabuf(void* comm, void* data, size_t size, int type, uint64_t off, int fd, void** mh) {
   (void)off;
-  if (fd != -1) return ncclInvalidUsage;
+  if (fd != -1) return ERR(ncclInvalidUsage);
   return m_regmr(comm, data, size, type, mh);
 }
 
@@ -375,9 +382,9 @@ static void progress(obj_t* c) {
 static ncclResult_t post(obj_t* c, int is_send, void* data, int size, void** req) {
   *req = NULL;
   if (c->qn == MAXQ || (bug("nulls") && !is_send && c->qn >= 32)) return ncclSuccess;
-  if (c->dead) return ncclRemoteError;
+  if (c->dead) return ERR(ncclRemoteError);
   obj_t* r = new_obj(K_REQ);
-  if (!r) return ncclSystemError;
+  if (!r) return ERR(ncclSystemError);
   r->comm = c, r->is_send = is_send, r->buf = data, r->size = (size_t)size;
   c->q[(c->qh + c->qn) % MAXQ] = r;
   c->qn++;
@@ -437,7 +444,7 @@ static ncclResult_t m_test(void* req, int* done, int* sizes) {
   if (!r) return bad("request");
   obj_t* c = find(r->comm, 0);
   if (c) progress(c);
-  if (r->err) return ncclRemoteError;
+  if (r->err) return ERR(ncclRemoteError);
   *done = r->done;
   if (r->done) {
     if (sizes) sizes[0] = r->is_send ? (int)r->size : r->got;
@@ -478,7 +485,7 @@ static ncclResult_t m_getmrkey(void* mh, uint64_t* key) {
   UP();
   if (!find(mh, K_MR)) return bad("mhandle");
   if (!key) return bad("mr_key");
-  if (!rma_on()) return ncclSystemError;
+  if (!rma_on()) return ERR(ncclSystemError);
   *key = (uint64_t)getpid();
   return ncclSuccess;
 }
@@ -491,10 +498,10 @@ static ncclResult_t rma_op(int write, void* local, size_t size, uint64_t addr, u
   ssize_t n = write ? process_vm_writev((pid_t)key, &l, 1, &r, 1, 0) : process_vm_readv((pid_t)key, &l, 1, &r, 1, 0);
   if (n != (ssize_t)size) {
     LOG(NCCL_LOG_WARN, "mock: process_vm_%sv of %zu B: %s", write ? "write" : "read", size, strerror(errno));
-    return ncclRemoteError;
+    return ERR(ncclRemoteError);
   }
   obj_t* o = new_obj(K_REQ);
-  if (!o) return ncclSystemError;
+  if (!o) return ERR(ncclSystemError);
   o->is_send = 1, o->size = size, o->done = 1;
   *req = o;
   return ncclSuccess;
@@ -503,7 +510,7 @@ static ncclResult_t rma_op(int write, void* local, size_t size, uint64_t addr, u
 static ncclResult_t m_iwrite(void* sc, void* src, size_t size, void* mh, uint64_t dest, uint64_t key, void** req) {
   UP();
   if (!find(sc, K_SEND)) return bad("sComm");
-  if (!rma_on()) return ncclSystemError;
+  if (!rma_on()) return ERR(ncclSystemError);
   if (!find(mh, K_MR)) return bad("src_mhandle");
   return rma_op(1, src, size, dest, key, req);
 }
@@ -511,7 +518,7 @@ static ncclResult_t m_iwrite(void* sc, void* src, size_t size, void* mh, uint64_
 static ncclResult_t m_iwrite_inline(void* sc, void* src, size_t size, uint64_t dest, uint64_t key, void** req) {
   UP();
   if (!find(sc, K_SEND)) return bad("sComm");
-  if (!rma_on()) return ncclSystemError;
+  if (!rma_on()) return ERR(ncclSystemError);
   if (size > 64) return bad("size");
   return rma_op(1, src, size, dest, key, req);
 }
@@ -519,7 +526,7 @@ static ncclResult_t m_iwrite_inline(void* sc, void* src, size_t size, uint64_t d
 static ncclResult_t m_iread(void* rc, void* dst, size_t size, void* mh, uint64_t src, uint64_t key, void** req) {
   UP();
   if (!find(rc, K_RECV)) return bad("rComm");
-  if (!rma_on()) return ncclSystemError;
+  if (!rma_on()) return ERR(ncclSystemError);
   if (!find(mh, K_MR)) return bad("dest_mhandle");
   return rma_op(0, dst, size, src, key, req);
 }

@@ -91,7 +91,7 @@ for prov in $PROVIDERS; do
       # kept resident would read as RSS growth in the cycles scenario.
       envs+=(ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:print_summary=1:quarantine_size_mb=4")
     fi
-    # kill and badinput ranks run with FABRICOLL_TIMEOUT_MS=3000 (--kill-timeout-ms)
+    # the kill, badinput and v4block ranks run with FABRICOLL_TIMEOUT_MS=3000 (--kill-timeout-ms)
     # shellcheck disable=SC2086
     out=$(timeout --kill-after=15 "$RUN_TIMEOUT" env -u FABRICOLL_DOMAIN "${envs[@]}" "$exe" --lib "$LIB" \
       --kill-timeout-ms 3000 "${rma_args[@]}" ${HARNESS_ARGS:-} 2>"$log")

@@ -273,11 +273,11 @@ static int rma_unsupported(rctx_t* c, void* sc, void* rc) {
   if (!b || regmr(c, sc, b, 4096, &mh, "rma")) return -1;
   uint64_t key = 0;
   void* req = NULL;
-  expect_rc(c, &e, "getMrKey (rma_supported 0)", nn_getmrkey(&c->n, mh, &key), ncclSystemError);
-  expect_rc(c, &e, "iwrite (rma_supported 0)", nn_iwrite(&c->n, sc, b, 8, mh, (uintptr_t)b, 0, &req), ncclSystemError);
-  expect_rc(c, &e, "iwriteInline (rma_supported 0)", nn_iwrite_inline(&c->n, sc, b, 8, (uintptr_t)b, 0, &req),
+  EXPECT_RC(c, &e, "getMrKey (rma_supported 0)", nn_getmrkey(&c->n, mh, &key), ncclSystemError);
+  EXPECT_RC(c, &e, "iwrite (rma_supported 0)", nn_iwrite(&c->n, sc, b, 8, mh, (uintptr_t)b, 0, &req), ncclSystemError);
+  EXPECT_RC(c, &e, "iwriteInline (rma_supported 0)", nn_iwrite_inline(&c->n, sc, b, 8, (uintptr_t)b, 0, &req),
             ncclSystemError);
-  expect_rc(c, &e, "iread (rma_supported 0)", nn_iread(&c->n, rc, b, 8, mh, (uintptr_t)b, 0, &req), ncclSystemError);
+  EXPECT_RC(c, &e, "iread (rma_supported 0)", nn_iread(&c->n, rc, b, 8, mh, (uintptr_t)b, 0, &req), ncclSystemError);
   if (deregmr(c, sc, mh, "rma")) return -1;
   free(b);
   detailf(c, "rma_supported 0: the four calls return SystemError");

@@ -29,45 +29,45 @@ int scn_badinput(rctx_t* c) {
   int szs[9] = {8, 8, 8, 8, 8, 8, 8, 8, 8}, tags[9] = {0};
   void* mhs[9] = {mh, mh, mh, mh, mh, mh, mh, mh, mh};
   /* NULL comms, requests and out-pointers: InvalidArgument, naming the argument. */
-  expect_rc(c, &e, "devices(NULL)", nn_devices(n, NULL), ncclInvalidArgument);
-  expect_rc(c, &e, "getProperties(0, NULL)", n->t6->getProperties(0, NULL), ncclInvalidArgument);
-  expect_rc(c, &e, "listen(0, NULL handle)", nn_listen(n, 0, NULL, &tmp), ncclInvalidArgument);
-  expect_rc(c, &e, "listen(0, handle, NULL listenComm)", nn_listen(n, 0, h, NULL), ncclInvalidArgument);
-  expect_rc(c, &e, "listen(dev = ndev)", nn_listen(n, c->ndev, h, &tmp), ncclInvalidArgument);
-  expect_rc(c, &e, "connect(NULL handle)", nn_connect(n, 0, NULL, &tmp), ncclInvalidArgument);
-  expect_rc(c, &e, "accept(NULL listenComm)", nn_accept(n, NULL, &tmp), ncclInvalidArgument);
-  expect_rc(c, &e, "regMr(NULL comm)", nn_regmr(n, NULL, b, 64, NCCL_PTR_HOST, &tmp), ncclInvalidArgument);
-  expect_rc(c, &e, "regMr(NULL mhandle pointer)", nn_regmr(n, sc, b, 64, NCCL_PTR_HOST, NULL), ncclInvalidArgument);
-  expect_rc(c, &e, "deregMr(NULL comm)", nn_deregmr(n, NULL, mh), ncclInvalidArgument);
-  expect_rc(c, &e, "isend(NULL comm)", nn_isend(n, NULL, b, 8, 0, mh, &req), ncclInvalidArgument);
-  expect_rc(c, &e, "isend(NULL request pointer)", nn_isend(n, sc, b, 8, 0, mh, NULL), ncclInvalidArgument);
-  expect_rc(c, &e, "isend(size -1)", nn_isend(n, sc, b, -1, 0, mh, &req), ncclInvalidArgument);
-  expect_rc(c, &e, "irecv(NULL comm)", nn_irecv(n, NULL, 1, data, szs, tags, mhs, &req), ncclInvalidArgument);
-  expect_rc(c, &e, "iflush(NULL comm)", nn_iflush(n, NULL, 1, data, szs, mhs, &req), ncclInvalidArgument);
-  expect_rc(c, &e, "test(NULL request)", nn_test(n, NULL, &done, sizes), ncclInvalidArgument);
-  expect_rc(c, &e, "closeSend(NULL)", nn_close_send(n, NULL), ncclInvalidArgument);
-  expect_rc(c, &e, "closeRecv(NULL)", nn_close_recv(n, NULL), ncclInvalidArgument);
-  expect_rc(c, &e, "closeListen(NULL)", nn_close_listen(n, NULL), ncclInvalidArgument);
-  expect_rc(c, &e, "getMrKey(NULL mhandle)", nn_getmrkey(n, NULL, (uint64_t*)(void*)h), ncclInvalidArgument);
-  expect_rc(c, &e, "iwrite(NULL comm)", nn_iwrite(n, NULL, b, 8, mh, 0x1000, 1, &req), ncclInvalidArgument);
-  expect_rc(c, &e, "iread(NULL comm)", nn_iread(n, NULL, b, 8, mh, 0x1000, 1, &req), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "devices(NULL)", nn_devices(n, NULL), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "getProperties(0, NULL)", n->t6->getProperties(0, NULL), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "listen(0, NULL handle)", nn_listen(n, 0, NULL, &tmp), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "listen(0, handle, NULL listenComm)", nn_listen(n, 0, h, NULL), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "listen(dev = ndev)", nn_listen(n, c->ndev, h, &tmp), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "connect(NULL handle)", nn_connect(n, 0, NULL, &tmp), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "accept(NULL listenComm)", nn_accept(n, NULL, &tmp), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "regMr(NULL comm)", nn_regmr(n, NULL, b, 64, NCCL_PTR_HOST, &tmp), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "regMr(NULL mhandle pointer)", nn_regmr(n, sc, b, 64, NCCL_PTR_HOST, NULL), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "deregMr(NULL comm)", nn_deregmr(n, NULL, mh), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "isend(NULL comm)", nn_isend(n, NULL, b, 8, 0, mh, &req), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "isend(NULL request pointer)", nn_isend(n, sc, b, 8, 0, mh, NULL), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "isend(size -1)", nn_isend(n, sc, b, -1, 0, mh, &req), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "irecv(NULL comm)", nn_irecv(n, NULL, 1, data, szs, tags, mhs, &req), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "iflush(NULL comm)", nn_iflush(n, NULL, 1, data, szs, mhs, &req), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "test(NULL request)", nn_test(n, NULL, &done, sizes), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "closeSend(NULL)", nn_close_send(n, NULL), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "closeRecv(NULL)", nn_close_recv(n, NULL), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "closeListen(NULL)", nn_close_listen(n, NULL), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "getMrKey(NULL mhandle)", nn_getmrkey(n, NULL, (uint64_t*)(void*)h), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "iwrite(NULL comm)", nn_iwrite(n, NULL, b, 8, mh, 0x1000, 1, &req), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "iread(NULL comm)", nn_iread(n, NULL, b, 8, mh, 0x1000, 1, &req), ncclInvalidArgument);
   /* irecv n outside 1..8. */
-  expect_rc(c, &e, "irecv(n = 0)", nn_irecv(n, rc, 0, data, szs, tags, mhs, &req), ncclInvalidArgument);
-  expect_rc(c, &e, "irecv(n = 9)", nn_irecv(n, rc, 9, data, szs, tags, mhs, &req), ncclInvalidArgument);
-  expect_rc(c, &e, "irecv(n = -1)", nn_irecv(n, rc, -1, data, szs, tags, mhs, &req), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "irecv(n = 0)", nn_irecv(n, rc, 0, data, szs, tags, mhs, &req), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "irecv(n = 9)", nn_irecv(n, rc, 9, data, szs, tags, mhs, &req), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "irecv(n = -1)", nn_irecv(n, rc, -1, data, szs, tags, mhs, &req), ncclInvalidArgument);
   /* Registration types: HOST only. */
-  expect_rc(c, &e, "regMr(type CUDA 2)", nn_regmr(n, sc, b, 64, NCCL_PTR_CUDA, &tmp), ncclInvalidArgument);
-  expect_rc(c, &e, "regMr(type NEURON 4)", nn_regmr(n, sc, b, 64, NCCL_PTR_NEURON, &tmp), ncclInvalidUsage);
-  expect_rc(c, &e, "regMr(type 99)", nn_regmr(n, sc, b, 64, 99, &tmp), ncclInvalidArgument);
-  expect_rc(c, &e, "regMr(type 0)", nn_regmr(n, sc, b, 64, 0, &tmp), ncclInvalidArgument);
-  expect_rc(c, &e, "regMrDmaBuf(NEURON, fd -1)", nn_regmr_dmabuf(n, sc, b, 64, NCCL_PTR_NEURON, 0, -1, &tmp),
+  EXPECT_RC(c, &e, "regMr(type CUDA 2)", nn_regmr(n, sc, b, 64, NCCL_PTR_CUDA, &tmp), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "regMr(type NEURON 4)", nn_regmr(n, sc, b, 64, NCCL_PTR_NEURON, &tmp), ncclInvalidUsage);
+  EXPECT_RC(c, &e, "regMr(type 99)", nn_regmr(n, sc, b, 64, 99, &tmp), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "regMr(type 0)", nn_regmr(n, sc, b, 64, 0, &tmp), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "regMrDmaBuf(NEURON, fd -1)", nn_regmr_dmabuf(n, sc, b, 64, NCCL_PTR_NEURON, 0, -1, &tmp),
             ncclInvalidUsage);
-  expect_rc(c, &e, "regMrDmaBuf(HOST, fd 0)", nn_regmr_dmabuf(n, sc, b, 64, NCCL_PTR_HOST, 0, 0, &tmp),
+  EXPECT_RC(c, &e, "regMrDmaBuf(HOST, fd 0)", nn_regmr_dmabuf(n, sc, b, 64, NCCL_PTR_HOST, 0, 0, &tmp),
             ncclInvalidUsage);
   void* dmh = NULL;
-  expect_rc(c, &e, "regMrDmaBuf(HOST, fd -1) = regMr", nn_regmr_dmabuf(n, sc, b, 64, NCCL_PTR_HOST, 0, -1, &dmh),
+  EXPECT_RC(c, &e, "regMrDmaBuf(HOST, fd -1) = regMr", nn_regmr_dmabuf(n, sc, b, 64, NCCL_PTR_HOST, 0, -1, &dmh),
             ncclSuccess);
-  if (dmh) expect_rc(c, &e, "deregMr of the regMrDmaBuf handle", nn_deregmr(n, sc, dmh), ncclSuccess);
+  if (dmh) EXPECT_RC(c, &e, "deregMr of the regMrDmaBuf handle", nn_deregmr(n, sc, dmh), ncclSuccess);
   /* A garbage or zeroed handle: connect fails within FABRICOLL_TIMEOUT_MS (+5 s), never gives a comm. */
   unsigned char* hz = calloc(1, HSIZE);
   unsigned char* hg = malloc(HSIZE);
@@ -120,6 +120,42 @@ int scn_badinput(rctx_t* c) {
   detailf(c, "%lld bad calls", c->checks);
   if (std_teardown(c)) return -1;
   return errs_finish(c, &e, "badinput");
+}
+
+/* -------------------------------------------------------------------------------- v4block */
+
+/* v4's blocking calls end at FABRICOLL_TIMEOUT_MS (= --kill-timeout-ms here) with RemoteError:
+ * accept with nobody connecting, and connect to a zeroed handle (an error, at once or then). */
+int scn_v4block(rctx_t* c) {
+  if (std_setup(c, 4)) return -1;
+  errs_t e = {{0}, 0};
+  const double limit = g_kill_timeout_ms + 5000;
+  unsigned char h[NCCL_NET_HANDLE_MAXSIZE_V4] = {0};
+  void *lc = NULL, *rc = NULL, *sc = NULL;
+  ncclResult_t r = nn_listen(&c->n, 0, h, &lc);
+  if (r != ncclSuccess || !lc) return failf(c, "v4 listen returned %d (%s)", r, rstr(r));
+  stagef(c, "v4 accept with nobody connecting (FABRICOLL_TIMEOUT_MS=%d)", g_kill_timeout_ms);
+  int64_t t0 = now_ns();
+  EXPECT_RC(c, &e, "v4 accept with nobody connecting", nn_accept(&c->n, lc, &rc), ncclRemoteError);
+  double ms = ms_since(t0);
+  c->checks += 2;
+  if (rc) add_err(&e, "v4 accept with nobody connecting gave a recvComm");
+  if (ms > limit) add_err(&e, "v4 accept blocked %.0f ms, FABRICOLL_TIMEOUT_MS is %d", ms, g_kill_timeout_ms);
+  nn_close_listen(&c->n, lc);
+  unsigned char* zero = calloc(1, NCCL_NET_HANDLE_MAXSIZE_V4); /* exactly 64 bytes, for ASan */
+  if (!zero) return failf(c, "out of memory");
+  stagef(c, "v4 connect to a zeroed handle");
+  t0 = now_ns();
+  r = nn_connect(&c->n, 0, zero, &sc);
+  double cms = ms_since(t0);
+  free(zero);
+  c->checks += 2;
+  if (r == ncclSuccess) add_err(&e, "v4 connect to a zeroed handle returned Success (sendComm %p)", sc);
+  if (cms > limit) add_err(&e, "v4 connect to a zeroed handle blocked %.0f ms", cms);
+  detailf(c, "v4 accept gave up after %.0f ms, connect to a zeroed handle returned %d (%s) after %.0f ms", ms, r,
+          rstr(r), cms);
+  if (std_teardown(c)) return -1;
+  return errs_finish(c, &e, "v4block");
 }
 
 /* ---------------------------------------------------------------------------------- cycles */

@@ -72,7 +72,7 @@ static void props_one(rctx_t* c, errs_t* e, int dev, ncclNetProperties_v6_t* p) 
   ncclResult_t r = c->n.v == 4 ? c->n.t4->getProperties(dev, (ncclNetProperties_v4_t*)(void*)buf)
                    : c->n.v == 5 ? c->n.t5->getProperties(dev, (ncclNetProperties_v6_t*)(void*)buf)
                                  : c->n.t6->getProperties(dev, (ncclNetProperties_v6_t*)(void*)buf);
-  expect_rc(c, e, "getProperties", r, ncclSuccess);
+  EXPECT_RC(c, e, "getProperties", r, ncclSuccess);
   for (size_t i = psz; i < sizeof buf; i++) {
     c->checks++;
     if (buf[i] != PCANARY) {
@@ -139,8 +139,8 @@ int scn_props(rctx_t* c) {
                p.max_write_inline_size, p.max_mr_key_size);
   }
   ncclNetProperties_v6_t p;
-  expect_rc(c, &e, "getProperties(dev = ndev)", nn_props(&c->n, c->ndev, &p), ncclInvalidArgument);
-  expect_rc(c, &e, "getProperties(dev = -1)", nn_props(&c->n, -1, &p), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "getProperties(dev = ndev)", nn_props(&c->n, c->ndev, &p), ncclInvalidArgument);
+  EXPECT_RC(c, &e, "getProperties(dev = -1)", nn_props(&c->n, -1, &p), ncclInvalidArgument);
   detailf(c, "%s", summary);
   if (std_teardown(c)) return -1;
   return errs_finish(c, &e, "props");
@@ -186,12 +186,12 @@ int scn_lifecycle(rctx_t* c) {
   unsigned char h[HSIZE] = {0};
   ncclNetProperties_v6_t p;
   /* Before init: InvalidUsage. */
-  expect_rc(c, &e, "devices before init", nn_devices(n, &nd), ncclInvalidUsage);
-  expect_rc(c, &e, "getProperties before init", nn_props(n, 0, &p), ncclInvalidUsage);
-  expect_rc(c, &e, "listen before init", nn_listen(n, 0, h, &tmp), ncclInvalidUsage);
-  expect_rc(c, &e, "fini before init", nn_fini(n), ncclSystemError);
-  expect_rc(c, &e, "init", nn_init(n), ncclSuccess);
-  expect_rc(c, &e, "second init without fini", nn_init(n), ncclSystemError);
+  EXPECT_RC(c, &e, "devices before init", nn_devices(n, &nd), ncclInvalidUsage);
+  EXPECT_RC(c, &e, "getProperties before init", nn_props(n, 0, &p), ncclInvalidUsage);
+  EXPECT_RC(c, &e, "listen before init", nn_listen(n, 0, h, &tmp), ncclInvalidUsage);
+  EXPECT_RC(c, &e, "fini before init", nn_fini(n), ncclSystemError);
+  EXPECT_RC(c, &e, "init", nn_init(n), ncclSuccess);
+  EXPECT_RC(c, &e, "second init without fini", nn_init(n), ncclSystemError);
   if (e.count) return errs_finish(c, &e, "lifecycle (first init)");
   if (one_mib_both_ways(c, 1, "first init: 1 MiB each way")) return -1;
   /* Leave a listen comm, a connected pair, a registration and a posted receive open: fini must
@@ -201,35 +201,40 @@ int scn_lifecycle(rctx_t* c) {
   if (pair_one_way(c, 1, 0, &sc1, &rc0, 1, 2, "objects left open")) return -1;
   void* sc = c->rank == 0 ? sc0 : sc1;
   void* rc = c->rank == 0 ? rc0 : rc1;
-  expect_rc(c, &e, "listen (left open for fini)", nn_listen(n, 0, h, &lc), ncclSuccess);
+  EXPECT_RC(c, &e, "listen (left open for fini)", nn_listen(n, 0, h, &lc), ncclSuccess);
   unsigned char* buf = xalloc(c, 4096, "buffer");
   void *mh = NULL, *req = NULL;
   if (!buf || regmr(c, rc, buf, 4096, &mh, "left open")) return -1;
   if (post_recv(c, rc, buf, 4096, 3, mh, &req, "left open")) return -1;
   if (sync_ranks(c, "before fini")) return -1;
-  long warns0 = atomic_load(&log_warns);
-  expect_rc(c, &e, "fini with open comms, listen comm, registration, request", nn_fini(n), ncclSuccess);
-  expect_rc(c, &e, "second fini", nn_fini(n), ncclSystemError);
+  EXPECT_RC(c, &e, "fini with open comms, listen comm, registration, request", nn_fini(n), ncclSuccess);
+  EXPECT_RC(c, &e, "second fini", nn_fini(n), ncclSystemError);
+  /* Using what fini closed, other than closing it: InvalidUsage. */
+  int done = 0, sizes[1];
+  void* req2 = NULL;
+  EXPECT_RC(c, &e, "isend after fini", nn_isend(n, sc, buf, 8, 3, mh, &req2), ncclInvalidUsage);
+  EXPECT_RC(c, &e, "test after fini", nn_test(n, req, &done, sizes), ncclInvalidUsage);
+  EXPECT_RC(c, &e, "accept after fini", nn_accept(n, lc, &tmp), ncclInvalidUsage);
+  EXPECT_RC(c, &e, "regMr after fini", nn_regmr(n, rc, buf, 64, NCCL_PTR_HOST, &tmp), ncclInvalidUsage);
   long warns1 = atomic_load(&log_warns);
-  expect_rc(c, &e, "deregMr after fini", nn_deregmr(n, rc, mh), ncclSuccess);
-  expect_rc(c, &e, "closeSend after fini", nn_close_send(n, sc), ncclSuccess);
-  expect_rc(c, &e, "closeRecv after fini", nn_close_recv(n, rc), ncclSuccess);
-  expect_rc(c, &e, "closeListen after fini", nn_close_listen(n, lc), ncclSuccess);
+  EXPECT_RC(c, &e, "deregMr after fini", nn_deregmr(n, rc, mh), ncclSuccess);
+  EXPECT_RC(c, &e, "closeSend after fini", nn_close_send(n, sc), ncclSuccess);
+  EXPECT_RC(c, &e, "closeRecv after fini", nn_close_recv(n, rc), ncclSuccess);
+  EXPECT_RC(c, &e, "closeListen after fini", nn_close_listen(n, lc), ncclSuccess);
   c->checks++;
   if (atomic_load(&log_warns) != warns1)
     add_err(&e, "closing after fini logged %ld WARN line(s), last: %s", atomic_load(&log_warns) - warns1,
             log_last_warn);
-  expect_rc(c, &e, "devices after fini", nn_devices(n, &nd), ncclInvalidUsage);
-  expect_rc(c, &e, "listen after fini", nn_listen(n, 0, h, &tmp), ncclInvalidUsage);
+  EXPECT_RC(c, &e, "devices after fini", nn_devices(n, &nd), ncclInvalidUsage);
+  EXPECT_RC(c, &e, "listen after fini", nn_listen(n, 0, h, &tmp), ncclInvalidUsage);
   free(buf);
-  (void)warns0;
   if (sync_ranks(c, "after fini")) return -1;
   /* Re-init in the same process: everything works again. */
-  expect_rc(c, &e, "init after fini", nn_init(n), ncclSuccess);
+  EXPECT_RC(c, &e, "init after fini", nn_init(n), ncclSuccess);
   if (e.count) return errs_finish(c, &e, "lifecycle");
   if (nn_devices(n, &nd) != ncclSuccess || nd < 1) return failf(c, "devices after re-init failed (%d)", nd);
   if (one_mib_both_ways(c, 3, "after re-init: 1 MiB each way")) return -1;
-  expect_rc(c, &e, "fini", nn_fini(n), ncclSuccess);
+  EXPECT_RC(c, &e, "fini", nn_fini(n), ncclSuccess);
   c->checks += 2;
   if (atomic_load(&log_no_net))
     add_err(&e, "%ld of %ld logger calls lacked the NET flag (0x10)", atomic_load(&log_no_net), atomic_load(&log_calls));

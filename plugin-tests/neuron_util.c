@@ -107,9 +107,17 @@ void add_err(errs_t* e, const char* fmt, ...) {
   snprintf(e->text + used, sizeof e->text - used, "%s%s", used ? "; " : "", b);
 }
 
-void expect_rc(rctx_t* c, errs_t* e, const char* what, ncclResult_t got, ncclResult_t want) {
+int g_logger_given;
+
+void expect_rc(rctx_t* c, errs_t* e, const char* what, ncclResult_t got, ncclResult_t want, long w0) {
   c->checks++;
-  if (got != want) add_err(e, "%s returned %d (%s), expected %d (%s)", what, (int)got, rstr(got), (int)want, rstr(want));
+  if (got != want) {
+    add_err(e, "%s returned %d (%s), expected %d (%s)", what, (int)got, rstr(got), (int)want, rstr(want));
+    return;
+  }
+  if (want == ncclSuccess || !g_logger_given) return;
+  c->checks++;
+  if (atomic_load(&log_warns) == w0) add_err(e, "%s returned %s without logging a WARN line", what, rstr(got));
 }
 
 int errs_finish(rctx_t* c, errs_t* e, const char* scope) {
