@@ -307,7 +307,7 @@ static void usage(FILE* f) {
   fprintf(f, "usage: neuron_harness [--lib PATH] [--scenario NAME[,NAME...]|all] [--skip NAME[,...]]\n"
              "                      [--op-timeout-ms MS] [--kill-timeout-ms MS] [--cycles N] [--expect-rma 0|1]\n"
              "                      [--list]\n"
-             "--expect-rma: the rma_supported that v5/v6 getProperties must report (the provider's FI_RMA)\n"
+             "--expect-rma: the rma_supported that v5/v6 getProperties must report (neuron_run.sh: from fi_info)\n"
              "library: --lib, else $FABRICOLL_NEURON_LIB, else <repo>/target/release/libnccom-net.so\nscenarios:\n");
   for (int i = 0; i < NSCEN; i++) fprintf(f, "  %-10s %d rank(s): %s\n", g_scenarios[i].name, g_scenarios[i].nranks,
                                           g_scenarios[i].help);

@@ -12,8 +12,11 @@
 #   HARNESS_ARGS    extra neuron_harness arguments, e.g. "--scenario xfer6,rma" or "--cycles 100"
 #   RUN_TIMEOUT     seconds allowed per harness run (default 1200); each scenario also has its own
 #                   deadline inside the harness, this is the outer bound
-#   EXPECT_RMA      auto (default): rma_supported must be 1 exactly where fi_info lists the provider
-#                   with FI_RMA (--expect-rma); 0 or 1: that value everywhere; any: not checked
+#   EXPECT_RMA      auto (default): rma_supported (--expect-rma) must be 1 where fi_info lists the
+#                   provider with FI_RMA and FI_MR_VIRT_ADDR in its mr_mode, 0 where it lists no
+#                   FI_RMA; FI_RMA without FI_MR_VIRT_ADDR is not checked (whether the provider
+#                   can address by virtual address is the library's probe to make); 0 or 1: that
+#                   value everywhere; any: not checked
 # Logs: plugin-tests/build/logs/neuron-<provider>-<build>.log (stderr of the run).
 set -u
 
@@ -69,10 +72,11 @@ for prov in $PROVIDERS; do
     any) ;;
     0 | 1) rma_args=(--expect-rma "$EXPECT_RMA") ;;
     *) # auto
-      if fi_info -p "$(fi_name "$prov")" -t FI_EP_RDM -c FI_RMA >/dev/null 2>&1; then
-        rma_args=(--expect-rma 1)
-      else
+      if ! fi_info -p "$(fi_name "$prov")" -t FI_EP_RDM -c FI_RMA >/dev/null 2>&1; then
         rma_args=(--expect-rma 0)
+      elif fi_info -p "$(fi_name "$prov")" -t FI_EP_RDM -c FI_RMA -v 2>/dev/null | grep 'mr_mode:' |
+        grep -q FI_MR_VIRT_ADDR; then
+        rma_args=(--expect-rma 1)
       fi ;;
   esac
   for build in $BUILDS; do
@@ -82,7 +86,7 @@ for prov in $PROVIDERS; do
       *) echo "neuron-tests: unknown build '$build'" >&2; exit 2 ;;
     esac
     log="$LOGDIR/neuron-$prov-$build.log"
-    echo "== Neuron tables, provider $prov, $build build ${rma_args[*]} =="
+    echo "== Neuron tables, provider $prov, $build build (${rma_args[*]:-rma_supported not checked}) =="
     envs=(FABRICOLL_PROVIDER="$prov")
     is_ip "$prov" && envs+=(FABRICOLL_DOMAIN=lo) # loopback only: never send traffic off the host
     if [ "$build" = asan ]; then

@@ -122,7 +122,7 @@ int scn_props(rctx_t* c) {
       if (g_expect_rma >= 0)
         PCHECK(p.rma_supported == g_expect_rma, "v%d dev %d: rma_supported %d, expected %d (--expect-rma: %s)", v, dev,
                p.rma_supported, g_expect_rma,
-               g_expect_rma ? "fi_info lists FI_RMA for this provider" : "the provider offers no FI_RMA");
+               g_expect_rma ? "fi_info lists FI_RMA with FI_MR_VIRT_ADDR" : "fi_info lists no FI_RMA");
       PCHECK(p.max_mr_key_size <= 8, "v%d dev %d: max_mr_key_size %zu > 8 (keys are uint64_t)", v, dev,
              p.max_mr_key_size);
       if (p.rma_supported == 1) {
