@@ -280,12 +280,12 @@ static int rma_unsupported(rctx_t* c, void* sc, void* rc) {
   EXPECT_RC(c, &e, "iread (rma_supported 0)", nn_iread(&c->n, rc, b, 8, mh, (uintptr_t)b, 0, &req), ncclSystemError);
   if (deregmr(c, sc, mh, "rma")) return -1;
   free(b);
-  detailf(c, "rma_supported 0: the four calls return SystemError");
+  detailf(c, "v%d rma_supported 0: the four calls return SystemError", c->n.v);
   return errs_finish(c, &e, "rma (unsupported)");
 }
 
-int scn_rma(rctx_t* c) {
-  if (std_setup(c, 6)) return -1;
+static int rma_version(rctx_t* c, int v) {
+  if (std_setup(c, v)) return -1;
   void *sc0, *rc0, *sc1, *rc1;
   if (pair_one_way(c, 0, 1, &sc0, &rc1, 0, 1, "rma setup")) return -1;
   if (pair_one_way(c, 1, 0, &sc1, &rc0, 1, 1, "rma setup")) return -1;
@@ -379,9 +379,13 @@ int scn_rma(rctx_t* c) {
     free(t);
     free(src);
     free(dst);
-    detailf(c, "rma_supported 1: %d iread, %d iwrite, 4 iwriteInline (max %zu B) checked each way", NRMA, NRMA, inl);
+    detailf(c, "v%d rma_supported 1: %d iread, %d iwrite, 4 iwriteInline (max %zu B) checked each way", v, NRMA, NRMA,
+            inl);
   }
   if (sync_ranks(c, "rma done")) return -1;
   if (nn_close_send(&c->n, sc) || nn_close_recv(&c->n, rc)) return failf(c, "rma: close failed");
   return std_teardown(c);
 }
+
+int scn_rma6(rctx_t* c) { return rma_version(c, 6); }
+int scn_rma5(rctx_t* c) { return rma_version(c, 5); }
