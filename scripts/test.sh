@@ -23,8 +23,9 @@
 #                 namespaces cannot be made, which fails under FABRICOLL_TEST_STRICT=1)
 #   plugin-tests  plugin-tests/run.sh (C harness over tcp, net and shm, normal and ASan builds, and
 #                 the C API examples in C and C++)
-#   neuron-tests  plugin-tests/neuron_run.sh (libnccom-net.so played as libnccom: the Neuron
-#                 tables v4-v6 over tcp, net and shm, normal and ASan builds)
+#   neuron-tests  plugin-tests/neuron_selftest.sh (the Neuron harness against a mock with injected
+#                 bugs), then plugin-tests/neuron_run.sh (libnccom-net.so played as libnccom: the
+#                 Neuron tables v4-v6 over tcp, net and shm, normal and ASan builds)
 #   torch-tests   scripts/torch-tests.sh (the torch venv from scripts/deps.sh --torch, then the
 #                 torch.distributed backend: every operation against gloo in the same job, DDP and
 #                 FSDP2 training, error paths, at 2 and 4 ranks over shm and net, and a subset of
@@ -197,7 +198,7 @@ stage plugin-tests 1200 env \
   fail neuron-tests "plugin-tests/neuron_run.sh is missing or not executable"
 stage neuron-tests 900 env \
   FABRICOLL_NEURON_LIB="${FABRICOLL_NEURON_LIB:-${CARGO_TARGET_DIR:-target}/release/libnccom-net.so}" \
-  plugin-tests/neuron_run.sh
+  sh -c 'plugin-tests/neuron_selftest.sh && plugin-tests/neuron_run.sh'
 [ -x scripts/torch-tests.sh ] ||
   fail torch-tests "scripts/torch-tests.sh is missing or not executable"
 stage torch-tests 1500 scripts/torch-tests.sh

@@ -115,7 +115,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: "FABRICOLL_MR_CACHE",
         accepted: "0 or 1",
-        default: "1",
+        default: "1 (0 in libnccom-net.so)",
         meaning: "registration cache; with 1 the plugin reports regIsGlobal=1",
     },
     Var {
