@@ -117,16 +117,20 @@ impl Completion {
 
 /// What remote memory access the transport offers (`Caps::rma_caps`; None: no RMA).
 ///
-/// Where it is offered, remote addresses are the peer's virtual addresses (`virt_addr`), as
-/// the Neuron net plugin's `iwrite`/`iread` hand them over: a provider that addresses remote
-/// memory by offset into the registration offers no RMA here.
+/// Where it is offered, callers address a peer's memory by the peer's virtual address (the
+/// invariant the plugin layer relies on), as the Neuron net plugin's `iwrite`/`iread` hand it
+/// over, whatever the provider's mode: where the provider takes offsets into the
+/// registration instead (`virt_addr` false), the transport translates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RmaCaps {
-    /// Remote addresses are virtual addresses (libfabric's `FI_MR_VIRT_ADDR`); always true
-    /// where RMA is offered.
+    /// The provider's own mode: remote addresses are virtual addresses (libfabric's
+    /// `FI_MR_VIRT_ADDR`). Where false, the provider takes offsets into the registration, and
+    /// the transport chooses keys that carry each registration's base address and subtracts
+    /// it from the caller's virtual address.
     pub virt_addr: bool,
-    /// The provider chooses the keys (`FI_MR_PROV_KEY`); otherwise the transport requests a
-    /// key unique in the process.
+    /// The provider chooses the keys (`FI_MR_PROV_KEY`); otherwise the transport requests
+    /// keys (unique in the process, or base-carrying where `virt_addr` is false). Never true
+    /// with `virt_addr` false: such keys could not carry the base.
     pub prov_key: bool,
     /// Bytes of a key the provider uses (`mr_key_size`).
     pub key_size: usize,
@@ -254,6 +258,8 @@ pub trait Transport: Send + Sync {
     /// Write `src` (its registration's `desc`, or 0) into `peer`'s memory at virtual address
     /// `addr` of its registration with `key` (`fi_write`). Its completion, with `len` the
     /// bytes written, comes through `poll` as `op`; `src` must stay untouched until then.
+    /// Where the transport translates addresses, one below the registration's start is an
+    /// error naming `addr` (as for `write_inject` and `read`).
     fn write(
         &self,
         peer: Peer,

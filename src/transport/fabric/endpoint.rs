@@ -257,6 +257,23 @@ impl FabricTransport {
         access: u64,
         requested_key: u64,
     ) -> Result<(MrFid, usize)> {
+        self.mr_reg_try(region, access, requested_key)?
+            .ok_or_else(|| {
+                Error::System(format!(
+                    "fi_mr_reg on {}: key {requested_key:#x} is in use",
+                    self.caps.domain
+                ))
+            })
+    }
+
+    /// `mr_reg`, with None where the domain already has a registration with `requested_key`
+    /// (`-FI_ENOKEY`), so that the caller may try another key.
+    pub(super) fn mr_reg_try(
+        &self,
+        region: Region,
+        access: u64,
+        requested_key: u64,
+    ) -> Result<Option<(MrFid, usize)>> {
         let g = self.inner.lock();
         let mut mr: *mut sys::fid_mr = ptr::null_mut();
         // SAFETY: the domain is open; the region is valid memory per its contract.
@@ -273,6 +290,9 @@ impl FabricTransport {
                 ptr::null_mut(),
             )
         };
+        if rc as i64 == -(sys::FI_ENOKEY as i64) {
+            return Ok(None);
+        }
         check(
             &format!(
                 "fi_mr_reg of {} bytes at {:#x} on {}",
@@ -298,7 +318,7 @@ impl FabricTransport {
         }
         // SAFETY: mr is open.
         let desc = unsafe { sys::fi_mr_desc(mr) } as usize;
-        Ok((keep, desc))
+        Ok(Some((keep, desc)))
     }
 }
 
