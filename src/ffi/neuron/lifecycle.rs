@@ -39,7 +39,7 @@ pub(crate) fn init(logger: Option<NcclLogger>) -> Result<()> {
         if p.devices.iter().any(|d| d.props.rma.is_some()) {
             "yes"
         } else {
-            "no (the provider has no FI_RMA with virtual addresses)"
+            "no (the provider offers no RMA usable by virtual address)"
         }
     );
     Ok(())

@@ -1,5 +1,5 @@
 //! Neuron's RMA slots: `getMrKey`, `iwrite`, `iwriteInline` and `iread`. Where the provider offers
-//! no RMA with virtual addresses (`rma_supported = 0`) each returns SystemError, as libnccom
+//! no RMA usable by virtual address (`rma_supported = 0`) each returns SystemError, as libnccom
 //! expects of a plugin without RMA.
 use super::lifecycle::plugin;
 use super::{boundary, h, VoidP, VoidPP};

@@ -10,7 +10,7 @@ impl Device {
         self.props.rma.ok_or_else(|| {
             Error::System(format!(
                 "RMA is not supported on device {} (rma_supported = 0): the provider offers no \
-                 FI_RMA with virtual-address registrations",
+                 RMA usable by virtual address",
                 self.index
             ))
         })
