@@ -3,7 +3,7 @@
 use nccl_net_fabricoll::algo::{self, Algorithm, Collective};
 use nccl_net_fabricoll::coll::{bootstrap, launch, placement};
 use nccl_net_fabricoll::config::{self, Config, VARS};
-use nccl_net_fabricoll::plugin::Plugin;
+use nccl_net_fabricoll::plugin::{Flavour, Plugin};
 use nccl_net_fabricoll::transport::fabric;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -273,6 +273,27 @@ fn info() {
             }
         }
         Err(e) => println!("  none: {e} (NCCL would fall back to its internal transports)"),
+    }
+    println!();
+    println!("Neuron properties (libnccom-net.so, ncclNetPlugin_v6 getProperties):");
+    match Plugin::discover_as(&cfg, Flavour::Neuron) {
+        Ok(p) => {
+            for d in &p.devices {
+                let pr = &d.props;
+                let rma = match pr.rma {
+                    Some(r) => format!("rma_supported 1 max_write_inline_size {}", r.inline_bytes),
+                    None => {
+                        "rma_supported 0 (the provider offers no RMA usable by virtual address)"
+                            .to_string()
+                    }
+                };
+                println!(
+                    "  dev {}: name {:?} ptrSupport HOST regIsGlobal {} maxRecvs 1 port 1 {rma} max_mr_key_size {}",
+                    d.index, pr.name, pr.reg_is_global as i32, pr.mr_key_size
+                );
+            }
+        }
+        Err(e) => println!("  none: {e} (libnccom's init would fail)"),
     }
     let _ = config::get();
 }
