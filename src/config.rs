@@ -119,6 +119,12 @@ pub const VARS: &[Var] = &[
         meaning: "registration cache; with 1 the plugin reports regIsGlobal=1",
     },
     Var {
+        name: "FABRICOLL_TUNER",
+        accepted: "0 or 1",
+        default: "1",
+        meaning: "the tuner plugin (ncclTunerPlugin_v2..v6); 0 turns the tuner off: NCCL keeps its own choices",
+    },
+    Var {
         name: "FABRICOLL_SHM_FASTBOX",
         accepted: "0 or 1",
         default: "1",
@@ -158,6 +164,8 @@ pub struct Config {
     pub mr_cache: Option<bool>,
     /// `FABRICOLL_SHM_FASTBOX`: small shm messages through our own rings (transport::fabric).
     pub shm_fastbox: bool,
+    /// `FABRICOLL_TUNER`: the tuner plugin prices CollNet (`plugin::tuner`).
+    pub tuner: bool,
     pub algo: Option<crate::algo::Algorithm>,
     pub alpha_us: Option<f64>,
     pub beta_gbps: Option<f64>,
@@ -282,6 +290,11 @@ impl Config {
             Some("0") => false,
             Some(v) => return Err(bad("FABRICOLL_SHM_FASTBOX", v)),
         };
+        let tuner = match nonempty("FABRICOLL_TUNER").as_deref().map(str::trim) {
+            None | Some("1") => true,
+            Some("0") => false,
+            Some(v) => return Err(bad("FABRICOLL_TUNER", v)),
+        };
         let algo = match nonempty("FABRICOLL_ALGO").map(|v| v.trim().to_ascii_lowercase()) {
             None => None,
             Some(v) if v == "auto" => None,
@@ -361,6 +374,7 @@ impl Config {
             poll,
             mr_cache,
             shm_fastbox,
+            tuner,
         })
     }
 

@@ -13,6 +13,7 @@ pub mod logging;
 pub mod net;
 pub mod neuron;
 pub mod signals;
+pub mod tuner;
 pub mod types;
 
 pub(crate) use boundary::boundary;

@@ -4,6 +4,7 @@ pub mod collnet;
 pub mod handles;
 pub mod mr;
 pub mod net;
+pub mod tuner;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
