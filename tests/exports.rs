@@ -73,6 +73,18 @@ fn exports_only_plugin_tables_and_c_api() {
         let name = format!("ncclNetPlugin_v{v}");
         assert!(syms.contains(&name.as_str()), "{name} not exported");
     }
+    // The tuner tables, which NCCL looks for in the net plugin's library (data symbols too).
+    for v in 2..=6 {
+        let name = format!("ncclTunerPlugin_v{v}");
+        let sym = all.iter().find(|(n, _, _)| *n == name);
+        assert!(
+            sym.is_some_and(|(_, k, _)| k == "D" || k == "R"),
+            "{name} not exported as data"
+        );
+        // name, init, getCollInfo, destroy/finalize; v6 adds getChunkSize.
+        let want = if v == 6 { 40 } else { 32 };
+        assert_eq!(sym.map(|s| s.2), Some(want), "{name}: size");
+    }
     // The tables are data symbols, as NCCL's dlsym expects; v6 has NVIDIA's 17 slots, not
     // Neuron's 22, and Neuron's v4 and v5 are not here.
     for (name, kind, size) in all.iter().filter(|(n, _, _)| n.contains("ncclNetPlugin_v")) {

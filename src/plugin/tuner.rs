@@ -139,7 +139,8 @@ fn cell_name(algo: usize, proto: usize) -> String {
 pub struct Price {
     /// Predicted microseconds of the whole collective.
     pub us: f64,
-    /// The chunk size it is priced with, and how many calls that makes.
+    /// The size of a full call (the chunk, or the whole message where it is smaller), and
+    /// how many calls the message makes.
     pub chunk: usize,
     pub chunks: usize,
     /// The engines' algorithm for a full chunk.
@@ -257,7 +258,7 @@ impl Tuner {
         let (engine, _) = self.chunk_time(coll, chunk.min(nbytes))?;
         Some(Price {
             us,
-            chunk,
+            chunk: chunk.min(nbytes.max(1)),
             chunks: nbytes.div_ceil(chunk).max(1),
             algo: engine,
         })
