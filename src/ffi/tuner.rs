@@ -189,24 +189,26 @@ fn open(
 ) -> Result<()> {
     logging::init(logger);
     let cfg = crate::config::get()?;
-    let mut t = Tuner::new(
-        nranks,
-        nnodes,
-        tuner::collnet_model(cfg),
-        cfg.tuner,
-        chunking,
-    );
+    let m = tuner::collnet_model(cfg);
+    let how = if cfg.tuner {
+        format!(
+            "pricing CollNet with the engines' cost model (alpha {:.2} us, beta {:.3} GB/s, gamma {:.2} GB/s, eager limit {})",
+            m.alpha_us,
+            1.0 / (m.beta_us_per_byte * 1e3),
+            1.0 / (m.gamma_us_per_byte * 1e3),
+            match m.eager_bytes {
+                usize::MAX => "none".to_string(),
+                b => format!("{b} B"),
+            }
+        )
+    } else {
+        "off (FABRICOLL_TUNER=0): NCCL keeps its own choices".to_string()
+    };
+    let mut t = Tuner::new(nranks, nnodes, m, cfg.tuner, chunking);
     if let Some(c) = constants {
         t = t.with_constants(c);
     }
-    log::info!(
-        "tuner: {nranks} ranks on {nnodes} nodes, {}",
-        if cfg.tuner {
-            "pricing CollNet with the engines' cost model"
-        } else {
-            "off (FABRICOLL_TUNER=0): NCCL keeps its own choices"
-        }
-    );
+    log::info!("tuner: {nranks} ranks on {nnodes} nodes, {how}");
     ctx.set(ptr(Some(tuner::open(t))));
     Ok(())
 }

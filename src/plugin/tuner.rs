@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::tune::{Model, MARGIN};
 use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// NCCL's algorithm numbers (`nccl_tuner.h`): the rows of the cost table.
@@ -139,8 +139,7 @@ fn cell_name(algo: usize, proto: usize) -> String {
 pub struct Price {
     /// Predicted microseconds of the whole collective.
     pub us: f64,
-    /// The size of a full call (the chunk, or the whole message where it is smaller), and
-    /// how many calls the message makes.
+    /// The chunk size it is priced with (a power of two), and how many calls that makes.
     pub chunk: usize,
     pub chunks: usize,
     /// The engines' algorithm for a full chunk.
@@ -158,7 +157,13 @@ pub struct Tuner {
     pub constants: Option<Box<[f64; CONSTANTS_LEN]>>,
     model: Model,
     logged: Mutex<HashSet<(i32, u32)>>,
+    /// Prices worked out, by (collective, bytes, algorithm): NCCL asks on every call, and a
+    /// training loop repeats its sizes.
+    prices: Mutex<HashMap<(Collective, usize, usize), Option<Price>>>,
 }
+
+/// How many prices a tuner keeps (a new one beyond that clears them).
+const PRICES_KEPT: usize = 1024;
 
 impl Tuner {
     pub fn new(
@@ -176,6 +181,7 @@ impl Tuner {
             constants: None,
             model,
             logged: Mutex::new(HashSet::new()),
+            prices: Mutex::new(HashMap::new()),
         }
     }
 
@@ -253,12 +259,27 @@ impl Tuner {
         if self.nnodes < 2 || !is_collnet(algo) {
             return None;
         }
+        let key = (coll, nbytes, algo);
+        if let Some(p) = self.prices.lock().get(&key) {
+            return *p;
+        }
+        let p = self.work_out(algo, coll, nbytes);
+        let mut prices = self.prices.lock();
+        if prices.len() >= PRICES_KEPT {
+            prices.clear();
+        }
+        prices.insert(key, p);
+        p
+    }
+
+    /// `price` without the kept prices.
+    fn work_out(&self, algo: usize, coll: Collective, nbytes: usize) -> Option<Price> {
         let chunk = self.chunk_for(algo, coll, nbytes);
         let us = self.time_in_chunks(coll, nbytes, chunk)?;
         let (engine, _) = self.chunk_time(coll, chunk.min(nbytes))?;
         Some(Price {
             us,
-            chunk: chunk.min(nbytes.max(1)),
+            chunk,
             chunks: nbytes.div_ceil(chunk).max(1),
             algo: engine,
         })
@@ -295,7 +316,7 @@ impl Tuner {
         if usize::try_from(proto).ok() != Some(PROTO_SIMPLE) {
             return None;
         }
-        Some(self.chunk_for(algo, coll, nbytes))
+        self.price(algo, coll, nbytes).map(|p| p.chunk)
     }
 
     /// One info line per (collective, power-of-two size class) and communicator: our
@@ -324,7 +345,7 @@ impl Tuner {
                     p.us,
                     p.algo,
                     p.chunks,
-                    p.chunk
+                    p.chunk.min(nbytes.max(1))
                 )
             })
             .collect();
