@@ -80,44 +80,62 @@ type FCollInfoV4 = unsafe extern "C" fn(
 type FChunkSize = unsafe extern "C" fn(VoidP, c_int, usize, c_int, c_int, c_int, *mut usize) -> Res;
 type FClose = unsafe extern "C" fn(VoidP) -> Res;
 
-macro_rules! tuner_table {
-    ($name:ident { $($field:ident : $ty:ty),* $(,)? }) => {
-        #[repr(C)]
-        pub struct $name {
-            pub name: *const c_char,
-            $(pub $field: $ty,)*
-        }
-        // SAFETY: the table is immutable static data: a pointer to a static string and fn pointers.
-        unsafe impl Sync for $name {}
-    };
+/// `ncclTuner_v2_t`. The tables are immutable statics: a static name and fn pointers.
+#[repr(C)]
+pub struct TunerV2 {
+    pub name: *const c_char,
+    pub init: FInitV2,
+    pub get_coll_info: FCollInfoV2,
+    pub destroy: FClose,
 }
 
-tuner_table!(TunerV2 {
-    init: FInitV2,
-    get_coll_info: FCollInfoV2,
-    destroy: FClose
-});
-tuner_table!(TunerV3 {
-    init: FInitV2,
-    get_coll_info: FCollInfoV3,
-    destroy: FClose
-});
-tuner_table!(TunerV4 {
-    init: FInitV2,
-    get_coll_info: FCollInfoV4,
-    destroy: FClose
-});
-tuner_table!(TunerV5 {
-    init: FInitV5,
-    get_coll_info: FCollInfoV4,
-    finalize: FClose
-});
-tuner_table!(TunerV6 {
-    init: FInitV5,
-    get_coll_info: FCollInfoV4,
-    finalize: FClose,
-    get_chunk_size: Option<FChunkSize>,
-});
+/// `ncclTuner_v3_t`: the cost table arrives.
+#[repr(C)]
+pub struct TunerV3 {
+    pub name: *const c_char,
+    pub init: FInitV2,
+    pub get_coll_info: FCollInfoV3,
+    pub destroy: FClose,
+}
+
+/// `ncclTuner_v4_t`: `regBuff` before `nChannels`.
+#[repr(C)]
+pub struct TunerV4 {
+    pub name: *const c_char,
+    pub init: FInitV2,
+    pub get_coll_info: FCollInfoV4,
+    pub destroy: FClose,
+}
+
+/// `ncclTuner_v5_t`: per-communicator `init` with NCCL's constants; `finalize`.
+#[repr(C)]
+pub struct TunerV5 {
+    pub name: *const c_char,
+    pub init: FInitV5,
+    pub get_coll_info: FCollInfoV4,
+    pub finalize: FClose,
+}
+
+/// `ncclTuner_v6_t`: v5 plus the optional `getChunkSize`.
+#[repr(C)]
+pub struct TunerV6 {
+    pub name: *const c_char,
+    pub init: FInitV5,
+    pub get_coll_info: FCollInfoV4,
+    pub finalize: FClose,
+    pub get_chunk_size: Option<FChunkSize>,
+}
+
+// SAFETY: immutable static data (each of the five tables): a static string and fn pointers.
+unsafe impl Sync for TunerV2 {}
+// SAFETY: as above.
+unsafe impl Sync for TunerV3 {}
+// SAFETY: as above.
+unsafe impl Sync for TunerV4 {}
+// SAFETY: as above.
+unsafe impl Sync for TunerV5 {}
+// SAFETY: as above.
+unsafe impl Sync for TunerV6 {}
 
 const _: () = {
     assert!(size_of::<NvlDomainInfoV5>() == 12);
@@ -140,7 +158,7 @@ pub const NAME: &std::ffi::CStr = c"fabricoll";
 #[cfg_attr(not(feature = "neuron"), no_mangle)]
 pub static ncclTunerPlugin_v6: TunerV6 = TunerV6 {
     name: NAME.as_ptr(),
-    init: init_v5,
+    init: init_v5::<true>,
     get_coll_info: get_coll_info_v4,
     finalize: close,
     get_chunk_size: Some(get_chunk_size),
@@ -149,7 +167,7 @@ pub static ncclTunerPlugin_v6: TunerV6 = TunerV6 {
 #[cfg_attr(not(feature = "neuron"), no_mangle)]
 pub static ncclTunerPlugin_v5: TunerV5 = TunerV5 {
     name: NAME.as_ptr(),
-    init: init_v5_nccl_chunks,
+    init: init_v5::<false>,
     get_coll_info: get_coll_info_v4,
     finalize: close,
 };
@@ -213,8 +231,10 @@ fn open(
     Ok(())
 }
 
-/// v5 and v6 `init`: `nvlDomainInfo` may be NULL; `constants`, when given, is recorded.
-unsafe extern "C" fn init_v5(
+/// v5 and v6 `init` (`OURS`: v6, whose `getChunkSize` lets us pick CollNet's chunks; v5 has
+/// none, so NCCL's own are priced). `nvlDomainInfo` and `constants` may be NULL; the
+/// constants, when given, are recorded.
+unsafe extern "C" fn init_v5<const OURS: bool>(
     ctx: VoidPP,
     _comm_id: u64,
     nranks: usize,
@@ -229,26 +249,8 @@ unsafe extern "C" fn init_v5(
         // SAFETY: NULL or NCCL's constants struct, readable during the call; a plain array of
         // doubles of this layout (checked above).
         let c = unsafe { constants.cast::<[f64; CONSTANTS_LEN]>().as_ref() }.copied();
-        open(&ctx, nranks, nnodes, logger, Chunking::Ours, c)
-    })
-}
-
-/// v5 `init`: as v6, but v5 has no `getChunkSize`, so NCCL's own chunks are priced.
-unsafe extern "C" fn init_v5_nccl_chunks(
-    ctx: VoidPP,
-    _comm_id: u64,
-    nranks: usize,
-    nnodes: usize,
-    logger: Logger,
-    _nvl: *mut NvlDomainInfoV5,
-    constants: *mut ConstantsV5,
-) -> Res {
-    boundary("tuner init", || {
-        // SAFETY: as in init_v5.
-        let ctx = unsafe { Out::new(ctx, "context")? };
-        // SAFETY: as in init_v5.
-        let c = unsafe { constants.cast::<[f64; CONSTANTS_LEN]>().as_ref() }.copied();
-        open(&ctx, nranks, nnodes, logger, Chunking::Nccl, c)
+        let chunking = if OURS { Chunking::Ours } else { Chunking::Nccl };
+        open(&ctx, nranks, nnodes, logger, chunking, c)
     })
 }
 
