@@ -349,3 +349,25 @@ fn fabricoll_tuner_is_0_or_1_and_on_by_default() {
         );
     }
 }
+
+#[test]
+fn a_forced_algorithm_is_priced_as_the_communicator_runs_it() {
+    let m = base_model();
+    let auto = Tuner::new(8, 8, m.clone(), true, Chunking::Nccl);
+    let ring = Tuner::new(8, 8, m.clone(), true, Chunking::Nccl).with_forced(Some(Algorithm::Ring));
+    let p = Problem::new(Collective::AllReduce, 8, 1024);
+    assert_eq!(
+        ring.chunk_time(Collective::AllReduce, 1024),
+        Some((Algorithm::Ring, m.predict(Algorithm::Ring, &p, 1).unwrap()))
+    );
+    assert!(
+        auto.chunk_time(Collective::AllReduce, 1024).unwrap().1
+            <= ring.chunk_time(Collective::AllReduce, 1024).unwrap().1
+    );
+    // An algorithm that does not implement the collective leaves the model's choice.
+    let tree = Tuner::new(8, 8, m, true, Chunking::Nccl).with_forced(Some(Algorithm::Tree));
+    assert_eq!(
+        tree.chunk_time(Collective::AllGather, 4096),
+        auto.chunk_time(Collective::AllGather, 4096)
+    );
+}

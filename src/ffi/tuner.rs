@@ -222,7 +222,7 @@ fn open(
     } else {
         "off (FABRICOLL_TUNER=0): NCCL keeps its own choices".to_string()
     };
-    let mut t = Tuner::new(nranks, nnodes, m, cfg.tuner, chunking);
+    let mut t = Tuner::new(nranks, nnodes, m, cfg.tuner, chunking).with_forced(cfg.algo);
     if let Some(c) = constants {
         t = t.with_constants(c);
     }
@@ -264,7 +264,8 @@ unsafe extern "C" fn init_v2(nranks: usize, nnodes: usize, logger: Logger, ctx: 
 }
 
 /// v4 to v6 `getCollInfo`: `collCostTable` is really `float[numAlgo][numProto]`. Always
-/// ncclSuccess; `nChannels` stays as NCCL set it (0: its default).
+/// ncclSuccess; `nChannels` stays as NCCL set it (0: its default). `numPipeOps` and `regBuff`
+/// do not change our price: the engines run each CollNet call on its own, registered or not.
 unsafe extern "C" fn get_coll_info_v4(
     ctx: VoidP,
     func: c_int,

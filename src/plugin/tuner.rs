@@ -16,7 +16,7 @@
 //! conservative price, since it counts no overlap between NCCL's chunks in flight.
 use super::handles::HandleTable;
 use super::{handle_tag, Kind};
-use crate::algo::{Algorithm, Collective, Options, Problem};
+use crate::algo::{self, Algorithm, Collective, Options, Problem};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::tune::{Model, MARGIN};
@@ -156,6 +156,9 @@ pub struct Tuner {
     /// NCCL's tuning constants (v5 and later), as `init` passed them. Recorded, not edited.
     pub constants: Option<Box<[f64; CONSTANTS_LEN]>>,
     model: Model,
+    /// The algorithm the configuration forces on communicators (`FABRICOLL_ALGO`), which a
+    /// CollNet communicator runs instead of the model's choice.
+    forced: Option<Algorithm>,
     logged: Mutex<HashSet<(i32, u32)>>,
     /// Prices worked out, by (collective, bytes, algorithm): NCCL asks on every call, and a
     /// training loop repeats its sizes.
@@ -180,6 +183,7 @@ impl Tuner {
             chunking,
             constants: None,
             model,
+            forced: None,
             logged: Mutex::new(HashSet::new()),
             prices: Mutex::new(HashMap::new()),
         }
@@ -188,6 +192,12 @@ impl Tuner {
     /// This tuner with NCCL's constants recorded.
     pub fn with_constants(mut self, c: [f64; CONSTANTS_LEN]) -> Tuner {
         self.constants = Some(Box::new(c));
+        self
+    }
+
+    /// This tuner for communicators whose algorithm is forced to `algo` (None: `auto`).
+    pub fn with_forced(mut self, algo: Option<Algorithm>) -> Tuner {
+        self.forced = algo;
         self
     }
 
@@ -205,8 +215,15 @@ impl Tuner {
             _ => bytes.div_ceil(n),
         };
         let p = Problem::new(coll, n, count);
-        let (algo, _) = self.model.choose(&p, 1, Options::default());
-        let t = self.model.predict(algo, &p, 1)?;
+        // `FABRICOLL_ALGO` forces the communicator's algorithm where it implements `coll`.
+        let forced = self.forced.filter(|a| algo::supports(*a, coll));
+        let (algo, t) = match forced.and_then(|a| Some((a, self.model.predict(a, &p, 1)?))) {
+            Some(at) => at,
+            None => {
+                let (a, _) = self.model.choose(&p, 1, Options::default());
+                (a, self.model.predict(a, &p, 1)?)
+            }
+        };
         t.is_finite().then_some((algo, t))
     }
 
