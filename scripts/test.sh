@@ -23,6 +23,8 @@
 #                 namespaces cannot be made, which fails under FABRICOLL_TEST_STRICT=1)
 #   plugin-tests  plugin-tests/run.sh (C harness over tcp, net and shm, normal and ASan builds, and
 #                 the C API examples in C and C++)
+#   tuner-tests   plugin-tests/tuner_run.sh (the tuner tables v2-v6 as NCCL's loader calls them:
+#                 every collective and size, 1-64 nodes, -1 cells never changed; normal and ASan)
 #   neuron-tests  plugin-tests/neuron_selftest.sh (the Neuron harness against a mock with injected
 #                 bugs), then plugin-tests/neuron_run.sh (libnccom-net.so played as libnccom: the
 #                 Neuron tables v4-v6 over tcp, net and shm, normal and ASan builds)
@@ -46,7 +48,7 @@ fi
 
 t_start=$(date +%s)
 all_stages=(deps fmt py-tests build clippy cargo-test coll-tests multihost-tests plugin-tests
-  neuron-tests torch-tests)
+  tuner-tests neuron-tests torch-tests)
 names=() results=() times=() details=()
 current="" failed=""
 # each stage's output is also kept in $log_dir/<stage>.log
@@ -75,6 +77,7 @@ stage_detail() {
     coll-tests) grep -E '^coll-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
     multihost-tests) grep -E '^multihost-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
     plugin-tests) grep -E '^plugin-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
+    tuner-tests) grep -E '^tuner-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
     neuron-tests) grep -E '^neuron-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
     torch-tests) grep -E '^torch-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
   esac
@@ -194,6 +197,11 @@ stage multihost-tests 720 env \
 stage plugin-tests 1200 env \
   FABRICOLL_LIB="${FABRICOLL_LIB:-${CARGO_TARGET_DIR:-target}/release/libnccl-net-fabricoll.so}" \
   plugin-tests/run.sh
+[ -x plugin-tests/tuner_run.sh ] ||
+  fail tuner-tests "plugin-tests/tuner_run.sh is missing or not executable"
+stage tuner-tests 600 env \
+  FABRICOLL_LIB="${FABRICOLL_LIB:-${CARGO_TARGET_DIR:-target}/release/libnccl-net-fabricoll.so}" \
+  plugin-tests/tuner_run.sh
 [ -x plugin-tests/neuron_run.sh ] ||
   fail neuron-tests "plugin-tests/neuron_run.sh is missing or not executable"
 stage neuron-tests 900 env \

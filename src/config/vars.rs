@@ -1,0 +1,148 @@
+//! The table of `FABRICOLL_*` variables, as users read it: name, accepted values, default and
+//! meaning. The README's table is checked against it (tests/readme_config.rs); `Config::from_env`
+//! parses the same names.
+
+/// One configuration variable: its name, accepted values, default and meaning.
+#[derive(Debug, Clone, Copy)]
+pub struct Var {
+    pub name: &'static str,
+    pub accepted: &'static str,
+    pub default: &'static str,
+    pub meaning: &'static str,
+}
+
+pub const VARS: &[Var] = &[
+    Var {
+        name: "FABRICOLL_PROVIDER",
+        accepted: "a libfabric provider name: efa, tcp, net, shm, ...",
+        default: "FI_PROVIDER if set, else the first found of: efa, the native TCP endpoint (net; tcp from libfabric 1.18), tcp;ofi_rxm, shm for the collective engines; efa, tcp, shm for the NCCL plugins",
+        meaning: "libfabric provider the transport uses",
+    },
+    Var {
+        name: "FABRICOLL_DOMAIN",
+        accepted: "comma-separated libfabric domain names (eth0, lo, rdmap0s6-rdm, shm)",
+        default: "every domain of the provider except loopback (lo)",
+        meaning: "which domains (NICs) become devices, in this order",
+    },
+    Var {
+        name: "FABRICOLL_TIMEOUT_MS",
+        accepted: "integer 1..=86400000",
+        default: "600000",
+        meaning: "deadline for connect, accept and a request without progress",
+    },
+    Var {
+        name: "FABRICOLL_LOG",
+        accepted: "off, error, warn, info, debug, trace (env_logger syntax)",
+        default: "warn (info when NCCL passes its logger)",
+        meaning: "log level; with NCCL the records go to NCCL's logger (subsystem NET)",
+    },
+    Var {
+        name: "FABRICOLL_SPEED_MBPS",
+        accepted: "integer 1..=10000000",
+        default: "10000",
+        meaning: "link speed reported when neither the provider nor sysfs knows it",
+    },
+    Var {
+        name: "FABRICOLL_POLL_US",
+        accepted: "integer 0..=1000000",
+        default: "1000 over ofi_rxm (tcp), else 50",
+        meaning: "busy-poll time before a waiter yields or sleeps on the completion queue",
+    },
+    Var {
+        name: "FABRICOLL_ALGO",
+        accepted:
+            "auto, ring, bidir_ring, mesh, mesh1, rdh, rd, tree, dbtree, bruck, pairwise, hier, swizzle",
+        default: "auto",
+        meaning: "collective algorithm of the engines; auto takes the smallest predicted time",
+    },
+    Var {
+        name: "FABRICOLL_ALPHA_US",
+        accepted: "number > 0 (microseconds)",
+        default: "measured at communicator creation",
+        meaning: "cost model: latency of one message",
+    },
+    Var {
+        name: "FABRICOLL_BETA_GBPS",
+        accepted: "number > 0 (GB/s)",
+        default: "measured at communicator creation",
+        meaning: "cost model: link bandwidth (beta = 1 / bandwidth)",
+    },
+    Var {
+        name: "FABRICOLL_GAMMA_GBPS",
+        accepted: "number > 0 (GB/s)",
+        default: "measured at communicator creation",
+        meaning: "cost model: local reduction speed (gamma = 1 / speed)",
+    },
+    Var {
+        name: "FABRICOLL_INTRA_PROVIDER",
+        accepted: "a libfabric provider name (shm, ...), or same",
+        default: "shm",
+        meaning: "engines: provider between ranks of one host; same: FABRICOLL_PROVIDER for every peer (one fabric)",
+    },
+    Var {
+        name: "FABRICOLL_HOST",
+        accepted: "any non-empty string",
+        default: "this machine's boot id, host name and network namespace",
+        meaning: "engines: ranks with equal values share a host (shared memory between them, the network to the others)",
+    },
+    Var {
+        name: "FABRICOLL_LOCAL_RANKS",
+        accepted: "integer >= 1",
+        default: "unset (hosts are detected)",
+        meaning: "testing: schedules treat each block of this many consecutive ranks as a host (transports still follow the detected hosts)",
+    },
+    Var {
+        name: "FABRICOLL_ROOT",
+        accepted: "host:port (IPv6 in brackets) of rank 0's host",
+        default: "unset",
+        meaning: "launchers without a rank-0 address (mpirun, srun, Hydra): where rank 0 serves the bootstrap",
+    },
+    Var {
+        name: "FABRICOLL_ROOT_FILE",
+        accepted: "a path on a file system every rank sees",
+        default: "unset",
+        meaning: "launchers without a rank-0 address: rank 0 writes its bootstrap id there, the others read it",
+    },
+    Var {
+        name: "FABRICOLL_BOOTSTRAP_ADDR",
+        accepted: "an IPv4 or IPv6 address of this host",
+        default: "127.0.0.1",
+        meaning: "address the unique id's bootstrap root listens on (set it for several hosts); FABRICOLL_ROOT_FILE's root and fabricoll-info --unique-id default to this host's first non-loopback address instead",
+    },
+    Var {
+        name: "FABRICOLL_MR_CACHE",
+        accepted: "0 or 1",
+        default: "1 (0 in libnccom-net.so)",
+        meaning: "registration cache; with 1 the plugin reports regIsGlobal=1",
+    },
+    Var {
+        name: "FABRICOLL_TUNER",
+        accepted: "0 or 1",
+        default: "1",
+        meaning: "the tuner plugin (ncclTunerPlugin_v2..v6); 0 turns the tuner off: NCCL keeps its own choices",
+    },
+    Var {
+        name: "FABRICOLL_SHM_FASTBOX",
+        accepted: "0 or 1",
+        default: "1",
+        meaning: "shm before libfabric 1.19: messages up to 16 KiB to a peer go through a shared-memory ring (fastbox) instead of the provider",
+    },
+    Var {
+        name: "FABRICOLL_RANK",
+        accepted: "integer 0..FABRICOLL_NRANKS",
+        default: "unset",
+        meaning: "launchers: this process's rank (with FABRICOLL_NRANKS and one of FABRICOLL_UNIQUE_ID, FABRICOLL_ROOT, FABRICOLL_ROOT_FILE); read by fabricoll-perf and fabricoll_comm_init_env",
+    },
+    Var {
+        name: "FABRICOLL_NRANKS",
+        accepted: "integer >= 1",
+        default: "unset",
+        meaning: "launchers: the rank count (must agree with the launcher's own)",
+    },
+    Var {
+        name: "FABRICOLL_UNIQUE_ID",
+        accepted: "hex string of a unique id (fabricoll_get_unique_id)",
+        default: "unset",
+        meaning: "launchers: the hex id of a bootstrap root someone serves (fabricoll-info --unique-id)",
+    },
+];
