@@ -7,7 +7,7 @@
 use super::net::{
     check_context, devices, finalize, get_properties, handle_bytes, init_v6, legacy_context,
     new_context, plugin, reg_mr_dmabuf, AbiSize, FClose, FDevices, FMakeVDevice, FRegDmaBuf, FTest,
-    Logger, Res, VoidP, VoidPP,
+    Logger, Nccl, Res, VoidP, VoidPP,
 };
 use super::types::*;
 use super::{boundary, h, int_size, non_null, ptr, region, Out};
@@ -468,8 +468,8 @@ const NAME: &std::ffi::CStr = c"fabricoll";
 pub static ncclCollNetPlugin_v12: CollNetV12 = CollNetV12 {
     name: NAME.as_ptr(),
     init: init_v11,
-    devices,
-    get_properties: get_properties::<PropsV12>,
+    devices: devices::<Nccl>,
+    get_properties: get_properties::<Nccl, PropsV12>,
     listen: listen_v11,
     connect,
     reduce_support,
@@ -491,8 +491,8 @@ pub static ncclCollNetPlugin_v12: CollNetV12 = CollNetV12 {
 pub static ncclCollNetPlugin_v11: CollNetV11 = CollNetV11 {
     name: NAME.as_ptr(),
     init: init_v11,
-    devices,
-    get_properties: get_properties::<PropsV11>,
+    devices: devices::<Nccl>,
+    get_properties: get_properties::<Nccl, PropsV11>,
     listen: listen_v11,
     connect,
     reduce_support,
@@ -514,8 +514,8 @@ pub static ncclCollNetPlugin_v11: CollNetV11 = CollNetV11 {
 pub static ncclCollNetPlugin_v10: CollNetV9 = CollNetV9 {
     name: NAME.as_ptr(),
     init: init_v6,
-    devices,
-    get_properties: get_properties::<PropsV9>,
+    devices: devices::<Nccl>,
+    get_properties: get_properties::<Nccl, PropsV9>,
     listen: listen_v6,
     connect,
     reduce_support,
@@ -536,8 +536,8 @@ pub static ncclCollNetPlugin_v10: CollNetV9 = CollNetV9 {
 pub static ncclCollNetPlugin_v9: CollNetV9 = CollNetV9 {
     name: NAME.as_ptr(),
     init: init_v6,
-    devices,
-    get_properties: get_properties::<PropsV9>,
+    devices: devices::<Nccl>,
+    get_properties: get_properties::<Nccl, PropsV9>,
     listen: listen_v6,
     connect,
     reduce_support,
@@ -558,8 +558,8 @@ pub static ncclCollNetPlugin_v9: CollNetV9 = CollNetV9 {
 pub static ncclCollNetPlugin_v8: CollNetV8 = CollNetV8 {
     name: NAME.as_ptr(),
     init: init_v6,
-    devices,
-    get_properties: get_properties::<PropsV8>,
+    devices: devices::<Nccl>,
+    get_properties: get_properties::<Nccl, PropsV8>,
     listen: listen_v6,
     connect,
     reduce_support,
@@ -579,8 +579,8 @@ pub static ncclCollNetPlugin_v8: CollNetV8 = CollNetV8 {
 pub static ncclCollNetPlugin_v7: CollNetV7 = CollNetV7 {
     name: NAME.as_ptr(),
     init: init_v6,
-    devices,
-    get_properties: get_properties::<PropsV7>,
+    devices: devices::<Nccl>,
+    get_properties: get_properties::<Nccl, PropsV7>,
     listen: listen_v6,
     connect,
     reduce_support,
@@ -598,8 +598,8 @@ pub static ncclCollNetPlugin_v7: CollNetV7 = CollNetV7 {
 pub static ncclCollNetPlugin_v6: CollNetV6 = CollNetV6 {
     name: NAME.as_ptr(),
     init: init_v6,
-    devices,
-    get_properties: get_properties::<PropsV6>,
+    devices: devices::<Nccl>,
+    get_properties: get_properties::<Nccl, PropsV6>,
     listen: listen_v6,
     connect,
     reduce_support,

@@ -28,6 +28,21 @@ pub(crate) fn plugin() -> Result<&'static Plugin> {
     plugin::global()
 }
 
+/// Where an entry point shared by NCCL's and Neuron's tables finds its plugin: the slots with
+/// the same signature and meaning in both are one generic function.
+pub(crate) trait Source {
+    fn plugin() -> Result<&'static Plugin>;
+}
+
+/// NCCL's tables: the process-wide NCCL plugin.
+pub(crate) struct Nccl;
+
+impl Source for Nccl {
+    fn plugin() -> Result<&'static Plugin> {
+        plugin()
+    }
+}
+
 /// v11+ per-communicator contexts that `init` handed out and `finalize` has not closed.
 static CONTEXTS: Lazy<Mutex<HandleTable<()>>> = Lazy::new(Default::default);
 
@@ -304,21 +319,24 @@ pub(crate) unsafe extern "C" fn finalize(ctx: VoidP) -> Res {
     boundary("finalize", || finalize_context(ctx))
 }
 
-pub(crate) unsafe extern "C" fn devices(ndev: *mut c_int) -> Res {
+pub(crate) unsafe extern "C" fn devices<S: Source>(ndev: *mut c_int) -> Res {
     boundary("devices", || {
-        // SAFETY: NCCL passes a writable int*.
+        // SAFETY: the caller passes a writable int*.
         let out = unsafe { Out::new(ndev, "ndev") }?;
-        out.set(plugin()?.devices.len() as c_int);
+        out.set(S::plugin()?.devices.len() as c_int);
         Ok(())
     })
 }
 
 /// Every version's getProperties: `P` is that version's props struct.
-pub(crate) unsafe extern "C" fn get_properties<P: for<'a> From<&'a plugin::DeviceProps>>(
+pub(crate) unsafe extern "C" fn get_properties<
+    S: Source,
+    P: for<'a> From<&'a plugin::DeviceProps>,
+>(
     dev: c_int,
     props: *mut P,
 ) -> Res {
-    boundary("getProperties", || write_props(plugin()?, dev, props))
+    boundary("getProperties", || write_props(S::plugin()?, dev, props))
 }
 
 unsafe extern "C" fn listen(ctx: VoidP, dev: c_int, handle: VoidP, listen_comm: VoidPP) -> Res {
@@ -448,7 +466,7 @@ unsafe extern "C" fn irecv<S: Copy + TryInto<usize> + std::fmt::Display>(
     })
 }
 
-unsafe extern "C" fn iflush(
+pub(crate) unsafe extern "C" fn iflush<S: Source>(
     comm: VoidP,
     n: c_int,
     data: VoidPP,
@@ -456,9 +474,9 @@ unsafe extern "C" fn iflush(
     mhs: VoidPP,
     req: VoidPP,
 ) -> Res {
-    // SAFETY: NCCL's arrays have n elements; the out-pointer is writable.
+    // SAFETY: the caller's arrays have n elements; the out-pointer is writable.
     boundary("iflush", || unsafe {
-        iflush_inner(plugin()?, comm, n, data, sizes, mhs, req)
+        iflush_inner(S::plugin()?, comm, n, data, sizes, mhs, req)
     })
 }
 
@@ -489,8 +507,12 @@ pub(crate) unsafe fn iflush_inner(
     Ok(())
 }
 
-unsafe extern "C" fn test(request: VoidP, done: *mut c_int, sizes: *mut c_int) -> Res {
-    boundary("test", || test_inner(plugin()?, request, done, sizes))
+pub(crate) unsafe extern "C" fn test<S: Source>(
+    request: VoidP,
+    done: *mut c_int,
+    sizes: *mut c_int,
+) -> Res {
+    boundary("test", || test_inner(S::plugin()?, request, done, sizes))
 }
 
 unsafe extern "C" fn close_send(comm: VoidP) -> Res {

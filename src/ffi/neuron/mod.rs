@@ -11,12 +11,12 @@ pub mod types;
 pub use tables::*;
 
 use super::net::{
-    accept_inner, comm_device, connect_inner, iflush_inner, irecv_inner, isend_inner, listen_inner,
-    recv_bufs, reg_mr_inner, test_inner, write_props, Logger, Res, VoidP, VoidPP,
+    accept_inner, comm_device, connect_inner, iflush, irecv_inner, isend_inner, listen_inner,
+    recv_bufs, reg_mr_inner, Logger, Res, Source, VoidP, VoidPP,
 };
 use super::{boundary, h, int_size, non_null, Out};
 use crate::error::{Error, Result};
-use crate::plugin::{DeviceProps, Kind, Plugin, HANDLE_SIZE};
+use crate::plugin::{Kind, Plugin, HANDLE_SIZE};
 use lifecycle::{closed_by_fini, plugin};
 use std::os::raw::c_int;
 use std::time::{Duration, Instant};
@@ -32,21 +32,13 @@ unsafe extern "C" fn fini() -> Res {
     boundary("fini", lifecycle::fini)
 }
 
-unsafe extern "C" fn devices(ndev: *mut c_int) -> Res {
-    boundary("devices", || {
-        // SAFETY: libnccom passes a writable int*.
-        let out = unsafe { Out::new(ndev, "ndev") }?;
-        out.set(plugin()?.devices.len() as c_int);
-        Ok(())
-    })
-}
+/// Neuron's tables: the Neuron plugin, between `init` and `fini`.
+pub(crate) struct Neuron;
 
-/// getProperties of every version: `P` is that version's props struct.
-unsafe extern "C" fn get_properties<P: for<'a> From<&'a DeviceProps>>(
-    dev: c_int,
-    props: *mut P,
-) -> Res {
-    boundary("getProperties", || write_props(plugin()?, dev, props))
+impl Source for Neuron {
+    fn plugin() -> Result<&'static Plugin> {
+        plugin()
+    }
 }
 
 unsafe extern "C" fn listen(dev: c_int, handle: VoidP, listen_comm: VoidPP) -> Res {
@@ -276,20 +268,6 @@ unsafe extern "C" fn irecv_v4(
     unsafe { irecv(comm, 1, &mut data, &mut size, &mut tag, &mut mh, req) }
 }
 
-unsafe extern "C" fn iflush(
-    comm: VoidP,
-    n: c_int,
-    data: VoidPP,
-    sizes: *mut c_int,
-    mhs: VoidPP,
-    req: VoidPP,
-) -> Res {
-    // SAFETY: the arrays have n elements; the out-pointer is writable.
-    boundary("iflush", || unsafe {
-        iflush_inner(plugin()?, comm, n, data, sizes, mhs, req)
-    })
-}
-
 /// v4 iflush: one buffer.
 unsafe extern "C" fn iflush_v4(
     comm: VoidP,
@@ -300,11 +278,7 @@ unsafe extern "C" fn iflush_v4(
 ) -> Res {
     let (mut data, mut size, mut mh) = (data, size, mh);
     // SAFETY: one-element arrays on this stack frame.
-    unsafe { iflush(comm, 1, &mut data, &mut size, &mut mh, req) }
-}
-
-unsafe extern "C" fn test(request: VoidP, done: *mut c_int, sizes: *mut c_int) -> Res {
-    boundary("test", || test_inner(plugin()?, request, done, sizes))
+    unsafe { iflush::<Neuron>(comm, 1, &mut data, &mut size, &mut mh, req) }
 }
 
 /// Close `comm` of `kind`, unless `fini` already did (then quietly).

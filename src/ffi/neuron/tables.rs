@@ -4,6 +4,7 @@
 use super::rma::*;
 use super::types::*;
 use super::*;
+use crate::ffi::net::{devices, get_properties, test};
 
 /// The plugin's name in every table.
 const NAME: &std::ffi::CStr = c"fabricoll";
@@ -13,8 +14,8 @@ pub static NEURON_NET_V6: NeuronNetV6 = NeuronNetV6 {
     name: NAME.as_ptr(),
     init,
     fini,
-    devices,
-    get_properties: get_properties::<NeuronPropsV6>,
+    devices: devices::<Neuron>,
+    get_properties: get_properties::<Neuron, NeuronPropsV6>,
     listen,
     connect,
     accept,
@@ -23,8 +24,8 @@ pub static NEURON_NET_V6: NeuronNetV6 = NeuronNetV6 {
     dereg_mr,
     isend,
     irecv,
-    iflush,
-    test,
+    iflush: iflush::<Neuron>,
+    test: test::<Neuron>,
     close_send,
     close_recv,
     close_listen,
@@ -38,8 +39,8 @@ pub static NEURON_NET_V6: NeuronNetV6 = NeuronNetV6 {
 pub static NEURON_NET_V5: NeuronNetV5 = NeuronNetV5 {
     name: NAME.as_ptr(),
     init,
-    devices,
-    get_properties: get_properties::<NeuronPropsV6>,
+    devices: devices::<Neuron>,
+    get_properties: get_properties::<Neuron, NeuronPropsV6>,
     listen,
     connect,
     accept,
@@ -48,8 +49,8 @@ pub static NEURON_NET_V5: NeuronNetV5 = NeuronNetV5 {
     dereg_mr,
     isend,
     irecv,
-    iflush,
-    test,
+    iflush: iflush::<Neuron>,
+    test: test::<Neuron>,
     close_send,
     close_recv,
     close_listen,
@@ -63,8 +64,8 @@ pub static NEURON_NET_V5: NeuronNetV5 = NeuronNetV5 {
 pub static NEURON_NET_V4: NeuronNetV4 = NeuronNetV4 {
     name: NAME.as_ptr(),
     init,
-    devices,
-    get_properties: get_properties::<NeuronPropsV4>,
+    devices: devices::<Neuron>,
+    get_properties: get_properties::<Neuron, NeuronPropsV4>,
     listen: listen_v4,
     connect: connect_v4,
     accept: accept_v4,
@@ -73,7 +74,7 @@ pub static NEURON_NET_V4: NeuronNetV4 = NeuronNetV4 {
     isend: isend_v4,
     irecv: irecv_v4,
     iflush: iflush_v4,
-    test,
+    test: test::<Neuron>,
     close_send,
     close_recv,
     close_listen,
