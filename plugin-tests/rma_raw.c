@@ -143,6 +143,9 @@ static struct fi_info* get_info(int print) {
            info->domain_attr->name);
     printf("# mr_mode asked %s, granted %s; mr_key_size %zu; inject_size %zu (fi_inject_write limit)\n", asked, granted,
            info->domain_attr->mr_key_size, info->tx_attr->inject_size);
+    printf("# remote addresses: %s\n", info->domain_attr->mr_mode & FI_MR_VIRT_ADDR
+                                            ? "virtual addresses (FI_MR_VIRT_ADDR)"
+                                            : "0-based offsets into the peer's registration (no FI_MR_VIRT_ADDR)");
     fflush(stdout);
   }
   return info;

@@ -288,7 +288,7 @@ summarize_neuron() { # summarize_neuron PROV : the Neuron table of medians
   echo "## streaming (send_st, against fi_pingpong's ping-pong), WINDOW ops in flight (RMA); GB = 1e9 B."
   echo "## lat_x = neuron / raw, bw_x = neuron / raw"
   # (|| true: a provider may lack either file, and the caller runs under errexit and pipefail)
-  sed 's/^# /## /' "$out/$prov-probe.txt" 2>/dev/null | head -2 || true
+  sed 's/^# /## /' "$out/$prov-probe.txt" 2>/dev/null | head -3 || true
   grep -h '^# \(neuron_bench\|speed\|rma_supported\)' "$out/$prov"-neuron-*.txt 2>/dev/null | sort -u |
     sed 's/^# /## /' || true
   if [ -s "$out/$prov.busy" ]; then
