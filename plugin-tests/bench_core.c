@@ -24,6 +24,17 @@ int64_t bench_now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+int bench_alloc(bench_t* b) {
+  b->cap = b->cfg->max + BENCH_CTL_BYTES;
+  size_t alloc = (b->cap + 4095) & ~(size_t)4095;
+  b->sbuf = aligned_alloc(4096, alloc);
+  b->rbuf = aligned_alloc(4096, alloc);
+  if (!b->sbuf || !b->rbuf) return bench_fail(b, "out of memory for two %zu-byte buffers", b->cap);
+  memset(b->sbuf, 0x5A, b->cap);
+  memset(b->rbuf, 0, b->cap);
+  return 0;
+}
+
 int bench_fail(bench_t* b, const char* fmt, ...) {
   char msg[900];
   va_list ap;
@@ -299,6 +310,19 @@ int bench_sweep(bench_t* b, const enum bench_op* ops, const size_t* limit, int n
   return 0;
 }
 
+int bench_run(bench_t* b, const enum bench_op* ops, const size_t* limit, int nops) {
+  int has_read = 0, has_write = 0;
+  for (int k = 0; k < nops; k++) {
+    has_read |= ops[k] == BOP_READ;
+    has_write |= ops[k] == BOP_WRITE;
+  }
+  char dummy = 0, peer;
+  return bench_verify(b, has_read, has_write) || bench_sweep(b, ops, limit, nops) ||
+                 bench_exchange(b, &dummy, 1, &peer)
+             ? -1
+             : 0;
+}
+
 static int parse_size(const char* s, size_t* out) {
   char* end;
   errno = 0;
@@ -313,6 +337,24 @@ static int parse_size(const char* s, size_t* out) {
   if (*end) return -1;
   *out = (size_t)(v * (double)mul);
   return 0;
+}
+
+int bench_parse_ops(const char* prog, const char* list, const enum bench_op* allowed, int nallowed,
+                    enum bench_op* out, int max) {
+  char buf[128], names[128] = "";
+  for (int k = 0, n = 0; k < nallowed; k++)
+    n += snprintf(names + n, sizeof names - (size_t)n, "%s%s", k ? ", " : "", bench_op_name(allowed[k]));
+  snprintf(buf, sizeof buf, "%s", list);
+  int n = 0;
+  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    int k = 0;
+    while (k < nallowed && strcmp(t, bench_op_name(allowed[k]))) k++;
+    if (k == nallowed || n >= max)
+      return fprintf(stderr, "%s: -o '%s': expected at most %d of %s\n", prog, list, max, names), -1;
+    out[n++] = allowed[k];
+  }
+  if (!n) return fprintf(stderr, "%s: -o is empty (expected some of %s)\n", prog, names), -1;
+  return n;
 }
 
 static int parse_list(const char* s, bench_cfg_t* c) {
@@ -350,7 +392,8 @@ int bench_parse(int argc, char** argv, bench_cfg_t* c, const char* prog, const c
     else if (!strcmp(a, "-s")) bad = parse_list(v, c);
     else if (!strcmp(a, "-f")) c->factor = strtoul(v, &end, 10), bad = *end || c->factor < 2;
     else if (!strcmp(a, "-t")) c->secs = strtod(v, &end), bad = *end || !(c->secs > 0 && c->secs <= 3600);
-    else if (!strcmp(a, "-w")) c->window = (int)strtol(v, &end, 10), bad = *end || c->window < 1 || c->window > BENCH_MAXWINDOW;
+    else if (!strcmp(a, "-w"))
+      c->window = (int)strtol(v, &end, 10), bad = *end || c->window < 1 || c->window > BENCH_MAXWINDOW;
     else c->timeout_ms = strtoll(v, &end, 10), bad = *end || c->timeout_ms < 1;
     if (bad) return fprintf(stderr, "%s: bad value '%s' for %s\nusage: %s\n", prog, v, a, usage), 2;
   }
@@ -381,6 +424,8 @@ int bench_fork(const bench_cfg_t* cfg, const char* prog, int (*rank_main)(bench_
       if (getppid() != parent) _exit(3);
       bench_t b = {.rank = r, .shm = shm, .cfg = cfg};
       int rc = rank_main(&b);
+      free(b.sbuf);
+      free(b.rbuf);
       fflush(NULL);
       _exit(rc == 0 ? 0 : 1);
     }

@@ -61,10 +61,13 @@ struct bench {
   const bench_cfg_t* cfg;
   const bench_ops_t* ops;
   void* ctx; /* the backend's */
-  unsigned char *sbuf, *rbuf; /* the backend's buffers, for bench_verify */
+  unsigned char *sbuf, *rbuf; /* from bench_alloc, freed by bench_fork after rank_main */
+  size_t cap;                 /* their size: cfg->max + BENCH_CTL_BYTES */
 };
 
 int64_t bench_now_ns(void);
+/* The two page-aligned buffers (send filled with 0x5A, receive zeroed). 0 or -1. */
+int bench_alloc(bench_t* b);
 int bench_fail(bench_t* b, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 int bench_aborted(bench_t* b);
 const char* bench_op_name(enum bench_op op);
@@ -84,6 +87,15 @@ int bench_verify(bench_t* b, int read, int write);
 /* The sweep over the configured sizes for each op of `ops` (BOP_SEND, BOP_WRITE, BOP_READ,
  * BOP_INLINE); op i is measured only up to size limit[i]. Prints rows on rank 0. 0 or -1. */
 int bench_sweep(bench_t* b, const enum bench_op* ops, const size_t* limit, int nops);
+
+/* What a rank does once connected: bench_verify of the one-sided ops among `ops`, bench_sweep,
+ * and a last exchange, so that neither rank closes while the other still uses its endpoint. */
+int bench_run(bench_t* b, const enum bench_op* ops, const size_t* limit, int nops);
+
+/* Parse "-o" lists like "write,read": each name (bench_op_name) must be one of `allowed`; at
+ * most `max` of them. Returns the count, or -1 (having printed why, naming -o). */
+int bench_parse_ops(const char* prog, const char* list, const enum bench_op* allowed, int nallowed,
+                    enum bench_op* out, int max);
 
 /* Parse the common options (-b -e -f -s -t -w --timeout-ms) into cfg; `extra` handles the
  * others, given the next argument or NULL: it returns how many values it took (0 or 1), or -1

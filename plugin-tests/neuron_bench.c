@@ -44,7 +44,6 @@ typedef struct {
   ncclNetProperties_v6_t props;
   int inited;
   void *sc, *rc, *smh, *rmh;
-  size_t cap;
   uint64_t peer_saddr, peer_raddr, peer_skey, peer_rkey;
 } nb_t;
 
@@ -73,20 +72,9 @@ static int extra_opt(const char* a, const char* v) {
   if (!strcmp(a, "--lib")) {
     g_lib = v;
   } else if (!strcmp(a, "-o")) {
-    char buf[128];
-    snprintf(buf, sizeof buf, "%s", v);
-    g_nops = 0;
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-      enum bench_op op = !strcmp(t, "send")     ? BOP_SEND
-                         : !strcmp(t, "write")  ? BOP_WRITE
-                         : !strcmp(t, "read")   ? BOP_READ
-                         : !strcmp(t, "inline") ? BOP_INLINE
-                                                : BOP_CTL_SEND;
-      if (op == BOP_CTL_SEND || g_nops >= 4)
-        return fprintf(stderr, "neuron_bench: -o '%s': expected send, write, read, inline\n", v), -1;
-      g_ops[g_nops++] = op;
-    }
-    if (!g_nops) return fprintf(stderr, "neuron_bench: -o is empty\n"), -1;
+    static const enum bench_op allowed[] = {BOP_SEND, BOP_WRITE, BOP_READ, BOP_INLINE};
+    g_nops = bench_parse_ops("neuron_bench", v, allowed, 4, g_ops, 4);
+    if (g_nops < 0) return -1;
   } else {
     return fprintf(stderr, "neuron_bench: unknown argument %s\n", a), -1;
   }
@@ -102,7 +90,7 @@ static int nfail(bench_t* b, const char* what, ncclResult_t r) {
 static int nb_post(bench_t* b, enum bench_op op, size_t size, void** tok) {
   nb_t* x = b->ctx;
   const ncclNet_v6_t* t = x->t;
-  unsigned char *sctl = b->sbuf + x->cap - BENCH_CTL_BYTES, *rctl = b->rbuf + x->cap - BENCH_CTL_BYTES;
+  unsigned char *sctl = b->sbuf + b->cap - BENCH_CTL_BYTES, *rctl = b->rbuf + b->cap - BENCH_CTL_BYTES;
   void* req = NULL;
   void* data = op == BOP_CTL_RECV ? (void*)rctl : (void*)b->rbuf;
   int isize = op == BOP_CTL_RECV ? 1 : (int)size, tag = 0;
@@ -203,16 +191,10 @@ static int connect_both(bench_t* b, nb_t* x) {
 static int setup(bench_t* b, nb_t* x) {
   if (open_lib(b, x) || connect_both(b, x)) return -1;
   const ncclNet_v6_t* t = x->t;
-  x->cap = b->cfg->max + BENCH_CTL_BYTES;
-  size_t alloc = (x->cap + 4095) & ~(size_t)4095;
-  b->sbuf = aligned_alloc(4096, alloc);
-  b->rbuf = aligned_alloc(4096, alloc);
-  if (!b->sbuf || !b->rbuf) return bench_fail(b, "out of memory for two %zu-byte buffers", x->cap);
-  memset(b->sbuf, 0x5A, x->cap);
-  memset(b->rbuf, 0, x->cap);
+  if (bench_alloc(b)) return -1;
   ncclResult_t r;
-  if ((r = t->regMr(x->sc, b->sbuf, x->cap, NCCL_PTR_HOST, &x->smh)) != ncclSuccess) return nfail(b, "regMr(send)", r);
-  if ((r = t->regMr(x->rc, b->rbuf, x->cap, NCCL_PTR_HOST, &x->rmh)) != ncclSuccess) return nfail(b, "regMr(recv)", r);
+  if ((r = t->regMr(x->sc, b->sbuf, b->cap, NCCL_PTR_HOST, &x->smh)) != ncclSuccess) return nfail(b, "regMr(send)", r);
+  if ((r = t->regMr(x->rc, b->rbuf, b->cap, NCCL_PTR_HOST, &x->rmh)) != ncclSuccess) return nfail(b, "regMr(recv)", r);
   card_t me = {(uint64_t)(uintptr_t)b->sbuf, (uint64_t)(uintptr_t)b->rbuf, 0, 0}, peer;
   if (x->props.rma_supported) {
     if ((r = t->getMrKey(x->smh, &me.skey)) != ncclSuccess) return nfail(b, "getMrKey(send)", r);
@@ -223,7 +205,7 @@ static int setup(bench_t* b, nb_t* x) {
   return 0;
 }
 
-static void teardown(bench_t* b, nb_t* x) {
+static void teardown(nb_t* x) {
   if (x->t) {
     if (x->smh) x->t->deregMr(x->sc, x->smh);
     if (x->rmh) x->t->deregMr(x->rc, x->rmh);
@@ -231,8 +213,6 @@ static void teardown(bench_t* b, nb_t* x) {
     if (x->rc) x->t->closeRecv(x->rc);
     if (x->inited) x->t->fini();
   }
-  free(b->sbuf);
-  free(b->rbuf);
 }
 
 static int rank_main(bench_t* b) {
@@ -243,14 +223,12 @@ static int rank_main(bench_t* b) {
   int rc = setup(b, x);
   enum bench_op ops[4];
   size_t limit[4];
-  int n = 0, has_read = 0, has_write = 0;
+  int n = 0;
   for (int k = 0; !rc && k < g_nops; k++) {
     int rma = g_ops[k] != BOP_SEND;
     if (rma && !x->props.rma_supported) continue;
     if (g_ops[k] == BOP_INLINE && x->props.max_write_inline_size == 0) continue;
     limit[n] = g_ops[k] == BOP_INLINE ? x->props.max_write_inline_size : (size_t)-1;
-    has_read |= g_ops[k] == BOP_READ;
-    has_write |= g_ops[k] == BOP_WRITE;
     ops[n++] = g_ops[k];
   }
   if (!rc && b->rank == 0 && n < g_nops) {
@@ -258,10 +236,8 @@ static int rank_main(bench_t* b) {
            x->props.rma_supported, x->props.max_write_inline_size, g_nops - n, g_nops);
     fflush(stdout);
   }
-  char dummy = 0, peer;
-  rc = rc || bench_verify(b, has_read, has_write) || bench_sweep(b, ops, limit, n) ||
-       bench_exchange(b, &dummy, 1, &peer); /* nobody closes while the other still uses its comms */
-  teardown(b, x);
+  rc = rc || bench_run(b, ops, limit, n);
+  teardown(x);
   free(x);
   return rc ? -1 : 0;
 }

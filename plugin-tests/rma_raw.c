@@ -53,7 +53,6 @@ typedef struct {
   struct fid_ep* ep;
   struct fid_mr *smr, *rmr;
   void *sdesc, *rdesc;
-  size_t cap;
   fi_addr_t peer;
   uint64_t peer_saddr, peer_raddr, peer_skey, peer_rkey;
   slot_t slots[NSLOTS];
@@ -77,15 +76,9 @@ static int extra_opt(const char* a, const char* v) {
   } else if (!strcmp(a, "-d")) {
     g_domain = v;
   } else if (!strcmp(a, "-o")) {
-    char buf[128];
-    snprintf(buf, sizeof buf, "%s", v);
-    g_nops = 0;
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-      enum bench_op op = !strcmp(t, "write") ? BOP_WRITE : !strcmp(t, "read") ? BOP_READ : !strcmp(t, "send") ? BOP_SEND : BOP_CTL_SEND;
-      if (op == BOP_CTL_SEND || g_nops >= 4) return fprintf(stderr, "rma_raw: -o '%s': expected write, read, send\n", v), -1;
-      g_ops[g_nops++] = op;
-    }
-    if (!g_nops) return fprintf(stderr, "rma_raw: -o is empty\n"), -1;
+    static const enum bench_op allowed[] = {BOP_WRITE, BOP_READ, BOP_SEND};
+    g_nops = bench_parse_ops("rma_raw", v, allowed, 3, g_ops, 4);
+    if (g_nops < 0) return -1;
   } else {
     return fprintf(stderr, "rma_raw: unknown argument %s\n", a), -1;
   }
@@ -184,7 +177,8 @@ static int raw_post(bench_t* b, enum bench_op op, size_t size, void** tok) {
     if (!x->slots[x->next].busy) s = &x->slots[x->next];
   if (!s) return poll_cq(b) ? -1 : 1;
   *s = (slot_t){.busy = 1, .len = size};
-  unsigned char *sb = b->sbuf, *rb = b->rbuf, *sctl = sb + x->cap - BENCH_CTL_BYTES, *rctl = rb + x->cap - BENCH_CTL_BYTES;
+  unsigned char *sb = b->sbuf, *rb = b->rbuf;
+  unsigned char *sctl = sb + b->cap - BENCH_CTL_BYTES, *rctl = rb + b->cap - BENCH_CTL_BYTES;
   ssize_t rc;
   switch (op) {
   case BOP_WRITE: rc = fi_write(x->ep, sb, size, x->sdesc, x->peer, x->peer_raddr, x->peer_rkey, s); break;
@@ -220,7 +214,7 @@ static const bench_ops_t RAW_OPS = {raw_post, raw_test};
 static int reg(bench_t* b, void* buf, uint64_t key, struct fid_mr** mr, void** desc) {
   raw_t* x = b->ctx;
   uint64_t access = FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
-  if (ficheck(b, "fi_mr_reg", fi_mr_reg(x->domain, buf, x->cap, access, 0, key, 0, mr, NULL))) return -1;
+  if (ficheck(b, "fi_mr_reg", fi_mr_reg(x->domain, buf, b->cap, access, 0, key, 0, mr, NULL))) return -1;
   *desc = fi_mr_desc(*mr);
   return 0;
 }
@@ -239,13 +233,7 @@ static int setup(bench_t* b, raw_t* x) {
       ficheck(b, "fi_ep_bind(cq)", fi_ep_bind(x->ep, &x->cq->fid, FI_TRANSMIT | FI_RECV)) ||
       ficheck(b, "fi_ep_bind(av)", fi_ep_bind(x->ep, &x->av->fid, 0)) || ficheck(b, "fi_enable", fi_enable(x->ep)))
     return -1;
-  x->cap = b->cfg->max + BENCH_CTL_BYTES;
-  size_t alloc = (x->cap + 4095) & ~(size_t)4095;
-  b->sbuf = aligned_alloc(4096, alloc);
-  b->rbuf = aligned_alloc(4096, alloc);
-  if (!b->sbuf || !b->rbuf) return bench_fail(b, "out of memory for two %zu-byte buffers", x->cap);
-  memset(b->sbuf, 0x5A, x->cap);
-  memset(b->rbuf, 0, x->cap);
+  if (bench_alloc(b)) return -1;
   uint64_t mode = (uint64_t)i->domain_attr->mr_mode;
   if (mode & FI_MR_ENDPOINT) return bench_fail(b, "provider needs FI_MR_ENDPOINT, which was not asked for");
   /* requested keys only matter without FI_MR_PROV_KEY; one domain per process, so 1 and 2 are unique */
@@ -260,20 +248,19 @@ static int setup(bench_t* b, raw_t* x) {
   me.rkey = fi_mr_key(x->rmr);
   if (me.skey == FI_KEY_NOTAVAIL || me.rkey == FI_KEY_NOTAVAIL) return bench_fail(b, "fi_mr_key: key not available");
   if (bench_exchange(b, &me, sizeof me, &peer)) return -1;
-  if (fi_av_insert(x->av, peer.name, 1, &x->peer, 0, NULL) != 1) return bench_fail(b, "fi_av_insert of the peer failed");
+  if (fi_av_insert(x->av, peer.name, 1, &x->peer, 0, NULL) != 1)
+    return bench_fail(b, "fi_av_insert of the peer's address failed");
   x->peer_saddr = peer.saddr, x->peer_raddr = peer.raddr, x->peer_skey = peer.skey, x->peer_rkey = peer.rkey;
   return 0;
 }
 
-static void teardown(bench_t* b, raw_t* x) {
+static void teardown(raw_t* x) {
   struct fid* fids[] = {x->ep ? &x->ep->fid : NULL, x->smr ? &x->smr->fid : NULL, x->rmr ? &x->rmr->fid : NULL,
                         x->av ? &x->av->fid : NULL, x->cq ? &x->cq->fid : NULL, x->domain ? &x->domain->fid : NULL,
                         x->fabric ? &x->fabric->fid : NULL};
   for (size_t k = 0; k < sizeof fids / sizeof fids[0]; k++)
     if (fids[k]) fi_close(fids[k]);
   if (x->info) fi_freeinfo(x->info);
-  free(b->sbuf);
-  free(b->rbuf);
 }
 
 static int rank_main(bench_t* b) {
@@ -281,17 +268,9 @@ static int rank_main(bench_t* b) {
   if (!x) return bench_fail(b, "out of memory");
   b->ctx = x;
   b->ops = &RAW_OPS;
-  int has_read = 0, has_write = 0;
-  size_t limit[4];
-  for (int k = 0; k < g_nops; k++) {
-    limit[k] = (size_t)-1;
-    has_read |= g_ops[k] == BOP_READ;
-    has_write |= g_ops[k] == BOP_WRITE;
-  }
-  char dummy = 0, peer;
-  int rc = setup(b, x) || bench_verify(b, has_read, has_write) || bench_sweep(b, g_ops, limit, g_nops) ||
-           bench_exchange(b, &dummy, 1, &peer); /* nobody closes while the other still uses its endpoint */
-  teardown(b, x);
+  size_t limit[4] = {(size_t)-1, (size_t)-1, (size_t)-1, (size_t)-1};
+  int rc = setup(b, x) || bench_run(b, g_ops, limit, g_nops);
+  teardown(x);
   free(x);
   return rc ? -1 : 0;
 }
