@@ -55,8 +55,16 @@ class NeuronTable(unittest.TestCase):
         t = benchsum_neuron.targets(bw_hits, lat_at)
         self.assertIn("write 1/1 (worst 0.95)", t[0])
         self.assertIn("read 0/1 (worst 0.50)", t[0])
-        self.assertIn("write 1.30 at 8 B OVER", t[1])
-        self.assertIn("send 1.00 at 8 B,", t[1])
+        self.assertIn("write 1.30 OVER", t[1])
+        self.assertIn("send 1.00,", t[1])
+        self.assertIn("at 8 B:", t[1])
+
+    def test_the_latency_target_is_at_8_bytes_only(self):
+        rows = [f"{MIB} fp_send_lat 100", f"{MIB} nb_send_lat 300"]
+        lines, bw_hits, lat_at = benchsum_neuron.table(samples(rows))
+        self.assertEqual(row(lines, MIB, "send")[4], "3.00")
+        self.assertEqual(lat_at, {})
+        self.assertIn("no 8 B latency pairs", benchsum_neuron.targets(bw_hits, lat_at)[1])
 
     def test_raw_rows_stand_alone_when_the_neuron_run_failed(self):
         lines, bw_hits, lat_at = benchsum_neuron.table(samples(["8 fp_send_lat 10", "8 rr_write_lat 4"]))
