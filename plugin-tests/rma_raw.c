@@ -2,7 +2,7 @@
  * rma_raw: raw libfabric RMA between two local processes, the baseline for neuron_bench's
  * iwrite / iread rows (Debian packages no fabtests, so no fi_rma_bw).
  *
- *   rma_raw [-p tcp|net|shm] [-d DOMAIN] [-o write,read,send] [--probe]
+ *   rma_raw [-p tcp|net|shm] [-d DOMAIN] [-o write,read,send] [-c auto|delivery|default] [--probe]
  *           [-b MIN] [-e MAX] [-f FACTOR] [-s SIZE,SIZE..] [-t SECS] [-w WINDOW] [--timeout-ms MS]
  *
  * Each rank opens an RDM endpoint on the provider (tcp = 'tcp;ofi_rxm'; -d defaults to lo for
@@ -11,8 +11,11 @@
  * access, and exchanges its address, keys and buffer addresses (offsets when the provider did not
  * grant FI_MR_VIRT_ADDR) with the other through a shared mapping. Rank 0 then measures fi_write
  * into rank 1's receive buffer and fi_read from rank 1's send buffer (send: fi_send / fi_recv),
- * with bench_core's loops and table (bench_core.h). Lines starting with '#' describe what the
- * provider granted. --probe prints them and exits: 0 when the provider offers RMA, 3 when not.
+ * with bench_core's loops and table (bench_core.h). -c: when a write completes. delivery: in the
+ * peer's memory (fi_writemsg with FI_DELIVERY_COMPLETE); default: the provider's default, which on
+ * tcp and net is once sent; auto (the default): delivery on tcp and net, default on shm (whose
+ * writes are copies complete when posted), the promise the plugin's iwrite keeps, so that the
+ * two are compared like for like. Lines starting with '#' describe what the provider granted. --probe prints them and exits: 0 when the provider offers RMA, 3 when not.
  */
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -32,10 +35,12 @@
 static const char* g_prov = "tcp";
 static const char* g_domain;
 static int g_probe;
+static const char* g_completion = "auto";
+static uint64_t g_write_flags; /* FI_DELIVERY_COMPLETE or 0, from -c */
 static enum bench_op g_ops[4] = {BOP_WRITE, BOP_READ};
 static int g_nops = 2;
 static const char* USAGE =
-    "rma_raw [-p tcp|net|shm] [-d DOMAIN] [-o write,read,send] [--probe] [-b MIN] [-e MAX] [-f FACTOR]"
+    "rma_raw [-p tcp|net|shm] [-d DOMAIN] [-o write,read,send] [-c auto|delivery|default] [--probe] [-b MIN] [-e MAX] [-f FACTOR]"
     " [-s SIZE,..] [-t SECS] [-w WINDOW] [--timeout-ms MS]";
 
 typedef struct {
@@ -73,6 +78,10 @@ static int extra_opt(const char* a, const char* v) {
     if (strcmp(v, "tcp") && strcmp(v, "net") && strcmp(v, "shm"))
       return fprintf(stderr, "rma_raw: -p '%s': expected tcp, net or shm\n", v), -1;
     g_prov = v;
+  } else if (!strcmp(a, "-c")) {
+    if (strcmp(v, "auto") && strcmp(v, "delivery") && strcmp(v, "default"))
+      return fprintf(stderr, "rma_raw: -c '%s': expected auto, delivery or default\n", v), -1;
+    g_completion = v;
   } else if (!strcmp(a, "-d")) {
     g_domain = v;
   } else if (!strcmp(a, "-o")) {
@@ -136,6 +145,7 @@ static struct fi_info* get_info(int print) {
            info->domain_attr->name);
     printf("# mr_mode asked %s, granted %s; mr_key_size %zu; inject_size %zu (fi_inject_write limit)\n", asked, granted,
            info->domain_attr->mr_key_size, info->tx_attr->inject_size);
+    printf("# write completion: %s\n", g_write_flags ? "delivery (FI_DELIVERY_COMPLETE)" : "the provider's default");
     printf("# remote addresses: %s\n", info->domain_attr->mr_mode & FI_MR_VIRT_ADDR
                                             ? "virtual addresses (FI_MR_VIRT_ADDR)"
                                             : "0-based offsets into the peer's registration (no FI_MR_VIRT_ADDR)");
@@ -181,7 +191,15 @@ static int raw_post(bench_t* b, enum bench_op op, size_t size, void** tok) {
   unsigned char *sctl = sb + b->cap - BENCH_CTL_BYTES, *rctl = rb + b->cap - BENCH_CTL_BYTES;
   ssize_t rc;
   switch (op) {
-  case BOP_WRITE: rc = fi_write(x->ep, sb, size, x->sdesc, x->peer, x->peer_raddr, x->peer_rkey, s); break;
+  case BOP_WRITE: {
+    struct iovec iov = {sb, size};
+    struct fi_rma_iov rma = {x->peer_raddr, size, x->peer_rkey};
+    struct fi_msg_rma msg = {.msg_iov = &iov, .desc = &x->sdesc, .iov_count = 1, .addr = x->peer,
+                             .rma_iov = &rma, .rma_iov_count = 1, .context = s};
+    rc = g_write_flags ? fi_writemsg(x->ep, &msg, g_write_flags)
+                       : fi_write(x->ep, sb, size, x->sdesc, x->peer, x->peer_raddr, x->peer_rkey, s);
+    break;
+  }
   case BOP_READ: rc = fi_read(x->ep, rb, size, x->rdesc, x->peer, x->peer_saddr, x->peer_skey, s); break;
   case BOP_SEND: rc = fi_send(x->ep, sb, size, x->sdesc, x->peer, s); break;
   case BOP_RECV: rc = fi_recv(x->ep, rb, size, x->rdesc, FI_ADDR_UNSPEC, s); break;
@@ -279,6 +297,8 @@ int main(int argc, char** argv) {
   bench_cfg_t cfg;
   int rc = bench_parse(argc, argv, &cfg, "rma_raw", USAGE, extra_opt);
   if (rc) return rc == 1 ? 0 : rc;
+  int delivery = !strcmp(g_completion, "delivery") || (!strcmp(g_completion, "auto") && strcmp(g_prov, "shm"));
+  g_write_flags = delivery ? FI_DELIVERY_COMPLETE : 0;
   if (g_probe) {
     struct fi_info* info = get_info(1);
     if (!info) return 3;

@@ -11,7 +11,8 @@
 # the per-size MEDIANS over the repetitions.
 # Neuron part (issue 31; BENCH_NEURON): in the same alternation, also
 #   rmaraw  plugin-tests/build/rma_raw    (libfabric fi_write / fi_read directly; providers
-#           whose RDM endpoint offers FI_RMA only, as `rma_raw --probe` says)
+#           whose RDM endpoint offers FI_RMA only, as `rma_raw --probe` says; writes complete
+#           on delivery on tcp and net, as the plugin's iwrite does: rma_raw -c auto)
 #   neuron  plugin-tests/build/neuron_bench --lib $FABRICOLL_NEURON_LIB  (the Neuron build's
 #           ncclNetPlugin_v6: isend/irecv, iwrite, iread, iwriteInline)
 # and after the NCCL tables one Neuron table per provider (scripts/benchsum_neuron.py): send/recv
@@ -288,7 +289,7 @@ summarize_neuron() { # summarize_neuron PROV : the Neuron table of medians
   echo "## streaming (send_st, against fi_pingpong's ping-pong), WINDOW ops in flight (RMA); GB = 1e9 B."
   echo "## lat_x = neuron / raw, bw_x = neuron / raw"
   # (|| true: a provider may lack either file, and the caller runs under errexit and pipefail)
-  sed 's/^# /## /' "$out/$prov-probe.txt" 2>/dev/null | head -3 || true
+  sed 's/^# /## /' "$out/$prov-probe.txt" 2>/dev/null | head -4 || true
   grep -h '^# \(neuron_bench\|speed\|rma_supported\)' "$out/$prov"-neuron-*.txt 2>/dev/null | sort -u |
     sed 's/^# /## /' || true
   if [ -s "$out/$prov.busy" ]; then
