@@ -102,8 +102,9 @@ int bench_post(bench_t* b, enum bench_op op, size_t size, void** tok, const char
   }
 }
 
-int bench_wait(bench_t* b, void* tok, size_t* bytes, const char* what) {
-  int64_t deadline = deadline_of(b);
+/* bench_wait with `extra_ns` more than --timeout-ms. */
+static int wait_longer(bench_t* b, void* tok, size_t* bytes, const char* what, int64_t extra_ns) {
+  int64_t deadline = deadline_of(b) + extra_ns;
   int done = 0;
   for (unsigned long k = 0;; k++) {
     if (b->ops->test(b, tok, &done, bytes)) return -1;
@@ -111,6 +112,8 @@ int bench_wait(bench_t* b, void* tok, size_t* bytes, const char* what) {
     if (check_deadline(b, k, deadline, what)) return -1;
   }
 }
+
+int bench_wait(bench_t* b, void* tok, size_t* bytes, const char* what) { return wait_longer(b, tok, bytes, what, 0); }
 
 static long long clampll(double x, long long lo, long long hi) {
   if (!(x >= (double)lo)) return lo;
@@ -230,8 +233,11 @@ static int measure_send(bench_t* b, size_t size, atomic_llong* slots, double* la
 static int measure_one_sided(bench_t* b, enum bench_op op, size_t size, double* lat_us, double* gbps) {
   void* ctl;
   size_t got;
-  if (b->rank == 1)
-    return bench_post(b, BOP_CTL_RECV, 1, &ctl, "control recv") || bench_wait(b, ctl, &got, "control recv") ? -1 : 0;
+  if (b->rank == 1) /* rank 0 measures for about -t meanwhile: allow a few times that on top */
+    return bench_post(b, BOP_CTL_RECV, 1, &ctl, "control recv") ||
+                   wait_longer(b, ctl, &got, "control recv", (int64_t)(4 * b->cfg->secs * 1e9))
+               ? -1
+               : 0;
   double phase = b->cfg->secs / 2;
   int warm = warm_count(size);
   int64_t t = bench_now_ns();
