@@ -9,6 +9,15 @@
 #           (two local processes driving the plugin the way NCCL's proxy does)
 # over BENCH_MIN_BYTES..BENCH_MAX_BYTES (powers of two), then prints one table per provider with
 # the per-size MEDIANS over the repetitions.
+# Neuron part (issue 31; BENCH_NEURON): in the same alternation, also
+#   rmaraw  plugin-tests/build/rma_raw    (libfabric fi_write / fi_read directly; providers
+#           whose RDM endpoint offers FI_RMA only, as `rma_raw --probe` says; writes complete
+#           on delivery on tcp and net, as the plugin's iwrite does: rma_raw -c auto)
+#   neuron  plugin-tests/build/neuron_bench --lib $FABRICOLL_NEURON_LIB  (the Neuron build's
+#           ncclNetPlugin_v6: isend/irecv, iwrite, iread, iwriteInline)
+# and after the NCCL tables one Neuron table per provider (scripts/benchsum_neuron.py): send/recv
+# against fi_pingpong, RMA against rma_raw, with the issue's targets (>= 0.9x raw from 1 MiB,
+# 8 B within 1.2x raw). Even repetitions run the kinds in reverse order.
 #
 # Environment (defaults in brackets):
 #   REPS [5]                 repetitions; raw and plugin alternate inside each one
@@ -23,6 +32,9 @@
 # The longest possible run is BENCH_DEADLINE + one repetition with every run at
 # BENCH_RUN_TIMEOUT (docs/performance.md gives the usual duration).
 #   BENCH_BUILD [1]          run scripts/deps.sh and scripts/build.sh first (0: use what is built)
+#   BENCH_NEURON [auto]      auto: the Neuron part when the Neuron library exists; 1: required;
+#                            only: the Neuron part and its fi_pingpong baseline, no net_bench; 0: off
+#   FABRICOLL_NEURON_LIB [$CARGO_TARGET_DIR/release/libnccom-net.so]   the Neuron library
 #   BASELINES [../shared/baselines]   where fi-pingpong-sweep.sh and wait-quiet.sh live
 #   CARGO_TARGET_DIR [target]
 # Raw logs go to .bench/p2p-<date>/ (gitignored); the tables also go to summary.txt there.
@@ -60,6 +72,14 @@ baselines=${BASELINES:-$root/../shared/baselines}
 target_dir=${CARGO_TARGET_DIR:-target}
 lib="$target_dir/release/libnccl-net-fabricoll.so"
 net_bench=plugin-tests/build/net_bench
+neuron_mode=${BENCH_NEURON:-auto}
+neuron_lib=${FABRICOLL_NEURON_LIB:-$target_dir/release/libnccom-net.so}
+rma_raw=plugin-tests/build/rma_raw
+neuron_bench=plugin-tests/build/neuron_bench
+case "$neuron_mode" in
+  auto | 0 | 1 | only) ;;
+  *) echo "bench-p2p.sh: BENCH_NEURON=$neuron_mode: expected auto, 0, 1 or only" >&2; exit 1 ;;
+esac
 
 sweep="$baselines/fi-pingpong-sweep.sh"
 wait_quiet="$baselines/wait-quiet.sh"
@@ -80,15 +100,28 @@ if [ "${BENCH_BUILD:-1}" != 0 ]; then
   scripts/build.sh
 fi
 have_plugin=1
-if [ ! -x "$net_bench" ] || [ ! -f "$lib" ]; then
+if [ "$neuron_mode" = only ]; then
+  have_plugin=0
+elif [ ! -x "$net_bench" ] || [ ! -f "$lib" ]; then
   echo "bench-p2p.sh: WARNING: $net_bench or $lib missing: raw libfabric only" >&2
   have_plugin=0
+fi
+have_neuron=0
+if [ "$neuron_mode" != 0 ]; then
+  if [ -f "$neuron_lib" ] && make -s -C plugin-tests nbench >/dev/null; then
+    have_neuron=1
+  elif [ "$neuron_mode" != auto ]; then
+    echo "bench-p2p.sh: BENCH_NEURON=$neuron_mode but $neuron_lib is missing or" \
+      "'make -C plugin-tests nbench' failed (set FABRICOLL_NEURON_LIB)" >&2
+    exit 1
+  fi
 fi
 
 out=".bench/p2p-$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$out"
 echo "# bench-p2p: $(nproc) cpus, REPS=$reps, sizes $min_b..$max_b B, ${t_size}s/size, logs in $out/"
 echo "# $(fi_info --version 2>/dev/null | head -1 || true); git $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+[ "$have_neuron" = 1 ] && echo "# Neuron part: $neuron_lib"
 
 quiet_gate() { # quiet_gate WHAT: wait (bounded) for an idle machine; fails if it never was
   [ "$quiet" != 0 ] || return 0
@@ -124,6 +157,40 @@ run_plugin() { # run_plugin PROV REP  (net_bench needs no port: its ranks meet i
     > "$out/$prov-plugin-$rep.txt" 2>&1
 }
 
+# The Neuron part's runs: same sizes; -t doubled as for net_bench, since send splits it between
+# ping-pong and streaming and each RMA op gets the whole of it, split between latency and
+# bandwidth (bench_core.h).
+neuron_env() { # neuron_env PROV -> the plugin's provider variables
+  case "$1" in
+    tcp | net) echo "FABRICOLL_PROVIDER=$1 FABRICOLL_DOMAIN=lo" ;;
+    *) echo "FABRICOLL_PROVIDER=$1" ;;
+  esac
+}
+
+run_rmaraw() { # run_rmaraw PROV REP
+  timeout --kill-after=10 "$run_timeout" "$rma_raw" -p "$1" -b "$min_b" -e "$max_b" \
+    -t "$(awk -v t="$t_size" 'BEGIN { print 2 * t }')" > "$out/$1-rmaraw-$2.txt" 2>&1
+}
+
+run_neuron() { # run_neuron PROV REP
+  # shellcheck disable=SC2046 # neuron_env prints NAME=VALUE words for env
+  env $(neuron_env "$1") timeout --kill-after=10 "$run_timeout" "$neuron_bench" --lib "$neuron_lib" \
+    -b "$min_b" -e "$max_b" -t "$(awk -v t="$t_size" 'BEGIN { print 2 * t }')" > "$out/$1-neuron-$2.txt" 2>&1
+}
+
+# Neuron samples, one file per provider (<prov>.nsamples): "SIZE WHO_OP_KIND VALUE"
+# (scripts/benchsum_neuron.py): fi_pingpong's as fp_send_lat (us) and fp_send_pp (GB/s);
+# rma_raw / neuron_bench rows "SIZE OP LAT_US GBPS" as rr_/nb_ OP_lat and OP_bw, plus nb_send_pp
+# = size / one-way latency, the ping-pong bandwidth fi_pingpong reports.
+collect_neuron_raw() { # collect_neuron_raw SAMPLES_OF_ONE_RUN -> fp samples
+  awk '$2 == "raw_lat" { print $1, "fp_send_lat", $3 } $2 == "raw_pp" { print $1, "fp_send_pp", $3 / 1000 }' "$1"
+}
+collect_bench() { # collect_bench WHO FILE -> samples
+  awk -v who="$1" '/^ *[0-9]+ +[a-z]+ / && NF >= 4 && $3 + 0 > 0 {
+         print $1, who "_" $2 "_lat", $3; print $1, who "_" $2 "_bw", $4
+         if (who == "nb" && $2 == "send") print $1, "nb_send_pp", $1 / $3 / 1000 }' "$2"
+}
+
 # Long-format samples, one file per provider: "SIZE METRIC VALUE"
 #   raw_lat   fi_pingpong usec/xfer, one-way = elapsed_us / (2*iters)
 #   raw_pp    fi_pingpong MB/sec = 2*size*iters / elapsed_us  (= size / one-way latency)
@@ -155,20 +222,38 @@ for rep in $(seq 1 "$reps"); do
   for prov in $providers; do
     port=$((port0 + ((rep - 1) * nprov + pi) * 100))
     pi=$((pi + 1))
+    kinds="raw plugin"
+    if [ "$have_neuron" = 1 ]; then
+      if "$rma_raw" -p "$prov" --probe > "$out/$prov-probe.txt" 2>&1; then kinds="$kinds rmaraw"; fi
+      kinds="$kinds neuron"
+    fi
     # alternate which one goes first, so neither always runs right after the other
-    if [ $((rep % 2)) = 1 ]; then order="raw plugin"; else order="plugin raw"; fi
-    for kind in $order; do
+    if [ $((rep % 2)) = 0 ]; then kinds=$(tr ' ' '\n' <<<"$kinds" | tac | tr '\n' ' '); fi
+    for kind in $kinds; do
       [ "$kind" = plugin ] && [ "$have_plugin" = 0 ] && continue
       quiet_gate "$prov $kind $rep" || echo "$kind $rep" >> "$out/$prov.busy"
       ts=$(date +%s)
       rc=0
-      if [ "$kind" = raw ]; then
-        run_raw "$prov" "$rep" "$port" || rc=$?
-        collect_raw "$out/$prov-raw-$rep.txt" >> "$out/$prov.samples"
-      else
-        run_plugin "$prov" "$rep" || rc=$?
-        collect_plugin "$out/$prov-plugin-$rep.txt" >> "$out/$prov.samples"
-      fi
+      case "$kind" in
+        raw)
+          run_raw "$prov" "$rep" "$port" || rc=$?
+          collect_raw "$out/$prov-raw-$rep.txt" > "$out/$prov-raw-$rep.samples"
+          cat "$out/$prov-raw-$rep.samples" >> "$out/$prov.samples"
+          collect_neuron_raw "$out/$prov-raw-$rep.samples" >> "$out/$prov.nsamples"
+          ;;
+        plugin)
+          run_plugin "$prov" "$rep" || rc=$?
+          collect_plugin "$out/$prov-plugin-$rep.txt" >> "$out/$prov.samples"
+          ;;
+        rmaraw)
+          run_rmaraw "$prov" "$rep" || rc=$?
+          collect_bench rr "$out/$prov-rmaraw-$rep.txt" >> "$out/$prov.nsamples"
+          ;;
+        neuron)
+          run_neuron "$prov" "$rep" || rc=$?
+          collect_bench nb "$out/$prov-neuron-$rep.txt" >> "$out/$prov.nsamples"
+          ;;
+      esac
       echo "# rep $rep/$reps $prov $kind: $(($(date +%s) - ts)) s, exit $rc"
       if [ "$rc" != 0 ]; then
         tail -5 "$out/$prov-$kind-$rep.txt" | sed 's/^/#     /'
@@ -195,8 +280,29 @@ summarize() { # summarize PROV : the table of medians
   python3 scripts/benchsum.py p2p "$out/$prov.samples"
 }
 
+summarize_neuron() { # summarize_neuron PROV : the Neuron table of medians
+  local prov=$1
+  echo
+  echo "## $prov, Neuron: medians over $done_reps repetition(s); send = neuron_bench isend/irecv against"
+  echo "## fi_pingpong (as above), write/read = iwrite/iread against rma_raw's fi_write/fi_read, inline ="
+  echo "## iwriteInline against fi_write. lat: one-way (send) or one op in flight (RMA); bw: ping-pong (send),"
+  echo "## streaming (send_st, against fi_pingpong's ping-pong), WINDOW ops in flight (RMA); GB = 1e9 B."
+  echo "## lat_x = neuron / raw, bw_x = neuron / raw"
+  # (|| true: a provider may lack either file, and the caller runs under errexit and pipefail)
+  sed 's/^# /## /' "$out/$prov-probe.txt" 2>/dev/null | head -4 || true
+  grep -h '^# \(neuron_bench\|speed\|rma_supported\)' "$out/$prov"-neuron-*.txt 2>/dev/null | sort -u |
+    sed 's/^# /## /' || true
+  if [ -s "$out/$prov.busy" ]; then
+    echo "## WARNING: run(s) started on a busy machine: $(tr '\n' ' ' < "$out/$prov.busy")"
+  fi
+  python3 scripts/benchsum_neuron.py "$out/$prov.nsamples"
+}
+
 {
   for prov in $providers; do summarize "$prov"; done
+  if [ "$have_neuron" = 1 ]; then
+    for prov in $providers; do summarize_neuron "$prov"; done
+  fi
   echo
   echo "# total $(($(date +%s) - t0)) s; raw logs: $out/"
 } | tee "$out/summary.txt"
