@@ -6,30 +6,28 @@ use crate::plugin::{self, Flavour, Plugin};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Handles `fini` closed that the runtime may still close (its teardown races `fini`); forgotten
 /// past this many, after which such a close is an error again.
 const RETIRED_MAX: usize = 1 << 16;
 
-#[derive(Default)]
-struct Life {
-    up: bool,
-    retired: HashSet<u64>,
-}
-
-static LIFE: Lazy<Mutex<Life>> = Lazy::new(Default::default);
+/// Between `init` and `fini` (read on every call; written under `RETIRED`'s lock).
+static UP: AtomicBool = AtomicBool::new(false);
+/// What `fini` closed; its lock also orders `init` and `fini`.
+static RETIRED: Lazy<Mutex<HashSet<u64>>> = Lazy::new(Default::default);
 
 /// `init`: a second one without `fini` in between is a SystemError, as libnccom expects.
 pub(crate) fn init(logger: Option<NcclLogger>) -> Result<()> {
     logging::init(logger);
-    let mut life = LIFE.lock();
-    if life.up {
+    let _order = RETIRED.lock();
+    if UP.load(Ordering::Acquire) {
         return Err(Error::System(
             "init: the plugin is already initialised (call fini first)".into(),
         ));
     }
     let p = plugin::global_as(Flavour::Neuron)?;
-    life.up = true;
+    UP.store(true, Ordering::Release);
     log::info!(
         "fabricoll {} Neuron net plugin: provider {}, {} device(s), libfabric {}, RMA {}",
         env!("CARGO_PKG_VERSION"),
@@ -47,30 +45,30 @@ pub(crate) fn init(logger: Option<NcclLogger>) -> Result<()> {
 
 /// `fini` (v6): closes every comm, request and registration, and each device's endpoint.
 pub(crate) fn fini() -> Result<()> {
-    let mut life = LIFE.lock();
-    if !life.up {
+    let mut retired = RETIRED.lock();
+    if !UP.load(Ordering::Acquire) {
         return Err(Error::System(
             "fini: the plugin is not initialised (a second fini, or no init)".into(),
         ));
     }
     let p = plugin::global_as(Flavour::Neuron)?;
-    if life.retired.len() > RETIRED_MAX {
-        life.retired.clear();
+    UP.store(false, Ordering::Release);
+    if retired.len() > RETIRED_MAX {
+        retired.clear();
     }
     let mut n = 0;
     for d in &p.devices {
         let closed = d.close_all();
         n += closed.len();
-        life.retired.extend(closed);
+        retired.extend(closed);
     }
-    life.up = false;
     log::info!("fini: closed {n} open object(s)");
     Ok(())
 }
 
 /// The plugin, between `init` and `fini`.
 pub(crate) fn plugin() -> Result<&'static Plugin> {
-    if !LIFE.lock().up {
+    if !UP.load(Ordering::Acquire) {
         return Err(Error::InvalidUsage(
             "the Neuron plugin is not initialised (called before init or after fini)".into(),
         ));
@@ -80,7 +78,7 @@ pub(crate) fn plugin() -> Result<&'static Plugin> {
 
 /// True when `fini` already closed handle `h`: closing it again succeeds quietly.
 pub(crate) fn closed_by_fini(h: u64) -> bool {
-    let closed = LIFE.lock().retired.remove(&h);
+    let closed = RETIRED.lock().remove(&h);
     if closed {
         log::trace!("close of {h:#x}: already closed by fini");
     }

@@ -80,6 +80,7 @@ unsafe extern "C" fn listen_v4(dev: c_int, handle: VoidP, listen_comm: VoidPP) -
             let _ = p
                 .device_of(l, Kind::Listen, "listenComm")
                 .and_then(|d| d.close_listen(l));
+            out.set(std::ptr::null_mut());
             return Err(Error::InvalidUsage(format!(
                 "listen: the endpoint address of provider {} does not fit the {HANDLE_SIZE_V4}-byte \
                  handle of ncclNet_v4 (use v5 or v6, or another provider)",
