@@ -46,6 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "harness_common.h"
 #include "netapi.h"
 
 /* ------------------------------------------------------------------------------ configuration */
@@ -61,13 +62,9 @@ static int g_print_matrix = 1;    /* support: rank 0 prints the table (first run
 #define MAXR 8
 #define MAXCASE 1024
 #define MAXSIZES 48
-#define STAGE_LEN 256
-#define FAIL_LEN 2048
-#define DETAIL_LEN 1024
 #define HSIZE NCCL_NET_HANDLE_MAXSIZE
 #define CANARY 0xA5
 #define GUARD 64 /* canary bytes before and after every buffer the plugin writes */
-#define MIB (1024UL * 1024UL)
 
 /* ================================================================= plugin logger */
 
@@ -517,31 +514,7 @@ static void store_f(int t, void* buf, size_t i, double v) {
   }
 }
 
-/* ================================================================= pseudo-random data */
-
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-static uint64_t seed_of(uint64_t a, uint64_t b, uint64_t c) {
-  return mix64(mix64(a + 0x1234567ULL) ^ mix64(b * 3 + 0x51ULL) * 31 ^ mix64(c * 7 + 0x77ULL)) | 1;
-}
-static inline uint64_t rnd(uint64_t seed, uint64_t i) { return mix64(seed * 0x9E3779B97F4A7C15ULL + i); }
-static inline uint8_t pat_byte(uint64_t seed, size_t off) { return (uint8_t)(rnd(seed, off / 8) >> (8 * (off % 8))); }
-
-static void pat_fill(void* buf, size_t len, uint64_t seed) {
-  uint8_t* p = buf;
-  size_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    uint64_t w = rnd(seed, i / 8);
-    memcpy(p + i, &w, 8);
-  }
-  for (; i < len; i++) p[i] = pat_byte(seed, i);
-}
+/* ================================================================= pseudo-random data (see also harness_common.h) */
 
 static uint64_t hash_bytes(const void* buf, size_t len) {
   const unsigned char* p = buf;
@@ -564,7 +537,7 @@ enum { MODE_EXACT = 0, MODE_TOL = 1 };
  * max/min compare random finite nonzero values. MODE_TOL (float types, sum and prod): random
  * mantissas, magnitudes in [2^-6, 1) (sum) or [0.5, 2) (prod); checked within a bound. */
 static void gen_elem(int t, int op, int mode, uint64_t seed, size_t i, void* buf) {
-  uint64_t x = rnd(seed, i);
+  uint64_t x = pat_word(seed, i);
   if (!is_float(t)) {
     store_bits(t, buf, i, x);
     return;
@@ -742,13 +715,6 @@ typedef struct rctx {
   int phase;
   int aborted;
 } rctx_t;
-
-static void copy_str(char* dst, size_t cap, const char* src) {
-  size_t n = strlen(src);
-  if (n >= cap) n = cap - 1;
-  memcpy(dst, src, n);
-  dst[n] = 0;
-}
 
 static void stagef(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 static void stagef(rctx_t* c, const char* fmt, ...) {
@@ -2140,44 +2106,6 @@ static void child_main(const scenario_t* spec, int nranks, int rank, struct shm*
   exit(rc == 0 ? 0 : (c.aborted ? 2 : 1));
 }
 
-static const char* signame(int s) {
-  switch (s) {
-    case SIGSEGV: return "SIGSEGV";
-    case SIGBUS: return "SIGBUS";
-    case SIGABRT: return "SIGABRT";
-    case SIGKILL: return "SIGKILL";
-    case SIGILL: return "SIGILL";
-    case SIGFPE: return "SIGFPE";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGTERM: return "SIGTERM";
-    default: return "signal";
-  }
-}
-
-static void append(char* dst, size_t cap, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
-static void append(char* dst, size_t cap, const char* fmt, ...) {
-  size_t used = strlen(dst);
-  if (used + 1 >= cap) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(dst + used, cap - used, fmt, ap);
-  va_end(ap);
-}
-
-static void dump_stacks(const char* scn, int rank, pid_t pid) {
-  const char* no = getenv("HARNESS_NO_STACKS");
-  if ((no && *no && strcmp(no, "0") != 0) || access("/usr/bin/gdb", X_OK) != 0) return;
-  char cmd[256];
-  fprintf(stderr, "---- %s rank %d (pid %d) hung: stacks ----\n", scn, rank, (int)pid);
-  fflush(NULL);
-  snprintf(cmd, sizeof cmd,
-           "timeout 30 /usr/bin/gdb -p %d -batch -nx -ex 'set pagination off' -ex 'thread apply all bt 30' "
-           "</dev/null 2>/dev/null | grep -E '^(Thread|#)' >&2",
-           (int)pid);
-  if (system(cmd) != 0) fprintf(stderr, "(gdb could not attach)\n");
-  fprintf(stderr, "---- end of stacks ----\n");
-}
-
 static int run_ranks(const scenario_t* spec, int nranks, struct shm** shm_out, char* reason, size_t rlen,
                      char* details, size_t dlen) {
   struct shm* shm = mmap(NULL, sizeof(struct shm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -2359,20 +2287,6 @@ static scenario_t g_scen[] = {
      "connect + allreduce (+ allgather/reducescatter for v8+) through each of v6..v12's own table"},
 };
 #define NSCEN ((int)(sizeof g_scen / sizeof g_scen[0]))
-
-static int in_list(const char* list, const char* name) {
-  if (!list) return 0;
-  size_t n = strlen(name);
-  const char* p = list;
-  while (*p) {
-    const char* q = strchr(p, ',');
-    size_t len = q ? (size_t)(q - p) : strlen(p);
-    if (len == n && strncmp(p, name, n) == 0) return 1;
-    if (!q) break;
-    p = q + 1;
-  }
-  return 0;
-}
 
 static void usage(FILE* f) {
   fprintf(f,

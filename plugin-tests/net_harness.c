@@ -40,6 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "harness_common.h"
 #include "netapi.h"
 
 /* ------------------------------------------------------------------------------ configuration */
@@ -54,12 +55,8 @@ static int g_kill_victim = 1; /* set by the parent before forking the kill ranks
 
 #define MAXR 4
 #define NSLOT 64
-#define STAGE_LEN 256
-#define FAIL_LEN 2048
-#define DETAIL_LEN 1024
 #define HSIZE NCCL_NET_HANDLE_MAXSIZE
 #define CANARY 0xA5
-#define MIB (1024UL * 1024UL)
 
 /* --------------------------------------------------------------------- shared-memory mailbox */
 
@@ -96,13 +93,6 @@ typedef struct rctx {
 } rctx_t;
 
 /* ------------------------------------------------------------------------------ small helpers */
-
-static void copy_str(char* dst, size_t cap, const char* src) {
-  size_t n = strlen(src);
-  if (n >= cap) n = cap - 1;
-  memcpy(dst, src, n);
-  dst[n] = 0;
-}
 
 static void stagef(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 static void stagef(rctx_t* c, const char* fmt, ...) {
@@ -144,26 +134,6 @@ static void detailf(rctx_t* c, const char* fmt, ...) {
   copy_str(c->shm->detail[c->rank], DETAIL_LEN, b);
 }
 
-/* An error accumulator for scenarios that report every problem they find, not just the first. */
-typedef struct {
-  char text[FAIL_LEN];
-  int count;
-} errs_t;
-
-static void add_err(errs_t* e, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-static void add_err(errs_t* e, const char* fmt, ...) {
-  char b[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(b, sizeof b, fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "  problem: %s\n", b);
-  e->count++;
-  size_t used = strlen(e->text);
-  if (used + 8 >= sizeof e->text) return;
-  snprintf(e->text + used, sizeof e->text - used, "%s%s", used ? "; " : "", b);
-}
-
 static int check_abort(rctx_t* c) {
   if (atomic_load(&c->shm->abort)) {
     c->aborted = 1;
@@ -179,61 +149,6 @@ static int64_t op_deadline(rctx_t* c) {
 
 static const char* rstr(ncclResult_t r) { return nccl_result_str((int)r); }
 
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
-static uint64_t seed_of(uint64_t a, uint64_t b, uint64_t c) {
-  return mix64(mix64(a + 0x1234567ULL) ^ mix64(b * 3 + 0x51ULL) * 31 ^ mix64(c * 7 + 0x77ULL)) | 1;
-}
-
-/* The byte at offset i of a message with seed s: depends on both, 8 bytes per hash. */
-static inline uint64_t pat_word(uint64_t seed, uint64_t w) { return mix64(seed * 0x9E3779B97F4A7C15ULL + w); }
-static inline uint8_t pat_byte(uint64_t seed, size_t off) {
-  return (uint8_t)(pat_word(seed, off / 8) >> (8 * (off % 8)));
-}
-
-static void pat_fill(void* buf, size_t len, uint64_t seed) {
-  uint8_t* p = buf;
-  size_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    uint64_t w = pat_word(seed, i / 8);
-    memcpy(p + i, &w, 8);
-  }
-  for (; i < len; i++) p[i] = pat_byte(seed, i);
-}
-
-/* Returns the first bad offset or -1; *nbad gets the number of differing bytes. */
-static long pat_check(const void* buf, size_t len, uint64_t seed, size_t* nbad) {
-  const uint8_t* p = buf;
-  long first = -1;
-  size_t bad = 0;
-  size_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    uint64_t w = pat_word(seed, i / 8), g;
-    memcpy(&g, p + i, 8);
-    if (g != w) {
-      for (size_t k = 0; k < 8; k++)
-        if (p[i + k] != (uint8_t)(w >> (8 * k))) {
-          if (first < 0) first = (long)(i + k);
-          bad++;
-        }
-    }
-  }
-  for (; i < len; i++)
-    if (p[i] != pat_byte(seed, i)) {
-      if (first < 0) first = (long)i;
-      bad++;
-    }
-  if (nbad) *nbad = bad;
-  return first;
-}
-
 static void* xalloc(rctx_t* c, size_t size, const char* what) {
   size_t sz = (size + 4095) & ~(size_t)4095;
   if (sz == 0) sz = 4096;
@@ -244,26 +159,6 @@ static void* xalloc(rctx_t* c, size_t size, const char* what) {
   }
   memset(p, 0, sz);
   return p;
-}
-
-static int count_fds(void) {
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return -1;
-  int n = 0;
-  struct dirent* e;
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n;
-}
-
-static long rss_bytes(void) {
-  FILE* f = fopen("/proc/self/statm", "r");
-  if (!f) return -1;
-  long size = 0, res = 0;
-  if (fscanf(f, "%ld %ld", &size, &res) != 2) res = -1;
-  fclose(f);
-  return res < 0 ? -1 : res * sysconf(_SC_PAGESIZE);
 }
 
 /* ------------------------------------------------------------------- handles, flags, barriers */
@@ -2058,46 +1953,6 @@ static void child_main(const runspec_t* spec, int rank, struct shm* shm, pid_t p
   exit(rc == 0 ? 0 : (c.aborted ? 2 : 1));
 }
 
-static const char* signame(int s) {
-  switch (s) {
-    case SIGSEGV: return "SIGSEGV";
-    case SIGBUS: return "SIGBUS";
-    case SIGABRT: return "SIGABRT";
-    case SIGKILL: return "SIGKILL";
-    case SIGILL: return "SIGILL";
-    case SIGFPE: return "SIGFPE";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGTERM: return "SIGTERM";
-    default: return "signal";
-  }
-}
-
-static void append(char* dst, size_t cap, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
-static void append(char* dst, size_t cap, const char* fmt, ...) {
-  size_t used = strlen(dst);
-  if (used + 1 >= cap) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(dst + used, cap - used, fmt, ap);
-  va_end(ap);
-}
-
-/* Stack traces of a hung rank (gdb, if installed) to stderr, before it is killed; set
- * HARNESS_NO_STACKS=1 to skip. The parent never loaded the plugin, so it can run gdb freely. */
-static void dump_stacks(const char* scn, int rank, pid_t pid) {
-  const char* no = getenv("HARNESS_NO_STACKS");
-  if ((no && *no && strcmp(no, "0") != 0) || access("/usr/bin/gdb", X_OK) != 0) return;
-  char cmd[256];
-  fprintf(stderr, "---- %s rank %d (pid %d) hung: stacks ----\n", scn, rank, (int)pid);
-  fflush(NULL);
-  snprintf(cmd, sizeof cmd,
-           "timeout 30 /usr/bin/gdb -p %d -batch -nx -ex 'set pagination off' -ex 'thread apply all bt 30' "
-           "</dev/null 2>/dev/null | grep -E '^(Thread|#)' >&2",
-           (int)pid);
-  if (system(cmd) != 0) fprintf(stderr, "(gdb could not attach)\n");
-  fprintf(stderr, "---- end of stacks ----\n");
-}
-
 /* Runs one set of ranks; 0 = all good. reason/details are appended to. */
 static int run_ranks(const runspec_t* spec, char* reason, size_t rlen, char* details, size_t dlen) {
   struct shm* shm = mmap(NULL, sizeof(struct shm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -2319,20 +2174,6 @@ static scenario_t g_scenarios[] = {
      {"reload", 1, scn_reload, 120, 0, NULL}},
 };
 #define NSCEN ((int)(sizeof g_scenarios / sizeof g_scenarios[0]))
-
-static int in_list(const char* list, const char* name) {
-  if (!list) return 0;
-  size_t n = strlen(name);
-  const char* p = list;
-  while (*p) {
-    const char* q = strchr(p, ',');
-    size_t len = q ? (size_t)(q - p) : strlen(p);
-    if (len == n && strncmp(p, name, n) == 0) return 1;
-    if (!q) break;
-    p = q + 1;
-  }
-  return 0;
-}
 
 static void usage(FILE* f) {
   fprintf(f,

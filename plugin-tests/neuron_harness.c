@@ -63,16 +63,6 @@ struct runstate {
   char reason[FAIL_LEN];
 };
 
-static void append(char* dst, size_t cap, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
-static void append(char* dst, size_t cap, const char* fmt, ...) {
-  size_t used = strlen(dst);
-  if (used + 1 >= cap) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(dst + used, cap - used, fmt, ap);
-  va_end(ap);
-}
-
 static void child_main(const scenario_t* s, int rank, struct shm* shm, pid_t parent, int64_t deadline) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(3);
@@ -97,18 +87,6 @@ static void child_main(const scenario_t* s, int rank, struct shm* shm, pid_t par
    * through anything: _exit. */
   if (rc == 0) exit(0);
   _exit(c.aborted ? 2 : 1);
-}
-
-static const char* signame(int s) {
-  switch (s) {
-    case SIGSEGV: return "SIGSEGV";
-    case SIGBUS: return "SIGBUS";
-    case SIGABRT: return "SIGABRT";
-    case SIGKILL: return "SIGKILL";
-    case SIGILL: return "SIGILL";
-    case SIGFPE: return "SIGFPE";
-    default: return "a signal";
-  }
 }
 
 /* Runs the scenario's ranks once; 0 = all good. reason/details/checks are appended to. */
@@ -289,19 +267,6 @@ static int run_scenario(const scenario_t* s, char* reason, size_t rlen, char* de
     if (d1[0]) append(details, dlen, "%s%s", details[0] ? "; " : "", d1);
   }
   return fails ? -1 : 0;
-}
-
-static int in_list(const char* list, const char* name) {
-  if (!list) return 0;
-  size_t n = strlen(name);
-  for (const char* p = list; *p;) {
-    const char* q = strchr(p, ',');
-    size_t len = q ? (size_t)(q - p) : strlen(p);
-    if (len == n && strncmp(p, name, n) == 0) return 1;
-    if (!q) break;
-    p = q + 1;
-  }
-  return 0;
 }
 
 static void usage(FILE* f) {

@@ -1,7 +1,7 @@
 /*
  * neuron_harness.h: what the parts of neuron_harness share: the rank context and the shared
  * mailbox (neuron_harness.c forks the ranks), the helpers of neuron_util.c (logger, reporting,
- * patterns, deadlines, mailbox), those of neuron_calls.c (a version-independent caller of the
+ * deadlines, mailbox), those of neuron_calls.c (a version-independent caller of the
  * v4/v5/v6 tables, connection and transfer helpers) and the scenario functions
  * (neuron_scn_*.c). Internal to the harness.
  */
@@ -12,15 +12,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "harness_common.h" /* errs_t, patterns, fd/RSS counts, STAGE_LEN, FAIL_LEN, MIB, ... */
 #include "neuron_net.h"
 
 #define MAXR 4
 #define NSLOT 16
-#define STAGE_LEN 256
-#define FAIL_LEN 2048
-#define DETAIL_LEN 1024
 #define HSIZE NCCL_NET_HANDLE_MAXSIZE
-#define MIB (1024UL * 1024UL)
 
 /* ------------------------------------------------------------------------------ configuration */
 
@@ -91,19 +88,12 @@ void vlog(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void backoff(int* spins);
 const char* nccl_result_str(int r); /* netapi.c: also names 1000, NN_NO_MEMBER, "table member is NULL" */
 static inline const char* rstr(int r) { return nccl_result_str(r); }
-void copy_str(char* dst, size_t cap, const char* src);
 void stagef(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 int failf(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 void detailf(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 int check_abort(rctx_t* c);
 int64_t op_deadline(rctx_t* c);
 
-/* An accumulator for scenarios that report every problem they find, not only the first. */
-typedef struct {
-  char text[FAIL_LEN];
-  int count;
-} errs_t;
-void add_err(errs_t* e, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 /* One check of a returned code: counted; a mismatch goes into e. An error code returned once the
  * library has a logger must come with a WARN line (contract: errors are logged at WARN); w0 is
  * the WARN count before the call. Use EXPECT_RC, which takes that count. */
@@ -118,14 +108,7 @@ extern int g_logger_given; /* init was called: the library has our logger */
 /* Turns the accumulated problems into the rank's failure (0 when there were none). */
 int errs_finish(rctx_t* c, errs_t* e, const char* scope);
 
-uint64_t seed_of(uint64_t a, uint64_t b, uint64_t c);
-void pat_fill(void* buf, size_t len, uint64_t seed);
-/* The pattern as it would be at offset `off` of a buffer filled with pat_fill(seed). */
-void pat_fill_at(void* buf, size_t len, uint64_t seed, size_t off);
-long pat_check_at(const void* buf, size_t len, uint64_t seed, size_t off, size_t* nbad);
 void* xalloc(rctx_t* c, size_t size, const char* what);
-int count_fds(void);
-long rss_bytes(void);
 
 /* -------------------------------------------------------------- mailbox, barrier (no plugin) */
 

@@ -1,11 +1,11 @@
 /*
  * neuron_util.c: the helpers of neuron_harness (see neuron_harness.h): the logger handed to init,
- * failure and stage reporting into the shared mailbox, byte patterns, deadlines, the mailbox and
- * a barrier. Clocks, HARNESS_VERBOSE and the polling back-off come from netapi.c (linked).
+ * failure and stage reporting into the shared mailbox, deadlines, the mailbox and a barrier.
+ * Clocks, HARNESS_VERBOSE and the polling back-off come from netapi.c, byte patterns and fd/RSS
+ * counts from harness_common.c (both linked).
  */
 #include "neuron_harness.h"
 
-#include <dirent.h>
 #include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -40,13 +40,6 @@ void nn_logger(ncclDebugLogLevel level, unsigned long flags, const char* file, i
 }
 
 /* ------------------------------------------------------------------------------ small helpers */
-
-void copy_str(char* dst, size_t cap, const char* src) {
-  size_t n = strlen(src);
-  if (n >= cap) n = cap - 1;
-  memcpy(dst, src, n);
-  dst[n] = 0;
-}
 
 /* The stage is written straight into the mailbox: the parent reads it when a rank hangs. */
 void stagef(rctx_t* c, const char* fmt, ...) {
@@ -94,19 +87,6 @@ int64_t op_deadline(rctx_t* c) {
   return d < c->deadline ? d : c->deadline;
 }
 
-void add_err(errs_t* e, const char* fmt, ...) {
-  char b[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(b, sizeof b, fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "  problem: %s\n", b);
-  e->count++;
-  size_t used = strlen(e->text);
-  if (used + 8 >= sizeof e->text) return;
-  snprintf(e->text + used, sizeof e->text - used, "%s%s", used ? "; " : "", b);
-}
-
 int g_logger_given;
 
 void expect_rc(rctx_t* c, errs_t* e, const char* what, ncclResult_t got, ncclResult_t want, long w0) {
@@ -125,59 +105,6 @@ int errs_finish(rctx_t* c, errs_t* e, const char* scope) {
   return failf(c, "%s: %d problem(s): %s", scope, e->count, e->text);
 }
 
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
-uint64_t seed_of(uint64_t a, uint64_t b, uint64_t c) {
-  return mix64(mix64(a + 0x1234567ULL) ^ mix64(b * 3 + 0x51ULL) * 31 ^ mix64(c * 7 + 0x77ULL)) | 1;
-}
-
-/* The byte at offset i of a buffer with seed s: one hash per 8 bytes. */
-static inline uint8_t pat_byte(uint64_t seed, size_t off) {
-  return (uint8_t)(mix64(seed * 0x9E3779B97F4A7C15ULL + off / 8) >> (8 * (off % 8)));
-}
-
-void pat_fill_at(void* buf, size_t len, uint64_t seed, size_t off) {
-  uint8_t* p = buf;
-  size_t i = 0;
-  while (i < len && (off + i) % 8) p[i] = pat_byte(seed, off + i), i++;
-  for (; i + 8 <= len; i += 8) {
-    uint64_t w = mix64(seed * 0x9E3779B97F4A7C15ULL + (off + i) / 8);
-    memcpy(p + i, &w, 8);
-  }
-  for (; i < len; i++) p[i] = pat_byte(seed, off + i);
-}
-
-void pat_fill(void* buf, size_t len, uint64_t seed) { pat_fill_at(buf, len, seed, 0); }
-
-long pat_check_at(const void* buf, size_t len, uint64_t seed, size_t off, size_t* nbad) {
-  const uint8_t* p = buf;
-  long first = -1;
-  size_t bad = 0;
-  for (size_t i = 0; i < len; i++) {
-    if ((off + i) % 8 == 0 && i + 8 <= len) { /* whole words first: the byte loop is slow */
-      uint64_t w = mix64(seed * 0x9E3779B97F4A7C15ULL + (off + i) / 8), g;
-      memcpy(&g, p + i, 8);
-      if (g == w) {
-        i += 7;
-        continue;
-      }
-    }
-    if (p[i] != pat_byte(seed, off + i)) {
-      if (first < 0) first = (long)i;
-      bad++;
-    }
-  }
-  if (nbad) *nbad = bad;
-  return first;
-}
-
 void* xalloc(rctx_t* c, size_t size, const char* what) {
   size_t sz = (size + 4095) & ~(size_t)4095;
   if (sz == 0) sz = 4096;
@@ -188,26 +115,6 @@ void* xalloc(rctx_t* c, size_t size, const char* what) {
   }
   memset(p, 0, sz);
   return p;
-}
-
-int count_fds(void) {
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return -1;
-  int n = 0;
-  struct dirent* e;
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n - 1; /* the directory itself */
-}
-
-long rss_bytes(void) {
-  FILE* f = fopen("/proc/self/statm", "r");
-  if (!f) return -1;
-  long size = 0, res = 0;
-  if (fscanf(f, "%ld %ld", &size, &res) != 2) res = -1;
-  fclose(f);
-  return res < 0 ? -1 : res * sysconf(_SC_PAGESIZE);
 }
 
 /* --------------------------------------------------------------------- mailbox and barrier */
