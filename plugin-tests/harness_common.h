@@ -46,6 +46,17 @@ int count_fds(void);
 /* Resident set size of this process in bytes; -1 on error. */
 long rss_bytes(void);
 
+/* ---------------------------------------------------------------- clock, logging, back-off */
+
+/* Defined in netapi.c (ABI-free; linked into every harness): CLOCK_MONOTONIC ns, milliseconds
+ * since t0, HARNESS_VERBOSE and logging under it, and the polling back-off (spin first, then
+ * yield, then sleep briefly: 2 cores shared by up to 4 ranks). */
+int64_t now_ns(void);
+double ms_since(int64_t t0);
+int verbose(void);
+void vlog(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void backoff(int* spins);
+
 /* ----------------------------------------------------------------------------- byte patterns */
 
 /* A 64-bit mixer (splitmix64's finaliser): the source of every pattern and seed. */

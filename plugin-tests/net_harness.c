@@ -33,14 +33,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "harness_common.h"
+#include "harness_run.h"
 #include "netapi.h"
 
 /* ------------------------------------------------------------------------------ configuration */
@@ -66,100 +65,26 @@ struct slot {
 };
 
 struct shm {
-  atomic_int abort;            /* some rank failed or the parent gave up: everybody stop */
-  atomic_int phase[MAXR];      /* barrier counters */
+  hc_board_t b;                /* first: abort, barriers, stage/fail/detail (harness_run.h) */
   atomic_llong progress[MAXR]; /* scenario-defined progress counters (kill) */
   atomic_llong kill_ns;        /* CLOCK_MONOTONIC time of the parent's SIGKILL (kill) */
   atomic_llong val[MAXR][8];   /* scenario-defined results */
   struct slot slot[NSLOT];
-  char stage[MAXR][STAGE_LEN]; /* what each rank is doing, for timeout reports */
-  char fail[MAXR][FAIL_LEN];   /* first failure message of each rank */
-  char detail[MAXR][DETAIL_LEN];
 };
+_Static_assert(MAXR <= HC_MAXR, "the runner forks at most HC_MAXR ranks");
 
 typedef struct rctx {
-  const char* scn;
-  int rank, nranks;
+  hc_rank_t hc; /* scenario, rank, ranks, deadline, barrier phase, aborted (harness_run.h) */
   struct shm* shm;
   net_t net;
   net_props_t props;
   int ndev, dev;
-  int64_t deadline; /* the rank must finish (or report) before this */
-  int phase;
-  int aborted; /* gave up because another rank failed */
   /* optional: describes the state of what a timed-out wait was waiting for */
   void (*diag)(struct rctx* c, char* out, size_t len);
   void* diag_arg;
 } rctx_t;
 
-/* ------------------------------------------------------------------------------ small helpers */
-
-static void stagef(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-static void stagef(rctx_t* c, const char* fmt, ...) {
-  char b[STAGE_LEN];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(b, sizeof b, fmt, ap);
-  va_end(ap);
-  copy_str(c->shm->stage[c->rank], STAGE_LEN, b);
-  atomic_thread_fence(memory_order_release);
-  vlog("[%s rank %d] %s\n", c->scn, c->rank, b);
-}
-
-static int failf(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-static int failf(rctx_t* c, const char* fmt, ...) {
-  char msg[FAIL_LEN - 64];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  /* a failure seen after another rank already failed is most likely a consequence of it */
-  int cascade = atomic_exchange(&c->shm->abort, 1) != 0;
-  if (c->shm->fail[c->rank][0] == 0) {
-    char full[FAIL_LEN];
-    snprintf(full, sizeof full, "rank %d: %s%s", c->rank, cascade ? "(another rank had already failed) " : "", msg);
-    copy_str(c->shm->fail[c->rank], FAIL_LEN, full);
-  }
-  fprintf(stderr, "[%s rank %d pid %d] FAIL: %s\n", c->scn, c->rank, (int)getpid(), msg);
-  return -1;
-}
-
-static void detailf(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-static void detailf(rctx_t* c, const char* fmt, ...) {
-  char b[DETAIL_LEN];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(b, sizeof b, fmt, ap);
-  va_end(ap);
-  copy_str(c->shm->detail[c->rank], DETAIL_LEN, b);
-}
-
-static int check_abort(rctx_t* c) {
-  if (atomic_load(&c->shm->abort)) {
-    c->aborted = 1;
-    return 1;
-  }
-  return 0;
-}
-
-static int64_t op_deadline(rctx_t* c) {
-  int64_t d = now_ns() + (int64_t)g_op_timeout_ms * 1000000LL;
-  return d < c->deadline ? d : c->deadline;
-}
-
 static const char* rstr(ncclResult_t r) { return nccl_result_str((int)r); }
-
-static void* xalloc(rctx_t* c, size_t size, const char* what) {
-  size_t sz = (size + 4095) & ~(size_t)4095;
-  if (sz == 0) sz = 4096;
-  void* p = aligned_alloc(4096, sz);
-  if (!p) {
-    failf(c, "out of memory allocating %zu bytes for %s", size, what);
-    return NULL;
-  }
-  memset(p, 0, sz);
-  return p;
-}
 
 /* ------------------------------------------------------------------- handles, flags, barriers */
 
@@ -179,31 +104,6 @@ static int fetch(rctx_t* c, int slot, unsigned seq, void* out, const char* what)
   }
   memcpy(out, c->shm->slot[slot].data, HSIZE);
   return 0;
-}
-
-/* Barrier with a deadline; it never blocks on a dead process (the parent sets abort). It does not
- * call into the plugin: like NCCL, a rank with nothing posted does not drive the plugin. */
-static int sync_ranks(rctx_t* c, const char* what) {
-  int target = ++c->phase;
-  atomic_store(&c->shm->phase[c->rank], target);
-  stagef(c, "barrier '%s' (phase %d)", what, target);
-  int64_t deadline = op_deadline(c);
-  int spins = 0;
-  for (;;) {
-    int all = 1;
-    for (int r = 0; r < c->nranks; r++)
-      if (atomic_load(&c->shm->phase[r]) < target) all = 0;
-    if (all) return 0;
-    if (check_abort(c)) return -1;
-    if (now_ns() > deadline) {
-      char missing[64] = "";
-      for (int r = 0; r < c->nranks; r++)
-        if (atomic_load(&c->shm->phase[r]) < target)
-          snprintf(missing + strlen(missing), sizeof missing - strlen(missing), " %d", r);
-      return failf(c, "timed out in barrier '%s' (phase %d); ranks not there:%s", what, target, missing);
-    }
-    backoff(&spins);
-  }
 }
 
 /* --------------------------------------------------------------------------- plugin plumbing */
@@ -534,8 +434,8 @@ static int pair_both_ways(rctx_t* c, void** sc, void** rc, int slot_base, unsign
   unsigned char mine[HSIZE], peer[1][HSIZE];
   void* lc[1];
   if (do_listen(c, mine, &lc[0])) return -1;
-  publish(c, slot_base + c->rank, seq, mine);
-  if (fetch(c, slot_base + (1 - c->rank), seq, peer[0], "peer's listen handle")) return -1;
+  publish(c, slot_base + c->hc.rank, seq, mine);
+  if (fetch(c, slot_base + (1 - c->hc.rank), seq, peer[0], "peer's listen handle")) return -1;
   return establish(c, 1, peer, sc, 1, lc, rc, what);
 }
 
@@ -544,7 +444,7 @@ static int pair_one_way(rctx_t* c, void** sc, void** rc, int slot, unsigned seq,
   unsigned char h[1][HSIZE];
   void* lc[1];
   *sc = *rc = NULL;
-  if (c->rank == 1) {
+  if (c->hc.rank == 1) {
     if (do_listen(c, h[0], &lc[0])) return -1;
     publish(c, slot, seq, h[0]);
     return establish(c, 0, NULL, NULL, 1, lc, rc, what);
@@ -775,11 +675,11 @@ static int scn_connect2(rctx_t* c) {
   if (pair_one_way(c, &sc, &rc, 0, 1, "connect2")) return -1;
   double ms = ms_since(t0);
   if (sync_ranks(c, "connected")) return -1;
-  if (c->rank == 0 && close_send(c, sc, "connect2")) return -1;
-  if (c->rank == 1 && close_recv(c, rc, "connect2")) return -1;
+  if (c->hc.rank == 0 && close_send(c, sc, "connect2")) return -1;
+  if (c->hc.rank == 1 && close_recv(c, rc, "connect2")) return -1;
   if (sync_ranks(c, "closed")) return -1;
   if (std_teardown(c)) return -1;
-  detailf(c, "%s in %.1f ms", c->rank == 0 ? "connect" : "accept", ms);
+  detailf(c, "%s in %.1f ms", c->hc.rank == 0 ? "connect" : "accept", ms);
   return 0;
 }
 
@@ -848,11 +748,11 @@ static int scn_xfer(rctx_t* c) {
       if (!sb || !rb) return -1;
       void *smh, *rmh;
       if (regmr(c, sc, sb, size + 64, &smh, what) || regmr(c, rc, rb, size + 64, &rmh, what)) return -1;
-      uint64_t sseed = seed_of(size, (uint64_t)c->rank, (uint64_t)flush);
-      uint64_t rseed = seed_of(size, (uint64_t)(1 - c->rank), (uint64_t)flush);
+      uint64_t sseed = seed_of(size, (uint64_t)c->hc.rank, (uint64_t)flush);
+      uint64_t rseed = seed_of(size, (uint64_t)(1 - c->hc.rank), (uint64_t)flush);
       pat_fill(sb, size, sseed);
-      side_t s = {sc, smh, sb, size, 0, 0, 0x100 + c->rank};
-      side_t r = {rc, rmh, rb, size, size + 64, rseed, 0x100 + (1 - c->rank)};
+      side_t s = {sc, smh, sb, size, 0, 0, 0x100 + c->hc.rank};
+      side_t r = {rc, rmh, rb, size, size + 64, rseed, 0x100 + (1 - c->hc.rank)};
       if (xfer_step(c, &s, &r, flush, what)) return -1;
       if (deregmr(c, sc, smh, what) || deregmr(c, rc, rmh, what)) return -1;
       free(sb);
@@ -936,7 +836,7 @@ static int scn_group(rctx_t* c) {
   const size_t cap = MIB + 256;
   unsigned char* buf[2][GMAX];
   void* mh[2][GMAX];
-  void* comm = c->rank == 0 ? sc : rc;
+  void* comm = c->hc.rank == 0 ? sc : rc;
   for (int k = 0; k < 2; k++)
     for (int i = 0; i < maxr; i++) {
       buf[k][i] = xalloc(c, cap, "group buffer");
@@ -948,7 +848,7 @@ static int scn_group(rctx_t* c) {
     char what[96];
     snprintf(what, sizeof what, "group n=%d", n);
     for (int i = 0; i < n; i++) tags[i] = 1000 + n * 100 + i * 7;
-    if (c->rank == 1) {
+    if (c->hc.rank == 1) {
       void* data[GMAX];
       size_t caps[GMAX];
       void* mhs[GMAX];
@@ -1000,7 +900,7 @@ static int scn_group(rctx_t* c) {
     int n = maxr;
     const char* what = "group posted-order (2 receives, same tags)";
     for (int i = 0; i < n; i++) tags[i] = 5000 + i * 3;
-    if (c->rank == 1) {
+    if (c->hc.rank == 1) {
       void* data[2][GMAX];
       size_t caps[2][GMAX];
       void* mhs[2][GMAX];
@@ -1049,8 +949,8 @@ static int scn_group(rctx_t* c) {
       if (deregmr(c, comm, mh[k][i], "group")) return -1;
       free(buf[k][i]);
     }
-  if (c->rank == 0 && close_send(c, sc, "group")) return -1;
-  if (c->rank == 1 && close_recv(c, rc, "group")) return -1;
+  if (c->hc.rank == 0 && close_send(c, sc, "group")) return -1;
+  if (c->hc.rank == 1 && close_recv(c, rc, "group")) return -1;
   if (std_teardown(c)) return -1;
   detailf(c, "n=1..%d grouped receives with shuffled tagged sends, plus 2 outstanding same-tag groups in posted order",
           maxr);
@@ -1072,7 +972,7 @@ static int scn_inflight32(rctx_t* c) {
   void *sc, *rc;
   if (pair_one_way(c, &sc, &rc, 0, 1, "inflight32 setup")) return -1;
   const size_t cap = MIB + 256;
-  void* comm = c->rank == 0 ? sc : rc;
+  void* comm = c->hc.rank == 0 ? sc : rc;
   unsigned char* buf[NFLIGHT];
   void* mh[NFLIGHT];
   for (int i = 0; i < NFLIGHT; i++) {
@@ -1087,13 +987,13 @@ static int scn_inflight32(rctx_t* c) {
     op_t ops[NFLIGHT];
     op_t* po[NFLIGHT];
     size_t caps[NFLIGHT];
-    stagef(c, "%s: posting %d %s", what, NFLIGHT, c->rank == 0 ? "isends" : "irecvs");
+    stagef(c, "%s: posting %d %s", what, NFLIGHT, c->hc.rank == 0 ? "isends" : "irecvs");
     for (int i = 0; i < NFLIGHT; i++) {
       size_t sz = flight_size(i, round);
       caps[i] = sz + (size_t)(i % 3) * 64;
       void* data = buf[i];
       int tag = 42;
-      if (c->rank == 0) pat_fill(buf[i], sz, seed_of(32, i, round));
+      if (c->hc.rank == 0) pat_fill(buf[i], sz, seed_of(32, i, round));
       else memset(buf[i], CANARY, cap);
       op_reset(&ops[i]);
       /* The plugin promises >= 32 requests in flight per comm: retry a NULL request for 1 s without
@@ -1102,10 +1002,10 @@ static int scn_inflight32(rctx_t* c) {
       int spins = 0, fallback = 0;
       for (;;) {
         void* req = NULL;
-        ncclResult_t r = c->rank == 0 ? net_isend(&c->net, sc, data, sz, tag, mh[i], &req)
+        ncclResult_t r = c->hc.rank == 0 ? net_isend(&c->net, sc, data, sz, tag, mh[i], &req)
                                       : net_irecv(&c->net, rc, 1, &data, &caps[i], &tag, &mh[i], &req);
         if (r != ncclSuccess)
-          return failf(c, "%s: %s #%d (size %zu) returned %d (%s)", what, c->rank == 0 ? "isend" : "irecv", i, sz, r,
+          return failf(c, "%s: %s #%d (size %zu) returned %d (%s)", what, c->hc.rank == 0 ? "isend" : "irecv", i, sz, r,
                        rstr(r));
         if (req) {
           ops[i].req = req;
@@ -1117,7 +1017,7 @@ static int scn_inflight32(rctx_t* c) {
           fallback = 1;
           if (i < min_refused_at) min_refused_at = i;
           fprintf(stderr, "[inflight32 rank %d] %s #%d: NULL request for 1 s with only %d outstanding; testing others\n",
-                  c->rank, c->rank == 0 ? "isend" : "irecv", i, i);
+                  c->hc.rank, c->hc.rank == 0 ? "isend" : "irecv", i, i);
         }
         if (fallback)
           for (int k = 0; k < i; k++)
@@ -1133,7 +1033,7 @@ static int scn_inflight32(rctx_t* c) {
       size_t sz = flight_size(i, round);
       char w2[96];
       snprintf(w2, sizeof w2, "%s message %d", what, i);
-      if (c->rank == 0) {
+      if (c->hc.rank == 0) {
         if (ops[i].sizes[0] != (int)sz)
           return failf(c, "%s: send test() reported %d bytes, expected %zu", w2, ops[i].sizes[0], sz);
       } else if (verify_buf(c, w2, buf[i], caps[i], sz, seed_of(32, i, round), ops[i].sizes[0])) {
@@ -1146,13 +1046,13 @@ static int scn_inflight32(rctx_t* c) {
     if (deregmr(c, comm, mh[i], "inflight32")) return -1;
     free(buf[i]);
   }
-  if (c->rank == 0 && close_send(c, sc, "inflight32")) return -1;
-  if (c->rank == 1 && close_recv(c, rc, "inflight32")) return -1;
+  if (c->hc.rank == 0 && close_send(c, sc, "inflight32")) return -1;
+  if (c->hc.rank == 1 && close_recv(c, rc, "inflight32")) return -1;
   if (std_teardown(c)) return -1;
   if (min_refused_at < NFLIGHT)
     return failf(c, "%s refused a request (NULL for > 1 s) with only %d outstanding; the plugin promises >= 32 in flight",
-                 c->rank == 0 ? "isend" : "irecv", min_refused_at);
-  detailf(c, "%d rounds of %d outstanding %s, %d NULL requests", rounds, NFLIGHT, c->rank == 0 ? "isends" : "irecvs",
+                 c->hc.rank == 0 ? "isend" : "irecv", min_refused_at);
+  detailf(c, "%d rounds of %d outstanding %s, %d NULL requests", rounds, NFLIGHT, c->hc.rank == 0 ? "isends" : "irecvs",
           nulls);
   return 0;
 }
@@ -1171,7 +1071,7 @@ static int scn_pairs16(rctx_t* c) {
   /* pair p: rank p%2 listens and receives, the other rank connects and sends */
   int rp[NPAIRS], sp[NPAIRS], nr = 0, ns = 0;
   for (int p = 0; p < NPAIRS; p++) {
-    if (p % 2 == c->rank) rp[nr++] = p;
+    if (p % 2 == c->hc.rank) rp[nr++] = p;
     else sp[ns++] = p;
   }
   unsigned char myh[NPAIRS][HSIZE], peerh[NPAIRS][HSIZE];
@@ -1260,7 +1160,7 @@ static int scn_crossed(rctx_t* c) {
   unsigned char* buf[CROSSED_A + 1];
   void* mh[CROSSED_A + 1];
   for (int i = 0; i <= CROSSED_A; i++) {
-    void* comm = c->rank == 0 ? sc[i == CROSSED_A] : rc[i == CROSSED_A];
+    void* comm = c->hc.rank == 0 ? sc[i == CROSSED_A] : rc[i == CROSSED_A];
     buf[i] = xalloc(c, cap, "crossed buffer");
     if (!buf[i] || regmr(c, comm, buf[i], cap, &mh[i], "crossed")) return -1;
   }
@@ -1270,7 +1170,7 @@ static int scn_crossed(rctx_t* c) {
     snprintf(what, sizeof what, "crossed round %d", r);
     op_t ops[CROSSED_A + 1];
     op_t* po[CROSSED_A + 1];
-    if (c->rank == 0) {
+    if (c->hc.rank == 0) {
       for (int i = 0; i <= CROSSED_A; i++) {
         size_t sz = i == CROSSED_A ? 4096 : crossed_size(i);
         pat_fill(buf[i], sz, seed_of(i, r, 12));
@@ -1307,12 +1207,12 @@ static int scn_crossed(rctx_t* c) {
   }
   if (sync_ranks(c, "crossed done")) return -1;
   for (int i = 0; i <= CROSSED_A; i++) {
-    void* comm = c->rank == 0 ? sc[i == CROSSED_A] : rc[i == CROSSED_A];
+    void* comm = c->hc.rank == 0 ? sc[i == CROSSED_A] : rc[i == CROSSED_A];
     if (deregmr(c, comm, mh[i], "crossed")) return -1;
     free(buf[i]);
   }
   for (int k = 0; k < 2; k++)
-    if (c->rank == 0 ? close_send(c, sc[k], "crossed") : close_recv(c, rc[k], "crossed")) return -1;
+    if (c->hc.rank == 0 ? close_send(c, sc[k], "crossed") : close_recv(c, rc[k], "crossed")) return -1;
   if (std_teardown(c)) return -1;
   detailf(c, "%d rounds: comm B's message received before any receive on comm A, %d messages ahead of it", rounds,
           CROSSED_A);
@@ -1328,13 +1228,13 @@ static void ring_transform(unsigned char* dst, const unsigned char* src, size_t 
 
 static int scn_ring4(rctx_t* c) {
   if (std_setup(c, 0xc0007)) return -1;
-  const int N = c->nranks, laps = 100;
+  const int N = c->hc.nranks, laps = 100;
   const size_t len = 64 * 1024 + 13, cap = len + 64;
   unsigned char myh[HSIZE], nh[1][HSIZE];
   void *lc[1], *sc[1], *rc[1];
   if (do_listen(c, myh, &lc[0])) return -1;
-  publish(c, c->rank, 1, myh);
-  if (fetch(c, (c->rank + 1) % N, 1, nh[0], "next rank's listen handle")) return -1;
+  publish(c, c->hc.rank, 1, myh);
+  if (fetch(c, (c->hc.rank + 1) % N, 1, nh[0], "next rank's listen handle")) return -1;
   if (establish(c, 1, nh, sc, 1, lc, rc, "ring4 setup")) return -1;
   unsigned char* sb = xalloc(c, cap, "ring send buffer");
   unsigned char* rb = xalloc(c, cap, "ring recv buffer");
@@ -1344,7 +1244,7 @@ static int scn_ring4(rctx_t* c) {
   void *smh, *rmh;
   if (regmr(c, sc[0], sb, cap, &smh, "ring4") || regmr(c, rc[0], rb, cap, &rmh, "ring4")) return -1;
   const uint64_t seed0 = seed_of(4, 4, 4);
-  if (c->rank == 0) {
+  if (c->hc.rank == 0) {
     pat_fill(tmp, len, seed0); /* tmp: the buffer rank 0 holds */
     memcpy(expect, tmp, len);
   }
@@ -1358,7 +1258,7 @@ static int scn_ring4(rctx_t* c) {
     int tag = 4;
     memset(rb, CANARY, cap);
     if (post_irecv(c, rc[0], 1, &d, &rcap, &tag, &rmh, &rop, NULL, 0, NULL, what)) return -1;
-    if (c->rank == 0) {
+    if (c->hc.rank == 0) {
       ring_transform(sb, tmp, len, lap * N, 0);
       if (post_isend(c, sc[0], sb, len, 4, smh, &sop, both + 1, 1, NULL, what)) return -1;
       if (wait_ops(c, both, 2, what)) return -1;
@@ -1378,7 +1278,7 @@ static int scn_ring4(rctx_t* c) {
       op_t* r1[1] = {&rop};
       if (wait_ops(c, r1, 1, what)) return -1;
       if (rop.sizes[0] != (int)len) return failf(c, "%s: received %d bytes, expected %zu", what, rop.sizes[0], len);
-      ring_transform(sb, rb, len, lap * N + c->rank, c->rank);
+      ring_transform(sb, rb, len, lap * N + c->hc.rank, c->hc.rank);
       if (post_isend(c, sc[0], sb, len, 4, smh, &sop, NULL, 0, NULL, what)) return -1;
       op_t* s1[1] = {&sop};
       if (wait_ops(c, s1, 1, what)) return -1;
@@ -1393,7 +1293,7 @@ static int scn_ring4(rctx_t* c) {
   free(expect);
   free(tmp);
   if (std_teardown(c)) return -1;
-  if (c->rank == 0) detailf(c, "%d ranks, %d laps (%d hops) of %zu B, every lap verified", N, laps, laps * N, len);
+  if (c->hc.rank == 0) detailf(c, "%d ranks, %d laps (%d hops) of %zu B, every lap verified", N, laps, laps * N, len);
   return 0;
 }
 
@@ -1669,7 +1569,7 @@ static int scn_kill_rank(rctx_t* c) {
   if (std_setup(c, 0xc0009)) return -1;
   void *sc, *rc;
   if (pair_one_way(c, &sc, &rc, 0, 1, "kill setup")) return -1;
-  const int sender = c->rank == 0, victim = c->rank == g_kill_victim;
+  const int sender = c->hc.rank == 0, victim = c->hc.rank == g_kill_victim;
   void* comm = sender ? sc : rc;
   unsigned char* buf = xalloc(c, KILL_MSG, "kill buffer");
   void* mh;
@@ -1700,7 +1600,7 @@ static int scn_kill_rank(rctx_t* c) {
         stagef(c, "survivor %s: calling %s on slot %d, %.0f ms after the peer was SIGKILLed", sender ? "sender" : "receiver",
                op->posted ? "test()" : (sender ? "isend()" : "irecv()"), i, (double)(now_ns() - kill_ns) / 1e6);
       else
-        copy_str(c->shm->stage[c->rank], STAGE_LEN,
+        copy_str(c->shm->b.stage[c->hc.rank], STAGE_LEN,
                  op->posted ? "streaming: in test()" : (sender ? "streaming: in isend()" : "streaming: in irecv()"));
       if (!op->posted) {
         void* req = NULL;
@@ -1738,14 +1638,14 @@ static int scn_kill_rank(rctx_t* c) {
         op->posted = 0;
         completed++;
         if (atomic_load(&c->shm->kill_ns)) after_kill++;
-        atomic_store(&c->shm->progress[c->rank], completed);
+        atomic_store(&c->shm->progress[c->hc.rank], completed);
         spins = 0;
       }
     }
     backoff(&spins);
   }
   double ms = (double)(now_ns() - atomic_load(&c->shm->kill_ns)) / 1e6;
-  atomic_store(&c->shm->val[c->rank][0], (long long)(ms * 1000));
+  atomic_store(&c->shm->val[c->hc.rank][0], (long long)(ms * 1000));
   detailf(c, "%s killed: surviving %s's %s() returned %d (%s) %.0f ms after SIGKILL", sender ? "receiver" : "sender",
           sender ? "sender" : "receiver", how, err, rstr(err), ms);
   /* Tear down like NCCL would after an error: close the comm; it must not hang. */
@@ -1784,7 +1684,7 @@ static int scn_cycles(rctx_t* c) {
     void *sc = NULL, *rc = NULL, *mh = NULL;
     if (pair_one_way(c, &sc, &rc, 0, (unsigned)cyc + 1, what)) return -1;
     uint64_t seed = seed_of(cyc, 10, 10);
-    if (c->rank == 0) {
+    if (c->hc.rank == 0) {
       if (regmr(c, sc, sb, sz, &mh, what)) return -1;
       pat_fill(sb, sz, seed);
       side_t s = {sc, mh, sb, sz, 0, 0, 1};
@@ -1797,8 +1697,8 @@ static int scn_cycles(rctx_t* c) {
       if (deregmr(c, rc, mh, what)) return -1;
     }
     if (sync_ranks(c, what)) return -1;
-    if (c->rank == 0 && close_send(c, sc, what)) return -1;
-    if (c->rank == 1 && close_recv(c, rc, what)) return -1;
+    if (c->hc.rank == 0 && close_send(c, sc, what)) return -1;
+    if (c->hc.rank == 1 && close_recv(c, rc, what)) return -1;
     if (cyc + 1 == mark) {
       fd_mark = count_fds();
       rss_mark = rss_bytes();
@@ -1811,9 +1711,9 @@ static int scn_cycles(rctx_t* c) {
   free(sb);
   free(rb);
   if (std_teardown(c)) return -1;
-  detailf(c, "rank %d: fds %d -> %d, RSS %.1f -> %.1f -> %.1f MiB (after cycle %d -> %d -> %d)", c->rank, fd_mark,
+  detailf(c, "rank %d: fds %d -> %d, RSS %.1f -> %.1f -> %.1f MiB (after cycle %d -> %d -> %d)", c->hc.rank, fd_mark,
           fd_end, rss_mark / (double)MIB, rss_mid / (double)MIB, rss_end / (double)MIB, mark, mid, ncyc);
-  atomic_store(&c->shm->val[c->rank][0], (long long)(secs * 1000));
+  atomic_store(&c->shm->val[c->hc.rank][0], (long long)(secs * 1000));
   if (fd_end > fd_mark)
     return failf(c, "open fds grew from %d (after cycle %d) to %d (after cycle %d)", fd_mark, mark, fd_end, ncyc);
   long g1 = rss_mid - rss_mark, g2 = rss_end - rss_mid;
@@ -1855,10 +1755,10 @@ static int scn_versions(rctx_t* c) {
     void *sc, *rc, *smh, *rmh;
     if (pair_both_ways(c, &sc, &rc, 2 * v, 1, what)) return -1;
     if (regmr(c, sc, sb, size, &smh, what) || regmr(c, rc, rb, size + 64, &rmh, what)) return -1;
-    uint64_t sseed = seed_of(v, c->rank, 64), rseed = seed_of(v, 1 - c->rank, 64);
+    uint64_t sseed = seed_of(v, c->hc.rank, 64), rseed = seed_of(v, 1 - c->hc.rank, 64);
     pat_fill(sb, size, sseed);
-    side_t s = {sc, smh, sb, size, 0, 0, 20 + c->rank};
-    side_t rr = {rc, rmh, rb, size, size + 64, rseed, 20 + (1 - c->rank)};
+    side_t s = {sc, smh, sb, size, 0, 0, 20 + c->hc.rank};
+    side_t rr = {rc, rmh, rb, size, size + 64, rseed, 20 + (1 - c->hc.rank)};
     if (xfer_step(c, &s, &rr, 0, what)) return -1;
     if (sync_ranks(c, what)) return -1;
     if (deregmr(c, sc, smh, what) || deregmr(c, rc, rmh, what)) return -1;
@@ -1910,174 +1810,36 @@ static int scn_reload(rctx_t* c) {
 
 /* ============================================================================ parent / runner */
 
-typedef struct runstate runstate_t;
-
 typedef struct {
   const char* name;
   int nranks;
   int (*fn)(rctx_t*);
   int timeout_s;
   int short_timeout_env; /* FABRICOLL_TIMEOUT_MS = g_kill_timeout_ms in the ranks */
-  int (*hook)(runstate_t*); /* called by the parent while waiting; -1 = fail (rs->reason) */
+  int (*hook)(hc_runstate_t*); /* called by the parent while waiting; -1 = fail (rs->reason) */
 } runspec_t;
 
-struct runstate {
-  const runspec_t* spec;
-  struct shm* shm;
-  pid_t pid[MAXR];
-  int exited[MAXR];
-  int status[MAXR];
-  int expect_killed[MAXR];
-  int64_t start;
-  char reason[FAIL_LEN];
-};
-
-static void child_main(const runspec_t* spec, int rank, struct shm* shm, pid_t parent, int64_t deadline) {
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(3);
-  if (spec->short_timeout_env) {
-    char b[32];
-    snprintf(b, sizeof b, "%d", g_kill_timeout_ms);
-    setenv("FABRICOLL_TIMEOUT_MS", b, 1);
-  }
+/* In a forked rank (hc_run_ranks): the scenario with this harness's context around *h. */
+static int rank_main(const void* arg, hc_rank_t* h, void* shm) {
+  const runspec_t* spec = arg;
   rctx_t c;
   memset(&c, 0, sizeof c);
-  c.scn = spec->name;
-  c.rank = rank;
-  c.nranks = spec->nranks;
+  c.hc = *h;
   c.shm = shm;
-  c.deadline = deadline;
   int rc = spec->fn(&c);
-  stagef(&c, "exit() after %s", rc == 0 ? "success" : "failure");
-  fflush(NULL);
-  exit(rc == 0 ? 0 : (c.aborted ? 2 : 1));
+  *h = c.hc;
+  return rc;
 }
 
 /* Runs one set of ranks; 0 = all good. reason/details are appended to. */
 static int run_ranks(const runspec_t* spec, char* reason, size_t rlen, char* details, size_t dlen) {
-  struct shm* shm = mmap(NULL, sizeof(struct shm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (shm == MAP_FAILED) {
-    append(reason, rlen, "mmap failed: %s", strerror(errno));
-    return -1;
-  }
-  memset(shm, 0, sizeof *shm);
-  runstate_t rs;
-  memset(&rs, 0, sizeof rs);
-  rs.spec = spec;
-  rs.shm = shm;
-  rs.start = now_ns();
-  int timeout_s = (int)(spec->timeout_s * g_time_scale);
-  int64_t deadline = rs.start + (int64_t)timeout_s * 1000000000LL;
-  int64_t child_deadline = deadline - 3000000000LL;
-  pid_t parent = getpid();
-  fflush(NULL);
-  int nforked = 0;
-  for (int r = 0; r < spec->nranks; r++) {
-    pid_t p = fork();
-    if (p < 0) {
-      append(reason, rlen, "fork failed: %s", strerror(errno));
-      atomic_store(&shm->abort, 1);
-      break;
-    }
-    if (p == 0) child_main(spec, r, shm, parent, child_deadline);
-    rs.pid[r] = p;
-    nforked++;
-  }
-  int timed_out = 0, hook_failed = 0;
-  int64_t first_fail = 0;
-  for (;;) {
-    int alive = 0;
-    for (int r = 0; r < nforked; r++) {
-      if (rs.exited[r]) continue;
-      int st;
-      pid_t w = waitpid(rs.pid[r], &st, WNOHANG);
-      if (w == rs.pid[r]) {
-        rs.exited[r] = 1;
-        rs.status[r] = st;
-        int bad = !(WIFEXITED(st) && WEXITSTATUS(st) == 0) &&
-                  !(rs.expect_killed[r] && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
-        if (bad && !first_fail) {
-          first_fail = now_ns();
-          atomic_store(&shm->abort, 1);
-        }
-      } else {
-        alive++;
-      }
-    }
-    if (!alive) break;
-    if (spec->hook && !hook_failed && spec->hook(&rs) != 0) {
-      hook_failed = 1;
-      append(reason, rlen, "%s", rs.reason);
-      atomic_store(&shm->abort, 1);
-      first_fail = now_ns();
-    }
-    int64_t now = now_ns();
-    if (now > deadline || (first_fail && now > first_fail + 10000000000LL)) {
-      if (now > deadline) timed_out = 1;
-      for (int r = 0; r < nforked; r++)
-        if (!rs.exited[r]) {
-          if (timed_out) {
-            append(reason, rlen, "%srank %d still running after %d s (stage: %s)", reason[0] ? " | " : "", r, timeout_s,
-                   shm->stage[r][0] ? shm->stage[r] : "?");
-            dump_stacks(spec->name, r, rs.pid[r]);
-          }
-          kill(rs.pid[r], SIGKILL);
-        }
-      for (int r = 0; r < nforked; r++)
-        if (!rs.exited[r]) {
-          waitpid(rs.pid[r], &rs.status[r], 0);
-          rs.exited[r] = 1;
-          rs.status[r] = -1; /* killed by us */
-        }
-      break;
-    }
-    struct timespec ts = {0, 2 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
-  int ok = !timed_out && !hook_failed && nforked == spec->nranks;
-  int any_root = 0;
-  for (int r = 0; r < nforked; r++) {
-    int st = rs.status[r];
-    if (st == -1) {
-      ok = 0;
-      if (shm->fail[r][0]) append(reason, rlen, "%s%s", reason[0] ? " | " : "", shm->fail[r]);
-      continue;
-    }
-    if (rs.expect_killed[r] && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) continue;
-    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
-      if (shm->fail[r][0]) { /* reported a failure but exited 0: should not happen */
-        ok = 0;
-        append(reason, rlen, "%s%s", reason[0] ? " | " : "", shm->fail[r]);
-      }
-      continue;
-    }
-    ok = 0;
-    if (WIFSIGNALED(st)) {
-      any_root = 1;
-      append(reason, rlen, "%srank %d died of %s (%d) during: %s", reason[0] ? " | " : "", r, signame(WTERMSIG(st)),
-             WTERMSIG(st), shm->stage[r][0] ? shm->stage[r] : "?");
-    } else if (WEXITSTATUS(st) == 1) {
-      any_root = 1;
-      if (shm->fail[r][0]) append(reason, rlen, "%s%s", reason[0] ? " | " : "", shm->fail[r]);
-      else append(reason, rlen, "%srank %d failed (no message; stage: %s)", reason[0] ? " | " : "", r, shm->stage[r]);
-    } else if (WEXITSTATUS(st) != 2) {
-      any_root = 1;
-      append(reason, rlen, "%srank %d exited with code %d (stage: %s)", reason[0] ? " | " : "", r, WEXITSTATUS(st),
-             shm->stage[r]);
-    }
-  }
-  if (!ok && !any_root && !reason[0]) append(reason, rlen, "ranks aborted without a root cause (see stderr)");
-  for (int r = 0; r < nforked; r++) {
-    int dup = 0;
-    for (int k = 0; k < r; k++) dup |= strcmp(shm->detail[k], shm->detail[r]) == 0;
-    if (shm->detail[r][0] && !dup) append(details, dlen, "%s%s", details[0] ? "; " : "", shm->detail[r]);
-  }
-  munmap(shm, sizeof *shm);
-  return ok ? 0 : -1;
+  hc_runspec_t hs = {spec->name, spec->nranks, (int)(spec->timeout_s * g_time_scale), g_op_timeout_ms,
+                     spec->short_timeout_env ? g_kill_timeout_ms : 0, sizeof(struct shm), rank_main, spec, spec->hook};
+  return hc_run_ranks(&hs, reason, rlen, details, dlen, NULL, NULL);
 }
 
 /* kill: the parent SIGKILLs the victim once both ranks have completed a few 4 MiB messages. */
-static int kill_hook(runstate_t* rs) {
+static int kill_hook(hc_runstate_t* rs) {
   struct shm* shm = rs->shm;
   int64_t kill_ns = atomic_load(&shm->kill_ns);
   if (kill_ns) {
@@ -2088,7 +1850,7 @@ static int kill_hook(runstate_t* rs) {
       snprintf(rs->reason, sizeof rs->reason,
                "rank %d (survivor) is stuck inside a plugin call %.0f s after the peer was SIGKILLed (stage: %s); "
                "stacks on stderr",
-               s, since, shm->stage[s]);
+               s, since, shm->b.stage[s]);
       dump_stacks("kill", s, rs->pid[s]);
       return -1;
     }
@@ -2106,7 +1868,7 @@ static int kill_hook(runstate_t* rs) {
   if (now_ns() - rs->start > 40000000000LL) {
     snprintf(rs->reason, sizeof rs->reason,
              "the 4 MiB stream never got going (completed messages: rank0 %lld, rank1 %lld after 40 s; stages: '%s' / '%s')",
-             p0, p1, shm->stage[0], shm->stage[1]);
+             p0, p1, shm->b.stage[0], shm->b.stage[1]);
     return -1;
   }
   return 0;

@@ -23,10 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -39,159 +36,39 @@ int g_cycles = 300;
 int g_kill_victim = 1;
 int g_expect_rma = -1;
 
-typedef struct runstate runstate_t;
-
 typedef struct {
   const char* name;
   const char* help;
   int nranks;
   int (*fn)(rctx_t*);
   int timeout_s;
-  int short_timeout_env;       /* FABRICOLL_TIMEOUT_MS = g_kill_timeout_ms in the ranks */
-  int (*hook)(runstate_t*);    /* called by the parent while waiting; -1 = fail (rs->reason) */
-  int kill_both;               /* run twice: the receiver killed, then the sender */
+  int short_timeout_env;          /* FABRICOLL_TIMEOUT_MS = g_kill_timeout_ms in the ranks */
+  int (*hook)(hc_runstate_t*);    /* called by the parent while waiting; -1 = fail (rs->reason) */
+  int kill_both;                  /* run twice: the receiver killed, then the sender */
 } scenario_t;
 
-struct runstate {
-  const scenario_t* s;
-  struct shm* shm;
-  pid_t pid[MAXR];
-  int exited[MAXR];
-  int status[MAXR];
-  int expect_killed[MAXR];
-  int64_t start;
-  char reason[FAIL_LEN];
-};
-
-static void child_main(const scenario_t* s, int rank, struct shm* shm, pid_t parent, int64_t deadline) {
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(3);
-  if (s->short_timeout_env) {
-    char b[32];
-    snprintf(b, sizeof b, "%d", g_kill_timeout_ms);
-    setenv("FABRICOLL_TIMEOUT_MS", b, 1);
-  }
+/* In a forked rank (hc_run_ranks): the scenario with this harness's context around *h. */
+static int rank_main(const void* arg, hc_rank_t* h, void* shm) {
+  const scenario_t* s = arg;
   rctx_t c;
   memset(&c, 0, sizeof c);
-  c.scn = s->name;
-  c.rank = rank;
-  c.nranks = s->nranks;
+  c.hc = *h;
   c.shm = shm;
-  c.deadline = deadline;
   int rc = s->fn(&c);
-  atomic_store(&shm->checks[rank], c.checks);
-  stagef(&c, "exit() after %s", rc == 0 ? "success" : "failure");
-  fflush(NULL);
-  /* A rank that succeeded called fini: a normal exit then shows that nothing the library left for
-   * exit time (it registers nothing, per the contract) crashes. A failed rank may be mid-way
-   * through anything: _exit. */
-  if (rc == 0) exit(0);
-  _exit(c.aborted ? 2 : 1);
+  *h = c.hc;
+  return rc;
 }
 
 /* Runs the scenario's ranks once; 0 = all good. reason/details/checks are appended to. */
 static int run_ranks(const scenario_t* s, char* reason, size_t rlen, char* details, size_t dlen, long long* checks) {
-  struct shm* shm = mmap(NULL, sizeof(struct shm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (shm == MAP_FAILED) {
-    append(reason, rlen, "mmap failed: %s", strerror(errno));
-    return -1;
-  }
-  memset(shm, 0, sizeof *shm);
-  runstate_t rs;
-  memset(&rs, 0, sizeof rs);
-  rs.s = s;
-  rs.shm = shm;
-  rs.start = now_ns();
-  int64_t deadline = rs.start + (int64_t)s->timeout_s * 1000000000LL;
-  int64_t child_deadline = deadline - 3000000000LL;
-  pid_t parent = getpid();
-  fflush(NULL);
-  int nforked = 0;
-  for (int r = 0; r < s->nranks; r++) {
-    pid_t p = fork();
-    if (p < 0) {
-      append(reason, rlen, "fork failed: %s", strerror(errno));
-      atomic_store(&shm->abort, 1);
-      break;
-    }
-    if (p == 0) child_main(s, r, shm, parent, child_deadline);
-    rs.pid[r] = p;
-    nforked++;
-  }
-  int timed_out = 0, hook_failed = 0;
-  int64_t first_fail = 0;
-  for (;;) {
-    int alive = 0;
-    for (int r = 0; r < nforked; r++) {
-      if (rs.exited[r]) continue;
-      int st;
-      if (waitpid(rs.pid[r], &st, WNOHANG) == rs.pid[r]) {
-        rs.exited[r] = 1;
-        rs.status[r] = st;
-        int bad = !(WIFEXITED(st) && WEXITSTATUS(st) == 0) &&
-                  !(rs.expect_killed[r] && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
-        if (bad && !first_fail) {
-          first_fail = now_ns();
-          atomic_store(&shm->abort, 1);
-        }
-      } else {
-        alive++;
-      }
-    }
-    if (!alive) break;
-    if (s->hook && !hook_failed && s->hook(&rs) != 0) {
-      hook_failed = 1;
-      append(reason, rlen, "%s", rs.reason);
-      atomic_store(&shm->abort, 1);
-      first_fail = now_ns();
-    }
-    int64_t now = now_ns();
-    /* 10 s after a failure the others had time to notice the abort flag */
-    if (now > deadline || (first_fail && now > first_fail + 10000000000LL)) {
-      timed_out = now > deadline;
-      for (int r = 0; r < nforked; r++)
-        if (!rs.exited[r]) {
-          if (timed_out)
-            append(reason, rlen, "%srank %d still running after %d s (stage: %s)", reason[0] ? " | " : "", r,
-                   s->timeout_s, shm->stage[r][0] ? shm->stage[r] : "?");
-          kill(rs.pid[r], SIGKILL);
-          waitpid(rs.pid[r], &rs.status[r], 0);
-          rs.exited[r] = 1;
-          rs.status[r] = -1; /* killed by us */
-        }
-      break;
-    }
-    struct timespec ts = {0, 2 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
-  int ok = !timed_out && !hook_failed && nforked == s->nranks;
-  for (int r = 0; r < nforked; r++) {
-    int st = rs.status[r];
-    *checks += atomic_load(&shm->checks[r]);
-    if (st != -1 && rs.expect_killed[r] && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) continue;
-    if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0 && !shm->fail[r][0]) continue;
-    ok = 0;
-    if (shm->fail[r][0]) append(reason, rlen, "%s%s", reason[0] ? " | " : "", shm->fail[r]);
-    else if (st != -1 && WIFSIGNALED(st))
-      append(reason, rlen, "%srank %d died of %s (%d) during: %s", reason[0] ? " | " : "", r, signame(WTERMSIG(st)),
-             WTERMSIG(st), shm->stage[r]);
-    else if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) != 2)
-      append(reason, rlen, "%srank %d exited with code %d (stage: %s)", reason[0] ? " | " : "", r, WEXITSTATUS(st),
-             shm->stage[r]);
-  }
-  if (!ok && !reason[0]) append(reason, rlen, "ranks aborted without a root cause (see stderr)");
-  for (int r = 0; r < nforked; r++) {
-    int dup = 0;
-    for (int k = 0; k < r; k++) dup |= strcmp(shm->detail[k], shm->detail[r]) == 0;
-    if (shm->detail[r][0] && !dup) append(details, dlen, "%s%s", details[0] ? "; " : "", shm->detail[r]);
-  }
-  munmap(shm, sizeof *shm);
-  return ok ? 0 : -1;
+  hc_runspec_t spec = {s->name, s->nranks, s->timeout_s, g_op_timeout_ms, s->short_timeout_env ? g_kill_timeout_ms : 0,
+                       sizeof(struct shm), rank_main, s, s->hook};
+  return hc_run_ranks(&spec, reason, rlen, details, dlen, checks, NULL);
 }
 
 /* kill: SIGKILL the victim once both ranks have completed a few messages; then watch that the
  * survivor reports within FABRICOLL_TIMEOUT_MS + 5 s and is not stuck inside a library call. */
-static int kill_hook(runstate_t* rs) {
+static int kill_hook(hc_runstate_t* rs) {
   struct shm* shm = rs->shm;
   int64_t kill_ns = atomic_load(&shm->kill_ns);
   if (kill_ns) {
@@ -199,7 +76,7 @@ static int kill_hook(runstate_t* rs) {
     double since = (double)(now_ns() - kill_ns) / 1e9;
     if (!rs->exited[sv] && since > (g_kill_timeout_ms + 5000) / 1000.0 + 10) {
       snprintf(rs->reason, sizeof rs->reason, "rank %d (survivor) is stuck %.0f s after the peer was SIGKILLed (stage: %s)",
-               sv, since, shm->stage[sv]);
+               sv, since, shm->b.stage[sv]);
       return -1;
     }
     return 0;

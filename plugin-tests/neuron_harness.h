@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "harness_common.h" /* errs_t, patterns, fd/RSS counts, STAGE_LEN, FAIL_LEN, MIB, ... */
+#include "harness_run.h"    /* the board, hc_rank_t, stagef/failf/detailf/sync_ranks, the runner */
 #include "neuron_net.h"
 
 #define MAXR 4
@@ -36,16 +37,12 @@ struct slot {
 };
 
 struct shm {
-  atomic_int abort;            /* some rank failed or the parent gave up: everybody stop */
-  atomic_int phase[MAXR];      /* barrier counters */
+  hc_board_t b;                /* first: abort, barriers, checks, stage/fail/detail (harness_run.h) */
   atomic_llong progress[MAXR]; /* kill: messages completed */
   atomic_llong kill_ns;        /* kill: CLOCK_MONOTONIC time of the parent's SIGKILL */
-  atomic_llong checks[MAXR];   /* checks each rank made */
   struct slot slot[MAXR][NSLOT]; /* slot[writer][k] */
-  char stage[MAXR][STAGE_LEN];
-  char fail[MAXR][FAIL_LEN];
-  char detail[MAXR][DETAIL_LEN];
 };
+_Static_assert(MAXR <= HC_MAXR, "the runner forks at most HC_MAXR ranks");
 
 /* The table a rank plays libnccom with; only the member of its version is set. */
 typedef struct {
@@ -57,16 +54,11 @@ typedef struct {
 } nn_t;
 
 typedef struct rctx {
-  const char* scn;
-  int rank, nranks;
+  hc_rank_t hc; /* scenario, rank, ranks, deadline, barrier phase, aborted, checks (harness_run.h) */
   struct shm* shm;
   nn_t n;
   ncclNetProperties_v6_t props; /* of device 0; v4 fields copied, the others 0 */
   int ndev;
-  int64_t deadline; /* the rank must finish (or report) before this */
-  int phase;
-  int aborted;
-  long long checks;
 } rctx_t;
 
 /* -------------------------------------------------------------------------------- logger */
@@ -79,20 +71,10 @@ extern char log_last_warn[512];
 /* ------------------------------------------------------------------------------ small helpers */
 
 /* Defined in netapi.c, linked as it is (its header declares NVIDIA's layouts, so it is not
- * included here): CLOCK_MONOTONIC ns, HARNESS_VERBOSE logging, the polling back-off, and the
- * names of ncclResult_t values (the same numbers in both ABIs). */
-int64_t now_ns(void);
-double ms_since(int64_t t0);
-int verbose(void);
-void vlog(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-void backoff(int* spins);
+ * included here): the names of ncclResult_t values (the same numbers in both ABIs). Its clock,
+ * HARNESS_VERBOSE logging and back-off are declared in harness_common.h. */
 const char* nccl_result_str(int r); /* netapi.c: also names 1000, NN_NO_MEMBER, "table member is NULL" */
 static inline const char* rstr(int r) { return nccl_result_str(r); }
-void stagef(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-int failf(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-void detailf(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-int check_abort(rctx_t* c);
-int64_t op_deadline(rctx_t* c);
 
 /* One check of a returned code: counted; a mismatch goes into e. An error code returned once the
  * library has a logger must come with a WARN line (contract: errors are logged at WARN); w0 is
@@ -108,13 +90,11 @@ extern int g_logger_given; /* init was called: the library has our logger */
 /* Turns the accumulated problems into the rank's failure (0 when there were none). */
 int errs_finish(rctx_t* c, errs_t* e, const char* scope);
 
-void* xalloc(rctx_t* c, size_t size, const char* what);
 
-/* -------------------------------------------------------------- mailbox, barrier (no plugin) */
+/* ------------------------------------------------------------------------ mailbox (no plugin) */
 
 void publish(rctx_t* c, int slot, unsigned seq, const void* data);
 int fetch(rctx_t* c, int from, int slot, unsigned seq, void* out, const char* what);
-int sync_ranks(rctx_t* c, const char* what);
 
 /* ------------------------------------------------------- calling the tables (neuron_util.c) */
 

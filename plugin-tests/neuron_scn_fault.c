@@ -96,7 +96,7 @@ int scn_badinput(rctx_t* c) {
     backoff(&spins);
   }
   for (int k = 0; k < 2; k++) {
-    c->checks++;
+    c->hc.checks++;
     if (hs[k].state == 0)
       add_err(&e, "connect with a %s kept returning Success/NULL comm for %.0f ms (FABRICOLL_TIMEOUT_MS=%d)", hs[k].name,
               ms_since(t0), g_kill_timeout_ms);
@@ -117,7 +117,7 @@ int scn_badinput(rctx_t* c) {
   free(b);
   free(rb);
   (void)nd;
-  detailf(c, "%lld bad calls", c->checks);
+  detailf(c, "%lld bad calls", c->hc.checks);
   if (std_teardown(c)) return -1;
   return errs_finish(c, &e, "badinput");
 }
@@ -138,7 +138,7 @@ int scn_v4block(rctx_t* c) {
   int64_t t0 = now_ns();
   EXPECT_RC(c, &e, "v4 accept with nobody connecting", nn_accept(&c->n, lc, &rc), ncclRemoteError);
   double ms = ms_since(t0);
-  c->checks += 2;
+  c->hc.checks += 2;
   if (rc) add_err(&e, "v4 accept with nobody connecting gave a recvComm");
   if (ms > limit) add_err(&e, "v4 accept blocked %.0f ms, FABRICOLL_TIMEOUT_MS is %d", ms, g_kill_timeout_ms);
   nn_close_listen(&c->n, lc);
@@ -149,7 +149,7 @@ int scn_v4block(rctx_t* c) {
   r = nn_connect(&c->n, 0, zero, &sc);
   double cms = ms_since(t0);
   free(zero);
-  c->checks += 2;
+  c->hc.checks += 2;
   if (r == ncclSuccess) add_err(&e, "v4 connect to a zeroed handle returned Success (sendComm %p)", sc);
   if (cms > limit) add_err(&e, "v4 connect to a zeroed handle blocked %.0f ms", cms);
   detailf(c, "v4 accept gave up after %.0f ms, connect to a zeroed handle returned %d (%s) after %.0f ms", ms, r,
@@ -175,14 +175,14 @@ int scn_cycles(rctx_t* c) {
     snprintf(what, sizeof what, "cycle %d", cyc);
     void *sc = NULL, *rc = NULL, *mh = NULL;
     if (pair_one_way(c, 0, 1, &sc, &rc, cyc % NSLOT, (unsigned)(cyc / NSLOT) + 1, what)) return -1;
-    void* comm = c->rank == 0 ? sc : rc;
+    void* comm = c->hc.rank == 0 ? sc : rc;
     if (regmr(c, comm, buf, sz + 64, &mh, what)) return -1;
     uint64_t seed = seed_of(cyc, 10, 10);
-    if (c->rank == 0 ? xfer(c, sc, mh, buf, NULL, NULL, NULL, 0, sz, seed, what)
+    if (c->hc.rank == 0 ? xfer(c, sc, mh, buf, NULL, NULL, NULL, 0, sz, seed, what)
                      : xfer(c, NULL, NULL, NULL, rc, mh, buf, sz + 64, sz, seed, what))
       return -1;
     if (deregmr(c, comm, mh, what) || sync_ranks(c, what)) return -1;
-    ncclResult_t r = c->rank == 0 ? nn_close_send(&c->n, sc) : nn_close_recv(&c->n, rc);
+    ncclResult_t r = c->hc.rank == 0 ? nn_close_send(&c->n, sc) : nn_close_recv(&c->n, rc);
     if (r != ncclSuccess) return failf(c, "%s: close returned %d (%s)", what, r, rstr(r));
     if (cyc + 1 == mark) fd_mark = count_fds(), rss_mark = rss_bytes();
     if (cyc + 1 == mid) rss_mid = rss_bytes();
@@ -191,9 +191,9 @@ int scn_cycles(rctx_t* c) {
   rss_end = rss_bytes();
   free(buf);
   if (std_teardown(c)) return -1;
-  detailf(c, "rank %d: fds %d -> %d, RSS %.1f -> %.1f -> %.1f MiB (after cycle %d -> %d -> %d)", c->rank, fd_mark,
+  detailf(c, "rank %d: fds %d -> %d, RSS %.1f -> %.1f -> %.1f MiB (after cycle %d -> %d -> %d)", c->hc.rank, fd_mark,
           fd_end, rss_mark / (double)MIB, rss_mid / (double)MIB, rss_end / (double)MIB, mark, mid, ncyc);
-  c->checks += 3;
+  c->hc.checks += 3;
   if (fd_end > fd_mark)
     return failf(c, "open fds grew from %d (after cycle %d) to %d (after cycle %d)", fd_mark, mark, fd_end, ncyc);
   /* A leak grows RSS in both halves; a pool touched once later grows it in one. */
@@ -217,7 +217,7 @@ int scn_kill(rctx_t* c) {
   if (std_setup(c, 6)) return -1;
   void *sc, *rc;
   if (pair_one_way(c, 0, 1, &sc, &rc, 0, 1, "kill setup")) return -1;
-  const int sender = c->rank == 0, victim = c->rank == g_kill_victim;
+  const int sender = c->hc.rank == 0, victim = c->hc.rank == g_kill_victim;
   void* comm = sender ? sc : rc;
   unsigned char* buf = xalloc(c, KILL_MSG, "kill buffer");
   void* mh;
@@ -257,14 +257,14 @@ int scn_kill(rctx_t* c) {
         how = "test", err = r;
       } else if (done) {
         req[i] = NULL;
-        atomic_store(&c->shm->progress[c->rank], ++completed);
+        atomic_store(&c->shm->progress[c->hc.rank], ++completed);
         spins = 0;
       }
     }
     backoff(&spins);
   }
   double ms = (double)(now_ns() - atomic_load(&c->shm->kill_ns)) / 1e6;
-  c->checks++;
+  c->hc.checks++;
   detailf(c, "%s killed: the %s's %s returned %d (%s) %.0f ms after SIGKILL", sender ? "receiver" : "sender",
           sender ? "sender" : "receiver", how, err, rstr(err), ms);
   /* Tear down like libnccom after an error: close and fini must not hang. */

@@ -41,62 +41,16 @@ void nn_logger(ncclDebugLogLevel level, unsigned long flags, const char* file, i
 
 /* ------------------------------------------------------------------------------ small helpers */
 
-/* The stage is written straight into the mailbox: the parent reads it when a rank hangs. */
-void stagef(rctx_t* c, const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(c->shm->stage[c->rank], STAGE_LEN, fmt, ap);
-  va_end(ap);
-  vlog("[%s rank %d] %s\n", c->scn, c->rank, c->shm->stage[c->rank]);
-}
-
-int failf(rctx_t* c, const char* fmt, ...) {
-  char msg[FAIL_LEN - 64];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  /* a failure seen after another rank already failed is most likely a consequence of it */
-  int cascade = atomic_exchange(&c->shm->abort, 1) != 0;
-  if (c->shm->fail[c->rank][0] == 0) {
-    char full[FAIL_LEN];
-    snprintf(full, sizeof full, "rank %d: %s%s", c->rank, cascade ? "(another rank had already failed) " : "", msg);
-    copy_str(c->shm->fail[c->rank], FAIL_LEN, full);
-  }
-  fprintf(stderr, "[%s rank %d pid %d] FAIL: %s\n", c->scn, c->rank, (int)getpid(), msg);
-  return -1;
-}
-
-void detailf(rctx_t* c, const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(c->shm->detail[c->rank], DETAIL_LEN, fmt, ap);
-  va_end(ap);
-}
-
-int check_abort(rctx_t* c) {
-  if (atomic_load(&c->shm->abort)) {
-    c->aborted = 1;
-    return 1;
-  }
-  return 0;
-}
-
-int64_t op_deadline(rctx_t* c) {
-  int64_t d = now_ns() + (int64_t)g_op_timeout_ms * 1000000LL;
-  return d < c->deadline ? d : c->deadline;
-}
-
 int g_logger_given;
 
 void expect_rc(rctx_t* c, errs_t* e, const char* what, ncclResult_t got, ncclResult_t want, long w0) {
-  c->checks++;
+  c->hc.checks++;
   if (got != want) {
     add_err(e, "%s returned %d (%s), expected %d (%s)", what, (int)got, rstr(got), (int)want, rstr(want));
     return;
   }
   if (want == ncclSuccess || !g_logger_given) return;
-  c->checks++;
+  c->hc.checks++;
   if (atomic_load(&log_warns) == w0) add_err(e, "%s returned %s without logging a WARN line", what, rstr(got));
 }
 
@@ -105,23 +59,11 @@ int errs_finish(rctx_t* c, errs_t* e, const char* scope) {
   return failf(c, "%s: %d problem(s): %s", scope, e->count, e->text);
 }
 
-void* xalloc(rctx_t* c, size_t size, const char* what) {
-  size_t sz = (size + 4095) & ~(size_t)4095;
-  if (sz == 0) sz = 4096;
-  void* p = aligned_alloc(4096, sz);
-  if (!p) {
-    failf(c, "out of memory allocating %zu bytes for %s", size, what);
-    return NULL;
-  }
-  memset(p, 0, sz);
-  return p;
-}
-
-/* --------------------------------------------------------------------- mailbox and barrier */
+/* -------------------------------------------------------------------------------- mailbox */
 
 void publish(rctx_t* c, int slot, unsigned seq, const void* data) {
-  memcpy(c->shm->slot[c->rank][slot].data, data, HSIZE);
-  atomic_store_explicit(&c->shm->slot[c->rank][slot].seq, seq, memory_order_release);
+  memcpy(c->shm->slot[c->hc.rank][slot].data, data, HSIZE);
+  atomic_store_explicit(&c->shm->slot[c->hc.rank][slot].seq, seq, memory_order_release);
 }
 
 int fetch(rctx_t* c, int from, int slot, unsigned seq, void* out, const char* what) {
@@ -135,22 +77,4 @@ int fetch(rctx_t* c, int from, int slot, unsigned seq, void* out, const char* wh
   }
   memcpy(out, c->shm->slot[from][slot].data, HSIZE);
   return 0;
-}
-
-/* A barrier with a deadline that never calls into the library. */
-int sync_ranks(rctx_t* c, const char* what) {
-  int target = ++c->phase;
-  atomic_store(&c->shm->phase[c->rank], target);
-  stagef(c, "barrier '%s' (phase %d)", what, target);
-  int64_t deadline = op_deadline(c);
-  int spins = 0;
-  for (;;) {
-    int all = 1;
-    for (int r = 0; r < c->nranks; r++)
-      if (atomic_load(&c->shm->phase[r]) < target) all = 0;
-    if (all) return 0;
-    if (check_abort(c)) return -1;
-    if (now_ns() > deadline) return failf(c, "timed out in barrier '%s' (phase %d)", what, target);
-    backoff(&spins);
-  }
 }
