@@ -2222,24 +2222,15 @@ int main(int argc, char** argv) {
     return run_bench(ranks ? ranks : 2);
   }
   int all = !strcmp(which, "all");
-  for (const char* p = which; !all && *p;) {
-    const char* q = strchr(p, ',');
-    size_t len = q ? (size_t)(q - p) : strlen(p);
-    int found = 0;
-    for (int i = 0; i < NSCEN; i++)
-      if (strlen(g_scen[i].name) == len && !strncmp(g_scen[i].name, p, len)) found = 1;
-    if (!found) {
-      fprintf(stderr, "collnet_harness: unknown scenario '%.*s'\n", (int)len, p);
-      usage(stderr);
-      return 2;
-    }
-    if (!q) break;
-    p = q + 1;
+  _Static_assert(offsetof(scenario_t, name) == 0, "unknown_name() reads each entry's name first");
+  size_t badlen = 0;
+  const char* bad = all ? NULL : unknown_name(which, g_scen, sizeof g_scen[0], NSCEN, &badlen);
+  if (bad) {
+    fprintf(stderr, "collnet_harness: unknown scenario '%.*s'\n", (int)badlen, bad);
+    usage(stderr);
+    return 2;
   }
-  struct stat stbuf;
-  if (stat(g_lib, &stbuf) != 0)
-    fprintf(stderr, "collnet_harness: warning: library %s: %s (every scenario will fail at dlopen)\n", g_lib,
-            strerror(errno));
+  warn_missing_lib("collnet_harness", g_lib);
   fprintf(stderr, "collnet_harness: lib %s, table v%d, FABRICOLL_PROVIDER=%s FABRICOLL_DOMAIN=%s\n", g_lib, g_version,
           getenv("FABRICOLL_PROVIDER") ? getenv("FABRICOLL_PROVIDER") : "(unset)",
           getenv("FABRICOLL_DOMAIN") ? getenv("FABRICOLL_DOMAIN") : "(unset)");

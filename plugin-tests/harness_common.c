@@ -5,11 +5,13 @@
 #include "harness_common.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------------------------------ strings */
@@ -41,6 +43,31 @@ int in_list(const char* list, const char* name) {
     p = q + 1;
   }
   return 0;
+}
+
+const char* unknown_name(const char* list, const void* table, size_t stride, int n, size_t* len) {
+  for (const char* p = list; *p;) {
+    const char* q = strchr(p, ',');
+    size_t l = q ? (size_t)(q - p) : strlen(p);
+    int found = 0;
+    for (int i = 0; i < n && !found; i++) {
+      const char* name = *(const char* const*)((const char*)table + (size_t)i * stride);
+      found = strlen(name) == l && strncmp(name, p, l) == 0;
+    }
+    if (!found) {
+      *len = l;
+      return p;
+    }
+    if (!q) break;
+    p = q + 1;
+  }
+  return NULL;
+}
+
+void warn_missing_lib(const char* prog, const char* path) {
+  struct stat st;
+  if (stat(path, &st) != 0)
+    fprintf(stderr, "%s: warning: library %s: %s (every scenario will fail at dlopen)\n", prog, path, strerror(errno));
 }
 
 void add_err(errs_t* e, const char* fmt, ...) {

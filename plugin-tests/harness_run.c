@@ -101,6 +101,40 @@ void* hc_xalloc(hc_rank_t* h, size_t size, const char* what) {
   return p;
 }
 
+void hc_growth_init(hc_growth_t* g, int mark, int mid, int last) {
+  *g = (hc_growth_t){mark, mid, last, -1, -1, -1, -1, -1};
+}
+
+void hc_growth_sample(hc_growth_t* g, int done) {
+  if (done == g->mark) {
+    g->fd_mark = count_fds();
+    g->rss_mark = rss_bytes();
+  }
+  if (done == g->mid) g->rss_mid = rss_bytes();
+  if (done == g->last) {
+    g->fd_end = count_fds();
+    g->rss_end = rss_bytes();
+  }
+}
+
+int hc_check_growth(hc_rank_t* h, const hc_growth_t* g) {
+  hc_detailf(h, "rank %d: fds %d -> %d, RSS %.1f -> %.1f -> %.1f MiB (after cycle %d -> %d -> %d)", h->rank, g->fd_mark,
+             g->fd_end, g->rss_mark / (double)MIB, g->rss_mid / (double)MIB, g->rss_end / (double)MIB, g->mark, g->mid,
+             g->last);
+  if (g->fd_end > g->fd_mark)
+    return hc_failf(h, "open fds grew from %d (after cycle %d) to %d (after cycle %d)", g->fd_mark, g->mark, g->fd_end,
+                    g->last);
+  long g1 = g->rss_mid - g->rss_mark, g2 = g->rss_end - g->rss_mid;
+  if (g1 > (long)(4 * MIB) && g2 > (long)(4 * MIB))
+    return hc_failf(h, "RSS grew steadily: by %.1f MiB between cycle %d and %d and by %.1f MiB between cycle %d and %d "
+                    "(limit 4 MiB in at least one half)", g1 / (double)MIB, g->mark, g->mid, g2 / (double)MIB, g->mid,
+                    g->last);
+  if (g1 + g2 > (long)(32 * MIB))
+    return hc_failf(h, "RSS grew by %.1f MiB between cycle %d and %d (limit 32 MiB)", (g1 + g2) / (double)MIB, g->mark,
+                    g->last);
+  return 0;
+}
+
 /* ------------------------------------------------------------------------------ the runner */
 
 static void child_main(const hc_runspec_t* spec, int rank, void* shm, pid_t parent, int64_t deadline) {

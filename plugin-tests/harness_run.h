@@ -59,6 +59,22 @@ int hc_sync_ranks(hc_rank_t* h, const char* what);
 /* A zeroed, page-aligned buffer of at least `size` bytes (one page for 0); NULL after failf. */
 void* hc_xalloc(hc_rank_t* h, size_t size, const char* what);
 
+/* fd and RSS readings of a cycles scenario (open/use/close N times): fds and RSS after cycle
+ * `mark`, RSS after cycle `mid`, both after the last cycle (`last`). A leak grows RSS in both
+ * halves; a pool that the provider maps at start and touches all at once later grows it in one. */
+typedef struct {
+  int mark, mid, last;
+  int fd_mark, fd_end;
+  long rss_mark, rss_mid, rss_end;
+} hc_growth_t;
+/* Readings not taken yet are -1. */
+void hc_growth_init(hc_growth_t* g, int mark, int mid, int last);
+/* Takes the readings due once `done` cycles are complete (call after each cycle). */
+void hc_growth_sample(hc_growth_t* g, int done);
+/* The readings as the rank's detail line; fails when the open fds grew, when RSS grew by more
+ * than 4 MiB in both halves or by more than 32 MiB in all. */
+int hc_check_growth(hc_rank_t* h, const hc_growth_t* g);
+
 /* The harnesses call these on their rank context c (any struct with an hc_rank_t member hc). */
 #define stagef(c, ...) hc_stagef(&(c)->hc, __VA_ARGS__)
 #define failf(c, ...) hc_failf(&(c)->hc, __VA_ARGS__)
@@ -67,6 +83,7 @@ void* hc_xalloc(hc_rank_t* h, size_t size, const char* what);
 #define op_deadline(c) hc_op_deadline(&(c)->hc)
 #define sync_ranks(c, what) hc_sync_ranks(&(c)->hc, (what))
 #define xalloc(c, size, what) hc_xalloc(&(c)->hc, (size), (what))
+#define check_growth(c, g) hc_check_growth(&(c)->hc, (g))
 
 /* ------------------------------------------------------------------------------ the runner */
 

@@ -1675,8 +1675,8 @@ static int scn_cycles(rctx_t* c) {
    * on tcp: a one-time step of ~16.6 MiB seen in about 1 run in 4, the same after 4,000 cycles
    * as after 1,000) grows it in one half only. */
   int mid = mark + (ncyc - mark) / 2;
-  int fd_mark = -1, fd_end = -1;
-  long rss_mark = -1, rss_mid = -1, rss_end = -1;
+  hc_growth_t g;
+  hc_growth_init(&g, mark, mid, ncyc);
   int64_t t0 = now_ns();
   for (int cyc = 0; cyc < ncyc; cyc++) {
     char what[64];
@@ -1699,31 +1699,14 @@ static int scn_cycles(rctx_t* c) {
     if (sync_ranks(c, what)) return -1;
     if (c->hc.rank == 0 && close_send(c, sc, what)) return -1;
     if (c->hc.rank == 1 && close_recv(c, rc, what)) return -1;
-    if (cyc + 1 == mark) {
-      fd_mark = count_fds();
-      rss_mark = rss_bytes();
-    }
-    if (cyc + 1 == mid) rss_mid = rss_bytes();
+    hc_growth_sample(&g, cyc + 1);
   }
-  fd_end = count_fds();
-  rss_end = rss_bytes();
   double secs = ms_since(t0) / 1000;
   free(sb);
   free(rb);
   if (std_teardown(c)) return -1;
-  detailf(c, "rank %d: fds %d -> %d, RSS %.1f -> %.1f -> %.1f MiB (after cycle %d -> %d -> %d)", c->hc.rank, fd_mark,
-          fd_end, rss_mark / (double)MIB, rss_mid / (double)MIB, rss_end / (double)MIB, mark, mid, ncyc);
   atomic_store(&c->shm->val[c->hc.rank][0], (long long)(secs * 1000));
-  if (fd_end > fd_mark)
-    return failf(c, "open fds grew from %d (after cycle %d) to %d (after cycle %d)", fd_mark, mark, fd_end, ncyc);
-  long g1 = rss_mid - rss_mark, g2 = rss_end - rss_mid;
-  if (g1 > (long)(4 * MIB) && g2 > (long)(4 * MIB))
-    return failf(c, "RSS grew steadily: by %.1f MiB between cycle %d and %d and by %.1f MiB between cycle %d and %d "
-                 "(limit 4 MiB in at least one half)", g1 / (double)MIB, mark, mid, g2 / (double)MIB, mid, ncyc);
-  if (g1 + g2 > (long)(32 * MIB))
-    return failf(c, "RSS grew by %.1f MiB between cycle %d and %d (limit 32 MiB)", (g1 + g2) / (double)MIB, mark,
-                 ncyc);
-  return 0;
+  return check_growth(c, &g);
 }
 
 /* ------------------------------------------------------------------------------------ versions */
@@ -1992,24 +1975,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   int all = !strcmp(which, "all");
-  for (const char* p = which; !all && *p;) { /* validate names */
-    const char* q = strchr(p, ',');
-    size_t len = q ? (size_t)(q - p) : strlen(p);
-    int found = 0;
-    for (int i = 0; i < NSCEN; i++)
-      if (strlen(g_scenarios[i].name) == len && !strncmp(g_scenarios[i].name, p, len)) found = 1;
-    if (!found) {
-      fprintf(stderr, "net_harness: unknown scenario '%.*s'\n", (int)len, p);
-      usage(stderr);
-      return 2;
-    }
-    if (!q) break;
-    p = q + 1;
+  _Static_assert(offsetof(scenario_t, name) == 0, "unknown_name() reads each entry's name first");
+  size_t badlen = 0;
+  const char* bad = all ? NULL : unknown_name(which, g_scenarios, sizeof g_scenarios[0], NSCEN, &badlen);
+  if (bad) {
+    fprintf(stderr, "net_harness: unknown scenario '%.*s'\n", (int)badlen, bad);
+    usage(stderr);
+    return 2;
   }
-  struct stat stbuf;
-  if (stat(g_lib, &stbuf) != 0)
-    fprintf(stderr, "net_harness: warning: library %s: %s (every scenario will fail at dlopen)\n", g_lib,
-            strerror(errno));
+  warn_missing_lib("net_harness", g_lib);
   signal(SIGPIPE, SIG_IGN);
   setvbuf(stdout, NULL, _IOLBF, 0);
   fprintf(stderr, "net_harness: lib %s, table v%d, FABRICOLL_PROVIDER=%s FABRICOLL_DOMAIN=%s\n", g_lib, g_version,

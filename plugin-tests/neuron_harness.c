@@ -221,24 +221,15 @@ int main(int argc, char** argv) {
   if (!g_lib) g_lib = getenv("FABRICOLL_NEURON_LIB");
   if (!g_lib || !*g_lib) g_lib = default_lib();
   int all = !strcmp(which, "all");
-  for (const char* p = which; !all && *p;) { /* every name must exist */
-    const char* q = strchr(p, ',');
-    size_t len = q ? (size_t)(q - p) : strlen(p);
-    int found = 0;
-    for (int i = 0; i < NSCEN; i++)
-      if (strlen(g_scenarios[i].name) == len && !strncmp(g_scenarios[i].name, p, len)) found = 1;
-    if (!found) {
-      fprintf(stderr, "neuron_harness: --scenario: unknown scenario '%.*s'\n", (int)len, p);
-      usage(stderr);
-      return 2;
-    }
-    if (!q) break;
-    p = q + 1;
+  _Static_assert(offsetof(scenario_t, name) == 0, "unknown_name() reads each entry's name first");
+  size_t badlen = 0;
+  const char* bad = all ? NULL : unknown_name(which, g_scenarios, sizeof g_scenarios[0], NSCEN, &badlen);
+  if (bad) {
+    fprintf(stderr, "neuron_harness: --scenario: unknown scenario '%.*s'\n", (int)badlen, bad);
+    usage(stderr);
+    return 2;
   }
-  struct stat st;
-  if (stat(g_lib, &st) != 0)
-    fprintf(stderr, "neuron_harness: warning: library %s: %s (every scenario will fail at dlopen)\n", g_lib,
-            strerror(errno));
+  warn_missing_lib("neuron_harness", g_lib);
   signal(SIGPIPE, SIG_IGN);
   setvbuf(stdout, NULL, _IOLBF, 0);
   fprintf(stderr, "neuron_harness: lib %s, FABRICOLL_PROVIDER=%s FABRICOLL_DOMAIN=%s\n", g_lib,

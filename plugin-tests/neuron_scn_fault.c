@@ -168,8 +168,8 @@ int scn_cycles(rctx_t* c) {
   unsigned char* buf = xalloc(c, sz + 64, "cycles buffer");
   if (!buf) return -1;
   const int ncyc = g_cycles, mark = ncyc / 10, mid = mark + (ncyc - mark) / 2;
-  int fd_mark = -1, fd_end = -1;
-  long rss_mark = -1, rss_mid = -1, rss_end = -1;
+  hc_growth_t g;
+  hc_growth_init(&g, mark, mid, ncyc);
   for (int cyc = 0; cyc < ncyc; cyc++) {
     char what[64];
     snprintf(what, sizeof what, "cycle %d", cyc);
@@ -184,26 +184,12 @@ int scn_cycles(rctx_t* c) {
     if (deregmr(c, comm, mh, what) || sync_ranks(c, what)) return -1;
     ncclResult_t r = c->hc.rank == 0 ? nn_close_send(&c->n, sc) : nn_close_recv(&c->n, rc);
     if (r != ncclSuccess) return failf(c, "%s: close returned %d (%s)", what, r, rstr(r));
-    if (cyc + 1 == mark) fd_mark = count_fds(), rss_mark = rss_bytes();
-    if (cyc + 1 == mid) rss_mid = rss_bytes();
+    hc_growth_sample(&g, cyc + 1);
   }
-  fd_end = count_fds();
-  rss_end = rss_bytes();
   free(buf);
   if (std_teardown(c)) return -1;
-  detailf(c, "rank %d: fds %d -> %d, RSS %.1f -> %.1f -> %.1f MiB (after cycle %d -> %d -> %d)", c->hc.rank, fd_mark,
-          fd_end, rss_mark / (double)MIB, rss_mid / (double)MIB, rss_end / (double)MIB, mark, mid, ncyc);
   c->hc.checks += 3;
-  if (fd_end > fd_mark)
-    return failf(c, "open fds grew from %d (after cycle %d) to %d (after cycle %d)", fd_mark, mark, fd_end, ncyc);
-  /* A leak grows RSS in both halves; a pool touched once later grows it in one. */
-  long g1 = rss_mid - rss_mark, g2 = rss_end - rss_mid;
-  if (g1 > (long)(4 * MIB) && g2 > (long)(4 * MIB))
-    return failf(c, "RSS grew steadily: %.1f MiB between cycles %d and %d, %.1f MiB between %d and %d (limit 4 MiB "
-                    "in at least one half)", g1 / (double)MIB, mark, mid, g2 / (double)MIB, mid, ncyc);
-  if (g1 + g2 > (long)(32 * MIB))
-    return failf(c, "RSS grew by %.1f MiB between cycles %d and %d (limit 32 MiB)", (g1 + g2) / (double)MIB, mark, ncyc);
-  return 0;
+  return check_growth(c, &g);
 }
 
 /* ------------------------------------------------------------------------------------ kill */
