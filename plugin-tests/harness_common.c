@@ -45,7 +45,7 @@ int in_list(const char* list, const char* name) {
   return 0;
 }
 
-const char* unknown_name(const char* list, const void* table, size_t stride, int n, size_t* len) {
+int unknown_scenario(const char* prog, const char* list, const void* table, size_t stride, int n) {
   for (const char* p = list; *p;) {
     const char* q = strchr(p, ',');
     size_t l = q ? (size_t)(q - p) : strlen(p);
@@ -55,13 +55,13 @@ const char* unknown_name(const char* list, const void* table, size_t stride, int
       found = strlen(name) == l && strncmp(name, p, l) == 0;
     }
     if (!found) {
-      *len = l;
-      return p;
+      fprintf(stderr, "%s: --scenario: unknown scenario '%.*s'\n", prog, (int)l, p);
+      return 1;
     }
     if (!q) break;
     p = q + 1;
   }
-  return NULL;
+  return 0;
 }
 
 void warn_missing_lib(const char* prog, const char* path) {

@@ -26,10 +26,10 @@ void append(char* dst, size_t cap, const char* fmt, ...) __attribute__((format(p
 /* Whether `name` is one of the comma-separated names of `list` (NULL: no). */
 int in_list(const char* list, const char* name);
 
-/* The first name of the comma-separated `list` that names no entry of `table` (n entries,
- * `stride` bytes apart, each starting with its `const char* name`), or NULL when every name is
- * known; *len gets the unknown name's length. */
-const char* unknown_name(const char* list, const void* table, size_t stride, int n, size_t* len);
+/* Whether the comma-separated `list` (--scenario) holds a name that no entry of `table` has (n
+ * entries, `stride` bytes apart, each starting with its `const char* name`); the first such name
+ * is reported on stderr as `prog`'s. */
+int unknown_scenario(const char* prog, const char* list, const void* table, size_t stride, int n);
 /* Warns on stderr, as `prog`, when the plugin file `path` cannot be found (every scenario will then
  * fail at dlopen). */
 void warn_missing_lib(const char* prog, const char* path);

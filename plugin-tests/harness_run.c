@@ -46,12 +46,10 @@ int hc_failf(hc_rank_t* h, const char* fmt, ...) {
 }
 
 void hc_detailf(hc_rank_t* h, const char* fmt, ...) {
-  char b[DETAIL_LEN];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(b, sizeof b, fmt, ap);
+  vsnprintf(h->board->detail[h->rank], DETAIL_LEN, fmt, ap);
   va_end(ap);
-  copy_str(h->board->detail[h->rank], DETAIL_LEN, b);
 }
 
 int hc_check_abort(hc_rank_t* h) {

@@ -1804,12 +1804,8 @@ typedef struct {
 
 /* In a forked rank (hc_run_ranks): the scenario with this harness's context around *h. */
 static int rank_main(const void* arg, hc_rank_t* h, void* shm) {
-  const runspec_t* spec = arg;
-  rctx_t c;
-  memset(&c, 0, sizeof c);
-  c.hc = *h;
-  c.shm = shm;
-  int rc = spec->fn(&c);
+  rctx_t c = {.hc = *h, .shm = shm};
+  int rc = ((const runspec_t*)arg)->fn(&c);
   *h = c.hc;
   return rc;
 }
@@ -1975,11 +1971,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   int all = !strcmp(which, "all");
-  _Static_assert(offsetof(scenario_t, name) == 0, "unknown_name() reads each entry's name first");
-  size_t badlen = 0;
-  const char* bad = all ? NULL : unknown_name(which, g_scenarios, sizeof g_scenarios[0], NSCEN, &badlen);
-  if (bad) {
-    fprintf(stderr, "net_harness: unknown scenario '%.*s'\n", (int)badlen, bad);
+  _Static_assert(offsetof(scenario_t, name) == 0, "unknown_scenario() reads each entry's name first");
+  if (!all && unknown_scenario("net_harness", which, g_scenarios, sizeof g_scenarios[0], NSCEN)) {
     usage(stderr);
     return 2;
   }

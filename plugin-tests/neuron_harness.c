@@ -49,12 +49,8 @@ typedef struct {
 
 /* In a forked rank (hc_run_ranks): the scenario with this harness's context around *h. */
 static int rank_main(const void* arg, hc_rank_t* h, void* shm) {
-  const scenario_t* s = arg;
-  rctx_t c;
-  memset(&c, 0, sizeof c);
-  c.hc = *h;
-  c.shm = shm;
-  int rc = s->fn(&c);
+  rctx_t c = {.hc = *h, .shm = shm};
+  int rc = ((const scenario_t*)arg)->fn(&c);
   *h = c.hc;
   return rc;
 }
@@ -221,11 +217,8 @@ int main(int argc, char** argv) {
   if (!g_lib) g_lib = getenv("FABRICOLL_NEURON_LIB");
   if (!g_lib || !*g_lib) g_lib = default_lib();
   int all = !strcmp(which, "all");
-  _Static_assert(offsetof(scenario_t, name) == 0, "unknown_name() reads each entry's name first");
-  size_t badlen = 0;
-  const char* bad = all ? NULL : unknown_name(which, g_scenarios, sizeof g_scenarios[0], NSCEN, &badlen);
-  if (bad) {
-    fprintf(stderr, "neuron_harness: --scenario: unknown scenario '%.*s'\n", (int)badlen, bad);
+  _Static_assert(offsetof(scenario_t, name) == 0, "unknown_scenario() reads each entry's name first");
+  if (!all && unknown_scenario("neuron_harness", which, g_scenarios, sizeof g_scenarios[0], NSCEN)) {
     usage(stderr);
     return 2;
   }
