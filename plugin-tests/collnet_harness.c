@@ -681,9 +681,7 @@ static size_t check_reduction(int t, int op, int mode, int nranks, const uint64_
 /* ================================================================= shared memory and ranks */
 
 struct shm {
-  hc_board_t b; /* first: abort, barriers, stage/fail/detail (harness_run.h) */
-  atomic_llong progress[MAXR];
-  atomic_llong kill_ns;
+  hc_board_t b; /* first: abort, barriers, stage/fail/detail, kill progress (harness_run.h) */
   atomic_llong closed_ns[MAXR];
   atomic_int kerr[MAXR];      /* kill: the survivor's error code */
   atomic_llong kms_x10[MAXR]; /* kill: its delay after the SIGKILL, in 0.1 ms */
@@ -1728,7 +1726,7 @@ static int scn_kill(rctx_t* c) {
         break;
       }
       if (req) break;
-      int64_t kn = atomic_load(&c->shm->kill_ns);
+      int64_t kn = atomic_load(&c->shm->b.kill_ns);
       if (kn && now_ns() > kn + limit_ns) break;
       if (now_ns() - start > 120000000000LL) return failf(c, "iallreduce kept returning NULL");
       backoff(&spins);
@@ -1745,7 +1743,7 @@ static int scn_kill(rctx_t* c) {
           break;
         }
         if (done) break;
-        int64_t kn = atomic_load(&c->shm->kill_ns);
+        int64_t kn = atomic_load(&c->shm->b.kill_ns);
         if (kn && now_ns() > kn + limit_ns) break;
         if (!kn && now_ns() - start > 90000000000LL)
           return failf(c, "%s never completed and the parent never killed the victim", o.what);
@@ -1756,11 +1754,11 @@ static int scn_kill(rctx_t* c) {
         if (((float*)rb.p)[0] != want || ((float*)rb.p)[KILL_COUNT - 1] != want)
           return failf(c, "%s: wrong result %g (expected %g)", o.what, (double)((float*)rb.p)[0], (double)want);
         completed++;
-        if (atomic_load(&c->shm->kill_ns)) after++;
-        atomic_store(&c->shm->progress[c->hc.rank], completed);
+        if (atomic_load(&c->shm->b.kill_ns)) after++;
+        atomic_store(&c->shm->b.progress[c->hc.rank], completed);
       }
     }
-    int64_t kn = atomic_load(&c->shm->kill_ns);
+    int64_t kn = atomic_load(&c->shm->b.kill_ns);
     if (err != ncclSuccess) {
       if (victim || !kn)
         return failf(c, "%s returned %d (%s) before any rank was killed (after %lld completed)", where, err, rstr(err),
@@ -1773,7 +1771,7 @@ static int scn_kill(rctx_t* c) {
                    "collectives completed after the kill, stage: %s", (double)(now_ns() - kn) / 1e9, g_kill_victim,
                    g_kill_timeout_ms, after, c->shm->b.stage[c->hc.rank]);
   }
-  double ms = (double)(now_ns() - atomic_load(&c->shm->kill_ns)) / 1e6;
+  double ms = (double)(now_ns() - atomic_load(&c->shm->b.kill_ns)) / 1e6;
   stagef(c, "closeColl after the error");
   int64_t t0 = now_ns();
   ncclResult_t r = cn_close_coll(&c->cn, c->cc);
@@ -2002,7 +2000,7 @@ static int run_ranks(const scenario_t* spec, int nranks, struct shm** shm_out, c
                      char* details, size_t dlen) {
   hc_runspec_t hs = {spec->name, nranks, (int)(spec->timeout_s * g_time_scale * (nranks > 2 ? nranks / 2.0 : 1.0)),
                      g_op_timeout_ms, spec->short_timeout_env ? g_kill_timeout_ms : 0, sizeof(struct shm), rank_main,
-                     spec, spec->hook};
+                     spec, spec->hook, g_kill_victim};
   void* shm = NULL;
   int r = hc_run_ranks(&hs, reason, rlen, details, dlen, NULL, shm_out ? &shm : NULL);
   if (shm_out) *shm_out = shm;
@@ -2012,7 +2010,7 @@ static int run_ranks(const scenario_t* spec, int nranks, struct shm** shm_out, c
 /* kill: the parent SIGKILLs the victim once every rank has completed 2 collectives */
 static int kill_hook(hc_runstate_t* rs) {
   struct shm* shm = rs->shm;
-  int64_t kill_ns = atomic_load(&shm->kill_ns);
+  int64_t kill_ns = atomic_load(&shm->b.kill_ns);
   if (kill_ns) {
     double since = (double)(now_ns() - kill_ns) / 1e9;
     for (int s = 0; s < rs->spec->nranks; s++)
@@ -2028,10 +2026,10 @@ static int kill_hook(hc_runstate_t* rs) {
   }
   int all = 1;
   for (int r = 0; r < rs->spec->nranks; r++)
-    if (atomic_load(&shm->progress[r]) < 2) all = 0;
+    if (atomic_load(&shm->b.progress[r]) < 2) all = 0;
   if (all) {
     int v = g_kill_victim;
-    atomic_store(&shm->kill_ns, now_ns());
+    atomic_store(&shm->b.kill_ns, now_ns());
     rs->expect_killed[v] = 1;
     kill(rs->pid[v], SIGKILL);
     vlog("[kill] parent SIGKILLed rank %d (pid %d)\n", v, (int)rs->pid[v]);

@@ -179,6 +179,7 @@ int hc_run_ranks(const hc_runspec_t* spec, char* reason, size_t rlen, char* deta
   }
   memset(shm, 0, spec->shm_size);
   hc_board_t* b = shm;
+  b->kill_victim = spec->kill_victim;
   hc_runstate_t rs;
   memset(&rs, 0, sizeof rs);
   rs.spec = spec;
@@ -291,4 +292,58 @@ int hc_run_ranks(const hc_runspec_t* spec, char* reason, size_t rlen, char* deta
   if (shm_out) *shm_out = shm;
   else munmap(shm, spec->shm_size);
   return ok ? 0 : -1;
+}
+
+/* ------------------------------------------------------------------ two-rank kill scenarios */
+
+int hc_kill_pair_hook(hc_runstate_t* rs) {
+  hc_board_t* b = rs->shm;
+  int64_t kill_ns = atomic_load(&b->kill_ns);
+  if (kill_ns) {
+    /* The survivor reports by itself within timeout + 5 s unless it is stuck inside a plugin call. */
+    int s = 1 - rs->spec->kill_victim;
+    double since = (double)(now_ns() - kill_ns) / 1e9;
+    if (!rs->exited[s] && since > (rs->spec->short_timeout_ms + 5000) / 1000.0 + 10) {
+      snprintf(rs->reason, sizeof rs->reason,
+               "rank %d (survivor) is stuck inside a plugin call %.0f s after the peer was SIGKILLed (stage: %s); "
+               "stacks on stderr",
+               s, since, b->stage[s]);
+      dump_stacks(rs->spec->name, s, rs->pid[s]);
+      return -1;
+    }
+    return 0;
+  }
+  long long p0 = atomic_load(&b->progress[0]), p1 = atomic_load(&b->progress[1]);
+  if (p0 >= 3 && p1 >= 3) {
+    int v = rs->spec->kill_victim;
+    atomic_store(&b->kill_ns, now_ns()); /* before the kill: an error seen after this is "after" */
+    rs->expect_killed[v] = 1;
+    kill(rs->pid[v], SIGKILL);
+    vlog("[%s] parent SIGKILLed rank %d (pid %d) after %lld/%lld messages\n", rs->spec->name, v, (int)rs->pid[v], p0,
+         p1);
+    return 0;
+  }
+  if (now_ns() - rs->start > 40000000000LL) {
+    snprintf(rs->reason, sizeof rs->reason,
+             "the stream never got going (completed messages: rank0 %lld, rank1 %lld after 40 s; stages: '%s' / '%s')",
+             p0, p1, b->stage[0], b->stage[1]);
+    return -1;
+  }
+  return 0;
+}
+
+int hc_run_kill_pair(const hc_runspec_t* spec, char* reason, size_t rlen, char* details, size_t dlen,
+                     long long* checks) {
+  int fails = 0;
+  for (int victim = 1; victim >= 0; victim--) {
+    hc_runspec_t one = *spec;
+    one.kill_victim = victim;
+    char r1[FAIL_LEN] = "", d1[DETAIL_LEN] = "";
+    if (hc_run_ranks(&one, r1, sizeof r1, d1, sizeof d1, checks, NULL) != 0) {
+      fails++;
+      append(reason, rlen, "%s%s killed: %s", reason[0] ? " || " : "", victim == 1 ? "receiver" : "sender", r1);
+    }
+    if (d1[0]) append(details, dlen, "%s%s", details[0] ? "; " : "", d1);
+  }
+  return fails ? -1 : 0;
 }

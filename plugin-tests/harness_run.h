@@ -28,6 +28,9 @@ typedef struct {
   atomic_int abort;             /* some rank failed or the parent gave up: everybody stop */
   atomic_int phase[HC_MAXR];    /* barrier counters */
   atomic_llong checks[HC_MAXR]; /* checks each rank made (summed by the runner) */
+  atomic_llong progress[HC_MAXR]; /* kill: what each rank completed, for the parent's hook */
+  atomic_llong kill_ns;           /* kill: CLOCK_MONOTONIC time of the parent's SIGKILL */
+  int kill_victim;                /* kill: the rank the parent SIGKILLs (hc_runspec_t.kill_victim) */
   char stage[HC_MAXR][STAGE_LEN]; /* what each rank is doing, for timeout reports */
   char fail[HC_MAXR][FAIL_LEN];   /* the first failure message of each rank */
   char detail[HC_MAXR][DETAIL_LEN];
@@ -101,6 +104,7 @@ typedef struct {
   int (*rank_main)(const void* arg, hc_rank_t* h, void* shm);
   const void* arg;                /* for rank_main and the hook */
   int (*hook)(hc_runstate_t* rs); /* called by the parent while waiting; -1 = fail (rs->reason) */
+  int kill_victim;                /* board.kill_victim of the ranks */
 } hc_runspec_t;
 
 struct hc_runstate {
@@ -119,5 +123,14 @@ struct hc_runstate {
  * shared region is handed back (munmap it with spec->shm_size), else unmapped. */
 int hc_run_ranks(const hc_runspec_t* spec, char* reason, size_t rlen, char* details, size_t dlen, long long* checks,
                  void** shm_out);
+
+/* The hook of a two-rank kill scenario (a stream from rank 0 to rank 1): SIGKILLs
+ * spec->kill_victim once both ranks count 3 in board.progress, recording the time in
+ * board.kill_ns; then fails when the survivor has not finished 10 s after it should have
+ * reported (short_timeout_ms + 5 s), with its stacks, or when the stream never got going. */
+int hc_kill_pair_hook(hc_runstate_t* rs);
+/* Runs a two-rank kill scenario twice, the receiver (rank 1) killed, then the sender (rank 0). */
+int hc_run_kill_pair(const hc_runspec_t* spec, char* reason, size_t rlen, char* details, size_t dlen,
+                     long long* checks);
 
 #endif

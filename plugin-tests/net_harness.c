@@ -50,7 +50,6 @@ static int g_op_timeout_ms = 30000;
 static int g_kill_timeout_ms = 3000;
 static int g_cycles = 1000;
 static double g_time_scale = 1.0;
-static int g_kill_victim = 1; /* set by the parent before forking the kill ranks */
 
 #define MAXR 4
 #define NSLOT 64
@@ -65,9 +64,7 @@ struct slot {
 };
 
 struct shm {
-  hc_board_t b;                /* first: abort, barriers, stage/fail/detail (harness_run.h) */
-  atomic_llong progress[MAXR]; /* scenario-defined progress counters (kill) */
-  atomic_llong kill_ns;        /* CLOCK_MONOTONIC time of the parent's SIGKILL (kill) */
+  hc_board_t b;                /* first: abort, barriers, stage/fail/detail, kill progress (harness_run.h) */
   atomic_llong val[MAXR][8];   /* scenario-defined results */
   struct slot slot[NSLOT];
 };
@@ -1569,7 +1566,7 @@ static int scn_kill_rank(rctx_t* c) {
   if (std_setup(c, 0xc0009)) return -1;
   void *sc, *rc;
   if (pair_one_way(c, &sc, &rc, 0, 1, "kill setup")) return -1;
-  const int sender = c->hc.rank == 0, victim = c->hc.rank == g_kill_victim;
+  const int sender = c->hc.rank == 0, victim = c->hc.rank == c->hc.board->kill_victim;
   void* comm = sender ? sc : rc;
   unsigned char* buf = xalloc(c, KILL_MSG, "kill buffer");
   void* mh;
@@ -1584,7 +1581,7 @@ static int scn_kill_rank(rctx_t* c) {
   ncclResult_t err = ncclSuccess;
   stagef(c, "streaming %s (%s)", sender ? "4 MiB isends" : "4 MiB irecvs", victim ? "victim" : "survivor");
   while (!how) {
-    int64_t kill_ns = atomic_load(&c->shm->kill_ns);
+    int64_t kill_ns = atomic_load(&c->shm->b.kill_ns);
     int64_t now = now_ns();
     if (victim && now - start > 60000000000LL) return failf(c, "victim was never killed");
     if (!victim && !kill_ns && now - start > 60000000000LL) return failf(c, "the parent never killed the peer");
@@ -1610,7 +1607,7 @@ static int scn_kill_rank(rctx_t* c) {
         ncclResult_t r = sender ? net_isend(&c->net, sc, buf, KILL_MSG, tag, mh, &req)
                                 : net_irecv(&c->net, rc, 1, &d, &cap, &tag, &mh, &req);
         if (r != ncclSuccess) {
-          if (victim || !atomic_load(&c->shm->kill_ns))
+          if (victim || !atomic_load(&c->shm->b.kill_ns))
             return failf(c, "%s returned %d (%s) before the peer was killed", sender ? "isend" : "irecv", r, rstr(r));
           how = sender ? "isend" : "irecv";
           err = r;
@@ -1626,25 +1623,25 @@ static int scn_kill_rank(rctx_t* c) {
       int done = 0;
       ncclResult_t r = net_test(&c->net, op->req, &done, op->sizes);
       if (r != ncclSuccess) {
-        if (victim || !atomic_load(&c->shm->kill_ns))
+        if (victim || !atomic_load(&c->shm->b.kill_ns))
           return failf(c, "test() returned %d (%s) before the peer was killed", r, rstr(r));
         how = "test";
         err = r;
         break;
       }
       if (done) {
-        if (op->sizes[0] != (int)KILL_MSG && atomic_load(&c->shm->kill_ns) == 0)
+        if (op->sizes[0] != (int)KILL_MSG && atomic_load(&c->shm->b.kill_ns) == 0)
           return failf(c, "completed message reports %d bytes, expected %zu", op->sizes[0], KILL_MSG);
         op->posted = 0;
         completed++;
-        if (atomic_load(&c->shm->kill_ns)) after_kill++;
-        atomic_store(&c->shm->progress[c->hc.rank], completed);
+        if (atomic_load(&c->shm->b.kill_ns)) after_kill++;
+        atomic_store(&c->shm->b.progress[c->hc.rank], completed);
         spins = 0;
       }
     }
     backoff(&spins);
   }
-  double ms = (double)(now_ns() - atomic_load(&c->shm->kill_ns)) / 1e6;
+  double ms = (double)(now_ns() - atomic_load(&c->shm->b.kill_ns)) / 1e6;
   atomic_store(&c->shm->val[c->hc.rank][0], (long long)(ms * 1000));
   detailf(c, "%s killed: surviving %s's %s() returned %d (%s) %.0f ms after SIGKILL", sender ? "receiver" : "sender",
           sender ? "sender" : "receiver", how, err, rstr(err), ms);
@@ -1810,47 +1807,17 @@ static int rank_main(const void* arg, hc_rank_t* h, void* shm) {
   return rc;
 }
 
-/* Runs one set of ranks; 0 = all good. reason/details are appended to. */
-static int run_ranks(const runspec_t* spec, char* reason, size_t rlen, char* details, size_t dlen) {
-  hc_runspec_t hs = {spec->name, spec->nranks, (int)(spec->timeout_s * g_time_scale), g_op_timeout_ms,
-                     spec->short_timeout_env ? g_kill_timeout_ms : 0, sizeof(struct shm), rank_main, spec, spec->hook};
-  return hc_run_ranks(&hs, reason, rlen, details, dlen, NULL, NULL);
+/* What the shared runner needs to run this scenario. */
+static hc_runspec_t hc_spec(const runspec_t* spec) {
+  return (hc_runspec_t){spec->name, spec->nranks, (int)(spec->timeout_s * g_time_scale), g_op_timeout_ms,
+                        spec->short_timeout_env ? g_kill_timeout_ms : 0, sizeof(struct shm), rank_main, spec,
+                        spec->hook, 1};
 }
 
-/* kill: the parent SIGKILLs the victim once both ranks have completed a few 4 MiB messages. */
-static int kill_hook(hc_runstate_t* rs) {
-  struct shm* shm = rs->shm;
-  int64_t kill_ns = atomic_load(&shm->kill_ns);
-  if (kill_ns) {
-    /* The survivor reports by itself within timeout + 5 s unless it is stuck inside a plugin call. */
-    int s = 1 - g_kill_victim;
-    double since = (double)(now_ns() - kill_ns) / 1e9;
-    if (!rs->exited[s] && since > (g_kill_timeout_ms + 5000) / 1000.0 + 10) {
-      snprintf(rs->reason, sizeof rs->reason,
-               "rank %d (survivor) is stuck inside a plugin call %.0f s after the peer was SIGKILLed (stage: %s); "
-               "stacks on stderr",
-               s, since, shm->b.stage[s]);
-      dump_stacks("kill", s, rs->pid[s]);
-      return -1;
-    }
-    return 0;
-  }
-  long long p0 = atomic_load(&shm->progress[0]), p1 = atomic_load(&shm->progress[1]);
-  if (p0 >= 3 && p1 >= 3) {
-    int v = g_kill_victim;
-    atomic_store(&shm->kill_ns, now_ns()); /* before the kill: an error seen after this is "after" */
-    rs->expect_killed[v] = 1;
-    kill(rs->pid[v], SIGKILL);
-    vlog("[kill] parent SIGKILLed rank %d (pid %d) after %lld/%lld messages\n", v, (int)rs->pid[v], p0, p1);
-    return 0;
-  }
-  if (now_ns() - rs->start > 40000000000LL) {
-    snprintf(rs->reason, sizeof rs->reason,
-             "the 4 MiB stream never got going (completed messages: rank0 %lld, rank1 %lld after 40 s; stages: '%s' / '%s')",
-             p0, p1, shm->b.stage[0], shm->b.stage[1]);
-    return -1;
-  }
-  return 0;
+/* Runs one set of ranks; 0 = all good. reason/details are appended to. */
+static int run_ranks(const runspec_t* spec, char* reason, size_t rlen, char* details, size_t dlen) {
+  hc_runspec_t hs = hc_spec(spec);
+  return hc_run_ranks(&hs, reason, rlen, details, dlen, NULL, NULL);
 }
 
 typedef struct scenario scenario_t;
@@ -1862,17 +1829,8 @@ struct scenario {
 };
 
 static int parent_kill(const scenario_t* s, char* reason, size_t rlen, char* details, size_t dlen) {
-  int fails = 0;
-  for (int victim = 1; victim >= 0; victim--) {
-    g_kill_victim = victim; /* inherited by the forked ranks */
-    char r1[FAIL_LEN] = "", d1[DETAIL_LEN] = "";
-    if (run_ranks(&s->spec, r1, sizeof r1, d1, sizeof d1) != 0) {
-      fails++;
-      append(reason, rlen, "%s%s killed: %s", reason[0] ? " || " : "", victim == 1 ? "receiver" : "sender", r1);
-    }
-    if (d1[0]) append(details, dlen, "%s%s", details[0] ? "; " : "", d1);
-  }
-  return fails ? -1 : 0;
+  hc_runspec_t hs = hc_spec(&s->spec);
+  return hc_run_kill_pair(&hs, reason, rlen, details, dlen, NULL);
 }
 
 static int parent_cycles(const scenario_t* s, char* reason, size_t rlen, char* details, size_t dlen) {
@@ -1906,7 +1864,7 @@ static scenario_t g_scenarios[] = {
     {"badinput", "bad arguments return errors without crashing; 0x1 request hint", NULL,
      {"badinput", 1, scn_badinput, 120, 1, NULL}},
     {"kill", "SIGKILL one rank mid-transfer (receiver, then sender): survivor's test() must fail", parent_kill,
-     {"kill", 2, scn_kill_rank, 120, 1, kill_hook}},
+     {"kill", 2, scn_kill_rank, 120, 1, hc_kill_pair_hook}},
     {"cycles", "N cycles of listen/connect/accept/regMr/1 KiB/deregMr/close; fd and RSS growth", parent_cycles,
      {"cycles", 2, scn_cycles, 900, 0, NULL}},
     {"versions", "connect + 64 KiB each way through each of v6..v12", NULL,

@@ -33,7 +33,6 @@ const char* g_lib;
 int g_op_timeout_ms = 30000;
 int g_kill_timeout_ms = 3000;
 int g_cycles = 300;
-int g_kill_victim = 1;
 int g_expect_rma = -1;
 
 typedef struct {
@@ -55,42 +54,12 @@ static int rank_main(const void* arg, hc_rank_t* h, void* shm) {
   return rc;
 }
 
-/* Runs the scenario's ranks once; 0 = all good. reason/details/checks are appended to. */
+/* Runs the scenario's ranks (kill: twice); 0 = all good. reason/details/checks are appended to. */
 static int run_ranks(const scenario_t* s, char* reason, size_t rlen, char* details, size_t dlen, long long* checks) {
   hc_runspec_t spec = {s->name, s->nranks, s->timeout_s, g_op_timeout_ms, s->short_timeout_env ? g_kill_timeout_ms : 0,
-                       sizeof(struct shm), rank_main, s, s->hook};
+                       sizeof(struct shm), rank_main, s, s->hook, 1};
+  if (s->kill_both) return hc_run_kill_pair(&spec, reason, rlen, details, dlen, checks);
   return hc_run_ranks(&spec, reason, rlen, details, dlen, checks, NULL);
-}
-
-/* kill: SIGKILL the victim once both ranks have completed a few messages; then watch that the
- * survivor reports within FABRICOLL_TIMEOUT_MS + 5 s and is not stuck inside a library call. */
-static int kill_hook(hc_runstate_t* rs) {
-  struct shm* shm = rs->shm;
-  int64_t kill_ns = atomic_load(&shm->kill_ns);
-  if (kill_ns) {
-    int sv = 1 - g_kill_victim;
-    double since = (double)(now_ns() - kill_ns) / 1e9;
-    if (!rs->exited[sv] && since > (g_kill_timeout_ms + 5000) / 1000.0 + 10) {
-      snprintf(rs->reason, sizeof rs->reason, "rank %d (survivor) is stuck %.0f s after the peer was SIGKILLed (stage: %s)",
-               sv, since, shm->b.stage[sv]);
-      return -1;
-    }
-    return 0;
-  }
-  long long p0 = atomic_load(&shm->progress[0]), p1 = atomic_load(&shm->progress[1]);
-  if (p0 >= 3 && p1 >= 3) {
-    int v = g_kill_victim;
-    atomic_store(&shm->kill_ns, now_ns()); /* before the kill: an error seen after this is "after" */
-    rs->expect_killed[v] = 1;
-    kill(rs->pid[v], SIGKILL);
-    return 0;
-  }
-  if (now_ns() - rs->start > 40000000000LL) {
-    snprintf(rs->reason, sizeof rs->reason, "the stream never got going (messages: rank0 %lld, rank1 %lld after 40 s)",
-             p0, p1);
-    return -1;
-  }
-  return 0;
 }
 
 static scenario_t g_scenarios[] = {
@@ -122,25 +91,9 @@ static scenario_t g_scenarios[] = {
     {"cycles", "N listen/connect/accept/1 KiB/close cycles: open fds and RSS before/after", 2, scn_cycles, 600, 0,
      NULL, 0},
     {"kill", "SIGKILL one rank mid-stream (receiver, then sender): the survivor gets an error in time", 2, scn_kill,
-     120, 1, kill_hook, 1},
+     120, 1, hc_kill_pair_hook, 1},
 };
 #define NSCEN ((int)(sizeof g_scenarios / sizeof g_scenarios[0]))
-
-static int run_scenario(const scenario_t* s, char* reason, size_t rlen, char* details, size_t dlen,
-                        long long* checks) {
-  if (!s->kill_both) return run_ranks(s, reason, rlen, details, dlen, checks);
-  int fails = 0;
-  for (int victim = 1; victim >= 0; victim--) {
-    g_kill_victim = victim; /* inherited by the forked ranks */
-    char r1[FAIL_LEN] = "", d1[DETAIL_LEN] = "";
-    if (run_ranks(s, r1, sizeof r1, d1, sizeof d1, checks) != 0) {
-      fails++;
-      append(reason, rlen, "%s%s killed: %s", reason[0] ? " || " : "", victim == 1 ? "receiver" : "sender", r1);
-    }
-    if (d1[0]) append(details, dlen, "%s%s", details[0] ? "; " : "", d1);
-  }
-  return fails ? -1 : 0;
-}
 
 static void usage(FILE* f) {
   fprintf(f, "usage: neuron_harness [--lib PATH] [--scenario NAME[,NAME...]|all] [--skip NAME[,...]]\n"
@@ -237,7 +190,7 @@ int main(int argc, char** argv) {
     long long checks = 0;
     fprintf(stderr, "neuron_harness: running %s\n", s->name);
     int64_t t0 = now_ns();
-    int r = run_scenario(s, reason, sizeof reason, details, sizeof details, &checks);
+    int r = run_ranks(s, reason, sizeof reason, details, sizeof details, &checks);
     total_checks += checks;
     double secs = ms_since(t0) / 1000;
     if (r == 0) {

@@ -26,7 +26,6 @@ extern const char* g_lib;
 extern int g_op_timeout_ms;   /* one operation (a connection, a transfer, a barrier) */
 extern int g_kill_timeout_ms; /* FABRICOLL_TIMEOUT_MS of the kill and badinput ranks */
 extern int g_cycles;
-extern int g_kill_victim; /* set by the parent before forking the kill ranks */
 extern int g_expect_rma;  /* --expect-rma: the rma_supported props must report; -1: not checked */
 
 /* --------------------------------------------------------------------- shared-memory mailbox */
@@ -37,9 +36,7 @@ struct slot {
 };
 
 struct shm {
-  hc_board_t b;                /* first: abort, barriers, checks, stage/fail/detail (harness_run.h) */
-  atomic_llong progress[MAXR]; /* kill: messages completed */
-  atomic_llong kill_ns;        /* kill: CLOCK_MONOTONIC time of the parent's SIGKILL */
+  hc_board_t b; /* first: abort, barriers, checks, stage/fail/detail, kill progress (harness_run.h) */
   struct slot slot[MAXR][NSLOT]; /* slot[writer][k] */
 };
 _Static_assert(MAXR <= HC_MAXR, "the runner forks at most HC_MAXR ranks");

@@ -197,13 +197,13 @@ int scn_cycles(rctx_t* c) {
 #define KILL_MSG (4 * MIB)
 #define KILL_WINDOW 4
 
-/* Rank 0 streams 4 MiB isends to rank 1; the parent SIGKILLs g_kill_victim after both have done
+/* Rank 0 streams 4 MiB isends to rank 1; the parent SIGKILLs board.kill_victim after both have done
  * 3; the survivor must get an error from isend/irecv/test within FABRICOLL_TIMEOUT_MS + 5 s. */
 int scn_kill(rctx_t* c) {
   if (std_setup(c, 6)) return -1;
   void *sc, *rc;
   if (pair_one_way(c, 0, 1, &sc, &rc, 0, 1, "kill setup")) return -1;
-  const int sender = c->hc.rank == 0, victim = c->hc.rank == g_kill_victim;
+  const int sender = c->hc.rank == 0, victim = c->hc.rank == c->hc.board->kill_victim;
   void* comm = sender ? sc : rc;
   unsigned char* buf = xalloc(c, KILL_MSG, "kill buffer");
   void* mh;
@@ -217,7 +217,7 @@ int scn_kill(rctx_t* c) {
   ncclResult_t err = ncclSuccess;
   stagef(c, "streaming 4 MiB %s (%s)", sender ? "isends" : "irecvs", victim ? "victim" : "survivor");
   while (!how) {
-    int64_t kill_ns = atomic_load(&c->shm->kill_ns), now = now_ns();
+    int64_t kill_ns = atomic_load(&c->shm->b.kill_ns), now = now_ns();
     if (now - start > 60000000000LL) return failf(c, victim ? "victim was never killed" : "the peer was never killed");
     if (!victim && kill_ns && now > kill_ns + (int64_t)(g_kill_timeout_ms + 5000) * 1000000LL)
       return failf(c, "survivor (%s) got no error within %d ms after the peer was SIGKILLed (FABRICOLL_TIMEOUT_MS=%d)",
@@ -229,7 +229,7 @@ int scn_kill(rctx_t* c) {
         r = sender ? nn_isend(&c->n, sc, buf, KILL_MSG, 11, mh, &req[i]) : nn_irecv1(&c->n, rc, buf, KILL_MSG, 11, mh,
                                                                                        &req[i]);
         if (r != ncclSuccess) {
-          if (victim || !atomic_load(&c->shm->kill_ns))
+          if (victim || !atomic_load(&c->shm->b.kill_ns))
             return failf(c, "%s returned %d (%s) before the peer was killed", sender ? "isend" : "irecv", r, rstr(r));
           how = sender ? "isend" : "irecv", err = r;
         }
@@ -238,18 +238,18 @@ int scn_kill(rctx_t* c) {
       int done = 0, sizes[1] = {0};
       r = nn_test(&c->n, req[i], &done, sizes);
       if (r != ncclSuccess) {
-        if (victim || !atomic_load(&c->shm->kill_ns))
+        if (victim || !atomic_load(&c->shm->b.kill_ns))
           return failf(c, "test returned %d (%s) before the peer was killed", r, rstr(r));
         how = "test", err = r;
       } else if (done) {
         req[i] = NULL;
-        atomic_store(&c->shm->progress[c->hc.rank], ++completed);
+        atomic_store(&c->shm->b.progress[c->hc.rank], ++completed);
         spins = 0;
       }
     }
     backoff(&spins);
   }
-  double ms = (double)(now_ns() - atomic_load(&c->shm->kill_ns)) / 1e6;
+  double ms = (double)(now_ns() - atomic_load(&c->shm->b.kill_ns)) / 1e6;
   c->hc.checks++;
   detailf(c, "%s killed: the %s's %s returned %d (%s) %.0f ms after SIGKILL", sender ? "receiver" : "sender",
           sender ? "sender" : "receiver", how, err, rstr(err), ms);
