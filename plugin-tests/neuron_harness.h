@@ -1,9 +1,9 @@
 /*
  * neuron_harness.h: what the parts of neuron_harness share: the rank context and the shared
- * mailbox (neuron_harness.c forks the ranks), the helpers of neuron_util.c (logger, reporting,
- * deadlines, mailbox), those of neuron_calls.c (a version-independent caller of the
- * v4/v5/v6 tables, connection and transfer helpers) and the scenario functions
- * (neuron_scn_*.c). Internal to the harness.
+ * mailbox (harness_run.c forks the ranks for neuron_harness.c and holds the reporting), the
+ * helpers of neuron_util.c (logger, checked return codes, mailbox), those of neuron_calls.c (a
+ * version-independent caller of the v4/v5/v6 tables, connection and transfer helpers) and the
+ * scenario functions (neuron_scn_*.c). Internal to the harness.
  */
 #ifndef FABRICOLL_TEST_NEURON_HARNESS_H
 #define FABRICOLL_TEST_NEURON_HARNESS_H

@@ -1,8 +1,8 @@
 /*
  * neuron_util.c: the helpers of neuron_harness (see neuron_harness.h): the logger handed to init,
- * failure and stage reporting into the shared mailbox, deadlines, the mailbox and a barrier.
- * Clocks, HARNESS_VERBOSE and the polling back-off come from netapi.c, byte patterns and fd/RSS
- * counts from harness_common.c (both linked).
+ * checked return codes (expect_rc, errs_finish) and the handle mailbox. Clocks, HARNESS_VERBOSE
+ * and the polling back-off come from netapi.c; reporting, deadlines and barriers from
+ * harness_run.c; byte patterns and fd/RSS counts from harness_common.c (all linked).
  */
 #include "neuron_harness.h"
 
@@ -39,7 +39,7 @@ void nn_logger(ncclDebugLogLevel level, unsigned long flags, const char* file, i
             file ? file : "(null)", line, msg);
 }
 
-/* ------------------------------------------------------------------------------ small helpers */
+/* ----------------------------------------------------------------------- checked return codes */
 
 int g_logger_given;
 
