@@ -39,13 +39,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "harness_common.h"
+#include "harness_run.h"
 #include "netapi.h"
 
 /* ------------------------------------------------------------------------------ configuration */
@@ -61,13 +61,9 @@ static int g_print_matrix = 1;    /* support: rank 0 prints the table (first run
 #define MAXR 8
 #define MAXCASE 1024
 #define MAXSIZES 48
-#define STAGE_LEN 256
-#define FAIL_LEN 2048
-#define DETAIL_LEN 1024
 #define HSIZE NCCL_NET_HANDLE_MAXSIZE
 #define CANARY 0xA5
 #define GUARD 64 /* canary bytes before and after every buffer the plugin writes */
-#define MIB (1024UL * 1024UL)
 
 /* ================================================================= plugin logger */
 
@@ -517,31 +513,7 @@ static void store_f(int t, void* buf, size_t i, double v) {
   }
 }
 
-/* ================================================================= pseudo-random data */
-
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-static uint64_t seed_of(uint64_t a, uint64_t b, uint64_t c) {
-  return mix64(mix64(a + 0x1234567ULL) ^ mix64(b * 3 + 0x51ULL) * 31 ^ mix64(c * 7 + 0x77ULL)) | 1;
-}
-static inline uint64_t rnd(uint64_t seed, uint64_t i) { return mix64(seed * 0x9E3779B97F4A7C15ULL + i); }
-static inline uint8_t pat_byte(uint64_t seed, size_t off) { return (uint8_t)(rnd(seed, off / 8) >> (8 * (off % 8))); }
-
-static void pat_fill(void* buf, size_t len, uint64_t seed) {
-  uint8_t* p = buf;
-  size_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    uint64_t w = rnd(seed, i / 8);
-    memcpy(p + i, &w, 8);
-  }
-  for (; i < len; i++) p[i] = pat_byte(seed, i);
-}
+/* ================================================================= pseudo-random data (see also harness_common.h) */
 
 static uint64_t hash_bytes(const void* buf, size_t len) {
   const unsigned char* p = buf;
@@ -564,7 +536,7 @@ enum { MODE_EXACT = 0, MODE_TOL = 1 };
  * max/min compare random finite nonzero values. MODE_TOL (float types, sum and prod): random
  * mantissas, magnitudes in [2^-6, 1) (sum) or [0.5, 2) (prod); checked within a bound. */
 static void gen_elem(int t, int op, int mode, uint64_t seed, size_t i, void* buf) {
-  uint64_t x = rnd(seed, i);
+  uint64_t x = pat_word(seed, i);
   if (!is_float(t)) {
     store_bits(t, buf, i, x);
     return;
@@ -709,10 +681,7 @@ static size_t check_reduction(int t, int op, int mode, int nranks, const uint64_
 /* ================================================================= shared memory and ranks */
 
 struct shm {
-  atomic_int abort;
-  atomic_int phase[MAXR];
-  atomic_llong progress[MAXR];
-  atomic_llong kill_ns;
+  hc_board_t b; /* first: abort, barriers, stage/fail/detail, kill progress (harness_run.h) */
   atomic_llong closed_ns[MAXR];
   atomic_int kerr[MAXR];      /* kill: the survivor's error code */
   atomic_llong kms_x10[MAXR]; /* kill: its delay after the SIGKILL, in 0.1 ms */
@@ -723,14 +692,11 @@ struct shm {
   uint64_t hash[MAXR][MAXCASE];
   double bench_us[MAXR][MAXSIZES];
   int bench_bad[MAXR][MAXSIZES];
-  char stage[MAXR][STAGE_LEN];
-  char fail[MAXR][FAIL_LEN];
-  char detail[MAXR][DETAIL_LEN];
 };
+_Static_assert(MAXR <= HC_MAXR, "the runner forks at most HC_MAXR ranks");
 
 typedef struct rctx {
-  const char* scn;
-  int rank, nranks;
+  hc_rank_t hc; /* scenario, rank, ranks, deadline, barrier phase, aborted (harness_run.h) */
   struct shm* shm;
   void* dl;
   cn_t cn;
@@ -738,94 +704,9 @@ typedef struct rctx {
   int ndev;
   void* cc;
   unsigned gen; /* handle-exchange generation */
-  int64_t deadline;
-  int phase;
-  int aborted;
 } rctx_t;
 
-static void copy_str(char* dst, size_t cap, const char* src) {
-  size_t n = strlen(src);
-  if (n >= cap) n = cap - 1;
-  memcpy(dst, src, n);
-  dst[n] = 0;
-}
-
-static void stagef(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-static void stagef(rctx_t* c, const char* fmt, ...) {
-  char b[STAGE_LEN];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(b, sizeof b, fmt, ap);
-  va_end(ap);
-  copy_str(c->shm->stage[c->rank], STAGE_LEN, b);
-  atomic_thread_fence(memory_order_release);
-  vlog("[%s np%d rank %d] %s\n", c->scn, c->nranks, c->rank, b);
-}
-
-static int failf(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-static int failf(rctx_t* c, const char* fmt, ...) {
-  char msg[FAIL_LEN - 64];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  int cascade = atomic_exchange(&c->shm->abort, 1) != 0;
-  if (c->shm->fail[c->rank][0] == 0) {
-    char full[FAIL_LEN];
-    snprintf(full, sizeof full, "rank %d: %s%s", c->rank, cascade ? "(another rank had already failed) " : "", msg);
-    copy_str(c->shm->fail[c->rank], FAIL_LEN, full);
-  }
-  fprintf(stderr, "[%s np%d rank %d pid %d] FAIL: %s\n", c->scn, c->nranks, c->rank, (int)getpid(), msg);
-  return -1;
-}
-
-static void detailf(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-static void detailf(rctx_t* c, const char* fmt, ...) {
-  char b[DETAIL_LEN];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(b, sizeof b, fmt, ap);
-  va_end(ap);
-  copy_str(c->shm->detail[c->rank], DETAIL_LEN, b);
-}
-
-static int check_abort(rctx_t* c) {
-  if (atomic_load(&c->shm->abort)) {
-    c->aborted = 1;
-    return 1;
-  }
-  return 0;
-}
-
-static int64_t op_deadline(rctx_t* c) {
-  int64_t d = now_ns() + (int64_t)g_op_timeout_ms * 1000000LL;
-  return d < c->deadline ? d : c->deadline;
-}
-
 static const char* rstr(ncclResult_t r) { return nccl_result_str((int)r); }
-
-static int sync_ranks(rctx_t* c, const char* what) {
-  int target = ++c->phase;
-  atomic_store(&c->shm->phase[c->rank], target);
-  stagef(c, "barrier '%s' (phase %d)", what, target);
-  int64_t deadline = op_deadline(c);
-  int spins = 0;
-  for (;;) {
-    int all = 1;
-    for (int r = 0; r < c->nranks; r++)
-      if (atomic_load(&c->shm->phase[r]) < target) all = 0;
-    if (all) return 0;
-    if (check_abort(c)) return -1;
-    if (now_ns() > deadline) {
-      char missing[64] = "";
-      for (int r = 0; r < c->nranks; r++)
-        if (atomic_load(&c->shm->phase[r]) < target)
-          snprintf(missing + strlen(missing), sizeof missing - strlen(missing), " %d", r);
-      return failf(c, "timed out in barrier '%s' (phase %d); ranks not there:%s", what, target, missing);
-    }
-    backoff(&spins);
-  }
-}
 
 /* page-aligned, zeroed, with GUARD canary bytes before and after [p, p+size) */
 typedef struct {
@@ -923,12 +804,12 @@ static int open_lib(rctx_t* c) {
 /* Handles all-gather through the mapping: returns all nranks handles in rank order. */
 static int exchange_handles(rctx_t* c, const unsigned char* mine, unsigned char (*all)[HSIZE]) {
   unsigned gen = ++c->gen;
-  memcpy(c->shm->handle[c->rank], mine, HSIZE);
-  atomic_store_explicit(&c->shm->hseq[c->rank], gen, memory_order_release);
+  memcpy(c->shm->handle[c->hc.rank], mine, HSIZE);
+  atomic_store_explicit(&c->shm->hseq[c->hc.rank], gen, memory_order_release);
   stagef(c, "waiting for the handles of generation %u", gen);
   int64_t deadline = op_deadline(c);
   int spins = 0;
-  for (int r = 0; r < c->nranks; r++) {
+  for (int r = 0; r < c->hc.nranks; r++) {
     while (atomic_load_explicit(&c->shm->hseq[r], memory_order_acquire) < gen) {
       if (check_abort(c)) return -1;
       if (now_ns() > deadline) return failf(c, "timed out waiting for rank %d's handle (generation %u)", r, gen);
@@ -954,15 +835,15 @@ static int cn_connect_all(rctx_t* c, int dev, void** ccout, double* connect_ms) 
   unsigned char all[MAXR][HSIZE];
   if (exchange_handles(c, buf, all)) return -1;
   void* handles[MAXR];
-  for (int i = 0; i < c->nranks; i++) handles[i] = all[i];
+  for (int i = 0; i < c->hc.nranks; i++) handles[i] = all[i];
   void* cc = NULL;
-  stagef(c, "v%d connect(handles[%d], rank %d) (one call)", c->cn.version, c->nranks, c->rank);
+  stagef(c, "v%d connect(handles[%d], rank %d) (one call)", c->cn.version, c->hc.nranks, c->hc.rank);
   int64_t t0 = now_ns();
-  r = cn_connect(&c->cn, handles, c->nranks, c->rank, lc, &cc);
+  r = cn_connect(&c->cn, handles, c->hc.nranks, c->hc.rank, lc, &cc);
   double ms = ms_since(t0);
   if (connect_ms) *connect_ms = ms;
   if (r != ncclSuccess)
-    return failf(c, "v%d connect(nranks %d, rank %d) returned %d (%s) after %.0f ms", c->cn.version, c->nranks, c->rank,
+    return failf(c, "v%d connect(nranks %d, rank %d) returned %d (%s) after %.0f ms", c->cn.version, c->hc.nranks, c->hc.rank,
                  r, rstr(r), ms);
   if (cc == NULL)
     return failf(c, "v%d connect returned ncclSuccess with a NULL collComm after %.0f ms (NCCL calls connect once: "
@@ -995,7 +876,7 @@ static int cn_init_checked(rctx_t* c, int v, uint64_t commId) {
   return 0;
 }
 
-static uint64_t comm_id(rctx_t* c) { return 0xC011AE70000ULL + (uint64_t)c->nranks * 16 + (uint64_t)c->gen; }
+static uint64_t comm_id(rctx_t* c) { return 0xC011AE70000ULL + (uint64_t)c->hc.nranks * 16 + (uint64_t)c->gen; }
 
 static int std_setup(rctx_t* c) {
   if (open_lib(c)) return -1;
@@ -1176,7 +1057,7 @@ static int scn_symbols(rctx_t* c) {
   double ms = 0;
   if (cn_connect_all(c, 0, &c->cc, &ms)) return -1;
   if (std_teardown(c)) return -1;
-  if (c->rank == 0) detailf(c, "%sv%d connect %.0f ms", notes, g_version, ms);
+  if (c->hc.rank == 0) detailf(c, "%sv%d connect %.0f ms", notes, g_version, ms);
   return 0;
 }
 
@@ -1209,7 +1090,7 @@ static int scn_support(rctx_t* c) {
       snprintf(bad + strlen(bad), sizeof bad - strlen(bad), " (type %d, op %d) supported=%d (expected 0 or an error)",
                extra[i].t, extra[i].o, s);
   }
-  if (c->rank == 0 && g_print_matrix) {
+  if (c->hc.rank == 0 && g_print_matrix) {
     printf("  reduceSupport matrix (v%d; 1 = supported, 0 = not, eN = error N):\n  %6s", g_version, "");
     for (int o = 0; o < 4; o++) printf(" %5s", oname(o));
     printf("\n");
@@ -1260,7 +1141,7 @@ static int scn_support(rctx_t* c) {
   gbuf_free(&b);
   if (sync_ranks(c, "support done")) return -1;
   if (std_teardown(c)) return -1;
-  if (c->rank == 0) detailf(c, "12x4 all supported; regMrDmaBuf -> %d (%s); %s", dr, rstr(dr), fl);
+  if (c->hc.rank == 0) detailf(c, "12x4 all supported; regMrDmaBuf -> %d (%s); %s", dr, rstr(dr), fl);
   return 0;
 }
 
@@ -1299,8 +1180,8 @@ static void case_desc(const arcase_t* k, char* out, size_t len) {
 /* compares every rank's published result hashes (rank 0 does it, after a barrier) */
 static int compare_hashes(rctx_t* c, int ncase, void (*desc)(int, char*, size_t, const void*), const void* arg) {
   if (sync_ranks(c, "hashes published")) return -1;
-  if (c->rank != 0) return 0;
-  for (int r = 1; r < c->nranks; r++) {
+  if (c->hc.rank != 0) return 0;
+  for (int r = 1; r < c->hc.nranks; r++) {
     if (atomic_load(&c->shm->ncase[r]) != ncase)
       return failf(c, "rank %d published %d results, rank 0 %d", r, atomic_load(&c->shm->ncase[r]), ncase);
     for (int i = 0; i < ncase; i++)
@@ -1324,7 +1205,7 @@ static int scn_allreduce(rctx_t* c) {
     if (cs[i].count * (size_t)g_eltsize[cs[i].dt] > maxb) maxb = cs[i].count * (size_t)g_eltsize[cs[i].dt];
   gbuf_t sb = {0}, rb = {0};
   if (gbuf_alloc(c, &sb, maxb, "send") || gbuf_alloc(c, &rb, maxb, "recv")) return -1;
-  unsigned char* scratch = malloc(maxb * (size_t)c->nranks);
+  unsigned char* scratch = malloc(maxb * (size_t)c->hc.nranks);
   if (!scratch) return failf(c, "out of memory (reference scratch)");
   void *smh, *rmh;
   if (regmr(c, sb.p, maxb, &smh, "send buffer") || regmr(c, rb.p, maxb, &rmh, "recv buffer")) return -1;
@@ -1334,7 +1215,7 @@ static int scn_allreduce(rctx_t* c) {
     const arcase_t* k = &cs[i];
     size_t es = (size_t)g_eltsize[k->dt], bytes = k->count * es;
     uint64_t seeds[MAXR] = {0};
-    for (int r = 0; r < c->nranks; r++) seeds[r] = seed_of((uint64_t)r, (uint64_t)i, (uint64_t)k->dt * 16 + (uint64_t)k->op);
+    for (int r = 0; r < c->hc.nranks; r++) seeds[r] = seed_of((uint64_t)r, (uint64_t)i, (uint64_t)k->dt * 16 + (uint64_t)k->op);
     cop_t o;
     memset(&o, 0, sizeof o);
     case_desc(k, o.what, sizeof o.what);
@@ -1344,12 +1225,12 @@ static int scn_allreduce(rctx_t* c) {
     o.op = k->op;
     if (k->inplace) {
       gbuf_arm(&rb, 0, bytes, 0);
-      gen_buf(k->dt, k->op, k->mode, seeds[c->rank], k->count, rb.p);
+      gen_buf(k->dt, k->op, k->mode, seeds[c->hc.rank], k->count, rb.p);
       o.send = o.recv = rb.p;
       o.smh = o.rmh = rmh;
     } else {
       gbuf_arm(&sb, 0, bytes, 0);
-      gen_buf(k->dt, k->op, k->mode, seeds[c->rank], k->count, sb.p);
+      gen_buf(k->dt, k->op, k->mode, seeds[c->hc.rank], k->count, sb.p);
       gbuf_arm(&rb, 0, bytes, 0x5A); /* stale bytes that are not a plausible result */
       o.send = sb.p;
       o.recv = rb.p;
@@ -1367,22 +1248,22 @@ static int scn_allreduce(rctx_t* c) {
       g = gbuf_guard_bad(&sb, 0, bytes);
       if (g >= 0) return failf(c, "%s: send buffer's guard changed at offset %ld", o.what, g);
       /* the send buffer must be unchanged */
-      gen_buf(k->dt, k->op, k->mode, seeds[c->rank], k->count, scratch);
+      gen_buf(k->dt, k->op, k->mode, seeds[c->hc.rank], k->count, scratch);
       if (memcmp(scratch, sb.p, bytes) != 0) return failf(c, "%s: the plugin modified the send buffer", o.what);
     }
     char msg[256] = "";
-    size_t bad = check_reduction(k->dt, k->op, k->mode, c->nranks, seeds, k->count, rb.p, scratch, msg, sizeof msg);
+    size_t bad = check_reduction(k->dt, k->op, k->mode, c->hc.nranks, seeds, k->count, rb.p, scratch, msg, sizeof msg);
     if (bad) return failf(c, "%s: %zu of %zu elements wrong; first: %s", o.what, bad, k->count, msg);
-    c->shm->hash[c->rank][i] = hash_bytes(rb.p, bytes);
+    c->shm->hash[c->hc.rank][i] = hash_bytes(rb.p, bytes);
   }
-  atomic_store(&c->shm->ncase[c->rank], ncase);
+  atomic_store(&c->shm->ncase[c->hc.rank], ncase);
   if (compare_hashes(c, ncase, ar_desc, cs)) return -1;
   if (deregmr(c, smh, "send") || deregmr(c, rmh, "recv")) return -1;
   gbuf_free(&sb);
   gbuf_free(&rb);
   free(scratch);
   if (std_teardown(c)) return -1;
-  if (c->rank == 0)
+  if (c->hc.rank == 0)
     detailf(c, "%d cases (12 types x 4 ops x counts 1/1000/65537, 6 x 1Mi elements, 12 random-mantissa, 4 in place), "
             "exact and bit-identical on all ranks; %.0f ms in collectives; %d NULL requests",
             ncase, t_total, nulls);
@@ -1415,12 +1296,12 @@ static int scn_allgather(rctx_t* c) {
   int ncalls = 0;
   double t_total = 0;
   for (size_t bi = 0; bi < sizeof bprs / sizeof bprs[0]; bi++) {
-    size_t bpr = bprs[bi], total = bpr * (size_t)c->nranks;
+    size_t bpr = bprs[bi], total = bpr * (size_t)c->hc.nranks;
     gbuf_t sb = {0}, rb = {0};
     if (gbuf_alloc(c, &sb, bpr, "own slice") || gbuf_alloc(c, &rb, total, "window")) return -1;
     uint64_t seeds[MAXR] = {0};
-    for (int r = 0; r < c->nranks; r++) seeds[r] = seed_of((uint64_t)r, 0xA6, bpr);
-    pat_fill(sb.p, bpr, seeds[c->rank]);
+    for (int r = 0; r < c->hc.nranks; r++) seeds[r] = seed_of((uint64_t)r, 0xA6, bpr);
+    pat_fill(sb.p, bpr, seeds[c->hc.rank]);
     void *smh, *rmh;
     if (regmr(c, sb.p, bpr, &smh, "own slice") || regmr(c, rb.p, total, &rmh, "window buffer")) return -1;
     size_t ws[3];
@@ -1429,7 +1310,7 @@ static int scn_allgather(rctx_t* c) {
       size_t w = ws[wi];
       for (size_t off = 0; off < total; off += w) {
         size_t wb = total - off < w ? total - off : w;
-        size_t own0 = (size_t)c->rank * bpr, own1 = own0 + bpr;
+        size_t own0 = (size_t)c->hc.rank * bpr, own1 = own0 + bpr;
         size_t s = off > own0 ? off : own0;
         cop_t o;
         memset(&o, 0, sizeof o);
@@ -1460,7 +1341,7 @@ static int scn_allgather(rctx_t* c) {
                          "expected 0x%02x", o.what, j, gi, owner, gi % bpr, rb.p[j], want);
         }
         for (size_t j = 0; j < bpr; j++)
-          if (sb.p[j] != pat_byte(seeds[c->rank], j)) return failf(c, "%s: the send slice was modified", o.what);
+          if (sb.p[j] != pat_byte(seeds[c->hc.rank], j)) return failf(c, "%s: the send slice was modified", o.what);
         if (gbuf_guard_bad(&sb, 0, bpr) >= 0) return failf(c, "%s: the send slice's guard bytes changed", o.what);
       }
     }
@@ -1469,7 +1350,7 @@ static int scn_allgather(rctx_t* c) {
     gbuf_free(&rb);
   }
   if (std_teardown(c)) return -1;
-  if (c->rank == 0)
+  if (c->hc.rank == 0)
     detailf(c, "bytesPerRank 1/4099/1MiB x (whole, ~0.7 and ~1.6 x bpr windows): %d calls, %.0f ms", ncalls, t_total);
   return 0;
 }
@@ -1487,29 +1368,29 @@ static int scn_reducescatter(rctx_t* c) {
   double t_total = 0;
   for (size_t ci = 0; ci < sizeof rs / sizeof rs[0]; ci++) {
     int dt = rs[ci].dt, op = rs[ci].op;
-    size_t es = (size_t)g_eltsize[dt], bpr = rs[ci].bpr_elems * es, total = bpr * (size_t)c->nranks;
-    size_t ecount = rs[ci].bpr_elems * (size_t)c->nranks;
+    size_t es = (size_t)g_eltsize[dt], bpr = rs[ci].bpr_elems * es, total = bpr * (size_t)c->hc.nranks;
+    size_t ecount = rs[ci].bpr_elems * (size_t)c->hc.nranks;
     gbuf_t ib = {0}, ob = {0};
     if (gbuf_alloc(c, &ib, total, "input") || gbuf_alloc(c, &ob, bpr, "own output slice")) return -1;
-    unsigned char* scratch = malloc(total * (size_t)c->nranks + 16);
+    unsigned char* scratch = malloc(total * (size_t)c->hc.nranks + 16);
     unsigned char* exp = malloc(bpr + 16);
     if (!scratch || !exp) return failf(c, "out of memory");
     uint64_t seeds[MAXR] = {0};
-    for (int r = 0; r < c->nranks; r++) seeds[r] = seed_of((uint64_t)r, 0x25 + ci, (uint64_t)dt * 16 + (uint64_t)op);
-    gen_buf(dt, op, MODE_EXACT, seeds[c->rank], ecount, ib.p);
+    for (int r = 0; r < c->hc.nranks; r++) seeds[r] = seed_of((uint64_t)r, 0x25 + ci, (uint64_t)dt * 16 + (uint64_t)op);
+    gen_buf(dt, op, MODE_EXACT, seeds[c->hc.rank], ecount, ib.p);
     /* expected own slice: reduce all ranks' inputs, keep [rank*bpr, +bpr) */
     {
-      for (int r = 0; r < c->nranks; r++) gen_buf(dt, op, MODE_EXACT, seeds[r], ecount, scratch + (size_t)r * total);
+      for (int r = 0; r < c->hc.nranks; r++) gen_buf(dt, op, MODE_EXACT, seeds[r], ecount, scratch + (size_t)r * total);
       for (size_t e = 0; e < rs[ci].bpr_elems; e++) {
-        size_t gi = (size_t)c->rank * rs[ci].bpr_elems + e;
+        size_t gi = (size_t)c->hc.rank * rs[ci].bpr_elems + e;
         if (!is_float(dt)) {
           uint64_t acc = load_bits(dt, scratch, gi);
-          for (int r = 1; r < c->nranks; r++) acc = int_combine(dt, op, acc, load_bits(dt, scratch + (size_t)r * total, gi));
+          for (int r = 1; r < c->hc.nranks; r++) acc = int_combine(dt, op, acc, load_bits(dt, scratch + (size_t)r * total, gi));
           store_bits(dt, exp, e, acc);
         } else {
           int sp;
           double acc = load_f(dt, scratch, gi, &sp);
-          for (int r = 1; r < c->nranks; r++) acc = f_combine(op, acc, load_f(dt, scratch + (size_t)r * total, gi, &sp));
+          for (int r = 1; r < c->hc.nranks; r++) acc = f_combine(op, acc, load_f(dt, scratch + (size_t)r * total, gi, &sp));
           store_f(dt, exp, e, acc);
         }
       }
@@ -1521,7 +1402,7 @@ static int scn_reducescatter(rctx_t* c) {
     for (int wi = 0; wi < nws; wi++) {
       size_t w = ws[wi];
       gbuf_arm(&ob, 0, bpr, CANARY); /* the whole output slice is canary until written */
-      size_t own0 = (size_t)c->rank * bpr, own1 = own0 + bpr;
+      size_t own0 = (size_t)c->hc.rank * bpr, own1 = own0 + bpr;
       for (size_t off = 0; off < total; off += w) {
         size_t wb = total - off < w ? total - off : w;
         size_t s = off > own0 ? off : own0, e = off + wb < own1 ? off + wb : own1;
@@ -1563,7 +1444,7 @@ static int scn_reducescatter(rctx_t* c) {
           return failf(c, "%s: own slice element %zu is 0x%" PRIx64 ", expected 0x%" PRIx64, o.what, el,
                        load_bits(dt, ob.p, el), load_bits(dt, exp, el));
         }
-        if (memcmp(ib.p, scratch + (size_t)c->rank * total, total) != 0)
+        if (memcmp(ib.p, scratch + (size_t)c->hc.rank * total, total) != 0)
           return failf(c, "%s: the plugin modified the send buffer", o.what);
       }
       if (memcmp(ob.p, exp, bpr) != 0) return failf(c, "window size %zu: the own slice is incomplete at the end", w);
@@ -1576,7 +1457,7 @@ static int scn_reducescatter(rctx_t* c) {
   }
   if (sync_ranks(c, "reducescatter done")) return -1;
   if (std_teardown(c)) return -1;
-  if (c->rank == 0)
+  if (c->hc.rank == 0)
     detailf(c, "9 type/op/bytesPerRank cases x (whole, ~0.7 and ~1.6 x bpr windows): %d calls, exact, %.0f ms", ncalls,
             t_total);
   return 0;
@@ -1599,7 +1480,7 @@ static int scn_inflight(rctx_t* c) {
     if (gbuf_alloc(c, &sb[i], b, "send") || gbuf_alloc(c, &rb[i], b, "recv")) return -1;
     if (regmr(c, sb[i].p, b, &smh[i], "send") || regmr(c, rb[i].p, b, &rmh[i], "recv")) return -1;
   }
-  unsigned char* scratch = malloc(maxb * (size_t)c->nranks);
+  unsigned char* scratch = malloc(maxb * (size_t)c->hc.nranks);
   if (!scratch) return failf(c, "out of memory");
   int nulls = 0;
   const int rounds = 4;
@@ -1609,8 +1490,8 @@ static int scn_inflight(rctx_t* c) {
     uint64_t seeds[4][MAXR];
     for (int i = 0; i < 4; i++) {
       size_t b = spec[i].count * (size_t)g_eltsize[spec[i].dt];
-      for (int r = 0; r < c->nranks; r++) seeds[i][r] = seed_of((uint64_t)r, 0x1F1 + (uint64_t)round * 4, (uint64_t)i);
-      gen_buf(spec[i].dt, spec[i].op, MODE_EXACT, seeds[i][c->rank], spec[i].count, sb[i].p);
+      for (int r = 0; r < c->hc.nranks; r++) seeds[i][r] = seed_of((uint64_t)r, 0x1F1 + (uint64_t)round * 4, (uint64_t)i);
+      gen_buf(spec[i].dt, spec[i].op, MODE_EXACT, seeds[i][c->hc.rank], spec[i].count, sb[i].p);
       gbuf_arm(&rb[i], 0, b, 0x5A);
       cop_t* o = &ops[i];
       memset(o, 0, sizeof *o);
@@ -1631,7 +1512,7 @@ static int scn_inflight(rctx_t* c) {
     /* completion order: rank- and round-dependent; each request is polled ALONE until it is done,
      * so test() on any request must make progress (ranks wait on different requests meanwhile) */
     int order[4];
-    for (int i = 0; i < 4; i++) order[i] = (c->rank + round + (round % 2 ? 3 * i : 4 - i)) % 4;
+    for (int i = 0; i < 4; i++) order[i] = (c->hc.rank + round + (round % 2 ? 3 * i : 4 - i)) % 4;
     int seen[4] = {0, 0, 0, 0};
     for (int i = 0; i < 4; i++) { /* make it a permutation */
       while (seen[order[i]]) order[i] = (order[i] + 1) % 4;
@@ -1646,7 +1527,7 @@ static int scn_inflight(rctx_t* c) {
       if (ops[i].size != (int)b) return failf(c, "%s: test() reported size %d, expected %zu", ops[i].what, ops[i].size, b);
       if (gbuf_guard_bad(&rb[i], 0, b) >= 0) return failf(c, "%s: written outside the recv buffer", ops[i].what);
       char msg[256] = "";
-      size_t bad = check_reduction(spec[i].dt, spec[i].op, MODE_EXACT, c->nranks, seeds[i], spec[i].count, rb[i].p,
+      size_t bad = check_reduction(spec[i].dt, spec[i].op, MODE_EXACT, c->hc.nranks, seeds[i], spec[i].count, rb[i].p,
                                    scratch, msg, sizeof msg);
       if (bad) return failf(c, "%s: %zu elements wrong; first: %s", ops[i].what, bad, msg);
     }
@@ -1659,7 +1540,7 @@ static int scn_inflight(rctx_t* c) {
   free(scratch);
   if (sync_ranks(c, "inflight done")) return -1;
   if (std_teardown(c)) return -1;
-  if (c->rank == 0)
+  if (c->hc.rank == 0)
     detailf(c, "%d rounds of 4 concurrent iallreduce, each polled alone in a rank-dependent order; %d NULL requests",
             rounds, nulls);
   return 0;
@@ -1709,7 +1590,7 @@ static int scn_twocomms(rctx_t* c) {
     if (r == ncclSuccess) r = cn_regmr(n, cc, rb[i].p, bytes, NCCL_PTR_HOST, &rmh[i]);
     if (r != ncclSuccess || !smh[i] || !rmh[i]) return failf(c, "regMr on comm %c returned %d (%s)", 'A' + i, r, rstr(r));
   }
-  unsigned char* scratch = malloc(maxb * (size_t)c->nranks);
+  unsigned char* scratch = malloc(maxb * (size_t)c->hc.nranks);
   if (!scratch) return failf(c, "out of memory");
   for (int round = 0; round < 3; round++) {
     cop_t ops[2];
@@ -1717,8 +1598,8 @@ static int scn_twocomms(rctx_t* c) {
     uint64_t seeds[2][MAXR];
     for (int i = 0; i < 2; i++) {
       size_t bytes = spec[i].count * (size_t)g_eltsize[spec[i].dt];
-      for (int r = 0; r < c->nranks; r++) seeds[i][r] = seed_of((uint64_t)r, 0x2C0 + (uint64_t)round, (uint64_t)i);
-      gen_buf(spec[i].dt, spec[i].op, MODE_EXACT, seeds[i][c->rank], spec[i].count, sb[i].p);
+      for (int r = 0; r < c->hc.nranks; r++) seeds[i][r] = seed_of((uint64_t)r, 0x2C0 + (uint64_t)round, (uint64_t)i);
+      gen_buf(spec[i].dt, spec[i].op, MODE_EXACT, seeds[i][c->hc.rank], spec[i].count, sb[i].p);
       gbuf_arm(&rb[i], 0, bytes, 0x5A);
       cop_t* o = &ops[i];
       memset(o, 0, sizeof *o);
@@ -1748,7 +1629,7 @@ static int scn_twocomms(rctx_t* c) {
       if (ops[i].size != (int)bytes) return failf(c, "%s: test() size %d, expected %zu", ops[i].what, ops[i].size, bytes);
       if (gbuf_guard_bad(&rb[i], 0, bytes) >= 0) return failf(c, "%s: written outside the recv buffer", ops[i].what);
       char msg[256] = "";
-      size_t bad = check_reduction(spec[i].dt, spec[i].op, MODE_EXACT, c->nranks, seeds[i], spec[i].count, rb[i].p,
+      size_t bad = check_reduction(spec[i].dt, spec[i].op, MODE_EXACT, c->hc.nranks, seeds[i], spec[i].count, rb[i].p,
                                    scratch, msg, sizeof msg);
       if (bad) return failf(c, "%s: %zu elements wrong; first: %s", ops[i].what, bad, msg);
     }
@@ -1778,8 +1659,8 @@ static int scn_twocomms(rctx_t* c) {
     if (gbuf_alloc(c, &s1, 4000, "send") || gbuf_alloc(c, &r1, 4000, "recv")) return -1;
     if (regmr(c, s1.p, 4000, &m1, "send") || regmr(c, r1.p, 4000, &m2, "recv")) return -1;
     uint64_t seeds[MAXR] = {0};
-    for (int q = 0; q < c->nranks; q++) seeds[q] = seed_of((uint64_t)q, 0x2CF, 0);
-    gen_buf(7, 0, MODE_EXACT, seeds[c->rank], 1000, s1.p);
+    for (int q = 0; q < c->hc.nranks; q++) seeds[q] = seed_of((uint64_t)q, 0x2CF, 0);
+    gen_buf(7, 0, MODE_EXACT, seeds[c->hc.rank], 1000, s1.p);
     cop_t o;
     memset(&o, 0, sizeof o);
     o.kind = K_AR;
@@ -1793,10 +1674,10 @@ static int scn_twocomms(rctx_t* c) {
     snprintf(o.what, sizeof o.what, "comm A iallreduce(float sum count 1000) after comm B was closed%s",
              own_ctx ? " and finalized" : "");
     if (cop_run(c, &o)) return -1;
-    unsigned char* sc = malloc(4000 * (size_t)c->nranks);
+    unsigned char* sc = malloc(4000 * (size_t)c->hc.nranks);
     char msg[256] = "";
     if (!sc) return failf(c, "out of memory");
-    size_t bad = check_reduction(7, 0, MODE_EXACT, c->nranks, seeds, 1000, r1.p, sc, msg, sizeof msg);
+    size_t bad = check_reduction(7, 0, MODE_EXACT, c->hc.nranks, seeds, 1000, r1.p, sc, msg, sizeof msg);
     free(sc);
     if (bad) return failf(c, "%s: %zu elements wrong; first: %s", o.what, bad, msg);
     if (deregmr(c, m1, "send") || deregmr(c, m2, "recv")) return -1;
@@ -1805,7 +1686,7 @@ static int scn_twocomms(rctx_t* c) {
   }
   if (sync_ranks(c, "comm A done")) return -1;
   if (std_teardown(c)) return -1;
-  if (c->rank == 0)
+  if (c->hc.rank == 0)
     detailf(c, "2 collComms%s, 3 rounds with one allreduce in flight on each; A still works after B closed",
             own_ctx ? " from 2 init ctxs" : " (one init: v6-v10)");
   return 0;
@@ -1817,14 +1698,14 @@ static int scn_twocomms(rctx_t* c) {
 
 static int scn_kill(rctx_t* c) {
   if (std_setup(c)) return -1;
-  const int victim = c->rank == g_kill_victim;
+  const int victim = c->hc.rank == g_kill_victim;
   gbuf_t sb = {0}, rb = {0};
   size_t bytes = KILL_COUNT * 4;
   if (gbuf_alloc(c, &sb, bytes, "send") || gbuf_alloc(c, &rb, bytes, "recv")) return -1;
-  for (size_t i = 0; i < KILL_COUNT; i++) ((float*)sb.p)[i] = (float)(c->rank + 1);
+  for (size_t i = 0; i < KILL_COUNT; i++) ((float*)sb.p)[i] = (float)(c->hc.rank + 1);
   void *smh, *rmh;
   if (regmr(c, sb.p, bytes, &smh, "send") || regmr(c, rb.p, bytes, &rmh, "recv")) return -1;
-  const float want = (float)(c->nranks * (c->nranks + 1) / 2);
+  const float want = (float)(c->hc.nranks * (c->hc.nranks + 1) / 2);
   long long completed = 0, after = 0;
   int64_t start = now_ns(), limit_ns = (int64_t)(g_kill_timeout_ms + 5000) * 1000000LL;
   ncclResult_t err = ncclSuccess;
@@ -1845,7 +1726,7 @@ static int scn_kill(rctx_t* c) {
         break;
       }
       if (req) break;
-      int64_t kn = atomic_load(&c->shm->kill_ns);
+      int64_t kn = atomic_load(&c->shm->b.kill_ns);
       if (kn && now_ns() > kn + limit_ns) break;
       if (now_ns() - start > 120000000000LL) return failf(c, "iallreduce kept returning NULL");
       backoff(&spins);
@@ -1862,7 +1743,7 @@ static int scn_kill(rctx_t* c) {
           break;
         }
         if (done) break;
-        int64_t kn = atomic_load(&c->shm->kill_ns);
+        int64_t kn = atomic_load(&c->shm->b.kill_ns);
         if (kn && now_ns() > kn + limit_ns) break;
         if (!kn && now_ns() - start > 90000000000LL)
           return failf(c, "%s never completed and the parent never killed the victim", o.what);
@@ -1873,11 +1754,11 @@ static int scn_kill(rctx_t* c) {
         if (((float*)rb.p)[0] != want || ((float*)rb.p)[KILL_COUNT - 1] != want)
           return failf(c, "%s: wrong result %g (expected %g)", o.what, (double)((float*)rb.p)[0], (double)want);
         completed++;
-        if (atomic_load(&c->shm->kill_ns)) after++;
-        atomic_store(&c->shm->progress[c->rank], completed);
+        if (atomic_load(&c->shm->b.kill_ns)) after++;
+        atomic_store(&c->shm->b.progress[c->hc.rank], completed);
       }
     }
-    int64_t kn = atomic_load(&c->shm->kill_ns);
+    int64_t kn = atomic_load(&c->shm->b.kill_ns);
     if (err != ncclSuccess) {
       if (victim || !kn)
         return failf(c, "%s returned %d (%s) before any rank was killed (after %lld completed)", where, err, rstr(err),
@@ -1888,22 +1769,22 @@ static int scn_kill(rctx_t* c) {
     if (kn && now_ns() > kn + limit_ns)
       return failf(c, "no error %.1f s after rank %d was SIGKILLed (limit: FABRICOLL_TIMEOUT_MS=%d + 5 s); %lld "
                    "collectives completed after the kill, stage: %s", (double)(now_ns() - kn) / 1e9, g_kill_victim,
-                   g_kill_timeout_ms, after, c->shm->stage[c->rank]);
+                   g_kill_timeout_ms, after, c->shm->b.stage[c->hc.rank]);
   }
-  double ms = (double)(now_ns() - atomic_load(&c->shm->kill_ns)) / 1e6;
+  double ms = (double)(now_ns() - atomic_load(&c->shm->b.kill_ns)) / 1e6;
   stagef(c, "closeColl after the error");
   int64_t t0 = now_ns();
   ncclResult_t r = cn_close_coll(&c->cn, c->cc);
   c->cc = NULL;
   double cms = ms_since(t0);
-  atomic_store(&c->shm->closed_ns[c->rank], now_ns());
-  vlog("[kill rank %d] closeColl returned %d after %.1f ms\n", c->rank, r, cms);
+  atomic_store(&c->shm->closed_ns[c->hc.rank], now_ns());
+  vlog("[kill rank %d] closeColl returned %d after %.1f ms\n", c->hc.rank, r, cms);
   if (cms > 10000) return failf(c, "closeColl after the error took %.0f ms", cms);
   r = cn_finalize(&c->cn);
-  atomic_store(&c->shm->kerr[c->rank], (int)err);
-  atomic_store(&c->shm->kms_x10[c->rank], (long long)(ms * 10));
-  atomic_store(&c->shm->kdone[c->rank], completed - after);
-  vlog("[kill rank %d] %s returned %d (%s) %.0f ms after the SIGKILL\n", c->rank, where, err, rstr(err), ms);
+  atomic_store(&c->shm->kerr[c->hc.rank], (int)err);
+  atomic_store(&c->shm->kms_x10[c->hc.rank], (long long)(ms * 10));
+  atomic_store(&c->shm->kdone[c->hc.rank], completed - after);
+  vlog("[kill rank %d] %s returned %d (%s) %.0f ms after the SIGKILL\n", c->hc.rank, where, err, rstr(err), ms);
   return 0;
 }
 
@@ -1923,8 +1804,8 @@ static int scn_versions(rctx_t* c) {
     void *smh, *rmh;
     if (regmr(c, sb.p, count * 4, &smh, "send") || regmr(c, rb.p, count * 4, &rmh, "recv")) return -1;
     uint64_t seeds[MAXR] = {0};
-    for (int r = 0; r < c->nranks; r++) seeds[r] = seed_of((uint64_t)r, 0x7E5, (uint64_t)v);
-    gen_buf(2, 0, MODE_EXACT, seeds[c->rank], count, sb.p);
+    for (int r = 0; r < c->hc.nranks; r++) seeds[r] = seed_of((uint64_t)r, 0x7E5, (uint64_t)v);
+    gen_buf(2, 0, MODE_EXACT, seeds[c->hc.rank], count, sb.p);
     gbuf_arm(&rb, 0, count * 4, 0x5A);
     cop_t o;
     memset(&o, 0, sizeof o);
@@ -1939,21 +1820,21 @@ static int scn_versions(rctx_t* c) {
     snprintf(o.what, sizeof o.what, "v%d iallreduce(int32 sum, count %zu)", v, count);
     if (cop_run(c, &o)) return -1;
     if (o.size != (int)(count * 4)) return failf(c, "%s: test() size %d, expected %zu", o.what, o.size, count * 4);
-    unsigned char* scratch = malloc(count * 4 * (size_t)c->nranks);
+    unsigned char* scratch = malloc(count * 4 * (size_t)c->hc.nranks);
     char msg[256] = "";
     if (!scratch) return failf(c, "out of memory");
-    size_t bad = check_reduction(2, 0, MODE_EXACT, c->nranks, seeds, count, rb.p, scratch, msg, sizeof msg);
+    size_t bad = check_reduction(2, 0, MODE_EXACT, c->hc.nranks, seeds, count, rb.p, scratch, msg, sizeof msg);
     free(scratch);
     if (bad) return failf(c, "%s: %zu elements wrong; first: %s", o.what, bad, msg);
     if (gbuf_guard_bad(&rb, 0, count * 4) >= 0) return failf(c, "%s: written outside the recv buffer", o.what);
     if (v >= 8) {
       /* allgather of 100 bytes per rank and a float reducescatter, whole window, this version's SGE */
-      size_t bpr = 100, total = bpr * (size_t)c->nranks;
+      size_t bpr = 100, total = bpr * (size_t)c->hc.nranks;
       gbuf_t ab = {0};
       if (gbuf_alloc(c, &ab, total, "allgather")) return -1;
       void* amh;
       if (regmr(c, ab.p, total, &amh, "allgather")) return -1;
-      pat_fill(sb.p, bpr, seeds[c->rank]);
+      pat_fill(sb.p, bpr, seeds[c->hc.rank]);
       memset(&o, 0, sizeof o);
       o.kind = K_AG;
       o.send = sb.p;
@@ -1972,10 +1853,10 @@ static int scn_versions(rctx_t* c) {
           return failf(c, "%s: byte %zu is 0x%02x, expected 0x%02x", o.what, j, ab.p[j], pat_byte(seeds[j / bpr], j % bpr));
       if (gbuf_guard_bad(&ab, 0, total) >= 0) return failf(c, "%s: written outside the window", o.what);
       /* reducescatter: float sum; rank r's input element j = r + 1 + j  */
-      size_t pe = 64, ptot = pe * (size_t)c->nranks;
+      size_t pe = 64, ptot = pe * (size_t)c->hc.nranks;
       float* fin = (float*)sb.p;
       if (ptot > count) return failf(c, "internal: versions buffer too small");
-      for (size_t j = 0; j < ptot; j++) fin[j] = (float)(c->rank + 1) + (float)j;
+      for (size_t j = 0; j < ptot; j++) fin[j] = (float)(c->hc.rank + 1) + (float)j;
       gbuf_arm(&rb, 0, pe * 4, CANARY);
       memset(&o, 0, sizeof o);
       o.kind = K_RS;
@@ -1992,9 +1873,9 @@ static int scn_versions(rctx_t* c) {
       snprintf(o.what, sizeof o.what, "v%d ireducescatter(float sum, bytesPerRank %zu, whole window)", v, pe * 4);
       if (cop_run(c, &o)) return -1;
       const float* out = (const float*)rb.p;
-      float base = (float)(c->nranks * (c->nranks + 1) / 2);
+      float base = (float)(c->hc.nranks * (c->hc.nranks + 1) / 2);
       for (size_t j = 0; j < pe; j++) {
-        float want = base + (float)c->nranks * (float)((size_t)c->rank * pe + j);
+        float want = base + (float)c->hc.nranks * (float)((size_t)c->hc.rank * pe + j);
         if (out[j] != want) return failf(c, "%s: element %zu is %g, expected %g", o.what, j, (double)out[j], (double)want);
       }
       if (gbuf_guard_bad(&rb, 0, pe * 4) >= 0) return failf(c, "%s: written outside the own slice", o.what);
@@ -2011,7 +1892,7 @@ static int scn_versions(rctx_t* c) {
   }
   size_t dl = strlen(det);
   if (dl >= 2) det[dl - 2] = 0; /* trailing "; " */
-  if (c->rank == 0) detailf(c, "%s", det);
+  if (c->hc.rank == 0) detailf(c, "%s", det);
   return 0;
 }
 
@@ -2063,7 +1944,7 @@ static int scn_bench(rctx_t* c) {
   size_t maxcount = g_bmax / 4;
   float* s = (float*)sb.p;
   float* r = (float*)rb.p;
-  for (size_t i = 0; i < maxcount; i++) s[i] = (float)((c->rank + (int)(i % 7)) % 5);
+  for (size_t i = 0; i < maxcount; i++) s[i] = (float)((c->hc.rank + (int)(i % 7)) % 5);
   void *smh, *rmh;
   if (regmr(c, sb.p, g_bmax, &smh, "send") || regmr(c, rb.p, g_bmax, &rmh, "recv")) return -1;
   for (int k = 0; k < g_bench_nsizes; k++) {
@@ -2074,15 +1955,15 @@ static int scn_bench(rctx_t* c) {
     int64_t t0 = now_ns();
     for (int i = 0; i < g_biters; i++)
       if (bench_one(c, s, r, smh, rmh, count)) return -1;
-    c->shm->bench_us[c->rank][k] = (double)(now_ns() - t0) / 1e3 / g_biters;
+    c->shm->bench_us[c->hc.rank][k] = (double)(now_ns() - t0) / 1e3 / g_biters;
     if (g_bcheck) {
       int bad = 0;
       for (size_t i = 0; i < count; i++) {
         float want = 0;
-        for (int q = 0; q < c->nranks; q++) want += (float)((q + (int)(i % 7)) % 5);
+        for (int q = 0; q < c->hc.nranks; q++) want += (float)((q + (int)(i % 7)) % 5);
         if (r[i] != want) bad++;
       }
-      c->shm->bench_bad[c->rank][k] = bad;
+      c->shm->bench_bad[c->hc.rank][k] = bad;
     }
   }
   if (sync_ranks(c, "bench done")) return -1;
@@ -2094,237 +1975,61 @@ static int scn_bench(rctx_t* c) {
 
 /* ================================================================= parent / runner */
 
-typedef struct runstate runstate_t;
-
 typedef struct {
   const char* name;
   int (*fn)(rctx_t*);
   int timeout_s;            /* for 2 ranks; scaled by nranks/2 */
   int short_timeout_env;    /* FABRICOLL_TIMEOUT_MS = g_kill_timeout_ms in the ranks */
-  int (*hook)(runstate_t*);
+  int (*hook)(hc_runstate_t*);
   int fixed_ranks;          /* 0: the rank-count list */
   int min_version;
   const char* help;
 } scenario_t;
 
-struct runstate {
-  const scenario_t* spec;
-  int nranks;
-  struct shm* shm;
-  pid_t pid[MAXR];
-  int exited[MAXR];
-  int status[MAXR];
-  int expect_killed[MAXR];
-  int64_t start;
-  char reason[FAIL_LEN];
-};
-
-static void child_main(const scenario_t* spec, int nranks, int rank, struct shm* shm, pid_t parent, int64_t deadline) {
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(3);
-  if (spec->short_timeout_env) {
-    char b[32];
-    snprintf(b, sizeof b, "%d", g_kill_timeout_ms);
-    setenv("FABRICOLL_TIMEOUT_MS", b, 1);
-  }
-  rctx_t c;
-  memset(&c, 0, sizeof c);
-  c.scn = spec->name;
-  c.rank = rank;
-  c.nranks = nranks;
-  c.shm = shm;
-  c.deadline = deadline;
-  int rc = spec->fn(&c);
-  stagef(&c, "exit() after %s", rc == 0 ? "success" : "failure");
-  fflush(NULL);
-  exit(rc == 0 ? 0 : (c.aborted ? 2 : 1));
+/* In a forked rank (hc_run_ranks): the scenario with this harness's context around *h. */
+static int rank_main(const void* arg, hc_rank_t* h, void* shm) {
+  rctx_t c = {.hc = *h, .shm = shm};
+  int rc = ((const scenario_t*)arg)->fn(&c);
+  *h = c.hc;
+  return rc;
 }
 
-static const char* signame(int s) {
-  switch (s) {
-    case SIGSEGV: return "SIGSEGV";
-    case SIGBUS: return "SIGBUS";
-    case SIGABRT: return "SIGABRT";
-    case SIGKILL: return "SIGKILL";
-    case SIGILL: return "SIGILL";
-    case SIGFPE: return "SIGFPE";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGTERM: return "SIGTERM";
-    default: return "signal";
-  }
-}
-
-static void append(char* dst, size_t cap, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
-static void append(char* dst, size_t cap, const char* fmt, ...) {
-  size_t used = strlen(dst);
-  if (used + 1 >= cap) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(dst + used, cap - used, fmt, ap);
-  va_end(ap);
-}
-
-static void dump_stacks(const char* scn, int rank, pid_t pid) {
-  const char* no = getenv("HARNESS_NO_STACKS");
-  if ((no && *no && strcmp(no, "0") != 0) || access("/usr/bin/gdb", X_OK) != 0) return;
-  char cmd[256];
-  fprintf(stderr, "---- %s rank %d (pid %d) hung: stacks ----\n", scn, rank, (int)pid);
-  fflush(NULL);
-  snprintf(cmd, sizeof cmd,
-           "timeout 30 /usr/bin/gdb -p %d -batch -nx -ex 'set pagination off' -ex 'thread apply all bt 30' "
-           "</dev/null 2>/dev/null | grep -E '^(Thread|#)' >&2",
-           (int)pid);
-  if (system(cmd) != 0) fprintf(stderr, "(gdb could not attach)\n");
-  fprintf(stderr, "---- end of stacks ----\n");
-}
-
+/* Runs the scenario with nranks ranks once; 0 = all good. reason/details are appended to. With
+ * shm_out the shared struct is handed back (munmap it), else unmapped. */
 static int run_ranks(const scenario_t* spec, int nranks, struct shm** shm_out, char* reason, size_t rlen,
                      char* details, size_t dlen) {
-  struct shm* shm = mmap(NULL, sizeof(struct shm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (shm == MAP_FAILED) {
-    append(reason, rlen, "mmap failed: %s", strerror(errno));
-    return -1;
-  }
-  memset(shm, 0, sizeof *shm);
-  runstate_t rs;
-  memset(&rs, 0, sizeof rs);
-  rs.spec = spec;
-  rs.nranks = nranks;
-  rs.shm = shm;
-  rs.start = now_ns();
-  int timeout_s = (int)(spec->timeout_s * g_time_scale * (nranks > 2 ? nranks / 2.0 : 1.0));
-  int64_t deadline = rs.start + (int64_t)timeout_s * 1000000000LL;
-  int64_t child_deadline = deadline - 3000000000LL;
-  pid_t parent = getpid();
-  fflush(NULL);
-  int nforked = 0;
-  for (int r = 0; r < nranks; r++) {
-    pid_t p = fork();
-    if (p < 0) {
-      append(reason, rlen, "fork failed: %s", strerror(errno));
-      atomic_store(&shm->abort, 1);
-      break;
-    }
-    if (p == 0) child_main(spec, nranks, r, shm, parent, child_deadline);
-    rs.pid[r] = p;
-    nforked++;
-  }
-  int timed_out = 0, hook_failed = 0;
-  int64_t first_fail = 0;
-  for (;;) {
-    int alive = 0;
-    for (int r = 0; r < nforked; r++) {
-      if (rs.exited[r]) continue;
-      int st;
-      pid_t w = waitpid(rs.pid[r], &st, WNOHANG);
-      if (w == rs.pid[r]) {
-        rs.exited[r] = 1;
-        rs.status[r] = st;
-        int bad = !(WIFEXITED(st) && WEXITSTATUS(st) == 0) &&
-                  !(rs.expect_killed[r] && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
-        if (bad && !first_fail) {
-          first_fail = now_ns();
-          atomic_store(&shm->abort, 1);
-        }
-      } else {
-        alive++;
-      }
-    }
-    if (!alive) break;
-    if (spec->hook && !hook_failed && spec->hook(&rs) != 0) {
-      hook_failed = 1;
-      append(reason, rlen, "%s", rs.reason);
-      atomic_store(&shm->abort, 1);
-      first_fail = now_ns();
-    }
-    int64_t now = now_ns();
-    if (now > deadline || hook_failed || (first_fail && now > first_fail + 10000000000LL)) {
-      if (now > deadline) timed_out = 1;
-      for (int r = 0; r < nforked; r++)
-        if (!rs.exited[r]) {
-          append(reason, rlen, "%srank %d still running %s (stage: %s)", reason[0] ? " | " : "", r,
-                 timed_out ? "at the scenario deadline" : hook_failed ? "when the parent gave up" : "10 s after another rank failed",
-                 shm->stage[r][0] ? shm->stage[r] : "?");
-          if (!hook_failed) dump_stacks(spec->name, r, rs.pid[r]); /* the hook dumped the stuck one */
-          kill(rs.pid[r], SIGKILL);
-        }
-      for (int r = 0; r < nforked; r++)
-        if (!rs.exited[r]) {
-          waitpid(rs.pid[r], &rs.status[r], 0);
-          rs.exited[r] = 1;
-          rs.status[r] = -1;
-        }
-      break;
-    }
-    struct timespec ts = {0, 2 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
-  int ok = !timed_out && !hook_failed && nforked == nranks;
-  int any_root = 0;
-  for (int r = 0; r < nforked; r++) {
-    int st = rs.status[r];
-    if (st == -1) {
-      ok = 0;
-      if (shm->fail[r][0]) append(reason, rlen, "%s%s", reason[0] ? " | " : "", shm->fail[r]);
-      continue;
-    }
-    if (rs.expect_killed[r] && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) continue;
-    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
-      if (shm->fail[r][0]) {
-        ok = 0;
-        append(reason, rlen, "%s%s", reason[0] ? " | " : "", shm->fail[r]);
-      }
-      continue;
-    }
-    ok = 0;
-    if (WIFSIGNALED(st)) {
-      any_root = 1;
-      append(reason, rlen, "%srank %d died of %s (%d) during: %s", reason[0] ? " | " : "", r, signame(WTERMSIG(st)),
-             WTERMSIG(st), shm->stage[r][0] ? shm->stage[r] : "?");
-    } else if (WEXITSTATUS(st) == 1) {
-      any_root = 1;
-      if (shm->fail[r][0]) append(reason, rlen, "%s%s", reason[0] ? " | " : "", shm->fail[r]);
-      else append(reason, rlen, "%srank %d failed (no message; stage: %s)", reason[0] ? " | " : "", r, shm->stage[r]);
-    } else if (WEXITSTATUS(st) != 2) {
-      any_root = 1;
-      append(reason, rlen, "%srank %d exited with code %d (stage: %s)", reason[0] ? " | " : "", r, WEXITSTATUS(st),
-             shm->stage[r]);
-    }
-  }
-  if (!ok && !any_root && !reason[0]) append(reason, rlen, "ranks aborted without a root cause (see stderr)");
-  for (int r = 0; r < nforked; r++) {
-    int dup = 0;
-    for (int k = 0; k < r; k++) dup |= strcmp(shm->detail[k], shm->detail[r]) == 0;
-    if (shm->detail[r][0] && !dup) append(details, dlen, "%s%s", details[0] ? "; " : "", shm->detail[r]);
-  }
+  hc_runspec_t hs = {spec->name, nranks, (int)(spec->timeout_s * g_time_scale * (nranks > 2 ? nranks / 2.0 : 1.0)),
+                     g_op_timeout_ms, spec->short_timeout_env ? g_kill_timeout_ms : 0, sizeof(struct shm), rank_main,
+                     spec, spec->hook, g_kill_victim};
+  void* shm = NULL;
+  int r = hc_run_ranks(&hs, reason, rlen, details, dlen, NULL, shm_out ? &shm : NULL);
   if (shm_out) *shm_out = shm;
-  else munmap(shm, sizeof *shm);
-  return ok ? 0 : -1;
+  return r;
 }
 
 /* kill: the parent SIGKILLs the victim once every rank has completed 2 collectives */
-static int kill_hook(runstate_t* rs) {
+static int kill_hook(hc_runstate_t* rs) {
   struct shm* shm = rs->shm;
-  int64_t kill_ns = atomic_load(&shm->kill_ns);
+  int64_t kill_ns = atomic_load(&shm->b.kill_ns);
   if (kill_ns) {
     double since = (double)(now_ns() - kill_ns) / 1e9;
-    for (int s = 0; s < rs->nranks; s++)
+    for (int s = 0; s < rs->spec->nranks; s++)
       if (s != g_kill_victim && !rs->exited[s] && since > (g_kill_timeout_ms + 5000) / 1000.0 + 5) {
         snprintf(rs->reason, sizeof rs->reason,
                  "rank %d (survivor) is stuck inside a plugin call %.0f s after rank %d was SIGKILLed (stage: %s); "
                  "stacks on stderr",
-                 s, since, g_kill_victim, shm->stage[s]);
+                 s, since, g_kill_victim, shm->b.stage[s]);
         dump_stacks("kill", s, rs->pid[s]);
         return -1;
       }
     return 0;
   }
   int all = 1;
-  for (int r = 0; r < rs->nranks; r++)
-    if (atomic_load(&shm->progress[r]) < 2) all = 0;
+  for (int r = 0; r < rs->spec->nranks; r++)
+    if (atomic_load(&shm->b.progress[r]) < 2) all = 0;
   if (all) {
     int v = g_kill_victim;
-    atomic_store(&shm->kill_ns, now_ns());
+    atomic_store(&shm->b.kill_ns, now_ns());
     rs->expect_killed[v] = 1;
     kill(rs->pid[v], SIGKILL);
     vlog("[kill] parent SIGKILLed rank %d (pid %d)\n", v, (int)rs->pid[v]);
@@ -2332,7 +2037,7 @@ static int kill_hook(runstate_t* rs) {
   }
   if (now_ns() - rs->start > 60000000000LL) {
     snprintf(rs->reason, sizeof rs->reason, "the 8 MiB allreduce loop never got going (60 s; rank 0 stage: %s)",
-             shm->stage[0]);
+             shm->b.stage[0]);
     return -1;
   }
   return 0;
@@ -2359,20 +2064,6 @@ static scenario_t g_scen[] = {
      "connect + allreduce (+ allgather/reducescatter for v8+) through each of v6..v12's own table"},
 };
 #define NSCEN ((int)(sizeof g_scen / sizeof g_scen[0]))
-
-static int in_list(const char* list, const char* name) {
-  if (!list) return 0;
-  size_t n = strlen(name);
-  const char* p = list;
-  while (*p) {
-    const char* q = strchr(p, ',');
-    size_t len = q ? (size_t)(q - p) : strlen(p);
-    if (len == n && strncmp(p, name, n) == 0) return 1;
-    if (!q) break;
-    p = q + 1;
-  }
-  return 0;
-}
 
 static void usage(FILE* f) {
   fprintf(f,
@@ -2525,24 +2216,12 @@ int main(int argc, char** argv) {
     return run_bench(ranks ? ranks : 2);
   }
   int all = !strcmp(which, "all");
-  for (const char* p = which; !all && *p;) {
-    const char* q = strchr(p, ',');
-    size_t len = q ? (size_t)(q - p) : strlen(p);
-    int found = 0;
-    for (int i = 0; i < NSCEN; i++)
-      if (strlen(g_scen[i].name) == len && !strncmp(g_scen[i].name, p, len)) found = 1;
-    if (!found) {
-      fprintf(stderr, "collnet_harness: unknown scenario '%.*s'\n", (int)len, p);
-      usage(stderr);
-      return 2;
-    }
-    if (!q) break;
-    p = q + 1;
+  _Static_assert(offsetof(scenario_t, name) == 0, "unknown_scenario() reads each entry's name first");
+  if (!all && unknown_scenario("collnet_harness", which, g_scen, sizeof g_scen[0], NSCEN)) {
+    usage(stderr);
+    return 2;
   }
-  struct stat stbuf;
-  if (stat(g_lib, &stbuf) != 0)
-    fprintf(stderr, "collnet_harness: warning: library %s: %s (every scenario will fail at dlopen)\n", g_lib,
-            strerror(errno));
+  warn_missing_lib("collnet_harness", g_lib);
   fprintf(stderr, "collnet_harness: lib %s, table v%d, FABRICOLL_PROVIDER=%s FABRICOLL_DOMAIN=%s\n", g_lib, g_version,
           getenv("FABRICOLL_PROVIDER") ? getenv("FABRICOLL_PROVIDER") : "(unset)",
           getenv("FABRICOLL_DOMAIN") ? getenv("FABRICOLL_DOMAIN") : "(unset)");

@@ -14,20 +14,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "nccl_common.h"
+
 /* ---------------------------------------------------------------- common types (doc section 1) */
 
-typedef enum {
-  ncclSuccess = 0,
-  ncclUnhandledCudaError = 1,
-  ncclSystemError = 2,
-  ncclInternalError = 3,
-  ncclInvalidArgument = 4,
-  ncclInvalidUsage = 5,
-  ncclRemoteError = 6,
-  ncclInProgress = 7,
-  ncclTimeout = 8,
-  ncclNumResults = 9
-} ncclResult_t;
+/* NVIDIA's result codes after the common ones (Neuron's ABI stops at ncclRemoteError). */
+enum { ncclInProgress = 7, ncclTimeout = 8, ncclNumResults = 9 };
 
 typedef enum {
   ncclInt8 = 0, ncclChar = 0,
@@ -47,26 +39,11 @@ typedef enum {
 
 typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4, ncclNumOps = 5 } ncclRedOp_t;
 
-typedef enum {
-  NCCL_LOG_NONE = 0,
-  NCCL_LOG_VERSION = 1,
-  NCCL_LOG_WARN = 2,
-  NCCL_LOG_INFO = 3,
-  NCCL_LOG_ABORT = 4,
-  NCCL_LOG_TRACE = 5
-} ncclDebugLogLevel;
-
-/* ncclDebugLogSubSys flags */
-#define NCCL_INIT 0x1UL
-#define NCCL_COLL 0x2UL
-#define NCCL_P2P 0x4UL
-#define NCCL_SHM 0x8UL
-#define NCCL_NET 0x10UL
+/* ncclDebugLogSubSys flags beyond the common ones (nccl_common.h) */
 #define NCCL_GRAPH 0x20UL
 #define NCCL_TUNING 0x40UL
 #define NCCL_ENV 0x80UL
 #define NCCL_ALLOC 0x100UL
-#define NCCL_CALL 0x200UL
 #define NCCL_PROXY 0x400UL
 #define NCCL_NVLS 0x800UL
 #define NCCL_BOOTSTRAP 0x1000UL
@@ -75,24 +52,15 @@ typedef enum {
 #define NCCL_RAS 0x8000UL
 #define NCCL_DESTROY 0x10000UL
 #define NCCL_ALLOC_HOST 0x20000UL
-#define NCCL_ALL (~0UL)
-
-/* The logger is variadic. */
-typedef void (*ncclDebugLogger_t)(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
-                                  const char* fmt, ...);
 
 /* Profiler callback (type: Start 0, Stop 1, Update 2, UpdateAndStop 3). */
 typedef ncclResult_t (*ncclProfilerCallback_t)(void** eHandle, int type, void* pHandle, int64_t pluginId,
                                                void* extData);
 
-#define NCCL_NET_HANDLE_MAXSIZE 128
-#define NCCL_PTR_HOST 0x1
-#define NCCL_PTR_CUDA 0x2
 #define NCCL_PTR_DMABUF 0x4
 #define NCCL_NET_MAX_REQUESTS 32
 #define NCCL_NET_MAX_REQUESTS_V6 8
 #define NCCL_MAX_NET_SIZE_BYTES (1ULL << 40)
-#define NCCL_NET_OPTIONAL_RECV_COMPLETION 0x1
 #define NCCL_NET_MULTI_REQUEST 0x2
 #define NCCL_NET_MAX_PLUGINS 16
 #define NCCL_NET_TRAFFIC_CLASS_UNDEF (-1)

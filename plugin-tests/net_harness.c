@@ -33,13 +33,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "harness_common.h"
+#include "harness_run.h"
 #include "netapi.h"
 
 /* ------------------------------------------------------------------------------ configuration */
@@ -50,16 +50,11 @@ static int g_op_timeout_ms = 30000;
 static int g_kill_timeout_ms = 3000;
 static int g_cycles = 1000;
 static double g_time_scale = 1.0;
-static int g_kill_victim = 1; /* set by the parent before forking the kill ranks */
 
 #define MAXR 4
 #define NSLOT 64
-#define STAGE_LEN 256
-#define FAIL_LEN 2048
-#define DETAIL_LEN 1024
 #define HSIZE NCCL_NET_HANDLE_MAXSIZE
 #define CANARY 0xA5
-#define MIB (1024UL * 1024UL)
 
 /* --------------------------------------------------------------------- shared-memory mailbox */
 
@@ -69,202 +64,24 @@ struct slot {
 };
 
 struct shm {
-  atomic_int abort;            /* some rank failed or the parent gave up: everybody stop */
-  atomic_int phase[MAXR];      /* barrier counters */
-  atomic_llong progress[MAXR]; /* scenario-defined progress counters (kill) */
-  atomic_llong kill_ns;        /* CLOCK_MONOTONIC time of the parent's SIGKILL (kill) */
+  hc_board_t b;                /* first: abort, barriers, stage/fail/detail, kill progress (harness_run.h) */
   atomic_llong val[MAXR][8];   /* scenario-defined results */
   struct slot slot[NSLOT];
-  char stage[MAXR][STAGE_LEN]; /* what each rank is doing, for timeout reports */
-  char fail[MAXR][FAIL_LEN];   /* first failure message of each rank */
-  char detail[MAXR][DETAIL_LEN];
 };
+_Static_assert(MAXR <= HC_MAXR, "the runner forks at most HC_MAXR ranks");
 
 typedef struct rctx {
-  const char* scn;
-  int rank, nranks;
+  hc_rank_t hc; /* scenario, rank, ranks, deadline, barrier phase, aborted (harness_run.h) */
   struct shm* shm;
   net_t net;
   net_props_t props;
   int ndev, dev;
-  int64_t deadline; /* the rank must finish (or report) before this */
-  int phase;
-  int aborted; /* gave up because another rank failed */
   /* optional: describes the state of what a timed-out wait was waiting for */
   void (*diag)(struct rctx* c, char* out, size_t len);
   void* diag_arg;
 } rctx_t;
 
-/* ------------------------------------------------------------------------------ small helpers */
-
-static void copy_str(char* dst, size_t cap, const char* src) {
-  size_t n = strlen(src);
-  if (n >= cap) n = cap - 1;
-  memcpy(dst, src, n);
-  dst[n] = 0;
-}
-
-static void stagef(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-static void stagef(rctx_t* c, const char* fmt, ...) {
-  char b[STAGE_LEN];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(b, sizeof b, fmt, ap);
-  va_end(ap);
-  copy_str(c->shm->stage[c->rank], STAGE_LEN, b);
-  atomic_thread_fence(memory_order_release);
-  vlog("[%s rank %d] %s\n", c->scn, c->rank, b);
-}
-
-static int failf(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-static int failf(rctx_t* c, const char* fmt, ...) {
-  char msg[FAIL_LEN - 64];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  /* a failure seen after another rank already failed is most likely a consequence of it */
-  int cascade = atomic_exchange(&c->shm->abort, 1) != 0;
-  if (c->shm->fail[c->rank][0] == 0) {
-    char full[FAIL_LEN];
-    snprintf(full, sizeof full, "rank %d: %s%s", c->rank, cascade ? "(another rank had already failed) " : "", msg);
-    copy_str(c->shm->fail[c->rank], FAIL_LEN, full);
-  }
-  fprintf(stderr, "[%s rank %d pid %d] FAIL: %s\n", c->scn, c->rank, (int)getpid(), msg);
-  return -1;
-}
-
-static void detailf(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-static void detailf(rctx_t* c, const char* fmt, ...) {
-  char b[DETAIL_LEN];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(b, sizeof b, fmt, ap);
-  va_end(ap);
-  copy_str(c->shm->detail[c->rank], DETAIL_LEN, b);
-}
-
-/* An error accumulator for scenarios that report every problem they find, not just the first. */
-typedef struct {
-  char text[FAIL_LEN];
-  int count;
-} errs_t;
-
-static void add_err(errs_t* e, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-static void add_err(errs_t* e, const char* fmt, ...) {
-  char b[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(b, sizeof b, fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "  problem: %s\n", b);
-  e->count++;
-  size_t used = strlen(e->text);
-  if (used + 8 >= sizeof e->text) return;
-  snprintf(e->text + used, sizeof e->text - used, "%s%s", used ? "; " : "", b);
-}
-
-static int check_abort(rctx_t* c) {
-  if (atomic_load(&c->shm->abort)) {
-    c->aborted = 1;
-    return 1;
-  }
-  return 0;
-}
-
-static int64_t op_deadline(rctx_t* c) {
-  int64_t d = now_ns() + (int64_t)g_op_timeout_ms * 1000000LL;
-  return d < c->deadline ? d : c->deadline;
-}
-
 static const char* rstr(ncclResult_t r) { return nccl_result_str((int)r); }
-
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
-static uint64_t seed_of(uint64_t a, uint64_t b, uint64_t c) {
-  return mix64(mix64(a + 0x1234567ULL) ^ mix64(b * 3 + 0x51ULL) * 31 ^ mix64(c * 7 + 0x77ULL)) | 1;
-}
-
-/* The byte at offset i of a message with seed s: depends on both, 8 bytes per hash. */
-static inline uint64_t pat_word(uint64_t seed, uint64_t w) { return mix64(seed * 0x9E3779B97F4A7C15ULL + w); }
-static inline uint8_t pat_byte(uint64_t seed, size_t off) {
-  return (uint8_t)(pat_word(seed, off / 8) >> (8 * (off % 8)));
-}
-
-static void pat_fill(void* buf, size_t len, uint64_t seed) {
-  uint8_t* p = buf;
-  size_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    uint64_t w = pat_word(seed, i / 8);
-    memcpy(p + i, &w, 8);
-  }
-  for (; i < len; i++) p[i] = pat_byte(seed, i);
-}
-
-/* Returns the first bad offset or -1; *nbad gets the number of differing bytes. */
-static long pat_check(const void* buf, size_t len, uint64_t seed, size_t* nbad) {
-  const uint8_t* p = buf;
-  long first = -1;
-  size_t bad = 0;
-  size_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    uint64_t w = pat_word(seed, i / 8), g;
-    memcpy(&g, p + i, 8);
-    if (g != w) {
-      for (size_t k = 0; k < 8; k++)
-        if (p[i + k] != (uint8_t)(w >> (8 * k))) {
-          if (first < 0) first = (long)(i + k);
-          bad++;
-        }
-    }
-  }
-  for (; i < len; i++)
-    if (p[i] != pat_byte(seed, i)) {
-      if (first < 0) first = (long)i;
-      bad++;
-    }
-  if (nbad) *nbad = bad;
-  return first;
-}
-
-static void* xalloc(rctx_t* c, size_t size, const char* what) {
-  size_t sz = (size + 4095) & ~(size_t)4095;
-  if (sz == 0) sz = 4096;
-  void* p = aligned_alloc(4096, sz);
-  if (!p) {
-    failf(c, "out of memory allocating %zu bytes for %s", size, what);
-    return NULL;
-  }
-  memset(p, 0, sz);
-  return p;
-}
-
-static int count_fds(void) {
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return -1;
-  int n = 0;
-  struct dirent* e;
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n;
-}
-
-static long rss_bytes(void) {
-  FILE* f = fopen("/proc/self/statm", "r");
-  if (!f) return -1;
-  long size = 0, res = 0;
-  if (fscanf(f, "%ld %ld", &size, &res) != 2) res = -1;
-  fclose(f);
-  return res < 0 ? -1 : res * sysconf(_SC_PAGESIZE);
-}
 
 /* ------------------------------------------------------------------- handles, flags, barriers */
 
@@ -284,31 +101,6 @@ static int fetch(rctx_t* c, int slot, unsigned seq, void* out, const char* what)
   }
   memcpy(out, c->shm->slot[slot].data, HSIZE);
   return 0;
-}
-
-/* Barrier with a deadline; it never blocks on a dead process (the parent sets abort). It does not
- * call into the plugin: like NCCL, a rank with nothing posted does not drive the plugin. */
-static int sync_ranks(rctx_t* c, const char* what) {
-  int target = ++c->phase;
-  atomic_store(&c->shm->phase[c->rank], target);
-  stagef(c, "barrier '%s' (phase %d)", what, target);
-  int64_t deadline = op_deadline(c);
-  int spins = 0;
-  for (;;) {
-    int all = 1;
-    for (int r = 0; r < c->nranks; r++)
-      if (atomic_load(&c->shm->phase[r]) < target) all = 0;
-    if (all) return 0;
-    if (check_abort(c)) return -1;
-    if (now_ns() > deadline) {
-      char missing[64] = "";
-      for (int r = 0; r < c->nranks; r++)
-        if (atomic_load(&c->shm->phase[r]) < target)
-          snprintf(missing + strlen(missing), sizeof missing - strlen(missing), " %d", r);
-      return failf(c, "timed out in barrier '%s' (phase %d); ranks not there:%s", what, target, missing);
-    }
-    backoff(&spins);
-  }
 }
 
 /* --------------------------------------------------------------------------- plugin plumbing */
@@ -639,8 +431,8 @@ static int pair_both_ways(rctx_t* c, void** sc, void** rc, int slot_base, unsign
   unsigned char mine[HSIZE], peer[1][HSIZE];
   void* lc[1];
   if (do_listen(c, mine, &lc[0])) return -1;
-  publish(c, slot_base + c->rank, seq, mine);
-  if (fetch(c, slot_base + (1 - c->rank), seq, peer[0], "peer's listen handle")) return -1;
+  publish(c, slot_base + c->hc.rank, seq, mine);
+  if (fetch(c, slot_base + (1 - c->hc.rank), seq, peer[0], "peer's listen handle")) return -1;
   return establish(c, 1, peer, sc, 1, lc, rc, what);
 }
 
@@ -649,7 +441,7 @@ static int pair_one_way(rctx_t* c, void** sc, void** rc, int slot, unsigned seq,
   unsigned char h[1][HSIZE];
   void* lc[1];
   *sc = *rc = NULL;
-  if (c->rank == 1) {
+  if (c->hc.rank == 1) {
     if (do_listen(c, h[0], &lc[0])) return -1;
     publish(c, slot, seq, h[0]);
     return establish(c, 0, NULL, NULL, 1, lc, rc, what);
@@ -880,11 +672,11 @@ static int scn_connect2(rctx_t* c) {
   if (pair_one_way(c, &sc, &rc, 0, 1, "connect2")) return -1;
   double ms = ms_since(t0);
   if (sync_ranks(c, "connected")) return -1;
-  if (c->rank == 0 && close_send(c, sc, "connect2")) return -1;
-  if (c->rank == 1 && close_recv(c, rc, "connect2")) return -1;
+  if (c->hc.rank == 0 && close_send(c, sc, "connect2")) return -1;
+  if (c->hc.rank == 1 && close_recv(c, rc, "connect2")) return -1;
   if (sync_ranks(c, "closed")) return -1;
   if (std_teardown(c)) return -1;
-  detailf(c, "%s in %.1f ms", c->rank == 0 ? "connect" : "accept", ms);
+  detailf(c, "%s in %.1f ms", c->hc.rank == 0 ? "connect" : "accept", ms);
   return 0;
 }
 
@@ -953,11 +745,11 @@ static int scn_xfer(rctx_t* c) {
       if (!sb || !rb) return -1;
       void *smh, *rmh;
       if (regmr(c, sc, sb, size + 64, &smh, what) || regmr(c, rc, rb, size + 64, &rmh, what)) return -1;
-      uint64_t sseed = seed_of(size, (uint64_t)c->rank, (uint64_t)flush);
-      uint64_t rseed = seed_of(size, (uint64_t)(1 - c->rank), (uint64_t)flush);
+      uint64_t sseed = seed_of(size, (uint64_t)c->hc.rank, (uint64_t)flush);
+      uint64_t rseed = seed_of(size, (uint64_t)(1 - c->hc.rank), (uint64_t)flush);
       pat_fill(sb, size, sseed);
-      side_t s = {sc, smh, sb, size, 0, 0, 0x100 + c->rank};
-      side_t r = {rc, rmh, rb, size, size + 64, rseed, 0x100 + (1 - c->rank)};
+      side_t s = {sc, smh, sb, size, 0, 0, 0x100 + c->hc.rank};
+      side_t r = {rc, rmh, rb, size, size + 64, rseed, 0x100 + (1 - c->hc.rank)};
       if (xfer_step(c, &s, &r, flush, what)) return -1;
       if (deregmr(c, sc, smh, what) || deregmr(c, rc, rmh, what)) return -1;
       free(sb);
@@ -1041,7 +833,7 @@ static int scn_group(rctx_t* c) {
   const size_t cap = MIB + 256;
   unsigned char* buf[2][GMAX];
   void* mh[2][GMAX];
-  void* comm = c->rank == 0 ? sc : rc;
+  void* comm = c->hc.rank == 0 ? sc : rc;
   for (int k = 0; k < 2; k++)
     for (int i = 0; i < maxr; i++) {
       buf[k][i] = xalloc(c, cap, "group buffer");
@@ -1053,7 +845,7 @@ static int scn_group(rctx_t* c) {
     char what[96];
     snprintf(what, sizeof what, "group n=%d", n);
     for (int i = 0; i < n; i++) tags[i] = 1000 + n * 100 + i * 7;
-    if (c->rank == 1) {
+    if (c->hc.rank == 1) {
       void* data[GMAX];
       size_t caps[GMAX];
       void* mhs[GMAX];
@@ -1105,7 +897,7 @@ static int scn_group(rctx_t* c) {
     int n = maxr;
     const char* what = "group posted-order (2 receives, same tags)";
     for (int i = 0; i < n; i++) tags[i] = 5000 + i * 3;
-    if (c->rank == 1) {
+    if (c->hc.rank == 1) {
       void* data[2][GMAX];
       size_t caps[2][GMAX];
       void* mhs[2][GMAX];
@@ -1154,8 +946,8 @@ static int scn_group(rctx_t* c) {
       if (deregmr(c, comm, mh[k][i], "group")) return -1;
       free(buf[k][i]);
     }
-  if (c->rank == 0 && close_send(c, sc, "group")) return -1;
-  if (c->rank == 1 && close_recv(c, rc, "group")) return -1;
+  if (c->hc.rank == 0 && close_send(c, sc, "group")) return -1;
+  if (c->hc.rank == 1 && close_recv(c, rc, "group")) return -1;
   if (std_teardown(c)) return -1;
   detailf(c, "n=1..%d grouped receives with shuffled tagged sends, plus 2 outstanding same-tag groups in posted order",
           maxr);
@@ -1177,7 +969,7 @@ static int scn_inflight32(rctx_t* c) {
   void *sc, *rc;
   if (pair_one_way(c, &sc, &rc, 0, 1, "inflight32 setup")) return -1;
   const size_t cap = MIB + 256;
-  void* comm = c->rank == 0 ? sc : rc;
+  void* comm = c->hc.rank == 0 ? sc : rc;
   unsigned char* buf[NFLIGHT];
   void* mh[NFLIGHT];
   for (int i = 0; i < NFLIGHT; i++) {
@@ -1192,13 +984,13 @@ static int scn_inflight32(rctx_t* c) {
     op_t ops[NFLIGHT];
     op_t* po[NFLIGHT];
     size_t caps[NFLIGHT];
-    stagef(c, "%s: posting %d %s", what, NFLIGHT, c->rank == 0 ? "isends" : "irecvs");
+    stagef(c, "%s: posting %d %s", what, NFLIGHT, c->hc.rank == 0 ? "isends" : "irecvs");
     for (int i = 0; i < NFLIGHT; i++) {
       size_t sz = flight_size(i, round);
       caps[i] = sz + (size_t)(i % 3) * 64;
       void* data = buf[i];
       int tag = 42;
-      if (c->rank == 0) pat_fill(buf[i], sz, seed_of(32, i, round));
+      if (c->hc.rank == 0) pat_fill(buf[i], sz, seed_of(32, i, round));
       else memset(buf[i], CANARY, cap);
       op_reset(&ops[i]);
       /* The plugin promises >= 32 requests in flight per comm: retry a NULL request for 1 s without
@@ -1207,10 +999,10 @@ static int scn_inflight32(rctx_t* c) {
       int spins = 0, fallback = 0;
       for (;;) {
         void* req = NULL;
-        ncclResult_t r = c->rank == 0 ? net_isend(&c->net, sc, data, sz, tag, mh[i], &req)
+        ncclResult_t r = c->hc.rank == 0 ? net_isend(&c->net, sc, data, sz, tag, mh[i], &req)
                                       : net_irecv(&c->net, rc, 1, &data, &caps[i], &tag, &mh[i], &req);
         if (r != ncclSuccess)
-          return failf(c, "%s: %s #%d (size %zu) returned %d (%s)", what, c->rank == 0 ? "isend" : "irecv", i, sz, r,
+          return failf(c, "%s: %s #%d (size %zu) returned %d (%s)", what, c->hc.rank == 0 ? "isend" : "irecv", i, sz, r,
                        rstr(r));
         if (req) {
           ops[i].req = req;
@@ -1222,7 +1014,7 @@ static int scn_inflight32(rctx_t* c) {
           fallback = 1;
           if (i < min_refused_at) min_refused_at = i;
           fprintf(stderr, "[inflight32 rank %d] %s #%d: NULL request for 1 s with only %d outstanding; testing others\n",
-                  c->rank, c->rank == 0 ? "isend" : "irecv", i, i);
+                  c->hc.rank, c->hc.rank == 0 ? "isend" : "irecv", i, i);
         }
         if (fallback)
           for (int k = 0; k < i; k++)
@@ -1238,7 +1030,7 @@ static int scn_inflight32(rctx_t* c) {
       size_t sz = flight_size(i, round);
       char w2[96];
       snprintf(w2, sizeof w2, "%s message %d", what, i);
-      if (c->rank == 0) {
+      if (c->hc.rank == 0) {
         if (ops[i].sizes[0] != (int)sz)
           return failf(c, "%s: send test() reported %d bytes, expected %zu", w2, ops[i].sizes[0], sz);
       } else if (verify_buf(c, w2, buf[i], caps[i], sz, seed_of(32, i, round), ops[i].sizes[0])) {
@@ -1251,13 +1043,13 @@ static int scn_inflight32(rctx_t* c) {
     if (deregmr(c, comm, mh[i], "inflight32")) return -1;
     free(buf[i]);
   }
-  if (c->rank == 0 && close_send(c, sc, "inflight32")) return -1;
-  if (c->rank == 1 && close_recv(c, rc, "inflight32")) return -1;
+  if (c->hc.rank == 0 && close_send(c, sc, "inflight32")) return -1;
+  if (c->hc.rank == 1 && close_recv(c, rc, "inflight32")) return -1;
   if (std_teardown(c)) return -1;
   if (min_refused_at < NFLIGHT)
     return failf(c, "%s refused a request (NULL for > 1 s) with only %d outstanding; the plugin promises >= 32 in flight",
-                 c->rank == 0 ? "isend" : "irecv", min_refused_at);
-  detailf(c, "%d rounds of %d outstanding %s, %d NULL requests", rounds, NFLIGHT, c->rank == 0 ? "isends" : "irecvs",
+                 c->hc.rank == 0 ? "isend" : "irecv", min_refused_at);
+  detailf(c, "%d rounds of %d outstanding %s, %d NULL requests", rounds, NFLIGHT, c->hc.rank == 0 ? "isends" : "irecvs",
           nulls);
   return 0;
 }
@@ -1276,7 +1068,7 @@ static int scn_pairs16(rctx_t* c) {
   /* pair p: rank p%2 listens and receives, the other rank connects and sends */
   int rp[NPAIRS], sp[NPAIRS], nr = 0, ns = 0;
   for (int p = 0; p < NPAIRS; p++) {
-    if (p % 2 == c->rank) rp[nr++] = p;
+    if (p % 2 == c->hc.rank) rp[nr++] = p;
     else sp[ns++] = p;
   }
   unsigned char myh[NPAIRS][HSIZE], peerh[NPAIRS][HSIZE];
@@ -1365,7 +1157,7 @@ static int scn_crossed(rctx_t* c) {
   unsigned char* buf[CROSSED_A + 1];
   void* mh[CROSSED_A + 1];
   for (int i = 0; i <= CROSSED_A; i++) {
-    void* comm = c->rank == 0 ? sc[i == CROSSED_A] : rc[i == CROSSED_A];
+    void* comm = c->hc.rank == 0 ? sc[i == CROSSED_A] : rc[i == CROSSED_A];
     buf[i] = xalloc(c, cap, "crossed buffer");
     if (!buf[i] || regmr(c, comm, buf[i], cap, &mh[i], "crossed")) return -1;
   }
@@ -1375,7 +1167,7 @@ static int scn_crossed(rctx_t* c) {
     snprintf(what, sizeof what, "crossed round %d", r);
     op_t ops[CROSSED_A + 1];
     op_t* po[CROSSED_A + 1];
-    if (c->rank == 0) {
+    if (c->hc.rank == 0) {
       for (int i = 0; i <= CROSSED_A; i++) {
         size_t sz = i == CROSSED_A ? 4096 : crossed_size(i);
         pat_fill(buf[i], sz, seed_of(i, r, 12));
@@ -1412,12 +1204,12 @@ static int scn_crossed(rctx_t* c) {
   }
   if (sync_ranks(c, "crossed done")) return -1;
   for (int i = 0; i <= CROSSED_A; i++) {
-    void* comm = c->rank == 0 ? sc[i == CROSSED_A] : rc[i == CROSSED_A];
+    void* comm = c->hc.rank == 0 ? sc[i == CROSSED_A] : rc[i == CROSSED_A];
     if (deregmr(c, comm, mh[i], "crossed")) return -1;
     free(buf[i]);
   }
   for (int k = 0; k < 2; k++)
-    if (c->rank == 0 ? close_send(c, sc[k], "crossed") : close_recv(c, rc[k], "crossed")) return -1;
+    if (c->hc.rank == 0 ? close_send(c, sc[k], "crossed") : close_recv(c, rc[k], "crossed")) return -1;
   if (std_teardown(c)) return -1;
   detailf(c, "%d rounds: comm B's message received before any receive on comm A, %d messages ahead of it", rounds,
           CROSSED_A);
@@ -1433,13 +1225,13 @@ static void ring_transform(unsigned char* dst, const unsigned char* src, size_t 
 
 static int scn_ring4(rctx_t* c) {
   if (std_setup(c, 0xc0007)) return -1;
-  const int N = c->nranks, laps = 100;
+  const int N = c->hc.nranks, laps = 100;
   const size_t len = 64 * 1024 + 13, cap = len + 64;
   unsigned char myh[HSIZE], nh[1][HSIZE];
   void *lc[1], *sc[1], *rc[1];
   if (do_listen(c, myh, &lc[0])) return -1;
-  publish(c, c->rank, 1, myh);
-  if (fetch(c, (c->rank + 1) % N, 1, nh[0], "next rank's listen handle")) return -1;
+  publish(c, c->hc.rank, 1, myh);
+  if (fetch(c, (c->hc.rank + 1) % N, 1, nh[0], "next rank's listen handle")) return -1;
   if (establish(c, 1, nh, sc, 1, lc, rc, "ring4 setup")) return -1;
   unsigned char* sb = xalloc(c, cap, "ring send buffer");
   unsigned char* rb = xalloc(c, cap, "ring recv buffer");
@@ -1449,7 +1241,7 @@ static int scn_ring4(rctx_t* c) {
   void *smh, *rmh;
   if (regmr(c, sc[0], sb, cap, &smh, "ring4") || regmr(c, rc[0], rb, cap, &rmh, "ring4")) return -1;
   const uint64_t seed0 = seed_of(4, 4, 4);
-  if (c->rank == 0) {
+  if (c->hc.rank == 0) {
     pat_fill(tmp, len, seed0); /* tmp: the buffer rank 0 holds */
     memcpy(expect, tmp, len);
   }
@@ -1463,7 +1255,7 @@ static int scn_ring4(rctx_t* c) {
     int tag = 4;
     memset(rb, CANARY, cap);
     if (post_irecv(c, rc[0], 1, &d, &rcap, &tag, &rmh, &rop, NULL, 0, NULL, what)) return -1;
-    if (c->rank == 0) {
+    if (c->hc.rank == 0) {
       ring_transform(sb, tmp, len, lap * N, 0);
       if (post_isend(c, sc[0], sb, len, 4, smh, &sop, both + 1, 1, NULL, what)) return -1;
       if (wait_ops(c, both, 2, what)) return -1;
@@ -1483,7 +1275,7 @@ static int scn_ring4(rctx_t* c) {
       op_t* r1[1] = {&rop};
       if (wait_ops(c, r1, 1, what)) return -1;
       if (rop.sizes[0] != (int)len) return failf(c, "%s: received %d bytes, expected %zu", what, rop.sizes[0], len);
-      ring_transform(sb, rb, len, lap * N + c->rank, c->rank);
+      ring_transform(sb, rb, len, lap * N + c->hc.rank, c->hc.rank);
       if (post_isend(c, sc[0], sb, len, 4, smh, &sop, NULL, 0, NULL, what)) return -1;
       op_t* s1[1] = {&sop};
       if (wait_ops(c, s1, 1, what)) return -1;
@@ -1498,7 +1290,7 @@ static int scn_ring4(rctx_t* c) {
   free(expect);
   free(tmp);
   if (std_teardown(c)) return -1;
-  if (c->rank == 0) detailf(c, "%d ranks, %d laps (%d hops) of %zu B, every lap verified", N, laps, laps * N, len);
+  if (c->hc.rank == 0) detailf(c, "%d ranks, %d laps (%d hops) of %zu B, every lap verified", N, laps, laps * N, len);
   return 0;
 }
 
@@ -1774,7 +1566,7 @@ static int scn_kill_rank(rctx_t* c) {
   if (std_setup(c, 0xc0009)) return -1;
   void *sc, *rc;
   if (pair_one_way(c, &sc, &rc, 0, 1, "kill setup")) return -1;
-  const int sender = c->rank == 0, victim = c->rank == g_kill_victim;
+  const int sender = c->hc.rank == 0, victim = c->hc.rank == c->hc.board->kill_victim;
   void* comm = sender ? sc : rc;
   unsigned char* buf = xalloc(c, KILL_MSG, "kill buffer");
   void* mh;
@@ -1789,7 +1581,7 @@ static int scn_kill_rank(rctx_t* c) {
   ncclResult_t err = ncclSuccess;
   stagef(c, "streaming %s (%s)", sender ? "4 MiB isends" : "4 MiB irecvs", victim ? "victim" : "survivor");
   while (!how) {
-    int64_t kill_ns = atomic_load(&c->shm->kill_ns);
+    int64_t kill_ns = atomic_load(&c->shm->b.kill_ns);
     int64_t now = now_ns();
     if (victim && now - start > 60000000000LL) return failf(c, "victim was never killed");
     if (!victim && !kill_ns && now - start > 60000000000LL) return failf(c, "the parent never killed the peer");
@@ -1805,7 +1597,7 @@ static int scn_kill_rank(rctx_t* c) {
         stagef(c, "survivor %s: calling %s on slot %d, %.0f ms after the peer was SIGKILLed", sender ? "sender" : "receiver",
                op->posted ? "test()" : (sender ? "isend()" : "irecv()"), i, (double)(now_ns() - kill_ns) / 1e6);
       else
-        copy_str(c->shm->stage[c->rank], STAGE_LEN,
+        copy_str(c->shm->b.stage[c->hc.rank], STAGE_LEN,
                  op->posted ? "streaming: in test()" : (sender ? "streaming: in isend()" : "streaming: in irecv()"));
       if (!op->posted) {
         void* req = NULL;
@@ -1815,7 +1607,7 @@ static int scn_kill_rank(rctx_t* c) {
         ncclResult_t r = sender ? net_isend(&c->net, sc, buf, KILL_MSG, tag, mh, &req)
                                 : net_irecv(&c->net, rc, 1, &d, &cap, &tag, &mh, &req);
         if (r != ncclSuccess) {
-          if (victim || !atomic_load(&c->shm->kill_ns))
+          if (victim || !atomic_load(&c->shm->b.kill_ns))
             return failf(c, "%s returned %d (%s) before the peer was killed", sender ? "isend" : "irecv", r, rstr(r));
           how = sender ? "isend" : "irecv";
           err = r;
@@ -1831,26 +1623,26 @@ static int scn_kill_rank(rctx_t* c) {
       int done = 0;
       ncclResult_t r = net_test(&c->net, op->req, &done, op->sizes);
       if (r != ncclSuccess) {
-        if (victim || !atomic_load(&c->shm->kill_ns))
+        if (victim || !atomic_load(&c->shm->b.kill_ns))
           return failf(c, "test() returned %d (%s) before the peer was killed", r, rstr(r));
         how = "test";
         err = r;
         break;
       }
       if (done) {
-        if (op->sizes[0] != (int)KILL_MSG && atomic_load(&c->shm->kill_ns) == 0)
+        if (op->sizes[0] != (int)KILL_MSG && atomic_load(&c->shm->b.kill_ns) == 0)
           return failf(c, "completed message reports %d bytes, expected %zu", op->sizes[0], KILL_MSG);
         op->posted = 0;
         completed++;
-        if (atomic_load(&c->shm->kill_ns)) after_kill++;
-        atomic_store(&c->shm->progress[c->rank], completed);
+        if (atomic_load(&c->shm->b.kill_ns)) after_kill++;
+        atomic_store(&c->shm->b.progress[c->hc.rank], completed);
         spins = 0;
       }
     }
     backoff(&spins);
   }
-  double ms = (double)(now_ns() - atomic_load(&c->shm->kill_ns)) / 1e6;
-  atomic_store(&c->shm->val[c->rank][0], (long long)(ms * 1000));
+  double ms = (double)(now_ns() - atomic_load(&c->shm->b.kill_ns)) / 1e6;
+  atomic_store(&c->shm->val[c->hc.rank][0], (long long)(ms * 1000));
   detailf(c, "%s killed: surviving %s's %s() returned %d (%s) %.0f ms after SIGKILL", sender ? "receiver" : "sender",
           sender ? "sender" : "receiver", how, err, rstr(err), ms);
   /* Tear down like NCCL would after an error: close the comm; it must not hang. */
@@ -1880,8 +1672,8 @@ static int scn_cycles(rctx_t* c) {
    * on tcp: a one-time step of ~16.6 MiB seen in about 1 run in 4, the same after 4,000 cycles
    * as after 1,000) grows it in one half only. */
   int mid = mark + (ncyc - mark) / 2;
-  int fd_mark = -1, fd_end = -1;
-  long rss_mark = -1, rss_mid = -1, rss_end = -1;
+  hc_growth_t g;
+  hc_growth_init(&g, mark, mid, ncyc);
   int64_t t0 = now_ns();
   for (int cyc = 0; cyc < ncyc; cyc++) {
     char what[64];
@@ -1889,7 +1681,7 @@ static int scn_cycles(rctx_t* c) {
     void *sc = NULL, *rc = NULL, *mh = NULL;
     if (pair_one_way(c, &sc, &rc, 0, (unsigned)cyc + 1, what)) return -1;
     uint64_t seed = seed_of(cyc, 10, 10);
-    if (c->rank == 0) {
+    if (c->hc.rank == 0) {
       if (regmr(c, sc, sb, sz, &mh, what)) return -1;
       pat_fill(sb, sz, seed);
       side_t s = {sc, mh, sb, sz, 0, 0, 1};
@@ -1902,33 +1694,16 @@ static int scn_cycles(rctx_t* c) {
       if (deregmr(c, rc, mh, what)) return -1;
     }
     if (sync_ranks(c, what)) return -1;
-    if (c->rank == 0 && close_send(c, sc, what)) return -1;
-    if (c->rank == 1 && close_recv(c, rc, what)) return -1;
-    if (cyc + 1 == mark) {
-      fd_mark = count_fds();
-      rss_mark = rss_bytes();
-    }
-    if (cyc + 1 == mid) rss_mid = rss_bytes();
+    if (c->hc.rank == 0 && close_send(c, sc, what)) return -1;
+    if (c->hc.rank == 1 && close_recv(c, rc, what)) return -1;
+    hc_growth_sample(&g, cyc + 1);
   }
-  fd_end = count_fds();
-  rss_end = rss_bytes();
   double secs = ms_since(t0) / 1000;
   free(sb);
   free(rb);
   if (std_teardown(c)) return -1;
-  detailf(c, "rank %d: fds %d -> %d, RSS %.1f -> %.1f -> %.1f MiB (after cycle %d -> %d -> %d)", c->rank, fd_mark,
-          fd_end, rss_mark / (double)MIB, rss_mid / (double)MIB, rss_end / (double)MIB, mark, mid, ncyc);
-  atomic_store(&c->shm->val[c->rank][0], (long long)(secs * 1000));
-  if (fd_end > fd_mark)
-    return failf(c, "open fds grew from %d (after cycle %d) to %d (after cycle %d)", fd_mark, mark, fd_end, ncyc);
-  long g1 = rss_mid - rss_mark, g2 = rss_end - rss_mid;
-  if (g1 > (long)(4 * MIB) && g2 > (long)(4 * MIB))
-    return failf(c, "RSS grew steadily: by %.1f MiB between cycle %d and %d and by %.1f MiB between cycle %d and %d "
-                 "(limit 4 MiB in at least one half)", g1 / (double)MIB, mark, mid, g2 / (double)MIB, mid, ncyc);
-  if (g1 + g2 > (long)(32 * MIB))
-    return failf(c, "RSS grew by %.1f MiB between cycle %d and %d (limit 32 MiB)", (g1 + g2) / (double)MIB, mark,
-                 ncyc);
-  return 0;
+  atomic_store(&c->shm->val[c->hc.rank][0], (long long)(secs * 1000));
+  return check_growth(c, &g);
 }
 
 /* ------------------------------------------------------------------------------------ versions */
@@ -1960,10 +1735,10 @@ static int scn_versions(rctx_t* c) {
     void *sc, *rc, *smh, *rmh;
     if (pair_both_ways(c, &sc, &rc, 2 * v, 1, what)) return -1;
     if (regmr(c, sc, sb, size, &smh, what) || regmr(c, rc, rb, size + 64, &rmh, what)) return -1;
-    uint64_t sseed = seed_of(v, c->rank, 64), rseed = seed_of(v, 1 - c->rank, 64);
+    uint64_t sseed = seed_of(v, c->hc.rank, 64), rseed = seed_of(v, 1 - c->hc.rank, 64);
     pat_fill(sb, size, sseed);
-    side_t s = {sc, smh, sb, size, 0, 0, 20 + c->rank};
-    side_t rr = {rc, rmh, rb, size, size + 64, rseed, 20 + (1 - c->rank)};
+    side_t s = {sc, smh, sb, size, 0, 0, 20 + c->hc.rank};
+    side_t rr = {rc, rmh, rb, size, size + 64, rseed, 20 + (1 - c->hc.rank)};
     if (xfer_step(c, &s, &rr, 0, what)) return -1;
     if (sync_ranks(c, what)) return -1;
     if (deregmr(c, sc, smh, what) || deregmr(c, rc, rmh, what)) return -1;
@@ -2015,246 +1790,34 @@ static int scn_reload(rctx_t* c) {
 
 /* ============================================================================ parent / runner */
 
-typedef struct runstate runstate_t;
-
 typedef struct {
   const char* name;
   int nranks;
   int (*fn)(rctx_t*);
   int timeout_s;
   int short_timeout_env; /* FABRICOLL_TIMEOUT_MS = g_kill_timeout_ms in the ranks */
-  int (*hook)(runstate_t*); /* called by the parent while waiting; -1 = fail (rs->reason) */
+  int (*hook)(hc_runstate_t*); /* called by the parent while waiting; -1 = fail (rs->reason) */
 } runspec_t;
 
-struct runstate {
-  const runspec_t* spec;
-  struct shm* shm;
-  pid_t pid[MAXR];
-  int exited[MAXR];
-  int status[MAXR];
-  int expect_killed[MAXR];
-  int64_t start;
-  char reason[FAIL_LEN];
-};
-
-static void child_main(const runspec_t* spec, int rank, struct shm* shm, pid_t parent, int64_t deadline) {
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(3);
-  if (spec->short_timeout_env) {
-    char b[32];
-    snprintf(b, sizeof b, "%d", g_kill_timeout_ms);
-    setenv("FABRICOLL_TIMEOUT_MS", b, 1);
-  }
-  rctx_t c;
-  memset(&c, 0, sizeof c);
-  c.scn = spec->name;
-  c.rank = rank;
-  c.nranks = spec->nranks;
-  c.shm = shm;
-  c.deadline = deadline;
-  int rc = spec->fn(&c);
-  stagef(&c, "exit() after %s", rc == 0 ? "success" : "failure");
-  fflush(NULL);
-  exit(rc == 0 ? 0 : (c.aborted ? 2 : 1));
+/* In a forked rank (hc_run_ranks): the scenario with this harness's context around *h. */
+static int rank_main(const void* arg, hc_rank_t* h, void* shm) {
+  rctx_t c = {.hc = *h, .shm = shm};
+  int rc = ((const runspec_t*)arg)->fn(&c);
+  *h = c.hc;
+  return rc;
 }
 
-static const char* signame(int s) {
-  switch (s) {
-    case SIGSEGV: return "SIGSEGV";
-    case SIGBUS: return "SIGBUS";
-    case SIGABRT: return "SIGABRT";
-    case SIGKILL: return "SIGKILL";
-    case SIGILL: return "SIGILL";
-    case SIGFPE: return "SIGFPE";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGTERM: return "SIGTERM";
-    default: return "signal";
-  }
-}
-
-static void append(char* dst, size_t cap, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
-static void append(char* dst, size_t cap, const char* fmt, ...) {
-  size_t used = strlen(dst);
-  if (used + 1 >= cap) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(dst + used, cap - used, fmt, ap);
-  va_end(ap);
-}
-
-/* Stack traces of a hung rank (gdb, if installed) to stderr, before it is killed; set
- * HARNESS_NO_STACKS=1 to skip. The parent never loaded the plugin, so it can run gdb freely. */
-static void dump_stacks(const char* scn, int rank, pid_t pid) {
-  const char* no = getenv("HARNESS_NO_STACKS");
-  if ((no && *no && strcmp(no, "0") != 0) || access("/usr/bin/gdb", X_OK) != 0) return;
-  char cmd[256];
-  fprintf(stderr, "---- %s rank %d (pid %d) hung: stacks ----\n", scn, rank, (int)pid);
-  fflush(NULL);
-  snprintf(cmd, sizeof cmd,
-           "timeout 30 /usr/bin/gdb -p %d -batch -nx -ex 'set pagination off' -ex 'thread apply all bt 30' "
-           "</dev/null 2>/dev/null | grep -E '^(Thread|#)' >&2",
-           (int)pid);
-  if (system(cmd) != 0) fprintf(stderr, "(gdb could not attach)\n");
-  fprintf(stderr, "---- end of stacks ----\n");
+/* What the shared runner needs to run this scenario. */
+static hc_runspec_t hc_spec(const runspec_t* spec) {
+  return (hc_runspec_t){spec->name, spec->nranks, (int)(spec->timeout_s * g_time_scale), g_op_timeout_ms,
+                        spec->short_timeout_env ? g_kill_timeout_ms : 0, sizeof(struct shm), rank_main, spec,
+                        spec->hook, 1};
 }
 
 /* Runs one set of ranks; 0 = all good. reason/details are appended to. */
 static int run_ranks(const runspec_t* spec, char* reason, size_t rlen, char* details, size_t dlen) {
-  struct shm* shm = mmap(NULL, sizeof(struct shm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (shm == MAP_FAILED) {
-    append(reason, rlen, "mmap failed: %s", strerror(errno));
-    return -1;
-  }
-  memset(shm, 0, sizeof *shm);
-  runstate_t rs;
-  memset(&rs, 0, sizeof rs);
-  rs.spec = spec;
-  rs.shm = shm;
-  rs.start = now_ns();
-  int timeout_s = (int)(spec->timeout_s * g_time_scale);
-  int64_t deadline = rs.start + (int64_t)timeout_s * 1000000000LL;
-  int64_t child_deadline = deadline - 3000000000LL;
-  pid_t parent = getpid();
-  fflush(NULL);
-  int nforked = 0;
-  for (int r = 0; r < spec->nranks; r++) {
-    pid_t p = fork();
-    if (p < 0) {
-      append(reason, rlen, "fork failed: %s", strerror(errno));
-      atomic_store(&shm->abort, 1);
-      break;
-    }
-    if (p == 0) child_main(spec, r, shm, parent, child_deadline);
-    rs.pid[r] = p;
-    nforked++;
-  }
-  int timed_out = 0, hook_failed = 0;
-  int64_t first_fail = 0;
-  for (;;) {
-    int alive = 0;
-    for (int r = 0; r < nforked; r++) {
-      if (rs.exited[r]) continue;
-      int st;
-      pid_t w = waitpid(rs.pid[r], &st, WNOHANG);
-      if (w == rs.pid[r]) {
-        rs.exited[r] = 1;
-        rs.status[r] = st;
-        int bad = !(WIFEXITED(st) && WEXITSTATUS(st) == 0) &&
-                  !(rs.expect_killed[r] && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
-        if (bad && !first_fail) {
-          first_fail = now_ns();
-          atomic_store(&shm->abort, 1);
-        }
-      } else {
-        alive++;
-      }
-    }
-    if (!alive) break;
-    if (spec->hook && !hook_failed && spec->hook(&rs) != 0) {
-      hook_failed = 1;
-      append(reason, rlen, "%s", rs.reason);
-      atomic_store(&shm->abort, 1);
-      first_fail = now_ns();
-    }
-    int64_t now = now_ns();
-    if (now > deadline || (first_fail && now > first_fail + 10000000000LL)) {
-      if (now > deadline) timed_out = 1;
-      for (int r = 0; r < nforked; r++)
-        if (!rs.exited[r]) {
-          if (timed_out) {
-            append(reason, rlen, "%srank %d still running after %d s (stage: %s)", reason[0] ? " | " : "", r, timeout_s,
-                   shm->stage[r][0] ? shm->stage[r] : "?");
-            dump_stacks(spec->name, r, rs.pid[r]);
-          }
-          kill(rs.pid[r], SIGKILL);
-        }
-      for (int r = 0; r < nforked; r++)
-        if (!rs.exited[r]) {
-          waitpid(rs.pid[r], &rs.status[r], 0);
-          rs.exited[r] = 1;
-          rs.status[r] = -1; /* killed by us */
-        }
-      break;
-    }
-    struct timespec ts = {0, 2 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
-  int ok = !timed_out && !hook_failed && nforked == spec->nranks;
-  int any_root = 0;
-  for (int r = 0; r < nforked; r++) {
-    int st = rs.status[r];
-    if (st == -1) {
-      ok = 0;
-      if (shm->fail[r][0]) append(reason, rlen, "%s%s", reason[0] ? " | " : "", shm->fail[r]);
-      continue;
-    }
-    if (rs.expect_killed[r] && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) continue;
-    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
-      if (shm->fail[r][0]) { /* reported a failure but exited 0: should not happen */
-        ok = 0;
-        append(reason, rlen, "%s%s", reason[0] ? " | " : "", shm->fail[r]);
-      }
-      continue;
-    }
-    ok = 0;
-    if (WIFSIGNALED(st)) {
-      any_root = 1;
-      append(reason, rlen, "%srank %d died of %s (%d) during: %s", reason[0] ? " | " : "", r, signame(WTERMSIG(st)),
-             WTERMSIG(st), shm->stage[r][0] ? shm->stage[r] : "?");
-    } else if (WEXITSTATUS(st) == 1) {
-      any_root = 1;
-      if (shm->fail[r][0]) append(reason, rlen, "%s%s", reason[0] ? " | " : "", shm->fail[r]);
-      else append(reason, rlen, "%srank %d failed (no message; stage: %s)", reason[0] ? " | " : "", r, shm->stage[r]);
-    } else if (WEXITSTATUS(st) != 2) {
-      any_root = 1;
-      append(reason, rlen, "%srank %d exited with code %d (stage: %s)", reason[0] ? " | " : "", r, WEXITSTATUS(st),
-             shm->stage[r]);
-    }
-  }
-  if (!ok && !any_root && !reason[0]) append(reason, rlen, "ranks aborted without a root cause (see stderr)");
-  for (int r = 0; r < nforked; r++) {
-    int dup = 0;
-    for (int k = 0; k < r; k++) dup |= strcmp(shm->detail[k], shm->detail[r]) == 0;
-    if (shm->detail[r][0] && !dup) append(details, dlen, "%s%s", details[0] ? "; " : "", shm->detail[r]);
-  }
-  munmap(shm, sizeof *shm);
-  return ok ? 0 : -1;
-}
-
-/* kill: the parent SIGKILLs the victim once both ranks have completed a few 4 MiB messages. */
-static int kill_hook(runstate_t* rs) {
-  struct shm* shm = rs->shm;
-  int64_t kill_ns = atomic_load(&shm->kill_ns);
-  if (kill_ns) {
-    /* The survivor reports by itself within timeout + 5 s unless it is stuck inside a plugin call. */
-    int s = 1 - g_kill_victim;
-    double since = (double)(now_ns() - kill_ns) / 1e9;
-    if (!rs->exited[s] && since > (g_kill_timeout_ms + 5000) / 1000.0 + 10) {
-      snprintf(rs->reason, sizeof rs->reason,
-               "rank %d (survivor) is stuck inside a plugin call %.0f s after the peer was SIGKILLed (stage: %s); "
-               "stacks on stderr",
-               s, since, shm->stage[s]);
-      dump_stacks("kill", s, rs->pid[s]);
-      return -1;
-    }
-    return 0;
-  }
-  long long p0 = atomic_load(&shm->progress[0]), p1 = atomic_load(&shm->progress[1]);
-  if (p0 >= 3 && p1 >= 3) {
-    int v = g_kill_victim;
-    atomic_store(&shm->kill_ns, now_ns()); /* before the kill: an error seen after this is "after" */
-    rs->expect_killed[v] = 1;
-    kill(rs->pid[v], SIGKILL);
-    vlog("[kill] parent SIGKILLed rank %d (pid %d) after %lld/%lld messages\n", v, (int)rs->pid[v], p0, p1);
-    return 0;
-  }
-  if (now_ns() - rs->start > 40000000000LL) {
-    snprintf(rs->reason, sizeof rs->reason,
-             "the 4 MiB stream never got going (completed messages: rank0 %lld, rank1 %lld after 40 s; stages: '%s' / '%s')",
-             p0, p1, shm->stage[0], shm->stage[1]);
-    return -1;
-  }
-  return 0;
+  hc_runspec_t hs = hc_spec(spec);
+  return hc_run_ranks(&hs, reason, rlen, details, dlen, NULL, NULL);
 }
 
 typedef struct scenario scenario_t;
@@ -2266,17 +1829,8 @@ struct scenario {
 };
 
 static int parent_kill(const scenario_t* s, char* reason, size_t rlen, char* details, size_t dlen) {
-  int fails = 0;
-  for (int victim = 1; victim >= 0; victim--) {
-    g_kill_victim = victim; /* inherited by the forked ranks */
-    char r1[FAIL_LEN] = "", d1[DETAIL_LEN] = "";
-    if (run_ranks(&s->spec, r1, sizeof r1, d1, sizeof d1) != 0) {
-      fails++;
-      append(reason, rlen, "%s%s killed: %s", reason[0] ? " || " : "", victim == 1 ? "receiver" : "sender", r1);
-    }
-    if (d1[0]) append(details, dlen, "%s%s", details[0] ? "; " : "", d1);
-  }
-  return fails ? -1 : 0;
+  hc_runspec_t hs = hc_spec(&s->spec);
+  return hc_run_kill_pair(&hs, reason, rlen, details, dlen, NULL);
 }
 
 static int parent_cycles(const scenario_t* s, char* reason, size_t rlen, char* details, size_t dlen) {
@@ -2310,7 +1864,7 @@ static scenario_t g_scenarios[] = {
     {"badinput", "bad arguments return errors without crashing; 0x1 request hint", NULL,
      {"badinput", 1, scn_badinput, 120, 1, NULL}},
     {"kill", "SIGKILL one rank mid-transfer (receiver, then sender): survivor's test() must fail", parent_kill,
-     {"kill", 2, scn_kill_rank, 120, 1, kill_hook}},
+     {"kill", 2, scn_kill_rank, 120, 1, hc_kill_pair_hook}},
     {"cycles", "N cycles of listen/connect/accept/regMr/1 KiB/deregMr/close; fd and RSS growth", parent_cycles,
      {"cycles", 2, scn_cycles, 900, 0, NULL}},
     {"versions", "connect + 64 KiB each way through each of v6..v12", NULL,
@@ -2319,20 +1873,6 @@ static scenario_t g_scenarios[] = {
      {"reload", 1, scn_reload, 120, 0, NULL}},
 };
 #define NSCEN ((int)(sizeof g_scenarios / sizeof g_scenarios[0]))
-
-static int in_list(const char* list, const char* name) {
-  if (!list) return 0;
-  size_t n = strlen(name);
-  const char* p = list;
-  while (*p) {
-    const char* q = strchr(p, ',');
-    size_t len = q ? (size_t)(q - p) : strlen(p);
-    if (len == n && strncmp(p, name, n) == 0) return 1;
-    if (!q) break;
-    p = q + 1;
-  }
-  return 0;
-}
 
 static void usage(FILE* f) {
   fprintf(f,
@@ -2389,24 +1929,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   int all = !strcmp(which, "all");
-  for (const char* p = which; !all && *p;) { /* validate names */
-    const char* q = strchr(p, ',');
-    size_t len = q ? (size_t)(q - p) : strlen(p);
-    int found = 0;
-    for (int i = 0; i < NSCEN; i++)
-      if (strlen(g_scenarios[i].name) == len && !strncmp(g_scenarios[i].name, p, len)) found = 1;
-    if (!found) {
-      fprintf(stderr, "net_harness: unknown scenario '%.*s'\n", (int)len, p);
-      usage(stderr);
-      return 2;
-    }
-    if (!q) break;
-    p = q + 1;
+  _Static_assert(offsetof(scenario_t, name) == 0, "unknown_scenario() reads each entry's name first");
+  if (!all && unknown_scenario("net_harness", which, g_scenarios, sizeof g_scenarios[0], NSCEN)) {
+    usage(stderr);
+    return 2;
   }
-  struct stat stbuf;
-  if (stat(g_lib, &stbuf) != 0)
-    fprintf(stderr, "net_harness: warning: library %s: %s (every scenario will fail at dlopen)\n", g_lib,
-            strerror(errno));
+  warn_missing_lib("net_harness", g_lib);
   signal(SIGPIPE, SIG_IGN);
   setvbuf(stdout, NULL, _IOLBF, 0);
   fprintf(stderr, "net_harness: lib %s, table v%d, FABRICOLL_PROVIDER=%s FABRICOLL_DOMAIN=%s\n", g_lib, g_version,

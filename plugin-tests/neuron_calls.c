@@ -157,7 +157,7 @@ int std_teardown(rctx_t* c) {
 int pair_one_way(rctx_t* c, int con, int lis, void** sc, void** rc, int slot, unsigned seq, const char* what) {
   *sc = *rc = NULL;
   const int hsz = c->n.v == 4 ? NCCL_NET_HANDLE_MAXSIZE_V4 : HSIZE;
-  if (c->rank == lis) {
+  if (c->hc.rank == lis) {
     unsigned char handle[HSIZE];
     memset(handle, 0, sizeof handle);
     void* lc = NULL;
@@ -179,7 +179,7 @@ int pair_one_way(rctx_t* c, int con, int lis, void** sc, void** rc, int slot, un
     }
     r = nn_close_listen(&c->n, lc);
     if (r != ncclSuccess) return failf(c, "%s: closeListen returned %d (%s)", what, r, rstr(r));
-  } else if (c->rank == con) {
+  } else if (c->hc.rank == con) {
     unsigned char tmp[HSIZE];
     if (fetch(c, lis, slot, seq, tmp, "listen handle")) return -1;
     /* A heap buffer of exactly the version's handle size: ASan sees any access past it. */
@@ -202,7 +202,7 @@ int pair_one_way(rctx_t* c, int con, int lis, void** sc, void** rc, int slot, un
       }
       if (check_abort(c) || now_ns() > deadline) {
         free(handle);
-        return c->aborted ? -1 : failf(c, "%s: connect did not complete within %d ms", what, g_op_timeout_ms);
+        return c->hc.aborted ? -1 : failf(c, "%s: connect did not complete within %d ms", what, g_op_timeout_ms);
       }
       backoff(&spins);
     }
@@ -324,7 +324,7 @@ int xfer(rctx_t* c, void* sc, void* smh, unsigned char* sbuf, void* rc, void* rm
     backoff(&spins);
   }
   if (!rc) return 0;
-  c->checks += 3;
+  c->hc.checks += 3;
   if (got != (int)size) return failf(c, "%s: test reported %d bytes received, expected %zu", what, got, size);
   size_t nbad = 0;
   long first = pat_check_at(rbuf, size, seed, 0, &nbad);

@@ -23,10 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -36,10 +33,7 @@ const char* g_lib;
 int g_op_timeout_ms = 30000;
 int g_kill_timeout_ms = 3000;
 int g_cycles = 300;
-int g_kill_victim = 1;
 int g_expect_rma = -1;
-
-typedef struct runstate runstate_t;
 
 typedef struct {
   const char* name;
@@ -47,199 +41,25 @@ typedef struct {
   int nranks;
   int (*fn)(rctx_t*);
   int timeout_s;
-  int short_timeout_env;       /* FABRICOLL_TIMEOUT_MS = g_kill_timeout_ms in the ranks */
-  int (*hook)(runstate_t*);    /* called by the parent while waiting; -1 = fail (rs->reason) */
-  int kill_both;               /* run twice: the receiver killed, then the sender */
+  int short_timeout_env;          /* FABRICOLL_TIMEOUT_MS = g_kill_timeout_ms in the ranks */
+  int (*hook)(hc_runstate_t*);    /* called by the parent while waiting; -1 = fail (rs->reason) */
+  int kill_both;                  /* run twice: the receiver killed, then the sender */
 } scenario_t;
 
-struct runstate {
-  const scenario_t* s;
-  struct shm* shm;
-  pid_t pid[MAXR];
-  int exited[MAXR];
-  int status[MAXR];
-  int expect_killed[MAXR];
-  int64_t start;
-  char reason[FAIL_LEN];
-};
-
-static void append(char* dst, size_t cap, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
-static void append(char* dst, size_t cap, const char* fmt, ...) {
-  size_t used = strlen(dst);
-  if (used + 1 >= cap) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(dst + used, cap - used, fmt, ap);
-  va_end(ap);
+/* In a forked rank (hc_run_ranks): the scenario with this harness's context around *h. */
+static int rank_main(const void* arg, hc_rank_t* h, void* shm) {
+  rctx_t c = {.hc = *h, .shm = shm};
+  int rc = ((const scenario_t*)arg)->fn(&c);
+  *h = c.hc;
+  return rc;
 }
 
-static void child_main(const scenario_t* s, int rank, struct shm* shm, pid_t parent, int64_t deadline) {
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(3);
-  if (s->short_timeout_env) {
-    char b[32];
-    snprintf(b, sizeof b, "%d", g_kill_timeout_ms);
-    setenv("FABRICOLL_TIMEOUT_MS", b, 1);
-  }
-  rctx_t c;
-  memset(&c, 0, sizeof c);
-  c.scn = s->name;
-  c.rank = rank;
-  c.nranks = s->nranks;
-  c.shm = shm;
-  c.deadline = deadline;
-  int rc = s->fn(&c);
-  atomic_store(&shm->checks[rank], c.checks);
-  stagef(&c, "exit() after %s", rc == 0 ? "success" : "failure");
-  fflush(NULL);
-  /* A rank that succeeded called fini: a normal exit then shows that nothing the library left for
-   * exit time (it registers nothing, per the contract) crashes. A failed rank may be mid-way
-   * through anything: _exit. */
-  if (rc == 0) exit(0);
-  _exit(c.aborted ? 2 : 1);
-}
-
-static const char* signame(int s) {
-  switch (s) {
-    case SIGSEGV: return "SIGSEGV";
-    case SIGBUS: return "SIGBUS";
-    case SIGABRT: return "SIGABRT";
-    case SIGKILL: return "SIGKILL";
-    case SIGILL: return "SIGILL";
-    case SIGFPE: return "SIGFPE";
-    default: return "a signal";
-  }
-}
-
-/* Runs the scenario's ranks once; 0 = all good. reason/details/checks are appended to. */
+/* Runs the scenario's ranks (kill: twice); 0 = all good. reason/details/checks are appended to. */
 static int run_ranks(const scenario_t* s, char* reason, size_t rlen, char* details, size_t dlen, long long* checks) {
-  struct shm* shm = mmap(NULL, sizeof(struct shm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (shm == MAP_FAILED) {
-    append(reason, rlen, "mmap failed: %s", strerror(errno));
-    return -1;
-  }
-  memset(shm, 0, sizeof *shm);
-  runstate_t rs;
-  memset(&rs, 0, sizeof rs);
-  rs.s = s;
-  rs.shm = shm;
-  rs.start = now_ns();
-  int64_t deadline = rs.start + (int64_t)s->timeout_s * 1000000000LL;
-  int64_t child_deadline = deadline - 3000000000LL;
-  pid_t parent = getpid();
-  fflush(NULL);
-  int nforked = 0;
-  for (int r = 0; r < s->nranks; r++) {
-    pid_t p = fork();
-    if (p < 0) {
-      append(reason, rlen, "fork failed: %s", strerror(errno));
-      atomic_store(&shm->abort, 1);
-      break;
-    }
-    if (p == 0) child_main(s, r, shm, parent, child_deadline);
-    rs.pid[r] = p;
-    nforked++;
-  }
-  int timed_out = 0, hook_failed = 0;
-  int64_t first_fail = 0;
-  for (;;) {
-    int alive = 0;
-    for (int r = 0; r < nforked; r++) {
-      if (rs.exited[r]) continue;
-      int st;
-      if (waitpid(rs.pid[r], &st, WNOHANG) == rs.pid[r]) {
-        rs.exited[r] = 1;
-        rs.status[r] = st;
-        int bad = !(WIFEXITED(st) && WEXITSTATUS(st) == 0) &&
-                  !(rs.expect_killed[r] && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
-        if (bad && !first_fail) {
-          first_fail = now_ns();
-          atomic_store(&shm->abort, 1);
-        }
-      } else {
-        alive++;
-      }
-    }
-    if (!alive) break;
-    if (s->hook && !hook_failed && s->hook(&rs) != 0) {
-      hook_failed = 1;
-      append(reason, rlen, "%s", rs.reason);
-      atomic_store(&shm->abort, 1);
-      first_fail = now_ns();
-    }
-    int64_t now = now_ns();
-    /* 10 s after a failure the others had time to notice the abort flag */
-    if (now > deadline || (first_fail && now > first_fail + 10000000000LL)) {
-      timed_out = now > deadline;
-      for (int r = 0; r < nforked; r++)
-        if (!rs.exited[r]) {
-          if (timed_out)
-            append(reason, rlen, "%srank %d still running after %d s (stage: %s)", reason[0] ? " | " : "", r,
-                   s->timeout_s, shm->stage[r][0] ? shm->stage[r] : "?");
-          kill(rs.pid[r], SIGKILL);
-          waitpid(rs.pid[r], &rs.status[r], 0);
-          rs.exited[r] = 1;
-          rs.status[r] = -1; /* killed by us */
-        }
-      break;
-    }
-    struct timespec ts = {0, 2 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
-  int ok = !timed_out && !hook_failed && nforked == s->nranks;
-  for (int r = 0; r < nforked; r++) {
-    int st = rs.status[r];
-    *checks += atomic_load(&shm->checks[r]);
-    if (st != -1 && rs.expect_killed[r] && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) continue;
-    if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0 && !shm->fail[r][0]) continue;
-    ok = 0;
-    if (shm->fail[r][0]) append(reason, rlen, "%s%s", reason[0] ? " | " : "", shm->fail[r]);
-    else if (st != -1 && WIFSIGNALED(st))
-      append(reason, rlen, "%srank %d died of %s (%d) during: %s", reason[0] ? " | " : "", r, signame(WTERMSIG(st)),
-             WTERMSIG(st), shm->stage[r]);
-    else if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) != 2)
-      append(reason, rlen, "%srank %d exited with code %d (stage: %s)", reason[0] ? " | " : "", r, WEXITSTATUS(st),
-             shm->stage[r]);
-  }
-  if (!ok && !reason[0]) append(reason, rlen, "ranks aborted without a root cause (see stderr)");
-  for (int r = 0; r < nforked; r++) {
-    int dup = 0;
-    for (int k = 0; k < r; k++) dup |= strcmp(shm->detail[k], shm->detail[r]) == 0;
-    if (shm->detail[r][0] && !dup) append(details, dlen, "%s%s", details[0] ? "; " : "", shm->detail[r]);
-  }
-  munmap(shm, sizeof *shm);
-  return ok ? 0 : -1;
-}
-
-/* kill: SIGKILL the victim once both ranks have completed a few messages; then watch that the
- * survivor reports within FABRICOLL_TIMEOUT_MS + 5 s and is not stuck inside a library call. */
-static int kill_hook(runstate_t* rs) {
-  struct shm* shm = rs->shm;
-  int64_t kill_ns = atomic_load(&shm->kill_ns);
-  if (kill_ns) {
-    int sv = 1 - g_kill_victim;
-    double since = (double)(now_ns() - kill_ns) / 1e9;
-    if (!rs->exited[sv] && since > (g_kill_timeout_ms + 5000) / 1000.0 + 10) {
-      snprintf(rs->reason, sizeof rs->reason, "rank %d (survivor) is stuck %.0f s after the peer was SIGKILLed (stage: %s)",
-               sv, since, shm->stage[sv]);
-      return -1;
-    }
-    return 0;
-  }
-  long long p0 = atomic_load(&shm->progress[0]), p1 = atomic_load(&shm->progress[1]);
-  if (p0 >= 3 && p1 >= 3) {
-    int v = g_kill_victim;
-    atomic_store(&shm->kill_ns, now_ns()); /* before the kill: an error seen after this is "after" */
-    rs->expect_killed[v] = 1;
-    kill(rs->pid[v], SIGKILL);
-    return 0;
-  }
-  if (now_ns() - rs->start > 40000000000LL) {
-    snprintf(rs->reason, sizeof rs->reason, "the stream never got going (messages: rank0 %lld, rank1 %lld after 40 s)",
-             p0, p1);
-    return -1;
-  }
-  return 0;
+  hc_runspec_t spec = {s->name, s->nranks, s->timeout_s, g_op_timeout_ms, s->short_timeout_env ? g_kill_timeout_ms : 0,
+                       sizeof(struct shm), rank_main, s, s->hook, 1};
+  if (s->kill_both) return hc_run_kill_pair(&spec, reason, rlen, details, dlen, checks);
+  return hc_run_ranks(&spec, reason, rlen, details, dlen, checks, NULL);
 }
 
 static scenario_t g_scenarios[] = {
@@ -271,38 +91,9 @@ static scenario_t g_scenarios[] = {
     {"cycles", "N listen/connect/accept/1 KiB/close cycles: open fds and RSS before/after", 2, scn_cycles, 600, 0,
      NULL, 0},
     {"kill", "SIGKILL one rank mid-stream (receiver, then sender): the survivor gets an error in time", 2, scn_kill,
-     120, 1, kill_hook, 1},
+     120, 1, hc_kill_pair_hook, 1},
 };
 #define NSCEN ((int)(sizeof g_scenarios / sizeof g_scenarios[0]))
-
-static int run_scenario(const scenario_t* s, char* reason, size_t rlen, char* details, size_t dlen,
-                        long long* checks) {
-  if (!s->kill_both) return run_ranks(s, reason, rlen, details, dlen, checks);
-  int fails = 0;
-  for (int victim = 1; victim >= 0; victim--) {
-    g_kill_victim = victim; /* inherited by the forked ranks */
-    char r1[FAIL_LEN] = "", d1[DETAIL_LEN] = "";
-    if (run_ranks(s, r1, sizeof r1, d1, sizeof d1, checks) != 0) {
-      fails++;
-      append(reason, rlen, "%s%s killed: %s", reason[0] ? " || " : "", victim == 1 ? "receiver" : "sender", r1);
-    }
-    if (d1[0]) append(details, dlen, "%s%s", details[0] ? "; " : "", d1);
-  }
-  return fails ? -1 : 0;
-}
-
-static int in_list(const char* list, const char* name) {
-  if (!list) return 0;
-  size_t n = strlen(name);
-  for (const char* p = list; *p;) {
-    const char* q = strchr(p, ',');
-    size_t len = q ? (size_t)(q - p) : strlen(p);
-    if (len == n && strncmp(p, name, n) == 0) return 1;
-    if (!q) break;
-    p = q + 1;
-  }
-  return 0;
-}
 
 static void usage(FILE* f) {
   fprintf(f, "usage: neuron_harness [--lib PATH] [--scenario NAME[,NAME...]|all] [--skip NAME[,...]]\n"
@@ -379,24 +170,12 @@ int main(int argc, char** argv) {
   if (!g_lib) g_lib = getenv("FABRICOLL_NEURON_LIB");
   if (!g_lib || !*g_lib) g_lib = default_lib();
   int all = !strcmp(which, "all");
-  for (const char* p = which; !all && *p;) { /* every name must exist */
-    const char* q = strchr(p, ',');
-    size_t len = q ? (size_t)(q - p) : strlen(p);
-    int found = 0;
-    for (int i = 0; i < NSCEN; i++)
-      if (strlen(g_scenarios[i].name) == len && !strncmp(g_scenarios[i].name, p, len)) found = 1;
-    if (!found) {
-      fprintf(stderr, "neuron_harness: --scenario: unknown scenario '%.*s'\n", (int)len, p);
-      usage(stderr);
-      return 2;
-    }
-    if (!q) break;
-    p = q + 1;
+  _Static_assert(offsetof(scenario_t, name) == 0, "unknown_scenario() reads each entry's name first");
+  if (!all && unknown_scenario("neuron_harness", which, g_scenarios, sizeof g_scenarios[0], NSCEN)) {
+    usage(stderr);
+    return 2;
   }
-  struct stat st;
-  if (stat(g_lib, &st) != 0)
-    fprintf(stderr, "neuron_harness: warning: library %s: %s (every scenario will fail at dlopen)\n", g_lib,
-            strerror(errno));
+  warn_missing_lib("neuron_harness", g_lib);
   signal(SIGPIPE, SIG_IGN);
   setvbuf(stdout, NULL, _IOLBF, 0);
   fprintf(stderr, "neuron_harness: lib %s, FABRICOLL_PROVIDER=%s FABRICOLL_DOMAIN=%s\n", g_lib,
@@ -411,7 +190,7 @@ int main(int argc, char** argv) {
     long long checks = 0;
     fprintf(stderr, "neuron_harness: running %s\n", s->name);
     int64_t t0 = now_ns();
-    int r = run_scenario(s, reason, sizeof reason, details, sizeof details, &checks);
+    int r = run_ranks(s, reason, sizeof reason, details, sizeof details, &checks);
     total_checks += checks;
     double secs = ms_since(t0) / 1000;
     if (r == 0) {

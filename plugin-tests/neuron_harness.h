@@ -1,9 +1,9 @@
 /*
  * neuron_harness.h: what the parts of neuron_harness share: the rank context and the shared
- * mailbox (neuron_harness.c forks the ranks), the helpers of neuron_util.c (logger, reporting,
- * patterns, deadlines, mailbox), those of neuron_calls.c (a version-independent caller of the
- * v4/v5/v6 tables, connection and transfer helpers) and the scenario functions
- * (neuron_scn_*.c). Internal to the harness.
+ * mailbox (harness_run.c forks the ranks for neuron_harness.c and holds the reporting), the
+ * helpers of neuron_util.c (logger, checked return codes, mailbox), those of neuron_calls.c (a
+ * version-independent caller of the v4/v5/v6 tables, connection and transfer helpers) and the
+ * scenario functions (neuron_scn_*.c). Internal to the harness.
  */
 #ifndef FABRICOLL_TEST_NEURON_HARNESS_H
 #define FABRICOLL_TEST_NEURON_HARNESS_H
@@ -12,15 +12,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "harness_common.h" /* errs_t, patterns, fd/RSS counts, STAGE_LEN, FAIL_LEN, MIB, ... */
+#include "harness_run.h"    /* the board, hc_rank_t, stagef/failf/detailf/sync_ranks, the runner */
 #include "neuron_net.h"
 
 #define MAXR 4
 #define NSLOT 16
-#define STAGE_LEN 256
-#define FAIL_LEN 2048
-#define DETAIL_LEN 1024
 #define HSIZE NCCL_NET_HANDLE_MAXSIZE
-#define MIB (1024UL * 1024UL)
 
 /* ------------------------------------------------------------------------------ configuration */
 
@@ -28,7 +26,6 @@ extern const char* g_lib;
 extern int g_op_timeout_ms;   /* one operation (a connection, a transfer, a barrier) */
 extern int g_kill_timeout_ms; /* FABRICOLL_TIMEOUT_MS of the kill and badinput ranks */
 extern int g_cycles;
-extern int g_kill_victim; /* set by the parent before forking the kill ranks */
 extern int g_expect_rma;  /* --expect-rma: the rma_supported props must report; -1: not checked */
 
 /* --------------------------------------------------------------------- shared-memory mailbox */
@@ -39,16 +36,10 @@ struct slot {
 };
 
 struct shm {
-  atomic_int abort;            /* some rank failed or the parent gave up: everybody stop */
-  atomic_int phase[MAXR];      /* barrier counters */
-  atomic_llong progress[MAXR]; /* kill: messages completed */
-  atomic_llong kill_ns;        /* kill: CLOCK_MONOTONIC time of the parent's SIGKILL */
-  atomic_llong checks[MAXR];   /* checks each rank made */
+  hc_board_t b; /* first: abort, barriers, checks, stage/fail/detail, kill progress (harness_run.h) */
   struct slot slot[MAXR][NSLOT]; /* slot[writer][k] */
-  char stage[MAXR][STAGE_LEN];
-  char fail[MAXR][FAIL_LEN];
-  char detail[MAXR][DETAIL_LEN];
 };
+_Static_assert(MAXR <= HC_MAXR, "the runner forks at most HC_MAXR ranks");
 
 /* The table a rank plays libnccom with; only the member of its version is set. */
 typedef struct {
@@ -60,16 +51,11 @@ typedef struct {
 } nn_t;
 
 typedef struct rctx {
-  const char* scn;
-  int rank, nranks;
+  hc_rank_t hc; /* scenario, rank, ranks, deadline, barrier phase, aborted, checks (harness_run.h) */
   struct shm* shm;
   nn_t n;
   ncclNetProperties_v6_t props; /* of device 0; v4 fields copied, the others 0 */
   int ndev;
-  int64_t deadline; /* the rank must finish (or report) before this */
-  int phase;
-  int aborted;
-  long long checks;
 } rctx_t;
 
 /* -------------------------------------------------------------------------------- logger */
@@ -82,28 +68,11 @@ extern char log_last_warn[512];
 /* ------------------------------------------------------------------------------ small helpers */
 
 /* Defined in netapi.c, linked as it is (its header declares NVIDIA's layouts, so it is not
- * included here): CLOCK_MONOTONIC ns, HARNESS_VERBOSE logging, the polling back-off, and the
- * names of ncclResult_t values (the same numbers in both ABIs). */
-int64_t now_ns(void);
-double ms_since(int64_t t0);
-int verbose(void);
-void vlog(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-void backoff(int* spins);
+ * included here): the names of ncclResult_t values (the same numbers in both ABIs). Its clock,
+ * HARNESS_VERBOSE logging and back-off are declared in harness_common.h. */
 const char* nccl_result_str(int r); /* netapi.c: also names 1000, NN_NO_MEMBER, "table member is NULL" */
 static inline const char* rstr(int r) { return nccl_result_str(r); }
-void copy_str(char* dst, size_t cap, const char* src);
-void stagef(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-int failf(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-void detailf(rctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-int check_abort(rctx_t* c);
-int64_t op_deadline(rctx_t* c);
 
-/* An accumulator for scenarios that report every problem they find, not only the first. */
-typedef struct {
-  char text[FAIL_LEN];
-  int count;
-} errs_t;
-void add_err(errs_t* e, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 /* One check of a returned code: counted; a mismatch goes into e. An error code returned once the
  * library has a logger must come with a WARN line (contract: errors are logged at WARN); w0 is
  * the WARN count before the call. Use EXPECT_RC, which takes that count. */
@@ -118,20 +87,11 @@ extern int g_logger_given; /* init was called: the library has our logger */
 /* Turns the accumulated problems into the rank's failure (0 when there were none). */
 int errs_finish(rctx_t* c, errs_t* e, const char* scope);
 
-uint64_t seed_of(uint64_t a, uint64_t b, uint64_t c);
-void pat_fill(void* buf, size_t len, uint64_t seed);
-/* The pattern as it would be at offset `off` of a buffer filled with pat_fill(seed). */
-void pat_fill_at(void* buf, size_t len, uint64_t seed, size_t off);
-long pat_check_at(const void* buf, size_t len, uint64_t seed, size_t off, size_t* nbad);
-void* xalloc(rctx_t* c, size_t size, const char* what);
-int count_fds(void);
-long rss_bytes(void);
 
-/* -------------------------------------------------------------- mailbox, barrier (no plugin) */
+/* ------------------------------------------------------------------------ mailbox (no plugin) */
 
 void publish(rctx_t* c, int slot, unsigned seq, const void* data);
 int fetch(rctx_t* c, int from, int slot, unsigned seq, void* out, const char* what);
-int sync_ranks(rctx_t* c, const char* what);
 
 /* ------------------------------------------------------- calling the tables (neuron_util.c) */
 

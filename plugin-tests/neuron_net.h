@@ -18,49 +18,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "nccl_common.h"
+
 /* ------------------------------------------------------------------------- common (doc §0) */
 
-typedef enum {
-  ncclSuccess = 0,
-  ncclUnhandledCudaError = 1,
-  ncclSystemError = 2,
-  ncclInternalError = 3,
-  ncclInvalidArgument = 4,
-  ncclInvalidUsage = 5,
-  ncclRemoteError = 6
-} ncclResult_t;
-_Static_assert(sizeof(ncclResult_t) == 4, "ncclResult_t is a 4-byte enum");
-
-typedef enum {
-  NCCL_LOG_NONE = 0,
-  NCCL_LOG_VERSION = 1,
-  NCCL_LOG_WARN = 2,
-  NCCL_LOG_INFO = 3,
-  NCCL_LOG_ABORT = 4,
-  NCCL_LOG_TRACE = 5
-} ncclDebugLogLevel;
-
-/* Subsystem flags of the logger. */
-#define NCCL_INIT 0x1UL
-#define NCCL_COLL 0x2UL
-#define NCCL_P2P 0x4UL
-#define NCCL_SHM 0x8UL
-#define NCCL_NET 0x10UL
-#define NCCL_CALL 0x200UL
-#define NCCL_ALL (~0UL)
-
-typedef void (*ncclDebugLogger_t)(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
-                                  const char* fmt, ...);
-
-/* Pointer kinds (ptrSupport bits, regMr type). NEURON has the value of NVIDIA's DMABUF. */
-#define NCCL_PTR_HOST 0x1
-#define NCCL_PTR_CUDA 0x2
-#define NCCL_PTR_NEURON 0x4
-
-#define NCCL_NET_HANDLE_MAXSIZE 128
+/* ncclResult_t, the logger, its levels and flags, NCCL_PTR_HOST/CUDA, the handle size: nccl_common.h. */
+#define NCCL_PTR_NEURON 0x4 /* the value of NVIDIA's DMABUF */
 #define NCCL_NET_HANDLE_MAXSIZE_V4 64
 #define NCCL_NET_MAX_REQUESTS 128
-#define NCCL_NET_OPTIONAL_RECV_COMPLETION 0x1
 
 /* --------------------------------------------------------------------- properties (doc §1) */
 

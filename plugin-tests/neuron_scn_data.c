@@ -24,8 +24,8 @@ static int xfer_version(rctx_t* c, int v) {
   void *sc0, *rc0, *sc1, *rc1;
   if (pair_one_way(c, 0, 1, &sc0, &rc1, 0, 1, "xfer setup")) return -1;
   if (pair_one_way(c, 1, 0, &sc1, &rc0, 1, 1, "xfer setup")) return -1;
-  void* sc = c->rank == 0 ? sc0 : sc1;
-  void* rc = c->rank == 0 ? rc0 : rc1;
+  void* sc = c->hc.rank == 0 ? sc0 : sc1;
+  void* rc = c->hc.rank == 0 ? rc0 : rc1;
   const size_t max = 64 * MIB, cap = max + 64;
   unsigned char* sb = xalloc(c, max, "send buffer");
   unsigned char* rb = xalloc(c, cap, "recv buffer");
@@ -38,7 +38,7 @@ static int xfer_version(rctx_t* c, int v) {
       char what[96];
       snprintf(what, sizeof what, "v%d %zu B rank %d->%d", v, sz, dir, 1 - dir);
       uint64_t seed = seed_of(v, dir, i);
-      int sender = c->rank == dir;
+      int sender = c->hc.rank == dir;
       if (sender ? xfer(c, sc, smh, sb, NULL, NULL, NULL, 0, sz, seed, what)
                  : xfer(c, NULL, NULL, NULL, rc, rmh, rb, sz + 64, sz, seed, what))
         return -1;
@@ -47,14 +47,14 @@ static int xfer_version(rctx_t* c, int v) {
         void* d = rb;
         int s = (int)sz;
         ncclResult_t r = nn_iflush(&c->n, rc, 1, &d, &s, &rmh, &req);
-        c->checks++;
+        c->hc.checks++;
         if (r != ncclSuccess) return failf(c, "%s: iflush returned %d (%s)", what, r, rstr(r));
         if (!req) {
           flush_nulls++;
         } else {
           int done = 0, sizes[1] = {-1};
           r = nn_test(&c->n, req, &done, sizes);
-          c->checks++;
+          c->hc.checks++;
           if (r != ncclSuccess || !done)
             return failf(c, "%s: the iflush request on host memory is not done at the first test (%d, %s, done %d)",
                          what, r, rstr(r), done);
@@ -70,7 +70,7 @@ static int xfer_version(rctx_t* c, int v) {
   free(sb);
   free(rb);
   if (v == 4) detailf(c, "v4: %d sizes 0 B..64 MiB each way", NXFER);
-  else if (c->rank == 1)
+  else if (c->hc.rank == 1)
     detailf(c, "v%d: %d sizes 0 B..64 MiB each way; iflush %d requests, %d NULL", v, NXFER, flush_reqs, flush_nulls);
   return std_teardown(c);
 }
@@ -92,24 +92,24 @@ int scn_inflight(rctx_t* c) {
   void *sc, *rc;
   if (pair_one_way(c, 0, 1, &sc, &rc, 0, 1, "inflight setup")) return -1;
   const size_t cap = 65536 + NFLIGHT + 64;
-  void* comm = c->rank == 0 ? sc : rc;
+  void* comm = c->hc.rank == 0 ? sc : rc;
   unsigned char* buf = xalloc(c, cap * NFLIGHT, "inflight buffers");
   void* mh;
   if (!buf || regmr(c, comm, buf, cap * NFLIGHT, &mh, "inflight")) return -1;
   void* req[NFLIGHT] = {0};
   int retries = 0;
-  if (c->rank == 1) {
+  if (c->hc.rank == 1) {
     memset(buf, 0xA5, cap * NFLIGHT);
     for (int i = 0; i < NFLIGHT; i++) {
       ncclResult_t r = nn_irecv1(&c->n, rc, buf + cap * i, (int)cap, i, mh, &req[i]);
-      c->checks++;
+      c->hc.checks++;
       if (r != ncclSuccess || !req[i])
         return failf(c, "irecv %d of %d returned %d (%s), request %p: 128 receives must be accepted", i + 1,
                      NFLIGHT, r, rstr(r), req[i]);
     }
   }
   if (sync_ranks(c, "receives posted")) return -1;
-  if (c->rank == 0) {
+  if (c->hc.rank == 0) {
     int64_t deadline = op_deadline(c);
     for (int i = 0; i < NFLIGHT; i++) {
       unsigned char* b = buf + cap * i;
@@ -125,7 +125,7 @@ int scn_inflight(rctx_t* c) {
                        NFLIGHT, i);
         backoff(&spins);
       }
-      c->checks++;
+      c->hc.checks++;
     }
   }
   /* All 128 are outstanding; now test them all. */
@@ -140,9 +140,9 @@ int scn_inflight(rctx_t* c) {
       if (!done) continue;
       req[i] = NULL;
       left--;
-      if (c->rank == 1) {
+      if (c->hc.rank == 1) {
         size_t sz = flight_size(i), nbad;
-        c->checks += 2;
+        c->hc.checks += 2;
         if (sizes[0] != (int)sz) return failf(c, "receive %d reports %d bytes, expected %zu", i, sizes[0], sz);
         long first = pat_check_at(buf + cap * i, sz, seed_of(i, 7, 7), 0, &nbad);
         if (first >= 0) return failf(c, "receive %d: %zu bytes differ, first at %ld", i, nbad, first);
@@ -153,10 +153,10 @@ int scn_inflight(rctx_t* c) {
     backoff(&spins);
   }
   if (deregmr(c, comm, mh, "inflight") || sync_ranks(c, "inflight done")) return -1;
-  if ((c->rank == 0 ? nn_close_send(&c->n, sc) : nn_close_recv(&c->n, rc)) != ncclSuccess)
+  if ((c->hc.rank == 0 ? nn_close_send(&c->n, sc) : nn_close_recv(&c->n, rc)) != ncclSuccess)
     return failf(c, "inflight: close failed");
   free(buf);
-  if (c->rank == 0) detailf(c, "%d isends and %d irecvs outstanding; %d NULL-request retries", NFLIGHT, NFLIGHT, retries);
+  if (c->hc.rank == 0) detailf(c, "%d isends and %d irecvs outstanding; %d NULL-request retries", NFLIGHT, NFLIGHT, retries);
   return std_teardown(c);
 }
 
@@ -173,14 +173,14 @@ int scn_bigreg(rctx_t* c) {
   void *bmh, *rmh, *smh, *zmh;
   stagef(c, "regMr 2.5 GiB");
   if (regmr(c, sc, big, BIG, &bmh, "2.5 GiB")) return -1;
-  c->checks++;
+  c->hc.checks++;
   /* Send from above 2 GiB through the big registration: a size or offset cut to 32 bits breaks. */
   const size_t off = BIG - 3 * MIB + 17, sz = MIB + 5;
   unsigned char* rb = xalloc(c, sz + 64, "recv");
   if (!rb || regmr(c, rc, rb, sz + 64, &rmh, "bigreg recv")) return -1;
   if (xfer(c, sc, bmh, big + off, rc, rmh, rb, sz + 64, sz, 0xB16, "1 MiB from 2.5 GiB - 3 MiB")) return -1;
   if (deregmr(c, sc, bmh, "2.5 GiB")) return -1;
-  c->checks++;
+  c->hc.checks++;
   /* Sub-page: 100 bytes at offset 17 of a page, registered exactly, then sent from. */
   unsigned char* page = xalloc(c, 8192, "page");
   if (!page || regmr(c, sc, page + 17, 100, &smh, "sub-page")) return -1;
@@ -188,7 +188,7 @@ int scn_bigreg(rctx_t* c) {
   if (deregmr(c, sc, smh, "sub-page")) return -1;
   /* Size 0 is fine. */
   if (regmr(c, sc, page, 0, &zmh, "0-byte registration") || deregmr(c, sc, zmh, "0-byte registration")) return -1;
-  c->checks += 2;
+  c->hc.checks += 2;
   if (deregmr(c, rc, rmh, "bigreg recv")) return -1;
   if (nn_close_send(&c->n, sc) || nn_close_recv(&c->n, rc)) return failf(c, "bigreg: close failed");
   munmap(big, BIG);
@@ -229,7 +229,7 @@ static int rma_wait(rctx_t* c, const char* what, size_t size, ncclResult_t (*pos
   }
   int got = -1;
   if (wait_req(c, req, &got, what)) return -1;
-  c->checks++;
+  c->hc.checks++;
   if (got != (int)size) return failf(c, "%s: test reported %d bytes, expected %zu", what, got, size);
   return 0;
 }
@@ -289,9 +289,9 @@ static int rma_version(rctx_t* c, int v) {
   void *sc0, *rc0, *sc1, *rc1;
   if (pair_one_way(c, 0, 1, &sc0, &rc1, 0, 1, "rma setup")) return -1;
   if (pair_one_way(c, 1, 0, &sc1, &rc0, 1, 1, "rma setup")) return -1;
-  void* sc = c->rank == 0 ? sc0 : sc1;
-  void* rc = c->rank == 0 ? rc0 : rc1;
-  const int peer = 1 - c->rank;
+  void* sc = c->hc.rank == 0 ? sc0 : sc1;
+  void* rc = c->hc.rank == 0 ? rc0 : rc1;
+  const int peer = 1 - c->hc.rank;
   if (c->props.rma_supported != 1) {
     if (rma_unsupported(c, sc, rc)) return -1;
   } else {
@@ -304,10 +304,10 @@ static int rma_version(rctx_t* c, int v) {
     if (!t || !src || !dst || regmr(c, rc, t, TSZ, &tmh, "rma target")) return -1;
     if (regmr(c, sc, src, RD, &smh, "rma source") || regmr(c, rc, dst, RD, &dmh, "rma read destination")) return -1;
     memset(t, 0, TSZ);
-    pat_fill(t, RD, seed_of(c->rank, 31, 0));
+    pat_fill(t, RD, seed_of(c->hc.rank, 31, 0));
     remote_t mine = {(uintptr_t)t, 0}, theirs;
     ncclResult_t r = nn_getmrkey(&c->n, tmh, &mine.key);
-    c->checks++;
+    c->hc.checks++;
     if (r != ncclSuccess) return failf(c, "getMrKey returned %d (%s)", r, rstr(r));
     unsigned char msg[HSIZE] = {0};
     memcpy(msg, &mine, sizeof mine);
@@ -322,7 +322,7 @@ static int rma_version(rctx_t* c, int v) {
       rma_arg_t a = {rc, dst, rma_ops[i].size, dmh, theirs.addr + rma_ops[i].off, theirs.key};
       if (rma_wait(c, what, rma_ops[i].size, post_read, &a)) return -1;
       size_t nbad;
-      c->checks++;
+      c->hc.checks++;
       long first = pat_check_at(dst, rma_ops[i].size, seed_of(peer, 31, 0), rma_ops[i].off, &nbad);
       if (first >= 0) return failf(c, "%s: %zu bytes differ, first at %ld", what, nbad, first);
     }
@@ -330,7 +330,7 @@ static int rma_version(rctx_t* c, int v) {
     for (int i = 0; i < NRMA; i++) {
       char what[96];
       snprintf(what, sizeof what, "iwrite %zu B at offset %zu", rma_ops[i].size, RD + rma_ops[i].off);
-      pat_fill_at(src, rma_ops[i].size, seed_of(c->rank, 32, 0), RD + rma_ops[i].off);
+      pat_fill_at(src, rma_ops[i].size, seed_of(c->hc.rank, 32, 0), RD + rma_ops[i].off);
       rma_arg_t a = {sc, src, rma_ops[i].size, smh, theirs.addr + RD + rma_ops[i].off, theirs.key};
       if (rma_wait(c, what, rma_ops[i].size, post_write, &a)) return -1;
     }
@@ -343,7 +343,7 @@ static int rma_version(rctx_t* c, int v) {
       char what[96];
       unsigned char ib[32768];
       snprintf(what, sizeof what, "iwriteInline %zu B at offset %zu", n, ioff[i]);
-      pat_fill_at(ib, n, seed_of(c->rank, 32, 0), ioff[i]);
+      pat_fill_at(ib, n, seed_of(c->hc.rank, 32, 0), ioff[i]);
       rma_arg_t a = {sc, ib, n, NULL, theirs.addr + ioff[i], theirs.key};
       if (rma_wait(c, what, n, post_inline, &a)) return -1;
     }
@@ -352,7 +352,7 @@ static int rma_version(rctx_t* c, int v) {
     if (!big) return failf(c, "out of memory");
     r = nn_iwrite_inline(&c->n, sc, big, inl + 1, theirs.addr + RD + WR, theirs.key, &req);
     free(big);
-    c->checks++;
+    c->hc.checks++;
     if (r != ncclInvalidArgument)
       return failf(c, "iwriteInline of max_write_inline_size + 1 = %zu B returned %d (%s), expected InvalidArgument",
                    inl + 1, r, rstr(r));
@@ -360,7 +360,7 @@ static int rma_version(rctx_t* c, int v) {
     if (net_barrier(c, sc, smh, src, rc, dmh, dst, "rma writes done")) return -1;
     for (int i = 0; i < NRMA; i++) {
       size_t nbad, o = RD + rma_ops[i].off;
-      c->checks++;
+      c->hc.checks++;
       long first = pat_check_at(t + o, rma_ops[i].size, seed_of(peer, 32, 0), o, &nbad);
       if (first >= 0)
         return failf(c, "the peer's iwrite of %zu B at offset %zu: %zu bytes differ here, first at %ld",
@@ -368,7 +368,7 @@ static int rma_version(rctx_t* c, int v) {
     }
     for (int i = 0; i < 4; i++) {
       size_t n = isz[i] < ilen[i] ? isz[i] : ilen[i], nbad;
-      c->checks++;
+      c->hc.checks++;
       long first = pat_check_at(t + ioff[i], n, seed_of(peer, 32, 0), ioff[i], &nbad);
       if (first >= 0)
         return failf(c, "the peer's iwriteInline of %zu B at offset %zu: %zu bytes differ, first at %ld", n, ioff[i],

@@ -96,7 +96,7 @@ int scn_badinput(rctx_t* c) {
     backoff(&spins);
   }
   for (int k = 0; k < 2; k++) {
-    c->checks++;
+    c->hc.checks++;
     if (hs[k].state == 0)
       add_err(&e, "connect with a %s kept returning Success/NULL comm for %.0f ms (FABRICOLL_TIMEOUT_MS=%d)", hs[k].name,
               ms_since(t0), g_kill_timeout_ms);
@@ -117,7 +117,7 @@ int scn_badinput(rctx_t* c) {
   free(b);
   free(rb);
   (void)nd;
-  detailf(c, "%lld bad calls", c->checks);
+  detailf(c, "%lld bad calls", c->hc.checks);
   if (std_teardown(c)) return -1;
   return errs_finish(c, &e, "badinput");
 }
@@ -138,7 +138,7 @@ int scn_v4block(rctx_t* c) {
   int64_t t0 = now_ns();
   EXPECT_RC(c, &e, "v4 accept with nobody connecting", nn_accept(&c->n, lc, &rc), ncclRemoteError);
   double ms = ms_since(t0);
-  c->checks += 2;
+  c->hc.checks += 2;
   if (rc) add_err(&e, "v4 accept with nobody connecting gave a recvComm");
   if (ms > limit) add_err(&e, "v4 accept blocked %.0f ms, FABRICOLL_TIMEOUT_MS is %d", ms, g_kill_timeout_ms);
   nn_close_listen(&c->n, lc);
@@ -149,7 +149,7 @@ int scn_v4block(rctx_t* c) {
   r = nn_connect(&c->n, 0, zero, &sc);
   double cms = ms_since(t0);
   free(zero);
-  c->checks += 2;
+  c->hc.checks += 2;
   if (r == ncclSuccess) add_err(&e, "v4 connect to a zeroed handle returned Success (sendComm %p)", sc);
   if (cms > limit) add_err(&e, "v4 connect to a zeroed handle blocked %.0f ms", cms);
   detailf(c, "v4 accept gave up after %.0f ms, connect to a zeroed handle returned %d (%s) after %.0f ms", ms, r,
@@ -168,42 +168,28 @@ int scn_cycles(rctx_t* c) {
   unsigned char* buf = xalloc(c, sz + 64, "cycles buffer");
   if (!buf) return -1;
   const int ncyc = g_cycles, mark = ncyc / 10, mid = mark + (ncyc - mark) / 2;
-  int fd_mark = -1, fd_end = -1;
-  long rss_mark = -1, rss_mid = -1, rss_end = -1;
+  hc_growth_t g;
+  hc_growth_init(&g, mark, mid, ncyc);
   for (int cyc = 0; cyc < ncyc; cyc++) {
     char what[64];
     snprintf(what, sizeof what, "cycle %d", cyc);
     void *sc = NULL, *rc = NULL, *mh = NULL;
     if (pair_one_way(c, 0, 1, &sc, &rc, cyc % NSLOT, (unsigned)(cyc / NSLOT) + 1, what)) return -1;
-    void* comm = c->rank == 0 ? sc : rc;
+    void* comm = c->hc.rank == 0 ? sc : rc;
     if (regmr(c, comm, buf, sz + 64, &mh, what)) return -1;
     uint64_t seed = seed_of(cyc, 10, 10);
-    if (c->rank == 0 ? xfer(c, sc, mh, buf, NULL, NULL, NULL, 0, sz, seed, what)
+    if (c->hc.rank == 0 ? xfer(c, sc, mh, buf, NULL, NULL, NULL, 0, sz, seed, what)
                      : xfer(c, NULL, NULL, NULL, rc, mh, buf, sz + 64, sz, seed, what))
       return -1;
     if (deregmr(c, comm, mh, what) || sync_ranks(c, what)) return -1;
-    ncclResult_t r = c->rank == 0 ? nn_close_send(&c->n, sc) : nn_close_recv(&c->n, rc);
+    ncclResult_t r = c->hc.rank == 0 ? nn_close_send(&c->n, sc) : nn_close_recv(&c->n, rc);
     if (r != ncclSuccess) return failf(c, "%s: close returned %d (%s)", what, r, rstr(r));
-    if (cyc + 1 == mark) fd_mark = count_fds(), rss_mark = rss_bytes();
-    if (cyc + 1 == mid) rss_mid = rss_bytes();
+    hc_growth_sample(&g, cyc + 1);
   }
-  fd_end = count_fds();
-  rss_end = rss_bytes();
   free(buf);
   if (std_teardown(c)) return -1;
-  detailf(c, "rank %d: fds %d -> %d, RSS %.1f -> %.1f -> %.1f MiB (after cycle %d -> %d -> %d)", c->rank, fd_mark,
-          fd_end, rss_mark / (double)MIB, rss_mid / (double)MIB, rss_end / (double)MIB, mark, mid, ncyc);
-  c->checks += 3;
-  if (fd_end > fd_mark)
-    return failf(c, "open fds grew from %d (after cycle %d) to %d (after cycle %d)", fd_mark, mark, fd_end, ncyc);
-  /* A leak grows RSS in both halves; a pool touched once later grows it in one. */
-  long g1 = rss_mid - rss_mark, g2 = rss_end - rss_mid;
-  if (g1 > (long)(4 * MIB) && g2 > (long)(4 * MIB))
-    return failf(c, "RSS grew steadily: %.1f MiB between cycles %d and %d, %.1f MiB between %d and %d (limit 4 MiB "
-                    "in at least one half)", g1 / (double)MIB, mark, mid, g2 / (double)MIB, mid, ncyc);
-  if (g1 + g2 > (long)(32 * MIB))
-    return failf(c, "RSS grew by %.1f MiB between cycles %d and %d (limit 32 MiB)", (g1 + g2) / (double)MIB, mark, ncyc);
-  return 0;
+  c->hc.checks += 3;
+  return check_growth(c, &g);
 }
 
 /* ------------------------------------------------------------------------------------ kill */
@@ -211,13 +197,13 @@ int scn_cycles(rctx_t* c) {
 #define KILL_MSG (4 * MIB)
 #define KILL_WINDOW 4
 
-/* Rank 0 streams 4 MiB isends to rank 1; the parent SIGKILLs g_kill_victim after both have done
+/* Rank 0 streams 4 MiB isends to rank 1; the parent SIGKILLs board.kill_victim after both have done
  * 3; the survivor must get an error from isend/irecv/test within FABRICOLL_TIMEOUT_MS + 5 s. */
 int scn_kill(rctx_t* c) {
   if (std_setup(c, 6)) return -1;
   void *sc, *rc;
   if (pair_one_way(c, 0, 1, &sc, &rc, 0, 1, "kill setup")) return -1;
-  const int sender = c->rank == 0, victim = c->rank == g_kill_victim;
+  const int sender = c->hc.rank == 0, victim = c->hc.rank == c->hc.board->kill_victim;
   void* comm = sender ? sc : rc;
   unsigned char* buf = xalloc(c, KILL_MSG, "kill buffer");
   void* mh;
@@ -231,7 +217,7 @@ int scn_kill(rctx_t* c) {
   ncclResult_t err = ncclSuccess;
   stagef(c, "streaming 4 MiB %s (%s)", sender ? "isends" : "irecvs", victim ? "victim" : "survivor");
   while (!how) {
-    int64_t kill_ns = atomic_load(&c->shm->kill_ns), now = now_ns();
+    int64_t kill_ns = atomic_load(&c->shm->b.kill_ns), now = now_ns();
     if (now - start > 60000000000LL) return failf(c, victim ? "victim was never killed" : "the peer was never killed");
     if (!victim && kill_ns && now > kill_ns + (int64_t)(g_kill_timeout_ms + 5000) * 1000000LL)
       return failf(c, "survivor (%s) got no error within %d ms after the peer was SIGKILLed (FABRICOLL_TIMEOUT_MS=%d)",
@@ -243,7 +229,7 @@ int scn_kill(rctx_t* c) {
         r = sender ? nn_isend(&c->n, sc, buf, KILL_MSG, 11, mh, &req[i]) : nn_irecv1(&c->n, rc, buf, KILL_MSG, 11, mh,
                                                                                        &req[i]);
         if (r != ncclSuccess) {
-          if (victim || !atomic_load(&c->shm->kill_ns))
+          if (victim || !atomic_load(&c->shm->b.kill_ns))
             return failf(c, "%s returned %d (%s) before the peer was killed", sender ? "isend" : "irecv", r, rstr(r));
           how = sender ? "isend" : "irecv", err = r;
         }
@@ -252,19 +238,19 @@ int scn_kill(rctx_t* c) {
       int done = 0, sizes[1] = {0};
       r = nn_test(&c->n, req[i], &done, sizes);
       if (r != ncclSuccess) {
-        if (victim || !atomic_load(&c->shm->kill_ns))
+        if (victim || !atomic_load(&c->shm->b.kill_ns))
           return failf(c, "test returned %d (%s) before the peer was killed", r, rstr(r));
         how = "test", err = r;
       } else if (done) {
         req[i] = NULL;
-        atomic_store(&c->shm->progress[c->rank], ++completed);
+        atomic_store(&c->shm->b.progress[c->hc.rank], ++completed);
         spins = 0;
       }
     }
     backoff(&spins);
   }
-  double ms = (double)(now_ns() - atomic_load(&c->shm->kill_ns)) / 1e6;
-  c->checks++;
+  double ms = (double)(now_ns() - atomic_load(&c->shm->b.kill_ns)) / 1e6;
+  c->hc.checks++;
   detailf(c, "%s killed: the %s's %s returned %d (%s) %.0f ms after SIGKILL", sender ? "receiver" : "sender",
           sender ? "sender" : "receiver", how, err, rstr(err), ms);
   /* Tear down like libnccom after an error: close and fini must not hang. */

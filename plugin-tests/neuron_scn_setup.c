@@ -17,12 +17,12 @@
 static void check_slots(rctx_t* c, errs_t* e, const char* sym, const void* table, size_t size) {
   const void* const* p = table;
   size_t n = size / sizeof(void*);
-  c->checks++;
+  c->hc.checks++;
   if (p[0] == NULL) add_err(e, "%s: name is NULL", sym);
   else if (strcmp((const char*)p[0], "fabricoll") != 0) add_err(e, "%s: name is '%s', expected 'fabricoll'", sym,
                                                                   (const char*)p[0]);
   for (size_t i = 1; i < n; i++) {
-    c->checks++;
+    c->hc.checks++;
     if (p[i] == NULL) add_err(e, "%s: the slot at offset %zu is NULL", sym, i * sizeof(void*));
   }
 }
@@ -39,7 +39,7 @@ int scn_symbols(rctx_t* c) {
                 {"ncclNetPlugin_v5", sizeof(ncclNet_v5_t)},
                 {"ncclNetPlugin_v6", sizeof(ncclNet_v6_t)}};
   for (int i = 0; i < 3; i++) {
-    c->checks++;
+    c->hc.checks++;
     void* t = dlsym(dl, tables[i].sym);
     if (!t) add_err(&e, "dlsym(%s) failed", tables[i].sym);
     else check_slots(c, &e, tables[i].sym, t, tables[i].size);
@@ -52,7 +52,7 @@ int scn_symbols(rctx_t* c) {
                                  "ncclCollNetPlugin_v9",  "ncclCollNetPlugin_v10", "ncclCollNetPlugin_v11",
                                  "ncclCollNetPlugin_v12", "ncclNetPlugin_v3",      "ncclNetPlugin_v2"};
   for (size_t i = 0; i < sizeof nvidia / sizeof nvidia[0]; i++) {
-    c->checks++;
+    c->hc.checks++;
     if (dlsym(dl, nvidia[i]) != NULL) add_err(&e, "dlsym(%s) succeeded: the Neuron build must not export it", nvidia[i]);
   }
   dlclose(dl);
@@ -74,7 +74,7 @@ static void props_one(rctx_t* c, errs_t* e, int dev, ncclNetProperties_v6_t* p) 
                                  : c->n.t6->getProperties(dev, (ncclNetProperties_v6_t*)(void*)buf);
   EXPECT_RC(c, e, "getProperties", r, ncclSuccess);
   for (size_t i = psz; i < sizeof buf; i++) {
-    c->checks++;
+    c->hc.checks++;
     if (buf[i] != PCANARY) {
       add_err(e, "v%d getProperties(%d) wrote byte %zu, past the %zu-byte struct", c->n.v, dev, i, psz);
       break;
@@ -93,13 +93,13 @@ static void props_one(rctx_t* c, errs_t* e, int dev, ncclNetProperties_v6_t* p) 
 
 #define PCHECK(cond, ...)        \
   do {                           \
-    c->checks++;                 \
+    c->hc.checks++;                 \
     if (!(cond)) add_err(&e, __VA_ARGS__); \
   } while (0)
 
 /* Rank 0 checks v6, rank 1 v5, rank 2 v4: each process inits one table (v4/v5 have no fini). */
 int scn_props(rctx_t* c) {
-  const int v = 6 - c->rank;
+  const int v = 6 - c->hc.rank;
   if (std_setup(c, v)) return -1;
   errs_t e = {{0}, 0};
   char summary[DETAIL_LEN] = "";
@@ -152,15 +152,15 @@ static int one_mib_both_ways(rctx_t* c, unsigned seq, const char* what) {
   void *sc0, *rc0, *sc1, *rc1;
   if (pair_one_way(c, 0, 1, &sc0, &rc1, 0, seq, what)) return -1;
   if (pair_one_way(c, 1, 0, &sc1, &rc0, 1, seq, what)) return -1;
-  void* sc = c->rank == 0 ? sc0 : sc1;
-  void* rc = c->rank == 0 ? rc0 : rc1;
+  void* sc = c->hc.rank == 0 ? sc0 : sc1;
+  void* rc = c->hc.rank == 0 ? rc0 : rc1;
   const size_t sz = MIB, cap = MIB + 64;
   unsigned char* sb = xalloc(c, sz, "send buffer");
   unsigned char* rb = xalloc(c, cap, "recv buffer");
   void *smh, *rmh;
   if (!sb || !rb || regmr(c, sc, sb, sz, &smh, what) || regmr(c, rc, rb, cap, &rmh, what)) return -1;
-  uint64_t mine = seed_of(seq, c->rank, 1), theirs = seed_of(seq, 1 - c->rank, 1);
-  if (c->rank == 0) {
+  uint64_t mine = seed_of(seq, c->hc.rank, 1), theirs = seed_of(seq, 1 - c->hc.rank, 1);
+  if (c->hc.rank == 0) {
     if (xfer(c, sc, smh, sb, NULL, NULL, NULL, 0, sz, mine, what)) return -1;
     if (xfer(c, NULL, NULL, NULL, rc, rmh, rb, cap, sz, theirs, what)) return -1;
   } else {
@@ -199,8 +199,8 @@ int scn_lifecycle(rctx_t* c) {
   void *sc0, *rc0, *sc1, *rc1, *lc = NULL;
   if (pair_one_way(c, 0, 1, &sc0, &rc1, 0, 2, "objects left open")) return -1;
   if (pair_one_way(c, 1, 0, &sc1, &rc0, 1, 2, "objects left open")) return -1;
-  void* sc = c->rank == 0 ? sc0 : sc1;
-  void* rc = c->rank == 0 ? rc0 : rc1;
+  void* sc = c->hc.rank == 0 ? sc0 : sc1;
+  void* rc = c->hc.rank == 0 ? rc0 : rc1;
   EXPECT_RC(c, &e, "listen (left open for fini)", nn_listen(n, 0, h, &lc), ncclSuccess);
   unsigned char* buf = xalloc(c, 4096, "buffer");
   void *mh = NULL, *req = NULL;
@@ -221,7 +221,7 @@ int scn_lifecycle(rctx_t* c) {
   EXPECT_RC(c, &e, "closeSend after fini", nn_close_send(n, sc), ncclSuccess);
   EXPECT_RC(c, &e, "closeRecv after fini", nn_close_recv(n, rc), ncclSuccess);
   EXPECT_RC(c, &e, "closeListen after fini", nn_close_listen(n, lc), ncclSuccess);
-  c->checks++;
+  c->hc.checks++;
   if (atomic_load(&log_warns) != warns1)
     add_err(&e, "closing after fini logged %ld WARN line(s), last: %s", atomic_load(&log_warns) - warns1,
             log_last_warn);
@@ -235,7 +235,7 @@ int scn_lifecycle(rctx_t* c) {
   if (nn_devices(n, &nd) != ncclSuccess || nd < 1) return failf(c, "devices after re-init failed (%d)", nd);
   if (one_mib_both_ways(c, 3, "after re-init: 1 MiB each way")) return -1;
   EXPECT_RC(c, &e, "fini", nn_fini(n), ncclSuccess);
-  c->checks += 2;
+  c->hc.checks += 2;
   if (atomic_load(&log_no_net))
     add_err(&e, "%ld of %ld logger calls lacked the NET flag (0x10)", atomic_load(&log_no_net), atomic_load(&log_calls));
   if (atomic_load(&log_bad)) add_err(&e, "%ld logger calls had a NULL format or a bad level", atomic_load(&log_bad));
@@ -248,14 +248,14 @@ int scn_lifecycle(rctx_t* c) {
 
 /* Rank 0 with v6, rank 1 with v5: a loopback pair in one thread, then 1 MiB through it. */
 int scn_connect1(rctx_t* c) {
-  if (std_setup(c, 6 - c->rank)) return -1;
+  if (std_setup(c, 6 - c->hc.rank)) return -1;
   /* The handle buffer must stay within 128 bytes: canaries around it. */
   unsigned char hb[HSIZE + 64];
   memset(hb, 0xC3, sizeof hb);
   void* lc = NULL;
   ncclResult_t r = nn_listen(&c->n, 0, hb + 32, &lc);
   if (r != ncclSuccess || !lc) return failf(c, "listen returned %d (%s)", r, rstr(r));
-  c->checks += 2;
+  c->hc.checks += 2;
   for (int i = 0; i < 32; i++)
     if (hb[i] != 0xC3 || hb[32 + HSIZE + i] != 0xC3) return failf(c, "listen wrote outside the 128-byte handle");
   nn_close_listen(&c->n, lc);
@@ -266,7 +266,7 @@ int scn_connect1(rctx_t* c) {
   unsigned char* rb = xalloc(c, cap, "recv");
   void *smh, *rmh;
   if (!sb || !rb || regmr(c, sc, sb, sz, &smh, "loopback") || regmr(c, rc, rb, cap, &rmh, "loopback")) return -1;
-  if (xfer(c, sc, smh, sb, rc, rmh, rb, cap, sz, seed_of(c->rank, 2, 3), "loopback 1 MiB")) return -1;
+  if (xfer(c, sc, smh, sb, rc, rmh, rb, cap, sz, seed_of(c->hc.rank, 2, 3), "loopback 1 MiB")) return -1;
   if (deregmr(c, sc, smh, "loopback") || deregmr(c, rc, rmh, "loopback")) return -1;
   if (nn_close_send(&c->n, sc) || nn_close_recv(&c->n, rc)) return failf(c, "close of the loopback pair failed");
   free(sb);
@@ -281,7 +281,7 @@ int scn_connect1(rctx_t* c) {
 
 int scn_mesh4(rctx_t* c) {
   if (std_setup(c, 6)) return -1;
-  const int R = c->nranks, me = c->rank;
+  const int R = c->hc.nranks, me = c->hc.rank;
   unsigned char handle[HSIZE] = {0};
   void* lc = NULL;
   ncclResult_t r = nn_listen(&c->n, 0, handle, &lc);
@@ -361,7 +361,7 @@ int scn_mesh4(rctx_t* c) {
       rreq[p] = NULL, left--;
       uint64_t src;
       memcpy(&src, rb[p], 8);
-      c->checks += 3;
+      c->hc.checks += 3;
       if (sizes[0] != MESH_MSG) return failf(c, "mesh: received %d bytes, expected %d", sizes[0], MESH_MSG);
       if (src >= (uint64_t)R || src == (uint64_t)me || (seen & (1 << src)))
         return failf(c, "mesh: message %d names sender %llu", p, (unsigned long long)src);
@@ -400,13 +400,13 @@ int scn_mesh4(rctx_t* c) {
  * connects with a 64-byte heap handle; both calls block until the comm exists. */
 int scn_connect4(rctx_t* c) {
   if (std_setup(c, 4)) return -1;
-  if (c->rank == 1) {
+  if (c->hc.rank == 1) {
     unsigned char h[HSIZE];
     memset(h, 0xC3, sizeof h);
     void* lc = NULL;
     ncclResult_t r = nn_listen(&c->n, 0, h, &lc);
     if (r != ncclSuccess || !lc) return failf(c, "v4 listen returned %d (%s)", r, rstr(r));
-    c->checks++;
+    c->hc.checks++;
     for (int i = NCCL_NET_HANDLE_MAXSIZE_V4; i < HSIZE; i++)
       if (h[i] != 0xC3) return failf(c, "v4 listen wrote handle byte %d (v4 handles are 64 bytes)", i);
     nn_close_listen(&c->n, lc);
@@ -414,18 +414,18 @@ int scn_connect4(rctx_t* c) {
   void *sc, *rc;
   int64_t t0 = now_ns();
   if (pair_one_way(c, 0, 1, &sc, &rc, 0, 1, "v4 blocking connect/accept")) return -1;
-  c->checks++;
+  c->hc.checks++;
   const size_t sz = 100000;
   unsigned char* b = xalloc(c, sz + 64, "v4 buffer");
   void* mh;
-  void* comm = c->rank == 0 ? sc : rc;
+  void* comm = c->hc.rank == 0 ? sc : rc;
   if (!b || regmr(c, comm, b, sz + 64, &mh, "v4")) return -1;
-  if (c->rank == 0 ? xfer(c, sc, mh, b, NULL, NULL, NULL, 0, sz, 99, "v4 100000 B")
+  if (c->hc.rank == 0 ? xfer(c, sc, mh, b, NULL, NULL, NULL, 0, sz, 99, "v4 100000 B")
                    : xfer(c, NULL, NULL, NULL, rc, mh, b, sz + 64, sz, 99, "v4 100000 B"))
     return -1;
   if (deregmr(c, comm, mh, "v4")) return -1;
   if (sync_ranks(c, "v4 done")) return -1;
-  if ((c->rank == 0 ? nn_close_send(&c->n, sc) : nn_close_recv(&c->n, rc)) != ncclSuccess)
+  if ((c->hc.rank == 0 ? nn_close_send(&c->n, sc) : nn_close_recv(&c->n, rc)) != ncclSuccess)
     return failf(c, "v4 close failed");
   free(b);
   detailf(c, "v4 connect+accept blocked %.0f ms", ms_since(t0));

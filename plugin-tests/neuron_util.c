@@ -1,11 +1,11 @@
 /*
  * neuron_util.c: the helpers of neuron_harness (see neuron_harness.h): the logger handed to init,
- * failure and stage reporting into the shared mailbox, byte patterns, deadlines, the mailbox and
- * a barrier. Clocks, HARNESS_VERBOSE and the polling back-off come from netapi.c (linked).
+ * checked return codes (expect_rc, errs_finish) and the handle mailbox. Clocks, HARNESS_VERBOSE
+ * and the polling back-off come from netapi.c; reporting, deadlines and barriers from
+ * harness_run.c; byte patterns and fd/RSS counts from harness_common.c (all linked).
  */
 #include "neuron_harness.h"
 
-#include <dirent.h>
 #include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -39,84 +39,18 @@ void nn_logger(ncclDebugLogLevel level, unsigned long flags, const char* file, i
             file ? file : "(null)", line, msg);
 }
 
-/* ------------------------------------------------------------------------------ small helpers */
-
-void copy_str(char* dst, size_t cap, const char* src) {
-  size_t n = strlen(src);
-  if (n >= cap) n = cap - 1;
-  memcpy(dst, src, n);
-  dst[n] = 0;
-}
-
-/* The stage is written straight into the mailbox: the parent reads it when a rank hangs. */
-void stagef(rctx_t* c, const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(c->shm->stage[c->rank], STAGE_LEN, fmt, ap);
-  va_end(ap);
-  vlog("[%s rank %d] %s\n", c->scn, c->rank, c->shm->stage[c->rank]);
-}
-
-int failf(rctx_t* c, const char* fmt, ...) {
-  char msg[FAIL_LEN - 64];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  /* a failure seen after another rank already failed is most likely a consequence of it */
-  int cascade = atomic_exchange(&c->shm->abort, 1) != 0;
-  if (c->shm->fail[c->rank][0] == 0) {
-    char full[FAIL_LEN];
-    snprintf(full, sizeof full, "rank %d: %s%s", c->rank, cascade ? "(another rank had already failed) " : "", msg);
-    copy_str(c->shm->fail[c->rank], FAIL_LEN, full);
-  }
-  fprintf(stderr, "[%s rank %d pid %d] FAIL: %s\n", c->scn, c->rank, (int)getpid(), msg);
-  return -1;
-}
-
-void detailf(rctx_t* c, const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(c->shm->detail[c->rank], DETAIL_LEN, fmt, ap);
-  va_end(ap);
-}
-
-int check_abort(rctx_t* c) {
-  if (atomic_load(&c->shm->abort)) {
-    c->aborted = 1;
-    return 1;
-  }
-  return 0;
-}
-
-int64_t op_deadline(rctx_t* c) {
-  int64_t d = now_ns() + (int64_t)g_op_timeout_ms * 1000000LL;
-  return d < c->deadline ? d : c->deadline;
-}
-
-void add_err(errs_t* e, const char* fmt, ...) {
-  char b[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(b, sizeof b, fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "  problem: %s\n", b);
-  e->count++;
-  size_t used = strlen(e->text);
-  if (used + 8 >= sizeof e->text) return;
-  snprintf(e->text + used, sizeof e->text - used, "%s%s", used ? "; " : "", b);
-}
+/* ----------------------------------------------------------------------- checked return codes */
 
 int g_logger_given;
 
 void expect_rc(rctx_t* c, errs_t* e, const char* what, ncclResult_t got, ncclResult_t want, long w0) {
-  c->checks++;
+  c->hc.checks++;
   if (got != want) {
     add_err(e, "%s returned %d (%s), expected %d (%s)", what, (int)got, rstr(got), (int)want, rstr(want));
     return;
   }
   if (want == ncclSuccess || !g_logger_given) return;
-  c->checks++;
+  c->hc.checks++;
   if (atomic_load(&log_warns) == w0) add_err(e, "%s returned %s without logging a WARN line", what, rstr(got));
 }
 
@@ -125,96 +59,11 @@ int errs_finish(rctx_t* c, errs_t* e, const char* scope) {
   return failf(c, "%s: %d problem(s): %s", scope, e->count, e->text);
 }
 
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
-uint64_t seed_of(uint64_t a, uint64_t b, uint64_t c) {
-  return mix64(mix64(a + 0x1234567ULL) ^ mix64(b * 3 + 0x51ULL) * 31 ^ mix64(c * 7 + 0x77ULL)) | 1;
-}
-
-/* The byte at offset i of a buffer with seed s: one hash per 8 bytes. */
-static inline uint8_t pat_byte(uint64_t seed, size_t off) {
-  return (uint8_t)(mix64(seed * 0x9E3779B97F4A7C15ULL + off / 8) >> (8 * (off % 8)));
-}
-
-void pat_fill_at(void* buf, size_t len, uint64_t seed, size_t off) {
-  uint8_t* p = buf;
-  size_t i = 0;
-  while (i < len && (off + i) % 8) p[i] = pat_byte(seed, off + i), i++;
-  for (; i + 8 <= len; i += 8) {
-    uint64_t w = mix64(seed * 0x9E3779B97F4A7C15ULL + (off + i) / 8);
-    memcpy(p + i, &w, 8);
-  }
-  for (; i < len; i++) p[i] = pat_byte(seed, off + i);
-}
-
-void pat_fill(void* buf, size_t len, uint64_t seed) { pat_fill_at(buf, len, seed, 0); }
-
-long pat_check_at(const void* buf, size_t len, uint64_t seed, size_t off, size_t* nbad) {
-  const uint8_t* p = buf;
-  long first = -1;
-  size_t bad = 0;
-  for (size_t i = 0; i < len; i++) {
-    if ((off + i) % 8 == 0 && i + 8 <= len) { /* whole words first: the byte loop is slow */
-      uint64_t w = mix64(seed * 0x9E3779B97F4A7C15ULL + (off + i) / 8), g;
-      memcpy(&g, p + i, 8);
-      if (g == w) {
-        i += 7;
-        continue;
-      }
-    }
-    if (p[i] != pat_byte(seed, off + i)) {
-      if (first < 0) first = (long)i;
-      bad++;
-    }
-  }
-  if (nbad) *nbad = bad;
-  return first;
-}
-
-void* xalloc(rctx_t* c, size_t size, const char* what) {
-  size_t sz = (size + 4095) & ~(size_t)4095;
-  if (sz == 0) sz = 4096;
-  void* p = aligned_alloc(4096, sz);
-  if (!p) {
-    failf(c, "out of memory allocating %zu bytes for %s", size, what);
-    return NULL;
-  }
-  memset(p, 0, sz);
-  return p;
-}
-
-int count_fds(void) {
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return -1;
-  int n = 0;
-  struct dirent* e;
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n - 1; /* the directory itself */
-}
-
-long rss_bytes(void) {
-  FILE* f = fopen("/proc/self/statm", "r");
-  if (!f) return -1;
-  long size = 0, res = 0;
-  if (fscanf(f, "%ld %ld", &size, &res) != 2) res = -1;
-  fclose(f);
-  return res < 0 ? -1 : res * sysconf(_SC_PAGESIZE);
-}
-
-/* --------------------------------------------------------------------- mailbox and barrier */
+/* -------------------------------------------------------------------------------- mailbox */
 
 void publish(rctx_t* c, int slot, unsigned seq, const void* data) {
-  memcpy(c->shm->slot[c->rank][slot].data, data, HSIZE);
-  atomic_store_explicit(&c->shm->slot[c->rank][slot].seq, seq, memory_order_release);
+  memcpy(c->shm->slot[c->hc.rank][slot].data, data, HSIZE);
+  atomic_store_explicit(&c->shm->slot[c->hc.rank][slot].seq, seq, memory_order_release);
 }
 
 int fetch(rctx_t* c, int from, int slot, unsigned seq, void* out, const char* what) {
@@ -228,22 +77,4 @@ int fetch(rctx_t* c, int from, int slot, unsigned seq, void* out, const char* wh
   }
   memcpy(out, c->shm->slot[from][slot].data, HSIZE);
   return 0;
-}
-
-/* A barrier with a deadline that never calls into the library. */
-int sync_ranks(rctx_t* c, const char* what) {
-  int target = ++c->phase;
-  atomic_store(&c->shm->phase[c->rank], target);
-  stagef(c, "barrier '%s' (phase %d)", what, target);
-  int64_t deadline = op_deadline(c);
-  int spins = 0;
-  for (;;) {
-    int all = 1;
-    for (int r = 0; r < c->nranks; r++)
-      if (atomic_load(&c->shm->phase[r]) < target) all = 0;
-    if (all) return 0;
-    if (check_abort(c)) return -1;
-    if (now_ns() > deadline) return failf(c, "timed out in barrier '%s' (phase %d)", what, target);
-    backoff(&spins);
-  }
 }
