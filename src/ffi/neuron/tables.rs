@@ -4,7 +4,7 @@
 use super::rma::*;
 use super::types::*;
 use super::*;
-use crate::ffi::net::{devices, get_properties, test};
+use crate::ffi::net::{devices, get_properties, iflush, test};
 
 /// The plugin's name in every table.
 const NAME: &std::ffi::CStr = c"fabricoll";
@@ -66,14 +66,14 @@ pub static NEURON_NET_V4: NeuronNetV4 = NeuronNetV4 {
     init,
     devices: devices::<Neuron>,
     get_properties: get_properties::<Neuron, NeuronPropsV4>,
-    listen: listen_v4,
-    connect: connect_v4,
-    accept: accept_v4,
+    listen: v4::listen,
+    connect: v4::connect,
+    accept: v4::accept,
     reg_mr,
     dereg_mr,
-    isend: isend_v4,
-    irecv: irecv_v4,
-    iflush: iflush_v4,
+    isend: v4::isend_v4,
+    irecv: v4::irecv_v4,
+    iflush: v4::iflush_v4,
     test: test::<Neuron>,
     close_send,
     close_recv,
