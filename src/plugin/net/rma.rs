@@ -32,6 +32,15 @@ impl Device {
             .ok_or_else(|| Error::System("the registration has no remote key".into()))
     }
 
+    /// Nothing posted (the transport or the comm is full): progress, so that the caller's next
+    /// try can succeed, and tell it to call again. A post that went through needs no progress
+    /// of its own: `test` drives it (one completion-queue read per operation fewer, which on
+    /// tcp is a socket poll).
+    fn busy(&self, st: &mut State) -> Result<Option<u64>> {
+        self.progress(st)?;
+        Ok(None)
+    }
+
     /// The peer of send or receive comm `comm`, with the comm's in-flight count.
     fn rma_peer(st: &mut State, comm: u64, write: bool) -> Result<(Peer, &mut usize)> {
         if write {
@@ -62,7 +71,6 @@ impl Device {
         self.check_size(local.len())?;
         let mut st = self.st.lock();
         Self::rma_peer(&mut st, comm, write)?;
-        self.progress(&mut st)?;
         let what = if write { "src_mhandle" } else { "dest_mhandle" };
         let mr = self.lookup_mr(&st, mh, local, what)?;
         let desc = mr
@@ -73,7 +81,7 @@ impl Device {
         let (peer, inflight) = Self::rma_peer(&mut st, comm, write)?;
         let cap = if write { SEND_CAPACITY } else { RECV_CAPACITY };
         if *inflight >= cap {
-            return Ok(None);
+            return self.busy(&mut st);
         }
         let h = new_handle(self.index, Kind::Request);
         let posted = if write {
@@ -82,7 +90,7 @@ impl Device {
             t.read(peer, local, desc, addr, key, op(h, 0))?
         };
         if posted == Posted::Busy {
-            return Ok(None);
+            return self.busy(&mut st);
         }
         *inflight += 1;
         st.reqs.insert_at(h, Request::new(comm, write, 1));
@@ -104,11 +112,10 @@ impl Device {
         }
         let mut st = self.st.lock();
         Self::rma_peer(&mut st, comm, true)?;
-        self.progress(&mut st)?;
         let t = self.transport(&mut st)?;
         let (peer, inflight) = Self::rma_peer(&mut st, comm, true)?;
         if *inflight >= SEND_CAPACITY || t.write_inject(peer, src, addr, key)? == Posted::Busy {
-            return Ok(None);
+            return self.busy(&mut st);
         }
         *inflight += 1;
         let h = new_handle(self.index, Kind::Request);
