@@ -26,6 +26,8 @@ LIB=${FABRICOLL_NEURON_LIB:-$ROOT/target/release/libnccom-net.so}
 case "$LIB" in /*) ;; *) LIB="$PWD/$LIB" ;; esac
 # shellcheck source=../scripts/providers.sh
 . "$ROOT/scripts/providers.sh"
+# shellcheck source=harness_lib.sh
+. "$HERE/harness_lib.sh"
 PROVIDERS=${PROVIDERS:-tcp shm net}
 BUILDS=${BUILDS:-"normal asan"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-1200}
@@ -101,19 +103,7 @@ for prov in $PROVIDERS; do
       --kill-timeout-ms 3000 "${rma_args[@]}" ${HARNESS_ARGS:-} 2>"$log")
     rc=$?
     printf '%s\n' "$out"
-    line=$(printf '%s\n' "$out" | grep -E '^neuron_harness: [0-9]+ passed, [0-9]+ failed$' | tail -1)
-    if [ -n "$line" ]; then
-      p=$(echo "$line" | sed -E 's/^neuron_harness: ([0-9]+) passed, ([0-9]+) failed$/\1/')
-      f=$(echo "$line" | sed -E 's/^neuron_harness: ([0-9]+) passed, ([0-9]+) failed$/\2/')
-    else
-      echo "FAIL harness-run: $prov/$build exited with $rc without a summary (timeout is $RUN_TIMEOUT s); see $log"
-      p=0
-      f=1
-    fi
-    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
-      echo "FAIL harness-run: $prov/$build exited with $rc although no scenario failed; see $log"
-      f=1
-    fi
+    harness_counts neuron_harness "harness-run: $prov/$build" "$out" "$rc" "$log"
     total_pass=$((total_pass + p))
     total_fail=$((total_fail + f))
     checks=$(printf '%s\n' "$out" | sed -nE 's/^neuron_harness: ([0-9]+) checks$/\1/p' | tail -1)

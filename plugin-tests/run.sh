@@ -39,6 +39,8 @@ LIB=${FABRICOLL_LIB:-$ROOT/target/release/libnccl-net-fabricoll.so}
 case "$LIB" in /*) ;; *) LIB="$PWD/$LIB" ;; esac
 # shellcheck source=../scripts/providers.sh
 . "$ROOT/scripts/providers.sh"
+# shellcheck source=harness_lib.sh
+. "$HERE/harness_lib.sh"
 PROVIDERS=${PROVIDERS:-$(with_net "tcp shm")}
 BUILDS=${BUILDS:-"normal asan"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-1800}
@@ -107,20 +109,7 @@ for build in $BUILDS; do
       --scenario "$scen" --kill-timeout-ms 3000 ${HARNESS_ARGS:-} 2>"$log")
     rc=$?
     printf '%s\n' "$out"
-    line=$(printf '%s\n' "$out" | grep -E '^net_harness: [0-9]+ passed, [0-9]+ failed$' | tail -1)
-    if [ -n "$line" ]; then
-      p=$(echo "$line" | sed -E 's/^net_harness: ([0-9]+) passed, ([0-9]+) failed$/\1/')
-      f=$(echo "$line" | sed -E 's/^net_harness: ([0-9]+) passed, ([0-9]+) failed$/\2/')
-    else
-      # no summary: the harness itself died or was killed by timeout
-      echo "FAIL harness-run: $prov/$build exited with $rc without a summary (timeout is $RUN_TIMEOUT s); see $log"
-      p=0
-      f=1
-    fi
-    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
-      echo "FAIL harness-run: $prov/$build exited with $rc although no scenario failed; see $log"
-      f=1
-    fi
+    harness_counts net_harness "harness-run: $prov/$build" "$out" "$rc" "$log"
     total_pass=$((total_pass + p))
     total_fail=$((total_fail + f))
     summary="$summary  $prov/$build: $p passed, $f failed (log: $log)\n"
@@ -156,19 +145,7 @@ if [ "$COLLNET" = 1 ]; then
         --kill-timeout-ms 3000 "${cn_ranks[@]}" "${cn_scen[@]}" ${COLLNET_ARGS:-} 2>"$log")
       rc=$?
       printf '%s\n' "$out"
-      line=$(printf '%s\n' "$out" | grep -E '^collnet_harness: [0-9]+ passed, [0-9]+ failed$' | tail -1)
-      if [ -n "$line" ]; then
-        p=$(echo "$line" | sed -E 's/^collnet_harness: ([0-9]+) passed, ([0-9]+) failed$/\1/')
-        f=$(echo "$line" | sed -E 's/^collnet_harness: ([0-9]+) passed, ([0-9]+) failed$/\2/')
-      else
-        echo "FAIL collnet-run: $prov/$build exited with $rc without a summary (timeout is $RUN_TIMEOUT s); see $log"
-        p=0
-        f=1
-      fi
-      if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
-        echo "FAIL collnet-run: $prov/$build exited with $rc although no scenario failed; see $log"
-        f=1
-      fi
+      harness_counts collnet_harness "collnet-run: $prov/$build" "$out" "$rc" "$log"
       total_pass=$((total_pass + p))
       total_fail=$((total_fail + f))
       summary="$summary  collnet $prov/$build: $p passed, $f failed (log: $log)\n"
@@ -199,19 +176,7 @@ if [ "$CAPI" = 1 ]; then
         printf '%s\n' "$out" >"$log"
         # the failures and the summary (every check and error message is in the log)
         printf '%s\n' "$out" | grep -E '^(rank [0-9]+: FAIL|FAIL |capi_example)'
-        line=$(printf '%s\n' "$out" | grep -E '^capi_example: [0-9]+ passed, [0-9]+ failed$' | tail -1)
-        if [ -n "$line" ]; then
-          p=$(echo "$line" | sed -E 's/^capi_example: ([0-9]+) passed, ([0-9]+) failed$/\1/')
-          f=$(echo "$line" | sed -E 's/^capi_example: ([0-9]+) passed, ([0-9]+) failed$/\2/')
-        else
-          echo "FAIL capi-run: $prog/$prov exited with $rc without a summary; see $log"
-          p=0
-          f=1
-        fi
-        if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
-          echo "FAIL capi-run: $prog/$prov exited with $rc although no check failed; see $log"
-          f=1
-        fi
+        harness_counts capi_example "capi-run: $prog/$prov" "$out" "$rc" "$log"
         total_pass=$((total_pass + p))
         total_fail=$((total_fail + f))
         summary="$summary  capi $prog/$prov: $p passed, $f failed (log: $log)\n"
