@@ -233,8 +233,8 @@ impl Device {
         };
         let mut old = std::mem::replace(&mut *st, fresh);
         drop(st);
-        // Registrations before the endpoint and domain they belong to.
-        drop(std::mem::take(&mut old.mrs));
+        // The registrations before the endpoint and domain they belong to (`t` is State's first
+        // field, so a plain drop would close the endpoint first).
         drop(std::mem::take(&mut old.cache));
         drop(old);
         closed
