@@ -1900,6 +1900,11 @@ static int scn_versions(rctx_t* c) {
 
 static size_t g_bmin = 64 << 10, g_bmax = 64 << 20, g_bfactor = 2;
 static int g_biters = 20, g_bwarm = 5, g_bcheck = 1;
+/* --chunk C --inflight K: each size is cut into C-byte iallreduce calls with up to K in flight, the
+ * way NCCL's proxy hands CollNet one chunk per call (0 = the whole size in one call). */
+#define MAXINFLIGHT 64
+static size_t g_bchunk = 0;
+static int g_binflight = 8;
 static int g_bench_nsizes;
 static size_t g_bench_sizes[MAXSIZES];
 
@@ -1937,6 +1942,51 @@ static int bench_one(rctx_t* c, float* s, float* r, void* smh, void* rmh, size_t
   return bench_wait(c, req, count * 4);
 }
 
+/* One size as NCCL's proxy runs it: C-byte chunks posted in order, up to K in flight, the oldest
+ * polled with test() (a chunk completes in order in NCCL's FIFO, so the oldest gates the next). */
+static int bench_chunked(rctx_t* c, float* s, float* r, void* smh, void* rmh, size_t count) {
+  size_t per = g_bchunk / 4, nchunks = (count + per - 1) / per, posted = 0, done = 0;
+  void* reqs[MAXINFLIGHT] = {0};
+  int64_t deadline = op_deadline(c);
+  int spins = 0;
+  while (done < nchunks) {
+    while (posted < nchunks && posted - done < (size_t)g_binflight) {
+      size_t off = posted * per, n = count - off < per ? count - off : per;
+      void* req = NULL;
+      ncclResult_t rc = cn_iallreduce(&c->cn, c->cc, s + off, r + off, n, 7, 0, smh, rmh, &req);
+      if (rc != ncclSuccess) return failf(c, "bench: iallreduce(chunk %zu, count %zu) returned %d (%s)", posted, n, rc, rstr(rc));
+      if (!req) break; /* busy: poll what is in flight, post again later */
+      reqs[posted % MAXINFLIGHT] = req;
+      posted++;
+    }
+    if (posted > done) {
+      size_t n = count - done * per < per ? count - done * per : per;
+      int fin = 0, size = -1;
+      ncclResult_t rc = cn_test(&c->cn, reqs[done % MAXINFLIGHT], &fin, &size);
+      if (rc != ncclSuccess) return failf(c, "bench: test() of chunk %zu returned %d (%s)", done, rc, rstr(rc));
+      if (fin) {
+        if (size != (int)(n * 4)) return failf(c, "bench: chunk %zu: test() size %d, expected %zu", done, size, n * 4);
+        done++;
+        spins = 0;
+        continue;
+      }
+    }
+    if (++spins > 64) {
+      sched_yield();
+      if ((spins & 1023) == 0) {
+        if (check_abort(c)) return -1;
+        if (now_ns() > deadline) return failf(c, "bench: %zu-byte chunked iallreduce never completed", count * 4);
+      }
+    }
+  }
+  return 0;
+}
+
+static int bench_size(rctx_t* c, float* s, float* r, void* smh, void* rmh, size_t count) {
+  if (g_bchunk && count * 4 > g_bchunk) return bench_chunked(c, s, r, smh, rmh, count);
+  return bench_one(c, s, r, smh, rmh, count);
+}
+
 static int scn_bench(rctx_t* c) {
   if (std_setup(c)) return -1;
   gbuf_t sb = {0}, rb = {0};
@@ -1950,11 +2000,11 @@ static int scn_bench(rctx_t* c) {
   for (int k = 0; k < g_bench_nsizes; k++) {
     size_t count = g_bench_sizes[k] / 4;
     for (int i = 0; i < g_bwarm; i++)
-      if (bench_one(c, s, r, smh, rmh, count)) return -1;
+      if (bench_size(c, s, r, smh, rmh, count)) return -1;
     if (sync_ranks(c, "bench size")) return -1;
     int64_t t0 = now_ns();
     for (int i = 0; i < g_biters; i++)
-      if (bench_one(c, s, r, smh, rmh, count)) return -1;
+      if (bench_size(c, s, r, smh, rmh, count)) return -1;
     c->shm->bench_us[c->hc.rank][k] = (double)(now_ns() - t0) / 1e3 / g_biters;
     if (g_bcheck) {
       int bad = 0;
@@ -2070,7 +2120,8 @@ static void usage(FILE* f) {
           "usage: collnet_harness --lib PATH [--scenario NAME[,NAME...]|all] [--skip NAME[,...]] [--ranks N[,N...]]\n"
           "                       [--version 6..12] [--op-timeout-ms MS] [--kill-timeout-ms MS] [--time-scale F]\n"
           "       collnet_harness --lib PATH --bench [--ranks R] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
-          "                       [-c 0|1] [--version V]   (sizes accept K/M/G)\n"
+          "                       [-c 0|1] [--version V] [--chunk BYTES [--inflight K]]   (sizes accept K/M/G)\n"
+          "--chunk cuts each size into BYTES-sized calls with up to K (8) in flight, as NCCL's proxy does.\n"
           "Without --ranks every scenario runs for 2, 3, 4 and 5 ranks (kill: 4 ranks); --ranks 2,5 runs 2 and 5\n"
           "(kill: 4); --ranks N runs everything with N ranks (kill needs N >= 3).\n"
           "scenarios:\n");
@@ -2102,7 +2153,8 @@ static int run_bench(int nranks) {
          "iterations, FABRICOLL_PROVIDER=%s\n",
          cn_symbol_name(g_version), nranks, g_bwarm, g_biters,
          getenv("FABRICOLL_PROVIDER") ? getenv("FABRICOLL_PROVIDER") : "(unset)");
-  printf("# time: the slowest rank's mean per call; busbw = 2(n-1)/n x bytes / time\n");
+  if (g_bchunk) printf("# chunked as NCCL's proxy: %zu-byte calls, up to %d in flight\n", g_bchunk, g_binflight);
+  printf("# time: the slowest rank's mean per size; busbw = 2(n-1)/n x bytes / time\n");
   printf("%12s %12s %12s %8s\n", "size", "time_us", "busbw_GBps", "#wrong");
   fflush(stdout);
   int r = run_ranks(&spec, nranks, &shm, reason, sizeof reason, details, sizeof details);
@@ -2143,7 +2195,8 @@ int main(int argc, char** argv) {
     int takes = !strcmp(a, "--lib") || !strcmp(a, "--scenario") || !strcmp(a, "--skip") || !strcmp(a, "--version") ||
                 !strcmp(a, "--op-timeout-ms") || !strcmp(a, "--kill-timeout-ms") || !strcmp(a, "--ranks") ||
                 !strcmp(a, "--time-scale") || !strcmp(a, "-b") || !strcmp(a, "-e") || !strcmp(a, "-f") ||
-                !strcmp(a, "-n") || !strcmp(a, "-w") || !strcmp(a, "-c");
+                !strcmp(a, "-n") || !strcmp(a, "-w") || !strcmp(a, "-c") || !strcmp(a, "--chunk") ||
+                !strcmp(a, "--inflight");
     if (takes) {
       if (!val) {
         fprintf(stderr, "collnet_harness: %s needs a value\n", a);
@@ -2174,6 +2227,8 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "-n")) g_biters = atoi(val);
     else if (!strcmp(a, "-w")) g_bwarm = atoi(val);
     else if (!strcmp(a, "-c")) g_bcheck = atoi(val);
+    else if (!strcmp(a, "--chunk")) g_bchunk = parse_size(val);
+    else if (!strcmp(a, "--inflight")) g_binflight = atoi(val);
     else if (!strcmp(a, "--bench")) bench = 1;
     else if (!strcmp(a, "--list") || !strcmp(a, "-h") || !strcmp(a, "--help")) {
       usage(stdout);
@@ -2209,8 +2264,9 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (bench) {
-    if (g_bmin < 4 || g_bmax < g_bmin || g_bfactor < 1 || g_biters < 1 || g_bwarm < 0) {
-      fprintf(stderr, "collnet_harness: bad bench sizes/iterations\n");
+    if (g_bmin < 4 || g_bmax < g_bmin || g_bfactor < 1 || g_biters < 1 || g_bwarm < 0 ||
+        (g_bchunk && g_bchunk < 4) || g_binflight < 1 || g_binflight > MAXINFLIGHT) {
+      fprintf(stderr, "collnet_harness: bad bench sizes/iterations (--chunk >= 4, --inflight 1..%d)\n", MAXINFLIGHT);
       return 2;
     }
     return run_bench(ranks ? ranks : 2);

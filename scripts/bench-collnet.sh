@@ -30,6 +30,9 @@
 #   BENCH_MIN_BYTES [64K], BENCH_MAX_BYTES [64M]   sizes, powers of two (K, M, G = powers of 1024)
 #   BENCH_ITERS ["band"]         or "N W": N timed + W warm-up iterations for every size
 #   CN_VERSION [12]              the ncclCollNetPlugin_vN table the CollNet side uses
+#   BENCH_CHUNK [0]              CollNet side only: cut each size into calls of this many bytes
+#                                with BENCH_INFLIGHT [8] in flight, as NCCL's proxy hands CollNet
+#                                its chunks (0: one call per size)
 #   QUIET [1]                    wait-quiet.sh before every run; QUIET_MAX [60] bounds each wait
 #   BENCH_RUN_TIMEOUT [600]      seconds allowed to each run
 #   BENCH_DEADLINE [3600]        no new repetition starts after this many seconds
@@ -64,6 +67,8 @@ min_b=$(to_bytes "${BENCH_MIN_BYTES:-64K}")
 max_b=$(to_bytes "${BENCH_MAX_BYTES:-64M}")
 iters=${BENCH_ITERS:-band}
 cn_version=${CN_VERSION:-12}
+chunk=$(to_bytes "${BENCH_CHUNK:-0}")
+inflight=${BENCH_INFLIGHT:-8}
 quiet=${QUIET:-1}
 quiet_max=${QUIET_MAX:-60}
 run_timeout=${BENCH_RUN_TIMEOUT:-600}
@@ -105,7 +110,8 @@ out=".bench/collnet-$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$out"
 {
   echo "# bench-collnet: $(nproc) cpus, REPS=$reps, sizes $min_b..$max_b B, ranks: $ranks_list," \
-    "transports: $transports, iterations: $iters, CollNet table v$cn_version; logs in $out/"
+    "transports: $transports, iterations: $iters, CollNet table v$cn_version," \
+    "CollNet chunks: $([ "$chunk" = 0 ] && echo 'whole sizes' || echo "$chunk B, $inflight in flight"); logs in $out/"
   echo "# $(fi_info --version 2>/dev/null | head -1 || true); git $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(
     git diff --quiet 2>/dev/null || echo '+dirty')"
 } | tee "$out/header.txt"
@@ -153,6 +159,7 @@ run_one() { # run_one WHO TRANSPORT RANKS FILE
     if [ "$who" = collnet ]; then
       cmd=("$harness" --lib "$lib" --bench --version "$cn_version" --ranks "$r" -b "$lo" -e "$hi" -f 2 -n "$it"
         -w "$w" -c 1)
+      [ "$chunk" = 0 ] || cmd+=(--chunk "$chunk" --inflight "$inflight")
     else
       cmd=("$perf" --ranks "$r" --coll allreduce -d float -o sum -b "$lo" -e "$hi" -f 2 -n "$it" -w "$w" -c 0 -a 3)
     fi
