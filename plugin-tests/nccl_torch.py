@@ -12,6 +12,7 @@ plugin carried the data ("Using network fabricoll", "via NET/fabricoll").
 Usage:
     plugin-tests/nccl_torch.py --lib target/release/libnccl-net-fabricoll.so \
         [--ranks 2] [--provider tcp] [--collnet] [--socket] [--mps] [--timeout 300]
+        [--sweep 1K:256M] [--tuner on|off]
 
 Without MPS the ranks' processes time-slice GPU 0: a rank's NCCL kernel holds the GPU while it
 waits for its peer's data, so every timing becomes a multiple of the driver's time slice (4.5 ms
@@ -21,6 +22,10 @@ kernels run side by side and the timings measure the transport.
 
 --socket runs the same checks and timings over NCCL's own Socket transport instead of the plugin
 (the plugin is not loaded): the reference for the plugin's timings on the same machine.
+
+--sweep MIN:MAX skips the checks and times AllReduce from MIN to MAX bytes (one exact check per
+size); scripts/gpu-nccl.sh runs it for Socket, the plugin and CollNet, alternating, and prints the
+medians.  --tuner off sets FABRICOLL_TUNER=0 (CollNet priced by NCCL alone).
 
 Exit status: 0 passed, 1 failed, 0 with a line starting "SKIP" when there is no PyTorch with CUDA
 (this test needs a GPU; CI machines have none and skip it).
@@ -46,6 +51,11 @@ def parse():
     p.add_argument("--socket", action="store_true",
                    help="NCCL's own Socket transport instead of the plugin (timing reference)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole run")
+    p.add_argument("--sweep", metavar="MIN:MAX",
+                   help="timing only: AllReduce float sum of MIN..MAX bytes (x4 steps, K/M suffixes), "
+                        "one exact check per size, rows 'sweep SIZE US' from rank 0")
+    p.add_argument("--tuner", choices=("on", "off"), default="on",
+                   help="FABRICOLL_TUNER of the ranks (off: NCCL prices CollNet alone)")
     p.add_argument("--child", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     return p.parse_args()
@@ -67,6 +77,8 @@ def child(a):
     dist.init_process_group(
         "nccl", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank, world_size=n, device_id=dev
     )
+    if a.sweep:
+        return sweep(a, rank, n, dev)
     checks = 0
     bad = []
 
@@ -153,6 +165,45 @@ def child(a):
     return 1 if bad else 0
 
 
+def parse_bytes(v):
+    v = v.strip().upper().rstrip("B").rstrip("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(v[-1:], 1)
+    return int(v[:-1] if mult > 1 else v) * mult
+
+
+def sweep(a, rank, n, dev):
+    """AllReduce times from MIN to MAX bytes (x4): the same sizes and iteration bands for every
+    transport, so runs of Socket, the plugin and CollNet compare row by row."""
+    import torch
+    import torch.distributed as dist
+
+    lo, hi = (parse_bytes(x) for x in a.sweep.split(":"))
+    size, bad = lo, 0
+    while size <= hi:
+        count = max(1, size // 4)
+        x = torch.full((count,), float(rank + 1), device=dev)
+        dist.all_reduce(x)  # also the exact check: the sum of 1..n
+        if not torch.all(x == n * (n + 1) / 2):
+            bad += 1
+            print(f"rank {rank}: WRONG sweep {size} B", flush=True)
+        iters, warm = (50, 5) if size < (1 << 20) else (20, 3) if size < (32 << 20) else (5, 2)
+        for _ in range(warm):
+            dist.all_reduce(x)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(x)
+        torch.cuda.synchronize()
+        dt = (time.perf_counter() - t0) / iters
+        if rank == 0:
+            print(f"rank 0: sweep {count * 4} {dt * 1e6:.1f}", flush=True)
+        size *= 4
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"rank {rank}: {0 if bad else 1} passed, {bad} failed", flush=True)
+    return 1 if bad else 0
+
+
 def start_mps():
     """A private MPS control daemon: returns the environment its clients need, or an error text."""
     ctl = shutil.which("nvidia-cuda-mps-control")
@@ -217,7 +268,8 @@ def run_ranks(a, lib, mps_env):
             NCCL_NET="Socket" if a.socket else "fabricoll",
             NCCL_HOSTID=f"fabricoll-node-{r}",  # every rank its own node: all traffic via the plugin
             NCCL_DEBUG="INFO",
-            NCCL_DEBUG_SUBSYS="INIT,NET,COLL" if a.collnet else "INIT,NET",
+            NCCL_DEBUG_SUBSYS="INIT,NET,TUNING,COLL" if a.collnet else "INIT,NET,TUNING",
+            FABRICOLL_TUNER="1" if a.tuner == "on" else "0",
             NCCL_SOCKET_IFNAME="lo",  # NCCL's own bootstrap
             FABRICOLL_PROVIDER=a.provider,
             FABRICOLL_TIMEOUT_MS="60000",
@@ -228,6 +280,8 @@ def run_ranks(a, lib, mps_env):
             env["NCCL_COLLNET_ENABLE"] = "1"
         cmd = [sys.executable, os.path.abspath(__file__), "--lib", lib, "--ranks", str(a.ranks),
                "--child", str(r), "--port", str(port)]
+        if a.sweep:
+            cmd += ["--sweep", a.sweep]
         log = open(f"/tmp/nccl_torch.{os.getpid()}.{r}.log", "w+")
         procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     deadline = time.time() + a.timeout
@@ -244,7 +298,8 @@ def run_ranks(a, lib, mps_env):
         text = log.read()
         lines = text.splitlines()
         keep = [l for l in lines if any(k in l for k in (
-            "fabricoll", "NET/Plugin", "NET/Socket :", "CollNet", "passed", "WRONG", "Error", "error", "rank 0:"))]
+            "fabricoll", "NET/Plugin", "NET/Socket :", "CollNet", "TUNER", "Tuner", "passed", "WRONG",
+            "Error", "error", "rank 0:"))]
         print(f"---- rank {r} (exit {rcs[r]}): {len(lines)} log lines, the relevant ones:")
         for l in keep[:60]:
             print("   ", l)
@@ -268,6 +323,10 @@ def run_ranks(a, lib, mps_env):
                     failed += 1
             if a.collnet:
                 print(f"rank 0: CollNet in use: {'via COLLNET/fabricoll' in text or 'CollNet' in text}")
+            if not a.socket:
+                tuner = [l for l in lines if ("TUNER" in l or "Tuner" in l) and "fabricoll" in l]
+                print(f"rank 0: tuner loaded from our library: {bool(tuner)}"
+                      + (f" ({tuner[0].strip()})" if tuner else ""))
     ok_ranks = sum(1 for rc in rcs if rc == 0)
     print(f"nccl_torch: {ok_ranks} ranks passed, {failed} failed checks (ranks or plugin use)")
     return 1 if failed else 0

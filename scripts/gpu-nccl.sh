@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# scripts/gpu-nccl.sh - issue 32's questions under real NCCL, in one run on a GPU machine:
+#   1. does NCCL load the tuner from our library (its log line)?
+#   2. CollNet with and without the tuner, against NCCL's own algorithms over the plugin;
+#   3. NCCL's Socket transport against the plugin over net and tcp.
+# Every case is `plugin-tests/nccl_torch.py --mps --sweep MIN:MAX` (AllReduce float sum, ranks on
+# GPU 0 as separate NCCL hosts); the cases alternate inside each repetition, and the tables give
+# per-size medians over the repetitions and ratios of bandwidth (reference time / case time).
+# Needs python3 with torch+CUDA and the built library (scripts/build.sh, carried to the machine:
+# it has no network). Without a GPU it says SKIP and exits 0 (1 under FABRICOLL_TEST_STRICT=1).
+#
+# Environment (defaults in brackets):
+#   REPS [3]  SWEEP [1K:256M]  RANKS [2]  COLLNET_RANKS [2 4]  PROVIDERS [net tcp]
+#   CASE_TIMEOUT [240] seconds per case; GPU_DEADLINE [540] seconds: no new repetition after it
+#   OUT [target/gpu-nccl]  logs and summary.txt
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+reps=${REPS:-3}
+sweep=${SWEEP:-1K:256M}
+ranks=${RANKS:-2}
+cn_ranks=${COLLNET_RANKS:-2 4}
+providers=${PROVIDERS:-net tcp}
+case_timeout=${CASE_TIMEOUT:-240}
+deadline=${GPU_DEADLINE:-540}
+out=${OUT:-target/gpu-nccl}
+lib=target/release/libnccl-net-fabricoll.so
+mkdir -p "$out"
+
+if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  echo "SKIP: gpu-nccl.sh needs python3 with torch and a CUDA device"
+  [ "${FABRICOLL_TEST_STRICT:-0}" = 1 ] && exit 1
+  exit 0
+fi
+[ -f "$lib" ] || { echo "gpu-nccl.sh: $lib missing: run scripts/build.sh" >&2; exit 1; }
+python3 -c 'import torch; print("# torch", torch.__version__, "nccl", torch.cuda.nccl.version())' | tee "$out/summary.txt"
+
+# case name -> nccl_torch.py arguments
+declare -A args
+cases=()
+add() { cases+=("$1"); args[$1]=$2; }
+add "socket-np$ranks" "--socket --ranks $ranks"
+for p in $providers; do add "$p-np$ranks" "--provider $p --ranks $ranks"; done
+for r in $cn_ranks; do
+  add "ring-np$r" "--provider net --ranks $r"
+  add "collnet-tuner-np$r" "--provider net --ranks $r --collnet --tuner on"
+  add "collnet-notuner-np$r" "--provider net --ranks $r --collnet --tuner off"
+done
+
+t0=$(date +%s)
+failed=0
+for rep in $(seq 1 "$reps"); do
+  if [ $(($(date +%s) - t0)) -ge "$deadline" ]; then
+    echo "# GPU_DEADLINE=${deadline}s reached after $((rep - 1)) repetition(s)" | tee -a "$out/summary.txt"
+    break
+  fi
+  # alternate the order: forwards on odd repetitions, backwards on even ones
+  order=("${cases[@]}")
+  if [ $((rep % 2)) = 0 ]; then
+    order=()
+    for ((i = ${#cases[@]} - 1; i >= 0; i--)); do order+=("${cases[i]}"); done
+  fi
+  for c in "${order[@]}"; do
+    f="$out/$c-$rep.log"
+    # shellcheck disable=SC2086 # args[] holds word lists
+    timeout --kill-after=10 "$case_timeout" python3 plugin-tests/nccl_torch.py --lib "$lib" --mps \
+      --sweep "$sweep" --timeout $((case_timeout - 10)) ${args[$c]} >"$f" 2>&1
+    rc=$?
+    echo "# rep $rep $c: exit $rc"
+    [ "$rc" = 0 ] || { failed=$((failed + 1)); tail -5 "$f" | sed 's/^/#   /'; }
+  done
+done
+
+{
+  echo "# tuner lines (rank 0 of each CollNet case):"
+  grep -h "tuner loaded from our library" "$out"/collnet-*-1.log 2>/dev/null | sort | uniq -c
+  python3 - "$out" "$ranks" "$providers" "$cn_ranks" <<'EOF'
+import glob, os, re, statistics, sys
+out, ranks, providers, cn_ranks = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split()
+times = {}  # case -> size -> [us]
+for f in glob.glob(os.path.join(out, "*.log")):
+    case = re.sub(r"-\d+\.log$", "", os.path.basename(f))
+    for line in open(f, errors="replace"):
+        m = re.search(r"rank 0: sweep (\d+) ([0-9.]+)", line)
+        if m:
+            times.setdefault(case, {}).setdefault(int(m.group(1)), []).append(float(m.group(2)))
+
+def table(title, ref, others, n):
+    sizes = sorted(times.get(ref, {}))
+    if not sizes:
+        print(f"\n## {title}: no data for {ref}")
+        return
+    print(f"\n## {title} (median us; ratio = {ref} time / case time, > 1 = faster than {ref}; "
+          f"busbw = 2(n-1)/n x bytes / time, GB/s)")
+    print("%10s %12s" % ("bytes", ref) + "".join(" %22s" % o for o in others))
+    for s in sizes:
+        r = statistics.median(times[ref][s])
+        row = "%10d %12.1f" % (s, r)
+        for o in others:
+            v = times.get(o, {}).get(s)
+            if v:
+                m = statistics.median(v)
+                bw = 2 * (n - 1) / n * s / (m * 1e3)
+                row += " %9.1f %5.2fx %5.2f" % (m, r / m, bw)
+            else:
+                row += " %22s" % "-"
+        print(row)
+
+n = int(ranks)
+table(f"NCCL Socket against the plugin, {n} ranks", f"socket-np{n}", [f"{p}-np{n}" for p in providers], n)
+for r in cn_ranks:
+    table(f"CollNet against NCCL's ring over the plugin (net), {r} ranks", f"ring-np{r}",
+          [f"collnet-tuner-np{r}", f"collnet-notuner-np{r}"], int(r))
+EOF
+  echo "# failed cases: $failed; logs in $out/"
+} | tee -a "$out/summary.txt"
+[ "$failed" = 0 ]
