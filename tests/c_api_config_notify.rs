@@ -77,9 +77,9 @@ fn a_smaller_struct_is_read_only_as_far_as_its_size() {
     // An older caller's struct ends before `provider`: what lies beyond (here pointers that
     // must never be read) is not its.
     c.size = std::mem::offset_of!(fabricoll_config, provider);
-    c.provider = 1 as *const _;
-    c.intra_provider = 1 as *const _;
-    c.bootstrap_addr = 1 as *const _;
+    c.provider = std::ptr::dangling();
+    c.intra_provider = std::ptr::dangling();
+    c.bootstrap_addr = std::ptr::dangling();
     let mut id = fabricoll_unique_id { internal: [0; 128] };
     // SAFETY: the struct is readable for its size.
     let st = unsafe { fabricoll_get_unique_id_config(&mut id, &c) };

@@ -58,7 +58,7 @@ fn nccl_table(nbytes: usize, nodes: usize, rng: &mut Rng) -> Vec<f32> {
             let bw = [2.0e3, 6.0e3, 10.0e3][p] / (1.0 + a as f64 / 7.0);
             t[a * NPROTO + p] = (lat + nbytes as f64 / bw) as f32;
             let forbidden = (p != PROTO_SIMPLE && (a == 2 || a == 3)) || a >= 4;
-            if forbidden || rng.next() % 5 == 0 {
+            if forbidden || rng.next().is_multiple_of(5) {
                 t[a * NPROTO + p] = IGNORE;
             }
         }
@@ -158,7 +158,7 @@ fn check_call(tuner: &Tuner, m: &Model, func: i32, nbytes: usize, rng: &mut Rng)
             .fold(f32::INFINITY, f32::min);
         let chosen = pick(&after).map(|i| i / NPROTO);
         let collnet = chosen.is_some_and(|a| a == ALGO_COLLNET_DIRECT || a == ALGO_COLLNET_CHAIN);
-        let should = best_ours.is_finite() && best_other.map_or(true, |o| best_ours < o);
+        let should = best_ours.is_finite() && best_other.is_none_or(|o| best_ours < o);
         assert_eq!(
             collnet, should,
             "{what}: NCCL would pick {chosen:?} ({best_ours} us against {best_other:?})"

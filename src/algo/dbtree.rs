@@ -16,7 +16,7 @@ pub struct DbTree;
 /// NCCL's pair of trees (`ncclGetDtree`) over m members.
 pub(crate) fn trees(m: usize) -> (Shape, Shape) {
     let t1 = btree(m);
-    let t2 = if m % 2 == 0 {
+    let t2 = if m.is_multiple_of(2) {
         t1.relabel(|x| m - 1 - x)
     } else {
         t1.relabel(|x| (x + 1) % m)

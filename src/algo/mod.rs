@@ -566,7 +566,7 @@ pub fn build(problem: Problem, algo: Algorithm, opts: &Options) -> AlgoResult<Sc
                 "window: only AllGather and ReduceScatter take a window".into(),
             ));
         }
-        if off.checked_add(len).map_or(true, |e| e > problem.count * n) {
+        if off.checked_add(len).is_none_or(|e| e > problem.count * n) {
             return Err(AlgoError::Invalid(format!(
                 "window: [{off}, +{len}) is outside the {} elements",
                 problem.count * n

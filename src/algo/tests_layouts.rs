@@ -278,7 +278,7 @@ fn two_level_bytes_match_the_model() {
 fn larger_layouts() {
     let mut sizes: Vec<u8> = Vec::new();
     for (h, s) in [7usize, 5, 3, 1].into_iter().enumerate() {
-        sizes.extend(std::iter::repeat(h as u8).take(s));
+        sizes.extend(std::iter::repeat_n(h as u8, s));
     }
     let round_robin: Vec<u8> = (0..16).map(|r| (r % 4) as u8).collect();
     let mixed = vec![0, 1, 2, 0, 1, 2, 0, 1, 0, 0, 3, 3, 3];

@@ -91,7 +91,7 @@ impl UniqueId {
     pub fn from_hex(s: &str, what: &str) -> Result<UniqueId> {
         let s = s.trim();
         let not_hex = || Error::arg(what, format!("{s:?} is not a hex string"));
-        if s.len() % 2 != 0 || !s.is_ascii() {
+        if !s.len().is_multiple_of(2) || !s.is_ascii() {
             return Err(not_hex());
         }
         let v: std::result::Result<Vec<u8>, _> = (0..s.len())

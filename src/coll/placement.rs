@@ -241,7 +241,7 @@ fn core_rtt_with(
                 _ => {}
             }
             spins = spins.wrapping_add(1);
-            if spins % 4096 == 0 && start.elapsed() > limit {
+            if spins.is_multiple_of(4096) && start.elapsed() > limit {
                 return None;
             }
             std::hint::spin_loop();

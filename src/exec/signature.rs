@@ -132,7 +132,8 @@ impl Signature {
                 continue;
             }
             let bytes = self.count as u128 * self.dtype.size() as u128;
-            let same_bytes = (bytes % dtype.size() as u128 == 0)
+            let same_bytes = bytes
+                .is_multiple_of(dtype.size() as u128)
                 .then(|| (bytes / dtype.size() as u128) as usize);
             for count in [Some(self.count), same_bytes].into_iter().flatten() {
                 if hit(Signature {

@@ -305,13 +305,16 @@ fn window(
     nranks: usize,
     elem: usize,
 ) -> Result<(usize, usize, usize)> {
-    if bytes_per_rank % elem != 0 || offset % elem != 0 || len % elem != 0 {
+    if !bytes_per_rank.is_multiple_of(elem)
+        || !offset.is_multiple_of(elem)
+        || !len.is_multiple_of(elem)
+    {
         return Err(Error::arg("bytesPerRank", format!("bytesPerRank, windowOffset and windowBytes must be multiples of the element size ({elem})")));
     }
     let total = bytes_per_rank
         .checked_mul(nranks)
         .ok_or_else(|| Error::arg("bytesPerRank", "overflows"))?;
-    if offset.checked_add(len).map_or(true, |e| e > total) {
+    if offset.checked_add(len).is_none_or(|e| e > total) {
         return Err(Error::arg(
             "windowOffset",
             format!("window [{offset}, +{len}) is outside the {total}-byte buffer"),

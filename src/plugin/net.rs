@@ -211,7 +211,7 @@ impl Device {
 
     /// Yield the CPU after many fruitless polls, so that more ranks than cores still progress.
     fn polite(&self, idle: u32) {
-        if idle >= 64 && idle % 8 == 0 {
+        if idle >= 64 && idle.is_multiple_of(8) {
             std::thread::yield_now();
         }
     }

@@ -113,7 +113,7 @@ impl<'a> CostTable<'a> {
         for a in (0..self.nalgo).filter(|a| !is_collnet(*a)) {
             for p in 0..self.nproto {
                 let t = self.cells[a * self.nproto + p];
-                if t >= 0.0 && best.map_or(true, |b| t < b.0) {
+                if t >= 0.0 && best.is_none_or(|b| t < b.0) {
                     best = Some((t, a, p));
                 }
             }

@@ -158,7 +158,7 @@ fn check_op(dt: DataType, op: RedOp) -> Result<(), ReduceError> {
 }
 
 fn check_multiple(dt: DataType, arg: &'static str, s: &[u8]) -> Result<(), ReduceError> {
-    if s.len() % dt.size() != 0 {
+    if !s.len().is_multiple_of(dt.size()) {
         return Err(ReduceError::NotMultiple {
             arg,
             len: s.len(),

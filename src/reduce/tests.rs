@@ -505,7 +505,7 @@ fn check_midpoints(f: Fmt, dec: impl Fn(u32) -> f32, enc: impl Fn(f32) -> u32) {
             (lo as f64 + hi as f64) / 2.0,
             "midpoint exact in f32"
         );
-        let even = if c % 2 == 0 { c } else { c + 1 };
+        let even = if c.is_multiple_of(2) { c } else { c + 1 };
         for (x, want) in [
             (mid, even),
             (f32::from_bits(mid.to_bits() - 1), c),

@@ -87,7 +87,7 @@ impl Layout {
         let host = sizes
             .iter()
             .enumerate()
-            .flat_map(|(h, &s)| std::iter::repeat(h).take(s))
+            .flat_map(|(h, &s)| std::iter::repeat_n(h, s))
             .collect();
         Layout { host, sizes }
     }

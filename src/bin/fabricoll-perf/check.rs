@@ -13,7 +13,7 @@ pub fn value(op: RedOp, r: usize, i: usize) -> f64 {
     match op {
         RedOp::BAnd | RedOp::BOr | RedOp::BXor => ((r * 37 + i * 11 + 5) % 127) as f64,
         RedOp::Prod => {
-            if (r + i) % 7 == 0 {
+            if (r + i).is_multiple_of(7) {
                 2.0
             } else {
                 1.0

@@ -78,7 +78,7 @@ pub(super) fn await_file(
         match std::fs::read_to_string(path) {
             Ok(s) => {
                 let id = UniqueId::from_hex(&s, "FABRICOLL_ROOT_FILE")?;
-                if nonce.map_or(true, |n| n == id.nonce) {
+                if nonce.is_none_or(|n| n == id.nonce) {
                     return Ok(id);
                 }
                 log::debug!(

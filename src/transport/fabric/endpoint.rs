@@ -483,7 +483,10 @@ mod tests {
     #[test]
     fn sends_share_the_receiving_endpoint_unless_a_second_one_is_asked_for_and_made() {
         // Endpoint values only compared, never used.
-        let (rx, tx) = (8 as *mut sys::fid_ep, 16 as *mut sys::fid_ep);
+        let (rx, tx) = (
+            std::ptr::dangling_mut::<sys::fid_ep>(),
+            16 as *mut sys::fid_ep,
+        );
         let mr_ep = sys::FI_MR_ENDPOINT as u64;
         let never = || -> Result<*mut sys::fid_ep> { panic!("no second endpoint wanted") };
         assert_eq!(sends_from(false, 0, rx, "d", never), rx);

@@ -186,14 +186,20 @@ impl Map {
     }
 
     fn u64_at(&self, off: usize) -> &AtomicU64 {
-        assert!(off % 8 == 0 && off + 8 <= FILE_BYTES, "inbox offset {off}");
+        assert!(
+            off.is_multiple_of(8) && off + 8 <= FILE_BYTES,
+            "inbox offset {off}"
+        );
         // SAFETY: in bounds and 8-aligned (the mapping is page-aligned); the mapping outlives
         // &self; all accesses to this word, in every process, are atomic.
         unsafe { &*(self.base.add(off) as *const AtomicU64) }
     }
 
     fn u32_at(&self, off: usize) -> &AtomicU32 {
-        assert!(off % 4 == 0 && off + 4 <= FILE_BYTES, "inbox offset {off}");
+        assert!(
+            off.is_multiple_of(4) && off + 4 <= FILE_BYTES,
+            "inbox offset {off}"
+        );
         // SAFETY: as in u64_at, 4-aligned.
         unsafe { &*(self.base.add(off) as *const AtomicU32) }
     }
@@ -364,7 +370,7 @@ impl Inbox {
     /// the address and length of `[tag][payload]`.
     fn frame(&self, s: usize, head: u64, tail: u64) -> std::result::Result<Frame, String> {
         let avail = tail.wrapping_sub(head);
-        if avail > RING as u64 || head % 8 != 0 {
+        if avail > RING as u64 || !head.is_multiple_of(8) {
             return Err(format!("head {head} and tail {tail} are inconsistent"));
         }
         let off = (head % RING as u64) as usize;
