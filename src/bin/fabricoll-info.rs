@@ -3,6 +3,7 @@
 use nccl_net_fabricoll::algo::{self, Algorithm, Collective};
 use nccl_net_fabricoll::coll::{bootstrap, launch, placement};
 use nccl_net_fabricoll::config::{self, Config, VARS};
+use nccl_net_fabricoll::cuda;
 use nccl_net_fabricoll::plugin::{Flavour, Plugin};
 use nccl_net_fabricoll::transport::fabric;
 use std::io::Write;
@@ -40,6 +41,48 @@ fn main() {
             eprintln!("fabricoll-info: unknown argument {other:?}\n{USAGE}");
             std::process::exit(2);
         }
+    }
+}
+
+/// The CUDA driver and each device's attributes, or why CUDA is unusable here.
+fn cuda_info() {
+    match cuda::probe() {
+        cuda::Cuda::Up(d) => {
+            println!(
+                "CUDA: driver {} ({} device(s))",
+                cuda::version_string(d.version),
+                d.devices.len()
+            );
+            for dev in &d.devices {
+                let yes = |b: bool| if b { "yes" } else { "no" };
+                println!(
+                    "  cuda device {}: {} (sm_{}{}), GPUDirect RDMA {}, with VMM {}, flush options {:#x} (cuFlushGPUDirectRDMAWrites {}), writes ordering {}, DMA-BUF {}{}",
+                    dev.ordinal,
+                    dev.name,
+                    dev.compute.0,
+                    dev.compute.1,
+                    yes(dev.gdr),
+                    yes(dev.gdr_vmm),
+                    dev.flush_options,
+                    if dev.flush_options & cuda::caps::FLUSH_OPTION_HOST != 0 {
+                        "available"
+                    } else {
+                        "unavailable: flushes read a device sentinel"
+                    },
+                    dev.writes_ordering,
+                    yes(dev.dma_buf),
+                    if dev.unknown.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (not reported by this driver, read as 0: {})", dev.unknown.join(", "))
+                    }
+                );
+            }
+        }
+        other => println!(
+            "CUDA: unusable: {}",
+            other.why_not().unwrap_or("unknown reason")
+        ),
     }
 }
 
@@ -209,6 +252,8 @@ fn info() {
     }
     println!("  resolved: {cfg:?}");
     println!();
+    cuda_info();
+    println!();
     match fabric::discover(&cfg, fabric::Use::Engines) {
         Ok(d) => {
             println!(
@@ -244,6 +289,18 @@ fn info() {
                     c.tx_size,
                     c.rx_size,
                     dev.mem_tag_format
+                );
+                let p = cuda::caps::ptr_support(&cuda::facts(c, 0));
+                println!(
+                    "    device memory: ptrSupport {:#x}{}{}",
+                    p.bits,
+                    p.why_not_cuda
+                        .map(|w| format!("; no NCCL_PTR_CUDA: {w}"))
+                        .unwrap_or_default(),
+                    p.why_not_dmabuf
+                        .filter(|_| p.bits & cuda::caps::PTR_CUDA != 0)
+                        .map(|w| format!("; no NCCL_PTR_DMABUF: {w}"))
+                        .unwrap_or_default()
                 );
             }
         }

@@ -178,7 +178,7 @@ impl Plugin {
                     caps.domain.as_bytes(),
                     pci.as_deref().unwrap_or("").as_bytes(),
                 ]),
-                ptr_support: NCCL_PTR_HOST,
+                ptr_support: ptr_support(flavour, &caps, i),
                 reg_is_global: flavour.mr_cache(cfg),
                 speed_mbps: d
                     .speed_mbps
@@ -283,6 +283,23 @@ impl Plugin {
             .get(handle_dev(h))
             .ok_or_else(|| Error::arg(what, format!("{h:#x} is not a handle of this plugin")))
     }
+}
+
+/// NCCL_PTR_HOST, with device memory only where `cuda::caps` finds that the provider really
+/// takes it (Neuron's runtime passes no CUDA memory); why not is logged once per device. The
+/// decision reads CUDA device 0: NCCL asks before it says which GPU a comm will serve.
+fn ptr_support(flavour: Flavour, caps: &crate::transport::Caps, dev: usize) -> i32 {
+    if flavour != Flavour::Nccl {
+        return NCCL_PTR_HOST;
+    }
+    let p = crate::cuda::caps::ptr_support(&crate::cuda::facts(caps, 0));
+    if let Some(why) = &p.why_not_cuda {
+        log::info!(
+            "device {dev} ({}): ptrSupport NCCL_PTR_HOST only: {why}",
+            caps.domain
+        );
+    }
+    p.bits
 }
 
 /// RMA for the Neuron tables, where the transport offers it (at peers' virtual addresses, which
