@@ -19,6 +19,7 @@ use super::super::types::MultiRequestProps;
 use super::*;
 use crate::plugin::net::{Device, MAX_TAG, RECV_CAPACITY, SEND_CAPACITY};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// `NCCL_NET_MULTI_REQUEST`: the `*request` value of a call that is not its group's last.
 pub const NCCL_NET_MULTI_REQUEST: usize = 0x2;
@@ -68,6 +69,23 @@ struct Groups {
 }
 
 static GROUPS: Lazy<Mutex<Groups>> = Lazy::new(Default::default);
+/// How many groups `GROUPS` holds, so that calls on comms without groups (all calls, as long as
+/// NCCL sends no hint) skip its lock. Each comm is driven by one thread, so a group handed out
+/// or taken by that thread is seen by it.
+static HELD: AtomicUsize = AtomicUsize::new(0);
+
+/// Run `f` on the groups, keeping `HELD` up to date.
+fn groups<R>(f: impl FnOnce(&mut Groups) -> R) -> R {
+    let mut g = GROUPS.lock();
+    let r = f(&mut g);
+    HELD.store(g.open.len() + g.returned.len(), Ordering::Release);
+    r
+}
+
+/// Whether any group may exist (see `HELD`).
+fn any_held() -> bool {
+    HELD.load(Ordering::Acquire) != 0
+}
 
 /// Groups alive (open or returned), for leak tests.
 #[doc(hidden)]
@@ -122,16 +140,9 @@ fn check_member(dev: &Device, send: bool, bufs: &Bufs) -> Result<()> {
 }
 
 impl Group {
-    /// Retire the members that finished and post the queued ones in order, as far as the device
-    /// takes them; true once every member is posted (or done).
-    fn pump(&mut self, dev: &Device, comm: u64) -> Result<bool> {
-        for m in self.members.iter_mut() {
-            if let State::Posted(r) = m.state {
-                if let Some(f) = dev.test(r)? {
-                    m.state = State::Done(f.sizes[..f.n].iter().sum());
-                }
-            }
-        }
+    /// Post the queued members in order, as far as the device takes them; true once every
+    /// member is posted (or done).
+    fn post_queued(&mut self, dev: &Device, comm: u64) -> Result<bool> {
         for m in self.members.iter_mut() {
             if let State::Queued = m.state {
                 match post(dev, comm, self.send, &m.bufs)? {
@@ -141,6 +152,31 @@ impl Group {
             }
         }
         Ok(true)
+    }
+
+    /// Test the posted members, retiring those that finished (which frees their places);
+    /// `all` false stops at the first that has not (the group cannot be done before it).
+    fn retire(&mut self, dev: &Device, all: bool) -> Result<()> {
+        for m in self.members.iter_mut() {
+            if let State::Posted(r) = m.state {
+                match dev.test(r)? {
+                    Some(f) => m.state = State::Done(f.sizes[..f.n].iter().sum()),
+                    None if !all => return Ok(()),
+                    None => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Post what is queued; when the device is full, retire what finished and try again.
+    /// True once every member is posted (or done).
+    fn pump(&mut self, dev: &Device, comm: u64) -> Result<bool> {
+        if self.post_queued(dev, comm)? {
+            return Ok(true);
+        }
+        self.retire(dev, true)?;
+        self.post_queued(dev, comm)
     }
 
     /// The bytes of all members once every one is done.
@@ -175,7 +211,11 @@ pub(crate) fn call(
     let (k, name) = kind(send);
     let dev = p.device_of(c, k, name)?;
     let what = if send { "isend" } else { "irecv" };
-    let open = GROUPS.lock().open.remove(&c);
+    let open = if any_held() {
+        groups(|g| g.open.remove(&c))
+    } else {
+        None
+    };
     let Some(mut g) = open else {
         if !hint {
             out.set(ptr(post(dev, c, send, &bufs)?));
@@ -193,19 +233,19 @@ pub(crate) fn call(
         };
         g.join(bufs);
         let r = g.pump(dev, c);
-        GROUPS.lock().open.insert(c, g);
+        groups(|gs| gs.open.insert(c, g));
         return r.map(|_| ());
     };
     let r = step(dev, c, &mut g, bufs, hint, what);
     match r {
         Ok(true) => {
             let handle = plugin::new_handle(dev.index, Kind::Request);
-            GROUPS.lock().returned.insert(handle, (c, g));
+            groups(|gs| gs.returned.insert(handle, (c, g)));
             out.set(ptr(Some(handle)));
             Ok(())
         }
         other => {
-            GROUPS.lock().open.insert(c, g);
+            groups(|gs| gs.open.insert(c, g));
             other.map(|_| ())
         }
     }
@@ -262,7 +302,11 @@ pub(crate) fn test_group(
     sizes: *mut c_int,
 ) -> Result<()> {
     let r = h(request);
-    let mine = GROUPS.lock().returned.remove(&r);
+    let mine = if any_held() {
+        groups(|g| g.returned.remove(&r))
+    } else {
+        None
+    };
     let Some((comm, mut g)) = mine else {
         return test_inner(p, request, done, sizes);
     };
@@ -270,10 +314,11 @@ pub(crate) fn test_group(
     let done = unsafe { Out::new(done, "done") }?;
     done.set(0);
     let (k, name) = kind(g.send);
-    // A failed member fails the group, which is then gone like any failed request.
-    g.pump(p.device_of(comm, k, name)?, comm)?;
+    // Every member is posted once the handle is out. A failed member fails the group, which
+    // is then gone like any failed request.
+    g.retire(p.device_of(comm, k, name)?, false)?;
     let Some(total) = g.finished() else {
-        GROUPS.lock().returned.insert(r, (comm, g));
+        groups(|gs| gs.returned.insert(r, (comm, g)));
         return Ok(());
     };
     if !sizes.is_null() {
@@ -297,8 +342,14 @@ pub(crate) fn test_group(
 
 /// Drop the groups of a comm being closed (see the file's comment).
 pub(crate) fn forget_comm(comm: u64, what: &str) {
-    let mut g = GROUPS.lock();
-    if let Some(open) = g.open.remove(&comm) {
+    if !any_held() {
+        return;
+    }
+    let open = groups(|g| {
+        g.returned.retain(|_, (c, _)| *c != comm);
+        g.open.remove(&comm)
+    });
+    if let Some(open) = open {
         let queued = open
             .members
             .iter()
@@ -311,7 +362,6 @@ pub(crate) fn forget_comm(comm: u64, what: &str) {
             queued
         );
     }
-    g.returned.retain(|_, (c, _)| *c != comm);
 }
 
 // ---- the v11 / v12 entry points that know groups (each inside the panic boundary) ----------
