@@ -148,18 +148,22 @@ fn post_all(post: Post, comm: P, msgs: &mut [Msg], grouped: bool) -> Vec<P> {
             assert!(req.is_null(), "member {i} of {k} got a request of its own");
             continue;
         }
-        let start = Instant::now();
-        loop {
-            let (rc, req) = post(comm, m, null_mut());
-            assert_eq!(rc, nccl::SUCCESS, "member {i} of {k}");
-            if !req.is_null() {
-                reqs.push(req);
-                break;
-            }
-            deadline_check(start, "a post");
-        }
+        reqs.push(until_request(post, comm, m, &format!("member {i} of {k}")));
     }
     reqs
+}
+
+/// Call `post` without the hint (the same buffer each time) until it returns a request.
+fn until_request(post: Post, comm: P, m: &mut Msg, what: &str) -> P {
+    let start = Instant::now();
+    loop {
+        let (rc, req) = post(comm, m, null_mut());
+        assert_eq!(rc, nccl::SUCCESS, "{what}");
+        if !req.is_null() {
+            return req;
+        }
+        deadline_check(start, what);
+    }
 }
 
 /// Test `req` until done; its first size (`n` sizes written for a receive).
@@ -275,15 +279,7 @@ fn busy_last_recv(s: P, r: P) {
         assert_eq!(wait(q), 8);
     }
     // Room now: the same last buffer gets the group's handle.
-    let start = Instant::now();
-    let handle = loop {
-        let (rc, req) = irecv(r, &mut group[3], null_mut());
-        assert_eq!(rc, nccl::SUCCESS);
-        if !req.is_null() {
-            break req;
-        }
-        deadline_check(start, "the last member");
-    };
+    let handle = until_request(irecv, r, &mut group[3], "the last member");
     let total: usize = group.iter().map(|m| m.src.len()).sum();
     assert_eq!(wait(handle) as usize, total, "a group of 4, not 5");
     for q in sreqs {
@@ -337,15 +333,7 @@ fn busy_last_send(s: P, r: P) {
     for q in sreqs {
         assert_eq!(wait(q), 8);
     }
-    let start = Instant::now();
-    let handle = loop {
-        let (rc, req) = isend(s, &mut other, null_mut());
-        assert_eq!(rc, nccl::SUCCESS);
-        if !req.is_null() {
-            break req;
-        }
-        deadline_check(start, "the group's handle");
-    };
+    let handle = until_request(isend, s, &mut other, "the group's handle");
     let total: usize = group.iter().map(|m| m.src.len()).sum();
     assert_eq!(wait(handle) as usize, total);
     assert_eq!(wait(rreqs[0]) as usize, total);

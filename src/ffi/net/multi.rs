@@ -58,6 +58,8 @@ struct Group {
     closed: bool,
     /// `n` of the last member's irecv (1 for sends): how many sizes `test` writes.
     n_last: usize,
+    /// Whether a call with other buffers than the last member's was logged (once per group).
+    warned: bool,
 }
 
 #[derive(Default)]
@@ -230,6 +232,7 @@ pub(crate) fn call(
             members: Vec::with_capacity(MAX_GROUP),
             closed: false,
             n_last: 1,
+            warned: false,
         };
         g.join(bufs);
         let r = g.pump(dev, c);
@@ -285,7 +288,8 @@ fn step(dev: &Device, c: u64, g: &mut Group, bufs: Bufs, hint: bool, what: &str)
         g.n_last = bufs.len();
         g.join(bufs);
         g.closed = true;
-    } else if g.members.last().is_some_and(|m| m.bufs != bufs) {
+    } else if !g.warned && g.members.last().is_some_and(|m| m.bufs != bufs) {
+        g.warned = true;
         log::warn!(
             "{what}: a call with other buffers while the group's last member waits for room: \
              not appended (NCCL must call again with the last member's buffers)"
@@ -366,13 +370,19 @@ pub(crate) fn forget_comm(comm: u64, what: &str) {
 
 // ---- the v11 / v12 entry points that know groups (each inside the panic boundary) ----------
 
-/// Whether NCCL marked this call as a group member: `*request` is NCCL_NET_MULTI_REQUEST.
+/// NCCL's request out-pointer, set to NULL, and whether NCCL marked the call as a group member
+/// (`*request` was NCCL_NET_MULTI_REQUEST; the 0x1 hint of irecv is not a group's and is
+/// overwritten like any other value).
 ///
 /// # Safety
-/// `req` is NULL or readable, as NCCL's `void**` request argument is.
-unsafe fn hinted(req: VoidPP) -> bool {
+/// `req` is NULL or readable and writable, as NCCL's `void**` request argument is.
+unsafe fn request_arg(req: VoidPP) -> Result<(bool, Out<VoidP>)> {
     // SAFETY: forwarded from this function's contract.
-    !req.is_null() && unsafe { *req } as usize == NCCL_NET_MULTI_REQUEST
+    let hint = !req.is_null() && unsafe { *req } as usize == NCCL_NET_MULTI_REQUEST;
+    // SAFETY: as above.
+    let out = unsafe { Out::new(req, "request") }?;
+    out.set(std::ptr::null_mut());
+    Ok((hint, out))
 }
 
 pub(crate) unsafe extern "C" fn isend_v11(
@@ -386,10 +396,7 @@ pub(crate) unsafe extern "C" fn isend_v11(
 ) -> Res {
     boundary("isend", || {
         // SAFETY: NCCL's request argument is a readable and writable void*.
-        let hint = unsafe { hinted(req) };
-        // SAFETY: as above.
-        let out = unsafe { Out::new(req, "request") }?;
-        out.set(std::ptr::null_mut());
+        let (hint, out) = unsafe { request_arg(req) }?;
         // SAFETY: NCCL keeps the buffer valid until test() reports the request done.
         let r = unsafe { region(data, size, "data") }?;
         call(plugin()?, comm, true, vec![(r, tag, h(mh))], hint, &out)
@@ -408,12 +415,8 @@ pub(crate) unsafe extern "C" fn irecv_v11(
     req: VoidPP,
 ) -> Res {
     boundary("irecv", || {
-        // SAFETY: NCCL's request argument is a readable and writable void* (it may also hold
-        // the 0x1 hint, which is not a group's and is overwritten like any other value).
-        let hint = unsafe { hinted(req) };
-        // SAFETY: as above.
-        let out = unsafe { Out::new(req, "request") }?;
-        out.set(std::ptr::null_mut());
+        // SAFETY: NCCL's request argument is a readable and writable void*.
+        let (hint, out) = unsafe { request_arg(req) }?;
         // SAFETY: NCCL's arrays have n elements; buffers live until test() reports done.
         let bufs = unsafe { recv_bufs(n, data, sizes, tags, mhs) }?;
         call(plugin()?, comm, false, bufs, hint, &out)
