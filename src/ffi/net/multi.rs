@@ -326,8 +326,9 @@ pub(crate) fn test_group(
         return Ok(());
     };
     if !sizes.is_null() {
-        // The group's bytes in the first size, the rest 0. NCCL only sums a request's sizes,
-        // and one int per member could overrun its array (64 ints; a group has up to 128).
+        // The group's bytes (saturating at INT_MAX) in the first size, the rest 0. NCCL only
+        // sums a request's sizes, and one int per member could overrun its array (64 ints; a
+        // group has up to 128).
         let n = if g.send { 1 } else { g.n_last };
         for i in 0..n {
             let v = if i == 0 {
