@@ -94,6 +94,7 @@ for build in $BUILDS; do
       # cycles scenario's RSS-growth check would read as a leak.
       envs+=(ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:print_summary=1:quarantine_size_mb=4")
     fi
+    # --expect-multi 128: fabricoll's maxMultiRequestSize (a receive comm's requests in flight).
     # The kill and badinput ranks run with FABRICOLL_TIMEOUT_MS=3000 (--kill-timeout-ms), so a dead
     # peer must be reported within 3 s (+5 s slack); the other scenarios use the plugin's default.
     scen=all
@@ -102,11 +103,11 @@ for build in $BUILDS; do
       # the survivor spinning inside the provider (fi_cq_read), out of reach of any deadline
       # (README, known limitations). Between fastbox peers no message takes the provider's
       # region any more, so the kill scenario runs over shm too; SHM_KILL=0 leaves it out.
-      scen=symbols,connect2,connect1,xfer,group,inflight32,pairs16,ring4,badinput,cycles,versions,reload
+      scen=symbols,connect2,connect1,xfer,group,multi,inflight32,pairs16,ring4,badinput,cycles,versions,reload
       echo "SKIP kill on shm (SHM_KILL=0)"
     fi
     out=$(timeout --kill-after=15 "$RUN_TIMEOUT" env -u FABRICOLL_DOMAIN "${envs[@]}" "$exe" --lib "$LIB" \
-      --scenario "$scen" --kill-timeout-ms 3000 ${HARNESS_ARGS:-} 2>"$log")
+      --scenario "$scen" --kill-timeout-ms 3000 --expect-multi 128 ${HARNESS_ARGS:-} 2>"$log")
     rc=$?
     printf '%s\n' "$out"
     harness_counts net_harness "harness-run: $prov/$build" "$out" "$rc" "$log"

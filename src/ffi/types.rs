@@ -186,6 +186,32 @@ macro_rules! from_props_v9 {
         }
     };
 }
+/// `railId` / `planeId` when nothing says (NCCL_NET_ID_UNDEF; NCCL then ignores them). We
+/// report it always: libfabric 1.17's `fi_nic` (device, bus and link attributes) and the PCI
+/// device's sysfs directory name a NIC and its slot, but no rail or plane, which are how the
+/// cluster's switches are wired, and NCCL's own IB and Socket transports report -1 as well.
+pub const NET_ID_UNDEF: i16 = -1;
+
+// maxMultiRequestSize is 1 here, what CollNet reports (it has no isend / irecv); the net tables
+// write their own through `MultiRequestProps` (ffi/net/multi.rs).
 from_props_v9!(PropsV9, VDevPropsV9);
 from_props_v9!(PropsV11, VDevPropsV9, max_multi_request_size: 1);
-from_props_v9!(PropsV12, VDevPropsV12, max_multi_request_size: 1, rail_id: -1, plane_id: -1);
+from_props_v9!(PropsV12, VDevPropsV12, max_multi_request_size: 1, rail_id: NET_ID_UNDEF,
+    plane_id: NET_ID_UNDEF);
+
+/// The props versions with `maxMultiRequestSize` (v11+).
+pub trait MultiRequestProps {
+    fn set_max_multi_request_size(&mut self, n: c_int);
+}
+
+impl MultiRequestProps for PropsV11 {
+    fn set_max_multi_request_size(&mut self, n: c_int) {
+        self.max_multi_request_size = n;
+    }
+}
+
+impl MultiRequestProps for PropsV12 {
+    fn set_max_multi_request_size(&mut self, n: c_int) {
+        self.max_multi_request_size = n;
+    }
+}

@@ -2,10 +2,13 @@
 //! inside the panic boundary, and what they share; `shims` holds the older versions' functions,
 //! which only convert arguments and call these; `tables` says which function fills which slot.
 //! A function that differs between versions only in the width of a size (int before v8/v9,
-//! size_t after) or in the props struct it writes is one generic function.
+//! size_t after) or in the props struct it writes is one generic function. `multi` holds the
+//! v11 / v12 entry points that know NCCL's multi-request groups.
+mod multi;
 mod shims;
 mod tables;
 
+pub use multi::{live_groups, MAX_GROUP, NCCL_NET_MULTI_REQUEST};
 pub(crate) use shims::init_v6;
 pub use tables::*;
 
@@ -516,21 +519,25 @@ pub(crate) unsafe extern "C" fn test<S: Source>(
 }
 
 unsafe extern "C" fn close_send(comm: VoidP) -> Res {
-    boundary("closeSend", || {
-        let c = h(comm);
-        plugin()?
-            .device_of(c, Kind::Send, "sendComm")?
-            .close_send(c)
-    })
+    boundary("closeSend", || close_send_inner(comm))
+}
+
+pub(crate) fn close_send_inner(comm: VoidP) -> Result<()> {
+    let c = h(comm);
+    plugin()?
+        .device_of(c, Kind::Send, "sendComm")?
+        .close_send(c)
 }
 
 unsafe extern "C" fn close_recv(comm: VoidP) -> Res {
-    boundary("closeRecv", || {
-        let c = h(comm);
-        plugin()?
-            .device_of(c, Kind::Recv, "recvComm")?
-            .close_recv(c)
-    })
+    boundary("closeRecv", || close_recv_inner(comm))
+}
+
+pub(crate) fn close_recv_inner(comm: VoidP) -> Result<()> {
+    let c = h(comm);
+    plugin()?
+        .device_of(c, Kind::Recv, "recvComm")?
+        .close_recv(c)
 }
 
 unsafe extern "C" fn close_listen(comm: VoidP) -> Res {
