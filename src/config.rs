@@ -357,6 +357,15 @@ mod tests {
         );
         assert_eq!(c.speed_mbps, 10_000);
         assert_eq!(c.intra_provider.as_deref(), Some("shm"));
+        assert!(
+            !parse(&[]).unwrap().inplace_restore,
+            "MPI's and NCCL's default"
+        );
+        assert!(
+            parse(&[("FABRICOLL_INPLACE_RESTORE", "1")])
+                .unwrap()
+                .inplace_restore
+        );
         let same = parse(&[("FABRICOLL_INTRA_PROVIDER", "same")]).unwrap();
         assert_eq!(same.intra_provider, None);
         let root = parse(&[("FABRICOLL_ROOT", "[::1]:29500")]).unwrap();
@@ -383,6 +392,7 @@ mod tests {
             ("FABRICOLL_TIMEOUT_MS", "0"),
             ("FABRICOLL_MR_CACHE", "yes"),
             ("FABRICOLL_SHM_FASTBOX", "on"),
+            ("FABRICOLL_INPLACE_RESTORE", "yes"),
             ("FABRICOLL_LOG", "loud"),
             ("FABRICOLL_SPEED_MBPS", "-1"),
             ("FABRICOLL_POLL_US", "9999999999"),
