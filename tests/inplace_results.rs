@@ -2,7 +2,7 @@
 //! input (a backup of all of it per call) or not (the steps work in the caller's buffer and
 //! copy aside only what is read after being overwritten): every collective with an in-place
 //! form, every algorithm that implements it, 2 to 5 ranks, odd counts, over the loopback
-//! transport and shm; and both equal the out-of-place result.
+//! transport, shm and net; and both equal the out-of-place result.
 use nccl_net_fabricoll::algo::{self, Algorithm, Collective};
 use nccl_net_fabricoll::coll::{Call, Comm, Kind};
 use nccl_net_fabricoll::config::Config;
@@ -14,10 +14,14 @@ mod common;
 
 const EL: usize = 4;
 
-fn cfg(restore: bool) -> Config {
+fn cfg(transport: &str, restore: bool) -> Config {
+    let base = match transport {
+        "net" => common::fixed_model_on(Some("net"), Some("lo"), 20_000),
+        _ => common::fixed_model(Some("shm"), 20_000),
+    };
     Config {
         inplace_restore: restore,
-        ..common::fixed_model(Some("shm"), 20_000)
+        ..base
     }
 }
 
@@ -116,10 +120,10 @@ fn run(
     outs.into_iter().collect()
 }
 
-fn check(test: &str, transport: &str, counts: &[usize]) {
-    for n in 2..=5 {
+fn check(test: &str, transport: &str, most: usize, counts: &[usize]) {
+    for n in 2..=most {
         let made = [true, false].map(|restore| {
-            let cfgs: Vec<Config> = (0..n).map(|_| cfg(restore)).collect();
+            let cfgs: Vec<Config> = (0..n).map(|_| cfg(transport, restore)).collect();
             common::comms_in_process(test, transport, &cfgs)
         });
         let [Some(restoring), Some(waived)] = made else {
@@ -163,6 +167,7 @@ fn in_place_results_are_the_same_with_and_without_restore_over_loopback() {
     check(
         "in_place_results_are_the_same_with_and_without_restore_over_loopback",
         "loopback",
+        5,
         &[7, 1001, 100_003],
     );
 }
@@ -172,6 +177,17 @@ fn in_place_results_are_the_same_with_and_without_restore_over_shm() {
     check(
         "in_place_results_are_the_same_with_and_without_restore_over_shm",
         "shm",
+        5,
         &[7, 1001, 300_007],
+    );
+}
+
+#[test]
+fn in_place_results_are_the_same_with_and_without_restore_over_net() {
+    check(
+        "in_place_results_are_the_same_with_and_without_restore_over_net",
+        "net",
+        4,
+        &[1001, 300_007],
     );
 }

@@ -119,7 +119,7 @@ impl Exec {
         } else {
             if overwritten {
                 let shift = inp.addr() as isize - out.addr() as isize;
-                let ip = plan.in_place(&self.job.schedule.ranks[self.job.rank], shift);
+                let ip = plan.in_place(&self.job.schedule, self.job.rank, shift);
                 if ip.needs_backup() {
                     let len = ip.hi - ip.lo;
                     let b = pool.take(len);
@@ -130,6 +130,8 @@ impl Exec {
                     part.with(|src| copy.with_mut(|dst| reduce::copy(dst, src)));
                     self.backup = Some(b);
                     self.inb = copy;
+                }
+                if ip.changes_anything() {
                     self.partial = Some(ip);
                 }
             }
@@ -137,12 +139,16 @@ impl Exec {
         };
         self.out = if need_out == 0 { Region::empty() } else { out };
         let n = plan.pending.len();
+        let (pending, ready) = match self.partial.as_ref().and_then(|p| p.graph.as_ref()) {
+            Some(g) => (&g.pending, &g.ready),
+            None => (&plan.pending, &plan.ready),
+        };
         self.state.clear();
         self.state.resize(n, St::Waiting);
         self.pending.clear();
-        self.pending.extend_from_slice(&plan.pending);
+        self.pending.extend_from_slice(pending);
         self.ready.clear();
-        self.ready.extend(plan.ready.iter().copied());
+        self.ready.extend(ready.iter().copied());
         self.staging.clear();
         self.staging.resize_with(n, || None);
         self.batch.clear();

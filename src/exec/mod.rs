@@ -94,7 +94,8 @@ pub struct Exec {
     /// The input's copy when in place: all of it when restoring (`inp` then points into it),
     /// else the part `partial` says (`inb` points into it).
     backup: Option<Scratch>,
-    /// Not restoring: which steps read In from `inb`, the backup of In's bytes from `lo`.
+    /// Not restoring: which steps read In from `inb`, the backup of In's bytes from `lo`,
+    /// and the step graph with the dependencies the call adds (`inplace::analyse`).
     partial: Option<Arc<inplace::InPlace>>,
     inb: Region,
     /// In place without restore, over an input the steps write: a failure leaves it undefined.
@@ -184,7 +185,11 @@ impl Exec {
         self.state[i] = St::Done;
         self.done += 1;
         self.moved = true;
-        for &d in &self.plan.dependents[i] {
+        let dependents = match self.partial.as_ref().and_then(|p| p.graph.as_ref()) {
+            Some(g) => &g.dependents,
+            None => &self.plan.dependents,
+        };
+        for &d in &dependents[i] {
             let d = d as usize;
             self.pending[d] -= 1;
             if self.pending[d] == 0 {

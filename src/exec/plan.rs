@@ -3,7 +3,7 @@
 
 use super::inplace::{self, InPlace};
 use super::MAX_MESSAGES_PER_PEER;
-use crate::algo::{Buf, Op, Schedule, Step};
+use crate::algo::{Buf, Op, Schedule};
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -119,13 +119,13 @@ impl Plan {
     }
 
     /// What an in-place call without restore, whose input starts `shift` bytes after its
-    /// output's start, must copy aside; `steps` are this plan's.
-    pub(super) fn in_place(&self, steps: &[Step], shift: isize) -> Arc<InPlace> {
+    /// output's start, must copy aside or wait for; this plan is `schedule`'s for `rank`.
+    pub(super) fn in_place(&self, schedule: &Schedule, rank: usize, shift: isize) -> Arc<InPlace> {
         let mut cache = self.in_place.lock();
         if let Some((_, a)) = cache.iter().find(|(s, _)| *s == shift) {
             return a.clone();
         }
-        let a = Arc::new(inplace::analyse(steps, self.elem, shift));
+        let a = Arc::new(inplace::analyse(schedule, rank, self.elem, shift));
         if cache.len() >= 4 {
             cache.remove(0);
         }
