@@ -175,6 +175,12 @@ pub fn analyse(schedule: &Schedule, rank: usize, elem: usize, shift: isize) -> I
     };
     let mut hazard = vec![false; n];
     let mut extra: Vec<(usize, usize)> = Vec::new();
+    let mut dependents: Vec<Vec<u32>> = vec![Vec::new(); n];
+    for (i, s) in steps.iter().enumerate() {
+        for &d in &s.deps {
+            dependents[d].push(i as u32);
+        }
+    }
     let total: usize = schedule.ranks.iter().map(Vec::len).sum();
     if total > MAX_STEPS {
         for (i, s) in steps.iter().enumerate() {
@@ -188,12 +194,6 @@ pub fn analyse(schedule: &Schedule, rank: usize, elem: usize, shift: isize) -> I
             .collect();
         writes.sort_unstable();
         let longest = writes.iter().map(|w| w.1 - w.0).max().unwrap_or(0);
-        let mut dependents = vec![Vec::new(); n];
-        for (i, s) in steps.iter().enumerate() {
-            for &d in &s.deps {
-                dependents[d].push(i);
-            }
-        }
         let mut global: Option<Global> = None;
         let mut seen = vec![false; n];
         for (i, s) in steps.iter().enumerate() {
@@ -221,6 +221,7 @@ pub fn analyse(schedule: &Schedule, rank: usize, elem: usize, shift: isize) -> I
             let mut stack = vec![i];
             while let Some(k) = stack.pop() {
                 for &d in &dependents[k] {
+                    let d = d as usize;
                     if !seen[d] {
                         seen[d] = true;
                         stack.push(d);
@@ -257,12 +258,6 @@ pub fn analyse(schedule: &Schedule, rank: usize, elem: usize, shift: isize) -> I
     }
     let graph = (!extra.is_empty()).then(|| {
         let mut pending: Vec<u32> = steps.iter().map(|s| s.deps.len() as u32).collect();
-        let mut dependents = vec![Vec::new(); n];
-        for (i, s) in steps.iter().enumerate() {
-            for &d in &s.deps {
-                dependents[d].push(i as u32);
-            }
-        }
         for &(r, w) in &extra {
             dependents[r].push(w as u32);
             pending[w] += 1;
