@@ -331,7 +331,8 @@ fabricoll_status fabricoll_comm_init_env(fabricoll_comm **comm);
 fabricoll_status fabricoll_comm_destroy(fabricoll_comm *comm);
 
 /*
- Abort: collectives in flight fail (in-place inputs are restored), later calls fail, and
+ Abort: collectives in flight fail (in-place inputs are restored where the communicator
+ restores them, `fabricoll_config.inplace`, else undefined), later calls fail, and
  test / wait on any of its requests return FABRICOLL_INVALID_USAGE.
  */
 fabricoll_status fabricoll_comm_abort(fabricoll_comm *comm);

@@ -232,7 +232,8 @@ impl Comm {
         *self.algo.lock() = a;
     }
 
-    /// Abort: every collective in flight fails (restoring in-place inputs); later calls fail.
+    /// Abort: every collective in flight fails (restoring in-place inputs where `restore`);
+    /// later calls fail.
     pub fn abort(&self) {
         self.aborted.store(true, Ordering::SeqCst);
         let mut e = self.engine.lock();
