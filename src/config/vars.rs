@@ -131,7 +131,7 @@ pub const VARS: &[Var] = &[
         name: "FABRICOLL_INPLACE_RESTORE",
         accepted: "0 or 1",
         default: "0",
-        meaning: "1: a failed in-place collective restores the caller's input (one extra copy of it per call); 0: the buffer is undefined after a failure, as with MPI and NCCL (fabricoll_config.inplace_restore overrides)",
+        meaning: "1: a failed in-place collective restores the caller's input (one extra copy of it per call); 0: the buffer is undefined after a failure, as with MPI and NCCL (fabricoll_config.inplace overrides)",
     },
     Var {
         name: "FABRICOLL_RANK",
