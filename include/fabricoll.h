@@ -16,7 +16,9 @@
  * fabric's completion queue; a notified request is advanced by its communicator's progress
  * thread. Every wait gives up after FABRICOLL_TIMEOUT_MS (or the communicator's
  * fabricoll_config timeout) without progress.
- * A failed in-place collective restores the caller's input before returning the error. */
+ * A failed in-place collective leaves the caller's buffer undefined (as MPI and NCCL), and its
+ * error says so, unless the communicator restores it (fabricoll_config.inplace,
+ * FABRICOLL_INPLACE_RESTORE=1), which costs a copy of the input per in-place call. */
 
 #ifndef FABRICOLL_H
 #define FABRICOLL_H
@@ -78,6 +80,26 @@ typedef enum {
   FABRICOLL_FP8_E4M3 = 10,
   FABRICOLL_FP8_E5M2 = 11,
 } fabricoll_datatype;
+
+/*
+ What a failed in-place collective leaves in the caller's buffer (`fabricoll_config`'s
+ `inplace`). Passed as `int`. Restoring costs a copy of the input on every in-place call
+ whose steps write over it; MPI and NCCL leave the buffer undefined, and so does the default.
+ */
+typedef enum {
+  /*
+   FABRICOLL_INPLACE_RESTORE decides (unset or 0: undefined, 1: restored).
+   */
+  FABRICOLL_INPLACE_DEFAULT = 0,
+  /*
+   The input as it was before the call: each call first copies it aside.
+   */
+  FABRICOLL_INPLACE_RESTORE = 1,
+  /*
+   Undefined (the error says so): the call works in the buffer itself.
+   */
+  FABRICOLL_INPLACE_UNDEFINED = 2,
+} fabricoll_inplace;
 
 /*
  Reduction operations (NCCL's values 0..=4, then the bitwise ops). Passed as `int`.
@@ -200,6 +222,12 @@ typedef struct {
    host); NULL: FABRICOLL_BOOTSTRAP_ADDR.
    */
   const char *bootstrap_addr;
+  /*
+   What a failed in-place collective leaves in the caller's buffer, a `fabricoll_inplace`;
+   DEFAULT (0): FABRICOLL_INPLACE_RESTORE, whose default leaves it undefined (as MPI and
+   NCCL), sparing every in-place call a copy of its input.
+   */
+  int inplace;
 } fabricoll_config;
 
 /*
@@ -303,7 +331,8 @@ fabricoll_status fabricoll_comm_init_env(fabricoll_comm **comm);
 fabricoll_status fabricoll_comm_destroy(fabricoll_comm *comm);
 
 /*
- Abort: collectives in flight fail (in-place inputs are restored), later calls fail, and
+ Abort: collectives in flight fail (in-place inputs are restored where the communicator
+ restores them, `fabricoll_config.inplace`, else undefined), later calls fail, and
  test / wait on any of its requests return FABRICOLL_INVALID_USAGE.
  */
 fabricoll_status fabricoll_comm_abort(fabricoll_comm *comm);

@@ -7,7 +7,8 @@
 # 5 runs (--reps, at least 3); nccl-tests style tables (time, algbw, busbw) with gloo's time
 # over fabricoll's per size; then a DDP training step of a small MLP (median step time, ratio).
 #   --quick   a smoke run (2 ranks over shm, three sizes, short timings): seconds, for CI
-# Other options: scripts/torch/bench.py --help. The tables are saved in
+# Other options (--colls, --ranks, --providers, --min-size, --max-size, --no-ddp, ...):
+# scripts/torch/bench.py --help. The tables are saved in
 # $CARGO_TARGET_DIR/bench-torch/<date>-<time>.txt (raw timings beside them, .json).
 # Uses the torch venv of scripts/deps.sh --torch; FABRICOLL_TEST_BACKEND=gloo benchmarks gloo
 # against itself (a check of the harness).

@@ -24,6 +24,9 @@ pub struct Config {
     pub shm_fastbox: bool,
     /// `FABRICOLL_TUNER`: the tuner plugin prices CollNet (`plugin::tuner`).
     pub tuner: bool,
+    /// `FABRICOLL_INPLACE_RESTORE`: a failed in-place collective restores its input (at the
+    /// cost of a copy of it per call); off by default, as MPI and NCCL (`exec::Args::restore`).
+    pub inplace_restore: bool,
     pub algo: Option<crate::algo::Algorithm>,
     pub alpha_us: Option<f64>,
     pub beta_gbps: Option<f64>,
@@ -59,6 +62,8 @@ pub struct Overrides {
     pub intra_provider: Option<String>,
     /// The address (IPv4 or IPv6 of this host) a unique id's bootstrap root listens on.
     pub bootstrap_addr: Option<String>,
+    /// Whether a failed in-place collective restores its input.
+    pub inplace_restore: Option<bool>,
 }
 
 fn bad(name: &str, value: &str) -> Error {
@@ -153,6 +158,14 @@ impl Config {
             Some("0") => false,
             Some(v) => return Err(bad("FABRICOLL_TUNER", v)),
         };
+        let inplace_restore = match nonempty("FABRICOLL_INPLACE_RESTORE")
+            .as_deref()
+            .map(str::trim)
+        {
+            None | Some("0") => false,
+            Some("1") => true,
+            Some(v) => return Err(bad("FABRICOLL_INPLACE_RESTORE", v)),
+        };
         let algo = match nonempty("FABRICOLL_ALGO").map(|v| v.trim().to_ascii_lowercase()) {
             None => None,
             Some(v) if v == "auto" => None,
@@ -233,6 +246,7 @@ impl Config {
             mr_cache,
             shm_fastbox,
             tuner,
+            inplace_restore,
         })
     }
 
@@ -262,6 +276,9 @@ impl Config {
         }
         if let Some(a) = o.algo {
             c.algo = Some(a);
+        }
+        if let Some(r) = o.inplace_restore {
+            c.inplace_restore = r;
         }
         let provider_name = |name: &str, v: &str| -> Result<String> {
             let v = v.trim();
@@ -340,6 +357,15 @@ mod tests {
         );
         assert_eq!(c.speed_mbps, 10_000);
         assert_eq!(c.intra_provider.as_deref(), Some("shm"));
+        assert!(
+            !parse(&[]).unwrap().inplace_restore,
+            "MPI's and NCCL's default"
+        );
+        assert!(
+            parse(&[("FABRICOLL_INPLACE_RESTORE", "1")])
+                .unwrap()
+                .inplace_restore
+        );
         let same = parse(&[("FABRICOLL_INTRA_PROVIDER", "same")]).unwrap();
         assert_eq!(same.intra_provider, None);
         let root = parse(&[("FABRICOLL_ROOT", "[::1]:29500")]).unwrap();
@@ -366,6 +392,7 @@ mod tests {
             ("FABRICOLL_TIMEOUT_MS", "0"),
             ("FABRICOLL_MR_CACHE", "yes"),
             ("FABRICOLL_SHM_FASTBOX", "on"),
+            ("FABRICOLL_INPLACE_RESTORE", "yes"),
             ("FABRICOLL_LOG", "loud"),
             ("FABRICOLL_SPEED_MBPS", "-1"),
             ("FABRICOLL_POLL_US", "9999999999"),

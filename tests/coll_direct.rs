@@ -250,7 +250,11 @@ fn repeated_calls_of_one_plan_each_use_their_own_buffers_type_and_operation() {
 #[test]
 fn a_direct_collective_ends_at_its_deadline_and_on_abort_with_its_input_restored() {
     let test = "a_direct_collective_ends_at_its_deadline_and_on_abort_with_its_input_restored";
-    let Some(cs) = comms(test, 2, &common::fixed_model(Some("shm"), 300)) else {
+    let restoring = Config {
+        inplace_restore: true,
+        ..common::fixed_model(Some("shm"), 300)
+    };
+    let Some(cs) = comms(test, 2, &restoring) else {
         return;
     };
     // Rank 1 never calls: rank 0's in-place AllReduce times out, its input intact.

@@ -498,7 +498,13 @@ fn float_sum(
 fn a_missing_peer_times_out_and_in_place_input_is_restored() {
     // Rank 1 never joins: rank 0's in-place AllReduce fails within the deadline and its buffer
     // holds the original data, not a half-reduced one.
-    let cs = comms(2, &cfg(&[("FABRICOLL_TIMEOUT_MS", "300")]));
+    let cs = comms(
+        2,
+        &cfg(&[
+            ("FABRICOLL_TIMEOUT_MS", "300"),
+            ("FABRICOLL_INPLACE_RESTORE", "1"),
+        ]),
+    );
     let mut data = buf(DataType::Float32, (0..1000).map(|i| value(0, i)));
     let orig = data.clone();
     let r = region(&mut data);
@@ -544,7 +550,13 @@ fn mismatched_counts_across_ranks_are_errors_not_hangs() {
     // within the deadline (a message of the wrong size is detected where it lands; the other
     // rank then loses its peer), never report success, and restore in-place inputs.
     for algo in [Algorithm::Ring, Algorithm::Mesh, Algorithm::Rdh] {
-        let cs = comms(2, &cfg(&[("FABRICOLL_TIMEOUT_MS", "1500")]));
+        let cs = comms(
+            2,
+            &cfg(&[
+                ("FABRICOLL_TIMEOUT_MS", "1500"),
+                ("FABRICOLL_INPLACE_RESTORE", "1"),
+            ]),
+        );
         let counts = [1000usize, 1200];
         let t = std::time::Instant::now();
         let outcomes: Vec<(String, bool)> = std::thread::scope(|s| {

@@ -33,16 +33,21 @@ class Options:
     - ``algo``: an algorithm name (``"ring"``, ``"tree"``, ...) or ``fabricoll_algo`` value
       (``FABRICOLL_ALGO``; ``"auto"``: the cost model);
     - ``bootstrap_addr``: the IP address rank 0's bootstrap root listens on;
-    - ``timeout``: a ``timedelta`` that overrides the group's timeout.
+    - ``timeout``: a ``timedelta`` that overrides the group's timeout;
+    - ``inplace_restore``: True to have a failed in-place collective (``all_reduce`` is one)
+      restore its tensor, at the cost of a copy of it on every such call; None (unless
+      ``FABRICOLL_INPLACE_RESTORE`` is set) and False leave it undefined on failure, as gloo
+      and NCCL do, and run without the copy.
     """
 
     def __init__(self, provider=None, intra_provider=None, algo=None, bootstrap_addr=None,
-                 timeout=None):  # fmt: skip
+                 timeout=None, inplace_restore=None):  # fmt: skip
         self.provider = provider
         self.intra_provider = intra_provider
         self.algo = algo
         self.bootstrap_addr = bootstrap_addr
         self.timeout = timeout
+        self.inplace_restore = inplace_restore
 
     def __repr__(self):
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if v is not None)
@@ -111,6 +116,17 @@ def bootstrap_addr(options, store):
     return "127.0.0.1"
 
 
+def _inplace_value(restore):
+    """``fabricoll_config.inplace`` for ``Options.inplace_restore``. torch's in-place
+    collectives promise nothing about a failed call's tensor (gloo leaves it half reduced), so
+    None asks for the copy-free path unless the environment chose (FABRICOLL_INPLACE_RESTORE)."""
+    if restore is None:
+        if os.environ.get("FABRICOLL_INPLACE_RESTORE", "").strip():
+            return c.INPLACE_DEFAULT
+        return c.INPLACE_UNDEFINED
+    return c.INPLACE_RESTORE if restore else c.INPLACE_UNDEFINED
+
+
 def _config(options, timeout, addr):
     """A ``fabricoll_config`` and the bytes its strings point into (keep both alive)."""
     lib = c.lib()
@@ -120,6 +136,7 @@ def _config(options, timeout, addr):
     c.call("config_init", ctypes.byref(cfg))
     cfg.timeout_ms = timeout_ms(options.timeout or timeout)
     cfg.algo = _algo_value(options.algo)
+    cfg.inplace = _inplace_value(getattr(options, "inplace_restore", None))
     keep = []
     for field in ("provider", "intra_provider"):
         value = getattr(options, field)

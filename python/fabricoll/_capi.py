@@ -66,7 +66,14 @@ class Config(ctypes.Structure):
         ("provider", c_char_p),
         ("intra_provider", c_char_p),
         ("bootstrap_addr", c_char_p),
+        ("inplace", c_int),
     ]
+
+
+# fabricoll_inplace: what a failed in-place collective leaves in the caller's buffer.
+INPLACE_DEFAULT = 0  # FABRICOLL_INPLACE_RESTORE decides (unset: undefined)
+INPLACE_RESTORE = 1  # the input again (each call copies it aside first)
+INPLACE_UNDEFINED = 2  # undefined, as MPI, NCCL and gloo (no copy)
 
 
 # void (*fabricoll_callback)(void *user_data, int status)

@@ -25,8 +25,8 @@ BUS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) 
 MIB = 1 << 20
 
 
-def sizes(step, last):
-    out, s = [], 8
+def sizes(step, last, first=8):
+    out, s = [], first
     while s < last:
         out.append(s)
         s *= step
@@ -41,6 +41,7 @@ def parse():
     p.add_argument("--providers", default="shm net")
     p.add_argument("--colls", default="all_reduce all_gather reduce_scatter")
     p.add_argument("--step", type=int, default=4, help="size factor between rows (4 or 8)")
+    p.add_argument("--min-size", type=int, default=8, help="first size in bytes (default 8)")
     p.add_argument("--max-size", type=int, default=64 * MIB)
     p.add_argument("--reps", type=int, default=5, help="alternating runs (median; at least 3)")
     p.add_argument("--target-s", type=float, default=0.2, help="seconds per timed run")
@@ -53,7 +54,7 @@ def parse():
 
 
 def job_args(a):
-    sz = [8, 64 * 1024, MIB] if a.quick else sizes(a.step, a.max_size)
+    sz = [8, 64 * 1024, MIB] if a.quick else sizes(a.step, a.max_size, a.min_size)
     return {"colls": a.colls.split(), "sizes": sz, "reps": a.reps, "warmup": 2,
             "target_s": a.target_s, "max_iters": 2000,
             "ddp_steps": 0 if a.no_ddp else (5 if a.quick else 20),

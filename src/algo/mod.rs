@@ -7,9 +7,10 @@
 //! Messages match in program order per ordered pair: the k-th `Send` from rank a to rank b is
 //! received by the k-th `Recv`/`RecvReduce` from a on rank b.
 //!
-//! Schedules never write `In` and never alias `In` with `Out`: an in-place call is run by the
-//! executor with a backup of the input as `In` (the backup also restores the caller's buffer when
-//! a collective fails). Lengths and offsets are in elements; the executor scales by the type size.
+//! Schedules never write `In` and never alias `In` with `Out`: the executor runs an in-place
+//! call on a backup of the input, or in the caller's buffer where `exec::inplace` shows which
+//! reads need a copy or a dependency. Lengths and offsets are in elements; the executor scales
+//! by the type size.
 #![forbid(unsafe_code)]
 
 pub mod bidir_ring;

@@ -45,6 +45,8 @@ pub struct Comm {
     pub(super) receiver_copies: bool,
     /// The progress thread of notified requests (`notify`).
     pub(super) notifier: Notifier,
+    /// A failed in-place collective restores its input (`Config::inplace_restore`).
+    pub(super) restore: bool,
 }
 
 impl Comm {
@@ -154,6 +156,7 @@ impl Comm {
             spin,
             receiver_copies,
             notifier: Notifier::default(),
+            restore: cfg.inplace_restore,
         };
         Ok(comm)
     }
@@ -229,7 +232,8 @@ impl Comm {
         *self.algo.lock() = a;
     }
 
-    /// Abort: every collective in flight fails (restoring in-place inputs); later calls fail.
+    /// Abort: every collective in flight fails (restoring in-place inputs where `restore`);
+    /// later calls fail.
     pub fn abort(&self) {
         self.aborted.store(true, Ordering::SeqCst);
         let mut e = self.engine.lock();
@@ -243,12 +247,10 @@ impl Comm {
             .collect();
         for id in ids {
             if let Some(ReqState::Running(x)) = e.execs.remove(&id) {
+                let err = x.explain(Error::InvalidUsage("communicator aborted".into()));
                 let keep = x.fail(&*self.transport, &self.peers);
                 e.graveyard.extend(keep);
-                e.execs.insert(
-                    id,
-                    ReqState::Failed(Error::InvalidUsage("communicator aborted".into())),
-                );
+                e.execs.insert(id, ReqState::Failed(err));
             }
         }
     }

@@ -211,6 +211,7 @@ impl Comm {
                     tags: Tags::Coll(seq),
                     timeout: self.timeout,
                     sends_first: self.sends_first(),
+                    restore: self.restore,
                 };
                 match prep {
                     Prep::Spare(mut x) => {
@@ -397,6 +398,7 @@ impl Comm {
                 Ok(())
             }
             Err(err) => {
+                let err = exec.explain(err);
                 // Nothing was posted: the memory goes back to the pool, not the graveyard.
                 for b in exec.fail(t, &self.peers) {
                     e.pool.put(b);
@@ -432,8 +434,9 @@ fn park(spare: &mut Option<Box<Exec>>, pool: &mut BufPool, mut x: Box<Exec>) {
 
 /// Fail request `id` with `err`, keeping its memory in the graveyard while operations may
 /// still touch it.
-fn fail(e: &mut Engine, t: &dyn Transport, peers: &[Peer], id: u32, err: Error) {
+fn fail(e: &mut Engine, t: &dyn Transport, peers: &[Peer], id: u32, mut err: Error) {
     if let Some(ReqState::Running(x)) = e.execs.remove(&id) {
+        err = x.explain(err);
         let keep = x.fail(t, peers);
         e.graveyard.extend(keep);
     }

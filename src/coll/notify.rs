@@ -151,9 +151,10 @@ impl Comm {
             return;
         }
         if let Some(ReqState::Running(x)) = e.execs.remove(&id) {
+            let err = x.explain(err.clone());
             let keep = x.fail(&*self.transport, &self.peers);
             e.graveyard.extend(keep);
-            e.execs.insert(id, ReqState::Failed(err.clone()));
+            e.execs.insert(id, ReqState::Failed(err));
         }
     }
 

@@ -128,6 +128,12 @@ pub const VARS: &[Var] = &[
         meaning: "shm before libfabric 1.19: messages up to 16 KiB to a peer go through a shared-memory ring (fastbox) instead of the provider",
     },
     Var {
+        name: "FABRICOLL_INPLACE_RESTORE",
+        accepted: "0 or 1",
+        default: "0",
+        meaning: "1: a failed in-place collective restores the caller's input (one extra copy of it per call); 0: the buffer is undefined after a failure, as with MPI and NCCL (fabricoll_config.inplace overrides)",
+    },
+    Var {
         name: "FABRICOLL_RANK",
         accepted: "integer 0..FABRICOLL_NRANKS",
         default: "unset",

@@ -55,7 +55,7 @@ impl Exec {
                     Op::Send { peer, src } => {
                         let tag = self.tag(rank, i);
                         let sent = self
-                            .region(&src)
+                            .region(i, &src)
                             .with(|d| t.send_now(peers[peer], tag, d))?;
                         if sent {
                             self.complete(i);
@@ -120,8 +120,8 @@ impl Exec {
                 ))
             }
         };
-        let d = self.region(&dst);
-        let s = src.map(|s| self.region(&s));
+        let d = self.region(i, &dst);
+        let s = src.map(|s| self.region(i, &s));
         let (dt, op) = (self.job.args.dtype, self.job.args.op);
         let ignore = self.sig_ignored();
         t.take_now(

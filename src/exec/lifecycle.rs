@@ -25,6 +25,9 @@ impl Exec {
             out: Region::empty(),
             tmp,
             backup: None,
+            partial: None,
+            inb: Region::empty(),
+            undefined_on_failure: false,
             state: l.state,
             pending: l.pending,
             ready: l.ready,
@@ -92,33 +95,60 @@ impl Exec {
         self.held = None;
         let inp = self.job.args.inp.sub(0, need_in).expect("checked");
         let out = self.job.args.out.sub(0, need_out).expect("checked");
-        // Overlap of input and output: run on a copy of the input (also the restore point),
-        // unless the steps leave the input as it is.
+        // Overlap of input and output: the steps may write over the input. Restoring, run on
+        // a copy of all of it (also the restore point); not restoring, in the caller's buffer
+        // with a copy of the part read after being overwritten. Neither when the steps leave
+        // the input as it is.
         let overlap = !inp.is_empty()
             && !out.is_empty()
             && inp.addr() < out.addr() + out.len()
             && out.addr() < inp.addr() + inp.len();
-        let needs_backup = overlap
+        let overwritten = overlap
             && (inp.addr() < out.addr()
                 || plan.overwrites_input(inp.addr() - out.addr(), inp.len()));
         debug_assert!(self.backup.is_none(), "new and retire leave no backup");
-        self.inp = if needs_backup {
+        self.partial = None;
+        self.inb = Region::empty();
+        self.undefined_on_failure = overwritten && !self.job.args.restore;
+        self.inp = if overwritten && self.job.args.restore {
             let b = pool.take(inp.len());
             let copy = owned(&b, inp.len());
             inp.with(|src| copy.with_mut(|dst| reduce::copy(dst, src)));
             self.backup = Some(b);
             copy
         } else {
+            if overwritten {
+                let shift = inp.addr() as isize - out.addr() as isize;
+                let ip = plan.in_place(&self.job.schedule, self.job.rank, shift);
+                if ip.needs_backup() {
+                    let len = ip.hi - ip.lo;
+                    let b = pool.take(len);
+                    let copy = owned(&b, len);
+                    let part = inp
+                        .sub(ip.lo, len)
+                        .expect("hazardous reads lie in the input");
+                    part.with(|src| copy.with_mut(|dst| reduce::copy(dst, src)));
+                    self.backup = Some(b);
+                    self.inb = copy;
+                }
+                if ip.changes_anything() {
+                    self.partial = Some(ip);
+                }
+            }
             inp
         };
         self.out = if need_out == 0 { Region::empty() } else { out };
         let n = plan.pending.len();
+        let (pending, ready) = match self.partial.as_ref().and_then(|p| p.graph.as_ref()) {
+            Some(g) => (&g.pending, &g.ready),
+            None => (&plan.pending, &plan.ready),
+        };
         self.state.clear();
         self.state.resize(n, St::Waiting);
         self.pending.clear();
-        self.pending.extend_from_slice(&plan.pending);
+        self.pending.extend_from_slice(pending);
         self.ready.clear();
-        self.ready.extend(plan.ready.iter().copied());
+        self.ready.extend(ready.iter().copied());
         self.staging.clear();
         self.staging.resize_with(n, || None);
         self.batch.clear();
@@ -133,7 +163,26 @@ impl Exec {
         Ok(())
     }
 
-    /// Give up: cancel posted receives, restore an in-place input, and hand back the memory
+    /// `err` as this collective reports it: a failure of an in-place call without restore
+    /// says that the caller's buffer is undefined.
+    pub fn explain(&self, err: Error) -> Error {
+        if !self.undefined_on_failure {
+            return err;
+        }
+        let note = |m: String| {
+            format!("{m} (in place without restore: the buffer's contents are undefined)")
+        };
+        match err {
+            Error::InvalidArgument(m) => Error::InvalidArgument(note(m)),
+            Error::InvalidUsage(m) => Error::InvalidUsage(note(m)),
+            Error::System(m) => Error::System(note(m)),
+            Error::Internal(m) => Error::Internal(note(m)),
+            Error::Remote(m) => Error::Remote(note(m)),
+            Error::Timeout(m) => Error::Timeout(note(m)),
+        }
+    }
+
+    /// Give up: cancel posted receives, restore an in-place input (when restoring), and hand back the memory
     /// that operations may still touch (the caller keeps it until they drain, or leaks it).
     pub fn fail(mut self, t: &dyn Transport, peers: &[Peer]) -> Vec<Scratch> {
         self.unwatch(t);
@@ -146,7 +195,7 @@ impl Exec {
                 t.cancel(self.op_id(i));
             }
         }
-        if self.backup.is_some() {
+        if self.backup.is_some() && self.partial.is_none() {
             let user = self
                 .job
                 .args
@@ -202,6 +251,7 @@ impl Exec {
                     tags: Tags::P2p(k),
                     timeout,
                     sends_first: false,
+                    restore: true,
                 },
             },
             plan,

@@ -5,10 +5,13 @@
 //! slices overlap. A `RecvReduce` receives into a staging buffer and reduces when the message
 //! is in; staging is bounded (`STAGING_LIMIT` bytes per collective, beyond which receives wait
 //! for earlier ones to finish; one message larger than the limit is still staged alone).
-//! An in-place call whose steps write over the input runs on a backup of it, which also
-//! restores the caller's buffer if the collective fails, so a failed collective never leaves a
-//! half-reduced buffer behind. One that writes nothing over its input (AllGather and the
-//! Broadcast root in NCCL's layouts) reads the input itself and skips the copy onto itself.
+//! An in-place call whose steps write over the input runs in one of two ways (`Args::restore`).
+//! Restoring: on a backup of the whole input, which also restores the caller's buffer if the
+//! collective fails, so a failed collective never leaves a half-reduced buffer behind. Not
+//! restoring: on the caller's buffer itself, with a copy only of the input that a step reads
+//! after another may have written over it (`inplace`); a failure leaves the buffer undefined,
+//! as MPI and NCCL do. One that writes nothing over its input (AllGather and the Broadcast
+//! root in NCCL's layouts) reads the input itself either way and skips the copy onto itself.
 //!
 //! By concern: `pool` (the buffer pool and its limits, and the one place exec makes a
 //! region), `tags` (wire tags), `plan` (what is precomputed per schedule and rank), `idle`
@@ -19,6 +22,7 @@
 
 mod direct;
 mod idle;
+mod inplace;
 mod lifecycle;
 mod notice;
 mod plan;
@@ -74,6 +78,10 @@ pub struct Args {
     pub timeout: Duration,
     /// Post ready sends before ready receives (see `Exec::priority`).
     pub sends_first: bool,
+    /// In place: run on a backup of the whole input, which restores the caller's buffer if
+    /// the collective fails. Without it the steps work in the caller's buffer (copying aside
+    /// only what is read after being overwritten) and a failure leaves the buffer undefined.
+    pub restore: bool,
 }
 
 /// One rank's collective in progress.
@@ -83,8 +91,15 @@ pub struct Exec {
     inp: Region,
     out: Region,
     tmp: Scratch,
-    /// The input's copy when in place (`inp` then points into it).
+    /// The input's copy when in place: all of it when restoring (`inp` then points into it),
+    /// else the part `partial` says (`inb` points into it).
     backup: Option<Scratch>,
+    /// Not restoring: which steps read In from `inb`, the backup of In's bytes from `lo`,
+    /// and the step graph with the dependencies the call adds (`inplace::analyse`).
+    partial: Option<Arc<inplace::InPlace>>,
+    inb: Region,
+    /// In place without restore, over an input the steps write: a failure leaves it undefined.
+    undefined_on_failure: bool,
     state: Vec<St>,
     pending: Vec<u32>,
     plan: Arc<Plan>,
@@ -131,9 +146,19 @@ impl Exec {
         &self.plan
     }
 
-    fn region(&self, s: &Span) -> Region {
+    /// Span `s` of step `i`'s operands.
+    fn region(&self, i: usize, s: &Span) -> Region {
         let base = match s.buf {
-            Buf::In => self.inp,
+            Buf::In => match &self.partial {
+                Some(p) if p.from_backup[i] => {
+                    let (off, len) = bytes(self.elem, s);
+                    return self
+                        .inb
+                        .sub(off - p.lo, len)
+                        .expect("hazardous reads lie in the backup");
+                }
+                _ => self.inp,
+            },
             Buf::Out => self.out,
             Buf::Tmp => owned(&self.tmp, self.tmp.len()),
         };
@@ -160,7 +185,11 @@ impl Exec {
         self.state[i] = St::Done;
         self.done += 1;
         self.moved = true;
-        for &d in &self.plan.dependents[i] {
+        let dependents = match self.partial.as_ref().and_then(|p| p.graph.as_ref()) {
+            Some(g) => &g.dependents,
+            None => &self.plan.dependents,
+        };
+        for &d in &dependents[i] {
             let d = d as usize;
             self.pending[d] -= 1;
             if self.pending[d] == 0 {
@@ -185,14 +214,14 @@ impl Exec {
     fn run_local(&mut self, i: usize) -> Result<()> {
         match self.job.schedule.ranks[self.job.rank][i].op {
             Op::Copy { src, dst } => {
-                let (s, d) = (self.region(&src), self.region(&dst));
+                let (s, d) = (self.region(i, &src), self.region(i, &dst));
                 // In place without a backup, the own chunk's copy is onto itself.
                 if s.addr() != d.addr() {
                     s.with(|a| d.with_mut(|b| reduce::copy(b, a)));
                 }
             }
             Op::Reduce { a, b, dst } => {
-                self.reduce_into(self.region(&a), self.region(&b), self.region(&dst))?;
+                self.reduce_into(self.region(i, &a), self.region(i, &b), self.region(i, &dst))?;
             }
             Op::Nop => {}
             _ => return Err(Error::Internal(format!("step {i} is not local work"))),

@@ -1,9 +1,12 @@
 //! `Plan`: one rank's steps digested for the executor (dependencies, message keys, how far
 //! the steps reach into In and Out, the writes into Out).
 
+use super::inplace::{self, InPlace};
 use super::MAX_MESSAGES_PER_PEER;
 use crate::algo::{Buf, Op, Schedule};
 use crate::error::{Error, Result};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 /// What the executor derives from one rank's steps, computed once per (schedule, rank) and
 /// shared by every call that runs it.
@@ -22,6 +25,10 @@ pub struct Plan {
     /// messages with (each once): what `run_direct` needs of the transport.
     pub max_message: usize,
     pub message_peers: Vec<usize>,
+    /// In-place analyses (`inplace::analyse`) by the input's offset from the output, made
+    /// when a call without restore first needs one (a rank's calls of one plan use one or two).
+    in_place: Mutex<Vec<(isize, Arc<InPlace>)>>,
+    elem: usize,
 }
 
 impl Plan {
@@ -106,7 +113,24 @@ impl Plan {
             out_writes,
             max_message,
             message_peers,
+            in_place: Mutex::new(Vec::new()),
+            elem,
         })
+    }
+
+    /// What an in-place call without restore, whose input starts `shift` bytes after its
+    /// output's start, must copy aside or wait for; this plan is `schedule`'s for `rank`.
+    pub(super) fn in_place(&self, schedule: &Schedule, rank: usize, shift: isize) -> Arc<InPlace> {
+        let mut cache = self.in_place.lock();
+        if let Some((_, a)) = cache.iter().find(|(s, _)| *s == shift) {
+            return a.clone();
+        }
+        let a = Arc::new(inplace::analyse(schedule, rank, self.elem, shift));
+        if cache.len() >= 4 {
+            cache.remove(0);
+        }
+        cache.push((shift, a.clone()));
+        a
     }
 
     /// Whether a call whose input starts `delta` bytes into its output and is `len` bytes

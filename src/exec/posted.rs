@@ -99,7 +99,7 @@ impl Exec {
             Op::Nop | Op::Copy { .. } | Op::Reduce { .. } => self.run_local(i)?,
             Op::Send { peer, src } => {
                 let tag = self.tag(self.job.rank, i);
-                match t.send(peers[peer], tag, self.region(&src), None, self.op_id(i))? {
+                match t.send(peers[peer], tag, self.region(i, &src), None, self.op_id(i))? {
                     Posted::Queued => self.state[i] = St::Posted,
                     Posted::Busy => {
                         deferred.push_back(i);
@@ -113,7 +113,7 @@ impl Exec {
                     peers[peer],
                     tag,
                     self.sig_ignored(),
-                    self.region(&dst),
+                    self.region(i, &dst),
                     None,
                     self.op_id(i),
                 )? {
@@ -213,7 +213,7 @@ impl Exec {
                     return Err(wrong_size(c.len, need));
                 }
                 let msg = owned(&buf, need);
-                let r = self.reduce_into(self.region(&src), msg, self.region(&dst));
+                let r = self.reduce_into(self.region(i, &src), msg, self.region(i, &dst));
                 pool.put(buf);
                 r?;
             }

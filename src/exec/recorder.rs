@@ -104,6 +104,7 @@ pub(super) fn rank0_job(
             tags: Tags::Coll(0),
             timeout: Duration::from_secs(1),
             sends_first,
+            restore: true,
         },
     }
 }

@@ -118,7 +118,8 @@ pub extern "C" fn fabricoll_comm_destroy(comm: *mut fabricoll_comm) -> fabricoll
     boundary("fabricoll_comm_destroy", || destroy_comm(comm))
 }
 
-/// Abort: collectives in flight fail (in-place inputs are restored), later calls fail, and
+/// Abort: collectives in flight fail (in-place inputs are restored where the communicator
+/// restores them, `fabricoll_config.inplace`, else undefined), later calls fail, and
 /// test / wait on any of its requests return FABRICOLL_INVALID_USAGE.
 #[no_mangle]
 pub extern "C" fn fabricoll_comm_abort(comm: *mut fabricoll_comm) -> fabricoll_status {

@@ -1,6 +1,6 @@
 //! Per-communicator options (`fabricoll_config`): read from the caller's struct, as far as its
 //! `size` says it reaches, into `config::Overrides` over the environment's configuration.
-use super::types::{algo, fabricoll_comm, fabricoll_status, fabricoll_unique_id};
+use super::types::{algo, fabricoll_comm, fabricoll_status, fabricoll_unique_id, inplace};
 use super::{comm, config, out};
 use crate::config::{Config, Overrides};
 use crate::error::{Error, Result};
@@ -31,6 +31,10 @@ pub struct fabricoll_config {
     /// The address a unique id's bootstrap root listens on (an IPv4 or IPv6 address of this
     /// host); NULL: FABRICOLL_BOOTSTRAP_ADDR.
     pub bootstrap_addr: *const c_char,
+    /// What a failed in-place collective leaves in the caller's buffer, a `fabricoll_inplace`;
+    /// DEFAULT (0): FABRICOLL_INPLACE_RESTORE, whose default leaves it undefined (as MPI and
+    /// NCCL), sparing every in-place call a copy of its input.
+    pub inplace: c_int,
 }
 
 /// Field `$f` of the caller's struct at `$p`, or None where its `size` ends before it.
@@ -90,9 +94,19 @@ unsafe fn overrides(p: *const fabricoll_config) -> Result<Overrides> {
             )
         })?,
     };
+    let inplace_restore = match field!(p, size, inplace, c_int) {
+        None => None,
+        Some(v) => inplace(v).ok_or_else(|| {
+            Error::arg(
+                "config.inplace",
+                format!("{v} is not a fabricoll_inplace (0..=2)"),
+            )
+        })?,
+    };
     Ok(Overrides {
         timeout_ms,
         algo,
+        inplace_restore,
         provider: string(field!(p, size, provider, *const c_char), "config.provider")?,
         intra_provider: string(
             field!(p, size, intra_provider, *const c_char),
@@ -127,6 +141,7 @@ pub extern "C" fn fabricoll_config_init(config: *mut fabricoll_config) -> fabric
             provider: std::ptr::null(),
             intra_provider: std::ptr::null(),
             bootstrap_addr: std::ptr::null(),
+            inplace: 0,
         });
         Ok(())
     })

@@ -87,6 +87,35 @@ pub enum fabricoll_algo {
     FABRICOLL_ALGO_SWIZZLE = 12,
 }
 
+/// What a failed in-place collective leaves in the caller's buffer (`fabricoll_config`'s
+/// `inplace`). Passed as `int`. Restoring costs a copy of the input on every in-place call
+/// whose steps write over it; MPI and NCCL leave the buffer undefined, and so does the default.
+#[repr(C)]
+#[allow(non_camel_case_types, clippy::upper_case_acronyms, dead_code)]
+pub enum fabricoll_inplace {
+    /// FABRICOLL_INPLACE_RESTORE decides (unset or 0: undefined, 1: restored).
+    FABRICOLL_INPLACE_DEFAULT = 0,
+    /// The input as it was before the call: each call first copies it aside.
+    FABRICOLL_INPLACE_RESTORE = 1,
+    /// Undefined (the error says so): the call works in the buffer itself.
+    FABRICOLL_INPLACE_UNDEFINED = 2,
+}
+
+/// A `fabricoll_inplace` value: whether a failed in-place call restores its input, `None`
+/// for DEFAULT.
+pub(super) fn inplace(v: c_int) -> Option<Option<bool>> {
+    use fabricoll_inplace as I;
+    const DEFAULT: c_int = I::FABRICOLL_INPLACE_DEFAULT as c_int;
+    const RESTORE: c_int = I::FABRICOLL_INPLACE_RESTORE as c_int;
+    const UNDEFINED: c_int = I::FABRICOLL_INPLACE_UNDEFINED as c_int;
+    match v {
+        DEFAULT => Some(None),
+        RESTORE => Some(Some(true)),
+        UNDEFINED => Some(Some(false)),
+        _ => None,
+    }
+}
+
 /// Collectives, for `fabricoll_call`. Passed as `int`.
 #[repr(C)]
 #[allow(non_camel_case_types, clippy::upper_case_acronyms, dead_code)]

@@ -1,0 +1,36 @@
+"""The backend asks its communicators not to restore a failed in-place call's tensor
+(``fabricoll_config.inplace``): torch's all_reduce is in place and gloo does not restore either,
+and restoring costs a copy of the tensor per call. Checked without ranks: the option's mapping,
+the environment's precedence, and that the ctypes struct is the library's size."""
+import ctypes
+import os
+import unittest
+from unittest import mock
+
+from fabricoll import _bootstrap, _capi as c
+
+
+class InPlaceOption(unittest.TestCase):
+    def test_default_is_undefined_unless_the_environment_chooses(self):
+        with mock.patch.dict(os.environ, {}, clear=False):
+            os.environ.pop("FABRICOLL_INPLACE_RESTORE", None)
+            self.assertEqual(_bootstrap._inplace_value(None), c.INPLACE_UNDEFINED)
+            os.environ["FABRICOLL_INPLACE_RESTORE"] = "1"
+            self.assertEqual(_bootstrap._inplace_value(None), c.INPLACE_DEFAULT)
+            self.assertEqual(_bootstrap._inplace_value(False), c.INPLACE_UNDEFINED)
+        self.assertEqual(_bootstrap._inplace_value(True), c.INPLACE_RESTORE)
+        self.assertIn("inplace_restore=True", repr(_bootstrap.Options(inplace_restore=True)))
+
+    def test_the_struct_matches_the_library(self):
+        cfg = c.Config()
+        c.call("config_init", ctypes.byref(cfg))
+        self.assertEqual(cfg.size, ctypes.sizeof(c.Config))
+        self.assertEqual(cfg.inplace, c.INPLACE_DEFAULT)
+        with mock.patch.dict(os.environ, {}, clear=False):
+            os.environ.pop("FABRICOLL_INPLACE_RESTORE", None)
+            made, _keep = _bootstrap._config(_bootstrap.Options(), None, None)
+        self.assertEqual(made.inplace, c.INPLACE_UNDEFINED)
+
+
+if __name__ == "__main__":
+    unittest.main()
