@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Rewrite the README's configuration table from VARS in src/config.rs (tests/readme_config.rs
+"""Rewrite the README's configuration table from VARS in src/config/vars.rs (tests/readme_config.rs
 checks that the two agree; run this after adding or changing a variable)."""
 import pathlib
 import re
 import sys
 
 root = pathlib.Path(__file__).resolve().parent.parent
-src = (root / "src/config.rs").read_text()
+src = (root / "src/config/vars.rs").read_text()
 table = src[src.index("pub const VARS"):src.index("];", src.index("pub const VARS"))]
 
 
