@@ -25,6 +25,9 @@
 
 #include <stdint.h>
 #include <stddef.h>
+/* Initialise a fabricoll_config with the caller's own sizeof: a library newer than this header
+ * then never writes past the struct, and one older refuses a struct it does not know. */
+#define fabricoll_config_init(config) fabricoll_config_init_size((config), sizeof(*(config)))
 
 /*
  The largest tag of fabricoll_send_tagged / fabricoll_recv_tagged (tags are 0 ..= this).
@@ -195,7 +198,8 @@ typedef struct {
  */
 typedef struct {
   /*
-   sizeof(fabricoll_config) as the caller compiled it: set by `fabricoll_config_init`.
+   sizeof(fabricoll_config) as the caller compiled it: set by `fabricoll_config_init`
+   (the header's macro passes the caller's sizeof to `fabricoll_config_init_size`).
    */
   size_t size;
   /*
@@ -361,10 +365,15 @@ fabricoll_status fabricoll_comm_size(fabricoll_comm *comm, int *size);
 fabricoll_status fabricoll_comm_set_algo(fabricoll_comm *comm, int algo_v);
 
 /*
- Set every field to its default (the environment's settings) and `size` to
- sizeof(fabricoll_config).
+ Set every field of the caller's struct, `size` bytes as the caller compiled it, to its
+ default (the environment's settings) and `size` to that size. The header's
+ `fabricoll_config_init(config)` calls this with `sizeof(*(config))`, so a library newer than
+ the caller's header never writes past the caller's struct.
+
+ # Safety
+ `config` is NULL (an error) or writable for `size` bytes.
  */
-fabricoll_status fabricoll_config_init(fabricoll_config *config);
+fabricoll_status fabricoll_config_init_size(fabricoll_config *config, size_t size);
 
 /*
  `fabricoll_get_unique_id` with the settings of `config` (NULL: the environment's): its

@@ -44,11 +44,52 @@ fn bad_fields_name_themselves() {
         assert_eq!(st, FABRICOLL_INVALID_ARGUMENT, "{name}");
         assert!(last_error().contains(name), "{name}: {}", last_error());
     }
-    assert_eq!(
-        fabricoll_config_init(std::ptr::null_mut()),
-        FABRICOLL_INVALID_ARGUMENT
-    );
+    // SAFETY: NULL is refused before anything is written.
+    let st = unsafe { fabricoll_config_init(std::ptr::null_mut()) };
+    assert_eq!(st, FABRICOLL_INVALID_ARGUMENT);
     assert!(last_error().contains("config"), "{}", last_error());
+    // SAFETY: as above.
+    let st = unsafe { fabricoll_config_init_size(std::ptr::null_mut(), 48) };
+    assert_eq!(st, FABRICOLL_INVALID_ARGUMENT);
+    assert!(last_error().contains("config"), "{}", last_error());
+}
+
+/// A program built against an older (smaller) or newer (larger) header: the library writes
+/// only the caller's bytes, and refuses sizes it cannot honour, naming `size`.
+#[test]
+fn config_init_writes_only_the_callers_struct() {
+    let full = std::mem::size_of::<fabricoll_config>();
+    let v1 = nccl_net_fabricoll::ffi::api::CONFIG_V1_SIZE;
+    assert!(v1 < full, "the first struct ends before the current one");
+    // The first header's symbol and the sized one, each into a guarded buffer.
+    for (size, old_symbol) in [(v1, true), (v1, false), (full, false)] {
+        let mut buf = vec![0xa5u8; full + 64];
+        let p = buf.as_mut_ptr().cast::<fabricoll_config>();
+        // SAFETY: `buf` is writable for full + 64 bytes and aligned by the allocator for usize.
+        let st = unsafe {
+            if old_symbol {
+                fabricoll_config_init(p)
+            } else {
+                fabricoll_config_init_size(p, size)
+            }
+        };
+        assert_eq!(st, FABRICOLL_SUCCESS, "size {size}");
+        assert!(
+            buf[size..].iter().all(|&b| b == 0xa5),
+            "size {size}: bytes beyond the caller's struct were written"
+        );
+        assert_eq!(usize::from_ne_bytes(buf[..8].try_into().unwrap()), size);
+        // Each pointer field (provider, intra_provider, bootstrap_addr) is NULL.
+        assert!(buf[16..40].iter().all(|&b| b == 0), "size {size}");
+    }
+    for bad in [0, 8, v1 - 1, full + 8] {
+        let mut buf = vec![0xa5u8; full + 64];
+        // SAFETY: as above; a refused size writes nothing.
+        let st = unsafe { fabricoll_config_init_size(buf.as_mut_ptr().cast(), bad) };
+        assert_eq!(st, FABRICOLL_INVALID_ARGUMENT, "size {bad}");
+        assert!(last_error().contains("size"), "{}", last_error());
+        assert!(buf.iter().all(|&b| b == 0xa5), "size {bad} wrote");
+    }
 }
 
 #[test]

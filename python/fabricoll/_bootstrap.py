@@ -130,10 +130,11 @@ def _inplace_value(restore):
 def _config(options, timeout, addr):
     """A ``fabricoll_config`` and the bytes its strings point into (keep both alive)."""
     lib = c.lib()
-    if not lib.has("fabricoll_config_init"):
-        lib.fabricoll_config_init()  # raises NotImplementedError naming it
+    if not lib.has("fabricoll_config_init_size"):
+        lib.fabricoll_config_init_size()  # raises NotImplementedError naming it
     cfg = c.Config()
-    c.call("config_init", ctypes.byref(cfg))
+    # The struct's size as Python declares it: the library writes no further.
+    c.call("config_init_size", ctypes.byref(cfg), ctypes.sizeof(cfg))
     cfg.timeout_ms = timeout_ms(options.timeout or timeout)
     cfg.algo = _algo_value(options.algo)
     cfg.inplace = _inplace_value(getattr(options, "inplace_restore", None))

@@ -57,7 +57,7 @@ class UniqueId(ctypes.Structure):
 
 
 class Config(ctypes.Structure):
-    """``fabricoll_config``: per-communicator options (``fabricoll_config_init`` defaults)."""
+    """``fabricoll_config``: per-communicator options (``fabricoll_config_init_size`` defaults)."""
 
     _fields_ = [
         ("size", c_size_t),
@@ -120,7 +120,7 @@ _SIGNATURES = {
     "fabricoll_request_notify": (_ST, [_P, CALLBACK, _P]),
     "fabricoll_group_start": (_ST, []),
     "fabricoll_group_end": (_ST, []),
-    "fabricoll_config_init": (_ST, [POINTER(Config)]),
+    "fabricoll_config_init_size": (_ST, [POINTER(Config), c_size_t]),
     "fabricoll_get_unique_id_config": (_ST, [POINTER(UniqueId), POINTER(Config)]),
     "fabricoll_comm_init_rank_config": (
         _ST,

@@ -23,7 +23,9 @@ class InPlaceOption(unittest.TestCase):
 
     def test_the_struct_matches_the_library(self):
         cfg = c.Config()
-        c.call("config_init", ctypes.byref(cfg))
+        # The library refuses a size larger than its own struct, so success proves Python's
+        # declaration is no larger than the library's; the size it sets back proves equal.
+        c.call("config_init_size", ctypes.byref(cfg), ctypes.sizeof(cfg))
         self.assertEqual(cfg.size, ctypes.sizeof(c.Config))
         self.assertEqual(cfg.inplace, c.INPLACE_DEFAULT)
         with mock.patch.dict(os.environ, {}, clear=False):

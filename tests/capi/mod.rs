@@ -22,8 +22,11 @@ pub fn last_error() -> String {
 /// A config over shm, one fabric, with the short timeout. The strings are static.
 pub fn shm_config() -> fabricoll_config {
     let mut c = std::mem::MaybeUninit::<fabricoll_config>::uninit();
-    assert_eq!(fabricoll_config_init(c.as_mut_ptr()), FABRICOLL_SUCCESS);
-    // SAFETY: fabricoll_config_init wrote every field.
+    let size = std::mem::size_of::<fabricoll_config>();
+    // SAFETY: `c` is writable for `size` bytes.
+    let st = unsafe { fabricoll_config_init_size(c.as_mut_ptr(), size) };
+    assert_eq!(st, FABRICOLL_SUCCESS);
+    // SAFETY: fabricoll_config_init_size wrote every field.
     let mut c = unsafe { c.assume_init() };
     assert_eq!(c.size, std::mem::size_of::<fabricoll_config>());
     assert!(c.provider.is_null() && c.timeout_ms == 0 && c.algo == 0);

@@ -15,7 +15,8 @@ use std::os::raw::{c_char, c_int};
 #[repr(C)]
 #[allow(non_camel_case_types)]
 pub struct fabricoll_config {
-    /// sizeof(fabricoll_config) as the caller compiled it: set by `fabricoll_config_init`.
+    /// sizeof(fabricoll_config) as the caller compiled it: set by `fabricoll_config_init`
+    /// (the header's macro passes the caller's sizeof to `fabricoll_config_init_size`).
     pub size: usize,
     /// Deadline in milliseconds (1..=86400000) of the communicator's calls and of its
     /// bootstrap; 0: FABRICOLL_TIMEOUT_MS.
@@ -129,21 +130,88 @@ unsafe fn resolve(p: *const fabricoll_config) -> Result<Config> {
     config()?.with_overrides(&o)
 }
 
-/// Set every field to its default (the environment's settings) and `size` to
-/// sizeof(fabricoll_config).
+/// The size of the first `fabricoll_config` (through `bootstrap_addr`): what a caller compiled
+/// against that header passes, and the least `fabricoll_config_init_size` accepts.
+pub const CONFIG_V1_SIZE: usize = offset_of!(fabricoll_config, inplace);
+
+/// Field `$f` of the caller's struct at `$p` set to `$v` where its `size` reaches it.
+macro_rules! put {
+    ($p:expr, $size:expr, $f:ident, $t:ty, $v:expr) => {{
+        let off = offset_of!(fabricoll_config, $f);
+        if off + size_of::<$t>() <= $size {
+            let v: $t = $v;
+            // SAFETY: the caller's struct is writable for `size` bytes (checked against this
+            // library's struct by the caller of this macro), and this field lies within them.
+            unsafe { $p.cast::<u8>().add(off).cast::<$t>().write_unaligned(v) };
+        }
+    }};
+}
+
+/// Set every field of the caller's struct, `size` bytes as the caller compiled it, to its
+/// default (the environment's settings) and `size` to that size. The header's
+/// `fabricoll_config_init(config)` calls this with `sizeof(*(config))`, so a library newer than
+/// the caller's header never writes past the caller's struct.
+///
+/// # Safety
+/// `config` is NULL (an error) or writable for `size` bytes.
 #[no_mangle]
-pub extern "C" fn fabricoll_config_init(config: *mut fabricoll_config) -> fabricoll_status {
+pub unsafe extern "C" fn fabricoll_config_init_size(
+    config: *mut fabricoll_config,
+    size: usize,
+) -> fabricoll_status {
+    boundary("fabricoll_config_init_size", || {
+        if config.is_null() {
+            return Err(Error::arg("config", "is NULL"));
+        }
+        // SAFETY: forwarded from this function's contract.
+        unsafe { init_size(config, size) }
+    })
+}
+
+/// `fabricoll_config_init_size`'s body.
+///
+/// # Safety
+/// `p` is non-NULL and writable for `size` bytes.
+unsafe fn init_size(p: *mut fabricoll_config, size: usize) -> Result<()> {
+    let full = size_of::<fabricoll_config>();
+    if size < CONFIG_V1_SIZE {
+        return Err(Error::arg(
+            "size",
+            format!("{size} is smaller than any fabricoll_config ({CONFIG_V1_SIZE} bytes or more)"),
+        ));
+    }
+    if size > full {
+        return Err(Error::arg(
+            "size",
+            format!(
+                "{size} is larger than this library's fabricoll_config ({full} bytes): the header is newer than the library"
+            ),
+        ));
+    }
+    put!(p, size, size, usize, size);
+    put!(p, size, timeout_ms, c_int, 0);
+    put!(p, size, algo, c_int, 0);
+    put!(p, size, provider, *const c_char, std::ptr::null());
+    put!(p, size, intra_provider, *const c_char, std::ptr::null());
+    put!(p, size, bootstrap_addr, *const c_char, std::ptr::null());
+    put!(p, size, inplace, c_int, 0);
+    Ok(())
+}
+
+/// The first header's `fabricoll_config_init`, kept for programs built against it: it sets
+/// the first struct's fields and `size` to `CONFIG_V1_SIZE`, and writes nothing beyond. The
+/// current header maps `fabricoll_config_init` to `fabricoll_config_init_size`.
+///
+/// # Safety
+/// `config` is NULL (an error) or writable for `CONFIG_V1_SIZE` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn fabricoll_config_init(config: *mut fabricoll_config) -> fabricoll_status {
     boundary("fabricoll_config_init", || {
-        out(config, "config")?.set(fabricoll_config {
-            size: size_of::<fabricoll_config>(),
-            timeout_ms: 0,
-            algo: 0,
-            provider: std::ptr::null(),
-            intra_provider: std::ptr::null(),
-            bootstrap_addr: std::ptr::null(),
-            inplace: 0,
-        });
-        Ok(())
+        if config.is_null() {
+            return Err(Error::arg("config", "is NULL"));
+        }
+        // SAFETY: forwarded from this function's contract.
+        unsafe { init_size(config, CONFIG_V1_SIZE) }
     })
 }
 
