@@ -11,7 +11,8 @@
 #   native   $TARGET/release/fabricoll-perf --ranks R --coll allreduce -d float -o sum
 #              -b MIN -e MAX -f 2 -n ITERS -w WARMUP -c 0        (the C/Rust API path)
 # over   shm   FABRICOLL_PROVIDER=shm
-#        tcp   FABRICOLL_PROVIDER=tcp FABRICOLL_DOMAIN=lo
+#        tcp   FABRICOLL_PROVIDER=tcp FABRICOLL_DOMAIN=lo FABRICOLL_INTRA_PROVIDER=same (the native
+#              side over tcp too; by default its ranks on one host would meet over shm)
 # then prints per rank count / transport the per-size MEDIANS over the repetitions: time of both,
 # the ratio CollNet time / native time (target: <= 1.1 from 64 KiB up; rows above it are marked
 # "over"), and busbw of both.
@@ -145,7 +146,8 @@ bands() {
 provider_env() { # provider_env TRANSPORT: the env assignments
   case "$1" in
     shm) echo "FABRICOLL_PROVIDER=shm" ;;
-    tcp) echo "FABRICOLL_PROVIDER=tcp FABRICOLL_DOMAIN=lo" ;;
+    # one fabric: the engines would otherwise reach ranks of this host over shm
+    tcp) echo "FABRICOLL_PROVIDER=tcp FABRICOLL_DOMAIN=lo FABRICOLL_INTRA_PROVIDER=same" ;;
   esac
 }
 
