@@ -24,6 +24,9 @@ pub struct Config {
     pub shm_fastbox: bool,
     /// `FABRICOLL_TUNER`: the tuner plugin prices CollNet (`plugin::tuner`).
     pub tuner: bool,
+    /// `FABRICOLL_NET_STREAMS`: endpoints per net plugin comm; None: the provider's default
+    /// (`transport::Caps::net_streams`).
+    pub net_streams: Option<usize>,
     pub algo: Option<crate::algo::Algorithm>,
     pub alpha_us: Option<f64>,
     pub beta_gbps: Option<f64>,
@@ -153,6 +156,10 @@ impl Config {
             Some("0") => false,
             Some(v) => return Err(bad("FABRICOLL_TUNER", v)),
         };
+        let net_streams = match nonempty("FABRICOLL_NET_STREAMS") {
+            None => None,
+            Some(v) => Some(int("FABRICOLL_NET_STREAMS", &v, 1, 8)? as usize),
+        };
         let algo = match nonempty("FABRICOLL_ALGO").map(|v| v.trim().to_ascii_lowercase()) {
             None => None,
             Some(v) if v == "auto" => None,
@@ -233,6 +240,7 @@ impl Config {
             mr_cache,
             shm_fastbox,
             tuner,
+            net_streams,
         })
     }
 
@@ -339,6 +347,9 @@ mod tests {
                 .shm_fastbox
         );
         assert_eq!(c.speed_mbps, 10_000);
+        assert_eq!(c.net_streams, None);
+        let four = parse(&[("FABRICOLL_NET_STREAMS", "4")]).unwrap();
+        assert_eq!(four.net_streams, Some(4));
         assert_eq!(c.intra_provider.as_deref(), Some("shm"));
         let same = parse(&[("FABRICOLL_INTRA_PROVIDER", "same")]).unwrap();
         assert_eq!(same.intra_provider, None);
@@ -368,6 +379,8 @@ mod tests {
             ("FABRICOLL_SHM_FASTBOX", "on"),
             ("FABRICOLL_LOG", "loud"),
             ("FABRICOLL_SPEED_MBPS", "-1"),
+            ("FABRICOLL_NET_STREAMS", "0"),
+            ("FABRICOLL_NET_STREAMS", "9"),
             ("FABRICOLL_POLL_US", "9999999999"),
             ("FABRICOLL_PROVIDER", "tcp rm -rf"),
             ("FABRICOLL_DOMAIN", ",,"),

@@ -41,7 +41,16 @@ pub(super) fn apply(caps: &mut Caps) {
         DEFAULT_POLL_WINDOW
     };
     caps.receiver_copies = shm;
+    // Socket providers give each endpoint pair its own TCP connection, so the net plugin may
+    // stripe over several endpoints; one stayed the default (docs/performance.md, "The net
+    // plugin against plain TCP streams").
+    let sockets = matches!(caps.provider.split(';').next(), Some("net" | "tcp"));
+    caps.net_streams = if sockets { NET_STREAMS_DEFAULT } else { 0 };
 }
+
+/// Endpoints per comm of the net plugin over socket providers when `FABRICOLL_NET_STREAMS` is
+/// not set.
+const NET_STREAMS_DEFAULT: usize = 1;
 
 /// ofi_rxm's eager limit, from its own parameters as rxm reads them (`env` looks one up):
 /// `FI_OFI_RXM_EAGER_LIMIT`, else `FI_OFI_RXM_BUFFER_SIZE`, else rxm's default of 16 KiB.
