@@ -75,8 +75,7 @@ impl Helper {
         })
     }
 
-    fn posted(&self) {
-        self.shared.outstanding.fetch_add(1, Ordering::AcqRel);
+    fn wake(&self) {
         if let Some(th) = &self.thread {
             th.thread().unpark();
         }
@@ -99,11 +98,15 @@ fn run(t: &dyn Transport, sh: &Shared) {
     let mut buf = Vec::new();
     let mut idle = 0u32;
     while !sh.stop.load(Ordering::Acquire) {
-        if sh.outstanding.load(Ordering::Acquire) == 0 && sh.waiting.load(Ordering::Acquire) == 0 {
-            std::thread::park_timeout(Duration::from_millis(5));
-            continue;
+        let quiet =
+            sh.outstanding.load(Ordering::Acquire) == 0 && sh.waiting.load(Ordering::Acquire) == 0;
+        if quiet {
+            // Still progress now and then: a peer's helper connecting to this one needs our
+            // endpoint to answer before its first piece can be posted here.
+            std::thread::park_timeout(Duration::from_millis(1));
         }
         match t.poll(&mut buf) {
+            Ok(0) if quiet => {}
             Ok(0) => {
                 idle += 1;
                 if idle >= SPIN_POLLS {
@@ -210,14 +213,17 @@ impl Stripes {
 
     fn try_post(&self, w: &Waiting) -> Result<bool> {
         let h = &self.helpers[w.helper];
+        // Counted before posting: the thread may see the completion before this call returns.
+        h.shared.outstanding.fetch_add(1, Ordering::AcqRel);
         let r = match w.send {
-            Some(p) => h.t.send(p, w.tag, w.region, None, w.op)?,
-            None => h.t.recv(w.tag, 0, w.region, None, w.op)?,
+            Some(p) => h.t.send(p, w.tag, w.region, None, w.op),
+            None => h.t.recv(w.tag, 0, w.region, None, w.op),
         };
-        if r == Posted::Busy {
-            return Ok(false);
+        if r.as_ref().map_or(true, |p| *p == Posted::Busy) {
+            h.shared.outstanding.fetch_sub(1, Ordering::AcqRel);
+            return r.map(|_| false);
         }
-        h.posted();
+        h.wake();
         Ok(true)
     }
 
