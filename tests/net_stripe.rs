@@ -75,6 +75,17 @@ fn wait_both(a: &Device, sq: u64, b: &Device, rq: u64) -> (Finished, Finished) {
     (fs.unwrap(), fr.unwrap())
 }
 
+/// Threads of this process named as the stripe helpers are (`fabricoll-stripe<i>`).
+fn stripe_threads() -> usize {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with("fabricoll-strip"))
+        .count()
+}
+
 fn pattern(len: usize, seed: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i * 131 + seed * 7 + i / 4099) as u8)
@@ -113,6 +124,9 @@ fn byte_exact(provider: &str) {
     };
     let (a, b) = (&pa.devices[0], &pb.devices[0]);
     let (s, r) = pair(a, b);
+    // Both sides run 3 helpers: the striped path is really taken (a provider that needs
+    // registered memory would have fallen back to one endpoint).
+    assert!(stripe_threads() >= 6, "{} stripe helper threads", stripe_threads());
     let mib = 1 << 20;
     for (size, extra) in [
         (0, 0),

@@ -42,15 +42,20 @@ pub(super) fn apply(caps: &mut Caps) {
     };
     caps.receiver_copies = shm;
     // Socket providers give each endpoint pair its own TCP connection, so the net plugin may
-    // stripe over several endpoints; one stayed the default (docs/performance.md, "The net
-    // plugin against plain TCP streams").
-    let sockets = matches!(caps.provider.split(';').next(), Some("net" | "tcp"));
-    caps.net_streams = if sockets { NET_STREAMS_DEFAULT } else { 0 };
+    // stripe over several endpoints (docs/performance.md, "The net plugin against plain TCP
+    // streams"): under ofi_rxm data moves only inside progress calls, and helper threads that
+    // progress their own connections paid; over net they did not, so it keeps one.
+    caps.net_streams = match caps.provider.split(';').next() {
+        Some("net") => 1,
+        Some("tcp") if rxm => RXM_NET_STREAMS,
+        Some("tcp") => 1,
+        _ => 0,
+    };
 }
 
-/// Endpoints per comm of the net plugin over socket providers when `FABRICOLL_NET_STREAMS` is
-/// not set.
-const NET_STREAMS_DEFAULT: usize = 1;
+/// Endpoints per comm of the net plugin over tcp;ofi_rxm when `FABRICOLL_NET_STREAMS` is not
+/// set.
+const RXM_NET_STREAMS: usize = 4;
 
 /// ofi_rxm's eager limit, from its own parameters as rxm reads them (`env` looks one up):
 /// `FI_OFI_RXM_EAGER_LIMIT`, else `FI_OFI_RXM_BUFFER_SIZE`, else rxm's default of 16 KiB.
@@ -113,17 +118,20 @@ mod tests {
         assert_eq!(shm.slice_bytes, SHM_SLICE_BYTES);
         assert_eq!(shm.poll_window, DEFAULT_POLL_WINDOW);
         assert!(shm.receiver_copies);
+        assert_eq!(shm.net_streams, 0, "shm is never striped");
 
         let rxm = caps_of("tcp;ofi_rxm");
         assert!(rxm.eager_bytes < usize::MAX);
         assert_eq!(rxm.slice_bytes, DEFAULT_SLICE_BYTES);
         assert_eq!(rxm.poll_window, RXM_POLL_WINDOW);
         assert!(!rxm.receiver_copies);
+        assert_eq!(rxm.net_streams, RXM_NET_STREAMS);
 
         let net = caps_of("net");
         assert_eq!(net.eager_bytes, usize::MAX);
         assert_eq!(net.slice_bytes, DEFAULT_SLICE_BYTES);
         assert_eq!(net.poll_window, DEFAULT_POLL_WINDOW);
         assert!(!net.receiver_copies);
+        assert_eq!(net.net_streams, 1);
     }
 }
