@@ -126,13 +126,20 @@ fn byte_exact(provider: &str) {
     let (s, r) = pair(a, b);
     // Both sides run 3 helpers: the striped path is really taken (a provider that needs
     // registered memory would have fallen back to one endpoint).
-    assert!(stripe_threads() >= 6, "{} stripe helper threads", stripe_threads());
+    assert!(
+        stripe_threads() >= 6,
+        "{} stripe helper threads",
+        stripe_threads()
+    );
     let mib = 1 << 20;
     for (size, extra) in [
         (0, 0),
         (0, 100),
         (1, 0),
         (4095, 9),
+        ((256 << 10) - 1, 0),
+        (256 << 10, 3),
+        ((300 << 10) + 5, 4096),
         (mib - 1, 0),
         (mib, 0),
         (mib + 1, 4096 * 5 + 3),

@@ -51,8 +51,8 @@ pub const VARS: &[Var] = &[
     Var {
         name: "FABRICOLL_NET_STREAMS",
         accepted: "integer 1..=8",
-        default: "4 over tcp;ofi_rxm, 1 over net",
-        meaning: "net plugin: endpoints (TCP connections) per device, each progressed by its own thread; messages from 1 MiB are striped over them; shm ignores it",
+        default: "1",
+        meaning: "net plugin over tcp and net: endpoints (TCP connections) per device, each extra one progressed by its own thread; messages from 256 KiB are striped over them; shm ignores it",
     },
     Var {
         name: "FABRICOLL_ALGO",

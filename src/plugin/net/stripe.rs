@@ -5,8 +5,8 @@
 //! The device's own endpoint carries every message's first piece (the head), and RMA; each of
 //! the n-1 helper endpoints carries one further piece and is progressed by its own thread, so the
 //! pieces' copies into and out of the kernel run in parallel. A message of S bytes, S at least
-//! `STRIPE_MIN` and n*n pages, is cut into n pieces of P = ceil(S/n) rounded up to a page (the
-//! last one shorter): piece e covers [e*P, e*P+P). The head goes with the wire kind
+//! `STRIPE_MIN` (256 KiB) and n*n pages, is cut into n pieces of P = ceil(S/n) rounded up to a
+//! page (the last one shorter): piece e covers [e*P, e*P+P). The head goes with the wire kind
 //! `KIND_STRIPE` instead of `KIND_DATA`; the receiver posts every receive of a striped comm
 //! ignoring the kind bits, so one receive matches either. A plain head is the whole message. A
 //! striped head tells the receiver P (its length), so it then posts pieces 1..n-1 on its helpers
@@ -19,8 +19,10 @@ use crate::transport::OpId;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
-/// Messages below this many bytes go whole over the device's endpoint.
-pub(super) const STRIPE_MIN: usize = 1 << 20;
+/// Messages below this many bytes go whole over the device's endpoint. NCCL hands the plugin
+/// steps of at most 512 KiB by default (NCCL_BUFFSIZE / NCCL_STEPS), so striping must start
+/// below that to matter; at 4 streams the pieces are 64 KiB, NCCL Socket's smallest chunk.
+pub(super) const STRIPE_MIN: usize = 256 << 10;
 /// Pieces start on page boundaries.
 const PAGE: usize = 4096;
 /// Idle polls before a helper sleeps on its endpoint's completion queue.

@@ -42,20 +42,15 @@ pub(super) fn apply(caps: &mut Caps) {
     };
     caps.receiver_copies = shm;
     // Socket providers give each endpoint pair its own TCP connection, so the net plugin may
-    // stripe over several endpoints (docs/performance.md, "The net plugin against plain TCP
-    // streams"): under ofi_rxm data moves only inside progress calls, and helper threads that
-    // progress their own connections paid; over net they did not, so it keeps one.
-    caps.net_streams = match caps.provider.split(';').next() {
-        Some("net") => 1,
-        Some("tcp") if rxm => RXM_NET_STREAMS,
-        Some("tcp") => 1,
-        _ => 0,
-    };
+    // stripe over several endpoints. One stays the default: on the 2-core machine striping lost
+    // on an idle machine (docs/performance.md, "The net plugin against plain TCP streams").
+    let sockets = matches!(caps.provider.split(';').next(), Some("net" | "tcp"));
+    caps.net_streams = if sockets { SOCKET_NET_STREAMS } else { 0 };
 }
 
-/// Endpoints per comm of the net plugin over tcp;ofi_rxm when `FABRICOLL_NET_STREAMS` is not
-/// set.
-const RXM_NET_STREAMS: usize = 4;
+/// Endpoints per device of the net plugin over socket providers when `FABRICOLL_NET_STREAMS` is
+/// not set.
+const SOCKET_NET_STREAMS: usize = 1;
 
 /// ofi_rxm's eager limit, from its own parameters as rxm reads them (`env` looks one up):
 /// `FI_OFI_RXM_EAGER_LIMIT`, else `FI_OFI_RXM_BUFFER_SIZE`, else rxm's default of 16 KiB.
@@ -125,7 +120,7 @@ mod tests {
         assert_eq!(rxm.slice_bytes, DEFAULT_SLICE_BYTES);
         assert_eq!(rxm.poll_window, RXM_POLL_WINDOW);
         assert!(!rxm.receiver_copies);
-        assert_eq!(rxm.net_streams, RXM_NET_STREAMS);
+        assert_eq!(rxm.net_streams, SOCKET_NET_STREAMS);
 
         let net = caps_of("net");
         assert_eq!(net.eager_bytes, usize::MAX);
