@@ -296,11 +296,12 @@ impl Device {
                 format!("{req:#x} is not a pending request (finished, or its comm closed)"),
             ));
         }
-        // A request finished by an earlier call's progress is reported without another: each
-        // progress polls the provider (a system call over the socket providers), and NCCL
-        // tests its requests one after the other.
+        // Under NCCL, a request finished by an earlier call's progress is reported without
+        // another: each progress polls the provider (a system call over the socket providers),
+        // and NCCL tests its requests one after the other. libnccom polls finished requests
+        // (iflush's) to drive progress, so the Neuron flavour always progresses.
         let r = st.reqs.get(req).expect("checked above");
-        if r.error.is_none() && r.left > 0 {
+        if self.flavour != Flavour::Nccl || (r.error.is_none() && r.left > 0) {
             self.progress(&mut st)?;
         }
         let r = st.reqs.get(req).expect("checked above");
