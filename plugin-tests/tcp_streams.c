@@ -42,6 +42,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "two_ranks.h"
+
 #define MAXSOCKS 16
 #define MAXSIZES 64
 #define OP_TIMEOUT_S 60
@@ -268,21 +270,6 @@ static int rank_main(int lfd, const struct sockaddr_in* addr) {
   return 0;
 }
 
-static int parse_size(const char* s, size_t* out) {
-  char* end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno || end == s || v < 0) return -1;
-  size_t mul = 1;
-  if (*end == 'k' || *end == 'K') mul = 1024, end++;
-  else if (*end == 'm' || *end == 'M') mul = 1024 * 1024, end++;
-  else if (*end == 'g' || *end == 'G') mul = 1024UL * 1024 * 1024, end++;
-  if (*end == 'B' || *end == 'b') end++;
-  if (*end) return -1;
-  *out = (size_t)(v * (double)mul);
-  return 0;
-}
-
 static void usage(FILE* f) {
   fprintf(f, "usage: tcp_streams [-k SOCKETS 1..%d] [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-t SECONDS_PER_SIZE]"
              " [-c MINCHUNK]\n", MAXSOCKS);
@@ -303,9 +290,9 @@ int main(int argc, char** argv) {
     const char* v = argv[++i];
     int bad = 0;
     if (!strcmp(a, "-k")) g_k = atoi(v);
-    else if (!strcmp(a, "-b")) bad = parse_size(v, &g_min);
-    else if (!strcmp(a, "-e")) bad = parse_size(v, &g_max);
-    else if (!strcmp(a, "-c")) bad = parse_size(v, &g_minchunk);
+    else if (!strcmp(a, "-b")) bad = two_ranks_parse_size(v, &g_min);
+    else if (!strcmp(a, "-e")) bad = two_ranks_parse_size(v, &g_max);
+    else if (!strcmp(a, "-c")) bad = two_ranks_parse_size(v, &g_minchunk);
     else if (!strcmp(a, "-f")) g_factor = (size_t)atol(v);
     else if (!strcmp(a, "-t")) g_secs = atof(v);
     else {
@@ -352,26 +339,7 @@ int main(int argc, char** argv) {
   close(lfd);
   /* global deadline: generous per size, plus setup */
   int64_t deadline = now_ns() + (int64_t)((nsizes * (g_secs * 3 + 10) + 60) * 1e9);
-  int status[2] = {0, 0}, exited[2] = {0, 0}, failed = 0;
-  while (!exited[0] || !exited[1]) {
-    for (int r = 0; r < 2; r++)
-      if (!exited[r] && waitpid(pid[r], &status[r], WNOHANG) == pid[r]) {
-        exited[r] = 1;
-        if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != 0) {
-          failed = 1;
-          atomic_store(&g_shm->abort, 1);
-          if (WIFSIGNALED(status[r])) fprintf(stderr, "tcp_streams: rank %d died of signal %d\n", r, WTERMSIG(status[r]));
-        }
-      }
-    if (now_ns() > deadline) {
-      fprintf(stderr, "tcp_streams: global deadline passed; killing ranks\n");
-      for (int r = 0; r < 2; r++)
-        if (!exited[r]) kill(pid[r], SIGKILL), waitpid(pid[r], &status[r], 0), exited[r] = 1;
-      failed = 1;
-    }
-    struct timespec ts = {0, 5 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
+  int failed = two_ranks_wait(pid, deadline, &g_shm->abort, "tcp_streams");
   for (int r = 0; r < 2; r++)
     if (g_shm->fail[r][0]) fprintf(stderr, "tcp_streams: %s\n", g_shm->fail[r]);
   return failed ? 1 : 0;

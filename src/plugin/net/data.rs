@@ -347,13 +347,7 @@ impl Device {
             .remove(comm)
             .ok_or_else(|| Error::arg("sendComm", format!("{comm:#x} is not an open send comm")))?;
         // Sends cannot be cancelled: their completions are dropped when they arrive.
-        let mine: Vec<u64> = st
-            .reqs
-            .iter()
-            .filter(|(_, r)| r.comm == comm)
-            .map(|(h, _)| h)
-            .collect();
-        for h in mine {
+        for h in requests_of(&st, comm) {
             st.reqs.remove(h);
             st.stripes.drop_request(h);
         }
@@ -367,13 +361,7 @@ impl Device {
         let c = st.recvs.remove(comm).ok_or_else(|| {
             Error::arg("recvComm", format!("{comm:#x} is not an open receive comm"))
         })?;
-        let mine: Vec<u64> = st
-            .reqs
-            .iter()
-            .filter(|(_, r)| r.comm == comm)
-            .map(|(h, _)| h)
-            .collect();
-        for h in mine {
+        for h in requests_of(&st, comm) {
             let r = st.reqs.remove(h).expect("listed");
             st.stripes.drop_request(h);
             if let Some(t) = &st.t {
@@ -388,4 +376,13 @@ impl Device {
         self.progress(&mut st)?;
         Ok(())
     }
+}
+
+/// The requests of `comm`, to drop when it closes.
+fn requests_of(st: &State, comm: u64) -> Vec<u64> {
+    st.reqs
+        .iter()
+        .filter(|(_, r)| r.comm == comm)
+        .map(|(h, _)| h)
+        .collect()
 }
