@@ -125,7 +125,12 @@ fn byte_exact(provider: &str) {
     let (a, b) = (&pa.devices[0], &pb.devices[0]);
     let (s, r) = pair(a, b);
     // Both sides run 3 helpers: the striped path is really taken (a provider that needs
-    // registered memory would have fallen back to one endpoint).
+    // registered memory would have fallen back to one endpoint). A new thread names itself
+    // once it runs: wait for that.
+    let start = Instant::now();
+    while stripe_threads() < 6 && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert!(
         stripe_threads() >= 6,
         "{} stripe helper threads",
