@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "netapi.h"
+#include "two_ranks.h"
 
 #define HSIZE NCCL_NET_HANDLE_MAXSIZE
 #define MAXSIZES 64
@@ -315,21 +316,6 @@ static int rank_main(bctx_t* c) {
   return 0;
 }
 
-static int parse_size(const char* s, size_t* out) {
-  char* end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno || end == s || v < 0) return -1;
-  size_t mul = 1;
-  if (*end == 'k' || *end == 'K') mul = 1024, end++;
-  else if (*end == 'm' || *end == 'M') mul = 1024 * 1024, end++;
-  else if (*end == 'g' || *end == 'G') mul = 1024UL * 1024 * 1024, end++;
-  if (*end == 'B' || *end == 'b') end++;
-  if (*end) return -1;
-  *out = (size_t)(v * (double)mul);
-  return 0;
-}
-
 static void usage(FILE* f) {
   fprintf(f, "usage: net_bench --lib PATH [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-t SECONDS_PER_SIZE] [-w WINDOW]"
              " [--version 6..12]\n");
@@ -350,9 +336,9 @@ int main(int argc, char** argv) {
     const char* v = argv[++i];
     if (!strcmp(a, "--lib")) g_lib = v;
     else if (!strcmp(a, "-b")) {
-      if (parse_size(v, &g_min)) return fprintf(stderr, "net_bench: bad size %s\n", v), 2;
+      if (two_ranks_parse_size(v, &g_min)) return fprintf(stderr, "net_bench: bad size %s\n", v), 2;
     } else if (!strcmp(a, "-e")) {
-      if (parse_size(v, &g_max)) return fprintf(stderr, "net_bench: bad size %s\n", v), 2;
+      if (two_ranks_parse_size(v, &g_max)) return fprintf(stderr, "net_bench: bad size %s\n", v), 2;
     } else if (!strcmp(a, "-f")) g_factor = (size_t)atol(v);
     else if (!strcmp(a, "-t")) g_secs = atof(v);
     else if (!strcmp(a, "-w")) g_window = atoi(v);
@@ -398,26 +384,7 @@ int main(int argc, char** argv) {
   }
   /* global deadline: generous per size, plus setup */
   int64_t deadline = now_ns() + (int64_t)((nsizes * (g_secs * 3 + 10) + 120) * 1e9);
-  int status[2] = {0, 0}, exited[2] = {0, 0}, failed = 0;
-  while (!exited[0] || !exited[1]) {
-    for (int r = 0; r < 2; r++)
-      if (!exited[r] && waitpid(pid[r], &status[r], WNOHANG) == pid[r]) {
-        exited[r] = 1;
-        if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != 0) {
-          failed = 1;
-          atomic_store(&shm->abort, 1);
-          if (WIFSIGNALED(status[r])) fprintf(stderr, "net_bench: rank %d died of signal %d\n", r, WTERMSIG(status[r]));
-        }
-      }
-    if (now_ns() > deadline) {
-      fprintf(stderr, "net_bench: global deadline passed; killing ranks\n");
-      for (int r = 0; r < 2; r++)
-        if (!exited[r]) kill(pid[r], SIGKILL), waitpid(pid[r], &status[r], 0), exited[r] = 1;
-      failed = 1;
-    }
-    struct timespec ts = {0, 5 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
+  int failed = two_ranks_wait(pid, deadline, &shm->abort, "net_bench");
   for (int r = 0; r < 2; r++)
     if (shm->fail[r][0]) fprintf(stderr, "net_bench: %s\n", shm->fail[r]);
   return failed ? 1 : 0;

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# scripts/bench-p2p.sh - point-to-point benchmark: the fabricoll net plugin against raw libfabric.
+# scripts/bench-p2p.sh - point-to-point benchmark: the fabricoll net plugin against raw libfabric
+# and against plain TCP streams (the CPU proxy of NCCL's Socket transport).
 # A benchmark, not a test: it prints tables and never fails on a number.
 #
 # For each provider (tcp = libfabric 'tcp;ofi_rxm' RDM on lo, shm = libfabric shm RDM) and each
@@ -7,6 +8,10 @@
 #   raw     ../shared/baselines/fi-pingpong-sweep.sh  (libfabric's fi_pingpong, one size per run)
 #   plugin  plugin-tests/build/net_bench --lib $TARGET/release/libnccl-net-fabricoll.so
 #           (two local processes driving the plugin the way NCCL's proxy does)
+#   streams plugin-tests/build/tcp_streams -k K, for each K of BENCH_STREAMS (tcp and net only):
+#           K plain TCP sockets on lo, one thread each, a message split as NCCL's Socket
+#           transport splits it (issue 32 item 3: the plugin's streaming bandwidth against K
+#           streams; the table reports plugin / best K and plugin / 1 stream)
 # over BENCH_MIN_BYTES..BENCH_MAX_BYTES (powers of two), then prints one table per provider with
 # the per-size MEDIANS over the repetitions.
 # Neuron part (issue 31; BENCH_NEURON): in the same alternation, also
@@ -21,6 +26,11 @@
 #
 # Environment (defaults in brackets):
 #   REPS [5]                 repetitions; raw and plugin alternate inside each one
+#   BENCH_RAW [1]            0: no fi_pingpong runs (plugin against TCP streams only)
+#   BENCH_STREAMS [1 2 4]    socket counts of the tcp_streams baseline on tcp and net; empty: none
+#   BENCH_NET_STREAMS []     FABRICOLL_NET_STREAMS values to run the plugin with on tcp and net,
+#                            each as one more kind in the alternation (plugsN in the streams
+#                            table); empty: the plugin's default only
 #   BENCH_PROVIDERS [tcp shm]  (net: libfabric 1.17's native TCP RDM endpoint, on request)
 #   BENCH_MIN_BYTES [8], BENCH_MAX_BYTES [64M]   sizes (suffixes K, M, G = powers of 1024)
 #   BENCH_T [0.5]            target seconds per size for each run
@@ -72,6 +82,22 @@ baselines=${BASELINES:-$root/../shared/baselines}
 target_dir=${CARGO_TARGET_DIR:-target}
 lib="$target_dir/release/libnccl-net-fabricoll.so"
 net_bench=plugin-tests/build/net_bench
+tcp_streams=plugin-tests/build/tcp_streams
+streams=${BENCH_STREAMS-1 2 4}
+bench_raw=${BENCH_RAW:-1}
+net_streams=${BENCH_NET_STREAMS:-}
+for k in $net_streams; do
+  case "$k" in
+    [1-9] | 1[0-6]) ;;
+    *) echo "bench-p2p.sh: BENCH_NET_STREAMS=\"$net_streams\": $k is not a stream count 1..16" >&2; exit 1 ;;
+  esac
+done
+for k in $streams; do
+  case "$k" in
+    [1-9] | 1[0-6]) ;;
+    *) echo "bench-p2p.sh: BENCH_STREAMS=\"$streams\": $k is not a socket count 1..16" >&2; exit 1 ;;
+  esac
+done
 neuron_mode=${BENCH_NEURON:-auto}
 neuron_lib=${FABRICOLL_NEURON_LIB:-$target_dir/release/libnccom-net.so}
 rma_raw=plugin-tests/build/rma_raw
@@ -83,10 +109,10 @@ esac
 
 sweep="$baselines/fi-pingpong-sweep.sh"
 wait_quiet="$baselines/wait-quiet.sh"
-for f in "$sweep" "$wait_quiet"; do
+for f in "$wait_quiet" $([ "$bench_raw" = 0 ] || echo "$sweep"); do
   [ -x "$f" ] || { echo "bench-p2p.sh: $f not found (set BASELINES=dir)" >&2; exit 1; }
 done
-command -v fi_pingpong >/dev/null 2>&1 ||
+[ "$bench_raw" = 0 ] || command -v fi_pingpong >/dev/null 2>&1 ||
   { echo "bench-p2p.sh: fi_pingpong not found (apt-get install libfabric-bin)" >&2; exit 1; }
 # every (repetition, provider) gets a block of 100 control ports
 nprov=$(wc -w <<<"$providers")
@@ -105,6 +131,10 @@ if [ "$neuron_mode" = only ]; then
 elif [ ! -x "$net_bench" ] || [ ! -f "$lib" ]; then
   echo "bench-p2p.sh: WARNING: $net_bench or $lib missing: raw libfabric only" >&2
   have_plugin=0
+fi
+if [ -n "$streams" ] && ! make -s -C plugin-tests tcpstreams >/dev/null; then
+  echo "bench-p2p.sh: 'make -C plugin-tests tcpstreams' failed: no TCP streams baseline" >&2
+  streams=""
 fi
 have_neuron=0
 if [ "$neuron_mode" != 0 ]; then
@@ -145,16 +175,25 @@ run_raw() { # run_raw PROV REP PORT
     -t "$t_size" -P "$port" -r 1 -o "$out/$prov-raw-$rep.log" > "$out/$prov-raw-$rep.txt" 2>&1
 }
 
-run_plugin() { # run_plugin PROV REP  (net_bench needs no port: its ranks meet in shared memory)
-  local prov=$1 rep=$2 env_p
+run_streams() { # run_streams PROV REP K
+  timeout --kill-after=10 "$run_timeout" "$tcp_streams" -k "$3" -b "$min_b" -e "$max_b" \
+    -t "$(awk -v t="$t_size" 'BEGIN { print 2 * t }')" > "$out/$1-streams$3-$2.txt" 2>&1
+}
+
+run_plugin() { # run_plugin PROV REP [STREAMS]  (net_bench needs no port: its ranks meet in shared memory)
+  local prov=$1 rep=$2 env_p name=plugin
   case "$prov" in
     tcp | net) env_p=(FABRICOLL_PROVIDER="$prov" FABRICOLL_DOMAIN=lo) ;;
     shm) env_p=(FABRICOLL_PROVIDER=shm) ;;
   esac
+  if [ -n "${3:-}" ]; then
+    env_p+=(FABRICOLL_NET_STREAMS="$3")
+    name=plugins$3
+  fi
   # net_bench -t is split between its ping-pong and streaming phases
   env "${env_p[@]}" timeout --kill-after=10 "$run_timeout" "$net_bench" --lib "$lib" \
     -b "$min_b" -e "$max_b" -t "$(awk -v t="$t_size" 'BEGIN { print 2 * t }')" \
-    > "$out/$prov-plugin-$rep.txt" 2>&1
+    > "$out/$prov-$name-$rep.txt" 2>&1
 }
 
 # The Neuron part's runs: same sizes; -t doubled as for net_bench, since send splits it between
@@ -205,6 +244,10 @@ collect_raw() { # collect_raw FILE -> samples
   awk '/^ *[0-9]+ / && $3 != "FAIL" && $4 + 0 > 0 {
          print $1, "raw_lat", $4; print $1, "raw_pp", ($5 >= 100 ? $5 : $1 / $4) }' "$1"
 }
+collect_streams() { # collect_streams K FILE -> samples tcpK_lat, tcpK_pp, tcpK_st
+  awk -v k="$1" '/^ *[0-9]+ / && NF >= 4 && $2 + 0 > 0 {
+         print $1, "tcp" k "_lat", $2; print $1, "tcp" k "_pp", $3; print $1, "tcp" k "_st", $4 }' "$2"
+}
 collect_plugin() { # collect_plugin FILE -> samples
   awk '/^ *[0-9]+ / && NF >= 4 && $2 ~ /^[0-9.]+$/ && $2 + 0 > 0 {
          print $1, "plug_lat", $2; print $1, "plug_pp", ($3 >= 100 ? $3 : $1 / $2)
@@ -222,7 +265,14 @@ for rep in $(seq 1 "$reps"); do
   for prov in $providers; do
     port=$((port0 + ((rep - 1) * nprov + pi) * 100))
     pi=$((pi + 1))
-    kinds="raw plugin"
+    kinds="plugin"
+    [ "$bench_raw" = 0 ] || kinds="raw $kinds"
+    case "$prov" in
+      tcp | net)
+        for k in $net_streams; do kinds="$kinds plugins$k"; done
+        for k in $streams; do kinds="$kinds streams$k"; done
+        ;;
+    esac
     if [ "$have_neuron" = 1 ]; then
       if "$rma_raw" -p "$prov" --probe > "$out/$prov-probe.txt" 2>&1; then kinds="$kinds rmaraw"; fi
       kinds="$kinds neuron"
@@ -230,7 +280,7 @@ for rep in $(seq 1 "$reps"); do
     # alternate which one goes first, so neither always runs right after the other
     if [ $((rep % 2)) = 0 ]; then kinds=$(tr ' ' '\n' <<<"$kinds" | tac | tr '\n' ' '); fi
     for kind in $kinds; do
-      [ "$kind" = plugin ] && [ "$have_plugin" = 0 ] && continue
+      case "$kind" in plugin*) [ "$have_plugin" = 0 ] && continue ;; esac
       quiet_gate "$prov $kind $rep" || echo "$kind $rep" >> "$out/$prov.busy"
       ts=$(date +%s)
       rc=0
@@ -240,6 +290,14 @@ for rep in $(seq 1 "$reps"); do
           collect_raw "$out/$prov-raw-$rep.txt" > "$out/$prov-raw-$rep.samples"
           cat "$out/$prov-raw-$rep.samples" >> "$out/$prov.samples"
           collect_neuron_raw "$out/$prov-raw-$rep.samples" >> "$out/$prov.nsamples"
+          ;;
+        streams*)
+          run_streams "$prov" "$rep" "${kind#streams}" || rc=$?
+          collect_streams "${kind#streams}" "$out/$prov-$kind-$rep.txt" >> "$out/$prov.samples"
+          ;;
+        plugins*)
+          run_plugin "$prov" "$rep" "${kind#plugins}" || rc=$?
+          collect_plugin "$out/$prov-$kind-$rep.txt" | sed "s/ plug_/ plugs${kind#plugins}_/" >> "$out/$prov.samples"
           ;;
         plugin)
           run_plugin "$prov" "$rep" || rc=$?
@@ -272,6 +330,8 @@ summarize() { # summarize PROV : the table of medians
   echo "## lat = one-way latency (half a round trip); pp MB/s = 2*size*iters/elapsed (fi_pingpong's"
   echo "## definition, MB = 1e6 B, one message in flight); stream = plugin with many messages in flight."
   echo "## pp_x = plugin pp / raw pp (like for like); st_x = plugin stream / raw pp; lat_x = plugin / raw"
+  echo "## streams table (tcp, net): tcpK = tcp_streams -k K stream MB/s; x_best = plugin stream / best K,"
+  echo "## x_1 = plugin stream / 1 stream (NCCL's Socket transport's proxy, issue 32 item 3)"
   if [ -s "$out/$prov.busy" ]; then
     echo "## WARNING: $(wc -l < "$out/$prov.busy") run(s) started on a busy machine (wait-quiet gave up):" \
       "$(tr '\n' ' ' < "$out/$prov.busy")"

@@ -276,6 +276,37 @@ def p2p_table(samples):
         out.append(head.replace("%10s", "%10d", 1) % (
             s, fmt(rl, ".2f"), fmt(pl, ".2f"), ratio(pl, rl), mb(rp), mb(pp), ratio(pp, rp),
             mb(st), ratio(st, rp), n))
+    return out + streams_table(m)
+
+
+def streams_table(m):
+    """The plugin's streaming MB/s against plain TCP streams (tcp_streams -k K, metric tcpK_st):
+    per size, each K's median, the best K, and for the plugin (plug_st) and each
+    FABRICOLL_NET_STREAMS variant (plugsN_st) its ratio to the best K (x_best) and to one stream
+    (x_1). Empty where no tcpK_st sample exists. `m`: (size, metric) -> median."""
+    ks = sorted({int(k[1][3:-3]) for k in m if k[1].startswith("tcp") and k[1].endswith("_st")})
+    if not ks:
+        return []
+    plugs = ["plug"] if any(k[1] == "plug_st" for k in m) else []
+    plugs += [f"plugs{n}" for n in sorted({int(k[1][5:-3]) for k in m
+                                            if k[1].startswith("plugs") and k[1].endswith("_st")})]
+    cols = [f"tcp{k}" for k in ks] + ["best"]
+    head = "%10s" + " %9s" * len(cols) + "".join(" | %9s %6s %6s" for _ in plugs)
+    names = ["size(B)"] + cols
+    for p in plugs:
+        names += [p, "x_best", "x_1"]
+    out = ["", "## streams: stream MB/s (1e6 B/s) of K plain TCP sockets (tcpK) and of the plugin; "
+           "x_best = plugin / best K, x_1 = plugin / tcp1", head % tuple(names)]
+    for s in sorted({k[0] for k in m if k[1].endswith("_st")}):
+        vals = [m.get((s, f"tcp{k}_st")) for k in ks]
+        known = [(v, k) for v, k in zip(vals, ks) if v is not None]
+        best = max(known)[0] if known else None
+        best_k = f"{best:.0f}/k{max(known)[1]}" if known else "-"
+        row = [str(s)] + [fmt(v, ".0f") for v in vals] + [best_k]
+        for p in plugs:
+            v = m.get((s, f"{p}_st"))
+            row += [fmt(v, ".0f"), ratio(v, best), ratio(v, m.get((s, "tcp1_st")))]
+        out.append(head % tuple(row))
     return out
 
 

@@ -27,6 +27,9 @@ pub struct Config {
     /// `FABRICOLL_INPLACE_RESTORE`: a failed in-place collective restores its input (at the
     /// cost of a copy of it per call); off by default, as MPI and NCCL (`exec::Args::restore`).
     pub inplace_restore: bool,
+    /// `FABRICOLL_NET_STREAMS`: endpoints per net plugin comm; None: the provider's default
+    /// (`transport::Caps::net_streams`).
+    pub net_streams: Option<usize>,
     pub algo: Option<crate::algo::Algorithm>,
     pub alpha_us: Option<f64>,
     pub beta_gbps: Option<f64>,
@@ -166,6 +169,10 @@ impl Config {
             Some("1") => true,
             Some(v) => return Err(bad("FABRICOLL_INPLACE_RESTORE", v)),
         };
+        let net_streams = match nonempty("FABRICOLL_NET_STREAMS") {
+            None => None,
+            Some(v) => Some(int("FABRICOLL_NET_STREAMS", &v, 1, 8)? as usize),
+        };
         let algo = match nonempty("FABRICOLL_ALGO").map(|v| v.trim().to_ascii_lowercase()) {
             None => None,
             Some(v) if v == "auto" => None,
@@ -247,6 +254,7 @@ impl Config {
             shm_fastbox,
             tuner,
             inplace_restore,
+            net_streams,
         })
     }
 
@@ -356,6 +364,9 @@ mod tests {
                 .shm_fastbox
         );
         assert_eq!(c.speed_mbps, 10_000);
+        assert_eq!(c.net_streams, None);
+        let four = parse(&[("FABRICOLL_NET_STREAMS", "4")]).unwrap();
+        assert_eq!(four.net_streams, Some(4));
         assert_eq!(c.intra_provider.as_deref(), Some("shm"));
         assert!(
             !parse(&[]).unwrap().inplace_restore,
@@ -395,6 +406,8 @@ mod tests {
             ("FABRICOLL_INPLACE_RESTORE", "yes"),
             ("FABRICOLL_LOG", "loud"),
             ("FABRICOLL_SPEED_MBPS", "-1"),
+            ("FABRICOLL_NET_STREAMS", "0"),
+            ("FABRICOLL_NET_STREAMS", "9"),
             ("FABRICOLL_POLL_US", "9999999999"),
             ("FABRICOLL_PROVIDER", "tcp rm -rf"),
             ("FABRICOLL_DOMAIN", ",,"),

@@ -49,6 +49,12 @@ pub const VARS: &[Var] = &[
         meaning: "busy-poll time before a waiter yields or sleeps on the completion queue",
     },
     Var {
+        name: "FABRICOLL_NET_STREAMS",
+        accepted: "integer 1..=8",
+        default: "1",
+        meaning: "net plugin over tcp and net: endpoints (TCP connections) per device, each extra one progressed by its own thread; messages from 256 KiB are striped over them; shm ignores it",
+    },
+    Var {
         name: "FABRICOLL_ALGO",
         accepted:
             "auto, ring, bidir_ring, mesh, mesh1, rdh, rd, tree, dbtree, bruck, pairwise, hier, swizzle",

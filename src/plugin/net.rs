@@ -1,11 +1,13 @@
 //! One device's comms: the state they share, its progress, and its deadlines. The rest by
 //! concern: `wire` (tags, handle and message formats), `setup` (listen / connect / accept),
 //! `data` (registration, isend / irecv / iflush / test, closing), `rma` (Neuron's writes and
-//! reads of peers' memory), `dispatch` (completions).
+//! reads of peers' memory), `dispatch` (completions), `stripe` (large messages over several
+//! endpoints).
 mod data;
 mod dispatch;
 mod rma;
 mod setup;
+mod stripe;
 mod wire;
 
 use super::handles::HandleTable;
@@ -30,7 +32,8 @@ pub const RECV_CAPACITY: usize = 128;
 
 struct Listen {
     id: u32,
-    queue: VecDeque<(u32, Vec<u8>)>,
+    /// Connect requests: the connector's comm id, address and helper endpoint count.
+    queue: VecDeque<(u32, Vec<u8>, usize)>,
     first_accept: Option<Instant>,
 }
 
@@ -38,7 +41,8 @@ struct Pending {
     id: u32,
     peer: Peer,
     started: Instant,
-    result: Option<Result<u32>>,
+    /// The listener's comm id and its helper endpoints' addresses.
+    result: Option<Result<(u32, Vec<Vec<u8>>)>>,
 }
 
 struct SendComm {
@@ -50,6 +54,8 @@ struct SendComm {
     /// Since when the transport has refused (busy) every isend on this comm; None after one
     /// is posted. NCCL retries a refused isend forever, so the deadline must be ours.
     busy_since: Option<Instant>,
+    /// The peer's helper endpoints, one per helper of ours (`stripe`); empty: not striped.
+    stripes: Vec<Peer>,
 }
 
 struct RecvComm {
@@ -58,11 +64,14 @@ struct RecvComm {
     peer: Peer,
     seq: HashMap<u32, u16>,
     inflight: usize,
+    /// Endpoints the connector stripes over (`stripe`); 1: none.
+    streams: usize,
 }
 
 #[derive(Clone, Copy)]
 struct Deferred {
     tag: u64,
+    ignore: u64,
     region: Region,
     mr: Option<MrRef>,
 }
@@ -72,6 +81,12 @@ struct Sub {
     size: usize,
     done: bool,
     deferred: Option<Deferred>,
+    /// The head (or whole message) has completed.
+    head: bool,
+    /// Stripe pieces still in flight (`stripe`).
+    parts: usize,
+    /// A tagged receive on a striped comm: its buffer, where a striped head's pieces go.
+    stripe_buf: Option<Region>,
 }
 
 struct Request {
@@ -121,6 +136,7 @@ struct State {
     deferred: VecDeque<(u64, usize)>,
     scratch: Vec<Completion>,
     idle: u32,
+    stripes: stripe::Stripes,
 }
 
 /// What `test` reports for a finished request.
@@ -138,6 +154,8 @@ pub struct Device {
     pub props: DeviceProps,
     flavour: Flavour,
     timeout: Duration,
+    /// `FABRICOLL_NET_STREAMS`; None: the provider's default.
+    streams: Option<usize>,
     open: Opener,
     st: Mutex<State>,
 }
@@ -155,6 +173,7 @@ impl Device {
             props,
             flavour,
             timeout: cfg.timeout,
+            streams: cfg.net_streams,
             open,
             st: Mutex::new(State {
                 cache: MrCache::new(flavour.mr_cache(cfg)),
@@ -192,12 +211,19 @@ impl Device {
         };
         let mut comps = std::mem::take(&mut st.scratch);
         let polled = t.poll(&mut comps);
-        let n = comps.len();
+        let mut n = comps.len();
         for c in comps.drain(..) {
             dispatch(st, &*t, c);
         }
+        // The helper endpoints' completions (`stripe`): their pieces and pieces to post.
+        let striped = st.stripes.progress(&mut comps);
+        n += comps.len();
+        for c in comps.drain(..) {
+            stripe::dispatch_piece(st, c);
+        }
         st.scratch = comps;
         polled?;
+        striped?;
         if !st.deferred.is_empty() {
             post_deferred(st, &*t)?;
         }
@@ -280,4 +306,5 @@ fn retire(st: &mut State, h: u64, r: &Request) {
             }
         }
     }
+    st.stripes.drop_request(h);
 }

@@ -184,6 +184,10 @@ pub struct Caps {
     /// endpoint has one too, `Transport::direct_bytes` is then non-zero (over two fabrics:
     /// the intra-host one has it).
     pub direct_channel: bool,
+    /// How many endpoints the net plugin stripes a comm's large messages over by default
+    /// (`FABRICOLL_NET_STREAMS` overrides): 1 keeps one endpoint per comm; 0 where striping is
+    /// not offered (providers without one connection per endpoint pair, such as shm).
+    pub net_streams: usize,
     /// Over two fabrics, the capabilities of the one between ranks of this host (shared
     /// memory), whose eager limit, slice size and poll window price the intra-host steps; the
     /// other fields describe the fabric between hosts. None over one fabric.
@@ -219,6 +223,7 @@ impl Default for Caps {
             poll_window: DEFAULT_POLL_WINDOW,
             receiver_copies: false,
             direct_channel: false,
+            net_streams: 0,
             intra: None,
         }
     }

@@ -133,9 +133,20 @@ impl Device {
         let seq = *c.seq.get(&tag).unwrap_or(&0);
         let wtag = wire_tag(KIND_DATA, c.remote, tag, seq);
         let peer = c.peer;
+        // A large message on a striped comm: the head here, the other pieces on the helpers.
+        let piece = super::stripe::piece_len(region.len(), c.stripes.len() + 1);
+        let (head, htag) = match piece {
+            Some(p) => (
+                region
+                    .sub(0, p)
+                    .expect("a piece is shorter than its message"),
+                wtag | KIND_STRIPE << 61,
+            ),
+            None => (region, wtag),
+        };
         let h = new_handle(self.index, Kind::Request);
         let mrobj = mr.as_ref().and_then(|r| st.cache.mr(r));
-        match t.send(peer, wtag, region, mrobj, op(h, 0))? {
+        match t.send(peer, htag, head, mrobj, op(h, 0))? {
             Posted::Busy => {
                 let c = st.sends.get_mut(comm).expect("checked above");
                 let since = *c.busy_since.get_or_insert_with(Instant::now);
@@ -154,7 +165,17 @@ impl Device {
                 c.busy_since = None;
                 c.seq.insert(tag, seq.wrapping_add(1));
                 c.inflight += 1;
-                st.reqs.insert_at(h, Request::new(comm, true, 1));
+                let mut req = Request::new(comm, true, 1);
+                if let Some(p) = piece {
+                    let peers = c.stripes.clone();
+                    req.subs[0].parts = peers.len();
+                    if let Err(e) =
+                        super::stripe::post_send_pieces(&mut st, h, &peers, wtag, region, p)
+                    {
+                        req.error = Some(e);
+                    }
+                }
+                st.reqs.insert_at(h, req);
                 Ok(Some(h))
             }
         }
@@ -192,6 +213,7 @@ impl Device {
         }
         // Number the messages now: a receive posted later still gets the right one.
         let id = c.id;
+        let ignore = super::stripe::recv_ignore(c.streams);
         let mut wtags = [0u64; MAX_RECVS];
         let mut next = c.seq.clone();
         for (i, tag) in tags.iter().take(bufs.len()).enumerate() {
@@ -204,15 +226,19 @@ impl Device {
         for (i, (region, _, _)) in bufs.iter().enumerate() {
             let d = Deferred {
                 tag: wtags[i],
+                ignore,
                 region: *region,
                 mr: mrs[i],
             };
+            if ignore != 0 {
+                req.subs[i].stripe_buf = Some(*region);
+            }
             let posted = if req.subs[..i].iter().any(|s| s.deferred.is_some()) {
                 Posted::Busy // keep posting order: once one waits, the rest wait behind it
             } else {
                 t.recv(
                     d.tag,
-                    0,
+                    d.ignore,
                     d.region,
                     d.mr.as_ref().and_then(|r| st.cache.mr(r)),
                     op(h, i as u64),
@@ -270,7 +296,14 @@ impl Device {
                 format!("{req:#x} is not a pending request (finished, or its comm closed)"),
             ));
         }
-        self.progress(&mut st)?;
+        // Under NCCL, a request finished by an earlier call's progress is reported without
+        // another: each progress polls the provider (a system call over the socket providers),
+        // and NCCL tests its requests one after the other. libnccom polls finished requests
+        // (iflush's) to drive progress, so the Neuron flavour always progresses.
+        let r = st.reqs.get(req).expect("checked above");
+        if self.flavour != Flavour::Nccl || (r.error.is_none() && r.left > 0) {
+            self.progress(&mut st)?;
+        }
         let r = st.reqs.get(req).expect("checked above");
         let outcome = if let Some(e) = &r.error {
             Some(Err(e.clone()))
@@ -314,7 +347,10 @@ impl Device {
             .remove(comm)
             .ok_or_else(|| Error::arg("sendComm", format!("{comm:#x} is not an open send comm")))?;
         // Sends cannot be cancelled: their completions are dropped when they arrive.
-        st.reqs.retain(|_, r| r.comm != comm);
+        for h in requests_of(&st, comm) {
+            st.reqs.remove(h);
+            st.stripes.drop_request(h);
+        }
         st.ids.free(c.id);
         self.progress(&mut st)?;
         Ok(())
@@ -325,14 +361,9 @@ impl Device {
         let c = st.recvs.remove(comm).ok_or_else(|| {
             Error::arg("recvComm", format!("{comm:#x} is not an open receive comm"))
         })?;
-        let mine: Vec<u64> = st
-            .reqs
-            .iter()
-            .filter(|(_, r)| r.comm == comm)
-            .map(|(h, _)| h)
-            .collect();
-        for h in mine {
+        for h in requests_of(&st, comm) {
             let r = st.reqs.remove(h).expect("listed");
+            st.stripes.drop_request(h);
             if let Some(t) = &st.t {
                 for (i, s) in r.subs.iter().take(r.n).enumerate() {
                     if !s.done && s.deferred.is_none() {
@@ -345,4 +376,13 @@ impl Device {
         self.progress(&mut st)?;
         Ok(())
     }
+}
+
+/// The requests of `comm`, to drop when it closes.
+fn requests_of(st: &State, comm: u64) -> Vec<u64> {
+    st.reqs
+        .iter()
+        .filter(|(_, r)| r.comm == comm)
+        .map(|(h, _)| h)
+        .collect()
 }

@@ -14,12 +14,22 @@ pub(super) fn dispatch(st: &mut State, t: &dyn Transport, c: Completion) {
         (k, s) if k == Kind::Request as u8 && (s as usize) < MAX_RECVS => {
             let Some(r) = st.reqs.get_mut(h) else { return };
             r.last = Instant::now();
-            let s = &mut r.subs[s as usize];
+            let i = s as usize;
+            let s = &mut r.subs[i];
             match c.status {
-                Ok(()) if !s.done => {
-                    s.done = true;
-                    s.size = c.len;
-                    r.left -= 1;
+                Ok(()) if !s.head => {
+                    s.head = true;
+                    s.size += c.len;
+                    if s.stripe_buf.is_some() && c.tag & KIND_BITS == KIND_STRIPE << 61 {
+                        // A striped head: its pieces come over the helpers (`stripe`).
+                        let data = c.tag & !KIND_BITS;
+                        super::stripe::post_receive_pieces(st, h, i, data, c.len);
+                        return;
+                    }
+                    if s.parts == 0 {
+                        s.done = true;
+                        r.left -= 1;
+                    }
                 }
                 Ok(()) => {}
                 // We cancel only requests we have already dropped: a cancellation reaching a
@@ -64,13 +74,9 @@ pub(super) fn dispatch(st: &mut State, t: &dyn Transport, c: Completion) {
             p.result = Some(match c.status {
                 Ok(()) => {
                     let d = c.data.unwrap_or_default();
-                    if d.len() >= 8 && &d[0..4] == ACK_MAGIC {
-                        Ok(u32::from_le_bytes(d[4..8].try_into().expect("4 bytes")))
-                    } else {
-                        Err(Error::Remote(
-                            "malformed connect answer from the listener".into(),
-                        ))
-                    }
+                    parse_connect_answer(&d).ok_or_else(|| {
+                        Error::Remote("malformed connect answer from the listener".into())
+                    })
                 }
                 Err(e) if is_cancel(&e) => return,
                 Err(e) => Err(e),
@@ -103,7 +109,7 @@ pub(super) fn post_deferred(st: &mut State, t: &dyn Transport) -> Result<()> {
             continue;
         };
         let mr = d.mr.as_ref().and_then(|m| st.cache.mr(m));
-        if t.recv(d.tag, 0, d.region, mr, op(h, i as u64))? == Posted::Busy {
+        if t.recv(d.tag, d.ignore, d.region, mr, op(h, i as u64))? == Posted::Busy {
             break;
         }
         st.deferred.pop_front();

@@ -50,6 +50,10 @@ impl Device {
         let t = self.transport(&mut st)?;
         if view.state == 0 {
             let peer = t.insert_peer(&view.addr)?;
+            // Helper endpoints to offer the listener (`stripe`); it answers with as many of its
+            // own, at most this many.
+            let streams = self.stream_count(&*t);
+            st.stripes.ensure(streams, &self.open)?;
             let id = st.ids.alloc()?;
             let ph = new_handle(self.index, Kind::Pending);
             if let Err(e) = t.recv_owned(
@@ -67,6 +71,7 @@ impl Device {
             req.extend_from_slice(&id.to_le_bytes());
             req.extend_from_slice(&(mine.len() as u16).to_le_bytes());
             req.extend_from_slice(&mine);
+            req.push((streams - 1) as u8);
             t.send_owned(
                 peer,
                 wire_tag(KIND_CONNECT, view.listen_id, 0, 0),
@@ -113,8 +118,23 @@ impl Device {
             Some(r) => {
                 let p = st.pendings.remove(ph).expect("present");
                 set_handle_state(handle, 0);
+                let r = r.and_then(|(remote, addrs)| {
+                    let asked = self.stream_count(&*t) - 1;
+                    if addrs.len() > asked.min(st.stripes.count()) {
+                        return Err(Error::Remote(format!(
+                            "the listener answered with {} stripe endpoints; {asked} were offered",
+                            addrs.len()
+                        )));
+                    }
+                    let peers = addrs
+                        .iter()
+                        .enumerate()
+                        .map(|(i, a)| st.stripes.insert_peer(i, a))
+                        .collect::<Result<Vec<Peer>>>()?;
+                    Ok((remote, peers))
+                });
                 match r {
-                    Ok(remote) => {
+                    Ok((remote, stripes)) => {
                         let h = new_handle(self.index, Kind::Send);
                         st.sends.insert_at(
                             h,
@@ -125,6 +145,7 @@ impl Device {
                                 seq: HashMap::new(),
                                 inflight: 0,
                                 busy_since: None,
+                                stripes,
                             },
                         );
                         Ok(Some(h))
@@ -149,7 +170,7 @@ impl Device {
         let t = self.transport(&mut st)?;
         let l = st.listens.get_mut(listen).expect("checked above");
         let first = *l.first_accept.get_or_insert_with(Instant::now);
-        let Some((remote, addr)) = l.queue.pop_front() else {
+        let Some((remote, addr, theirs)) = l.queue.pop_front() else {
             if self.timed_out(first) {
                 l.first_accept = None;
                 return Err(Error::Timeout(format!(
@@ -164,11 +185,15 @@ impl Device {
         };
         l.first_accept = None;
         let peer = t.insert_peer(&addr)?;
+        // Stripe over as many endpoints as both sides have (`stripe`): mismatched settings work.
+        let helpers = (self.stream_count(&*t) - 1).min(theirs);
+        st.stripes.ensure(helpers + 1, &self.open)?;
+        let addrs: Vec<Vec<u8>> = (0..helpers).map(|i| st.stripes.address(i)).collect();
+        let ack = connect_answer(0, &addrs)?;
         let id = st.ids.alloc()?;
         let h = new_handle(self.index, Kind::Recv);
-        let mut ack = Vec::with_capacity(8);
-        ack.extend_from_slice(ACK_MAGIC);
-        ack.extend_from_slice(&id.to_le_bytes());
+        let mut ack = ack;
+        ack[4..8].copy_from_slice(&id.to_le_bytes());
         if let Err(e) = t.send_owned(
             peer,
             wire_tag(KIND_ACK, remote, 0, 0),
@@ -185,6 +210,7 @@ impl Device {
                 peer,
                 seq: HashMap::new(),
                 inflight: 0,
+                streams: helpers + 1,
             },
         );
         Ok(Some(h))

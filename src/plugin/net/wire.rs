@@ -12,6 +12,12 @@ use crate::transport::OpId;
 pub(super) const KIND_DATA: u64 = 0;
 pub(super) const KIND_CONNECT: u64 = 1;
 pub(super) const KIND_ACK: u64 = 2;
+/// The head of a striped message (`stripe`); its other pieces carry `KIND_DATA`.
+pub(super) const KIND_STRIPE: u64 = 3;
+/// The kind bits of a wire tag: a striped comm's receives ignore them, so that one receive
+/// matches a plain message or a striped head. Comm, listen and connect ids come from one pool
+/// per device, so no other kind's tag can carry the comm's id.
+pub(super) const KIND_BITS: u64 = 3 << 61;
 pub(super) const ID_BITS: u32 = 21;
 /// Ignore mask for everything below the comm id (user tag and sequence).
 pub(super) const LOW_BITS: u64 = (1 << 40) - 1;
@@ -74,7 +80,8 @@ pub(super) fn set_handle_state(h: &mut [u8; HANDLE_SIZE], state: u64) {
     h[16..24].copy_from_slice(&state.to_le_bytes());
 }
 
-pub(super) fn parse_connect_request(d: &[u8]) -> Option<(u32, Vec<u8>)> {
+/// Parse a connect request: the connector's comm id, its address and its helper count.
+pub(super) fn parse_connect_request(d: &[u8]) -> Option<(u32, Vec<u8>, usize)> {
     if d.len() < 10 || &d[0..4] != REQ_MAGIC {
         return None;
     }
@@ -83,7 +90,48 @@ pub(super) fn parse_connect_request(d: &[u8]) -> Option<(u32, Vec<u8>)> {
     if id == 0 || len == 0 || d.len() < 10 + len {
         return None;
     }
-    Some((id, d[10..10 + len].to_vec()))
+    // Since striping: one more byte, how many helper endpoints the connector has (none when
+    // absent, as from an older library).
+    let helpers = d.get(10 + len).copied().unwrap_or(0) as usize;
+    Some((id, d[10..10 + len].to_vec(), helpers))
+}
+
+/// The connect answer: our comm id, then the addresses of the helper endpoints the connector is
+/// to stripe over (a count byte, then length-prefixed addresses; absent: none).
+pub(super) fn connect_answer(id: u32, helpers: &[Vec<u8>]) -> Result<Vec<u8>> {
+    let mut ack = Vec::with_capacity(CTRL_LEN);
+    ack.extend_from_slice(ACK_MAGIC);
+    ack.extend_from_slice(&id.to_le_bytes());
+    ack.push(helpers.len() as u8);
+    for a in helpers {
+        ack.extend_from_slice(&(a.len() as u16).to_le_bytes());
+        ack.extend_from_slice(a);
+    }
+    if ack.len() > CTRL_LEN {
+        return Err(Error::System(format!(
+            "the addresses of {} stripe endpoints do not fit the {CTRL_LEN}-byte connect answer              (lower FABRICOLL_NET_STREAMS)",
+            helpers.len()
+        )));
+    }
+    Ok(ack)
+}
+
+/// Parse a connect answer: the listener's comm id and its helper endpoints' addresses.
+pub(super) fn parse_connect_answer(d: &[u8]) -> Option<(u32, Vec<Vec<u8>>)> {
+    if d.len() < 8 || &d[0..4] != ACK_MAGIC {
+        return None;
+    }
+    let id = u32::from_le_bytes(d[4..8].try_into().ok()?);
+    let mut helpers = Vec::new();
+    if let Some(&count) = d.get(8) {
+        let mut at = 9;
+        for _ in 0..count {
+            let len = u16::from_le_bytes([*d.get(at)?, *d.get(at + 1)?]) as usize;
+            helpers.push(d.get(at + 2..at + 2 + len)?.to_vec());
+            at += 2 + len;
+        }
+    }
+    Some((id, helpers))
 }
 
 #[cfg(test)]
@@ -107,6 +155,17 @@ mod tests {
             wire_tag(KIND_DATA, 5, 3, 1) & !LOW_BITS,
             wire_tag(KIND_DATA, 5, 9, 7) & !LOW_BITS
         );
+    }
+
+    #[test]
+    fn connect_answers_carry_helper_addresses() {
+        let helpers = vec![vec![1u8, 2, 3], vec![9u8; 16]];
+        let ack = connect_answer(77, &helpers).unwrap();
+        assert_eq!(parse_connect_answer(&ack), Some((77, helpers)));
+        // An older answer (no count byte) means no helpers; a truncated list is malformed.
+        assert_eq!(parse_connect_answer(&ack[..8]), Some((77, vec![])));
+        assert_eq!(parse_connect_answer(&ack[..12]), None);
+        assert!(connect_answer(1, &vec![vec![0u8; 100]; 3]).is_err());
     }
 
     #[test]

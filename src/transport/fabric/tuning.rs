@@ -41,7 +41,16 @@ pub(super) fn apply(caps: &mut Caps) {
         DEFAULT_POLL_WINDOW
     };
     caps.receiver_copies = shm;
+    // Socket providers give each endpoint pair its own TCP connection, so the net plugin may
+    // stripe over several endpoints. One stays the default: on the 2-core machine striping lost
+    // on an idle machine (docs/performance.md, "The net plugin against plain TCP streams").
+    let sockets = matches!(caps.provider.split(';').next(), Some("net" | "tcp"));
+    caps.net_streams = if sockets { SOCKET_NET_STREAMS } else { 0 };
 }
+
+/// Endpoints per device of the net plugin over socket providers when `FABRICOLL_NET_STREAMS` is
+/// not set.
+const SOCKET_NET_STREAMS: usize = 1;
 
 /// ofi_rxm's eager limit, from its own parameters as rxm reads them (`env` looks one up):
 /// `FI_OFI_RXM_EAGER_LIMIT`, else `FI_OFI_RXM_BUFFER_SIZE`, else rxm's default of 16 KiB.
@@ -104,17 +113,20 @@ mod tests {
         assert_eq!(shm.slice_bytes, SHM_SLICE_BYTES);
         assert_eq!(shm.poll_window, DEFAULT_POLL_WINDOW);
         assert!(shm.receiver_copies);
+        assert_eq!(shm.net_streams, 0, "shm is never striped");
 
         let rxm = caps_of("tcp;ofi_rxm");
         assert!(rxm.eager_bytes < usize::MAX);
         assert_eq!(rxm.slice_bytes, DEFAULT_SLICE_BYTES);
         assert_eq!(rxm.poll_window, RXM_POLL_WINDOW);
         assert!(!rxm.receiver_copies);
+        assert_eq!(rxm.net_streams, SOCKET_NET_STREAMS);
 
         let net = caps_of("net");
         assert_eq!(net.eager_bytes, usize::MAX);
         assert_eq!(net.slice_bytes, DEFAULT_SLICE_BYTES);
         assert_eq!(net.poll_window, DEFAULT_POLL_WINDOW);
         assert!(!net.receiver_copies);
+        assert_eq!(net.net_streams, 1);
     }
 }

@@ -1,0 +1,18 @@
+/*
+ * two_ranks.h: what net_bench and tcp_streams share as two-rank benchmarks forked from one
+ * parent: size arguments and the parent's bounded wait for its ranks.
+ */
+#ifndef TWO_RANKS_H
+#define TWO_RANKS_H
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* "64K", "1M", "8" -> bytes (K/M/G are powers of 1024, a trailing B is ignored); 0 or -1. */
+int two_ranks_parse_size(const char* s, size_t* out);
+
+/* Wait for both ranks until `deadline_ns` (CLOCK_MONOTONIC); a rank that fails or dies sets
+ * `*abort_flag`, and at the deadline both are killed. Returns 1 if anything failed, else 0. */
+int two_ranks_wait(const pid_t pid[2], int64_t deadline_ns, atomic_int* abort_flag, const char* prog);
+#endif
