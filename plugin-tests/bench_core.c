@@ -4,6 +4,7 @@
  * the latency / windowed-bandwidth loops with their iteration calibration.
  */
 #include "bench_core.h"
+#include "two_ranks.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -329,20 +330,9 @@ int bench_run(bench_t* b, const enum bench_op* ops, const size_t* limit, int nop
              : 0;
 }
 
+/* Sizes as the two-rank tools take them, and at least 1 byte. */
 static int parse_size(const char* s, size_t* out) {
-  char* end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno || end == s || !(v >= 1)) return -1;
-  size_t mul = 1;
-  if (*end == 'k' || *end == 'K') mul = 1UL << 10, end++;
-  else if (*end == 'm' || *end == 'M') mul = 1UL << 20, end++;
-  else if (*end == 'g' || *end == 'G') mul = 1UL << 30, end++;
-  if (*end == 'i') end++;
-  if (*end == 'B' || *end == 'b') end++;
-  if (*end) return -1;
-  *out = (size_t)(v * (double)mul);
-  return 0;
+  return two_ranks_parse_size(s, out) || *out < 1 ? -1 : 0;
 }
 
 int bench_parse_ops(const char* prog, const char* list, const enum bench_op* allowed, int nallowed,
@@ -439,26 +429,7 @@ int bench_fork(const bench_cfg_t* cfg, const char* prog, int (*rank_main)(bench_
   /* global deadline: four ops per size at a few times -t each, plus set-up and one wait's timeout */
   int64_t deadline =
       bench_now_ns() + (int64_t)((nsizes * 4 * (cfg->secs * 4 + 5) + 60) * 1e9) + cfg->timeout_ms * 1000000LL;
-  int status[2] = {0, 0}, exited[2] = {0, 0}, failed = 0;
-  while (!exited[0] || !exited[1]) {
-    for (int r = 0; r < 2; r++)
-      if (!exited[r] && waitpid(pid[r], &status[r], WNOHANG) == pid[r]) {
-        exited[r] = 1;
-        if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != 0) {
-          failed = 1;
-          atomic_store(&shm->abort, 1);
-          if (WIFSIGNALED(status[r])) fprintf(stderr, "%s: rank %d died of signal %d\n", prog, r, WTERMSIG(status[r]));
-        }
-      }
-    if (bench_now_ns() > deadline) {
-      fprintf(stderr, "%s: global deadline passed; killing ranks\n", prog);
-      for (int r = 0; r < 2; r++)
-        if (!exited[r]) kill(pid[r], SIGKILL), waitpid(pid[r], &status[r], 0), exited[r] = 1;
-      failed = 1;
-    }
-    struct timespec ts = {0, 5 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
+  int failed = two_ranks_wait(pid, deadline, &shm->abort, prog);
   for (int r = 0; r < 2; r++)
     if (shm->fail[r][0]) fprintf(stderr, "%s: %s\n", prog, shm->fail[r]);
   return failed ? 1 : 0;

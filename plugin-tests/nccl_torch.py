@@ -144,15 +144,7 @@ def child(a):
     # time AllReduce of 1, 8 and 64 MiB (nccl-tests' busbw: algbw * 2(n-1)/n)
     for mib in (1, 8, 64):
         x = torch.ones(mib << 18, device=dev)
-        for _ in range(3):
-            dist.all_reduce(x)
-        torch.cuda.synchronize()
-        iters = 10
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(x)
-        torch.cuda.synchronize()
-        dt = (time.perf_counter() - t0) / iters
+        dt = time_allreduce(x, 10, 3)
         if rank == 0:
             algbw = x.numel() * 4 / dt / 1e9
             print(f"rank 0: allreduce {mib} MiB: {dt * 1e6:.0f} us, algbw {algbw:.2f} GB/s, "
@@ -163,6 +155,21 @@ def child(a):
         print(f"rank {rank}: WRONG {b}", flush=True)
     print(f"rank {rank}: {checks - len(bad)} passed, {len(bad)} failed", flush=True)
     return 1 if bad else 0
+
+
+def time_allreduce(x, iters, warm):
+    """Seconds per in-place AllReduce of `x` (sum), after `warm` untimed ones."""
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(warm):
+        dist.all_reduce(x)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(x)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / iters
 
 
 def parse_bytes(v):
@@ -187,14 +194,7 @@ def sweep(a, rank, n, dev):
             bad += 1
             print(f"rank {rank}: WRONG sweep {size} B", flush=True)
         iters, warm = (50, 5) if size < (1 << 20) else (20, 3) if size < (32 << 20) else (5, 2)
-        for _ in range(warm):
-            dist.all_reduce(x)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(x)
-        torch.cuda.synchronize()
-        dt = (time.perf_counter() - t0) / iters
+        dt = time_allreduce(x, iters, warm)
         if rank == 0:
             print(f"rank 0: sweep {count * 4} {dt * 1e6:.1f}", flush=True)
         size *= 4

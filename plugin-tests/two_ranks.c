@@ -1,6 +1,6 @@
 /*
  * two_ranks.c: size arguments and the parent's bounded wait of the two-rank benchmarks
- * (net_bench, tcp_streams); see two_ranks.h.
+ * (net_bench, tcp_streams, and bench_core's rma_raw and neuron_bench); see two_ranks.h.
  */
 #include "two_ranks.h"
 
@@ -20,6 +20,7 @@ int two_ranks_parse_size(const char* s, size_t* out) {
   if (*end == 'k' || *end == 'K') mul = 1024, end++;
   else if (*end == 'm' || *end == 'M') mul = 1024 * 1024, end++;
   else if (*end == 'g' || *end == 'G') mul = 1024UL * 1024 * 1024, end++;
+  if (mul > 1 && *end == 'i') end++;
   if (*end == 'B' || *end == 'b') end++;
   if (*end) return -1;
   *out = (size_t)(v * (double)mul);

@@ -1,5 +1,5 @@
 /*
- * two_ranks.h: what net_bench and tcp_streams share as two-rank benchmarks forked from one
+ * two_ranks.h: what the two-rank benchmarks (net_bench, tcp_streams, bench_core's) share, forked from one
  * parent: size arguments and the parent's bounded wait for its ranks.
  */
 #ifndef TWO_RANKS_H
@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-/* "64K", "1M", "8" -> bytes (K/M/G are powers of 1024, a trailing B is ignored); 0 or -1. */
+/* "64K", "1MiB", "8" -> bytes (K/M/G are powers of 1024, a trailing i or B is ignored); 0 or -1. */
 int two_ranks_parse_size(const char* s, size_t* out);
 
 /* Wait for both ranks until `deadline_ns` (CLOCK_MONOTONIC); a rank that fails or dies sets
