@@ -11,6 +11,8 @@
 #   PROVIDERS       providers to run (default: "tcp shm net", net where fi_info finds it)
 #   BUILDS          builds to run: "normal asan" (default)
 #   HARNESS_ARGS    extra net_harness arguments, e.g. "--scenario xfer,group" or "--cycles 200"
+#   STRIPE_STREAMS  FABRICOLL_NET_STREAMS of one more pass of the data scenarios over tcp and net
+#                   (default 4; 0 skips it)
 #   RUN_TIMEOUT     seconds allowed per harness run (default 1800); the harness also has its own
 #                   per-scenario deadlines, this is the outer bound
 #   CAPI            1 (default): also run the C API examples; 0: only the net harness
@@ -116,6 +118,27 @@ for build in $BUILDS; do
     summary="$summary  $prov/$build: $p passed, $f failed (log: $log)\n"
   done
 done
+
+# ---- the net harness with striped comms (FABRICOLL_NET_STREAMS) across processes -----------
+# The data scenarios once more over the IP providers, normal build, with several endpoints per
+# device: messages from 256 KiB are cut over them (tests/net_stripe.rs covers one process).
+if [ "${STRIPE_STREAMS:-4}" != 0 ]; then
+  for prov in $PROVIDERS; do
+    is_ip "$prov" || continue
+    log="$LOGDIR/$prov-stripes.log"
+    echo "== provider $prov, FABRICOLL_NET_STREAMS=${STRIPE_STREAMS:-4} (normal build) =="
+    out=$(timeout --kill-after=15 "$RUN_TIMEOUT" env FABRICOLL_PROVIDER="$prov" FABRICOLL_DOMAIN=lo \
+      FABRICOLL_NET_STREAMS="${STRIPE_STREAMS:-4}" "$HERE/build/net_harness" --lib "$LIB" \
+      --scenario xfer,group,multi,inflight32,pairs16,crossed,ring4,kill --kill-timeout-ms 3000 \
+      --expect-multi 128 2>"$log")
+    rc=$?
+    printf '%s\n' "$out"
+    harness_counts net_harness "harness-run: $prov/stripes" "$out" "$rc" "$log"
+    total_pass=$((total_pass + p))
+    total_fail=$((total_fail + f))
+    summary="$summary  $prov/stripes: $p passed, $f failed (log: $log)\n"
+  done
+fi
 
 # ---- CollNet harness ------------------------------------------------------------------------
 if [ "$COLLNET" = 1 ]; then
