@@ -404,28 +404,31 @@ int bench_parse(int argc, char** argv, bench_cfg_t* c, const char* prog, const c
   return 0;
 }
 
+struct fork_arg {
+  struct bench_shm* shm;
+  const bench_cfg_t* cfg;
+  int (*rank_main)(bench_t* b);
+};
+
+/* A forked rank: its context, the tool's rank_main, its buffers freed. */
+static int bench_child(int rank, void* arg) {
+  const struct fork_arg* a = arg;
+  bench_t b = {.rank = rank, .shm = a->shm, .cfg = a->cfg};
+  int rc = a->rank_main(&b);
+  free(b.sbuf);
+  free(b.rbuf);
+  return rc;
+}
+
 int bench_fork(const bench_cfg_t* cfg, const char* prog, int (*rank_main)(bench_t* b)) {
   struct bench_shm* shm = mmap(NULL, sizeof *shm, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (shm == MAP_FAILED) return perror("mmap"), 1;
   memset(shm, 0, sizeof *shm);
-  fflush(NULL);
   int nsizes = cfg->nlist;
   for (size_t s = cfg->min; !cfg->nlist && s <= cfg->max && nsizes < BENCH_MAXSIZES; s *= cfg->factor) nsizes++;
-  pid_t parent = getpid(), pid[2];
-  for (int r = 0; r < 2; r++) {
-    pid[r] = fork();
-    if (pid[r] < 0) return perror("fork"), 1;
-    if (pid[r] == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(3);
-      bench_t b = {.rank = r, .shm = shm, .cfg = cfg};
-      int rc = rank_main(&b);
-      free(b.sbuf);
-      free(b.rbuf);
-      fflush(NULL);
-      _exit(rc == 0 ? 0 : 1);
-    }
-  }
+  struct fork_arg a = {.shm = shm, .cfg = cfg, .rank_main = rank_main};
+  pid_t pid[2];
+  if (two_ranks_fork(pid, bench_child, &a)) return 1;
   /* global deadline: four ops per size at a few times -t each, plus set-up and one wait's timeout */
   int64_t deadline =
       bench_now_ns() + (int64_t)((nsizes * 4 * (cfg->secs * 4 + 5) + 60) * 1e9) + cfg->timeout_ms * 1000000LL;

@@ -321,6 +321,15 @@ static void usage(FILE* f) {
              " [--version 6..12]\n");
 }
 
+/* A forked rank (two_ranks_fork): its context over the shared mapping, then rank_main. */
+static int bench_child(int rank, void* shm) {
+  bctx_t c;
+  memset(&c, 0, sizeof c);
+  c.rank = rank;
+  c.shm = shm;
+  return rank_main(&c);
+}
+
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
@@ -365,23 +374,8 @@ int main(int argc, char** argv) {
   struct bshm* shm = mmap(NULL, sizeof *shm, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (shm == MAP_FAILED) return perror("mmap"), 1;
   memset(shm, 0, sizeof *shm);
-  fflush(NULL);
-  pid_t parent = getpid(), pid[2];
-  for (int r = 0; r < 2; r++) {
-    pid[r] = fork();
-    if (pid[r] < 0) return perror("fork"), 1;
-    if (pid[r] == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(3);
-      bctx_t c;
-      memset(&c, 0, sizeof c);
-      c.rank = r;
-      c.shm = shm;
-      int rc = rank_main(&c);
-      fflush(NULL);
-      exit(rc == 0 ? 0 : 1);
-    }
-  }
+  pid_t pid[2];
+  if (two_ranks_fork(pid, bench_child, shm)) return 1;
   /* global deadline: generous per size, plus setup */
   int64_t deadline = now_ns() + (int64_t)((nsizes * (g_secs * 3 + 10) + 120) * 1e9);
   int failed = two_ranks_wait(pid, deadline, &shm->abort, "net_bench");

@@ -275,6 +275,19 @@ static void usage(FILE* f) {
              " [-c MINCHUNK]\n", MAXSOCKS);
 }
 
+struct listener {
+  int fd;
+  const struct sockaddr_in* addr;
+};
+
+/* A forked rank (two_ranks_fork): rank 0 connects and so needs no listening socket. */
+static int streams_child(int rank, void* arg) {
+  const struct listener* l = arg;
+  g_rank = rank;
+  if (rank == 0) close(l->fd);
+  return rank_main(l->fd, l->addr);
+}
+
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
@@ -321,21 +334,9 @@ int main(int argc, char** argv) {
   if (lfd < 0 || bind(lfd, (struct sockaddr*)&addr, sizeof addr) || listen(lfd, MAXSOCKS) ||
       getsockname(lfd, (struct sockaddr*)&addr, &alen) || setsockopt(lfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv))
     return perror("tcp_streams: listening socket on 127.0.0.1"), 1;
-  fflush(NULL);
-  pid_t parent = getpid(), pid[2];
-  for (int r = 0; r < 2; r++) {
-    pid[r] = fork();
-    if (pid[r] < 0) return perror("fork"), 1;
-    if (pid[r] == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(3);
-      g_rank = r;
-      if (r == 0) close(lfd);
-      int rc = rank_main(lfd, &addr);
-      fflush(NULL);
-      exit(rc == 0 ? 0 : 1);
-    }
-  }
+  struct listener l = {lfd, &addr};
+  pid_t pid[2];
+  if (two_ranks_fork(pid, streams_child, &l)) return 1;
   close(lfd);
   /* global deadline: generous per size, plus setup */
   int64_t deadline = now_ns() + (int64_t)((nsizes * (g_secs * 3 + 10) + 60) * 1e9);

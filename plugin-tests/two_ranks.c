@@ -8,7 +8,9 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <time.h>
 
 int two_ranks_parse_size(const char* s, size_t* out) {
@@ -24,6 +26,25 @@ int two_ranks_parse_size(const char* s, size_t* out) {
   if (*end == 'B' || *end == 'b') end++;
   if (*end) return -1;
   *out = (size_t)(v * (double)mul);
+  return 0;
+}
+
+int two_ranks_fork(pid_t pid[2], int (*child)(int rank, void* arg), void* arg) {
+  fflush(NULL);
+  pid_t parent = getpid();
+  for (int r = 0; r < 2; r++) {
+    pid[r] = fork();
+    if (pid[r] < 0) {
+      perror("fork");
+      if (r == 1) kill(pid[0], SIGKILL), waitpid(pid[0], NULL, 0);
+      return -1;
+    }
+    if (pid[r] == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(3);
+      exit(child(r, arg) == 0 ? 0 : 1);
+    }
+  }
   return 0;
 }
 
