@@ -75,6 +75,25 @@ total_pass=0
 total_fail=0
 summary=""
 
+# net_run LABEL LOG EXE [VAR=VALUE...] -- [ARGS...]: one net_harness run, counted and summarised.
+# --expect-multi 128: fabricoll's maxMultiRequestSize (a receive comm's requests in flight).
+# The kill and badinput ranks run with FABRICOLL_TIMEOUT_MS=3000 (--kill-timeout-ms), so a dead
+# peer must be reported within 3 s (+5 s slack); the other scenarios use the plugin's default.
+net_run() {
+  local label=$1 log=$2 exe=$3 envs=() out rc
+  shift 3
+  while [ "$#" -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+  shift
+  out=$(timeout --kill-after=15 "$RUN_TIMEOUT" env -u FABRICOLL_DOMAIN "${envs[@]}" "$exe" --lib "$LIB" \
+    --kill-timeout-ms 3000 --expect-multi 128 "$@" 2>"$log")
+  rc=$?
+  printf '%s\n' "$out"
+  harness_counts net_harness "harness-run: $label" "$out" "$rc" "$log"
+  total_pass=$((total_pass + p))
+  total_fail=$((total_fail + f))
+  summary="$summary  $label: $p passed, $f failed (log: $log)\n"
+}
+
 for build in $BUILDS; do
   case "$build" in
     normal) exe="$HERE/build/net_harness" ;;
@@ -96,9 +115,6 @@ for build in $BUILDS; do
       # cycles scenario's RSS-growth check would read as a leak.
       envs+=(ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:print_summary=1:quarantine_size_mb=4")
     fi
-    # --expect-multi 128: fabricoll's maxMultiRequestSize (a receive comm's requests in flight).
-    # The kill and badinput ranks run with FABRICOLL_TIMEOUT_MS=3000 (--kill-timeout-ms), so a dead
-    # peer must be reported within 3 s (+5 s slack); the other scenarios use the plugin's default.
     scen=all
     if [ "$prov" = shm ] && [ "${SHM_KILL:-1}" != 1 ]; then
       # libfabric 1.17's shm: a rank SIGKILLed while holding a lock in its shared region leaves
@@ -108,14 +124,8 @@ for build in $BUILDS; do
       scen=symbols,connect2,connect1,xfer,group,multi,inflight32,pairs16,ring4,badinput,cycles,versions,reload
       echo "SKIP kill on shm (SHM_KILL=0)"
     fi
-    out=$(timeout --kill-after=15 "$RUN_TIMEOUT" env -u FABRICOLL_DOMAIN "${envs[@]}" "$exe" --lib "$LIB" \
-      --scenario "$scen" --kill-timeout-ms 3000 --expect-multi 128 ${HARNESS_ARGS:-} 2>"$log")
-    rc=$?
-    printf '%s\n' "$out"
-    harness_counts net_harness "harness-run: $prov/$build" "$out" "$rc" "$log"
-    total_pass=$((total_pass + p))
-    total_fail=$((total_fail + f))
-    summary="$summary  $prov/$build: $p passed, $f failed (log: $log)\n"
+    # shellcheck disable=SC2086 # HARNESS_ARGS is a word list
+    net_run "$prov/$build" "$log" "$exe" "${envs[@]}" -- --scenario "$scen" ${HARNESS_ARGS:-}
   done
 done
 
@@ -127,16 +137,9 @@ if [ "${STRIPE_STREAMS:-4}" != 0 ]; then
     is_ip "$prov" || continue
     log="$LOGDIR/$prov-stripes.log"
     echo "== provider $prov, FABRICOLL_NET_STREAMS=${STRIPE_STREAMS:-4} (normal build) =="
-    out=$(timeout --kill-after=15 "$RUN_TIMEOUT" env FABRICOLL_PROVIDER="$prov" FABRICOLL_DOMAIN=lo \
-      FABRICOLL_NET_STREAMS="${STRIPE_STREAMS:-4}" "$HERE/build/net_harness" --lib "$LIB" \
-      --scenario xfer,group,multi,inflight32,pairs16,crossed,ring4,kill --kill-timeout-ms 3000 \
-      --expect-multi 128 2>"$log")
-    rc=$?
-    printf '%s\n' "$out"
-    harness_counts net_harness "harness-run: $prov/stripes" "$out" "$rc" "$log"
-    total_pass=$((total_pass + p))
-    total_fail=$((total_fail + f))
-    summary="$summary  $prov/stripes: $p passed, $f failed (log: $log)\n"
+    net_run "$prov/stripes" "$log" "$HERE/build/net_harness" FABRICOLL_PROVIDER="$prov" \
+      FABRICOLL_DOMAIN=lo FABRICOLL_NET_STREAMS="${STRIPE_STREAMS:-4}" -- \
+      --scenario xfer,group,multi,inflight32,pairs16,crossed,ring4,kill
   done
 fi
 
