@@ -4,8 +4,10 @@ use crate::error::{Error, Result};
 use once_cell::sync::OnceCell;
 use std::time::Duration;
 
+mod timeout;
 mod vars;
 
+pub use timeout::{Timeout, TimeoutSource};
 pub use vars::{Var, VARS};
 
 /// The resolved configuration.
@@ -14,6 +16,8 @@ pub struct Config {
     pub provider: Option<String>,
     pub domains: Option<Vec<String>>,
     pub timeout: Duration,
+    /// Where `timeout` came from, for the errors that say it passed (`timeout_setting`).
+    pub timeout_source: TimeoutSource,
     pub log: Option<String>,
     pub speed_mbps: u32,
     /// `FABRICOLL_POLL_US`; None: the transport's default (`transport::Caps::poll_window`).
@@ -114,9 +118,12 @@ impl Config {
                 Some(list)
             }
         };
-        let timeout = match nonempty("FABRICOLL_TIMEOUT_MS") {
-            None => Duration::from_millis(600_000),
-            Some(v) => Duration::from_millis(int("FABRICOLL_TIMEOUT_MS", &v, 1, 86_400_000)?),
+        let (timeout, timeout_source) = match nonempty("FABRICOLL_TIMEOUT_MS") {
+            None => (Duration::from_millis(600_000), TimeoutSource::Default),
+            Some(v) => (
+                Duration::from_millis(int("FABRICOLL_TIMEOUT_MS", &v, 1, 86_400_000)?),
+                TimeoutSource::Env,
+            ),
         };
         let log = nonempty("FABRICOLL_LOG");
         if let Some(l) = &log {
@@ -247,6 +254,7 @@ impl Config {
             intra_provider_var: "FABRICOLL_INTRA_PROVIDER",
             domains,
             timeout,
+            timeout_source,
             log,
             speed_mbps,
             poll,
@@ -260,6 +268,12 @@ impl Config {
 
     pub fn from_env() -> Result<Config> {
         Config::from_lookup(|n| std::env::var(n).ok())
+    }
+
+    /// `timeout` with where it came from: what the waits bounded by it carry, so that their
+    /// errors name the setting to change.
+    pub fn timeout_setting(&self) -> Timeout {
+        Timeout::new(self.timeout, self.timeout_source)
     }
 
     /// This configuration with `o`'s settings in place of its own. A bad setting is an
@@ -281,6 +295,7 @@ impl Config {
                 ));
             }
             c.timeout = Duration::from_millis(ms as u64);
+            c.timeout_source = TimeoutSource::Config;
         }
         if let Some(a) = o.algo {
             c.algo = Some(a);
@@ -355,6 +370,7 @@ mod tests {
     fn defaults() {
         let c = parse(&[]).unwrap();
         assert_eq!(c.timeout, Duration::from_secs(600));
+        assert_eq!(c.timeout_source, TimeoutSource::Default);
         assert_eq!(c.provider, None);
         assert_eq!(c.mr_cache, None);
         assert!(c.shm_fastbox);
@@ -444,6 +460,14 @@ mod tests {
             })
             .unwrap();
         assert_eq!(c.timeout, Duration::from_millis(250));
+        assert_eq!(
+            c.timeout_setting().to_string(),
+            "250 ms (fabricoll_config.timeout_ms)"
+        );
+        assert_eq!(
+            env.timeout_setting().to_string(),
+            "600000 ms (FABRICOLL_TIMEOUT_MS)"
+        );
         assert_eq!(c.algo, env.algo, "unset fields keep the environment's");
         assert_eq!(c.provider.as_deref(), Some("tcp;ofi_rxm"));
         assert_eq!(c.provider_var, "config.provider");

@@ -147,7 +147,7 @@ fn unique_id(args: &[String]) -> i32 {
             return 2;
         }
     }
-    let root = match bootstrap::listen(bind, None, ranks, cfg.timeout) {
+    let root = match bootstrap::listen(bind, None, ranks, cfg.timeout_setting()) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("fabricoll-info: --unique-id: {e}");

@@ -3,6 +3,7 @@
 //! Every wait has a deadline. The root serves one communicator, then its thread ends.
 #![forbid(unsafe_code)]
 
+use crate::config::Timeout;
 use crate::error::{Error, Result};
 use crate::exec::MAX_RANKS;
 use std::collections::BTreeMap;
@@ -291,13 +292,15 @@ impl Root {
 }
 
 /// Start a root on `bind` (port 0: any) serving one communicator of `nranks` ranks (None: as
-/// many as the first rank to arrive says), with `nonce` (None: a fresh one).
+/// many as the first rank to arrive says), with `nonce` (None: a fresh one), for `timeout` (a
+/// `Config::timeout_setting`, whose source its errors name, or a bare `Duration`).
 pub fn listen(
     bind: SocketAddr,
     nonce_value: Option<u64>,
     nranks: Option<usize>,
-    timeout: Duration,
+    timeout: impl Into<Timeout>,
 ) -> Result<Root> {
+    let timeout = timeout.into();
     if let Some(n) = nranks {
         check_ranks(0, n)?;
     }
@@ -333,13 +336,17 @@ pub fn listen(
 
 /// Start a root on `bind` (port 0: any) serving one communicator; returns its unique id (the
 /// root's thread runs on by itself).
-pub fn serve(bind: SocketAddr, nonce_value: Option<u64>, timeout: Duration) -> Result<UniqueId> {
+pub fn serve(
+    bind: SocketAddr,
+    nonce_value: Option<u64>,
+    timeout: impl Into<Timeout>,
+) -> Result<UniqueId> {
     Ok(listen(bind, nonce_value, None, timeout)?.id)
 }
 
 /// A unique id for a new communicator, with its root listening on `FABRICOLL_BOOTSTRAP_ADDR`'s
 /// address (default 127.0.0.1: single host).
-pub fn new_unique_id(bind_ip: IpAddr, timeout: Duration) -> Result<UniqueId> {
+pub fn new_unique_id(bind_ip: IpAddr, timeout: impl Into<Timeout>) -> Result<UniqueId> {
     serve(SocketAddr::new(bind_ip, 0), None, timeout)
 }
 
@@ -358,8 +365,8 @@ fn missing(arrived: &BTreeMap<usize, (TcpStream, Vec<u8>)>, nranks: usize) -> St
 /// The communicator's size is `expected`, or (0) the first good hello's `nranks`; ranks that
 /// disagree are refused. Memory grows only with the ranks that arrived (at most `MAX_ADDR`
 /// bytes each).
-fn root(listener: TcpListener, id: UniqueId, expected: usize, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
+fn root(listener: TcpListener, id: UniqueId, expected: usize, timeout: Timeout) -> Result<()> {
+    let deadline = Instant::now() + timeout.limit;
     listener
         .set_nonblocking(true)
         .map_err(|e| io("listener", e))?;
@@ -373,16 +380,11 @@ fn root(listener: TcpListener, id: UniqueId, expected: usize, timeout: Duration)
     while nranks == 0 || conns.len() < nranks {
         if Instant::now() > deadline {
             let e = Error::Timeout(if nranks == 0 {
-                format!(
-                    "no rank arrived within FABRICOLL_TIMEOUT_MS ({} ms)",
-                    timeout.as_millis()
-                )
+                format!("no rank arrived within {timeout}")
             } else {
                 format!(
-                    "{} of {nranks} ranks did not arrive within FABRICOLL_TIMEOUT_MS ({} ms): \
-                     rank(s) {} missing",
+                    "{} of {nranks} ranks did not arrive within {timeout}: rank(s) {} missing",
                     nranks - conns.len(),
-                    timeout.as_millis(),
                     missing(&conns, nranks)
                 )
             });
@@ -446,14 +448,16 @@ fn root(listener: TcpListener, id: UniqueId, expected: usize, timeout: Duration)
     Ok(())
 }
 
-/// Join the communicator of `id` as `rank` of `nranks`, sending `addr`; returns every rank's address.
+/// Join the communicator of `id` as `rank` of `nranks`, sending `addr`, within `timeout` (as
+/// `listen`'s); returns every rank's address.
 pub fn exchange(
     id: &UniqueId,
     rank: usize,
     nranks: usize,
     addr: &[u8],
-    timeout: Duration,
+    timeout: impl Into<Timeout>,
 ) -> Result<Vec<Vec<u8>>> {
+    let timeout = timeout.into();
     check_ranks(rank, nranks)?;
     if addr.len() > MAX_ADDR {
         return Err(Error::Internal(format!(
@@ -461,7 +465,7 @@ pub fn exchange(
             addr.len()
         )));
     }
-    let deadline = Instant::now() + timeout;
+    let deadline = Instant::now() + timeout.limit;
     let mut s = loop {
         match TcpStream::connect_timeout(&id.addr, Duration::from_millis(500)) {
             Ok(s) => break s,
@@ -471,7 +475,7 @@ pub fn exchange(
             }
             Err(e) => {
                 return Err(Error::Timeout(format!(
-                    "bootstrap: cannot reach the root at {} ({e})",
+                    "bootstrap: cannot reach the root at {} within {timeout} ({e})",
                     id.addr
                 )))
             }
@@ -488,9 +492,8 @@ pub fn exchange(
     s.write_all(&hello).map_err(|e| io("hello", e))?;
     let late = || {
         format!(
-            "the table did not come within FABRICOLL_TIMEOUT_MS ({} ms): not every one of the \
-             {nranks} ranks reached the root at {}",
-            timeout.as_millis(),
+            "the table did not come within {timeout}: not every one of the {nranks} ranks \
+             reached the root at {}",
             id.addr
         )
     };

@@ -6,7 +6,7 @@ use super::engine::{Engine, ReqState};
 use super::notify::Notifier;
 use super::{bootstrap, placement, Kind};
 use crate::algo::{self, Algorithm, Collective, Hosts, Options, Span};
-use crate::config::Config;
+use crate::config::{Config, Timeout};
 use crate::error::{Error, Result};
 use crate::reduce::DataType;
 use crate::transport::tiered::{self, Tiered};
@@ -25,7 +25,7 @@ pub struct Comm {
     pub(super) transport: Arc<dyn Transport>,
     pub(super) peers: Vec<Peer>,
     pub(super) engine: Mutex<Engine>,
-    pub(super) timeout: Duration,
+    pub(super) timeout: Timeout,
     pub(super) poll: Duration,
     pub(super) algo: Mutex<Option<Algorithm>>,
     pub(super) model: Model,
@@ -143,7 +143,7 @@ impl Comm {
             transport,
             peers,
             engine: Mutex::new(Engine::new(nranks)),
-            timeout: cfg.timeout,
+            timeout: cfg.timeout_setting(),
             poll,
             algo: Mutex::new(cfg.algo),
             model: Model::from_config(cfg)
@@ -184,7 +184,7 @@ impl Comm {
         bootstrap::check_ranks(rank, nranks)?;
         let t = open_endpoint_on(cfg, device)?;
         let mine = Envelope::here(&*t, cfg).to_bytes();
-        let all = bootstrap::exchange(id, rank, nranks, &mine, cfg.timeout)?;
+        let all = bootstrap::exchange(id, rank, nranks, &mine, cfg.timeout_setting())?;
         let mut comm = Comm::agreed(rank, t, &all, cfg)?;
         comm.learn_placement()?;
         comm.calibrate()?;

@@ -452,8 +452,9 @@ impl Launch {
     }
 
     /// The unique id of this job's root: rank 0 starts the root where this process serves it.
-    /// Every wait has the deadline `FABRICOLL_TIMEOUT_MS`.
+    /// Every wait has the deadline `cfg.timeout`, whose source its error names.
     pub fn unique_id(&self, cfg: &Config) -> Result<UniqueId> {
+        let timeout = cfg.timeout_setting();
         match &self.rendezvous {
             Rendezvous::Id(id) => Ok(*id),
             Rendezvous::Listen { addr, nonce, var } => {
@@ -469,7 +470,7 @@ impl Launch {
                         SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
                     };
                     let at = SocketAddr::new(any, addr.port());
-                    bootstrap::listen(at, Some(*nonce), Some(self.nranks), cfg.timeout).map_err(
+                    bootstrap::listen(at, Some(*nonce), Some(self.nranks), timeout).map_err(
                         |e| {
                             Error::arg(
                                 var,
@@ -481,10 +482,10 @@ impl Launch {
                 Ok(id)
             }
             Rendezvous::File { path, nonce } if self.rank == 0 => {
-                publish(path, *nonce, self.nranks, bind_ip(cfg), cfg.timeout)
+                publish(path, *nonce, self.nranks, bind_ip(cfg), timeout)
             }
             Rendezvous::File { path, nonce } => {
-                await_file(path, *nonce, Instant::now() + cfg.timeout, cfg.timeout)
+                await_file(path, *nonce, Instant::now() + timeout.limit, timeout)
             }
         }
     }

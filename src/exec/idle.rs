@@ -78,11 +78,11 @@ impl Exec {
             return Ok(());
         }
         self.stalled(now.duration_since(last));
-        if now.duration_since(last) > self.job.args.timeout {
+        if now.duration_since(last) > self.job.args.timeout.limit {
             return Err(Error::Timeout(format!(
-                "{:?} made no progress for {} ms (FABRICOLL_TIMEOUT_MS): {} of {} steps done; is every rank alive and making the same call (collective, count, type, op, root)?",
+                "{:?} made no progress for {}: {} of {} steps done; is every rank alive and making the same call (collective, count, type, op, root)?",
                 self.job.args.tags,
-                self.job.args.timeout.as_millis(),
+                self.job.args.timeout,
                 self.done,
                 self.state.len()
             )));

@@ -6,11 +6,11 @@ use super::notice::Watch;
 use super::pool::{owned, Lists, LISTS_KEPT};
 use super::{Args, BufPool, Exec, Job, Plan, Signature, St, Tags};
 use crate::algo::{Buf, Collective, Span};
+use crate::config::Timeout;
 use crate::error::{Error, Result};
 use crate::reduce::{self, DataType, RedOp};
 use crate::transport::{Peer, Region, Scratch, Transport};
 use std::sync::Arc;
-use std::time::Duration;
 
 impl Exec {
     /// Prepare rank `job.rank`'s steps (`plan` is `Plan::new` of the same schedule and rank);
@@ -221,7 +221,7 @@ impl Exec {
         count: usize,
         dtype: DataType,
         k: u64,
-        timeout: Duration,
+        timeout: Timeout,
         id: u32,
         pool: &mut BufPool,
     ) -> Result<Box<Exec>> {

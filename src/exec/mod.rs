@@ -43,13 +43,14 @@ pub use tags::{
 };
 
 use crate::algo::{Buf, Collective, Op, Schedule, Span};
+use crate::config::Timeout;
 use crate::error::{Error, Result};
 use crate::reduce::{self, DataType, RedOp};
 use crate::transport::{Region, Scratch};
 use pool::owned;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Where a step is: waiting for its dependencies, posted to the transport, or done.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,7 +76,8 @@ pub struct Args {
     pub out: Region,
     /// How messages are tagged.
     pub tags: Tags,
-    pub timeout: Duration,
+    /// How long the call may go without progress, and where that was set (for its error).
+    pub timeout: Timeout,
     /// Post ready sends before ready receives (see `Exec::priority`).
     pub sends_first: bool,
     /// In place: run on a backup of the whole input, which restores the caller's buffer if

@@ -102,7 +102,7 @@ pub(super) fn rank0_job(
             // SAFETY: as above.
             out: unsafe { out.region() },
             tags: Tags::Coll(0),
-            timeout: Duration::from_secs(1),
+            timeout: Duration::from_secs(1).into(),
             sends_first,
             restore: true,
         },

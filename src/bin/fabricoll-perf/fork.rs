@@ -23,7 +23,8 @@ pub fn bind_plan(bind: Bind, ranks: usize, cpus: &[usize]) -> Vec<Option<usize>>
 /// Forks `a.ranks` copies of this program with the same `argv`, each told its rank, and runs
 /// the bootstrap root here; waits for them all, and stops the others when one fails.
 pub fn fork_ranks(a: &Args, argv: &[String], cfg: &Config) -> ExitCode {
-    let id = match bootstrap::new_unique_id(bootstrap::default_bind_ip(cfg), cfg.timeout) {
+    let timeout = cfg.timeout_setting();
+    let id = match bootstrap::new_unique_id(bootstrap::default_bind_ip(cfg), timeout) {
         Ok(id) => id,
         Err(e) => {
             eprintln!("fabricoll-perf: {e}");

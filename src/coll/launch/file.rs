@@ -1,7 +1,7 @@
 //! The file route of a launch (`FABRICOLL_ROOT_FILE`): rank 0 serves a root on an address
 //! the other hosts can reach and writes its id to a file they all see; the others wait for it.
 use super::bootstrap::{self, UniqueId};
-use crate::config::Config;
+use crate::config::{Config, Timeout};
 use crate::error::{Error, Result};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -30,7 +30,7 @@ pub(super) fn publish(
     nonce: Option<u64>,
     nranks: usize,
     ip: IpAddr,
-    timeout: Duration,
+    timeout: impl Into<Timeout>,
 ) -> Result<UniqueId> {
     let root = bootstrap::listen(SocketAddr::new(ip, 0), nonce, Some(nranks), timeout)?;
     let id = root.id;
@@ -66,14 +66,16 @@ pub(super) fn publish(
     Ok(id)
 }
 
-/// The other ranks of the file route: wait (until `deadline`) for the file to hold an id of
-/// this job (with a job nonce, an id with another nonce is a stale file: wait on).
+/// The other ranks of the file route: wait (until `deadline`, `timeout` from now) for the file
+/// to hold an id of this job (with a job nonce, an id with another nonce is a stale file: wait
+/// on).
 pub(super) fn await_file(
     path: &Path,
     nonce: Option<u64>,
     deadline: Instant,
-    timeout: Duration,
+    timeout: impl Into<Timeout>,
 ) -> Result<UniqueId> {
+    let timeout = timeout.into();
     loop {
         match std::fs::read_to_string(path) {
             Ok(s) => {
@@ -91,10 +93,8 @@ pub(super) fn await_file(
         }
         if Instant::now() >= deadline {
             return Err(Error::Timeout(format!(
-                "FABRICOLL_ROOT_FILE {}: rank 0 did not write this job's id within \
-                 FABRICOLL_TIMEOUT_MS ({} ms)",
-                path.display(),
-                timeout.as_millis()
+                "FABRICOLL_ROOT_FILE {}: rank 0 did not write this job's id within {timeout}",
+                path.display()
             )));
         }
         std::thread::sleep(Duration::from_millis(20));

@@ -23,7 +23,7 @@ pub extern "C" fn fabricoll_get_unique_id(id: *mut fabricoll_unique_id) -> fabri
 
 /// A new unique id, its root listening where `cfg` says.
 pub(super) fn unique_id(cfg: &Config) -> Result<fabricoll_unique_id> {
-    let u = bootstrap::new_unique_id(bootstrap::default_bind_ip(cfg), cfg.timeout)?;
+    let u = bootstrap::new_unique_id(bootstrap::default_bind_ip(cfg), cfg.timeout_setting())?;
     let mut internal = [0 as c_char; 128];
     for (d, s) in internal.iter_mut().zip(u.to_bytes()) {
         *d = s as c_char;
