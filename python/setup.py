@@ -1,4 +1,7 @@
-"""Build hook: ship libnccl_net_fabricoll.so inside the package (fabricoll/lib/).
+"""Build hook: ship libnccl_net_fabricoll.so inside the package (fabricoll/lib/), and build
+the torch backend's compiled front, ``fabricoll._c10d`` (fabricoll/csrc/), when torch is
+importable at build time (``pip install --no-build-isolation ./python`` in an environment
+with torch; ``FABRICOLL_TORCH_EXT=0`` skips it). Without it the backend runs in Python alone.
 
 The library comes from ``FABRICOLL_LIB`` when set, else from the repository's
 ``target/release`` (running ``cargo build --release`` in the repository root first when it
@@ -44,6 +47,27 @@ def version():
     return lib.fabricoll_version().decode()
 
 
+def torch_extension():
+    """(cmdclass, ext_modules) for fabricoll._c10d, or ({}, []) when it is not built."""
+    if os.environ.get("FABRICOLL_TORCH_EXT") == "0":
+        return {}, []
+    try:
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except ImportError:
+        print("fabricoll: torch is not importable here: fabricoll._c10d is not built "
+              "(the torch backend runs in Python alone)")
+        return {}, []
+    csrc = os.path.join("fabricoll", "csrc")
+    ext = CppExtension(
+        "fabricoll._c10d",
+        sources=[os.path.join(csrc, f) for f in ("api.cpp", "work.cpp", "backend.cpp", "module.cpp")],
+        include_dirs=[os.path.join(REPO, "include")],
+        extra_compile_args=["-O2", "-g0", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter"],
+        libraries=["dl"],
+    )
+    return {"build_ext": BuildExtension}, [ext]
+
+
 class BuildPy(build_py):
     """Copies the library into the built package."""
 
@@ -59,4 +83,10 @@ class BinaryDistribution(Distribution):
         return True
 
 
-setup(version=version(), cmdclass={"build_py": BuildPy}, distclass=BinaryDistribution)
+_cmdclass, _ext_modules = torch_extension()
+setup(
+    version=version(),
+    cmdclass={"build_py": BuildPy, **_cmdclass},
+    ext_modules=_ext_modules,
+    distclass=BinaryDistribution,
+)

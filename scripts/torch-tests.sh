@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # scripts/torch-tests.sh [--full] [ARGS...] - the torch.distributed backend's tests (issue 33).
 #
-# Makes (or reuses) the torch venv (scripts/deps.sh --torch), then runs python/tests (tests.run):
+# Makes (or reuses) the torch venv (scripts/deps.sh --torch), builds the backend's compiled front
+# (fabricoll._c10d, python/fabricoll/csrc; about a minute) in place, then runs python/tests
+# (tests.run) with it required (FABRICOLL_TORCH_EXT=1; tests.test_ops.PythonOnly runs the Python
+# backend alone):
 # every operation against gloo in the same job, DDP and FSDP2 training, error paths, at 2 and 4
 # ranks over shm and net, then PyTorch's own distributed tests (a CI subset). Last line:
 # `torch-tests: N passed, M failed, K skipped`. ARGS go to tests.run (e.g. unittest names such as
@@ -18,6 +21,15 @@ scripts/deps.sh --torch
 py=${FABRICOLL_TORCH_VENV:-$HOME/.cache/fabricoll/torch-venv}/bin/python
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+# The compiled front: required here unless the caller chose (FABRICOLL_TORCH_EXT=0 or 1).
+if [ "${FABRICOLL_TORCH_EXT:-}" != 0 ]; then
+  if ! (cd python && "$py" setup.py -q build_ext --inplace -j 2 >"$CARGO_TARGET_DIR/torch-ext-build.log" 2>&1); then
+    tail -n 30 "$CARGO_TARGET_DIR/torch-ext-build.log"
+    echo "FAIL building fabricoll._c10d (log: $CARGO_TARGET_DIR/torch-ext-build.log)"
+    exit 1
+  fi
+  export FABRICOLL_TORCH_EXT=${FABRICOLL_TORCH_EXT:-1}
+fi
 if [ "${1:-}" = --full ]; then
   shift
   out=$CARGO_TARGET_DIR/torch-tests

@@ -118,6 +118,7 @@ class FabricollBackend(_C10dBackend):
         self._timeout = timeout
         self._coalescing = None
         self._seq = 0  # collectives issued (torch's sequence number; point-to-point excluded)
+        self._front = None  # the compiled front (fabricoll._c10d) over this backend, if any
         _live.add(self)
 
     # -- identity ------------------------------------------------------------------------
@@ -590,6 +591,8 @@ class FabricollBackend(_C10dBackend):
         _live.discard(self)
         if comm is None:
             return
+        if self._front is not None:
+            self._front._detach()
         c.call("comm_destroy", comm)
 
     def __del__(self):

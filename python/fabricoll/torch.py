@@ -19,11 +19,22 @@ themselves (DDP only uses futures). ``wait(timeout)`` raises ``TimeoutError`` wh
 timeout passes first. A Work that torch returns to Python reports ``is_completed()`` from
 torch's side only (torch's wrapper does not forward it); use ``wait`` or the future.
 
+Two implementations: ``fabricoll._c10d``, a compiled ``c10d::Backend`` (fabricoll/csrc/), runs
+all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast, barrier and
+gather_into_tensor on plain CPU tensors through the C API without Python, and hands every
+other operation and form to the Python backend (:mod:`fabricoll._backend`), which
+implements them all. It is used when it was built for this torch (``python/setup.py`` builds
+it when torch is importable); ``FABRICOLL_TORCH_EXT`` = ``0`` runs the Python backend alone,
+``1`` requires the compiled front (an error when it does not load), unset: the compiled
+front where it loads.
+
 Environment: ``FABRICOLL_LIB`` (the library to load), ``FABRICOLL_BOOTSTRAP_ADDR`` and
 ``MASTER_ADDR`` (where rank 0's bootstrap root listens; see :mod:`fabricoll._bootstrap`);
 the library itself reads its own variables (``FABRICOLL_PROVIDER``, ``FABRICOLL_ALGO``, ...)
 for whatever :class:`Options` leaves unset.
 """
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -45,19 +56,56 @@ def _check_torch():
 _check_torch()
 
 from ._backend import FabricollBackend  # noqa: E402
+from . import _capi  # noqa: E402
 from ._bootstrap import Options, create_comm  # noqa: E402
 
-__all__ = ["FabricollBackend", "Options", "NAME"]
+__all__ = ["FabricollBackend", "Options", "NAME", "compiled"]
 
 NAME = "fabricoll"
+
+
+def _load_compiled():
+    """fabricoll._c10d, or None: FABRICOLL_TORCH_EXT=0, or not built for this torch
+    (FABRICOLL_TORCH_EXT=1 turns that into an ImportError naming the reason)."""
+    want = os.environ.get("FABRICOLL_TORCH_EXT", "").strip()
+    if want not in ("", "0", "1"):
+        raise ValueError(f"FABRICOLL_TORCH_EXT={want!r}: expected 0 (Python only) or 1 (compiled required)")
+    if want == "0":
+        return None
+    try:
+        from . import _c10d
+    except ImportError as e:
+        if want == "1":
+            raise ImportError(
+                f"FABRICOLL_TORCH_EXT=1 but fabricoll._c10d does not load for torch "
+                f"{torch.__version__}: {e} (build it: python/setup.py build_ext --inplace, with "
+                "this torch importable)"
+            ) from e
+        return None
+    return _c10d
+
+
+_compiled = _load_compiled()
+
+
+def compiled():
+    """Whether groups run on the compiled front (fabricoll._c10d)."""
+    return _compiled is not None
 
 
 def _create(dist_opts, backend_options):
     """torch's creator (extended API): one communicator per group."""
     options = backend_options if isinstance(backend_options, Options) else Options()
     timeout = options.timeout or dist_opts.timeout
-    comm = create_comm(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, timeout, options)
-    return FabricollBackend(dist_opts.group_rank, dist_opts.group_size, comm, timeout)
+    rank, size = dist_opts.group_rank, dist_opts.group_size
+    comm = create_comm(dist_opts.store, rank, size, timeout, options)
+    backend = FabricollBackend(rank, size, comm, timeout)
+    if _compiled is None:
+        return backend
+    _compiled.attach(_capi.lib().path)
+    front = _compiled.FabricollBackend(backend, comm, rank, size)
+    backend._front = front  # detached before the communicator is destroyed
+    return front
 
 
 def register():

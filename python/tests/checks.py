@@ -4,12 +4,13 @@ import unittest
 from tests import harness, launcher
 
 
-def run_job(case, job, nranks, provider, args=None, timeout=240, env=None):
-    """Launch `job` at `nranks` over `provider` and fail `case` unless every rank ended well."""
+def run_job(case, job, nranks, provider, args=None, timeout=240, env=None, variant=None):
+    """Launch `job` at `nranks` over `provider` and fail `case` unless every rank ended well
+    (`variant`: a word naming `env`'s choice in the job's tag and log directory)."""
     harness.require(case.id(), provider)
     e = harness.provider_env(provider)
     e.update(env or {})
-    tag = f"{job}-{harness.BACKEND}-{provider}-{nranks}"
+    tag = f"{job}-{harness.BACKEND}-{provider}-{nranks}" + (f"-{variant}" if variant else "")
     res = launcher.launch(job, nranks, tag, env=e, args=args, timeout=timeout)
     if res.timed_out or any(rc != 0 for rc in res.rcs) or any(r is None for r in res.results):
         case.fail(res.describe())

@@ -14,6 +14,24 @@ MoveOps = matrix_case(
     "DeviceMesh, functional collectives, object collectives.")
 
 
+class PythonOnly(unittest.TestCase):
+    """The Python backend alone (FABRICOLL_TORCH_EXT=0), as it runs where the compiled front
+    is not built: every operation at 2 ranks over shm, and training steps."""
+
+    def _run(self, job):
+        env = {"FABRICOLL_TORCH_EXT": "0"}
+        assert_checks(self, run_job(self, job, 2, "shm", env=env, variant="python"))
+
+    def test_reduce_ops(self):
+        self._run("ops_reduce")
+
+    def test_move_ops(self):
+        self._run("ops_move")
+
+    def test_train(self):
+        self._run("train")
+
+
 class Mixed(unittest.TestCase):
     """init_process_group("cpu:<backend>,cuda:..."): CPU tensors go to the backend under test."""
 

@@ -15,6 +15,18 @@ import torch.distributed as dist
 BACKEND = os.environ.get("FABRICOLL_TEST_BACKEND", "fabricoll")
 
 
+def _gather_single_missing():
+    """Words of the error a backend gives where gather_into_tensor cannot reach it: torch's
+    trampoline for Python backends never forwards it, so fabricoll's Python-only backend
+    (FABRICOLL_TORCH_EXT=0, or no compiled front) refuses it; the compiled front runs it."""
+    if BACKEND == "fabricoll" and os.environ.get("FABRICOLL_TORCH_EXT") == "0":
+        return ["does not support gather_single"]
+    return None
+
+
+GATHER_SINGLE_MISSING = _gather_single_missing()
+
+
 def import_backend():
     """Register the backend under test (`import fabricoll.torch` registers "fabricoll")."""
     if BACKEND == "fabricoll":

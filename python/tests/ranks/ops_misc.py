@@ -1,6 +1,9 @@
 """Rank side of the remaining checks (called by tests.ranks.ops_move): send/recv with tags,
 batch_isend_irecv, async_op futures and then() chains, new_group subsets, DeviceMesh and
-DTensor, functional collectives."""
+DTensor, functional collectives, Works dropped unwaited or waited with a timeout."""
+import datetime
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -58,6 +61,13 @@ def check_p2p(ck, rank, ws, seed):
     ck.run("recv from any source", any_source, ["source", "src", "any"])
 
 
+def fabricoll_compiled():
+    """Whether fabricoll's groups run on its compiled front (fabricoll._c10d)."""
+    import fabricoll.torch  # pylint: disable=import-outside-toplevel
+
+    return fabricoll.torch.compiled()
+
+
 def check_async(ck, rank, ws, seed):
     xs = [common.gen(torch.float64, (64,), r, seed) for r in range(ws)]
     total = sum(xs)
@@ -99,7 +109,35 @@ def check_async(ck, rank, ws, seed):
         fut.wait()
         common.same(t, total, ws == 2, "future-only all_reduce", ws)
 
+    def dropped():
+        # a Work dropped unwaited still completes (the library finishes it) and frees its buffers
+        t = xs[rank].clone()
+        dist.all_reduce(t, async_op=True)
+        deadline = time.monotonic() + 20
+        while not torch.allclose(t, total, rtol=0, atol=1e-9):
+            assert time.monotonic() < deadline, "a dropped async all_reduce never completed"
+            time.sleep(0.001)
+
+    def timed_wait():
+        # wait(timeout) raises while the peer is late, and the operation stays in flight
+        t = xs[rank].clone()
+        if rank == 1:
+            time.sleep(1.0)
+        work = dist.all_reduce(t, async_op=True)
+        if rank == 0:
+            try:
+                work.wait(datetime.timedelta(milliseconds=200))
+                raise AssertionError("wait(200 ms) returned while rank 1 had not called yet")
+            except (TimeoutError, RuntimeError) as e:
+                assert common.BACKEND != "fabricoll" or "not complete after" in str(e), e
+        assert work.wait(datetime.timedelta(seconds=30))
+        common.same(t, total, ws == 2, "all_reduce after a timed-out wait", ws)
+        if common.BACKEND != "fabricoll" or fabricoll_compiled():
+            assert work.is_completed() and work.is_success(), "done, yet not is_completed()"
+
     ck.run("async_op future then() chain", futures)
+    ck.run("async Work dropped unwaited completes", dropped)
+    ck.run("wait(timeout) while the peer is late", timed_wait)
     ck.run("Work's future done after wait()", completed)
     ck.run("8 async all_reduce in flight, wait_all", many_in_flight)
     ck.run("future completes without Work.wait", future_only)

@@ -4,6 +4,8 @@ object collectives, over every CPU dtype (no reduction: every type must pass), e
 reference every rank computes and, where gloo has the form, against gloo in the same job.
 Point-to-point, futures, subgroups, DeviceMesh and functional collectives: tests.ranks.ops_misc.
 """
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -137,7 +139,18 @@ def check_rooted(ck, gloo, rank, ws, seed):
             dist.scatter(out, blocks if rank == root else None, src=root)
             common.same(out, blocks[rank], True, "scatter")
 
+        def gather_tensor(root=root, xs=xs):
+            # torch's gather_into_tensor(input, output): a flat and a stacked output
+            flat = torch.full((ws * 11,), -1.0, dtype=torch.float64)
+            dist.gather_into_tensor(xs[rank].clone(), flat if rank == root else None, dst=root)
+            stacked = torch.full((ws, 11), -1.0, dtype=torch.float64)
+            dist.gather_into_tensor(xs[rank].clone(), stacked if rank == root else None, dst=root)
+            if rank == root:
+                common.same(flat, torch.cat(xs), True, "gather_into_tensor")
+                common.same(stacked, torch.stack(xs), True, "gather_into_tensor (stacked)")
+
         ck.run(f"gather to {root}", gather)
+        ck.run(f"gather_into_tensor to {root}", gather_tensor, common.GATHER_SINGLE_MISSING)
         ck.run(f"scatter from {root}", scatter)
 
     def barriers():
@@ -168,6 +181,15 @@ def check_rooted(ck, gloo, rank, ws, seed):
 def run(args):
     rank, ws, gloo = common.init(args.get("timeout_s", 30))
     ck = common.Checks(sync_group=gloo)
+
+    def implementation():
+        # FABRICOLL_TORCH_EXT=1 (scripts/torch-tests.sh): the compiled front; 0: Python alone
+        module = type(dist.group.WORLD._get_backend(torch.device("cpu"))).__module__  # pylint: disable=protected-access
+        want = {"1": "fabricoll._c10d", "0": "fabricoll._backend"}.get(
+            os.environ.get("FABRICOLL_TORCH_EXT", ""), module)
+        assert common.BACKEND != "fabricoll" or module == want, f"the backend is {module}, not {want}"
+
+    ck.run("the backend's implementation", implementation)
     check_types(ck, gloo, rank, ws, 10)
     check_uneven(ck, gloo, rank, ws, 400)
     check_rooted(ck, gloo, rank, ws, 500)

@@ -1,0 +1,386 @@
+// The compiled front of the torch backend (see backend.h).
+#include "backend.h"
+
+#include <c10/util/Exception.h>
+
+#include "work.h"
+
+namespace fabricoll_ext {
+namespace {
+
+using c10d::OpType;
+using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+
+// A tensor the engines can use as it is: dense, contiguous CPU memory without lazy
+// conjugate or negative bits.
+bool plain(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() &&
+         !t.is_conj() && !t.is_neg();
+}
+
+// The engine datatype a tensor dtype reduces in directly (fabricoll/_dtypes.py's DIRECT).
+std::optional<int> engine_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return FABRICOLL_FLOAT32;
+    case at::kDouble: return FABRICOLL_FLOAT64;
+    case at::kHalf: return FABRICOLL_FLOAT16;
+    case at::kBFloat16: return FABRICOLL_BFLOAT16;
+    case at::kChar: return FABRICOLL_INT8;
+    case at::kByte: return FABRICOLL_UINT8;
+    case at::kInt: return FABRICOLL_INT32;
+    case at::kLong: return FABRICOLL_INT64;
+    case at::kUInt32: return FABRICOLL_UINT32;
+    case at::kUInt64: return FABRICOLL_UINT64;
+    case at::kFloat8_e4m3fn: return FABRICOLL_FP8_E4M3;
+    case at::kFloat8_e5m2: return FABRICOLL_FP8_E5M2;
+    default: return std::nullopt;
+  }
+}
+
+bool floating(int dtype) {
+  switch (dtype) {
+    case FABRICOLL_FLOAT32:
+    case FABRICOLL_FLOAT64:
+    case FABRICOLL_FLOAT16:
+    case FABRICOLL_BFLOAT16:
+    case FABRICOLL_FP8_E4M3:
+    case FABRICOLL_FP8_E5M2: return true;
+    default: return false;
+  }
+}
+
+// The engine op for `op` on `dtype`, where it maps directly (bitwise ops on integers
+// only; PREMUL_SUM and the rest go to the Python backend, which also words the errors).
+std::optional<int> engine_op(const c10d::ReduceOp& op, int dtype) {
+  using R = c10d::ReduceOp::RedOpType;
+  switch (op.op_) {
+    case R::SUM: return FABRICOLL_SUM;
+    case R::AVG: return FABRICOLL_AVG;
+    case R::PRODUCT: return FABRICOLL_PROD;
+    case R::MIN: return FABRICOLL_MIN;
+    case R::MAX: return FABRICOLL_MAX;
+    case R::BAND: return floating(dtype) ? std::nullopt : std::optional<int>(FABRICOLL_BAND);
+    case R::BOR: return floating(dtype) ? std::nullopt : std::optional<int>(FABRICOLL_BOR);
+    case R::BXOR: return floating(dtype) ? std::nullopt : std::optional<int>(FABRICOLL_BXOR);
+    default: return std::nullopt;
+  }
+}
+
+// Throw torch's DistBackendError for a failed start.
+[[noreturn]] void fail(const char* op, const char* function, int status) {
+  C10_THROW_ERROR(DistBackendError, failure(op, function, status));
+}
+
+size_t bytes(const at::Tensor& t) { return t.numel() * t.element_size(); }
+
+}  // namespace
+
+Backend::Backend(c10::intrusive_ptr<c10d::Backend> full, fabricoll_comm* comm, int rank,
+                 int size)
+    : c10d::Backend(rank, size), full_(std::move(full)), comm_(comm) {}
+
+void Backend::detach() { comm_.store(nullptr); }
+
+fabricoll_comm* Backend::fast_comm() const {
+  return coalescing_.load(std::memory_order_relaxed) ? nullptr : comm_.load();
+}
+
+c10d::Backend& Backend::full(const char* op) const {
+  TORCH_CHECK(comm_.load() != nullptr, "fabricoll ", op,
+              ": the communicator is shut down (shutdown or abort)");
+  return *full_;
+}
+
+uint64_t Backend::getSequenceNumberForGroup() {
+  return seq_.load() + full("getSequenceNumberForGroup").getSequenceNumberForGroup();
+}
+
+// -- fast paths ------------------------------------------------------------------------
+
+WorkPtr Backend::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  fabricoll_comm* comm = fast_comm();
+  if (comm != nullptr && tensors.size() == 1 && plain(tensors[0])) {
+    at::Tensor& t = tensors[0];
+    auto dt = engine_dtype(t.scalar_type());
+    auto op = dt ? engine_op(opts.reduceOp, *dt) : std::nullopt;
+    if (op) {
+      void* p = t.data_ptr();
+      started();
+      if (!opts.asyncOp) {
+        // torch waits at once: the blocking call, and a completed Work.
+        int rc = api().allreduce(p, p, t.numel(), *dt, *op, comm);
+        if (rc != 0) fail("allreduce", "fabricoll_allreduce", rc);
+        static const c10::intrusive_ptr<Work> kDone =
+            Work::done(-1, OpType::ALLREDUCE, "allreduce", {});
+        return kDone;
+      }
+      fabricoll_request* req = nullptr;
+      int rc = api().iallreduce(p, p, t.numel(), *dt, *op, comm, &req);
+      if (rc != 0) fail("allreduce", "fabricoll_iallreduce", rc);
+      return c10::make_intrusive<Work>(rank_, OpType::ALLREDUCE, "allreduce",
+                                       std::vector<fabricoll_request*>{req}, tensors,
+                                       std::vector<at::Tensor>{t});
+    }
+  }
+  return full("allreduce").allreduce(tensors, opts);
+}
+
+WorkPtr Backend::allgather_flat(at::Tensor& out, at::Tensor& in,
+                                const c10d::AllgatherOptions& opts) {
+  fabricoll_comm* comm = fast_comm();
+  if (comm != nullptr && plain(out) && plain(in) && out.scalar_type() == in.scalar_type() &&
+      bytes(out) == bytes(in) * static_cast<size_t>(size_)) {
+    started();
+    fabricoll_request* req = nullptr;
+    int rc = api().iallgather(in.data_ptr(), out.data_ptr(), bytes(in), FABRICOLL_UINT8, comm,
+                              &req);
+    if (rc != 0) fail("all_gather_into_tensor", "fabricoll_iallgather", rc);
+    return c10::make_intrusive<Work>(rank_, OpType::_ALLGATHER_BASE, "all_gather_into_tensor",
+                                     std::vector<fabricoll_request*>{req},
+                                     std::vector<at::Tensor>{out},
+                                     std::vector<at::Tensor>{out, in});
+  }
+  return full("all_gather_into_tensor").all_gather_single(out, in, opts);
+}
+
+WorkPtr Backend::all_gather_single(at::Tensor& out, at::Tensor& in,
+                                   const c10d::AllgatherOptions& opts) {
+  return allgather_flat(out, in, opts);
+}
+
+WorkPtr Backend::_allgather_base(at::Tensor& out, at::Tensor& in,
+                                 const c10d::AllgatherOptions& opts) {
+  return allgather_flat(out, in, opts);
+}
+
+WorkPtr Backend::reduce_scatter_flat(at::Tensor& out, at::Tensor& in,
+                                     const c10d::ReduceScatterOptions& opts) {
+  fabricoll_comm* comm = fast_comm();
+  if (comm != nullptr && plain(out) && plain(in) && out.scalar_type() == in.scalar_type() &&
+      in.numel() == out.numel() * size_) {
+    auto dt = engine_dtype(out.scalar_type());
+    auto op = dt ? engine_op(opts.reduceOp, *dt) : std::nullopt;
+    if (op) {
+      started();
+      fabricoll_request* req = nullptr;
+      int rc = api().ireducescatter(in.data_ptr(), out.data_ptr(), out.numel(), *dt, *op, comm,
+                                    &req);
+      if (rc != 0) fail("reduce_scatter_tensor", "fabricoll_ireducescatter", rc);
+      return c10::make_intrusive<Work>(rank_, OpType::_REDUCE_SCATTER_BASE,
+                                       "reduce_scatter_tensor",
+                                       std::vector<fabricoll_request*>{req},
+                                       std::vector<at::Tensor>{out},
+                                       std::vector<at::Tensor>{out, in});
+    }
+  }
+  return full("reduce_scatter_tensor").reduce_scatter_single(out, in, opts);
+}
+
+WorkPtr Backend::reduce_scatter_single(at::Tensor& out, at::Tensor& in,
+                                       const c10d::ReduceScatterOptions& opts) {
+  return reduce_scatter_flat(out, in, opts);
+}
+
+WorkPtr Backend::_reduce_scatter_base(at::Tensor& out, at::Tensor& in,
+                                      const c10d::ReduceScatterOptions& opts) {
+  return reduce_scatter_flat(out, in, opts);
+}
+
+WorkPtr Backend::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  fabricoll_comm* comm = fast_comm();
+  if (comm != nullptr && tensors.size() == 1 && plain(tensors[0]) && opts.rootTensor == 0) {
+    at::Tensor& t = tensors[0];
+    started();
+    void* p = t.data_ptr();
+    fabricoll_request* req = nullptr;
+    int rc = api().ibroadcast(p, p, bytes(t), FABRICOLL_UINT8, static_cast<int>(opts.rootRank),
+                              comm, &req);
+    if (rc != 0) fail("broadcast", "fabricoll_ibroadcast", rc);
+    return c10::make_intrusive<Work>(rank_, OpType::BROADCAST, "broadcast",
+                                     std::vector<fabricoll_request*>{req}, tensors,
+                                     std::vector<at::Tensor>{t});
+  }
+  return full("broadcast").broadcast(tensors, opts);
+}
+
+WorkPtr Backend::barrier(const c10d::BarrierOptions& opts) {
+  fabricoll_comm* comm = fast_comm();
+  if (comm == nullptr) {
+    return full("barrier").barrier(opts);
+  }
+  started();
+  fabricoll_request* req = nullptr;
+  int rc = api().ibarrier(comm, &req);
+  if (rc != 0) fail("barrier", "fabricoll_ibarrier", rc);
+  return c10::make_intrusive<Work>(rank_, OpType::BARRIER, "barrier",
+                                   std::vector<fabricoll_request*>{req},
+                                   std::vector<at::Tensor>{}, std::vector<at::Tensor>{});
+}
+
+WorkPtr Backend::gather_flat(at::Tensor& out, at::Tensor& in, const c10d::GatherOptions& opts) {
+  const char* name = "gather_into_tensor";
+  fabricoll_comm* comm = comm_.load();
+  TORCH_CHECK(comm != nullptr, "fabricoll ", name,
+              ": the communicator is shut down (shutdown or abort)");
+  TORCH_CHECK(!coalescing_.load(), "fabricoll ", name, ": not supported in a coalescing block");
+  TORCH_CHECK(in.device().is_cpu() && in.layout() == at::kStrided, "fabricoll ", name,
+              ": CPU tensors only, got one on ", in.device());
+  const bool root = opts.rootRank == rank_;
+  at::Tensor src = in.contiguous().resolve_conj().resolve_neg();
+  at::Tensor dst;
+  std::function<void()> finish;
+  if (root) {
+    TORCH_CHECK(out.device().is_cpu() && out.layout() == at::kStrided, "fabricoll ", name,
+                ": CPU tensors only, got one on ", out.device());
+    TORCH_CHECK(out.scalar_type() == in.scalar_type(), "fabricoll ", name, ": the output is ",
+                out.scalar_type(), ", the input ", in.scalar_type());
+    TORCH_CHECK(bytes(out) == bytes(in) * static_cast<size_t>(size_), "fabricoll ", name,
+                ": the root's output has ", out.numel(), " elements, not ", size_,
+                " x the input's ", in.numel(), " (gather takes equal sizes)");
+    if (plain(out)) {
+      dst = out;
+    } else {
+      dst = at::empty_like(out, at::MemoryFormat::Contiguous);
+      finish = [out, dst]() mutable { out.copy_(dst); };
+    }
+  }
+  started();
+  fabricoll_request* req = nullptr;
+  int rc = api().igather(src.data_ptr(), root ? dst.data_ptr() : nullptr, bytes(src),
+                         FABRICOLL_UINT8, static_cast<int>(opts.rootRank), comm, &req);
+  if (rc != 0) fail(name, "fabricoll_igather", rc);
+  std::vector<at::Tensor> keep{src};
+  if (root) keep.push_back(dst);
+  return c10::make_intrusive<Work>(rank_, OpType::GATHER, name,
+                                   std::vector<fabricoll_request*>{req},
+                                   std::vector<at::Tensor>{out}, std::move(keep),
+                                   std::move(finish));
+}
+
+WorkPtr Backend::gather_single(at::Tensor& out, at::Tensor& in, const c10d::GatherOptions& opts) {
+  return gather_flat(out, in, opts);
+}
+
+WorkPtr Backend::gather_into_tensor(at::Tensor& out, at::Tensor& in,
+                                    const c10d::GatherOptions& opts) {
+  return gather_flat(out, in, opts);
+}
+
+// -- forwarded -------------------------------------------------------------------------
+
+WorkPtr Backend::allreduce_sparse(std::vector<at::Tensor>& t, const c10d::AllreduceOptions& o) {
+  return full("allreduce_sparse").allreduce_sparse(t, o);
+}
+
+WorkPtr Backend::allreduce_coalesced(std::vector<at::Tensor>& t,
+                                     const c10d::AllreduceCoalescedOptions& o) {
+  return full("allreduce_coalesced").allreduce_coalesced(t, o);
+}
+
+WorkPtr Backend::reduce(std::vector<at::Tensor>& t, const c10d::ReduceOptions& o) {
+  return full("reduce").reduce(t, o);
+}
+
+WorkPtr Backend::allgather(std::vector<std::vector<at::Tensor>>& outs,
+                           std::vector<at::Tensor>& ins, const c10d::AllgatherOptions& o) {
+  return full("allgather").allgather(outs, ins, o);
+}
+
+WorkPtr Backend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outs,
+                                     std::vector<at::Tensor>& ins,
+                                     const c10d::AllgatherOptions& o) {
+  return full("allgather_coalesced").allgather_coalesced(outs, ins, o);
+}
+
+WorkPtr Backend::all_gather_single_coalesced(std::vector<at::Tensor>& outs,
+                                             std::vector<at::Tensor>& ins,
+                                             const c10d::AllgatherOptions& o) {
+  return full("all_gather_into_tensor_coalesced").all_gather_single_coalesced(outs, ins, o);
+}
+
+WorkPtr Backend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outs,
+                                                 std::vector<at::Tensor>& ins,
+                                                 const c10d::AllgatherOptions& o) {
+  return full("all_gather_into_tensor_coalesced").all_gather_single_coalesced(outs, ins, o);
+}
+
+WorkPtr Backend::gather(std::vector<std::vector<at::Tensor>>& outs, std::vector<at::Tensor>& ins,
+                        const c10d::GatherOptions& o) {
+  return full("gather").gather(outs, ins, o);
+}
+
+WorkPtr Backend::scatter(std::vector<at::Tensor>& outs, std::vector<std::vector<at::Tensor>>& ins,
+                         const c10d::ScatterOptions& o) {
+  return full("scatter").scatter(outs, ins, o);
+}
+
+WorkPtr Backend::reduce_scatter(std::vector<at::Tensor>& outs,
+                                std::vector<std::vector<at::Tensor>>& ins,
+                                const c10d::ReduceScatterOptions& o) {
+  return full("reduce_scatter").reduce_scatter(outs, ins, o);
+}
+
+WorkPtr Backend::reduce_scatter_single_coalesced(std::vector<at::Tensor>& outs,
+                                                 std::vector<at::Tensor>& ins,
+                                                 const c10d::ReduceScatterOptions& o) {
+  return full("reduce_scatter_tensor_coalesced").reduce_scatter_single_coalesced(outs, ins, o);
+}
+
+WorkPtr Backend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outs,
+                                                 std::vector<at::Tensor>& ins,
+                                                 const c10d::ReduceScatterOptions& o) {
+  return full("reduce_scatter_tensor_coalesced").reduce_scatter_single_coalesced(outs, ins, o);
+}
+
+WorkPtr Backend::all_to_all_single(at::Tensor& out, at::Tensor& in,
+                                   std::vector<int64_t>& out_splits,
+                                   std::vector<int64_t>& in_splits,
+                                   const c10d::AllToAllOptions& o) {
+  return full("all_to_all_single").all_to_all_single(out, in, out_splits, in_splits, o);
+}
+
+WorkPtr Backend::alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
+                               std::vector<int64_t>& in_splits, const c10d::AllToAllOptions& o) {
+  return full("all_to_all_single").all_to_all_single(out, in, out_splits, in_splits, o);
+}
+
+WorkPtr Backend::alltoall(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
+                          const c10d::AllToAllOptions& o) {
+  return full("alltoall").alltoall(outs, ins, o);
+}
+
+void Backend::monitoredBarrier(const c10d::BarrierOptions& o, bool wait_all_ranks) {
+  full("monitored_barrier").monitoredBarrier(o, wait_all_ranks);
+}
+
+WorkPtr Backend::send(std::vector<at::Tensor>& t, int dst, int tag) {
+  return full("send").send(t, dst, tag);
+}
+
+WorkPtr Backend::recv(std::vector<at::Tensor>& t, int src, int tag) {
+  return full("recv").recv(t, src, tag);
+}
+
+WorkPtr Backend::recvAnysource(std::vector<at::Tensor>& t, int tag) {
+  return full("recv_anysource").recvAnysource(t, tag);
+}
+
+void Backend::startCoalescing() {
+  full("start_coalescing").startCoalescing();
+  coalescing_.store(true);
+}
+
+WorkPtr Backend::endCoalescing() {
+  coalescing_.store(false);
+  return full("end_coalescing").endCoalescing();
+}
+
+void Backend::abort() { full("abort").abort(); }
+
+void Backend::shutdown() {
+  if (comm_.exchange(nullptr) != nullptr) {
+    full_->shutdown();
+  }
+}
+
+}  // namespace fabricoll_ext

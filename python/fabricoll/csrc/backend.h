@@ -1,0 +1,133 @@
+// The compiled front of the torch backend: a c10d::Backend that runs the hot operations
+// (all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast, barrier on plain
+// CPU tensors) straight through the C API, and forwards everything else to the Python
+// backend (fabricoll/_backend.py), which implements every operation and form.
+//
+// Both sides use one communicator, owned by the Python backend; operations keep their
+// issue order on it whichever side starts them. Shutting down either side detaches this
+// one first, so that no call reaches a destroyed communicator.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <atomic>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api.h"
+
+namespace fabricoll_ext {
+
+class Backend : public c10d::Backend {
+ public:
+  // `full`: the Python backend (owns `comm`, the communicator's handle).
+  Backend(c10::intrusive_ptr<c10d::Backend> full, fabricoll_comm* comm, int rank, int size);
+
+  // Stop using the communicator (the Python backend calls it before destroying it).
+  void detach();
+
+  const std::string getBackendName() const override { return "fabricoll"; }
+  bool supportsCoalescing() const override { return true; }
+  uint64_t getSequenceNumberForGroup() override;
+  void setSequenceNumberForGroup() override {}
+
+  // The fast paths, each falling back to the Python backend for what it does not take.
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> all_gather_single(at::Tensor& out, at::Tensor& in,
+                                                   const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_single(
+      at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // torch's trampoline for Python backends never forwards these two: they run here always.
+  c10::intrusive_ptr<c10d::Work> gather_single(at::Tensor& out, at::Tensor& in,
+                                               const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather_into_tensor(at::Tensor& out, at::Tensor& in,
+                                                    const c10d::GatherOptions& opts) override;
+
+  // Forwarded to the Python backend.
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outs,
+                                           std::vector<at::Tensor>& ins,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outs, std::vector<at::Tensor>& ins,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> all_gather_single_coalesced(
+      std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outs,
+                                        std::vector<at::Tensor>& ins,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outs,
+                                         std::vector<std::vector<at::Tensor>>& ins,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outs,
+                                                std::vector<std::vector<at::Tensor>>& ins,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_single_coalesced(
+      std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> all_to_all_single(at::Tensor& out, at::Tensor& in,
+                                                   std::vector<int64_t>& out_splits,
+                                                   std::vector<int64_t>& in_splits,
+                                                   const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in,
+                                               std::vector<int64_t>& out_splits,
+                                               std::vector<int64_t>& in_splits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outs,
+                                          std::vector<at::Tensor>& ins,
+                                          const c10d::AllToAllOptions& opts) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                               int tag) override;
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  void abort() override;
+  void shutdown() override;
+
+ private:
+  // The communicator for a fast path, or nullptr to fall back (coalescing, or detached).
+  fabricoll_comm* fast_comm() const;
+  // The Python backend, or an error naming `op` once shut down.
+  c10d::Backend& full(const char* op) const;
+  // Count a collective started here (torch's sequence number).
+  void started() { seq_.fetch_add(1, std::memory_order_relaxed); }
+  // Start `gather_into_tensor` (shared by the two names torch uses for it).
+  c10::intrusive_ptr<c10d::Work> gather_flat(at::Tensor& out, at::Tensor& in,
+                                             const c10d::GatherOptions& opts);
+  c10::intrusive_ptr<c10d::Work> allgather_flat(at::Tensor& out, at::Tensor& in,
+                                                const c10d::AllgatherOptions& opts);
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_flat(at::Tensor& out, at::Tensor& in,
+                                                     const c10d::ReduceScatterOptions& opts);
+
+  c10::intrusive_ptr<c10d::Backend> full_;
+  std::atomic<fabricoll_comm*> comm_;
+  std::atomic<bool> coalescing_{false};
+  std::atomic<uint64_t> seq_{0};
+};
+
+}  // namespace fabricoll_ext
