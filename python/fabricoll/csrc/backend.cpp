@@ -107,7 +107,8 @@ WorkPtr Backend::allreduce(std::vector<at::Tensor>& tensors, const c10d::Allredu
       void* p = t.data_ptr();
       started();
       if (!opts.asyncOp) {
-        // torch waits at once: the blocking call, and a completed Work.
+        // torch waits at once and drops the Work without handing it to the caller: the
+        // blocking call, and one shared completed Work (no allocation per call).
         int rc = api().allreduce(p, p, t.numel(), *dt, *op, comm);
         if (rc != 0) fail("allreduce", "fabricoll_allreduce", rc);
         static const c10::intrusive_ptr<Work> kDone =
