@@ -10,11 +10,14 @@
 # Other options (--colls, --ranks, --providers, --min-size, --max-size, --no-ddp, ...):
 # scripts/torch/bench.py --help. The tables are saved in
 # $CARGO_TARGET_DIR/bench-torch/<date>-<time>.txt (raw timings beside them, .json).
-# Uses the torch venv of scripts/deps.sh --torch; FABRICOLL_TEST_BACKEND=gloo benchmarks gloo
-# against itself (a check of the harness).
+# Uses the torch venv of scripts/deps.sh --torch and the backend's compiled front
+# (scripts/torch-ext.sh; FABRICOLL_TORCH_EXT=0: the Python backend alone, as the tables' header
+# says); FABRICOLL_TEST_BACKEND=gloo benchmarks gloo against itself (a check of the harness).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/deps.sh --torch >/dev/null
 py=${FABRICOLL_TORCH_VENV:-$HOME/.cache/fabricoll/torch-venv}/bin/python
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+scripts/torch-ext.sh
+[ "${FABRICOLL_TORCH_EXT:-}" = 0 ] || export FABRICOLL_TORCH_EXT=1
 exec "$py" scripts/torch/bench.py "$@"

@@ -22,14 +22,8 @@ py=${FABRICOLL_TORCH_VENV:-$HOME/.cache/fabricoll/torch-venv}/bin/python
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 # The compiled front: required here unless the caller chose (FABRICOLL_TORCH_EXT=0 or 1).
-if [ "${FABRICOLL_TORCH_EXT:-}" != 0 ]; then
-  if ! (cd python && "$py" setup.py -q build_ext --inplace -j 2 >"$CARGO_TARGET_DIR/torch-ext-build.log" 2>&1); then
-    tail -n 30 "$CARGO_TARGET_DIR/torch-ext-build.log"
-    echo "FAIL building fabricoll._c10d (log: $CARGO_TARGET_DIR/torch-ext-build.log)"
-    exit 1
-  fi
-  export FABRICOLL_TORCH_EXT=${FABRICOLL_TORCH_EXT:-1}
-fi
+scripts/torch-ext.sh
+[ "${FABRICOLL_TORCH_EXT:-}" = 0 ] || export FABRICOLL_TORCH_EXT=${FABRICOLL_TORCH_EXT:-1}
 if [ "${1:-}" = --full ]; then
   shift
   out=$CARGO_TARGET_DIR/torch-tests

@@ -109,7 +109,8 @@ def main():
     text, raw, failed = [], [], 0
     head = (f"# bench-torch: backend {harness.BACKEND} against gloo, ranks {a.ranks}, providers "
             f"{a.providers}, sizes {human(args['sizes'][0])}..{human(args['sizes'][-1])}, "
-            f"{a.reps} alternating runs of ~{a.target_s}s each")
+            f"{a.reps} alternating runs of ~{a.target_s}s each, fabricoll's "
+            f"{'Python backend alone' if os.environ.get('FABRICOLL_TORCH_EXT') == '0' else 'compiled front'}")
     print(head, flush=True)
     text.append(head)
     for nranks in (int(r) for r in a.ranks.split()):
