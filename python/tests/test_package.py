@@ -1,0 +1,60 @@
+"""The package as users get it: a wheel (`pip wheel --no-build-isolation ./python`) carries the
+library and the compiled front; unpacked away from the repository (FABRICOLL_LIB unset), it
+registers the backend, runs on the compiled front and reduces on a 1-rank group."""
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+import zipfile
+
+from tests import harness
+from tests.launcher import free_port
+
+_PROBE = r"""
+import os, sys, torch, torch.distributed as dist
+import fabricoll.torch as ft
+from fabricoll import _capi
+assert os.path.realpath(_capi.lib().path).startswith(os.path.realpath(sys.argv[1])), _capi.lib().path
+assert ft.compiled(), "the wheel's compiled front did not load"
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", WORLD_SIZE="1")
+dist.init_process_group("fabricoll")
+t = torch.arange(5, dtype=torch.float32)
+dist.all_reduce(t)
+assert t.tolist() == [0, 1, 2, 3, 4], t
+print("probe ok", type(dist.group.WORLD._get_backend(torch.device("cpu"))).__module__)
+dist.destroy_process_group()
+"""
+
+
+class Wheel(unittest.TestCase):
+    def test_wheel_carries_library_and_compiled_front(self):
+        if os.environ.get("FABRICOLL_TORCH_EXT") == "0":
+            harness.skip(self.id(), "FABRICOLL_TORCH_EXT=0: the compiled front is not built")
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "dist")
+            build = subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps",
+                 "--disable-pip-version-check", harness.PY_DIR, "-w", out],
+                capture_output=True, text=True, timeout=900, check=False)
+            self.assertEqual(build.returncode, 0, build.stdout + build.stderr)
+            wheels = glob.glob(os.path.join(out, "fabricoll-*.whl"))
+            self.assertEqual(len(wheels), 1, wheels)
+            names = zipfile.ZipFile(wheels[0]).namelist()
+            self.assertIn("fabricoll/lib/libnccl_net_fabricoll.so", names)
+            self.assertTrue(any(n.startswith("fabricoll/_c10d.") for n in names), names)
+            site = os.path.join(tmp, "site")
+            zipfile.ZipFile(wheels[0]).extractall(site)
+            env = {k: v for k, v in os.environ.items()
+                   if k not in ("FABRICOLL_LIB", "PYTHONPATH")}
+            env.update(PYTHONPATH=site, FABRICOLL_PROVIDER="shm", FABRICOLL_TORCH_EXT="1")
+            probe = subprocess.run([sys.executable, "-c", _PROBE, site, str(free_port())],
+                                   env=env, cwd=tmp, capture_output=True, text=True,
+                                   timeout=120, check=False)
+            self.assertEqual(probe.returncode, 0, probe.stdout + probe.stderr)
+            self.assertIn("probe ok fabricoll._c10d", probe.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
