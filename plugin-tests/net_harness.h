@@ -31,7 +31,7 @@
 #include "harness_run.h"
 #include "netapi.h"
 
-/* ------------------------------------------------------------------------------ configuration */
+/* ------------------------------------------------------------------------------- configuration */
 
 extern const char* g_lib;
 extern int g_version;
@@ -47,7 +47,7 @@ extern int g_expect_multi; /* --expect-multi: the maxMultiRequestSize v11+ must 
 #define CANARY 0xA5
 #define GMAX 64 /* buffers of one grouped receive that group and badinput post at most */
 
-/* --------------------------------------------------------------------- shared-memory mailbox */
+/* ----------------------------------------------------------------------- shared-memory mailbox */
 
 struct slot {
   atomic_uint seq;
@@ -74,7 +74,7 @@ typedef struct rctx {
 
 static inline const char* rstr(ncclResult_t r) { return nccl_result_str((int)r); }
 
-/* ---------------------------------------------------------------------------- requests (net_util.c) */
+/* --------------------------------------------------------- requests and transfers (net_util.c) */
 
 typedef struct {
   void* req;
@@ -97,7 +97,7 @@ typedef struct {
 
 extern int flush_nulls, flush_reqs; /* iflush statistics for details */
 
-/* ------------------------------------------------------------ net_util.c */
+/* ---------------------------------------------------------------------------------- net_util.c */
 
 void publish(rctx_t* c, int slot, unsigned seq, const void* handle);
 int fetch(rctx_t* c, int slot, unsigned seq, void* out, const char* what);
@@ -125,7 +125,7 @@ int pair_both_ways(rctx_t* c, void** sc, void** rc, int slot_base, unsigned seq,
 int pair_one_way(rctx_t* c, void** sc, void** rc, int slot, unsigned seq, const char* what);
 int pair_loopback(rctx_t* c, void** sc, void** rc, const char* what);
 
-/* ------------------------------------------------------------ net_scn_setup.c */
+/* ----------------------------------------------------------------------------- net_scn_setup.c */
 
 int scn_symbols(rctx_t* c);
 int scn_connect2(rctx_t* c);
@@ -134,25 +134,25 @@ int scn_cycles(rctx_t* c);
 int scn_versions(rctx_t* c);
 int scn_reload(rctx_t* c);
 
-/* ------------------------------------------------------------ net_scn_data.c */
+/* ------------------------------------------------------------------------------ net_scn_data.c */
 
 int scn_xfer(rctx_t* c);
 /* The size of buffer i of an n-buffer group in a round (multi uses the same sizes). */
 size_t group_size(int n, int round, int i);
 int scn_group(rctx_t* c);
 
-/* ------------------------------------------------------------ net_scn_multi.c */
+/* ----------------------------------------------------------------------------- net_scn_multi.c */
 
 int scn_multi(rctx_t* c);
 int scn_inflight32(rctx_t* c);
 
-/* ------------------------------------------------------------ net_scn_comms.c */
+/* ----------------------------------------------------------------------------- net_scn_comms.c */
 
 int scn_pairs16(rctx_t* c);
 int scn_crossed(rctx_t* c);
 int scn_ring4(rctx_t* c);
 
-/* ------------------------------------------------------------ net_scn_fault.c */
+/* ----------------------------------------------------------------------------- net_scn_fault.c */
 
 int scn_badinput(rctx_t* c);
 int scn_kill_rank(rctx_t* c);
