@@ -6,6 +6,8 @@
  */
 #include "collnet_harness.h"
 
+/* ---------------------------------------------------------------- guarded buffers (gbuf_t) */
+
 int gbuf_alloc(rctx_t* c, gbuf_t* b, size_t size, const char* what) {
   memset(b, 0, sizeof *b);
   b->size = size;
