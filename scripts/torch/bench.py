@@ -96,7 +96,15 @@ def tables(res, provider):
         t_o, t_g = (statistics.median(d["times"][k]) for k in (ours, theirs))
         lines += [f"# DDP step, {n} ranks over {provider}: MLP of {d['params']} parameters, "
                   f"median step (ms): {ours} {t_o * 1e3:.2f}, gloo {t_g * 1e3:.2f}, "
-                  f"gloo/{ours} {t_g / t_o:.2f}x", ""]
+                  f"gloo/{ours} {t_g / t_o:.2f}x"]
+        if "local" in d["times"]:
+            # the step's communication: what it costs beyond the same step without DDP
+            t_l = statistics.median(d["times"]["local"])
+            c_o, c_g = t_o - t_l, t_g - t_l
+            ratio = f"{c_g / c_o:.2f}x" if c_o > 0 else "n/a"
+            lines += [f"#   without DDP {t_l * 1e3:.2f} ms; communication beyond it: {ours} "
+                      f"{c_o * 1e3:.2f} ms, gloo {c_g * 1e3:.2f} ms, gloo/{ours} {ratio}"]
+        lines.append("")
     return lines
 
 

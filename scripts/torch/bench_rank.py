@@ -66,6 +66,9 @@ def mlp(width, depth):
     return nn.Sequential(*layers, nn.Linear(width, 10))
 
 
+LOCAL = "local"  # bench_ddp's step without DDP
+
+
 def bench_ddp(args, groups, rank):
     from torch.nn.parallel import DistributedDataParallel  # pylint: disable=import-outside-toplevel
     width, depth = args["ddp_width"], args["ddp_depth"]
@@ -73,6 +76,11 @@ def bench_ddp(args, groups, rank):
     for name, grp in groups.items():
         ddp = DistributedDataParallel(mlp(width, depth), process_group=grp)
         models[name] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.01))
+    # the same step without DDP (no communication): the compute every backend pays, so that
+    # the tables can tell the step's communication apart
+    local = mlp(width, depth)
+    models[LOCAL] = (local, torch.optim.SGD(local.parameters(), lr=0.01))
+    runs = dict(groups, **{LOCAL: groups["gloo"]})
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(args["ddp_batch"], width, generator=g)
     y = torch.randint(0, 10, (args["ddp_batch"],), generator=g)
@@ -84,12 +92,12 @@ def bench_ddp(args, groups, rank):
         loss.backward()
         opt.step()
 
-    times = {name: [] for name in groups}
-    for name in groups:
+    times = {name: [] for name in runs}
+    for name in runs:
         for _ in range(3):
             step(name)
     for _ in range(args["reps"]):
-        for name, grp in groups.items():
+        for name, grp in runs.items():
             dist.barrier(group=grp)
             steps = []
             for _ in range(args["ddp_steps"]):
