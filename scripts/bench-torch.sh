@@ -6,7 +6,10 @@
 # FABRICOLL_INTRA_PROVIDER=same), fabricoll and gloo in the same job, alternating, medians of
 # 5 runs (--reps, at least 3); nccl-tests style tables (time, algbw, busbw) with gloo's time
 # over fabricoll's per size; then a DDP training step of a small MLP (median step time, ratio).
-#   --quick   a smoke run (2 ranks over shm, three sizes, short timings): seconds, for CI
+#   --quick     a smoke run (2 ranks over shm, three sizes, short timings): seconds, for CI
+#   --overhead  instead: the per-op cost of an 8 B all_reduce on a 1-rank group (thread CPU)
+#               against torch's dispatch of do-nothing C++ and Python backends, gloo and the C
+#               call (scripts/torch/overhead.py; run it with FABRICOLL_TORCH_EXT=1 and 0)
 # Other options (--colls, --ranks, --providers, --min-size, --max-size, --no-ddp, ...):
 # scripts/torch/bench.py --help. The tables are saved in
 # $CARGO_TARGET_DIR/bench-torch/<date>-<time>.txt (raw timings beside them, .json).
@@ -20,4 +23,7 @@ py=${FABRICOLL_TORCH_VENV:-$HOME/.cache/fabricoll/torch-venv}/bin/python
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 scripts/torch-ext.sh
 [ "${FABRICOLL_TORCH_EXT:-}" = 0 ] || export FABRICOLL_TORCH_EXT=1
+if [ "${1:-}" = --overhead ]; then
+  PYTHONPATH=$PWD/python exec "$py" scripts/torch/overhead.py
+fi
 exec "$py" scripts/torch/bench.py "$@"
