@@ -91,6 +91,15 @@ c10d::Backend& Backend::full(const char* op) const {
   return *full_;
 }
 
+WorkPtr Backend::issued(int rc, fabricoll_request* req, c10d::OpType type, const char* op,
+                        const char* function, std::vector<at::Tensor> result,
+                        std::vector<at::Tensor> keep, std::function<void()> finish) {
+  if (rc != 0) fail(op, function, rc);
+  started();
+  return c10::make_intrusive<Work>(rank_, type, op, std::vector<fabricoll_request*>{req},
+                                   std::move(result), std::move(keep), std::move(finish));
+}
+
 uint64_t Backend::getSequenceNumberForGroup() {
   return seq_.load() + full("getSequenceNumberForGroup").getSequenceNumberForGroup();
 }
@@ -105,22 +114,19 @@ WorkPtr Backend::allreduce(std::vector<at::Tensor>& tensors, const c10d::Allredu
     auto op = dt ? engine_op(opts.reduceOp, *dt) : std::nullopt;
     if (op) {
       void* p = t.data_ptr();
-      started();
       if (!opts.asyncOp) {
         // torch waits at once and drops the Work without handing it to the caller: the
         // blocking call, and one shared completed Work (no allocation per call).
         int rc = api().allreduce(p, p, t.numel(), *dt, *op, comm);
         if (rc != 0) fail("allreduce", "fabricoll_allreduce", rc);
+        started();
         static const c10::intrusive_ptr<Work> kDone =
             Work::done(-1, OpType::ALLREDUCE, "allreduce", {});
         return kDone;
       }
       fabricoll_request* req = nullptr;
       int rc = api().iallreduce(p, p, t.numel(), *dt, *op, comm, &req);
-      if (rc != 0) fail("allreduce", "fabricoll_iallreduce", rc);
-      return c10::make_intrusive<Work>(rank_, OpType::ALLREDUCE, "allreduce",
-                                       std::vector<fabricoll_request*>{req}, tensors,
-                                       std::vector<at::Tensor>{t});
+      return issued(rc, req, OpType::ALLREDUCE, "allreduce", "fabricoll_iallreduce", tensors, {t});
     }
   }
   return full("allreduce").allreduce(tensors, opts);
@@ -131,15 +137,11 @@ WorkPtr Backend::allgather_flat(at::Tensor& out, at::Tensor& in,
   fabricoll_comm* comm = fast_comm();
   if (comm != nullptr && plain(out) && plain(in) && out.scalar_type() == in.scalar_type() &&
       bytes(out) == bytes(in) * static_cast<size_t>(size_)) {
-    started();
     fabricoll_request* req = nullptr;
     int rc = api().iallgather(in.data_ptr(), out.data_ptr(), bytes(in), FABRICOLL_UINT8, comm,
                               &req);
-    if (rc != 0) fail("all_gather_into_tensor", "fabricoll_iallgather", rc);
-    return c10::make_intrusive<Work>(rank_, OpType::_ALLGATHER_BASE, "all_gather_into_tensor",
-                                     std::vector<fabricoll_request*>{req},
-                                     std::vector<at::Tensor>{out},
-                                     std::vector<at::Tensor>{out, in});
+    return issued(rc, req, OpType::_ALLGATHER_BASE, "all_gather_into_tensor",
+                  "fabricoll_iallgather", {out}, {out, in});
   }
   return full("all_gather_into_tensor").all_gather_single(out, in, opts);
 }
@@ -162,16 +164,11 @@ WorkPtr Backend::reduce_scatter_flat(at::Tensor& out, at::Tensor& in,
     auto dt = engine_dtype(out.scalar_type());
     auto op = dt ? engine_op(opts.reduceOp, *dt) : std::nullopt;
     if (op) {
-      started();
       fabricoll_request* req = nullptr;
       int rc = api().ireducescatter(in.data_ptr(), out.data_ptr(), out.numel(), *dt, *op, comm,
                                     &req);
-      if (rc != 0) fail("reduce_scatter_tensor", "fabricoll_ireducescatter", rc);
-      return c10::make_intrusive<Work>(rank_, OpType::_REDUCE_SCATTER_BASE,
-                                       "reduce_scatter_tensor",
-                                       std::vector<fabricoll_request*>{req},
-                                       std::vector<at::Tensor>{out},
-                                       std::vector<at::Tensor>{out, in});
+      return issued(rc, req, OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor",
+                    "fabricoll_ireducescatter", {out}, {out, in});
     }
   }
   return full("reduce_scatter_tensor").reduce_scatter_single(out, in, opts);
@@ -191,15 +188,11 @@ WorkPtr Backend::broadcast(std::vector<at::Tensor>& tensors, const c10d::Broadca
   fabricoll_comm* comm = fast_comm();
   if (comm != nullptr && tensors.size() == 1 && plain(tensors[0]) && opts.rootTensor == 0) {
     at::Tensor& t = tensors[0];
-    started();
     void* p = t.data_ptr();
     fabricoll_request* req = nullptr;
     int rc = api().ibroadcast(p, p, bytes(t), FABRICOLL_UINT8, static_cast<int>(opts.rootRank),
                               comm, &req);
-    if (rc != 0) fail("broadcast", "fabricoll_ibroadcast", rc);
-    return c10::make_intrusive<Work>(rank_, OpType::BROADCAST, "broadcast",
-                                     std::vector<fabricoll_request*>{req}, tensors,
-                                     std::vector<at::Tensor>{t});
+    return issued(rc, req, OpType::BROADCAST, "broadcast", "fabricoll_ibroadcast", tensors, {t});
   }
   return full("broadcast").broadcast(tensors, opts);
 }
@@ -209,13 +202,9 @@ WorkPtr Backend::barrier(const c10d::BarrierOptions& opts) {
   if (comm == nullptr) {
     return full("barrier").barrier(opts);
   }
-  started();
   fabricoll_request* req = nullptr;
   int rc = api().ibarrier(comm, &req);
-  if (rc != 0) fail("barrier", "fabricoll_ibarrier", rc);
-  return c10::make_intrusive<Work>(rank_, OpType::BARRIER, "barrier",
-                                   std::vector<fabricoll_request*>{req},
-                                   std::vector<at::Tensor>{}, std::vector<at::Tensor>{});
+  return issued(rc, req, OpType::BARRIER, "barrier", "fabricoll_ibarrier", {}, {});
 }
 
 WorkPtr Backend::gather_flat(at::Tensor& out, at::Tensor& in, const c10d::GatherOptions& opts) {
@@ -245,17 +234,13 @@ WorkPtr Backend::gather_flat(at::Tensor& out, at::Tensor& in, const c10d::Gather
       finish = [out, dst]() mutable { out.copy_(dst); };
     }
   }
-  started();
   fabricoll_request* req = nullptr;
   int rc = api().igather(src.data_ptr(), root ? dst.data_ptr() : nullptr, bytes(src),
                          FABRICOLL_UINT8, static_cast<int>(opts.rootRank), comm, &req);
-  if (rc != 0) fail(name, "fabricoll_igather", rc);
   std::vector<at::Tensor> keep{src};
   if (root) keep.push_back(dst);
-  return c10::make_intrusive<Work>(rank_, OpType::GATHER, name,
-                                   std::vector<fabricoll_request*>{req},
-                                   std::vector<at::Tensor>{out}, std::move(keep),
-                                   std::move(finish));
+  return issued(rc, req, OpType::GATHER, name, "fabricoll_igather", {out}, std::move(keep),
+                std::move(finish));
 }
 
 WorkPtr Backend::gather_single(at::Tensor& out, at::Tensor& in, const c10d::GatherOptions& opts) {

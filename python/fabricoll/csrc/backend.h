@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <atomic>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -116,6 +117,13 @@ class Backend : public c10d::Backend {
   c10d::Backend& full(const char* op) const;
   // Count a collective started here (torch's sequence number).
   void started() { seq_.fetch_add(1, std::memory_order_relaxed); }
+  // The Work of a non-blocking call that returned `rc` and `req` (raises naming `op` and
+  // `function` when it failed to start).
+  c10::intrusive_ptr<c10d::Work> issued(int rc, fabricoll_request* req, c10d::OpType type,
+                                        const char* op, const char* function,
+                                        std::vector<at::Tensor> result,
+                                        std::vector<at::Tensor> keep,
+                                        std::function<void()> finish = nullptr);
   // Start `gather_into_tensor` (shared by the two names torch uses for it).
   c10::intrusive_ptr<c10d::Work> gather_flat(at::Tensor& out, at::Tensor& in,
                                              const c10d::GatherOptions& opts);
