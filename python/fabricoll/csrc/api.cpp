@@ -49,6 +49,8 @@ void attach(const std::string& path) {
     resolve(handle, "fabricoll_ibroadcast", a.ibroadcast);
     resolve(handle, "fabricoll_igather", a.igather);
     resolve(handle, "fabricoll_ibarrier", a.ibarrier);
+    resolve(handle, "fabricoll_isend_tagged", a.isend_tagged);
+    resolve(handle, "fabricoll_irecv_tagged", a.irecv_tagged);
     resolve(handle, "fabricoll_wait", a.wait);
     resolve(handle, "fabricoll_request_notify", a.request_notify);
     resolve(handle, "fabricoll_last_error", a.last_error);

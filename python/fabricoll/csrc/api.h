@@ -17,6 +17,8 @@ struct Api {
   decltype(&fabricoll_ibroadcast) ibroadcast;
   decltype(&fabricoll_igather) igather;
   decltype(&fabricoll_ibarrier) ibarrier;
+  decltype(&fabricoll_isend_tagged) isend_tagged;
+  decltype(&fabricoll_irecv_tagged) irecv_tagged;
   decltype(&fabricoll_wait) wait;
   decltype(&fabricoll_request_notify) request_notify;
   decltype(&fabricoll_last_error) last_error;

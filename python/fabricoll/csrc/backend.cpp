@@ -93,9 +93,10 @@ c10d::Backend& Backend::full(const char* op) const {
 
 WorkPtr Backend::issued(int rc, fabricoll_request* req, c10d::OpType type, const char* op,
                         const char* function, std::vector<at::Tensor> result,
-                        std::vector<at::Tensor> keep, std::function<void()> finish) {
+                        std::vector<at::Tensor> keep, std::function<void()> finish,
+                        bool collective) {
   if (rc != 0) fail(op, function, rc);
-  started();
+  if (collective) started();
   return c10::make_intrusive<Work>(rank_, type, op, std::vector<fabricoll_request*>{req},
                                    std::move(result), std::move(keep), std::move(finish));
 }
@@ -205,6 +206,35 @@ WorkPtr Backend::barrier(const c10d::BarrierOptions& opts) {
   fabricoll_request* req = nullptr;
   int rc = api().ibarrier(comm, &req);
   return issued(rc, req, OpType::BARRIER, "barrier", "fabricoll_ibarrier", {}, {});
+}
+
+WorkPtr Backend::p2p(bool send, std::vector<at::Tensor>& tensors, int peer, int tag) {
+  fabricoll_comm* comm = fast_comm();
+  if (comm == nullptr || tensors.size() != 1 || !plain(tensors[0]) || tag < 0 ||
+      tag > FABRICOLL_MAX_TAG) {
+    return nullptr;  // the Python backend words the errors (tags out of range, several tensors)
+  }
+  at::Tensor& t = tensors[0];
+  fabricoll_request* req = nullptr;
+  // Point-to-point does not count in torch's sequence number (a collective's).
+  if (send) {
+    int rc = api().isend_tagged(t.data_ptr(), bytes(t), FABRICOLL_UINT8, peer, tag, comm, &req);
+    return issued(rc, req, OpType::SEND, "send", "fabricoll_isend_tagged", tensors, {t},
+                  nullptr, false);
+  }
+  int rc = api().irecv_tagged(t.data_ptr(), bytes(t), FABRICOLL_UINT8, peer, tag, comm, &req);
+  return issued(rc, req, OpType::RECV, "recv", "fabricoll_irecv_tagged", tensors, {t}, nullptr,
+                false);
+}
+
+WorkPtr Backend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  WorkPtr w = p2p(true, tensors, dst, tag);
+  return w ? w : full("send").send(tensors, dst, tag);
+}
+
+WorkPtr Backend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  WorkPtr w = p2p(false, tensors, src, tag);
+  return w ? w : full("recv").recv(tensors, src, tag);
 }
 
 WorkPtr Backend::gather_flat(at::Tensor& out, at::Tensor& in, const c10d::GatherOptions& opts) {
@@ -339,13 +369,6 @@ void Backend::monitoredBarrier(const c10d::BarrierOptions& o, bool wait_all_rank
   full("monitored_barrier").monitoredBarrier(o, wait_all_ranks);
 }
 
-WorkPtr Backend::send(std::vector<at::Tensor>& t, int dst, int tag) {
-  return full("send").send(t, dst, tag);
-}
-
-WorkPtr Backend::recv(std::vector<at::Tensor>& t, int src, int tag) {
-  return full("recv").recv(t, src, tag);
-}
 
 WorkPtr Backend::recvAnysource(std::vector<at::Tensor>& t, int tag) {
   return full("recv_anysource").recvAnysource(t, tag);

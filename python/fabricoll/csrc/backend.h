@@ -1,6 +1,6 @@
 // The compiled front of the torch backend: a c10d::Backend that runs the hot operations
-// (all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast, barrier on plain
-// CPU tensors) straight through the C API, and forwards everything else to the Python
+// (all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast, barrier, send and
+// recv on plain CPU tensors) straight through the C API, and forwards everything else to the Python
 // backend (fabricoll/_backend.py), which implements every operation and form.
 //
 // Both sides use one communicator, owned by the Python backend; operations keep their
@@ -47,6 +47,10 @@ class Backend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
+                                      int tag) override;
   // torch's trampoline for Python backends never forwards these two: they run here always.
   c10::intrusive_ptr<c10d::Work> gather_single(at::Tensor& out, at::Tensor& in,
                                                const c10d::GatherOptions& opts) override;
@@ -99,10 +103,6 @@ class Backend : public c10d::Backend {
                                           std::vector<at::Tensor>& ins,
                                           const c10d::AllToAllOptions& opts) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
-  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
-                                      int tag) override;
-  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
-                                      int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
                                                int tag) override;
   void startCoalescing() override;
@@ -115,6 +115,9 @@ class Backend : public c10d::Backend {
   fabricoll_comm* fast_comm() const;
   // The Python backend, or an error naming `op` once shut down.
   c10d::Backend& full(const char* op) const;
+  // Start a tagged send or receive of a plain tensor, or fall back (null) to Python.
+  c10::intrusive_ptr<c10d::Work> p2p(bool send, std::vector<at::Tensor>& tensors, int peer,
+                                     int tag);
   // Count a collective started here (torch's sequence number).
   void started() { seq_.fetch_add(1, std::memory_order_relaxed); }
   // The Work of a non-blocking call that returned `rc` and `req` (raises naming `op` and
@@ -123,7 +126,8 @@ class Backend : public c10d::Backend {
                                         const char* op, const char* function,
                                         std::vector<at::Tensor> result,
                                         std::vector<at::Tensor> keep,
-                                        std::function<void()> finish = nullptr);
+                                        std::function<void()> finish = nullptr,
+                                        bool collective = true);
   // Start `gather_into_tensor` (shared by the two names torch uses for it).
   c10::intrusive_ptr<c10d::Work> gather_flat(at::Tensor& out, at::Tensor& in,
                                              const c10d::GatherOptions& opts);
