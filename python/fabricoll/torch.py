@@ -16,17 +16,18 @@ any operation waits without progress). What each operation supports and how dtyp
 Works: ``wait()`` blocks in the calling thread; ``get_future()`` hands the operation to the
 library, which completes the future from its progress thread, so futures complete by
 themselves (DDP only uses futures). ``wait(timeout)`` raises ``TimeoutError`` when the
-timeout passes first. A Work that torch returns to Python reports ``is_completed()`` from
-torch's side only (torch's wrapper does not forward it); use ``wait`` or the future.
+timeout passes first. On the Python backend alone, a Work that torch returns to Python reports
+``is_completed()`` from torch's side only (torch's wrapper does not forward it); use ``wait``
+or the future.
 
 Two implementations: ``fabricoll._c10d``, a compiled ``c10d::Backend`` (fabricoll/csrc/), runs
-all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast, barrier and
-gather_into_tensor on plain CPU tensors through the C API without Python, and hands every
-other operation and form to the Python backend (:mod:`fabricoll._backend`), which
-implements them all. It is used when it was built for this torch (``python/setup.py`` builds
-it when torch is importable); ``FABRICOLL_TORCH_EXT`` = ``0`` runs the Python backend alone,
-``1`` requires the compiled front (an error when it does not load), unset: the compiled
-front where it loads.
+all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast, barrier,
+gather_into_tensor, send and recv on plain CPU tensors through the C API without Python, and
+hands every other operation and form to the Python backend (:mod:`fabricoll._backend`), which
+implements them all. It is used when it was built for this torch (``python/setup.py`` builds it
+when torch is importable); ``FABRICOLL_TORCH_EXT`` = ``0`` runs the Python backend alone, ``1``
+requires the compiled front (an error when it does not load), unset: the compiled front where
+it loads.
 
 Environment: ``FABRICOLL_LIB`` (the library to load), ``FABRICOLL_BOOTSTRAP_ADDR`` and
 ``MASTER_ADDR`` (where rank 0's bootstrap root listens; see :mod:`fabricoll._bootstrap`);
