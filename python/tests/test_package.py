@@ -1,4 +1,4 @@
-"""The package as users get it: a wheel (`pip wheel --no-build-isolation ./python`) carries the
+"""The package as users get it: the implementation FABRICOLL_TORCH_EXT chooses, and a wheel (`pip wheel --no-build-isolation ./python`) carries the
 library and the compiled front; unpacked away from the repository (FABRICOLL_LIB unset), it
 registers the backend, runs on the compiled front and reduces on a 1-rank group."""
 import glob
@@ -54,6 +54,27 @@ class Wheel(unittest.TestCase):
                                    timeout=120, check=False)
             self.assertEqual(probe.returncode, 0, probe.stdout + probe.stderr)
             self.assertIn("probe ok fabricoll._c10d", probe.stdout)
+
+
+class Choice(unittest.TestCase):
+    """FABRICOLL_TORCH_EXT: 0 and 1 choose the implementation; anything else is an error naming
+    the variable, at import."""
+
+    def _import(self, value):
+        env = dict(os.environ, FABRICOLL_TORCH_EXT=value, PYTHONPATH=harness.PY_DIR)
+        code = "import fabricoll.torch as ft; print('compiled', ft.compiled())"
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=120, check=False)
+
+    def test_zero_runs_python_alone(self):
+        r = self._import("0")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("compiled False", r.stdout)
+
+    def test_bad_value_names_the_variable(self):
+        r = self._import("yes")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("FABRICOLL_TORCH_EXT='yes'", r.stderr)
 
 
 if __name__ == "__main__":
