@@ -117,6 +117,9 @@ fn rank_process() {
         .map(|(l, r)| format!("{l}-{r}"))
         .collect();
     println!("@@tcp {}", conns.join(","));
+    // No rank may exit (closing its sockets) before every rank has listed its connections: a
+    // connection counts only when both ends list it as established.
+    assert!(check_one(&c, None, Collective::AllReduce, 3));
 }
 
 /// What each rank process printed (its `@@` lines, by key), or None when net is missing.
