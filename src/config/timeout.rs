@@ -28,7 +28,7 @@ impl fmt::Display for TimeoutSource {
     }
 }
 
-/// A timeout and its source; shown as "300 ms (fabricoll_config.timeout_ms)".
+/// A timeout and its source; shown as "N ms (fabricoll_config.timeout_ms)" and the like.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeout {
     pub limit: Duration,
