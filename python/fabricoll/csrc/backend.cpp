@@ -384,7 +384,10 @@ WorkPtr Backend::endCoalescing() {
   return full("end_coalescing").endCoalescing();
 }
 
-void Backend::abort() { full("abort").abort(); }
+void Backend::abort() {
+  // After shutdown there is nothing left to abort (as the Python backend: a no-op).
+  if (comm_.load() != nullptr) full_->abort();
+}
 
 void Backend::shutdown() {
   if (comm_.exchange(nullptr) != nullptr) {
