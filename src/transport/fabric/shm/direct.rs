@@ -168,18 +168,7 @@ mod tests {
         let Some((a, b)) = shm_pair() else { return };
         // Every slot of a's inbox taken before b comes: b's messages to a beyond the small
         // size then take the provider's tagged path, which take_now cannot see.
-        let name = a
-            .inner
-            .lock()
-            .shm
-            .inbox
-            .as_ref()
-            .expect("inbox")
-            .name
-            .clone();
-        let squatters: Vec<fastbox::Outbox> = (0..fastbox::SLOTS)
-            .map(|i| fastbox::Outbox::open(&name, &format!("squatter-{i}")).expect("slot"))
-            .collect();
+        let squatters = squat(&a);
         let to_a = b.insert_peer(&a.address()).expect("insert");
         let to_b = a.insert_peer(&b.address()).expect("insert");
         assert!(
@@ -200,6 +189,36 @@ mod tests {
         let big: Vec<u8> = (0..fastbox::MAX_PAYLOAD).map(|i| (i * 31) as u8).collect();
         assert!(d.send_now(to_c, 4, &big).expect("send_now"));
         assert_eq!(take(&c, to_d, 4), big);
+    }
+
+    /// Every slot of `t`'s inbox, held until the result is dropped: peers that come later
+    /// get none.
+    fn squat(t: &FabricTransport) -> Vec<fastbox::Outbox> {
+        let name = t
+            .inner
+            .lock()
+            .shm
+            .inbox
+            .as_ref()
+            .expect("inbox")
+            .name
+            .clone();
+        (0..fastbox::SLOTS)
+            .map(|i| fastbox::Outbox::open(&name, &format!("squatter-{i}")).expect("slot"))
+            .collect()
+    }
+
+    /// Make `peer` exit as `t` sees it (both endpoints live in this process: a spawned
+    /// process stands in for the peer's), and wait up to 5 s until `t` flags it.
+    fn exit_peer(t: &FabricTransport, peer: Peer) {
+        let mut child = stand_in(t, peer);
+        child.kill().expect("kill");
+        child.wait().expect("reap");
+        let start = Instant::now();
+        while t.inner.lock().shm.gone_pid(peer, false).is_none() {
+            assert!(start.elapsed() < Duration::from_secs(5), "never flagged");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Take tag `tag` from `peer` on `t`, polling up to 5 s.
@@ -302,30 +321,12 @@ mod tests {
         let Some((a, b)) = shm_pair() else { return };
         // Every slot of a's inbox taken before b comes: b's posted send to a goes through the
         // provider and waits in a's completion queue, which a has not read yet.
-        let name = a
-            .inner
-            .lock()
-            .shm
-            .inbox
-            .as_ref()
-            .expect("inbox")
-            .name
-            .clone();
-        let _squatters: Vec<fastbox::Outbox> = (0..fastbox::SLOTS)
-            .map(|i| fastbox::Outbox::open(&name, &format!("squatter-{i}")).expect("slot"))
-            .collect();
+        let _squatters = squat(&a);
         let to_a = b.insert_peer(&a.address()).expect("insert");
         let to_b = a.insert_peer(&b.address()).expect("insert");
         let mut msg = b"last words".to_vec();
         send_all(&a, &b, to_a, 7, &mut msg, 1);
-        let mut child = stand_in(&a, to_b);
-        child.kill().expect("kill");
-        child.wait().expect("reap");
-        let start = Instant::now();
-        while a.inner.lock().shm.gone_pid(to_b, false).is_none() {
-            assert!(start.elapsed() < Duration::from_secs(5), "never flagged");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        exit_peer(&a, to_b);
         assert_eq!(take(&a, to_b, 7), b"last words");
         let e = a.take_now(to_b, 8, 0, &mut |_, _| Ok(())).unwrap_err();
         assert!(e.to_string().contains("exited without sending"), "{e}");
@@ -337,15 +338,7 @@ mod tests {
         let to_a = b.insert_peer(&a.address()).expect("insert");
         let to_b = a.insert_peer(&b.address()).expect("insert");
         assert!(b.send_now(to_a, 1, b"last words").expect("send_now"));
-        // Both endpoints live in this process: a spawned process stands in for b's.
-        let mut child = stand_in(&a, to_b);
-        child.kill().expect("kill");
-        child.wait().expect("reap");
-        let start = Instant::now();
-        while a.inner.lock().shm.gone_pid(to_b, false).is_none() {
-            assert!(start.elapsed() < Duration::from_secs(5), "never flagged");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        exit_peer(&a, to_b);
         // What it sent before it went is still taken; then neither side waits for it.
         assert_eq!(take(&a, to_b, 1), b"last words");
         let e = a.take_now(to_b, 2, 0, &mut |_, _| Ok(())).unwrap_err();
