@@ -77,5 +77,23 @@ class Choice(unittest.TestCase):
         self.assertIn("FABRICOLL_TORCH_EXT='yes'", r.stderr)
 
 
+class Attach(unittest.TestCase):
+    """The compiled front uses only a library this process already loaded (never a second
+    copy): anything else is an error naming the path."""
+
+    def test_a_library_not_loaded_is_refused(self):
+        if os.environ.get("FABRICOLL_TORCH_EXT") == "0":
+            harness.skip(self.id(), "FABRICOLL_TORCH_EXT=0: the compiled front is not built")
+        code = ("import torch, fabricoll._c10d as x\n"
+                "try:\n    x.attach('/nonexistent/libnccl_net_fabricoll.so')\n"
+                "except RuntimeError as e:\n    print('refused:', e)\n")
+        env = dict(os.environ, PYTHONPATH=harness.PY_DIR)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, timeout=120, check=False)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("refused: fabricoll._c10d: /nonexistent/libnccl_net_fabricoll.so is not "
+                      "loaded in this process", r.stdout)
+
+
 if __name__ == "__main__":
     unittest.main()
