@@ -315,18 +315,23 @@ def run_ranks(a, lib, mps_env):
                 if not used:
                     failed += 1
             else:
-                used = "via NET/fabricoll" in text
+                # with CollNet on, NCCL may carry every channel through CollNet and open no NET one
+                net = "via NET/fabricoll" in text
+                collnet = "via COLLNET/fabricoll" in text
                 loaded = "fabricoll" in text and "NET/Plugin" in text
                 print(f"rank 0: plugin loaded by NCCL: {loaded}; "
-                      f"NCCL channels via NET/fabricoll: {used}")
-                if not (used and loaded):
+                      f"NCCL channels via NET/fabricoll: {net}; via COLLNET/fabricoll: {collnet}")
+                if not (loaded and (net or collnet)):
                     failed += 1
-            if a.collnet:
-                print(f"rank 0: CollNet in use: {'via COLLNET/fabricoll' in text or 'CollNet' in text}")
-            if not a.socket:
+                if a.collnet and not collnet:
+                    print("rank 0: CollNet was asked for (--collnet) but no channel used it")
+                    failed += 1
                 tuner = [l for l in lines if ("TUNER" in l or "Tuner" in l) and "fabricoll" in l]
                 print(f"rank 0: tuner loaded from our library: {bool(tuner)}"
                       + (f" ({tuner[0].strip()})" if tuner else ""))
+                if a.tuner == "on" and not tuner:
+                    print("rank 0: the tuner was asked for (--tuner on) but NCCL did not load ours")
+                    failed += 1
     ok_ranks = sum(1 for rc in rcs if rc == 0)
     print(f"nccl_torch: {ok_ranks} ranks passed, {failed} failed checks (ranks or plugin use)")
     return 1 if failed else 0

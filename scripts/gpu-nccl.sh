@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# scripts/gpu-nccl.sh - issue 32's questions under real NCCL, in one run on a GPU machine:
+# scripts/gpu-nccl.sh - the plugin under real NCCL, measured in one run on a GPU machine:
 #   1. does NCCL load the tuner from our library (its log line)?
 #   2. CollNet with and without the tuner, against NCCL's own algorithms over the plugin;
-#   3. NCCL's Socket transport against the plugin over net and tcp.
+#   3. NCCL's Socket transport against the plugin over each provider;
+#   4. FABRICOLL_NET_STREAMS 1, 2 and 4 over the IP provider.
 # Every case is `plugin-tests/nccl_torch.py --mps --sweep MIN:MAX` (AllReduce float sum, ranks on
 # GPU 0 as separate NCCL hosts); the cases alternate inside each repetition, and the tables give
 # per-size medians over the repetitions and ratios of bandwidth (reference time / case time).
@@ -10,20 +11,25 @@
 # it has no network). Without a GPU it says SKIP and exits 0 (1 under FABRICOLL_TEST_STRICT=1).
 #
 # Environment (defaults in brackets):
-#   REPS [3]  SWEEP [1K:256M]  RANKS [2]  COLLNET_RANKS [2 4]  PROVIDERS [net tcp]
-#   CASE_TIMEOUT [240] seconds per case; GPU_DEADLINE [540] seconds: no new repetition after it
-#   OUT [target/gpu-nccl]  logs and summary.txt
+#   REPS [3]  SWEEP [1K:256M]  RANKS [2]  COLLNET_RANKS [2 4]
+#   PROVIDERS [GPU_PROVIDERS, else net tcp]: the first is also CollNet's and the streams' provider
+#   STREAMS [2 4]: FABRICOLL_NET_STREAMS values besides the default's
+#   CASE_TIMEOUT [240] seconds per case; GPU_DEADLINE [540] seconds: no new case after it
+#   OUT [target/gpu-nccl]  logs.tgz (every case's log) and summary.txt
+#   FABRICOLL_GPU_RELEASE [target/release]: where the library is (scripts/gpu-tests.sh sets it)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 reps=${REPS:-3}
 sweep=${SWEEP:-1K:256M}
 ranks=${RANKS:-2}
 cn_ranks=${COLLNET_RANKS:-2 4}
-providers=${PROVIDERS:-net tcp}
+providers=${PROVIDERS:-${GPU_PROVIDERS:-net tcp}}
+streams=${STREAMS:-2 4}
+ip=${providers%% *}
 case_timeout=${CASE_TIMEOUT:-240}
 deadline=${GPU_DEADLINE:-540}
 out=${OUT:-target/gpu-nccl}
-lib=target/release/libnccl-net-fabricoll.so
+lib=${FABRICOLL_GPU_RELEASE:-target/release}/libnccl-net-fabricoll.so
 mkdir -p "$out"
 
 if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
@@ -34,25 +40,24 @@ fi
 [ -f "$lib" ] || { echo "gpu-nccl.sh: $lib missing: run scripts/build.sh" >&2; exit 1; }
 python3 -c 'import torch; print("# torch", torch.__version__, "nccl", torch.cuda.nccl.version())' | tee "$out/summary.txt"
 
-# case name -> nccl_torch.py arguments
-declare -A args
+# case name -> nccl_torch.py arguments, and the environment of the case
+declare -A args envs
 cases=()
-add() { cases+=("$1"); args[$1]=$2; }
+add() { cases+=("$1"); args[$1]=$2; envs[$1]=${3:-}; }
 add "socket-np$ranks" "--socket --ranks $ranks"
 for p in $providers; do add "$p-np$ranks" "--provider $p --ranks $ranks"; done
+for s in $streams; do
+  add "$ip-streams$s-np$ranks" "--provider $ip --ranks $ranks" "FABRICOLL_NET_STREAMS=$s"
+done
 for r in $cn_ranks; do
-  add "ring-np$r" "--provider net --ranks $r"
-  add "collnet-tuner-np$r" "--provider net --ranks $r --collnet --tuner on"
-  add "collnet-notuner-np$r" "--provider net --ranks $r --collnet --tuner off"
+  add "ring-np$r" "--provider $ip --ranks $r"
+  add "collnet-tuner-np$r" "--provider $ip --ranks $r --collnet --tuner on"
+  add "collnet-notuner-np$r" "--provider $ip --ranks $r --collnet --tuner off"
 done
 
 t0=$(date +%s)
 failed=0
 for rep in $(seq 1 "$reps"); do
-  if [ $(($(date +%s) - t0)) -ge "$deadline" ]; then
-    echo "# GPU_DEADLINE=${deadline}s reached after $((rep - 1)) repetition(s)" | tee -a "$out/summary.txt"
-    break
-  fi
   # alternate the order: forwards on odd repetitions, backwards on even ones
   order=("${cases[@]}")
   if [ $((rep % 2)) = 0 ]; then
@@ -60,9 +65,13 @@ for rep in $(seq 1 "$reps"); do
     for ((i = ${#cases[@]} - 1; i >= 0; i--)); do order+=("${cases[i]}"); done
   fi
   for c in "${order[@]}"; do
+    if [ $(($(date +%s) - t0)) -ge "$deadline" ]; then
+      echo "# GPU_DEADLINE=${deadline}s reached in repetition $rep, before $c" | tee -a "$out/summary.txt"
+      break 2
+    fi
     f="$out/$c-$rep.log"
-    # shellcheck disable=SC2086 # args[] holds word lists
-    timeout --kill-after=10 "$case_timeout" python3 plugin-tests/nccl_torch.py --lib "$lib" --mps \
+    # shellcheck disable=SC2086 # args[] and envs[] hold word lists
+    env ${envs[$c]} timeout --kill-after=10 "$case_timeout" python3 plugin-tests/nccl_torch.py --lib "$lib" --mps \
       --sweep "$sweep" --timeout $((case_timeout - 10)) ${args[$c]} >"$f" 2>&1
     rc=$?
     echo "# rep $rep $c: exit $rc"
@@ -106,11 +115,18 @@ def table(title, ref, others, n):
         print(row)
 
 n = int(ranks)
-table(f"NCCL Socket against the plugin, {n} ranks", f"socket-np{n}", [f"{p}-np{n}" for p in providers], n)
+ip = providers[0]
+streams = sorted({c.split("-")[1] for c in times if c.startswith(f"{ip}-streams")})
+table(f"NCCL Socket against the plugin, {n} ranks", f"socket-np{n}",
+      [f"{p}-np{n}" for p in providers] + [f"{ip}-{s}-np{n}" for s in streams], n)
+table(f"FABRICOLL_NET_STREAMS over {ip} (default against the others), {n} ranks", f"{ip}-np{n}",
+      [f"{ip}-{s}-np{n}" for s in streams], n)
 for r in cn_ranks:
     table(f"CollNet against NCCL's ring over the plugin (net), {r} ranks", f"ring-np{r}",
           [f"collnet-tuner-np{r}", f"collnet-notuner-np{r}"], int(r))
 EOF
-  echo "# failed cases: $failed; logs in $out/"
+  echo "# failed cases: $failed; logs in $out/logs.tgz"
 } | tee -a "$out/summary.txt"
+# one archive of the case logs (the GPU machine sends back a few files, not a folder of them)
+(cd "$out" && tar czf logs.tgz --remove-files ./*.log 2>/dev/null)
 [ "$failed" = 0 ]

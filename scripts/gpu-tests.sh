@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# scripts/gpu-tests.sh - every check that needs a GPU, in one run, from what was built elsewhere
-# (the GPU machine has no network and cannot build: carry target/release with the library,
-# fabricoll-info and the test binaries). Where there is no GPU it says SKIP and exits 0 (1 under
+# scripts/gpu-tests.sh - every check that needs a GPU, in one run, from what was built elsewhere.
+# The GPU machine has no network, no libfabric and cannot build: scripts/gpu-pack.sh gathers the
+# stripped library, fabricoll-info, the test binaries and the libfabric 2.1 build with CUDA into
+# target/gpu/, which is carried there; this script uses it when present (else target/release and
+# the system's libfabric). Where there is no GPU it says SKIP and exits 0 (1 under
 # FABRICOLL_TEST_STRICT=1).
 #
+#   0. facts: driver, torch and NCCL versions, MPS, compute-sanitizer, NVRTC, libfabric providers;
 #   1. fabricoll-info: the driver, every device's GPUDirect RDMA / flush / DMA-BUF attributes,
 #      and the ptrSupport each provider gets, with the reason for what is missing;
-#   2. tests/cuda_probe.rs's binary (built by `cargo test --release --no-run`): the probe on a
-#      real driver;
-#   3. plugin-tests/nccl_torch.py: real NCCL over the plugin on tcp and net, CollNet on and off;
-#   4. with GPU_BENCH=1, scripts/gpu-nccl.sh (issue 32's tables: tuner, CollNet, Socket).
+#   2. the GPU test binaries (tests/cuda_probe.rs, tests/device_gpu.rs): the probe and the device
+#      seam on a real driver;
+#   3. plugin-tests/nccl_torch.py: real NCCL over the plugin (CollNet on), every collective checked;
+#   4. with GPU_BENCH=1, scripts/gpu-nccl.sh (tuner, CollNet, Socket, FABRICOLL_NET_STREAMS).
 # Output: $OUT (or target/gpu-tests)/gpu-tests.log; the exit status is the number of failed steps.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -24,6 +27,13 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
   [ "${FABRICOLL_TEST_STRICT:-0}" = 1 ] && exit 1
   exit 0
 fi
+rel=target/release
+if [ -d target/gpu/release ]; then
+  rel=target/gpu/release
+  export LD_LIBRARY_PATH="$PWD/target/gpu/libfabric/lib:$PWD/target/gpu/cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PATH="$PWD/target/gpu/libfabric/bin:$PATH"
+fi
+export FABRICOLL_GPU_RELEASE=$rel
 failed=0
 step() { # step NAME TIMEOUT CMD...: runs it, logs it, counts a failure
   local name=$1 t=$2 rc=0
@@ -34,22 +44,39 @@ step() { # step NAME TIMEOUT CMD...: runs it, logs it, counts a failure
   [ "$rc" = 0 ] || failed=$((failed + 1))
 }
 
-nvidia-smi -L | tee -a "$log"
-step info 60 target/release/fabricoll-info
-probe=$(find target/release/deps -maxdepth 1 -type f -executable -name 'cuda_probe-*' | head -1)
-if [ -n "$probe" ]; then
-  step probe 60 "$probe" --nocapture
-else
-  say "== probe: missing (run cargo test --release --no-run here before carrying target/)"
-  failed=$((failed + 1))
-fi
-lib=target/release/libnccl-net-fabricoll.so
-for p in tcp net; do
-  step "nccl-$p" 300 python3 plugin-tests/nccl_torch.py --lib "$lib" --mps --provider "$p" --timeout 280
+{
+  nvidia-smi -L
+  nvidia-smi --query-gpu=driver_version,memory.total,compute_mode --format=csv,noheader
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "gloo", torch.distributed.is_gloo_available())' 2>&1
+  echo "compute-sanitizer: $(command -v compute-sanitizer || echo missing)"
+  echo "nvidia-cuda-mps-control: $(command -v nvidia-cuda-mps-control || echo missing)"
+  echo "nvrtc: $(ldconfig -p | grep -o '/[^ ]*libnvrtc.so[^ ]*' | head -3 | tr '\n' ' ')"
+  python3 -c 'import nvidia, os; [print("wheel lib:", os.path.join(p, d, "lib")) for p in nvidia.__path__ for d in sorted(os.listdir(p)) if os.path.isdir(os.path.join(p, d, "lib"))]' 2>&1 | head -20
+  echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+  fi_info -l 2>&1 | grep ':$' | tr '\n' ' '; echo
+  for p in shm tcp; do echo "fi_info -p $p: $(fi_info -p "$p" -c FI_HMEM 2>&1 | grep -c 'provider:') entries with FI_HMEM"; done
+} 2>&1 | tee -a "$log"
+
+# the IP providers present (1.17: net and tcp;ofi_rxm as tcp; 2.x: tcp), then shm
+providers=${GPU_PROVIDERS:-$(for p in net tcp shm; do fi_info -l 2>/dev/null | grep -qx "$p:" && echo "$p"; done | tr '\n' ' ')}
+say "providers: $providers"
+export GPU_PROVIDERS="$providers"
+
+step info 60 "$rel/fabricoll-info"
+for t in ${GPU_TEST_BINS:-cuda_probe}; do
+  bin=$(find "$rel/deps" -maxdepth 1 -type f -executable -name "$t-*" | head -1)
+  if [ -n "$bin" ]; then
+    step "$t" 120 "$bin" --nocapture --test-threads=1
+  else
+    say "== $t: missing (cargo test --release --no-run, then scripts/gpu-pack.sh)"
+    failed=$((failed + 1))
+  fi
 done
-step nccl-collnet 300 python3 plugin-tests/nccl_torch.py --lib "$lib" --mps --provider net --collnet --timeout 280
+lib=$rel/libnccl-net-fabricoll.so
+ip=${providers%% *}
+step "nccl-$ip-collnet" 240 python3 plugin-tests/nccl_torch.py --lib "$lib" --mps --provider "$ip" --collnet --timeout 220
 if [ "${GPU_BENCH:-0}" = 1 ]; then
-  step gpu-nccl 600 scripts/gpu-nccl.sh
+  step gpu-nccl "${GPU_BENCH_S:-600}" env OUT="$out/nccl" scripts/gpu-nccl.sh
 fi
 say "gpu-tests: $failed step(s) failed; log: $log"
 exit "$failed"
