@@ -12,7 +12,7 @@ plugin carried the data ("Using network fabricoll", "via NET/fabricoll").
 Usage:
     plugin-tests/nccl_torch.py --lib target/release/libnccl-net-fabricoll.so \
         [--ranks 2] [--provider tcp] [--collnet] [--socket] [--mps] [--timeout 300]
-        [--sweep 1K:256M] [--tuner on|off]
+        [--sweep 1K:256M] [--tuner on|off] [--gloo]
 
 Without MPS the ranks' processes time-slice GPU 0: a rank's NCCL kernel holds the GPU while it
 waits for its peer's data, so every timing becomes a multiple of the driver's time slice (4.5 ms
@@ -21,7 +21,9 @@ run (its pipe and log folders in a fresh temporary folder; stopped at the end), 
 kernels run side by side and the timings measure the transport.
 
 --socket runs the same checks and timings over NCCL's own Socket transport instead of the plugin
-(the plugin is not loaded): the reference for the plugin's timings on the same machine.
+(the plugin is not loaded): the reference for the plugin's timings on the same machine. --gloo
+runs them through PyTorch's gloo backend on the same CUDA tensors (gloo copies them to host memory
+and reduces there): the reference a CPU collective library is held to.
 
 --sweep MIN:MAX skips the checks and times AllReduce from MIN to MAX bytes (one exact check per
 size); scripts/gpu-nccl.sh runs it for Socket, the plugin and CollNet, alternating, and prints the
@@ -54,6 +56,8 @@ def parse():
     p.add_argument("--sweep", metavar="MIN:MAX",
                    help="timing only: AllReduce float sum of MIN..MAX bytes (x4 steps, K/M suffixes), "
                         "one exact check per size, rows 'sweep SIZE US' from rank 0")
+    p.add_argument("--gloo", action="store_true",
+                   help="PyTorch's gloo backend on the CUDA tensors instead of NCCL (timing reference)")
     p.add_argument("--tuner", choices=("on", "off"), default="on",
                    help="FABRICOLL_TUNER of the ranks (off: NCCL prices CollNet alone)")
     p.add_argument("--child", type=int, default=-1, help=argparse.SUPPRESS)
@@ -74,9 +78,14 @@ def child(a):
     rank, n = a.child, a.ranks
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
-    dist.init_process_group(
-        "nccl", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank, world_size=n, device_id=dev
-    )
+    if a.gloo:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank, world_size=n
+        )
+    else:
+        dist.init_process_group(
+            "nccl", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank, world_size=n, device_id=dev
+        )
     if a.sweep:
         return sweep(a, rank, n, dev)
     checks = 0
@@ -233,8 +242,8 @@ def parent(a):
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device")
         return 0
-    if a.socket and a.collnet:
-        print("nccl_torch: --socket and --collnet exclude each other (no plugin, no CollNet)",
+    if (a.socket or a.gloo) and a.collnet or (a.socket and a.gloo):
+        print("nccl_torch: --socket, --gloo and --collnet exclude each other (no plugin, no CollNet)",
               file=sys.stderr)
         return 2
     lib = os.path.abspath(a.lib)
@@ -264,8 +273,8 @@ def run_ranks(a, lib, mps_env):
         env = dict(os.environ)
         env.update(mps_env)
         env.update(
-            NCCL_NET_PLUGIN="none" if a.socket else lib,
-            NCCL_NET="Socket" if a.socket else "fabricoll",
+            NCCL_NET_PLUGIN="none" if a.socket or a.gloo else lib,
+            NCCL_NET="Socket" if a.socket or a.gloo else "fabricoll",
             NCCL_HOSTID=f"fabricoll-node-{r}",  # every rank its own node: all traffic via the plugin
             NCCL_DEBUG="INFO",
             NCCL_DEBUG_SUBSYS="INIT,NET,TUNING,COLL" if a.collnet else "INIT,NET,TUNING",
@@ -282,6 +291,8 @@ def run_ranks(a, lib, mps_env):
                "--child", str(r), "--port", str(port)]
         if a.sweep:
             cmd += ["--sweep", a.sweep]
+        if a.gloo:
+            cmd += ["--gloo"]
         log = open(f"/tmp/nccl_torch.{os.getpid()}.{r}.log", "w+")
         procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     deadline = time.time() + a.timeout
@@ -308,7 +319,9 @@ def run_ranks(a, lib, mps_env):
             print("    ... last lines:")
             for l in lines[-25:]:
                 print("   ", l)
-        if r == 0:
+        if r == 0 and a.gloo:
+            print("rank 0: gloo on CUDA tensors (the reference, no NCCL)")
+        elif r == 0:
             if a.socket:
                 used = "via NET/Socket" in text
                 print(f"rank 0: NCCL channels via NET/Socket (the reference, no plugin): {used}")

@@ -14,6 +14,7 @@
 #   REPS [3]  SWEEP [1K:256M]  RANKS [2]  COLLNET_RANKS [2 4]
 #   PROVIDERS [GPU_PROVIDERS, else net tcp]: the first is also CollNet's and the streams' provider
 #   STREAMS [2 4]: FABRICOLL_NET_STREAMS values besides the default's
+#   GLOO [1]: also time PyTorch's gloo backend on the same CUDA tensors
 #   CASE_TIMEOUT [240] seconds per case; GPU_DEADLINE [540] seconds: no new case after it
 #   OUT [target/gpu-nccl]  logs.tgz (every case's log) and summary.txt
 #   FABRICOLL_GPU_RELEASE [target/release]: where the library is (scripts/gpu-tests.sh sets it)
@@ -45,6 +46,7 @@ declare -A args envs
 cases=()
 add() { cases+=("$1"); args[$1]=$2; envs[$1]=${3:-}; }
 add "socket-np$ranks" "--socket --ranks $ranks"
+[ "${GLOO:-1}" = 1 ] && add "gloo-np$ranks" "--gloo --ranks $ranks"
 for p in $providers; do add "$p-np$ranks" "--provider $p --ranks $ranks"; done
 for s in $streams; do
   add "$ip-streams$s-np$ranks" "--provider $ip --ranks $ranks" "FABRICOLL_NET_STREAMS=$s"
@@ -118,7 +120,7 @@ n = int(ranks)
 ip = providers[0]
 streams = sorted({c.split("-")[1] for c in times if c.startswith(f"{ip}-streams")})
 table(f"NCCL Socket against the plugin, {n} ranks", f"socket-np{n}",
-      [f"{p}-np{n}" for p in providers] + [f"{ip}-{s}-np{n}" for s in streams], n)
+      [f"{p}-np{n}" for p in providers] + [f"{ip}-{s}-np{n}" for s in streams] + [f"gloo-np{n}"], n)
 table(f"FABRICOLL_NET_STREAMS over {ip} (default against the others), {n} ranks", f"{ip}-np{n}",
       [f"{ip}-{s}-np{n}" for s in streams], n)
 for r in cn_ranks:
