@@ -12,7 +12,9 @@
 #   2. the GPU test binaries (tests/cuda_probe.rs, tests/device_gpu.rs): the probe and the device
 #      seam on a real driver;
 #   3. plugin-tests/nccl_torch.py: real NCCL over the plugin (CollNet on), every collective checked;
-#   4. with GPU_BENCH=1, scripts/gpu-nccl.sh (tuner, CollNet, Socket, FABRICOLL_NET_STREAMS).
+#   4. scripts/torch/gpu-check.sh (GPU_TORCH=0 skips it): the compiled front built for the machine's
+#      torch, the mixed group cpu:fabricoll,cuda:nccl with NCCL over our plugin;
+#   5. with GPU_BENCH=1, scripts/gpu-nccl.sh (tuner, CollNet, Socket, FABRICOLL_NET_STREAMS).
 # Output: $OUT (or target/gpu-tests)/gpu-tests.log; the exit status is the number of failed steps.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -75,6 +77,9 @@ done
 lib=$rel/libnccl-net-fabricoll.so
 ip=${providers%% *}
 step "nccl-$ip-collnet" 240 python3 plugin-tests/nccl_torch.py --lib "$lib" --mps --provider "$ip" --collnet --timeout 220
+if [ "${GPU_TORCH:-1}" = 1 ]; then
+  step torch-mixed 300 env OUT="$out" scripts/torch/gpu-check.sh
+fi
 if [ "${GPU_BENCH:-0}" = 1 ]; then
   step gpu-nccl "${GPU_BENCH_S:-600}" env OUT="$out/nccl" scripts/gpu-nccl.sh
 fi

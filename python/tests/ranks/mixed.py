@@ -2,6 +2,7 @@
 sends CPU tensors to the backend under test, in the default group and in a new group; CUDA
 tensors (where a GPU is) to NCCL."""
 import datetime
+import os
 
 import torch
 import torch.distributed as dist
@@ -12,6 +13,10 @@ from tests.ranks import common
 def run(args):
     common.import_backend()
     cuda = "nccl" if torch.cuda.is_available() else "gloo"
+    if cuda == "nccl" and os.environ.get("FABRICOLL_MIXED_NCCL_HOSTS") == "1":
+        # every rank its own NCCL host, so that NCCL carries the CUDA tensors over the network
+        # (the plugin named by NCCL_NET_PLUGIN) instead of shared memory or peer access
+        os.environ["NCCL_HOSTID"] = f"fabricoll-mixed-{os.environ['RANK']}"
     spec = f"cpu:{common.BACKEND},cuda:{cuda}"
     dist.init_process_group(spec, timeout=datetime.timedelta(seconds=30))
     rank, ws = dist.get_rank(), dist.get_world_size()
