@@ -9,8 +9,9 @@
 #   0. facts: driver, torch and NCCL versions, MPS, compute-sanitizer, NVRTC, libfabric providers;
 #   1. fabricoll-info: the driver, every device's GPUDirect RDMA / flush / DMA-BUF attributes,
 #      and the ptrSupport each provider gets, with the reason for what is missing;
-#   2. the GPU test binaries (tests/cuda_probe.rs, tests/device_gpu.rs): the probe and the device
-#      seam on a real driver;
+#   2. the GPU test binaries (GPU_TEST_BINS, default tests/cuda_probe.rs and tests/plugin_gpu.rs),
+#      their ignored GPU tests included: the probe on a real driver, the net plugin on device
+#      memory over shm (libfabric 2.1 with CUDA);
 #   3. plugin-tests/nccl_torch.py: real NCCL over the plugin (CollNet on), every collective checked;
 #   4. with GPU_BENCH=1, scripts/gpu-nccl.sh (tuner, CollNet, Socket, FABRICOLL_NET_STREAMS).
 # Output: $OUT (or target/gpu-tests)/gpu-tests.log; the exit status is the number of failed steps.
@@ -63,10 +64,10 @@ say "providers: $providers"
 export GPU_PROVIDERS="$providers"
 
 step info 60 "$rel/fabricoll-info"
-for t in ${GPU_TEST_BINS:-cuda_probe}; do
+for t in ${GPU_TEST_BINS:-cuda_probe plugin_gpu}; do
   bin=$(find "$rel/deps" -maxdepth 1 -type f -executable -name "$t-*" | head -1)
   if [ -n "$bin" ]; then
-    step "$t" 120 "$bin" --nocapture --test-threads=1
+    step "$t" 120 "$bin" --include-ignored --nocapture --test-threads=1
   else
     say "== $t: missing (cargo test --release --no-run, then scripts/gpu-pack.sh)"
     failed=$((failed + 1))
