@@ -569,11 +569,12 @@ pub fn collnet_model(cfg: &Config) -> Model {
     Model::from_config(cfg).with_eager(eager)
 }
 
-/// What NCCL's CollNet buffers go through on this process's plugin: no copies where device 0
-/// takes device memory (ptrSupport has NCCL_PTR_CUDA), host staging otherwise (and without a
-/// usable device).
+/// What NCCL's CollNet buffers go through on this process's plugin: no copies where CollNet's
+/// device 0 takes device memory (its ptrSupport has NCCL_PTR_CUDA), host staging otherwise
+/// (and without a usable device).
 pub fn collnet_staging() -> Staging {
-    match super::global().and_then(|p| p.device(0).map(|d| d.props.ptr_support)) {
+    let bits = super::global().and_then(|p| super::collnet::props(p, 0).map(|d| d.ptr_support));
+    match bits {
         Ok(bits) if bits & super::NCCL_PTR_CUDA != 0 => Staging::NONE,
         _ => Staging::HOST,
     }
