@@ -100,6 +100,11 @@ fn emu_drop_while_in_use() {
 }
 
 #[test]
+fn emu_free_while_a_stream_waits() {
+    device_checks::free_while_a_stream_waits(&emu(), true);
+}
+
+#[test]
 fn emu_kernels_match_host() {
     device_checks::kernels_match_host(&emu(), 4099, 0x5eed);
 }

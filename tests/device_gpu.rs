@@ -118,6 +118,20 @@ fn gpu_drop_while_in_use() {
 
 #[test]
 #[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
+fn gpu_free_device_memory_while_a_stream_waits() {
+    device_checks::free_while_a_stream_waits(&gpu(), false);
+}
+
+#[test]
+#[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
+fn gpu_free_page_locked_memory_while_a_stream_waits() {
+    // Whether cuMemFreeHost waits for the device: if this fails, the data path must keep its
+    // page-locked buffers for the communicator's life (docs/device.md).
+    device_checks::free_while_a_stream_waits(&gpu(), true);
+}
+
+#[test]
+#[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
 fn gpu_kernels_match_host() {
     let dev = gpu();
     let t = std::time::Instant::now();

@@ -453,3 +453,34 @@ pub fn bandwidth(dev: &Device, bytes: usize, runs: u32) -> f64 {
     s.synchronize(T).unwrap();
     (3 * bytes) as f64 * f64::from(runs) / t.elapsed().as_secs_f64() / 1e9
 }
+
+/// Freeing memory (device memory, and page-locked memory when `host` is true) while a stream
+/// waits for a flag the freeing side has yet to write must return: CUDA's `cuMemFree` can wait
+/// for the whole device, which would never happen. The free runs in a helper thread; if it has
+/// not returned within 5 s the flag is written (to unblock everything) and the check fails.
+pub fn free_while_a_stream_waits(dev: &Device, host: bool) {
+    let s = dev.create_stream().unwrap();
+    let gate = dev.create_flag("free-gate").unwrap();
+    let d = dev.alloc(1 << 20).unwrap();
+    let h = dev.alloc_host(1 << 20).unwrap();
+    s.wait_flag(&gate, 1).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dev2 = dev.clone();
+    let freer = std::thread::spawn(move || {
+        dev2.bind().unwrap();
+        drop(d);
+        if host {
+            drop(h);
+        }
+        tx.send(()).unwrap();
+    });
+    let returned = rx.recv_timeout(Duration::from_secs(5)).is_ok();
+    gate.set(1);
+    freer.join().unwrap();
+    s.synchronize(T).unwrap();
+    let what = if host { "page-locked" } else { "device" };
+    assert!(
+        returned,
+        "freeing {what} memory waited for a stream blocked on a flag"
+    );
+}
