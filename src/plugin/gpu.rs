@@ -1,11 +1,20 @@
 //! Device memory in the net plugin: whether a device takes it (`ptr_support`, from a real
 //! registration of a device buffer with the provider), what a buffer NCCL registers as
-//! NCCL_PTR_CUDA is (`device_of`), and how `iflush` makes received data visible to the GPU
-//! (`flush`). The decisions themselves are `cuda::caps`, pure and tested without a GPU.
+//! NCCL_PTR_CUDA is (`device_of`, the device seam's classification), and how `iflush` makes
+//! received data visible to the GPU (`flush`). The decisions themselves are `cuda::caps`, pure
+//! and tested without a GPU; `ordinal_on` and `read_sentinel_on` take any seam device, so CI
+//! runs them on the emulated one.
 use super::{Flavour, NCCL_PTR_CUDA, NCCL_PTR_HOST};
 use crate::cuda::{self, caps, Register};
+use crate::device::{Device, PtrKind, Span};
 use crate::error::{Error, Result};
 use crate::transport::{Caps, Region};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// How long `iflush`'s sentinel read may take.
+pub const SENTINEL_DEADLINE: Duration = Duration::from_secs(10);
 
 /// NCCL_PTR_HOST, with device memory only where `cuda::caps` finds that the provider really
 /// takes it: `register` registers a device buffer with the provider, tried once per device
@@ -61,9 +70,54 @@ pub fn memory_kind(
     }
 }
 
-/// The CUDA device whose memory `region` is.
+/// CUDA device `ordinal` through the device seam, opened once per process and kept.
+fn seam(ordinal: i32) -> Result<Device> {
+    static OPEN: Mutex<Option<HashMap<i32, Device>>> = Mutex::new(None);
+    let mut g = OPEN.lock();
+    let map = g.get_or_insert_with(HashMap::new);
+    if let Some(d) = map.get(&ordinal) {
+        return Ok(d.clone());
+    }
+    let d = Device::cuda(ordinal)?;
+    map.insert(ordinal, d.clone());
+    Ok(d)
+}
+
+/// The CUDA device whose memory `region` is (classified in device 0's context: addresses are
+/// unified across devices).
 pub fn device_of(region: &Region) -> Result<i32> {
-    cuda::mem::pointer_device(region.addr())
+    ordinal_on(&seam(0)?, region)
+}
+
+/// The device whose memory `region` is, as `dev` classifies it; an error naming what it is
+/// where it is not device memory.
+pub fn ordinal_on(dev: &Device, region: &Region) -> Result<i32> {
+    dev.bind()?;
+    let at = region.addr();
+    match dev.classify(at as *const std::ffi::c_void)? {
+        PtrKind::Device { ordinal } => Ok(ordinal),
+        PtrKind::Freed { ordinal } => Err(Error::arg(
+            "data",
+            format!("{at:#x} is memory of device {ordinal} that was freed"),
+        )),
+        other => Err(Error::arg(
+            "data",
+            format!("{at:#x} is {other:?} memory, not device memory (NCCL_PTR_CUDA)"),
+        )),
+    }
+}
+
+/// Read the first word of `region` (device memory of `dev`) into page-locked memory on a
+/// stream of our own, to `timeout`: the read is ordered after the writes that landed before.
+pub fn read_sentinel_on(dev: &Device, region: &Region, timeout: Duration) -> Result<()> {
+    dev.bind()?;
+    let stream = dev.create_stream()?;
+    let word = dev.alloc_host(4)?;
+    // SAFETY: `region` is device memory of at least 4 bytes that stays allocated while its
+    // receive is being flushed (the caller's), and the copy is waited for below.
+    let src = unsafe { Span::from_raw(dev, region.addr() as u64, 4, "data") }?;
+    stream.copy(&word.span(), &src)?;
+    stream.synchronize(timeout)
 }
 
 /// `iflush` of a receive into `region` (device `ordinal`'s memory) with `method`.
@@ -72,7 +126,7 @@ pub fn flush(method: caps::Flush, ordinal: i32, region: &Region) -> Result<()> {
         caps::Flush::None => Ok(()),
         caps::Flush::Driver => cuda::mem::flush_writes(ordinal),
         caps::Flush::SentinelRead if region.len() >= 4 => {
-            cuda::mem::read_sentinel(ordinal, region.addr())
+            read_sentinel_on(&seam(ordinal)?, region, SENTINEL_DEADLINE)
         }
         // Nothing landed to order against.
         caps::Flush::SentinelRead => Ok(()),
