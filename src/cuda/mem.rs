@@ -24,6 +24,22 @@ fn failed(what: &str, e: result::DriverError) -> Error {
     Error::System(format!("{what}: {name}"))
 }
 
+/// Run `f` (which may make another context current on this thread: the device seam's `bind`)
+/// and make the thread's own context current again after: NCCL's proxy thread calls the
+/// plugin with its GPU's context current and goes on using it. Without a usable driver there
+/// is no context to keep.
+pub fn keeping_context<T>(f: impl FnOnce() -> T) -> T {
+    if driver_up().is_err() {
+        return f();
+    }
+    let before = result::ctx::get_current().unwrap_or(None);
+    let out = f();
+    // SAFETY: `before` was current on this thread (or none was), and is still alive: the
+    // caller's context outlives its call into the plugin.
+    let _ = unsafe { result::ctx::set_current(before.unwrap_or(std::ptr::null_mut())) };
+    out
+}
+
 /// Run `f` with the primary context of device `ordinal` current on this thread, and the
 /// thread's own context current again after.
 fn in_context<T>(ordinal: i32, f: impl FnOnce() -> Result<T>) -> Result<T> {

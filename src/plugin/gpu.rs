@@ -86,7 +86,7 @@ fn seam(ordinal: i32) -> Result<Device> {
 /// The CUDA device whose memory `region` is (classified in device 0's context: addresses are
 /// unified across devices).
 pub fn device_of(region: &Region) -> Result<i32> {
-    ordinal_on(&seam(0)?, region)
+    cuda::mem::keeping_context(|| ordinal_on(&seam(0)?, region))
 }
 
 /// The device whose memory `region` is, as `dev` classifies it; an error naming what it is
@@ -125,9 +125,9 @@ pub fn flush(method: caps::Flush, ordinal: i32, region: &Region) -> Result<()> {
     match method {
         caps::Flush::None => Ok(()),
         caps::Flush::Driver => cuda::mem::flush_writes(ordinal),
-        caps::Flush::SentinelRead if region.len() >= 4 => {
+        caps::Flush::SentinelRead if region.len() >= 4 => cuda::mem::keeping_context(|| {
             read_sentinel_on(&seam(ordinal)?, region, SENTINEL_DEADLINE)
-        }
+        }),
         // Nothing landed to order against.
         caps::Flush::SentinelRead => Ok(()),
     }
