@@ -12,7 +12,7 @@ plugin carried the data ("Using network fabricoll", "via NET/fabricoll").
 Usage:
     plugin-tests/nccl_torch.py --lib target/release/libnccl-net-fabricoll.so \
         [--ranks 2] [--provider tcp] [--collnet] [--socket] [--mps] [--timeout 300]
-        [--sweep 1K:256M] [--tuner on|off] [--gloo]
+        [--sweep 1K:256M] [--tuner on|off] [--gdr auto|on|off] [--gloo]
 
 Without MPS the ranks' processes time-slice GPU 0: a rank's NCCL kernel holds the GPU while it
 waits for its peer's data, so every timing becomes a multiple of the driver's time slice (4.5 ms
@@ -28,6 +28,12 @@ and reduces there): the reference a CPU collective library is held to.
 --sweep MIN:MAX skips the checks and times AllReduce from MIN to MAX bytes (one exact check per
 size); scripts/gpu-nccl.sh runs it for Socket, the plugin and CollNet, alternating, and prints the
 medians.  --tuner off sets FABRICOLL_TUNER=0 (CollNet priced by NCCL alone).
+
+--gdr on lets NCCL put its net buffers in device memory whatever the path to the "NIC"
+(NCCL_NET_GDR_LEVEL=SYS, NCCL_NET_GDR_READ=1; the plugin must advertise NCCL_PTR_CUDA, which it
+does where the provider really registered a CUDA buffer) and fails unless rank 0's channels say
+GDRDMA; --gdr off keeps them in host memory (NCCL_NET_GDR_LEVEL=LOC: host-staged) and fails if
+any says GDRDMA; auto (the default) leaves NCCL's own choice.
 
 Exit status: 0 passed, 1 failed, 0 with a line starting "SKIP" when there is no PyTorch with CUDA
 (this test needs a GPU; CI machines have none and skip it).
@@ -60,6 +66,8 @@ def parse():
                    help="PyTorch's gloo backend on the CUDA tensors instead of NCCL (timing reference)")
     p.add_argument("--tuner", choices=("on", "off"), default="on",
                    help="FABRICOLL_TUNER of the ranks (off: NCCL prices CollNet alone)")
+    p.add_argument("--gdr", choices=("auto", "on", "off"), default="auto",
+                   help="on: NCCL's net buffers in device memory (GDRDMA, required); off: host-staged")
     p.add_argument("--child", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     return p.parse_args()
@@ -287,6 +295,10 @@ def run_ranks(a, lib, mps_env):
             env["FABRICOLL_DOMAIN"] = "lo"  # the IP providers: loopback only
         if a.collnet:
             env["NCCL_COLLNET_ENABLE"] = "1"
+        if a.gdr == "on":
+            env.update(NCCL_NET_GDR_LEVEL="SYS", NCCL_NET_GDR_READ="1")
+        elif a.gdr == "off":
+            env["NCCL_NET_GDR_LEVEL"] = "LOC"
         cmd = [sys.executable, os.path.abspath(__file__), "--lib", lib, "--ranks", str(a.ranks),
                "--child", str(r), "--port", str(port)]
         if a.sweep:
@@ -344,6 +356,11 @@ def run_ranks(a, lib, mps_env):
                       + (f" ({tuner[0].strip()})" if tuner else ""))
                 if a.tuner == "on" and not tuner:
                     print("rank 0: the tuner was asked for (--tuner on) but NCCL did not load ours")
+                    failed += 1
+                gdr = sum(1 for l in lines if "via NET/fabricoll" in l and "GDRDMA" in l)
+                print(f"rank 0: channels with GDRDMA (device memory on the wire): {gdr}")
+                if (a.gdr == "on" and not gdr) or (a.gdr == "off" and gdr):
+                    print(f"rank 0: --gdr {a.gdr} asked for, {gdr} GDRDMA channel(s) seen")
                     failed += 1
     ok_ranks = sum(1 for rc in rcs if rc == 0)
     print(f"nccl_torch: {ok_ranks} ranks passed, {failed} failed checks (ranks or plugin use)")

@@ -4,6 +4,7 @@ pub mod algo;
 pub mod coll;
 pub mod config;
 pub mod cuda;
+pub mod device;
 pub mod error;
 pub mod exec;
 pub mod ffi;

@@ -1,5 +1,7 @@
 //! The plugin's NCCL semantics driven from one thread (as NCCL's GDR probe does), over the
 //! loopback backend and over libfabric's tcp and shm providers.
+mod common;
+
 use nccl_net_fabricoll::config::Config;
 use nccl_net_fabricoll::plugin::net::Device;
 use nccl_net_fabricoll::plugin::{Plugin, HANDLE_SIZE, NCCL_PTR_HOST};
@@ -40,26 +42,7 @@ fn region(v: &mut [u8]) -> Region {
     unsafe { Region::from_raw(v.as_mut_ptr(), v.len()) }
 }
 
-/// Connect a send and a receive comm on one device, polling both from this thread.
-fn pair(d: &Device) -> (u64, u64) {
-    let (mut handle, listen) = d.listen().unwrap();
-    let (mut s, mut r) = (None, None);
-    let start = Instant::now();
-    while s.is_none() || r.is_none() {
-        if s.is_none() {
-            s = d.connect(&mut handle).unwrap();
-        }
-        if r.is_none() {
-            r = d.accept(listen).unwrap();
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "connection setup hung"
-        );
-    }
-    d.close_listen(listen).unwrap();
-    (s.unwrap(), r.unwrap())
-}
+use common::net_pair as pair;
 
 fn wait(d: &Device, req: u64) -> nccl_net_fabricoll::plugin::net::Finished {
     let start = Instant::now();

@@ -290,7 +290,7 @@ fn info() {
                     c.rx_size,
                     dev.mem_tag_format
                 );
-                let p = cuda::caps::ptr_support(&cuda::facts(c, 0));
+                let p = cuda::caps::ptr_support(&cuda::facts(c, 0, None));
                 println!(
                     "    device memory: ptrSupport {:#x}{}{}",
                     p.bits,

@@ -6,25 +6,47 @@
 //! here calls it before `probe` has found the library and initialised the driver; on a machine
 //! without a GPU every caller sees `Cuda::Absent` and behaves as a host-only build.
 pub mod caps;
+pub mod mem;
 mod probe;
 
 pub use probe::{probe, version_string, Cuda, Device, Driver};
 
-use crate::transport::Caps;
+use crate::error::Result;
+use crate::transport::{Caps, Region};
 use caps::{Facts, Registration};
 
+/// Registers device memory of a CUDA device with the chosen provider and releases the
+/// registration (`Transport::register_device` on an endpoint opened for the probe).
+pub type Register<'a> = &'a dyn Fn(Region, i32) -> Result<()>;
+
+/// Bytes of the buffer the registration probe allocates and registers.
+pub const PROBE_BYTES: usize = 64 << 10;
+
 /// The facts `caps::ptr_support` decides from, for device `ordinal` behind an endpoint with
-/// these capabilities.
-pub fn facts(caps: &Caps, ordinal: i32) -> Facts {
+/// these capabilities. `register` registers with the provider (None: no endpoint to try
+/// with); it is called, once, only where every other condition for device memory holds.
+pub fn facts(caps: &Caps, ordinal: i32, register: Option<Register>) -> Facts {
     let cuda = probe();
     let dev = cuda
         .driver()
         .and_then(|d| d.devices.iter().find(|d| d.ordinal == ordinal));
     // Registering a device buffer needs a device: without one there is nothing to try.
-    let not_tried = match (cuda.why_not(), dev) {
-        (Some(why), _) => why.to_string(),
-        (None, None) => format!("no CUDA device {ordinal}"),
-        (None, Some(_)) => "this build does not register device memory yet".into(),
+    let registration = match (cuda.why_not(), dev, register) {
+        (Some(why), _, _) => Registration::NotTried(why.to_string()),
+        (None, None, _) => Registration::NotTried(format!("no CUDA device {ordinal}")),
+        (None, Some(d), _) if !d.gdr || !caps.hmem => {
+            Registration::NotTried("an earlier condition already rules it out".into())
+        }
+        (None, Some(_), None) => {
+            Registration::NotTried("there is no endpoint of the provider to try with".into())
+        }
+        (None, Some(_), Some(f)) => probe_registration(ordinal, f),
+    };
+    let dmabuf = match &registration {
+        Registration::Worked => {
+            Registration::NotTried("this build does not register dma-bufs yet".into())
+        }
+        _ => Registration::NotTried("no device buffer was registered".into()),
     };
     Facts {
         cuda_down: cuda.why_not().map(str::to_string),
@@ -34,9 +56,26 @@ pub fn facts(caps: &Caps, ordinal: i32) -> Facts {
         provider: caps.provider.clone(),
         libfabric: caps::parse_release(&crate::transport::fabric::runtime_version()),
         kernel: kernel_release(),
-        registration: Registration::NotTried(not_tried.clone()),
-        dmabuf_registration: Registration::NotTried(not_tried),
+        registration,
+        dmabuf_registration: dmabuf,
     }
+}
+
+/// Register (and release at once) `PROBE_BYTES` of device `ordinal`'s memory with `register`.
+fn probe_registration(ordinal: i32, register: Register) -> Registration {
+    let buf = match mem::DeviceAlloc::new(ordinal, PROBE_BYTES) {
+        Ok(b) => b,
+        Err(e) => return Registration::NotTried(format!("no device buffer to register: {e}")),
+    };
+    // SAFETY: `buf` is device memory of PROBE_BYTES, alive until after `register` has
+    // released the registration; nothing accesses it from the host.
+    let region = unsafe { Region::from_raw(buf.ptr as *mut u8, buf.len) };
+    let r = match register(region, ordinal) {
+        Ok(()) => Registration::Worked,
+        Err(e) => Registration::Refused(e.to_string()),
+    };
+    drop(buf);
+    r
 }
 
 /// The running kernel's (major, minor), from uname(2).

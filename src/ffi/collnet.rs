@@ -5,9 +5,9 @@
 // The table statics carry NCCL's symbol names (unexported in the Neuron flavour).
 #![allow(non_upper_case_globals)]
 use super::net::{
-    check_context, devices, finalize, get_properties, handle_bytes, init_v6, legacy_context,
-    new_context, plugin, reg_mr_dmabuf, AbiSize, FClose, FDevices, FMakeVDevice, FRegDmaBuf, FTest,
-    Logger, Nccl, Res, VoidP, VoidPP,
+    check_context, devices, finalize, handle_bytes, init_v6, legacy_context, new_context, plugin,
+    reg_mr_dmabuf, AbiSize, FClose, FDevices, FMakeVDevice, FRegDmaBuf, FTest, Logger, Nccl, Res,
+    VoidP, VoidPP,
 };
 use super::types::*;
 use super::{boundary, h, int_size, non_null, ptr, region, Out};
@@ -36,6 +36,19 @@ pub struct SgeV9 {
 const _: () = {
     assert!(std::mem::size_of::<SgeV8>() == 24 && std::mem::size_of::<SgeV9>() == 24);
 };
+
+/// `getProperties`: the net plugin's device, host memory only (`collnet::props`).
+unsafe extern "C" fn get_properties<P: for<'a> From<&'a crate::plugin::DeviceProps>>(
+    dev: c_int,
+    props: *mut P,
+) -> Res {
+    boundary("collnet getProperties", || {
+        // SAFETY: NCCL passes a writable props struct of this version's layout.
+        let out = unsafe { Out::new(props, "props") }?;
+        out.set(P::from(&collnet::props(plugin()?, dev)?));
+        Ok(())
+    })
+}
 
 trait Sge {
     fn parts(&self) -> (VoidP, usize);
@@ -469,7 +482,7 @@ pub static ncclCollNetPlugin_v12: CollNetV12 = CollNetV12 {
     name: NAME.as_ptr(),
     init: init_v11,
     devices: devices::<Nccl>,
-    get_properties: get_properties::<Nccl, PropsV12>,
+    get_properties: get_properties::<PropsV12>,
     listen: listen_v11,
     connect,
     reduce_support,
@@ -492,7 +505,7 @@ pub static ncclCollNetPlugin_v11: CollNetV11 = CollNetV11 {
     name: NAME.as_ptr(),
     init: init_v11,
     devices: devices::<Nccl>,
-    get_properties: get_properties::<Nccl, PropsV11>,
+    get_properties: get_properties::<PropsV11>,
     listen: listen_v11,
     connect,
     reduce_support,
@@ -515,7 +528,7 @@ pub static ncclCollNetPlugin_v10: CollNetV9 = CollNetV9 {
     name: NAME.as_ptr(),
     init: init_v6,
     devices: devices::<Nccl>,
-    get_properties: get_properties::<Nccl, PropsV9>,
+    get_properties: get_properties::<PropsV9>,
     listen: listen_v6,
     connect,
     reduce_support,
@@ -537,7 +550,7 @@ pub static ncclCollNetPlugin_v9: CollNetV9 = CollNetV9 {
     name: NAME.as_ptr(),
     init: init_v6,
     devices: devices::<Nccl>,
-    get_properties: get_properties::<Nccl, PropsV9>,
+    get_properties: get_properties::<PropsV9>,
     listen: listen_v6,
     connect,
     reduce_support,
@@ -559,7 +572,7 @@ pub static ncclCollNetPlugin_v8: CollNetV8 = CollNetV8 {
     name: NAME.as_ptr(),
     init: init_v6,
     devices: devices::<Nccl>,
-    get_properties: get_properties::<Nccl, PropsV8>,
+    get_properties: get_properties::<PropsV8>,
     listen: listen_v6,
     connect,
     reduce_support,
@@ -580,7 +593,7 @@ pub static ncclCollNetPlugin_v7: CollNetV7 = CollNetV7 {
     name: NAME.as_ptr(),
     init: init_v6,
     devices: devices::<Nccl>,
-    get_properties: get_properties::<Nccl, PropsV7>,
+    get_properties: get_properties::<PropsV7>,
     listen: listen_v6,
     connect,
     reduce_support,
@@ -599,7 +612,7 @@ pub static ncclCollNetPlugin_v6: CollNetV6 = CollNetV6 {
     name: NAME.as_ptr(),
     init: init_v6,
     devices: devices::<Nccl>,
-    get_properties: get_properties::<Nccl, PropsV6>,
+    get_properties: get_properties::<PropsV6>,
     listen: listen_v6,
     connect,
     reduce_support,

@@ -208,21 +208,33 @@ fn open(
     logging::init(logger);
     let cfg = crate::config::get()?;
     let m = tuner::collnet_model(cfg);
+    let staging = tuner::collnet_staging();
     let how = if cfg.tuner {
         format!(
-            "pricing CollNet with the engines' cost model (alpha {:.2} us, beta {:.3} GB/s, gamma {:.2} GB/s, eager limit {})",
+            "pricing CollNet and NCCL's ring over this plugin with the engines' cost model (alpha {:.2} us, beta {:.3} GB/s, gamma {:.2} GB/s, eager limit {}), {}",
             m.alpha_us,
             1.0 / (m.beta_us_per_byte * 1e3),
             1.0 / (m.gamma_us_per_byte * 1e3),
             match m.eager_bytes {
                 usize::MAX => "none".to_string(),
                 b => format!("{b} B"),
+            },
+            if staging == tuner::Staging::NONE {
+                "CollNet on device buffers (no staging)".to_string()
+            } else {
+                format!(
+                    "CollNet staged through host memory ({:.0} us + {:.0} GB/s per copy, two per call)",
+                    staging.copy_us,
+                    1.0 / (staging.copy_us_per_byte * 1e3)
+                )
             }
         )
     } else {
         "off (FABRICOLL_TUNER=0): NCCL keeps its own choices".to_string()
     };
-    let mut t = Tuner::new(nranks, nnodes, m, cfg.tuner, chunking).with_forced(cfg.algo);
+    let mut t = Tuner::new(nranks, nnodes, m, cfg.tuner, chunking)
+        .with_forced(cfg.algo)
+        .with_staging(staging);
     if let Some(c) = constants {
         t = t.with_constants(c);
     }

@@ -163,6 +163,8 @@ macro_rules! from_props_v9 {
                     guid: p.guid,
                     ptr_support: p.ptr_support,
                     reg_is_global: p.reg_is_global as c_int,
+                    // Data and completions take one path: a finished receive is in place
+                    // (for device memory, `iflush` orders it where NCCL's topology asks).
                     force_flush: 0,
                     speed: p.speed_mbps,
                     port: p.port,

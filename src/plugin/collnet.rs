@@ -212,11 +212,20 @@ pub fn close_coll(id: u64) -> Result<()> {
     Ok(())
 }
 
+/// CollNet's properties of device `dev`: the net plugin's, with host memory only. CollNet
+/// reduces on the CPU, so NCCL must keep its CollNet buffers in host memory, whatever the net
+/// plugin takes.
+pub fn props(p: &Plugin, dev: i32) -> Result<super::DeviceProps> {
+    let mut props = p.device(dev)?.props.clone();
+    props.ptr_support = NCCL_PTR_HOST;
+    Ok(props)
+}
+
 pub fn reg_mr(id: u64, region: Region, ptr_type: i32) -> Result<u64> {
     if ptr_type == NCCL_PTR_CUDA {
         return Err(Error::arg(
             "type",
-            "NCCL_PTR_CUDA: this plugin supports host memory only",
+            "NCCL_PTR_CUDA: CollNet takes host memory only (its ptrSupport is NCCL_PTR_HOST)",
         ));
     }
     if ptr_type != NCCL_PTR_HOST {

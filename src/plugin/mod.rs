@@ -1,6 +1,7 @@
 //! NCCL semantics, independent of the ABI version: devices and their properties, handles,
 //! listen/connect/accept state machines, requests and the registration cache.
 pub mod collnet;
+pub mod gpu;
 pub mod handles;
 pub mod mr;
 pub mod net;
@@ -169,6 +170,11 @@ impl Plugin {
         for (i, d) in disc.devices.into_iter().enumerate().take(16) {
             let caps = d.caps.clone();
             let pci = d.pci_path.clone();
+            let dev = Arc::new(d);
+            // The probe's endpoint and registration go before the device's own is opened.
+            let ptr_support = gpu::ptr_support(flavour, &caps, i, &|r, o| {
+                FabricTransport::open(&dev)?.register_device(r, o).map(drop)
+            });
             let props = DeviceProps {
                 index: i,
                 name: CString::new(caps.domain.clone()).unwrap_or_default(),
@@ -178,9 +184,9 @@ impl Plugin {
                     caps.domain.as_bytes(),
                     pci.as_deref().unwrap_or("").as_bytes(),
                 ]),
-                ptr_support: ptr_support(flavour, &caps, i),
+                ptr_support,
                 reg_is_global: flavour.mr_cache(cfg),
-                speed_mbps: d
+                speed_mbps: dev
                     .speed_mbps
                     .unwrap_or(cfg.speed_mbps as u64)
                     .min(i32::MAX as u64) as i32,
@@ -193,7 +199,6 @@ impl Plugin {
                 rma: rma_props(flavour, &caps),
                 mr_key_size: caps.rma_caps.as_ref().map_or(0, |r| r.key_size),
             };
-            let dev = Arc::new(d);
             let open = move || -> Result<Arc<dyn Transport>> {
                 Ok(Arc::new(FabricTransport::open(&dev)?))
             };
@@ -283,23 +288,6 @@ impl Plugin {
             .get(handle_dev(h))
             .ok_or_else(|| Error::arg(what, format!("{h:#x} is not a handle of this plugin")))
     }
-}
-
-/// NCCL_PTR_HOST, with device memory only where `cuda::caps` finds that the provider really
-/// takes it (Neuron's runtime passes no CUDA memory); why not is logged once per device. The
-/// decision reads CUDA device 0: NCCL asks before it says which GPU a comm will serve.
-fn ptr_support(flavour: Flavour, caps: &crate::transport::Caps, dev: usize) -> i32 {
-    if flavour != Flavour::Nccl {
-        return NCCL_PTR_HOST;
-    }
-    let p = crate::cuda::caps::ptr_support(&crate::cuda::facts(caps, 0));
-    if let Some(why) = &p.why_not_cuda {
-        log::info!(
-            "device {dev} ({}): ptrSupport NCCL_PTR_HOST only: {why}",
-            caps.domain
-        );
-    }
-    p.bits
 }
 
 /// RMA for the Neuron tables, where the transport offers it (at peers' virtual addresses, which

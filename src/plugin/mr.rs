@@ -1,6 +1,8 @@
 //! Registration cache: a registration covers whole pages and is shared by every later
 //! registration that falls inside it, so per-connection `regMr` of sub-ranges is cheap (this is
 //! what makes `regIsGlobal=1` true). Reference-counted; closed when the last user deregisters.
+//! Device memory is registered exactly as asked (a page beyond a device allocation is not
+//! its memory) and shared only with later registrations of the same device inside it.
 use crate::error::{Error, Result};
 use crate::transport::{Mr, Region, Transport};
 use std::collections::HashMap;
@@ -9,6 +11,13 @@ struct Entry {
     span: Region,
     mr: Mr,
     refs: usize,
+}
+
+impl Entry {
+    /// Whether this registration serves `region` of memory `device` (None: host).
+    fn covers(&self, region: &Region, device: Option<i32>) -> bool {
+        self.mr.device == device && self.span.contains(region)
+    }
 }
 
 /// What a memory handle given to NCCL refers to.
@@ -33,17 +42,47 @@ impl MrCache {
         }
     }
 
+    /// A registration already covering `region` of memory `device`, now with one more user.
+    fn reuse(&mut self, region: Region, device: Option<i32>) -> Option<MrRef> {
+        if !self.shared {
+            return None;
+        }
+        let (id, e) = self
+            .entries
+            .iter_mut()
+            .find(|(_, e)| e.covers(&region, device))?;
+        e.refs += 1;
+        Some(MrRef { entry: *id, region })
+    }
+
+    fn insert(&mut self, span: Region, mr: Mr, region: Region) -> MrRef {
+        self.next += 1;
+        self.entries.insert(self.next, Entry { span, mr, refs: 1 });
+        MrRef {
+            entry: self.next,
+            region,
+        }
+    }
+
+    /// Register `region`, memory of CUDA device `ordinal`, exactly (or reuse a registration of
+    /// that device covering it).
+    pub fn register_device(
+        &mut self,
+        t: &dyn Transport,
+        region: Region,
+        ordinal: i32,
+    ) -> Result<MrRef> {
+        if let Some(r) = self.reuse(region, Some(ordinal)) {
+            return Ok(r);
+        }
+        let mr = t.register_device(region, ordinal)?;
+        Ok(self.insert(region, mr, region))
+    }
+
     /// Register `region` (or reuse a registration covering it); `remote`: for peers' RMA too.
     pub fn register(&mut self, t: &dyn Transport, region: Region, remote: bool) -> Result<MrRef> {
-        if self.shared {
-            if let Some((id, e)) = self
-                .entries
-                .iter_mut()
-                .find(|(_, e)| e.span.contains(&region))
-            {
-                e.refs += 1;
-                return Ok(MrRef { entry: *id, region });
-            }
+        if let Some(r) = self.reuse(region, None) {
+            return Ok(r);
         }
         let span = if self.shared {
             region.page_span()
@@ -55,12 +94,7 @@ impl MrCache {
         } else {
             t.register(span)?
         };
-        self.next += 1;
-        self.entries.insert(self.next, Entry { span, mr, refs: 1 });
-        Ok(MrRef {
-            entry: self.next,
-            region,
-        })
+        Ok(self.insert(span, mr, region))
     }
 
     pub fn deregister(&mut self, r: MrRef) -> Result<()> {

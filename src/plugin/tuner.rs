@@ -2,13 +2,27 @@
 //! `ffi::tuner`). NCCL hands `getCollInfo` its cost table, predicted microseconds per
 //! (algorithm, protocol), and runs the smallest entry that is not -1. We rewrite two cells only:
 //! COLLNET_DIRECT and COLLNET_CHAIN with the SIMPLE protocol, for the collectives CollNet runs
-//! (AllReduce, AllGather, ReduceScatter). Their new value is what our engines are predicted to
-//! take for the operation: the cost model of `auto` (`tune::Model`, with the parameters a
-//! CollNet communicator has, since it does not calibrate: `collnet_model`) priced for one rank
-//! per node, over the chunks NCCL hands the engines one call each (nccl-abi.md section 6).
-//! So NCCL picks CollNet exactly where that prediction beats its own estimates for the other
-//! algorithms. A -1 cell stays -1, every other cell stays as NCCL wrote it, and nothing here
-//! fails: a case we cannot price is left alone.
+//! (AllReduce, AllGather, ReduceScatter).
+//!
+//! Both sides of the comparison are priced with one model, the cost model of `auto`
+//! (`tune::Model`, with the parameters a CollNet communicator has, since it does not
+//! calibrate: `collnet_model`):
+//! - CollNet (`Price::us`): our engines for one rank per node, over the chunks NCCL hands them
+//!   one call each (nccl-abi.md section 6), plus, where NCCL's CollNet buffers are host memory
+//!   (`Staging::HOST`), each call's copy down to the host and back up. The host reduction is
+//!   the engines' gamma term.
+//! - NCCL's ring over our net plugin (`ring_us`): 2(n-1) alphas and 2(n-1)/n of the bytes per
+//!   node over the same beta for an AllReduce ((n-1) and (n-1)/n for the others); its
+//!   reductions run on the GPU, so no gamma.
+//!
+//! NCCL's own estimates are on another scale (RING/SIMPLE 1776 us at 1 MiB on 4 nodes where
+//! 1083 us was measured), so our CollNet price is not written as it is: the cell becomes NCCL's
+//! own estimate of its ring (the best usable RING cell) times our ratio CollNet / ring. NCCL then
+//! picks CollNet where our model says it beats the ring over the plugin, and compares it with
+//! its other algorithms on its own scale. Without a usable RING cell, NCCL's best other cell is
+//! the anchor; with no other cell at all, the price itself is written. A -1 cell stays -1,
+//! every other cell stays as NCCL wrote it, and nothing here fails: a case we cannot price is
+//! left alone.
 //!
 //! The chunks are ours on v6 (`getChunkSize`: the smallest power of two beyond which larger
 //! chunks stop paying, `best_chunk`) and NCCL's own before (`nccl_chunk`, an approximation of
@@ -26,6 +40,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// NCCL's algorithm numbers (`nccl_tuner.h`): the rows of the cost table.
+pub const ALGO_RING: usize = 1;
 pub const ALGO_COLLNET_DIRECT: usize = 2;
 pub const ALGO_COLLNET_CHAIN: usize = 3;
 /// NCCL's SIMPLE protocol, the only one CollNet runs: the column we write.
@@ -120,6 +135,25 @@ impl<'a> CostTable<'a> {
         }
         best
     }
+
+    /// NCCL's estimate our CollNet cells are scaled from: its best usable RING cell, else its
+    /// best usable cell outside CollNet; None where CollNet is NCCL's only option.
+    pub fn anchor(&self) -> Option<(f32, usize, usize)> {
+        let ring = (0..self.nproto)
+            .filter_map(|p| self.get(ALGO_RING, p).map(|t| (t, ALGO_RING, p)))
+            .filter(|c| c.0 >= 0.0)
+            .min_by(|x, y| x.0.total_cmp(&y.0));
+        ring.or_else(|| self.best_other())
+    }
+}
+
+/// The value of a CollNet cell for price `p` against NCCL's `anchor` estimate: the anchor
+/// times our ratio CollNet / ring, or our price itself without an anchor.
+pub fn cell_value(p: &Price, anchor: Option<f32>) -> f64 {
+    match anchor {
+        Some(a) if p.ring_us > 0.0 => f64::from(a) * p.us / p.ring_us,
+        _ => p.us,
+    }
 }
 
 fn is_collnet(algo: usize) -> bool {
@@ -134,11 +168,61 @@ fn cell_name(algo: usize, proto: usize) -> String {
     )
 }
 
+/// What a CollNet call's data goes through besides the engines: with NCCL's CollNet buffers
+/// in host memory (the plugin's ptrSupport is HOST), the GPU's data goes down to host memory
+/// before the engines run and comes back up after; with device buffers, neither.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Staging {
+    /// Fixed cost of one copy: the copy itself starting and NCCL's proxy noticing its end.
+    pub copy_us: f64,
+    /// Microseconds per byte copied between device and host.
+    pub copy_us_per_byte: f64,
+}
+
+/// Fixed cost of one staging copy (a launch and a synchronisation, microseconds).
+pub const STAGING_COPY_US: f64 = 10.0;
+/// Bandwidth of a staging copy (GB/s): PCIe 4.0 x16 with pinned memory, the slower of the
+/// links NCCL's GPUs sit behind.
+pub const STAGING_COPY_GBPS: f64 = 25.0;
+
+impl Staging {
+    /// NCCL's CollNet buffers are host memory: two copies per call.
+    pub const HOST: Staging = Staging {
+        copy_us: STAGING_COPY_US,
+        copy_us_per_byte: 1.0 / (STAGING_COPY_GBPS * 1e3),
+    };
+    /// The plugin takes device buffers: no copies.
+    pub const NONE: Staging = Staging {
+        copy_us: 0.0,
+        copy_us_per_byte: 0.0,
+    };
+
+    /// The two copies of one call of `coll` over a whole vector of `bytes` on `n` nodes: this
+    /// node's input down (the whole vector for AllReduce and ReduceScatter, its part for
+    /// AllGather) and its output up (its part for ReduceScatter, the whole vector otherwise).
+    pub fn call_us(&self, coll: Collective, n: usize, bytes: usize) -> f64 {
+        if *self == Staging::NONE {
+            return 0.0;
+        }
+        let part = bytes.div_ceil(n.max(1));
+        let (down, up) = match coll {
+            Collective::AllGather => (part, bytes),
+            Collective::ReduceScatter => (bytes, part),
+            _ => (bytes, bytes),
+        };
+        2.0 * self.copy_us + (down + up) as f64 * self.copy_us_per_byte
+    }
+}
+
 /// Our price of one CollNet collective.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Price {
-    /// Predicted microseconds of the whole collective.
+    /// Predicted microseconds of the whole collective, staging included.
     pub us: f64,
+    /// Of which the staging copies.
+    pub staging_us: f64,
+    /// NCCL's ring over our net plugin for the same collective, on the same model.
+    pub ring_us: f64,
     /// The chunk size it is priced with (a power of two), and how many calls that makes.
     pub chunk: usize,
     pub chunks: usize,
@@ -159,6 +243,8 @@ pub struct Tuner {
     /// The algorithm the configuration forces on communicators (`FABRICOLL_ALGO`), which a
     /// CollNet communicator runs instead of the model's choice.
     forced: Option<Algorithm>,
+    /// Where NCCL's CollNet buffers live, and so what each call copies.
+    pub staging: Staging,
     logged: Mutex<HashSet<(i32, u32)>>,
     /// Prices worked out, by (collective, bytes, algorithm): NCCL asks on every call, and a
     /// training loop repeats its sizes.
@@ -184,6 +270,7 @@ impl Tuner {
             constants: None,
             model,
             forced: None,
+            staging: Staging::HOST,
             logged: Mutex::new(HashSet::new()),
             prices: Mutex::new(HashMap::new()),
         }
@@ -198,6 +285,12 @@ impl Tuner {
     /// This tuner for communicators whose algorithm is forced to `algo` (None: `auto`).
     pub fn with_forced(mut self, algo: Option<Algorithm>) -> Tuner {
         self.forced = algo;
+        self
+    }
+
+    /// This tuner for CollNet buffers of the kind `staging` describes.
+    pub fn with_staging(mut self, staging: Staging) -> Tuner {
+        self.staging = staging;
         self
     }
 
@@ -227,18 +320,54 @@ impl Tuner {
         t.is_finite().then_some((algo, t))
     }
 
-    /// Predicted time of `nbytes` in calls of `chunk` bytes, one after another.
-    pub fn time_in_chunks(&self, coll: Collective, nbytes: usize, chunk: usize) -> Option<f64> {
+    /// One call of `bytes`: the engines' time and the staging copies around them.
+    fn call_time(&self, coll: Collective, bytes: usize) -> Option<(f64, f64)> {
+        let (_, t) = self.chunk_time(coll, bytes)?;
+        Some((t, self.staging.call_us(coll, self.nnodes, bytes)))
+    }
+
+    /// Predicted time of `nbytes` in calls of `chunk` bytes, one after another, staging
+    /// included; and the staging's share.
+    fn times_in_chunks(&self, coll: Collective, nbytes: usize, chunk: usize) -> Option<(f64, f64)> {
         let chunk = chunk.max(1);
         let (full, rest) = (nbytes / chunk, nbytes % chunk);
-        let mut t = 0.0;
+        let (mut t, mut s) = (0.0, 0.0);
         if full > 0 {
-            t += full as f64 * self.chunk_time(coll, chunk)?.1;
+            let (e, c) = self.call_time(coll, chunk)?;
+            t += full as f64 * (e + c);
+            s += full as f64 * c;
         }
         if rest > 0 || full == 0 {
-            t += self.chunk_time(coll, rest)?.1;
+            let (e, c) = self.call_time(coll, rest)?;
+            t += e + c;
+            s += c;
         }
-        Some(t)
+        Some((t, s))
+    }
+
+    /// Predicted time of `nbytes` in calls of `chunk` bytes, one after another, staging
+    /// included.
+    pub fn time_in_chunks(&self, coll: Collective, nbytes: usize, chunk: usize) -> Option<f64> {
+        self.times_in_chunks(coll, nbytes, chunk).map(|(t, _)| t)
+    }
+
+    /// NCCL's ring over our net plugin for `coll` over `nbytes` (the whole vector) among the
+    /// nodes, on the same model as CollNet: for an AllReduce 2(n-1) alphas and 2(n-1)/n of the
+    /// bytes over beta, half of each for AllGather and ReduceScatter; no gamma (NCCL reduces
+    /// on the GPU) and no staging (NCCL's own pipeline copies). None with fewer than 2 nodes.
+    pub fn ring_us(&self, coll: Collective, nbytes: usize) -> Option<f64> {
+        if self.nnodes < 2 {
+            return None;
+        }
+        let m = &self.model;
+        let t = crate::tune::formula(
+            Algorithm::Ring,
+            coll,
+            self.nnodes as f64,
+            nbytes as f64,
+            (m.alpha_us, m.beta_us_per_byte, m.alpha_us / 2.0, 0.0),
+        )?;
+        t.is_finite().then_some(t)
     }
 
     /// Our chunk for `nbytes`: from `MIN_CHUNK`, doubled while the doubled chunk is predicted
@@ -292,10 +421,13 @@ impl Tuner {
     /// `price` without the kept prices.
     fn work_out(&self, algo: usize, coll: Collective, nbytes: usize) -> Option<Price> {
         let chunk = self.chunk_for(algo, coll, nbytes);
-        let us = self.time_in_chunks(coll, nbytes, chunk)?;
+        let (us, staging_us) = self.times_in_chunks(coll, nbytes, chunk)?;
         let (engine, _) = self.chunk_time(coll, chunk.min(nbytes))?;
+        let ring_us = self.ring_us(coll, nbytes)?;
         Some(Price {
             us,
+            staging_us,
+            ring_us,
             chunk,
             chunks: nbytes.div_ceil(chunk).max(1),
             algo: engine,
@@ -313,14 +445,16 @@ impl Tuner {
             .filter_map(|a| table.get(a, PROTO_SIMPLE).map(|t| (a, t)))
             .filter(|(_, t)| *t >= 0.0)
             .collect();
+        let anchor = table.anchor();
         let mut ours = Vec::new();
         for &(a, _) in &before {
-            if let Some(p) = self
-                .price(a, coll, nbytes)
-                .filter(|p| p.us <= f32::MAX as f64)
-            {
-                table.set(a, PROTO_SIMPLE, p.us as f32);
-                ours.push((a, p));
+            let Some(p) = self.price(a, coll, nbytes) else {
+                continue;
+            };
+            let v = cell_value(&p, anchor.map(|x| x.0));
+            if v.is_finite() && v <= f64::from(f32::MAX) {
+                table.set(a, PROTO_SIMPLE, v as f32);
+                ours.push((a, p, v));
             }
         }
         self.log_decision(func, coll, nbytes, table, &before, &ours);
@@ -345,7 +479,7 @@ impl Tuner {
         nbytes: usize,
         table: &CostTable,
         before: &[(usize, f32)],
-        ours: &[(usize, Price)],
+        ours: &[(usize, Price, f64)],
     ) {
         let class = nbytes.max(1).ilog2();
         if !log::log_enabled!(log::Level::Info) || !self.logged.lock().insert((func, class)) {
@@ -354,19 +488,27 @@ impl Tuner {
         let other = table.best_other();
         let prices: Vec<String> = ours
             .iter()
-            .map(|(a, p)| {
+            .map(|(a, p, v)| {
                 let was = before.iter().find(|b| b.0 == *a).map_or(-1.0, |b| b.1);
                 format!(
-                    "{} {:.1} us ({} in {} call(s) of {} B; NCCL said {was:.1} us)",
+                    "{} {:.1} us ({} in {} call(s) of {} B, {:.1} us of it staging; ring over \
+                     the plugin {:.1} us; written {v:.1} us, NCCL said {was:.1} us)",
                     cell_name(*a, PROTO_SIMPLE),
                     p.us,
                     p.algo,
                     p.chunks,
-                    p.chunk.min(nbytes.max(1))
+                    p.chunk.min(nbytes.max(1)),
+                    p.staging_us,
+                    p.ring_us,
                 )
             })
             .collect();
-        let best_ours = ours.iter().map(|(_, p)| p.us).fold(f64::INFINITY, f64::min);
+        // The anchor reads cells outside CollNet only, which we left as they were.
+        let scale = match table.anchor() {
+            Some((t, a, p)) => format!("scaled from NCCL's {} ({t:.1} us)", cell_name(a, p)),
+            None => "our prices as they are".to_string(),
+        };
+        let best_ours = ours.iter().map(|o| o.2).fold(f64::INFINITY, f64::min);
         let verdict = match other {
             _ if ours.is_empty() => "CollNet is disabled here: NCCL's choice stands".to_string(),
             Some((t, a, p)) if f64::from(t) <= best_ours => {
@@ -378,7 +520,8 @@ impl Tuner {
             None => "CollNet is NCCL's only option".to_string(),
         };
         log::info!(
-            "tuner: {coll:?} of {nbytes} B (class 2^{class}) on {} nodes, {} ranks: {}; {verdict}",
+            "tuner: {coll:?} of {nbytes} B (class 2^{class}) on {} nodes, {} ranks: {} ({scale}); \
+             {verdict}",
             self.nnodes,
             self.nranks,
             if prices.is_empty() {
@@ -424,6 +567,17 @@ pub fn collnet_model(cfg: &Config) -> Model {
         }
     });
     Model::from_config(cfg).with_eager(eager)
+}
+
+/// What NCCL's CollNet buffers go through on this process's plugin: no copies where CollNet's
+/// device 0 takes device memory (its ptrSupport has NCCL_PTR_CUDA), host staging otherwise
+/// (and without a usable device).
+pub fn collnet_staging() -> Staging {
+    let bits = super::global().and_then(|p| super::collnet::props(p, 0).map(|d| d.ptr_support));
+    match bits {
+        Ok(bits) if bits & super::NCCL_PTR_CUDA != 0 => Staging::NONE,
+        _ => Staging::HOST,
+    }
 }
 
 /// Tuner contexts handed to NCCL, by handle.

@@ -57,6 +57,8 @@ pub struct Mr {
     /// The key peers use to reach this registration remotely (`Transport::register_remote`
     /// only; None for `register`).
     pub key: Option<u64>,
+    /// The CUDA device whose memory this is (`Transport::register_device`); None: host memory.
+    pub device: Option<i32>,
 }
 
 impl std::fmt::Debug for Mr {
@@ -65,6 +67,7 @@ impl std::fmt::Debug for Mr {
             .field("desc", &self.desc)
             .field("region", &self.region)
             .field("key", &self.key)
+            .field("device", &self.device)
             .finish()
     }
 }
@@ -252,6 +255,17 @@ pub trait Transport: Send + Sync {
     /// Make a peer reachable; inserting the same address again returns the same `Peer`.
     fn insert_peer(&self, addr: &[u8]) -> Result<Peer>;
     fn register(&self, region: Region) -> Result<Mr>;
+
+    /// Register `region`, memory of CUDA device `ordinal`, exactly (no page rounding) for
+    /// sends and receives (`FI_HMEM_CUDA`). Sends from such a registration take the provider's
+    /// tagged path, never a path that reads the bytes on the CPU.
+    fn register_device(&self, region: Region, ordinal: i32) -> Result<Mr> {
+        let _ = (region, ordinal);
+        Err(Error::InvalidUsage(format!(
+            "{}: this transport does not register device memory",
+            self.caps().provider
+        )))
+    }
 
     /// Register `region` exactly (no page rounding) for local use and for peers' remote reads
     /// and writes; the key peers use is in `Mr::key`. Only where `caps().rma_caps` is Some.

@@ -310,6 +310,7 @@ impl Transport for Tiered {
             region,
             keep: Some(Box::new(pair)),
             key: None,
+            device: None,
         })
     }
 

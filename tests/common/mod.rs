@@ -81,3 +81,25 @@ pub fn comms_in_process(
             .collect(),
     )
 }
+
+/// Connect a send and a receive comm on one net plugin device, polling both from this thread.
+#[allow(dead_code)] // not every test binary uses each helper
+pub fn net_pair(d: &nccl_net_fabricoll::plugin::net::Device) -> (u64, u64) {
+    let (mut handle, listen) = d.listen().unwrap();
+    let (mut s, mut r) = (None, None);
+    let start = std::time::Instant::now();
+    while s.is_none() || r.is_none() {
+        if s.is_none() {
+            s = d.connect(&mut handle).unwrap();
+        }
+        if r.is_none() {
+            r = d.accept(listen).unwrap();
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "connection setup hung"
+        );
+    }
+    d.close_listen(listen).unwrap();
+    (s.unwrap(), r.unwrap())
+}

@@ -13,8 +13,21 @@ impl Device {
     }
 
     /// Register host memory for use on `comm`'s device (and, where the device offers RMA, for
-    /// peers' writes and reads).
+    /// peers' writes and reads), or device memory where the device takes it (`plugin::gpu`).
     pub fn reg_mr(&self, comm: u64, region: Region, ptr_type: i32) -> Result<u64> {
+        self.reg_mr_with(comm, region, ptr_type, || {
+            crate::plugin::gpu::device_of(&region)
+        })
+    }
+
+    /// `reg_mr`, with `ordinal_of` saying whose device memory an NCCL_PTR_CUDA buffer is.
+    pub fn reg_mr_with(
+        &self,
+        comm: u64,
+        region: Region,
+        ptr_type: i32,
+        ordinal_of: impl FnOnce() -> Result<i32>,
+    ) -> Result<u64> {
         if self.flavour == Flavour::Neuron && ptr_type == crate::plugin::NCCL_PTR_NEURON {
             return Err(Error::InvalidUsage(
                 "regMr: Neuron device memory (type 4) cannot be registered: the provider has no \
@@ -22,18 +35,7 @@ impl Device {
                     .into(),
             ));
         }
-        if ptr_type == crate::plugin::NCCL_PTR_CUDA {
-            return Err(Error::arg(
-                "type",
-                "NCCL_PTR_CUDA: this plugin supports host memory only (ptrSupport=NCCL_PTR_HOST)",
-            ));
-        }
-        if ptr_type != crate::plugin::NCCL_PTR_HOST {
-            return Err(Error::arg(
-                "type",
-                format!("{ptr_type} is not NCCL_PTR_HOST (1)"),
-            ));
-        }
+        let device = crate::plugin::gpu::memory_kind(ptr_type, self.props.ptr_support, ordinal_of)?;
         if region.len() > 1 << 40 {
             return Err(Error::arg(
                 "size",
@@ -43,7 +45,10 @@ impl Device {
         let mut st = self.st.lock();
         Self::check_comm(&st, comm)?;
         let t = self.transport(&mut st)?;
-        let r = st.cache.register(&*t, region, self.props.rma.is_some())?;
+        let r = match device {
+            Some(ordinal) => st.cache.register_device(&*t, region, ordinal)?,
+            None => st.cache.register(&*t, region, self.props.rma.is_some())?,
+        };
         let h = new_handle(self.index, Kind::Mr);
         st.mrs.insert_at(h, r);
         Ok(h)
@@ -259,10 +264,13 @@ impl Device {
         Ok(Some(h))
     }
 
-    /// Flush received data to the consumer: nothing to do for host memory, so it completes at
-    /// once and no request is returned.
-    pub fn iflush(&self, comm: u64, n: i32) -> Result<Option<u64>> {
-        if n < 1 || n as usize > MAX_RECVS {
+    /// Flush received data (`bufs`: the receive's buffers, sizes and registrations) to the
+    /// consumer: nothing to do for host memory; for device memory the device's flush
+    /// (`plugin::gpu::flush`), done before this returns. Either way it completes at once and
+    /// no request is returned.
+    pub fn iflush(&self, comm: u64, bufs: &[(Region, i32, u64)]) -> Result<Option<u64>> {
+        let n = bufs.len();
+        if !(1..=MAX_RECVS).contains(&n) {
             return Err(Error::arg("n", format!("{n} is outside 1..={MAX_RECVS}")));
         }
         let mut st = self.st.lock();
@@ -273,11 +281,24 @@ impl Device {
             ));
         }
         if self.flavour == Flavour::Nccl {
+            // One flush orders every write so far: the first device buffer that got data.
+            let target = bufs
+                .iter()
+                .filter(|(r, _, _)| !r.is_empty())
+                .find_map(|(r, _, mh)| {
+                    let m = st.cache.mr(st.mrs.get(*mh)?)?;
+                    m.device.map(|o| (o, *r))
+                });
+            drop(st);
+            if let Some((ordinal, region)) = target {
+                let how = crate::plugin::gpu::flush_method(self.props.ptr_support, ordinal);
+                crate::plugin::gpu::flush(how, ordinal, &region)?;
+            }
             return Ok(None); // NCCL: no request, nothing to wait for
         }
         // libnccom reads a NULL request as "busy, call again": hand it one that is done.
         let h = new_handle(self.index, Kind::Request);
-        let mut req = Request::new(comm, false, n as usize);
+        let mut req = Request::new(comm, false, n);
         req.left = 0;
         for s in req.subs.iter_mut() {
             s.done = true;

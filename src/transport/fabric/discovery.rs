@@ -171,6 +171,34 @@ fn domains_with(provider: &str, extra: u64) -> Vec<String> {
     out
 }
 
+/// The entry of `list` for `provider`'s domain `dom` that offers FI_HMEM, with the address
+/// format of `like`.
+fn hmem_entry(
+    list: &InfoList,
+    provider: &str,
+    dom: &str,
+    like: *mut sys::fi_info,
+) -> Option<*mut sys::fi_info> {
+    // SAFETY: like is an element of a list the caller owns.
+    let format = unsafe { (*like).addr_format };
+    let mut cur = list.0;
+    while !cur.is_null() {
+        // SAFETY: cur is an element of the list we own; its attributes are allocated.
+        unsafe {
+            let i = &*cur;
+            if cstr((*i.fabric_attr).prov_name) == provider
+                && cstr((*i.domain_attr).name) == dom
+                && i.caps & sys::FI_HMEM != 0
+                && i.addr_format == format
+            {
+                return Some(cur);
+            }
+            cur = i.next;
+        }
+    }
+    None
+}
+
 pub(super) fn getinfo_caps(provider: Option<&str>, extra: u64) -> Result<InfoList> {
     // SAFETY: fi_allocinfo returns a zeroed fi_info with allocated attribute structs, or NULL.
     let hints = unsafe { sys::fi_allocinfo() };
@@ -185,11 +213,18 @@ pub(super) fn getinfo_caps(provider: Option<&str>, extra: u64) -> Result<InfoLis
         h.caps = sys::FI_TAGGED as u64 | extra;
         h.mode = sys::FI_CONTEXT | sys::FI_CONTEXT2;
         (*h.ep_attr).type_ = sys::fi_ep_type_FI_EP_RDM;
+        // Device memory is registered before use, as FI_MR_HMEM asks (shm requires it).
+        let hmem_mode = if extra & sys::FI_HMEM != 0 {
+            sys::FI_MR_HMEM
+        } else {
+            0
+        };
         (*h.domain_attr).mr_mode = (sys::FI_MR_LOCAL
             | sys::FI_MR_VIRT_ADDR
             | sys::FI_MR_ALLOCATED
             | sys::FI_MR_PROV_KEY
-            | sys::FI_MR_ENDPOINT) as c_int;
+            | sys::FI_MR_ENDPOINT
+            | hmem_mode) as c_int;
         (*h.domain_attr).threading = sys::fi_threading_FI_THREAD_DOMAIN;
         if let Some(p) = provider {
             let c =
@@ -330,7 +365,17 @@ pub fn discover(cfg: &Config, for_use: Use) -> Result<Discovery> {
     };
     let rma = domains_with(&chosen, sys::FI_RMA as u64);
     let hmem = domains_with(&chosen, sys::FI_HMEM);
+    // The plugin's endpoints may take device memory where CUDA is up in this process and the
+    // domain offers FI_HMEM: they are opened from its FI_HMEM entry, without which no CUDA
+    // registration can work (whether one does is probed by the plugin, `plugin::gpu`).
+    let hmem_list = (for_use == Use::Plugin && crate::cuda::probe().driver().is_some())
+        .then(|| getinfo_caps(Some(&chosen), sys::FI_HMEM).ok())
+        .flatten();
     for (dom, e) in order {
+        let e = hmem_list
+            .as_ref()
+            .and_then(|l| hmem_entry(l, &chosen, &dom, e))
+            .unwrap_or(e);
         // SAFETY: e is an element of the list we own; fi_dupinfo copies it (and not its next).
         let dup = unsafe { sys::fi_dupinfo(e) };
         if dup.is_null() {

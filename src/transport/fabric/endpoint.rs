@@ -237,6 +237,7 @@ impl FabricTransport {
                 region,
                 keep: None,
                 key: None,
+                device: None,
             });
         }
         let access = (sys::FI_SEND | sys::FI_RECV) as u64;
@@ -246,6 +247,7 @@ impl FabricTransport {
             region,
             keep: Some(Box::new(keep)),
             key: None,
+            device: None,
         })
     }
 
@@ -293,19 +295,39 @@ impl FabricTransport {
         if rc as i64 == -(sys::FI_ENOKEY as i64) {
             return Ok(None);
         }
-        check(
-            &format!(
+        let what = || {
+            format!(
                 "fi_mr_reg of {} bytes at {:#x} on {}",
                 region.len(),
                 region.addr(),
                 self.caps.domain
-            ),
-            rc as i64,
-        )?;
+            )
+        };
+        self.adopt_mr(&g, rc as i64, what, mr).map(Some)
+    }
+
+    /// The registration call that returned `rc` and `mr` (`what` names it in an error): kept,
+    /// bound to the endpoint and enabled where the provider asks for that (`FI_MR_ENDPOINT`);
+    /// with its descriptor.
+    pub(super) fn adopt_mr(
+        &self,
+        g: &Inner,
+        rc: i64,
+        what: impl FnOnce() -> String,
+        mr: *mut sys::fid_mr,
+    ) -> Result<(MrFid, usize)> {
+        if rc < 0 {
+            check(&what(), rc)?;
+        }
         let keep = MrFid {
             mr,
             _domain: g.dom.clone(),
         };
+        let desc = self.enable_mr(g, mr)?;
+        Ok((keep, desc))
+    }
+
+    fn enable_mr(&self, g: &Inner, mr: *mut sys::fid_mr) -> Result<usize> {
         if self.caps.mr_mode & sys::FI_MR_ENDPOINT as u64 != 0 {
             // SAFETY: mr and ep are open objects of the same domain.
             unsafe {
@@ -317,8 +339,7 @@ impl FabricTransport {
             }
         }
         // SAFETY: mr is open.
-        let desc = unsafe { sys::fi_mr_desc(mr) } as usize;
-        Ok(Some((keep, desc)))
+        Ok(unsafe { sys::fi_mr_desc(mr) } as usize)
     }
 }
 

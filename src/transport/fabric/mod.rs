@@ -13,6 +13,7 @@ mod cq;
 mod discovery;
 mod endpoint;
 mod fid;
+mod hmem;
 mod rma;
 mod route;
 mod shm;
@@ -77,6 +78,9 @@ struct OpBuf {
     desc: usize,
     op: OpId,
     owned: Option<Vec<u8>>,
+    /// Device memory (a `Transport::register_device` registration): only the provider may
+    /// touch it.
+    device: bool,
 }
 
 /// Per-operation context; libfabric owns `ctx` while the operation is in flight.
@@ -198,6 +202,14 @@ impl Inner {
     /// Post a receive: matched in software, served from claimed messages, or to the provider.
     fn post_recv(&mut self, tag: u64, ignore: u64, b: OpBuf) -> Result<Posted> {
         if self.shm.soft.is_some() {
+            if b.device {
+                // Software matching copies small messages on the CPU.
+                return Err(Error::InvalidUsage(
+                    "a receive into device memory on an shm endpoint that matches small \
+                     messages in software (libfabric before 1.19)"
+                        .into(),
+                ));
+            }
             return self.post_soft_recv(tag, ignore, b);
         }
         if self.claims_busy() && self.claimed_recv(SoftRecv::of(tag, ignore, &b)).is_none() {
@@ -221,6 +233,7 @@ impl Inner {
             desc,
             op,
             owned,
+            ..
         } = b;
         let ctx = self.new_ctx(op, len, true, owned, role);
         // SAFETY: the buffer is valid until completion (Region's contract, or owned by ctx).
@@ -281,6 +294,7 @@ impl Inner {
                 desc: 0,
                 op,
                 owned: Some(data),
+                device: false,
             };
             if self.post_send(caps, peer, tag, b)? == Posted::Busy {
                 break; // the message is back at the front of the backlog
@@ -309,6 +323,10 @@ impl Transport for FabricTransport {
 
     fn register_remote(&self, region: Region) -> Result<Mr> {
         self.register_remote_region(region)
+    }
+
+    fn register_device(&self, region: Region, ordinal: i32) -> Result<Mr> {
+        self.register_device_region(region, ordinal)
     }
 
     fn write(
@@ -357,6 +375,7 @@ impl Transport for FabricTransport {
             desc,
             op,
             owned: None,
+            device: mr.is_some_and(|m| m.device.is_some()),
         };
         g.post_send(&self.caps, peer, tag, b)
     }
@@ -377,6 +396,7 @@ impl Transport for FabricTransport {
             desc,
             op,
             owned: None,
+            device: mr.is_some_and(|m| m.device.is_some()),
         };
         g.post_recv(tag, ignore, b)
     }
@@ -397,6 +417,7 @@ impl Transport for FabricTransport {
             desc: 0,
             op,
             owned: Some(buf),
+            device: false,
         };
         match g.post_recv(tag, ignore, b)? {
             Posted::Queued => Ok(()),

@@ -264,6 +264,7 @@ impl FabricTransport {
                 region,
                 keep: Some(Box::new(keep)),
                 key: Some(key),
+                device: None,
             });
         }
         Err(Error::System(format!(

@@ -5,7 +5,8 @@
 //! fastbox peer takes messages up to the fastbox payload in its ring; a larger message to a
 //! peer that holds a slot in our inbox (and copies from us) goes as a CMA rendezvous; a small
 //! message under software matching goes untagged into the peer's pool; a caller's buffer that
-//! fits the inject size is injected; anything else is a tagged send.
+//! fits the inject size is injected; anything else is a tagged send. Device memory only ever
+//! takes the tagged send: every other path reads the bytes on the CPU.
 use super::shm::matching::Soft;
 use super::shm::rndv::RndvSend;
 use super::shm::{fastbox, peer_exited, watch};
@@ -49,6 +50,8 @@ pub(super) struct SendFacts {
     /// `Caps::inject_ok` and `Caps::inject_size`.
     pub(super) inject_ok: bool,
     pub(super) inject_size: usize,
+    /// The buffer is device memory (`OpBuf::device`).
+    pub(super) device: bool,
 }
 
 /// The path a send with `f` takes.
@@ -56,6 +59,9 @@ pub(super) struct SendFacts {
 pub(super) fn route(f: &SendFacts) -> Route {
     if let Some(pid) = f.gone {
         return Route::PeerGone(pid);
+    }
+    if f.device {
+        return Route::Tagged;
     }
     if f.len <= fastbox::MAX_PAYLOAD && f.fastbox {
         return Route::Fastbox;
@@ -102,6 +108,7 @@ impl Inner {
             small: self.shm.soft.as_ref().map(|x: &Soft| x.small),
             inject_ok: caps.inject_ok,
             inject_size: caps.inject_size,
+            device: b.device,
         };
         let OpBuf {
             addr,
@@ -109,6 +116,7 @@ impl Inner {
             desc,
             op,
             owned,
+            ..
         } = b;
         match route(&facts) {
             Route::PeerGone(pid) => {
@@ -298,5 +306,37 @@ mod tests {
             ..plain(8)
         };
         assert_eq!(route(&owned), Route::Tagged);
+    }
+
+    #[test]
+    fn device_memory_takes_the_tagged_send_whatever_else_holds() {
+        // Every other path reads the bytes on the CPU, which device memory does not allow;
+        // only a peer that has exited still fails the send first.
+        for len in [
+            0usize,
+            8,
+            64,
+            256,
+            fastbox::MAX_PAYLOAD,
+            fastbox::MAX_PAYLOAD + 1,
+        ] {
+            for (fastbox, rndv, small) in [(false, false, None), (true, true, Some(256))] {
+                let f = SendFacts {
+                    device: true,
+                    fastbox,
+                    rndv,
+                    small,
+                    ..plain(len)
+                };
+                assert_eq!(route(&f), Route::Tagged, "{f:?}");
+                let gone = SendFacts { gone: Some(7), ..f };
+                assert_eq!(route(&gone), Route::PeerGone(7));
+                // The same send from host memory, with the shm paths open, takes one of them.
+                if fastbox {
+                    let host = SendFacts { device: false, ..f };
+                    assert_ne!(route(&host), Route::Tagged, "{f:?}");
+                }
+            }
+        }
     }
 }

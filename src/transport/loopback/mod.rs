@@ -214,6 +214,7 @@ impl Transport for LoopbackTransport {
             region,
             keep: None,
             key: None,
+            device: None,
         })
     }
 

@@ -70,6 +70,7 @@ impl LoopbackTransport {
             region,
             keep: Some(Box::new(guard)),
             key: Some(key),
+            device: None,
         })
     }
 

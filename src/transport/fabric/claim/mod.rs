@@ -225,6 +225,7 @@ impl Inner {
             desc: r.desc,
             op: r.op,
             owned,
+            device: false,
         };
         match self.post_provider_recv(r.tag, r.ignore, b, Role::User)?.0 {
             Posted::Queued => Ok(None),

@@ -205,6 +205,7 @@ impl Inner {
             desc: s.desc,
             op: s.op,
             owned,
+            device: false,
         };
         match self.post_send(caps, Peer(s.peer), s.tag, b) {
             // An owned one went back to the backlog; a caller's buffer waits here.
