@@ -1,0 +1,178 @@
+//! Calls on device buffers: which calls need the device (`DevCall::classify`), how their data
+//! is staged through page-locked host slices around the host engine (`staged`, cut by
+//! `slices`), and the stream-ordered calls, which a worker thread per communicator runs after
+//! the work already on the caller's stream (`stream`). docs/device-calls.md has the model.
+//!
+//! The device is the process's installed one (`installed`; tests install the emulated device).
+//! Without one, every pointer is host memory and nothing here runs: the host path is unchanged.
+mod slices;
+mod staged;
+mod stream;
+
+pub use stream::Streams;
+
+use super::Kind;
+use crate::algo::Algorithm;
+use crate::device::{Device, PtrKind};
+use crate::error::{Error, Result};
+use crate::reduce::{DataType, RedOp};
+use parking_lot::RwLock;
+use std::os::raw::c_void;
+
+/// The device calls on device buffers use: none until one is installed.
+static INSTALLED: RwLock<Option<Device>> = parking_lot::const_rwlock(None);
+
+/// Makes `dev` the device that calls on device buffers use. Tests install the emulated device
+/// (a test tool, reachable from Rust only; never a fallback for users). Communicators made
+/// before keep running; their next device call uses it.
+pub fn install(dev: Device) {
+    *INSTALLED.write() = Some(dev);
+}
+
+/// The device of this process, if any.
+pub fn installed() -> Option<Device> {
+    INSTALLED.read().clone()
+}
+
+/// One call on buffers of which at least one is device memory: the checked arguments of the
+/// call, the buffers as addresses. Made only by `classify`, whose caller promises the
+/// buffers' validity.
+#[derive(Clone, Debug)]
+pub struct DevCall {
+    pub kind: Kind,
+    send: u64,
+    recv: u64,
+    pub count: usize,
+    pub dtype: DataType,
+    pub op: RedOp,
+    pub root: usize,
+    pub algo: Option<Algorithm>,
+    /// The buffers' kinds, send then recv (None: NULL).
+    kinds: [Option<PtrKind>; 2],
+    dev: Device,
+}
+
+/// A call's checked arguments, with its buffers as the caller passed them.
+#[derive(Clone, Copy, Debug)]
+pub struct Parts {
+    pub kind: Kind,
+    pub send: *const c_void,
+    pub recv: *mut c_void,
+    pub count: usize,
+    pub dtype: DataType,
+    pub op: RedOp,
+    pub root: usize,
+    pub algo: Option<Algorithm>,
+}
+
+impl DevCall {
+    /// The call as a device call when a buffer is device (or managed) memory, or `stream` is
+    /// set (a stream-ordered call, whose buffers must all be memory a stream can use); None
+    /// for a call on host memory alone, which takes the host path. Freed device memory, and a
+    /// pageable host buffer in a stream-ordered call, are an error naming the argument.
+    ///
+    /// # Safety
+    /// Non-NULL buffers are valid for the lengths the call's documentation gives until it
+    /// completes (for a stream-ordered call: until the stream has passed it).
+    pub unsafe fn classify(p: &Parts, stream: bool) -> Result<Option<DevCall>> {
+        let Some(dev) = installed() else {
+            if stream {
+                return Err(Error::InvalidUsage(
+                    "a stream-ordered call needs a GPU, and this process has none (the CUDA \
+                     driver is not loaded or found no device)"
+                        .into(),
+                ));
+            }
+            return Ok(None);
+        };
+        if dev.check_current().is_err() {
+            // As NCCL sets its device for the calling thread: the primary context (CUDA), or
+            // the emulated device's.
+            dev.bind()?;
+        }
+        let kind = |ptr: *const c_void, name: &str| -> Result<Option<PtrKind>> {
+            if ptr.is_null() {
+                return Ok(None);
+            }
+            let k = dev.classify(ptr)?;
+            match k {
+                PtrKind::Freed { ordinal } => Err(Error::arg(
+                    name,
+                    format!("{ptr:?} is device memory of device {ordinal} that was freed"),
+                )),
+                PtrKind::Host if stream => Err(Error::arg(
+                    name,
+                    format!(
+                        "{ptr:?} is pageable host memory: a stream-ordered call takes device, \
+                         managed or page-locked host memory (the stream cannot reach pageable \
+                         memory in order)"
+                    ),
+                )),
+                PtrKind::Device { ordinal } if ordinal != dev.ordinal() => Err(Error::arg(
+                    name,
+                    format!(
+                        "{ptr:?} is memory of device {ordinal}; this process's calls use device {}",
+                        dev.ordinal()
+                    ),
+                )),
+                k => Ok(Some(k)),
+            }
+        };
+        let kinds = [
+            kind(p.send, "sendbuf")?,
+            kind(p.recv as *const c_void, "recvbuf")?,
+        ];
+        let on_device = kinds
+            .iter()
+            .flatten()
+            .any(|k| matches!(k, PtrKind::Device { .. } | PtrKind::Managed));
+        if !stream && !on_device {
+            return Ok(None);
+        }
+        Ok(Some(DevCall {
+            kind: p.kind,
+            send: p.send as u64,
+            recv: p.recv as u64,
+            count: p.count,
+            dtype: p.dtype,
+            op: p.op,
+            root: p.root,
+            algo: p.algo,
+            kinds,
+            dev,
+        }))
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+}
+
+/// Ok unless one of `bufs` (pointer, argument name) is device or managed memory, for the calls
+/// that take host memory only (gather, scatter, the uneven-count and tagged calls): then an
+/// error naming the argument.
+pub fn host_only(bufs: &[(*const c_void, &str)]) -> Result<()> {
+    let Some(dev) = installed() else {
+        return Ok(());
+    };
+    if dev.check_current().is_err() {
+        dev.bind()?;
+    }
+    for &(p, name) in bufs {
+        if p.is_null() {
+            continue;
+        }
+        if let PtrKind::Device { .. } | PtrKind::Managed | PtrKind::Freed { .. } =
+            dev.classify(p)?
+        {
+            return Err(Error::arg(
+                name,
+                format!(
+                    "{p:?} is device memory: this call takes host memory (device buffers go to \
+                     the collectives, send and recv, blocking or stream-ordered)"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
