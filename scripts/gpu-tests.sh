@@ -63,10 +63,11 @@ say "providers: $providers"
 export GPU_PROVIDERS="$providers"
 
 step info 60 "$rel/fabricoll-info"
-for t in ${GPU_TEST_BINS:-cuda_probe}; do
+for t in ${GPU_TEST_BINS:-cuda_probe device_capi_gpu}; do
   bin=$(find "$rel/deps" -maxdepth 1 -type f -executable -name "$t-*" | head -1)
   if [ -n "$bin" ]; then
-    step "$t" 120 "$bin" --nocapture --test-threads=1
+    # --include-ignored: the GPU tests are ignored where no GPU is (CI)
+    step "$t" 240 "$bin" --nocapture --test-threads=1 --include-ignored
   else
     say "== $t: missing (cargo test --release --no-run, then scripts/gpu-pack.sh)"
     failed=$((failed + 1))
