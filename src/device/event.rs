@@ -102,3 +102,10 @@ impl Drop for Event {
         unsafe { self.dev.backend().event_destroy(self.raw) };
     }
 }
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let recorded = self.lock().is_some();
+        write!(f, "Event({:#x}, recorded: {recorded})", self.raw.0)
+    }
+}

@@ -298,3 +298,19 @@ impl HostBuffer {
         unsafe { std::slice::from_raw_parts_mut(self.host, self.span.len) }
     }
 }
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeviceBuffer({:#x}, {} bytes)",
+            self.span.addr, self.span.len
+        )
+    }
+}
+
+impl std::fmt::Debug for HostBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostBuffer({:?}, {} bytes)", self.host, self.span.len)
+    }
+}

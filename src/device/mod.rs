@@ -18,14 +18,18 @@
 //! CUDA does; without it the call fails with `InvalidUsage`. Every wait takes a deadline. See
 //! docs/device.md for the waiting mechanism and the rounding of the float kernels.
 mod backend;
+pub mod cuda;
+pub mod emu;
 mod event;
 mod flag;
+pub mod kernels;
 mod memory;
 mod stream;
 
 pub use backend::{
     Backend, DeviceInfo, DeviceKind, HostAlloc, Kernel, PtrKind, RawEvent, RawStream,
 };
+pub use emu::EmuConfig;
 pub use event::Event;
 pub use flag::{reached, Flag};
 pub use memory::{DeviceBuffer, HostBuffer, Span};

@@ -135,6 +135,8 @@ impl Stream {
             ));
         }
         whole(dt, "dst", dst)?;
+        whole(dt, "a", a)?;
+        whole(dt, "b", b)?;
         same_len("a", a, dst.len())?;
         same_len("b", b, dst.len())?;
         let k = Kernel::Reduce {
@@ -424,7 +426,19 @@ fn same_len(arg: &str, s: &Span, expected: usize) -> Result<()> {
     Ok(())
 }
 
+/// A kernel operand: whole elements of `dt`, at an address aligned to the element size (the
+/// device faults on misaligned loads).
 fn whole(dt: DataType, arg: &str, s: &Span) -> Result<()> {
+    if !s.addr().is_multiple_of(dt.size() as u64) {
+        return Err(Error::arg(
+            arg,
+            format!(
+                "address {:#x} is not aligned to {} bytes (the size of {dt})",
+                s.addr(),
+                dt.size()
+            ),
+        ));
+    }
     if !s.len().is_multiple_of(dt.size()) {
         return Err(Error::arg(
             arg,
@@ -432,4 +446,15 @@ fn whole(dt: DataType, arg: &str, s: &Span) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let own = if self.shared.owned {
+            "owned"
+        } else {
+            "borrowed"
+        };
+        write!(f, "Stream({:#x}, {own})", self.shared.raw.0)
+    }
 }
