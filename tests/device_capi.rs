@@ -7,7 +7,7 @@
 use capi::{comm, last_error, ranks, shm_config};
 use device::*;
 use nccl_net_fabricoll::coll::device::install;
-use nccl_net_fabricoll::device::Device;
+use nccl_net_fabricoll::device::{Device, EmuConfig};
 use nccl_net_fabricoll::ffi::api::*;
 use std::os::raw::c_void;
 use std::sync::OnceLock;
@@ -22,7 +22,11 @@ mod device;
 fn dev() -> Device {
     static DEV: OnceLock<Device> = OnceLock::new();
     DEV.get_or_init(|| {
-        let d = device::fake::device();
+        let d = Device::emulated(EmuConfig {
+            max_delay: Duration::from_micros(50),
+            ..EmuConfig::default()
+        })
+        .expect("emulated device");
         install(d.clone());
         d
     })

@@ -2,8 +2,6 @@
 //! `device_capi_gpu`): buffers on the device or the host, the inputs and the expected results
 //! of every collective and send/recv, and the matrix that runs them on `n` ranks.
 #![allow(dead_code)] // not every test binary uses each helper
-pub mod fake;
-
 use crate::capi::{comm, last_error, ranks, shm_config};
 use nccl_net_fabricoll::device::{Device, DeviceBuffer, HostBuffer, Stream};
 use nccl_net_fabricoll::ffi::api::*;

@@ -3,8 +3,9 @@
 //! `slices`), and the stream-ordered calls, which a worker thread per communicator runs after
 //! the work already on the caller's stream (`stream`). docs/device-calls.md has the model.
 //!
-//! The device is the process's installed one (`installed`; tests install the emulated device).
-//! Without one, every pointer is host memory and nothing here runs: the host path is unchanged.
+//! The device is the process's (`installed`): CUDA device 0 where the driver is up, or the
+//! emulated device a test installs (`install`). Without either, every pointer is host memory
+//! and nothing here runs: the host path is unchanged.
 mod slices;
 mod staged;
 mod stream;
@@ -18,20 +19,34 @@ use crate::error::{Error, Result};
 use crate::reduce::{DataType, RedOp};
 use parking_lot::RwLock;
 use std::os::raw::c_void;
+use std::sync::OnceLock;
 
-/// The device calls on device buffers use: none until one is installed.
+/// The device a test installed (`install`), which takes the place of the CUDA driver's.
 static INSTALLED: RwLock<Option<Device>> = parking_lot::const_rwlock(None);
 
-/// Makes `dev` the device that calls on device buffers use. Tests install the emulated device
-/// (a test tool, reachable from Rust only; never a fallback for users). Communicators made
-/// before keep running; their next device call uses it.
+/// CUDA device 0, opened at the first call that asks: None where the driver is absent or
+/// unusable, or has no device (`cuda::probe` decides before any driver call).
+static CUDA: OnceLock<Option<Device>> = OnceLock::new();
+
+/// Makes `dev` the device that calls on device buffers use, in place of the CUDA driver's:
+/// a test tool (the emulated device in CI), reachable from Rust only, never a fallback for
+/// users. Communicators made before keep running; their next device call uses it.
 pub fn install(dev: Device) {
     *INSTALLED.write() = Some(dev);
 }
 
-/// The device of this process, if any.
+/// The device of this process, if any (see the module documentation).
 pub fn installed() -> Option<Device> {
-    INSTALLED.read().clone()
+    if let Some(d) = INSTALLED.read().as_ref() {
+        return Some(d.clone());
+    }
+    CUDA.get_or_init(|| {
+        crate::cuda::probe().driver()?;
+        Device::cuda(0)
+            .map_err(|e| log::info!("no device calls: {e}"))
+            .ok()
+    })
+    .clone()
 }
 
 /// One call on buffers of which at least one is device memory: the checked arguments of the

@@ -182,6 +182,8 @@ impl Staging {
                 last = Instant::now();
                 nap = Duration::ZERO;
             } else if last.elapsed() > timeout.limit {
+                // An abort while the engine held this thread reads as the abort.
+                comm.check_alive()?;
                 return Err(Error::Timeout(format!(
                     "a staged device call made no progress within {timeout} ({done} of {} \
                      slices done)",
