@@ -133,8 +133,15 @@ fn released(test: &str, end: impl FnOnce(&[usize]) -> Vec<usize>) {
     let buf = d.alloc(4096).unwrap();
     let p = buf.addr() as *mut c_void;
     let (f32t, sum) = (Ty::F32.c(), Op::Sum.c());
+    let t = Instant::now();
     let st = fabricoll_allreduce_stream(p, p, 1024, f32t, sum, comm(cs[0]), s.handle());
     assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
+    // It returned at once, though the peer does not call.
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
     std::thread::sleep(Duration::from_millis(50));
     let t = Instant::now();
     let alive = end(&cs);

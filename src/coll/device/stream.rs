@@ -59,6 +59,9 @@ struct Job {
     reached: Event,
     seq: u32,
     flag: Flag,
+    /// The caller's stream, dropped once the flag is written: dropping it waits for its
+    /// operations that hold memory (the flag wait), which the call itself releases.
+    stream: Stream,
 }
 
 impl Streams {
@@ -109,12 +112,18 @@ impl Streams {
             reached,
             seq,
             flag: flag.clone(),
+            stream: user,
         };
-        let sent = st.worker.as_ref().is_some_and(|w| w.jobs.send(job).is_ok());
-        if !sent {
+        let unsent = match &st.worker {
+            Some(w) => w.jobs.send(job).err().map(|e| e.0),
+            None => Some(job),
+        };
+        if let Some(job) = unsent {
             // The worker is gone, so every earlier call has ended: releasing is in order.
             flag.set(seq);
             st.pending -= 1;
+            drop(st);
+            drop(job);
             return Err(Error::Internal(
                 "the communicator's stream worker has stopped".into(),
             ));
@@ -205,6 +214,8 @@ impl Inner {
             job.flag.set(job.seq);
             st.pending -= 1;
             self.ended.notify_all();
+            drop(st);
+            drop(job.stream);
         }
     }
 
