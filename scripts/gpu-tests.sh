@@ -9,8 +9,11 @@
 #   0. facts: driver, torch and NCCL versions, MPS, compute-sanitizer, NVRTC, libfabric providers;
 #   1. fabricoll-info: the driver, every device's GPUDirect RDMA / flush / DMA-BUF attributes,
 #      and the ptrSupport each provider gets, with the reason for what is missing;
-#   2. the GPU test binaries (tests/cuda_probe.rs, tests/device_gpu.rs): the probe and the device
-#      seam on a real driver;
+#   2. the GPU test binaries (GPU_TEST_BINS, default tests/cuda_probe.rs and tests/device_gpu.rs),
+#      with --include-ignored (their GPU tests are ignored elsewhere; --ignored alone would skip
+#      cuda_probe's, which are not): the probe and the device seam on a
+#      real driver, the reduction kernels against the host reducers and their bandwidth; then
+#      compute-sanitizer's memcheck over one kernel test (device_gpu's gpu_kernel_small);
 #   3. plugin-tests/nccl_torch.py: real NCCL over the plugin (CollNet on), every collective checked;
 #   4. with GPU_BENCH=1, scripts/gpu-nccl.sh (tuner, CollNet, Socket, FABRICOLL_NET_STREAMS).
 # Output: $OUT (or target/gpu-tests)/gpu-tests.log; the exit status is the number of failed steps.
@@ -63,16 +66,30 @@ say "providers: $providers"
 export GPU_PROVIDERS="$providers"
 
 step info 60 "$rel/fabricoll-info"
-for t in ${GPU_TEST_BINS:-cuda_probe device_capi_gpu}; do
-  bin=$(find "$rel/deps" -maxdepth 1 -type f -executable -name "$t-*" | head -1)
+# The device seam's kernels are compiled at run time by NVRTC: put the toolkit's copy on the path.
+for d in /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib64; do
+  [ -e "$d/libnvrtc.so" ] || [ -e "$d/libnvrtc.so.13" ] || [ -e "$d/libnvrtc.so.12" ] || continue
+  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+  break
+done
+test_bin() { find "$rel/deps" -maxdepth 1 -type f -executable -name "$1-*" -printf '%T@ %p\n' | sort -n | tail -1 | cut -d' ' -f2; }
+for t in ${GPU_TEST_BINS:-cuda_probe device_gpu device_capi_gpu}; do
+  bin=$(test_bin "$t")
   if [ -n "$bin" ]; then
-    # --include-ignored: the GPU tests are ignored where no GPU is (CI)
-    step "$t" 240 "$bin" --nocapture --test-threads=1 --include-ignored
+    step "$t" 240 "$bin" --include-ignored --nocapture --test-threads=1
   else
     say "== $t: missing (cargo test --release --no-run, then scripts/gpu-pack.sh)"
     failed=$((failed + 1))
   fi
 done
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+bin=$(test_bin device_gpu)
+if [ -x "$sanitizer" ] && [ -n "$bin" ]; then
+  step memcheck 180 "$sanitizer" --tool memcheck --error-exitcode 1 "$bin" --ignored --exact gpu_kernel_small --nocapture
+else
+  say "== memcheck: skipped (compute-sanitizer: $sanitizer, device_gpu binary: ${bin:-missing})"
+  failed=$((failed + 1))
+fi
 lib=$rel/libnccl-net-fabricoll.so
 ip=${providers%% *}
 step "nccl-$ip-collnet" 240 python3 plugin-tests/nccl_torch.py --lib "$lib" --mps --provider "$ip" --collnet --timeout 220

@@ -131,6 +131,24 @@ fn gpu_kernels_match_host() {
 
 #[test]
 #[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
+fn gpu_kernels_compile() {
+    // NVRTC alone (no device needed, but it lives on the GPU machine): every kernel is in the
+    // machine code for an old and a new architecture (NVRTC 13 starts at sm_75).
+    for cc in [(7, 5), (9, 0)] {
+        let image = nccl_net_fabricoll::device::cuda::kernels_image(cc).expect("NVRTC compiles");
+        assert_eq!(&image[..4], b"\x7fELF", "{cc:?}: a cubin is an ELF image");
+        for name in nccl_net_fabricoll::device::kernels::names() {
+            let found = image
+                .windows(name.len() + 1)
+                .any(|w| &w[..name.len()] == name.as_bytes() && w[name.len()] == 0);
+            assert!(found, "{cc:?}: {name} missing");
+        }
+        eprintln!("sm_{}{}: {} bytes of machine code", cc.0, cc.1, image.len());
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
 fn gpu_kernel_small() {
     // One small case: what compute-sanitizer's memcheck runs (scripts/gpu-tests.sh).
     device_checks::kernels_match_host(&gpu(), 1000, 7);

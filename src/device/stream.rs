@@ -375,7 +375,8 @@ impl Drop for Shared {
         while let Some((ev, holds)) = st.inflight.pop_front() {
             // Wait for the work that uses held memory: freeing it earlier would free it under
             // the device. Past the deadline, keep the memory for good (a leak, never a fault).
-            // SAFETY (each query): the event is live until destroyed below.
+            // SAFETY: the event is live until destroyed below. (A failed query means the stream
+            // failed: its work will not run, so the memory may go.)
             while !unsafe { b.event_query(ev) }.unwrap_or(true) {
                 if start.elapsed() >= limit.limit {
                     log::error!(

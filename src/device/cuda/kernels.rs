@@ -1,5 +1,5 @@
 //! The reduction kernels on the driver: `device::kernels::source()` compiled by NVRTC (loaded
-//! at run time through cudarc) once per process and compute capability, loaded once per
+//! at run time through cudarc) to machine code once per process and compute capability, loaded once per
 //! device context, launched on a stream.
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
@@ -13,17 +13,21 @@ use crate::device::backend::{Kernel, RawStream};
 use crate::device::kernels;
 use crate::{Error, Result};
 
-/// The PTX of `kernels::source()` per compute capability, compiled once per process (or the
-/// reason it could not be).
-fn ptx(cc: (i32, i32)) -> std::result::Result<Arc<CString>, String> {
-    static CACHE: OnceLock<Mutex<HashMap<(i32, i32), std::result::Result<Arc<CString>, String>>>> =
-        OnceLock::new();
+/// The device code of `kernels::source()` per compute capability, compiled once per process
+/// (or the reason it could not be).
+///
+/// NVRTC compiles to a cubin (machine code for `sm_XY`), not PTX: the driver would have to JIT
+/// PTX, and a driver older than the NVRTC refuses its newer PTX version, while machine code of
+/// the same CUDA major version loads on any of its drivers.
+pub(crate) fn image(cc: (i32, i32)) -> std::result::Result<Arc<Vec<u8>>, String> {
+    type Cache = Mutex<HashMap<(i32, i32), std::result::Result<Arc<Vec<u8>>, String>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
     c.entry(cc).or_insert_with(|| compile(cc)).clone()
 }
 
-fn compile(cc: (i32, i32)) -> std::result::Result<Arc<CString>, String> {
+fn compile(cc: (i32, i32)) -> std::result::Result<Arc<Vec<u8>>, String> {
     // SAFETY: only tries to dlopen NVRTC's usual names; touches no cudarc state.
     if !unsafe { nvrtc::sys::is_culib_present() } {
         return Err(
@@ -33,22 +37,50 @@ fn compile(cc: (i32, i32)) -> std::result::Result<Arc<CString>, String> {
                 .into(),
         );
     }
-    // One string per compute capability for the life of the process (cudarc wants 'static).
-    let arch: &'static str = Box::leak(format!("compute_{}{}", cc.0, cc.1).into_boxed_str());
-    let opts = nvrtc::CompileOptions {
-        arch: Some(arch),
-        options: kernels::nvrtc_options(),
-        name: Some("fabricoll_reduce.cu".into()),
-        ..Default::default()
-    };
-    let src = kernels::source();
     // cudarc panics where NVRTC lacks a function it resolves: a guard, not a path taken.
-    let out = std::panic::catch_unwind(|| nvrtc::compile_ptx_with_opts(src, opts))
-        .map_err(|_| "NVRTC lacks a function cudarc calls (too old an NVRTC?)".to_string())?;
-    let ptx = out.map_err(|e| format!("NVRTC could not compile the kernels for {arch}: {e:?}"))?;
-    CString::new(ptx.to_src())
+    std::panic::catch_unwind(|| compile_cubin(cc))
+        .map_err(|_| "NVRTC lacks a function cudarc calls (too old an NVRTC?)".to_string())?
         .map(Arc::new)
-        .map_err(|_| "NVRTC's PTX holds a NUL byte".to_string())
+}
+
+fn compile_cubin(cc: (i32, i32)) -> std::result::Result<Vec<u8>, String> {
+    let arch = format!("sm_{}{}", cc.0, cc.1);
+    let src = CString::new(kernels::source()).expect("the source has no NUL");
+    let name = c"fabricoll_reduce.cu";
+    let prog = nvrtc::result::create_program(&src, Some(name))
+        .map_err(|e| format!("nvrtcCreateProgram: {e:?}"))?;
+    let mut opts = vec![format!("--gpu-architecture={arch}")];
+    opts.extend(kernels::nvrtc_options());
+    // SAFETY: `prog` was just created (with `src` and `name` alive until it is destroyed
+    // below) and is destroyed once, after its last use.
+    let out = unsafe {
+        let r = match nvrtc::result::compile_program(prog, &opts) {
+            Err(e) => {
+                let log = nvrtc::result::get_program_log(prog)
+                    .map(|l| {
+                        let bytes: Vec<u8> = l.iter().map(|&c| c as u8).collect();
+                        String::from_utf8_lossy(&bytes)
+                            .trim_end_matches('\0')
+                            .to_string()
+                    })
+                    .unwrap_or_default();
+                Err(format!(
+                    "NVRTC could not compile the kernels for {arch}: {e:?}: {log}"
+                ))
+            }
+            Ok(()) => {
+                let mut size = 0usize;
+                let r = nvrtc::sys::nvrtcGetCUBINSize(prog, &mut size).result();
+                let mut cubin = vec![0u8; size];
+                r.and_then(|_| nvrtc::sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast()).result())
+                    .map(|_| cubin)
+                    .map_err(|e| format!("nvrtcGetCUBIN ({arch}): {e:?}"))
+            }
+        };
+        let _ = nvrtc::result::destroy_program(prog);
+        r
+    };
+    out
 }
 
 /// The kernels loaded in one context.
@@ -65,11 +97,12 @@ unsafe impl Sync for Module {}
 impl Module {
     /// Loads the kernels in `ctx` (which is current on this thread).
     pub(super) fn load(ctx: &Ctx) -> std::result::Result<Module, String> {
-        let ptx = ptx(ctx.compute)?;
+        let image = image(ctx.compute)?;
         let mut module: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: `ptx` is a NUL-terminated PTX image; the context is current.
         check(
-            unsafe { sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast()) },
+            // SAFETY: `image` is a cubin NVRTC built for this device's architecture; the context
+            // is current.
+            unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr().cast()) },
             "cuModuleLoadData (the reduction kernels)",
         )
         .map_err(|e| e.to_string())?;
@@ -77,8 +110,8 @@ impl Module {
         for name in kernels::names() {
             let c = CString::new(name.clone()).expect("kernel names have no NUL");
             let mut f: sys::CUfunction = std::ptr::null_mut();
-            // SAFETY: `module` is loaded; `c` is a NUL-terminated name.
             check(
+                // SAFETY: `module` is loaded; `c` is a NUL-terminated name.
                 unsafe { sys::cuModuleGetFunction(&mut f, module, c.as_ptr()) },
                 "cuModuleGetFunction",
             )

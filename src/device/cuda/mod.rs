@@ -23,6 +23,12 @@ use super::backend::{
 use super::Device;
 use crate::{Error, Result};
 
+/// The reduction kernels' machine code (a cubin) for compute capability `cc`, as NVRTC
+/// compiles it (once per process; the error says why it could not). Needs NVRTC, not a device.
+pub fn kernels_image(cc: (i32, i32)) -> std::result::Result<std::sync::Arc<Vec<u8>>, String> {
+    kernels::image(cc)
+}
+
 /// How long the fallback host function waits for a flag before it gives up (logging its name).
 pub const FALLBACK_FLAG_WAIT: Duration = Duration::from_secs(600);
 
@@ -101,14 +107,14 @@ impl Device {
 impl CudaBackend {
     fn open(ordinal: i32, name: String, compute: (i32, i32)) -> Result<CudaBackend> {
         let mut dev: sys::CUdevice = 0;
-        // SAFETY: the probe initialised the driver; `dev` is a valid place for the handle.
         check(
+            // SAFETY: the probe initialised the driver; `dev` is a valid place for the handle.
             unsafe { sys::cuDeviceGet(&mut dev, ordinal) },
             "cuDeviceGet",
         )?;
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: `dev` is a device handle; retaining its primary context is balanced in Drop.
         check(
+            // SAFETY: `dev` is a device handle; retaining its primary context is balanced in Drop.
             unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
             "cuDevicePrimaryCtxRetain",
         )?;
@@ -290,8 +296,8 @@ impl Backend for CudaBackend {
     fn alloc_host(&self, len: usize) -> Result<HostAlloc> {
         let mut p: *mut c_void = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
-        // SAFETY: the context is current; `p` is a valid place.
         check(
+            // SAFETY: the context is current; `p` is a valid place.
             unsafe { sys::cuMemHostAlloc(&mut p, len, flags) },
             "cuMemHostAlloc",
         )?;
@@ -331,10 +337,10 @@ impl Backend for CudaBackend {
             (&mut ordinal as *mut i32).cast(),
             (&mut managed as *mut u32).cast(),
         ];
-        // SAFETY: three attributes, each with a place of its size (unsigned int, int,
-        // unsigned int); an address the driver does not know gives the defaults (0), not an
-        // error.
         check(
+            // SAFETY: three attributes, each with a place of its size (unsigned int, int,
+            // unsigned int); an address the driver does not know gives the defaults (0), not an
+            // error.
             unsafe { sys::cuPointerGetAttributes(3, attrs.as_mut_ptr(), data.as_mut_ptr(), addr) },
             "cuPointerGetAttributes",
         )?;
@@ -352,8 +358,8 @@ impl Backend for CudaBackend {
     fn stream_create(&self) -> Result<RawStream> {
         let mut s: sys::CUstream = std::ptr::null_mut();
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-        // SAFETY: the context is current; `s` is a valid place.
         check(
+            // SAFETY: the context is current; `s` is a valid place.
             unsafe { sys::cuStreamCreate(&mut s, flags) },
             "cuStreamCreate",
         )?;
@@ -362,8 +368,8 @@ impl Backend for CudaBackend {
 
     unsafe fn stream_adopt(&self, handle: u64) -> Result<RawStream> {
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: the caller guarantees a live stream.
         check(
+            // SAFETY: the caller guarantees a live stream.
             unsafe { sys::cuStreamGetCtx(handle as sys::CUstream, &mut ctx) },
             "cuStreamGetCtx (argument 'stream')",
         )?;
@@ -411,8 +417,8 @@ impl Backend for CudaBackend {
     fn event_create(&self) -> Result<RawEvent> {
         let mut e: sys::CUevent = std::ptr::null_mut();
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: the context is current; `e` is a valid place.
         check(
+            // SAFETY: the context is current; `e` is a valid place.
             unsafe { sys::cuEventCreate(&mut e, flags) },
             "cuEventCreate",
         )?;

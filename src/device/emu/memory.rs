@@ -212,8 +212,8 @@ impl Mem {
                     return fault(&format!("runs past its allocation of {alen} bytes"));
                 }
                 match r {
-                    // SAFETY: the offset lies within the alias mapping (checked above).
                     Region::Device { alias, .. } => {
+                        // SAFETY: the offset lies within the alias mapping (checked above).
                         Ok(unsafe { alias.add((addr - start) as usize) })
                     }
                     Region::Pinned { .. } => Ok(addr as *mut u8),
