@@ -9,7 +9,8 @@
 #   0. facts: driver, torch and NCCL versions, MPS, compute-sanitizer, NVRTC, libfabric providers;
 #   1. fabricoll-info: the driver, every device's GPUDirect RDMA / flush / DMA-BUF attributes,
 #      and the ptrSupport each provider gets, with the reason for what is missing;
-#   2. the GPU test binaries (GPU_TEST_BINS, default tests/cuda_probe.rs and tests/device_gpu.rs),
+#   2. the GPU test binaries (GPU_TEST_BINS, default tests/cuda_probe.rs, tests/device_gpu.rs and
+#      tests/device_capi_gpu.rs),
 #      with --include-ignored (their GPU tests are ignored elsewhere; --ignored alone would skip
 #      cuda_probe's, which are not): the probe and the device seam on a
 #      real driver, the reduction kernels against the host reducers and their bandwidth; then
