@@ -4,7 +4,7 @@
 //! between kernels with no host synchronisation; abort and a destroyed peer during a
 //! stream-ordered call; and the misuse errors. Not tested here: the direct path (no build
 //! registers device memory yet).
-use capi::{comm, last_error, ranks, shm_config};
+use capi::{comm, last_error, ranks};
 use device::*;
 use nccl_net_fabricoll::coll::device::install;
 use nccl_net_fabricoll::device::{Device, EmuConfig};
@@ -70,7 +70,7 @@ fn every_stream_ordered_call_three_ranks() {
 fn a_thousand_stream_ordered_allreduces_between_kernels() {
     let test = "a_thousand_stream_ordered_allreduces_between_kernels";
     let d = dev();
-    let Some(cs) = ranks(test, &shm_config(), 2) else {
+    let Some(cs) = ranks(test, &config(), 2) else {
         return;
     };
     const ITERS: usize = 1000;
@@ -123,7 +123,7 @@ fn a_thousand_stream_ordered_allreduces_between_kernels() {
 /// communicator is alive, the error reported.
 fn released(test: &str, end: impl FnOnce(&[usize]) -> Vec<usize>) {
     let d = dev();
-    let mut cfg = shm_config();
+    let mut cfg = config();
     cfg.timeout_ms = 1_500;
     let Some(cs) = ranks(test, &cfg, 2) else {
         return;
@@ -198,7 +198,7 @@ fn destroying_the_communicator_releases_its_stream() {
 fn misuse_gets_a_clear_error() {
     let test = "misuse_gets_a_clear_error";
     let d = dev();
-    let Some(cs) = ranks(test, &shm_config(), 2) else {
+    let Some(cs) = ranks(test, &config(), 2) else {
         return;
     };
     d.bind().unwrap();

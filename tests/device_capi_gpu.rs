@@ -2,7 +2,7 @@
 //! matrix as `device_capi` with ranks as threads sharing the GPU, and a timing table of the
 //! 2-rank stream-ordered device allreduce against the caller copying to the host and calling
 //! the host API. Run by scripts/gpu-tests.sh (`--ignored`).
-use capi::{comm, last_error, ranks, shm_config};
+use capi::{comm, last_error, ranks};
 use device::*;
 use nccl_net_fabricoll::coll::device::installed;
 use nccl_net_fabricoll::device::{Device, DeviceKind};
@@ -16,10 +16,12 @@ use fabricoll_status::*;
 mod capi;
 mod device;
 
-/// The CUDA device; panics without one (these tests run only on the GPU machine).
+/// CUDA device 0, bound to this thread; panics without one (these tests run only on the GPU
+/// machine). The library finds it through the threads' current context.
 fn gpu() -> Device {
-    let d = installed().expect("no CUDA device: this test runs on the GPU machine only");
-    assert_eq!(d.kind(), DeviceKind::Cuda, "{d:?}");
+    let d = Device::cuda(0).expect("no CUDA device: this test runs on the GPU machine only");
+    let found = installed().expect("the library does not see the thread's CUDA context");
+    assert_eq!(found.kind(), DeviceKind::Cuda, "{found:?}");
     d
 }
 
@@ -68,7 +70,7 @@ fn median(iters: usize, bar: &Barrier, mut f: impl FnMut()) -> f64 {
 fn gpu_stream_ordered_allreduce_against_copying_to_the_host() {
     let test = "gpu_stream_ordered_allreduce_against_copying_to_the_host";
     let d = gpu();
-    let mut cfg = shm_config();
+    let mut cfg = config();
     cfg.timeout_ms = 60_000;
     let Some(cs) = ranks(test, &cfg, 2) else {
         return;

@@ -345,6 +345,14 @@ pub fn run_case(
     });
 }
 
+/// The tests' config: shm, with a timeout long enough for a loaded machine (the calls that are
+/// meant to fail set their own).
+pub fn config() -> fabricoll_config {
+    let mut c = shm_config();
+    c.timeout_ms = 10_000;
+    c
+}
+
 pub fn destroy(cs: &[usize]) {
     for &c in cs {
         assert_eq!(fabricoll_comm_destroy(comm(c)), FABRICOLL_SUCCESS);
@@ -355,7 +363,7 @@ pub fn destroy(cs: &[usize]) {
 /// placements that apply (pageable host buffers only blocking, page-locked ones only
 /// stream-ordered), counts 0, 1, 1000, and one call of several slices each.
 pub fn matrix(d: &Device, test: &str, n: usize, stream: bool) {
-    let Some(cs) = ranks(test, &shm_config(), n) else {
+    let Some(cs) = ranks(test, &config(), n) else {
         return;
     };
     let places = [

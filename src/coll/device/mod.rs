@@ -3,9 +3,9 @@
 //! `slices`), and the stream-ordered calls, which a worker thread per communicator runs after
 //! the work already on the caller's stream (`stream`). docs/device-calls.md has the model.
 //!
-//! The device is the process's (`installed`): CUDA device 0 where the driver is up, or the
-//! emulated device a test installs (`install`). Without either, every pointer is host memory
-//! and nothing here runs: the host path is unchanged.
+//! The device is the calling thread's (`installed`): the device of its current CUDA context,
+//! or the emulated device a test installs (`install`). Without either, every pointer is host
+//! memory and nothing here runs: the host path is unchanged.
 mod slices;
 mod staged;
 mod stream;
@@ -17,16 +17,14 @@ use crate::algo::Algorithm;
 use crate::device::{Device, PtrKind};
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, RedOp};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use std::os::raw::c_void;
-use std::sync::OnceLock;
 
 /// The device a test installed (`install`), which takes the place of the CUDA driver's.
 static INSTALLED: RwLock<Option<Device>> = parking_lot::const_rwlock(None);
 
-/// CUDA device 0, opened at the first call that asks: None where the driver is absent or
-/// unusable, or has no device (`cuda::probe` decides before any driver call).
-static CUDA: OnceLock<Option<Device>> = OnceLock::new();
+/// The CUDA devices opened so far, by ordinal (None: opening failed).
+static CUDA: Mutex<Vec<(i32, Option<Device>)>> = parking_lot::const_mutex(Vec::new());
 
 /// Makes `dev` the device that calls on device buffers use, in place of the CUDA driver's:
 /// a test tool (the emulated device in CI), reachable from Rust only, never a fallback for
@@ -35,18 +33,23 @@ pub fn install(dev: Device) {
     *INSTALLED.write() = Some(dev);
 }
 
-/// The device of this process, if any (see the module documentation).
+/// The device of the calling thread, if any: the installed one, else the device of the CUDA
+/// context current on this thread (a thread that has made no CUDA call passes no device
+/// buffers, and a host-only process opens no context).
 pub fn installed() -> Option<Device> {
     if let Some(d) = INSTALLED.read().as_ref() {
         return Some(d.clone());
     }
-    CUDA.get_or_init(|| {
-        crate::cuda::probe().driver()?;
-        Device::cuda(0)
-            .map_err(|e| log::info!("no device calls: {e}"))
-            .ok()
-    })
-    .clone()
+    let ordinal = crate::cuda::current_device()?;
+    let mut opened = CUDA.lock();
+    if let Some((_, d)) = opened.iter().find(|(o, _)| *o == ordinal) {
+        return d.clone();
+    }
+    let d = Device::cuda(ordinal)
+        .map_err(|e| log::info!("CUDA device {ordinal}: no device calls: {e}"))
+        .ok();
+    opened.push((ordinal, d.clone()));
+    d
 }
 
 /// One call on buffers of which at least one is device memory: the checked arguments of the
