@@ -96,8 +96,9 @@ impl DevCall {
         let Some(dev) = installed() else {
             if stream {
                 return Err(Error::InvalidUsage(
-                    "a stream-ordered call needs a GPU, and this process has none (the CUDA \
-                     driver is not loaded or found no device)"
+                    "a stream-ordered call needs a GPU: this thread has no current CUDA \
+                     context (make the device current first, e.g. cudaSetDevice), or the CUDA \
+                     driver is absent"
                         .into(),
                 ));
             }
@@ -193,4 +194,39 @@ pub fn host_only(bufs: &[(*const c_void, &str)]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::Collective;
+
+    fn parts(buf: &mut [f32]) -> Parts {
+        Parts {
+            kind: Kind::Coll(Collective::AllReduce),
+            send: buf.as_ptr().cast(),
+            recv: buf.as_mut_ptr().cast(),
+            count: buf.len(),
+            dtype: DataType::Float32,
+            op: RedOp::Sum,
+            root: 0,
+            algo: None,
+        }
+    }
+
+    /// The library's unit tests install no device, and a test thread has no CUDA context.
+    #[test]
+    fn without_a_device_calls_take_the_host_path_and_stream_calls_fail_clearly() {
+        let mut buf = [1.0f32; 8];
+        // SAFETY: the buffer lives through the calls, which read nothing.
+        let host = unsafe { DevCall::classify(&parts(&mut buf), false) };
+        assert!(matches!(host, Ok(None)), "{host:?}");
+        // SAFETY: as above.
+        let stream = unsafe { DevCall::classify(&parts(&mut buf), true) };
+        match stream {
+            Err(Error::InvalidUsage(m)) => assert!(m.contains("needs a GPU"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(host_only(&[(buf.as_ptr().cast(), "sendbuf")]).is_ok());
+    }
 }
