@@ -264,3 +264,32 @@ fn emu_ordering_under_random_delays() {
     let want: Vec<u8> = (0..n).flat_map(|_| 50u32.to_le_bytes()).collect();
     assert_eq!(got, want);
 }
+
+#[test]
+fn emu_two_devices_do_not_mix() {
+    // Memory, events and streams of one device are refused by another's stream, naming them.
+    let d0 = emu();
+    let d1 = Device::emulated(EmuConfig {
+        ordinal: 1,
+        ..EmuConfig::default()
+    })
+    .unwrap();
+    let b1 = d1.alloc(64).unwrap();
+    let e1 = d1.create_event().unwrap();
+    let s1 = d1.create_stream().unwrap();
+    s1.record(&e1).unwrap();
+    d0.bind().unwrap();
+    let s0 = d0.create_stream().unwrap();
+    let b0 = d0.alloc(64).unwrap();
+    let e = s0
+        .copy(&b0.span(), &b1.span())
+        .expect_err("device 1 memory");
+    assert!(e.to_string().contains("device 1"), "{e}");
+    let e = s0.wait_event(&e1).expect_err("device 1 event");
+    assert!(e.to_string().contains("'ev'"), "{e}");
+    // SAFETY: refused before any use: the handle is a stream of device 1.
+    let e = unsafe { d0.wrap_stream(s1.handle()) }.expect_err("device 1 stream");
+    assert!(e.to_string().contains("'stream'"), "{e}");
+    // Device 1's objects are released on a thread with its context.
+    d1.bind().unwrap();
+}

@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::backend::{Kernel, RawEvent, RawStream};
+use super::backend::{Kernel, PtrKind, RawEvent, RawStream};
 use super::flag::Flag;
 use super::memory::{Alloc, Span};
 use super::Device;
@@ -233,6 +233,7 @@ impl Stream {
     /// is an error, where CUDA would not wait at all).
     pub fn wait_event(&self, ev: &super::Event) -> Result<()> {
         let raw = ev.recorded_raw("ev")?;
+        ev.same_device(&self.shared.dev)?;
         self.shared.dev.check_current()?;
         // SAFETY: both handles are live (the event and this stream are held by the caller).
         unsafe {
@@ -293,6 +294,17 @@ impl Stream {
                     "span",
                     format!("{s:?} is not memory a stream can use"),
                 ));
+            }
+            if let PtrKind::Device { ordinal } = s.kind() {
+                if ordinal != dev.ordinal() {
+                    return Err(Error::arg(
+                        "span",
+                        format!(
+                            "{s:?} is memory of device {ordinal}, not of this stream's device {}",
+                            dev.ordinal()
+                        ),
+                    ));
+                }
             }
         }
         let mut st = self.lock();
