@@ -309,23 +309,28 @@ impl Stream {
         }
         let mut st = self.lock();
         self.shared.reap(&mut st)?;
-        op(dev.backend(), self.shared.raw)?;
         let holds: Vec<Arc<Alloc>> = spans.iter().filter_map(|s| s.owner()).collect();
-        if !holds.is_empty() {
-            let ev = match st.pool.pop() {
-                Some(e) => e,
-                None => dev.backend().event_create()?,
-            };
-            // SAFETY: the event and the stream are live.
-            if let Err(e) = unsafe { dev.backend().event_record(ev, self.shared.raw) } {
-                // The operation is enqueued but unguarded: keep its memory for good rather
-                // than risk freeing it under the device.
-                std::mem::forget(holds);
-                st.pool.push(ev);
-                return Err(e);
-            }
-            st.inflight.push_back((ev, holds));
+        if holds.is_empty() {
+            return op(dev.backend(), self.shared.raw);
         }
+        // The event that guards the holdings exists before the operation is enqueued.
+        let ev = match st.pool.pop() {
+            Some(e) => e,
+            None => dev.backend().event_create()?,
+        };
+        if let Err(e) = op(dev.backend(), self.shared.raw) {
+            st.pool.push(ev);
+            return Err(e);
+        }
+        // SAFETY: the event and the stream are live.
+        if let Err(e) = unsafe { dev.backend().event_record(ev, self.shared.raw) } {
+            // The operation is enqueued but unguarded: keep its memory for good rather than
+            // risk freeing it under the device.
+            std::mem::forget(holds);
+            st.pool.push(ev);
+            return Err(e);
+        }
+        st.inflight.push_back((ev, holds));
         Ok(())
     }
 }
