@@ -293,3 +293,22 @@ fn emu_two_devices_do_not_mix() {
     // Device 1's objects are released on a thread with its context.
     d1.bind().unwrap();
 }
+
+#[test]
+fn cuda_device_only_where_the_probe_found_a_driver() {
+    // Without a usable driver, Device::cuda says why instead of reaching cudarc (which would
+    // panic); with one (the GPU machine), device 0 opens and a missing ordinal is refused.
+    let probe = nccl_net_fabricoll::cuda::probe();
+    match probe.why_not() {
+        Some(why) => {
+            let e = Device::cuda(0).expect_err("no driver");
+            assert!(matches!(e, Error::InvalidUsage(_)), "{e:?}");
+            assert!(e.to_string().contains(why), "{e} lacks {why}");
+        }
+        None => {
+            Device::cuda(0).expect("device 0");
+            let e = Device::cuda(1 << 20).expect_err("no such device");
+            assert!(e.to_string().contains("'ordinal'"), "{e}");
+        }
+    }
+}
