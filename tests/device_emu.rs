@@ -312,3 +312,14 @@ fn cuda_device_only_where_the_probe_found_a_driver() {
         }
     }
 }
+
+#[test]
+fn emu_thousand_round_trips() {
+    let dev = Device::emulated(EmuConfig {
+        max_delay: Duration::from_micros(30),
+        seed: Some(7),
+        ..EmuConfig::default()
+    })
+    .unwrap();
+    device_checks::round_trips(&dev, 1000);
+}
