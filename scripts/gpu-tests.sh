@@ -12,8 +12,8 @@
 #   2. the GPU test binaries (GPU_TEST_BINS, default tests/cuda_probe.rs, tests/device_gpu.rs and
 #      tests/device_capi_gpu.rs),
 #      with --include-ignored (their GPU tests are ignored elsewhere; --ignored alone would skip
-#      cuda_probe's, which are not): the probe and the device seam on a
-#      real driver, the reduction kernels against the host reducers and their bandwidth; then
+#      cuda_probe's, which are not): the probe and the device seam on a real driver, the
+#      reduction kernels against the host reducers and their bandwidth; then
 #      compute-sanitizer's memcheck over one kernel test (device_gpu's gpu_kernel_small);
 #   3. plugin-tests/nccl_torch.py: real NCCL over the plugin (CollNet on), every collective checked;
 #   4. with GPU_BENCH=1, scripts/gpu-nccl.sh (tuner, CollNet, Socket, FABRICOLL_NET_STREAMS).
@@ -67,10 +67,16 @@ say "providers: $providers"
 export GPU_PROVIDERS="$providers"
 
 step info 60 "$rel/fabricoll-info"
-# The device seam's kernels are compiled at run time by NVRTC: put the toolkit's copy on the path.
+# The device seam's kernels are compiled at run time by NVRTC: put the toolkit's copy on the path
+# (cudarc looks for libnvrtc.so, .so.12, ...; where only a versioned .so.13 exists, link to it).
 for d in /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib64; do
-  [ -e "$d/libnvrtc.so" ] || [ -e "$d/libnvrtc.so.13" ] || [ -e "$d/libnvrtc.so.12" ] || continue
+  v=$(ls "$d"/libnvrtc.so.1[0-9] 2>/dev/null | sort -V | tail -1)
+  [ -e "$d/libnvrtc.so" ] || [ -n "$v" ] || continue
   export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+  if [ ! -e "$d/libnvrtc.so" ]; then
+    mkdir -p "$out/nvrtc" && ln -sf "$v" "$out/nvrtc/libnvrtc.so"
+    export LD_LIBRARY_PATH="$(cd "$out/nvrtc" && pwd):$LD_LIBRARY_PATH"
+  fi
   break
 done
 test_bin() { find "$rel/deps" -maxdepth 1 -type f -executable -name "$1-*" -printf '%T@ %p\n' | sort -n | tail -1 | cut -d' ' -f2; }

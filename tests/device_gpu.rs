@@ -94,6 +94,18 @@ fn gpu_flag_timeouts() {
 
 #[test]
 #[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
+fn gpu_thousand_round_trips() {
+    let dev = gpu();
+    let t = std::time::Instant::now();
+    device_checks::round_trips(&dev, 1000);
+    println!(
+        "host flag -> kernel -> copy -> stream flag: {:.1} us per round trip",
+        t.elapsed().as_secs_f64() * 1e6 / 1000.0
+    );
+}
+
+#[test]
+#[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
 fn gpu_caller_streams() {
     device_checks::caller_streams(&gpu());
 }
@@ -114,6 +126,20 @@ fn gpu_raw_pointer_misuse() {
 #[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
 fn gpu_drop_while_in_use() {
     device_checks::drop_while_in_use(&gpu());
+}
+
+#[test]
+#[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
+fn gpu_free_device_memory_while_a_stream_waits() {
+    device_checks::free_while_a_stream_waits(&gpu(), false);
+}
+
+#[test]
+#[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
+fn gpu_free_page_locked_memory_while_a_stream_waits() {
+    // Whether cuMemFreeHost waits for the device: if this fails, the data path must keep its
+    // page-locked buffers for the communicator's life (docs/device.md).
+    device_checks::free_while_a_stream_waits(&gpu(), true);
 }
 
 #[test]

@@ -8,7 +8,8 @@
 //! `cuStreamWaitValue32_v2` (GEQ) and `cuStreamWriteValue32_v2`, or, where the device lacks
 //! stream memory operations (found when the device is opened), a host function on the stream
 //! that polls the word (until the flag's deadline; it then logs the flag's name and lets the
-//! stream go on) or writes it.
+//! stream go on) or writes it. Device memory comes from the stream-ordered allocator where the
+//! device has memory pools, so that freeing never waits for the device (see `mem_stream`).
 mod kernels;
 
 use std::ffi::c_void;
@@ -72,6 +73,12 @@ pub struct CudaBackend {
     info: DeviceInfo,
     max_blocks: u32,
     module: OnceLock<std::result::Result<kernels::Module, String>>,
+    /// A private stream for the stream-ordered allocator (`cuMemAllocAsync` /
+    /// `cuMemFreeAsync`), where the device has memory pools; None: `cuMemAlloc` / `cuMemFree`.
+    /// `cuMemFree` may wait for the whole device, so a free while some stream waits for a flag
+    /// the freeing thread has yet to write would never return; a free on this stream waits for
+    /// nothing (the memory's users have completed: the seam holds buffers until then).
+    mem_stream: Option<RawStream>,
 }
 
 impl Device {
@@ -138,8 +145,21 @@ impl CudaBackend {
             },
             max_blocks: u32::try_from(sms.max(1) * 16).unwrap_or(1024),
             module: OnceLock::new(),
+            mem_stream: None,
         };
         b.bind()?;
+        let mut pools = 0;
+        // SAFETY: `dev` is valid and `pools` a place for one int.
+        let _ = unsafe {
+            sys::cuDeviceGetAttribute(
+                &mut pools,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+                dev,
+            )
+        };
+        if pools != 0 {
+            b.mem_stream = Some(b.stream_create()?);
+        }
         b.info.stream_mem_ops = b.try_mem_ops()?;
         if !b.info.stream_mem_ops {
             log::warn!(
@@ -202,6 +222,11 @@ impl Drop for CudaBackend {
     fn drop(&mut self) {
         let module = self.module.take();
         self.with_ctx(|| drop(module));
+        if let Some(s) = self.mem_stream.take() {
+            // SAFETY: the allocator's stream, destroyed once; every allocation is freed (each
+            // holds the backend alive), and destroying lets the pending frees complete.
+            unsafe { self.stream_destroy(s) };
+        }
         // SAFETY: balances the retain in `open`.
         let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.c.dev) };
     }
@@ -280,14 +305,33 @@ impl Backend for CudaBackend {
 
     fn alloc(&self, len: usize) -> Result<u64> {
         let mut p: sys::CUdeviceptr = 0;
-        // SAFETY: the context is current (checked by the caller); `p` is a valid place.
-        check(unsafe { sys::cuMemAlloc_v2(&mut p, len) }, "cuMemAlloc")?;
+        let Some(ms) = self.mem_stream else {
+            // SAFETY: the context is current (checked by the caller); `p` is a valid place.
+            check(unsafe { sys::cuMemAlloc_v2(&mut p, len) }, "cuMemAlloc")?;
+            return Ok(p);
+        };
+        // SAFETY: as above, on the allocator's live stream.
+        let r = unsafe { sys::cuMemAllocAsync(&mut p, len, stream(ms)) };
+        check(r, "cuMemAllocAsync")?;
+        // Usable by every stream once the allocation has happened; the allocator's stream has
+        // no other work (frees), so this waits for nothing else.
+        // SAFETY: the allocator's stream is live.
+        let r = unsafe { sys::cuStreamSynchronize(stream(ms)) };
+        if let Err(e) = check(r, "cuStreamSynchronize (allocation)") {
+            // SAFETY: freeing what was just allocated, unused.
+            let _ = unsafe { sys::cuMemFreeAsync(p, stream(ms)) };
+            return Err(e);
+        }
         Ok(p)
     }
 
     unsafe fn free(&self, addr: u64, _len: usize) {
-        // SAFETY: the caller guarantees `addr` is ours and unused.
-        let r = self.with_ctx(|| unsafe { sys::cuMemFree_v2(addr) });
+        let r = match self.mem_stream {
+            // SAFETY: the caller guarantees `addr` is ours (from cuMemAllocAsync) and unused.
+            Some(ms) => self.with_ctx(|| unsafe { sys::cuMemFreeAsync(addr, stream(ms)) }),
+            // SAFETY: the caller guarantees `addr` is ours (from cuMemAlloc) and unused.
+            None => self.with_ctx(|| unsafe { sys::cuMemFree_v2(addr) }),
+        };
         if let Err(e) = check(r, "cuMemFree") {
             log::error!("{e}");
         }
@@ -368,11 +412,14 @@ impl Backend for CudaBackend {
 
     unsafe fn stream_adopt(&self, handle: u64) -> Result<RawStream> {
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        check(
-            // SAFETY: the caller guarantees a live stream.
-            unsafe { sys::cuStreamGetCtx(handle as sys::CUstream, &mut ctx) },
-            "cuStreamGetCtx (argument 'stream')",
-        )?;
+        // cudarc panics where the driver lacks the function: a guard, not a path taken (every
+        // driver since CUDA 9.2 has it).
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // SAFETY: the caller guarantees a live stream; `ctx` is a valid place.
+            unsafe { sys::cuStreamGetCtx(handle as sys::CUstream, &mut ctx) }
+        }))
+        .map_err(|_| Error::System("the CUDA driver lacks cuStreamGetCtx".into()))?;
+        check(r, "cuStreamGetCtx (argument 'stream')")?;
         if ctx != self.c.ctx {
             return Err(Error::arg(
                 "stream",
