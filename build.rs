@@ -78,8 +78,8 @@ fn main() {
 
 /// include/fabricoll.h from the `fabricoll_*` functions (src/ffi/api/), written to OUT_DIR;
 /// tests compare it with the committed header.
-/// The C API's 16 send, receive and collective exports, blocking and non-blocking, generated
-/// from one table into OUT_DIR (`include!`d by src/ffi/api/collectives.rs) so that they are
+/// The C API's 16 send, receive and collective exports, blocking and non-blocking, and their 8
+/// stream-ordered twins, generated from one table into OUT_DIR (`include!`d by src/ffi/api/collectives.rs) so that they are
 /// not copied by hand. A macro would do the same for Rust, but cbindgen, which writes the
 /// header, does not expand macros on stable Rust; it reads this file instead.
 fn generate_c_collectives(out: &std::path::Path) {
@@ -145,6 +145,7 @@ fn generate_c_collectives(out: &std::path::Path) {
             .map(|(n, t)| format!("    {n}: {t},\n"))
             .collect();
         src += &export_pair(name, doc, &nb_doc(name), &params, args);
+        src += &export_stream(name, &params, args);
     }
     for (name, doc, buf_ty, sends) in P2P {
         let params = format!(
@@ -158,6 +159,7 @@ fn generate_c_collectives(out: &std::path::Path) {
             &params,
             &args,
         );
+        src += &export_stream(name, &params, &args);
     }
     std::fs::write(out.join("c_api_collectives.rs"), src).expect("write c_api_collectives.rs");
 }
@@ -267,6 +269,18 @@ fn export_pair(name: &str, doc: &str, nb_doc: &str, params: &str, args: &str) ->
         );
     }
     src
+}
+
+/// The stream-ordered export `fabricoll_{name}_stream`: the arguments of `fabricoll_{name}`,
+/// then the caller's CUDA stream.
+fn export_stream(name: &str, params: &str, args: &str) -> String {
+    format!(
+        "\n/// Stream-ordered fabricoll_{name}: returns at once; runs after the work already on `stream` \
+         (a CUstream; never the legacy NULL stream), and later work on `stream` waits for it. The \
+         buffers may be device memory or page-locked host memory and must stay valid until the \
+         stream has passed the call. A failure after the return releases the stream and is \
+         reported by fabricoll_comm_get_async_error.\n#[no_mangle]\npub extern \"C\" fn fabricoll_{name}_stream(\n{params}    comm: *mut fabricoll_comm,\n    stream: *mut c_void,\n) -> fabricoll_status {{\n    let a = {args};\n    stream_ordered(\"fabricoll_{name}_stream\", comm, a, stream)\n}}\n"
+    )
 }
 
 fn generate_header(out: &std::path::Path) {

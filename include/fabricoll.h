@@ -426,6 +426,14 @@ fabricoll_status fabricoll_group_end(void);
 fabricoll_status fabricoll_request_notify(fabricoll_request *request, fabricoll_callback callback, void *user_data);
 
 /*
+ `*status` = FABRICOLL_SUCCESS, or the status of the first stream-ordered call on `comm` that
+ failed after it returned (its message becomes this thread's fabricoll_last_error). Such a
+ call released its stream (later work on it ran without the call's result); every later
+ stream-ordered call on `comm` fails with the same error, so destroy the communicator.
+ */
+fabricoll_status fabricoll_comm_get_async_error(fabricoll_comm *comm, fabricoll_status *status);
+
+/*
  recvbuf = the reduction of every rank's sendbuf (count elements each; in place when the buffers are equal).
  */
 fabricoll_status fabricoll_allreduce(const void *sendbuf, void *recvbuf, size_t count, int datatype, int op, fabricoll_comm *comm);
@@ -434,6 +442,11 @@ fabricoll_status fabricoll_allreduce(const void *sendbuf, void *recvbuf, size_t 
  Non-blocking fabricoll_allreduce: `*request` completes through fabricoll_test / fabricoll_wait.
  */
 fabricoll_status fabricoll_iallreduce(const void *sendbuf, void *recvbuf, size_t count, int datatype, int op, fabricoll_comm *comm, fabricoll_request **request);
+
+/*
+ Stream-ordered fabricoll_allreduce: returns at once; runs after the work already on `stream` (a CUstream; never the legacy NULL stream), and later work on `stream` waits for it. The buffers may be device memory or page-locked host memory and must stay valid until the stream has passed the call. A failure after the return releases the stream and is reported by fabricoll_comm_get_async_error.
+ */
+fabricoll_status fabricoll_allreduce_stream(const void *sendbuf, void *recvbuf, size_t count, int datatype, int op, fabricoll_comm *comm, void *stream);
 
 /*
  recvbuf (nranks x sendcount) = every rank's sendbuf, in rank order.
@@ -446,6 +459,11 @@ fabricoll_status fabricoll_allgather(const void *sendbuf, void *recvbuf, size_t 
 fabricoll_status fabricoll_iallgather(const void *sendbuf, void *recvbuf, size_t sendcount, int datatype, fabricoll_comm *comm, fabricoll_request **request);
 
 /*
+ Stream-ordered fabricoll_allgather: returns at once; runs after the work already on `stream` (a CUstream; never the legacy NULL stream), and later work on `stream` waits for it. The buffers may be device memory or page-locked host memory and must stay valid until the stream has passed the call. A failure after the return releases the stream and is reported by fabricoll_comm_get_async_error.
+ */
+fabricoll_status fabricoll_allgather_stream(const void *sendbuf, void *recvbuf, size_t sendcount, int datatype, fabricoll_comm *comm, void *stream);
+
+/*
  recvbuf (recvcount) = block `rank` of the reduction of every rank's sendbuf (nranks x recvcount).
  */
 fabricoll_status fabricoll_reducescatter(const void *sendbuf, void *recvbuf, size_t recvcount, int datatype, int op, fabricoll_comm *comm);
@@ -454,6 +472,11 @@ fabricoll_status fabricoll_reducescatter(const void *sendbuf, void *recvbuf, siz
  Non-blocking fabricoll_reducescatter: `*request` completes through fabricoll_test / fabricoll_wait.
  */
 fabricoll_status fabricoll_ireducescatter(const void *sendbuf, void *recvbuf, size_t recvcount, int datatype, int op, fabricoll_comm *comm, fabricoll_request **request);
+
+/*
+ Stream-ordered fabricoll_reducescatter: returns at once; runs after the work already on `stream` (a CUstream; never the legacy NULL stream), and later work on `stream` waits for it. The buffers may be device memory or page-locked host memory and must stay valid until the stream has passed the call. A failure after the return releases the stream and is reported by fabricoll_comm_get_async_error.
+ */
+fabricoll_status fabricoll_reducescatter_stream(const void *sendbuf, void *recvbuf, size_t recvcount, int datatype, int op, fabricoll_comm *comm, void *stream);
 
 /*
  recvbuf = the root's sendbuf on every rank (sendbuf is read on the root only and may be NULL elsewhere).
@@ -466,6 +489,11 @@ fabricoll_status fabricoll_broadcast(const void *sendbuf, void *recvbuf, size_t 
 fabricoll_status fabricoll_ibroadcast(const void *sendbuf, void *recvbuf, size_t count, int datatype, int root, fabricoll_comm *comm, fabricoll_request **request);
 
 /*
+ Stream-ordered fabricoll_broadcast: returns at once; runs after the work already on `stream` (a CUstream; never the legacy NULL stream), and later work on `stream` waits for it. The buffers may be device memory or page-locked host memory and must stay valid until the stream has passed the call. A failure after the return releases the stream and is reported by fabricoll_comm_get_async_error.
+ */
+fabricoll_status fabricoll_broadcast_stream(const void *sendbuf, void *recvbuf, size_t count, int datatype, int root, fabricoll_comm *comm, void *stream);
+
+/*
  The root's recvbuf = the reduction of every rank's sendbuf (recvbuf is written on the root only and may be NULL elsewhere).
  */
 fabricoll_status fabricoll_reduce(const void *sendbuf, void *recvbuf, size_t count, int datatype, int op, int root, fabricoll_comm *comm);
@@ -474,6 +502,11 @@ fabricoll_status fabricoll_reduce(const void *sendbuf, void *recvbuf, size_t cou
  Non-blocking fabricoll_reduce: `*request` completes through fabricoll_test / fabricoll_wait.
  */
 fabricoll_status fabricoll_ireduce(const void *sendbuf, void *recvbuf, size_t count, int datatype, int op, int root, fabricoll_comm *comm, fabricoll_request **request);
+
+/*
+ Stream-ordered fabricoll_reduce: returns at once; runs after the work already on `stream` (a CUstream; never the legacy NULL stream), and later work on `stream` waits for it. The buffers may be device memory or page-locked host memory and must stay valid until the stream has passed the call. A failure after the return releases the stream and is reported by fabricoll_comm_get_async_error.
+ */
+fabricoll_status fabricoll_reduce_stream(const void *sendbuf, void *recvbuf, size_t count, int datatype, int op, int root, fabricoll_comm *comm, void *stream);
 
 /*
  Block j (count elements) of rank i's sendbuf lands as block i of rank j's recvbuf.
@@ -486,6 +519,11 @@ fabricoll_status fabricoll_alltoall(const void *sendbuf, void *recvbuf, size_t c
 fabricoll_status fabricoll_ialltoall(const void *sendbuf, void *recvbuf, size_t count, int datatype, fabricoll_comm *comm, fabricoll_request **request);
 
 /*
+ Stream-ordered fabricoll_alltoall: returns at once; runs after the work already on `stream` (a CUstream; never the legacy NULL stream), and later work on `stream` waits for it. The buffers may be device memory or page-locked host memory and must stay valid until the stream has passed the call. A failure after the return releases the stream and is reported by fabricoll_comm_get_async_error.
+ */
+fabricoll_status fabricoll_alltoall_stream(const void *sendbuf, void *recvbuf, size_t count, int datatype, fabricoll_comm *comm, void *stream);
+
+/*
  Send count elements to `peer` (matched in order with its fabricoll_recv from this rank).
  */
 fabricoll_status fabricoll_send(const void *buf, size_t count, int datatype, int peer, fabricoll_comm *comm);
@@ -496,6 +534,11 @@ fabricoll_status fabricoll_send(const void *buf, size_t count, int datatype, int
 fabricoll_status fabricoll_isend(const void *buf, size_t count, int datatype, int peer, fabricoll_comm *comm, fabricoll_request **request);
 
 /*
+ Stream-ordered fabricoll_send: returns at once; runs after the work already on `stream` (a CUstream; never the legacy NULL stream), and later work on `stream` waits for it. The buffers may be device memory or page-locked host memory and must stay valid until the stream has passed the call. A failure after the return releases the stream and is reported by fabricoll_comm_get_async_error.
+ */
+fabricoll_status fabricoll_send_stream(const void *buf, size_t count, int datatype, int peer, fabricoll_comm *comm, void *stream);
+
+/*
  Receive count elements from `peer`.
  */
 fabricoll_status fabricoll_recv(void *buf, size_t count, int datatype, int peer, fabricoll_comm *comm);
@@ -504,6 +547,11 @@ fabricoll_status fabricoll_recv(void *buf, size_t count, int datatype, int peer,
  Non-blocking fabricoll_recv.
  */
 fabricoll_status fabricoll_irecv(void *buf, size_t count, int datatype, int peer, fabricoll_comm *comm, fabricoll_request **request);
+
+/*
+ Stream-ordered fabricoll_recv: returns at once; runs after the work already on `stream` (a CUstream; never the legacy NULL stream), and later work on `stream` waits for it. The buffers may be device memory or page-locked host memory and must stay valid until the stream has passed the call. A failure after the return releases the stream and is reported by fabricoll_comm_get_async_error.
+ */
+fabricoll_status fabricoll_recv_stream(void *buf, size_t count, int datatype, int peer, fabricoll_comm *comm, void *stream);
 
 /*
  Every rank's sendbuf (sendcount elements) lands in rank order in the root's recvbuf (nranks x sendcount; written on the root only, may be NULL elsewhere).

@@ -9,10 +9,11 @@
 #   0. facts: driver, torch and NCCL versions, MPS, compute-sanitizer, NVRTC, libfabric providers;
 #   1. fabricoll-info: the driver, every device's GPUDirect RDMA / flush / DMA-BUF attributes,
 #      and the ptrSupport each provider gets, with the reason for what is missing;
-#   2. the GPU test binaries (GPU_TEST_BINS, default tests/cuda_probe.rs, tests/device_gpu.rs
-#      and tests/plugin_gpu.rs), with --include-ignored (their GPU tests are ignored elsewhere;
+#   2. the GPU test binaries (GPU_TEST_BINS, default tests/cuda_probe.rs, tests/device_gpu.rs,
+#      tests/device_capi_gpu.rs and tests/plugin_gpu.rs), with --include-ignored (their GPU tests are ignored elsewhere;
 #      --ignored alone would skip cuda_probe's, which are not): the probe and the device seam on a
-#      real driver, the reduction kernels against the host reducers and their bandwidth, the net
+#      real driver, the reduction kernels against the host reducers and their bandwidth, the C API
+#      on device buffers (blocking and stream-ordered) and its timing table, the net
 #      plugin on device memory over shm (libfabric 2.1 with CUDA); then compute-sanitizer's
 #      memcheck over one kernel test (device_gpu's gpu_kernel_small);
 #   3. plugin-tests/nccl_torch.py: real NCCL over the plugin (CollNet on), every collective checked;
@@ -69,14 +70,20 @@ say "providers: $providers"
 export GPU_PROVIDERS="$providers"
 
 step info 60 "$rel/fabricoll-info"
-# The device seam's kernels are compiled at run time by NVRTC: put the toolkit's copy on the path.
+# The device seam's kernels are compiled at run time by NVRTC: put the toolkit's copy on the path
+# (cudarc looks for libnvrtc.so, .so.12, ...; where only a versioned .so.13 exists, link to it).
 for d in /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib64; do
-  [ -e "$d/libnvrtc.so" ] || [ -e "$d/libnvrtc.so.13" ] || [ -e "$d/libnvrtc.so.12" ] || continue
+  v=$(ls "$d"/libnvrtc.so.1[0-9] 2>/dev/null | sort -V | tail -1)
+  [ -e "$d/libnvrtc.so" ] || [ -n "$v" ] || continue
   export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+  if [ ! -e "$d/libnvrtc.so" ]; then
+    mkdir -p "$out/nvrtc" && ln -sf "$v" "$out/nvrtc/libnvrtc.so"
+    export LD_LIBRARY_PATH="$(cd "$out/nvrtc" && pwd):$LD_LIBRARY_PATH"
+  fi
   break
 done
 test_bin() { find "$rel/deps" -maxdepth 1 -type f -executable -name "$1-*" -printf '%T@ %p\n' | sort -n | tail -1 | cut -d' ' -f2; }
-for t in ${GPU_TEST_BINS:-cuda_probe device_gpu plugin_gpu}; do
+for t in ${GPU_TEST_BINS:-cuda_probe device_gpu device_capi_gpu plugin_gpu}; do
   bin=$(test_bin "$t")
   if [ -n "$bin" ]; then
     step "$t" 240 "$bin" --include-ignored --nocapture --test-threads=1

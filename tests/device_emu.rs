@@ -264,3 +264,62 @@ fn emu_ordering_under_random_delays() {
     let want: Vec<u8> = (0..n).flat_map(|_| 50u32.to_le_bytes()).collect();
     assert_eq!(got, want);
 }
+
+#[test]
+fn emu_two_devices_do_not_mix() {
+    // Memory, events and streams of one device are refused by another's stream, naming them.
+    let d0 = emu();
+    let d1 = Device::emulated(EmuConfig {
+        ordinal: 1,
+        ..EmuConfig::default()
+    })
+    .unwrap();
+    let b1 = d1.alloc(64).unwrap();
+    let e1 = d1.create_event().unwrap();
+    let s1 = d1.create_stream().unwrap();
+    s1.record(&e1).unwrap();
+    d0.bind().unwrap();
+    let s0 = d0.create_stream().unwrap();
+    let b0 = d0.alloc(64).unwrap();
+    let e = s0
+        .copy(&b0.span(), &b1.span())
+        .expect_err("device 1 memory");
+    assert!(e.to_string().contains("device 1"), "{e}");
+    let e = s0.wait_event(&e1).expect_err("device 1 event");
+    assert!(e.to_string().contains("'ev'"), "{e}");
+    // SAFETY: refused before any use: the handle is a stream of device 1.
+    let e = unsafe { d0.wrap_stream(s1.handle()) }.expect_err("device 1 stream");
+    assert!(e.to_string().contains("'stream'"), "{e}");
+    // Device 1's objects are released on a thread with its context.
+    d1.bind().unwrap();
+}
+
+#[test]
+fn cuda_device_only_where_the_probe_found_a_driver() {
+    // Without a usable driver, Device::cuda says why instead of reaching cudarc (which would
+    // panic); with one (the GPU machine), device 0 opens and a missing ordinal is refused.
+    let probe = nccl_net_fabricoll::cuda::probe();
+    match probe.why_not() {
+        Some(why) => {
+            let e = Device::cuda(0).expect_err("no driver");
+            assert!(matches!(e, Error::InvalidUsage(_)), "{e:?}");
+            assert!(e.to_string().contains(why), "{e} lacks {why}");
+        }
+        None => {
+            Device::cuda(0).expect("device 0");
+            let e = Device::cuda(1 << 20).expect_err("no such device");
+            assert!(e.to_string().contains("'ordinal'"), "{e}");
+        }
+    }
+}
+
+#[test]
+fn emu_thousand_round_trips() {
+    let dev = Device::emulated(EmuConfig {
+        max_delay: Duration::from_micros(30),
+        seed: Some(7),
+        ..EmuConfig::default()
+    })
+    .unwrap();
+    device_checks::round_trips(&dev, 1000);
+}

@@ -94,6 +94,18 @@ fn gpu_flag_timeouts() {
 
 #[test]
 #[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
+fn gpu_thousand_round_trips() {
+    let dev = gpu();
+    let t = std::time::Instant::now();
+    device_checks::round_trips(&dev, 1000);
+    println!(
+        "host flag -> kernel -> copy -> stream flag: {:.1} us per round trip",
+        t.elapsed().as_secs_f64() * 1e6 / 1000.0
+    );
+}
+
+#[test]
+#[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
 fn gpu_caller_streams() {
     device_checks::caller_streams(&gpu());
 }

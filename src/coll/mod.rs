@@ -11,13 +11,16 @@
 //! - `calibrate`: the communicator's own collectives at creation (placement, calibration);
 //! - `bootstrap`: the TCP exchange of endpoint addresses behind a unique id;
 //! - `placement`: which machine, host and CPUs each rank runs on;
-//! - `agree`: what every rank must agree on when a communicator is made.
+//! - `agree`: what every rank must agree on when a communicator is made;
+//! - `device`: calls on device buffers (staged through page-locked host slices) and the
+//!   stream-ordered calls.
 pub mod agree;
 pub mod bootstrap;
 mod calibrate;
 mod call;
 mod choice;
 mod comm;
+pub mod device;
 mod engine;
 pub mod launch;
 mod notify;

@@ -78,6 +78,21 @@ fn probe_registration(ordinal: i32, register: Register) -> Registration {
     r
 }
 
+/// The device of the CUDA context current on the calling thread: None where the driver is not
+/// up (`probe`) or no context is current (the thread has made no CUDA call).
+pub fn current_device() -> Option<i32> {
+    use cudarc::driver::sys;
+    probe().driver()?;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: the probe found and initialised the driver; `ctx` is a valid place for a handle.
+    if unsafe { sys::cuCtxGetCurrent(&mut ctx) } != sys::CUresult::CUDA_SUCCESS || ctx.is_null() {
+        return None;
+    }
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: a context is current on this thread; `dev` is a valid place for the ordinal.
+    (unsafe { sys::cuCtxGetDevice(&mut dev) } == sys::CUresult::CUDA_SUCCESS).then_some(dev)
+}
+
 /// The running kernel's (major, minor), from uname(2).
 fn kernel_release() -> (u32, u32) {
     // SAFETY: utsname is plain bytes; all-zero is a valid value for uname to fill.

@@ -32,15 +32,21 @@ impl Event {
 
     pub(crate) fn record_on(&self, s: &Stream) -> Result<()> {
         self.dev.check_current()?;
-        if !Arc::ptr_eq(&s.shared.dev.backend_arc(), &self.dev.backend_arc()) {
+        self.same_device(&s.shared.dev)?;
+        // SAFETY: the event and the stream are live.
+        unsafe { self.dev.backend().event_record(self.raw, s.shared.raw) }?;
+        *self.lock() = Some(Arc::downgrade(&s.shared));
+        Ok(())
+    }
+
+    /// Ok where the event belongs to `dev`; else an `InvalidArgument` naming `ev`.
+    pub(crate) fn same_device(&self, dev: &Device) -> Result<()> {
+        if !Arc::ptr_eq(&dev.backend_arc(), &self.dev.backend_arc()) {
             return Err(Error::arg(
                 "ev",
                 "the event belongs to another device than the stream",
             ));
         }
-        // SAFETY: the event and the stream are live.
-        unsafe { self.dev.backend().event_record(self.raw, s.shared.raw) }?;
-        *self.lock() = Some(Arc::downgrade(&s.shared));
         Ok(())
     }
 

@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::backend::{Kernel, RawEvent, RawStream};
+use super::backend::{Kernel, PtrKind, RawEvent, RawStream};
 use super::flag::Flag;
 use super::memory::{Alloc, Span};
 use super::Device;
@@ -233,6 +233,7 @@ impl Stream {
     /// is an error, where CUDA would not wait at all).
     pub fn wait_event(&self, ev: &super::Event) -> Result<()> {
         let raw = ev.recorded_raw("ev")?;
+        ev.same_device(&self.shared.dev)?;
         self.shared.dev.check_current()?;
         // SAFETY: both handles are live (the event and this stream are held by the caller).
         unsafe {
@@ -294,26 +295,42 @@ impl Stream {
                     format!("{s:?} is not memory a stream can use"),
                 ));
             }
+            if let PtrKind::Device { ordinal } = s.kind() {
+                if ordinal != dev.ordinal() {
+                    return Err(Error::arg(
+                        "span",
+                        format!(
+                            "{s:?} is memory of device {ordinal}, not of this stream's device {}",
+                            dev.ordinal()
+                        ),
+                    ));
+                }
+            }
         }
         let mut st = self.lock();
         self.shared.reap(&mut st)?;
-        op(dev.backend(), self.shared.raw)?;
         let holds: Vec<Arc<Alloc>> = spans.iter().filter_map(|s| s.owner()).collect();
-        if !holds.is_empty() {
-            let ev = match st.pool.pop() {
-                Some(e) => e,
-                None => dev.backend().event_create()?,
-            };
-            // SAFETY: the event and the stream are live.
-            if let Err(e) = unsafe { dev.backend().event_record(ev, self.shared.raw) } {
-                // The operation is enqueued but unguarded: keep its memory for good rather
-                // than risk freeing it under the device.
-                std::mem::forget(holds);
-                st.pool.push(ev);
-                return Err(e);
-            }
-            st.inflight.push_back((ev, holds));
+        if holds.is_empty() {
+            return op(dev.backend(), self.shared.raw);
         }
+        // The event that guards the holdings exists before the operation is enqueued.
+        let ev = match st.pool.pop() {
+            Some(e) => e,
+            None => dev.backend().event_create()?,
+        };
+        if let Err(e) = op(dev.backend(), self.shared.raw) {
+            st.pool.push(ev);
+            return Err(e);
+        }
+        // SAFETY: the event and the stream are live.
+        if let Err(e) = unsafe { dev.backend().event_record(ev, self.shared.raw) } {
+            // The operation is enqueued but unguarded: keep its memory for good rather than
+            // risk freeing it under the device.
+            std::mem::forget(holds);
+            st.pool.push(ev);
+            return Err(e);
+        }
+        st.inflight.push_back((ev, holds));
         Ok(())
     }
 }

@@ -1,4 +1,4 @@
-//! What the C API tests share: a config over shm with a short timeout, and two ranks'
+//! What the C API tests share: a config over shm with a short timeout, and two (or `n`) ranks'
 //! communicators made with it as threads of one process.
 #![allow(dead_code)] // not every test binary uses each helper
 use nccl_net_fabricoll::ffi::api::*;
@@ -38,6 +38,11 @@ pub fn shm_config() -> fabricoll_config {
 
 /// Two communicators (ranks 0 and 1) made with `cfg`, or None (skipped) without shm.
 pub fn pair(test: &str, cfg: &fabricoll_config) -> Option<[usize; 2]> {
+    ranks(test, cfg, 2).map(|v| [v[0], v[1]])
+}
+
+/// `n` communicators (ranks 0 .. n) made with `cfg` as threads, or None (skipped) without shm.
+pub fn ranks(test: &str, cfg: &fabricoll_config, n: usize) -> Option<Vec<usize>> {
     let mut id = fabricoll_unique_id { internal: [0; 128] };
     // SAFETY: both pointers are valid.
     if unsafe { fabricoll_get_unique_id_config(&mut id, cfg) } != FABRICOLL_SUCCESS {
@@ -47,7 +52,7 @@ pub fn pair(test: &str, cfg: &fabricoll_config) -> Option<[usize; 2]> {
     let cfg_addr = cfg as *const fabricoll_config as usize;
     let id_addr = &id as *const fabricoll_unique_id as usize;
     let made: Vec<std::result::Result<usize, String>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..2)
+        let hs: Vec<_> = (0..n)
             .map(|r| {
                 s.spawn(move || {
                     let mut comm = std::ptr::null_mut();
@@ -55,9 +60,9 @@ pub fn pair(test: &str, cfg: &fabricoll_config) -> Option<[usize; 2]> {
                     let st = unsafe {
                         fabricoll_comm_init_rank_config(
                             &mut comm,
-                            2,
+                            n as c_int,
                             id_addr as *const fabricoll_unique_id,
-                            r,
+                            r as c_int,
                             cfg_addr as *const fabricoll_config,
                         )
                     };
@@ -71,13 +76,11 @@ pub fn pair(test: &str, cfg: &fabricoll_config) -> Option<[usize; 2]> {
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    match (&made[0], &made[1]) {
-        (Ok(a), Ok(b)) => Some([*a, *b]),
-        _ => {
-            skip(test, &format!("no shm communicators: {made:?}"));
-            None
-        }
+    if made.iter().all(|m| m.is_ok()) {
+        return Some(made.into_iter().map(|m| m.unwrap()).collect());
     }
+    skip(test, &format!("no shm communicators: {made:?}"));
+    None
 }
 
 pub fn comm(c: usize) -> *mut fabricoll_comm {

@@ -65,6 +65,12 @@ pub fn alloc_and_classify(dev: &Device) {
     let v = vec![0u8; 4096];
     assert_eq!(dev.classify(v.as_ptr().cast()).unwrap(), PtrKind::Host);
     h.as_mut_slice().expect("idle host buffer").fill(7);
+    // While a span of it exists, a stream could be writing it: the host view is refused.
+    let span = h.span();
+    let e = h.as_mut_slice().expect_err("a span exists");
+    assert!(matches!(e, Error::InvalidUsage(_)), "{e:?}");
+    drop(span);
+    assert!(h.as_mut_slice().is_ok());
     expect_err(dev.alloc(0), &["'len'"]);
     expect_err(dev.alloc_host(0), &["'len'"]);
 }
@@ -483,4 +489,34 @@ pub fn free_while_a_stream_waits(dev: &Device, host: bool) {
         returned,
         "freeing {what} memory waited for a stream blocked on a flag"
     );
+}
+
+/// The host opens a flag, the stream reduces and copies into page-locked memory, then writes a
+/// flag the host waits for: `rounds` times, each result checked from the host.
+pub fn round_trips(dev: &Device, rounds: u32) {
+    let s = dev.create_stream().unwrap();
+    let go = dev.create_flag("round-go").unwrap();
+    let done = dev.create_flag("round-done").unwrap();
+    let n = 64;
+    let ones: Vec<u8> = (0..n).flat_map(|_| 1u64.to_le_bytes()).collect();
+    let one = upload(&s, &ones);
+    let acc = upload(&s, &vec![0u8; n * 8]);
+    let mut out = dev.alloc_host(n * 8).unwrap();
+    for round in 1..=rounds {
+        s.wait_flag(&go, round).unwrap();
+        s.reduce(DataType::Uint64, RedOp::Sum, &acc.span(), &one.span())
+            .unwrap();
+        s.copy(&out.span(), &acc.span()).unwrap();
+        s.write_flag(&done, round).unwrap();
+        go.set(round);
+        done.wait(round, T).unwrap();
+        // The stream has passed the copy; it lets go of the buffer once it sees that.
+        s.query().unwrap();
+        let got = out.as_mut_slice().expect("the stream let go of the buffer");
+        assert!(
+            got.chunks_exact(8)
+                .all(|c| u64::from_le_bytes(c.try_into().unwrap()) == u64::from(round)),
+            "round {round}"
+        );
+    }
 }

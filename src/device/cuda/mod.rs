@@ -412,11 +412,14 @@ impl Backend for CudaBackend {
 
     unsafe fn stream_adopt(&self, handle: u64) -> Result<RawStream> {
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        check(
-            // SAFETY: the caller guarantees a live stream.
-            unsafe { sys::cuStreamGetCtx(handle as sys::CUstream, &mut ctx) },
-            "cuStreamGetCtx (argument 'stream')",
-        )?;
+        // cudarc panics where the driver lacks the function: a guard, not a path taken (every
+        // driver since CUDA 9.2 has it).
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // SAFETY: the caller guarantees a live stream; `ctx` is a valid place.
+            unsafe { sys::cuStreamGetCtx(handle as sys::CUstream, &mut ctx) }
+        }))
+        .map_err(|_| Error::System("the CUDA driver lacks cuStreamGetCtx".into()))?;
+        check(r, "cuStreamGetCtx (argument 'stream')")?;
         if ctx != self.c.ctx {
             return Err(Error::arg(
                 "stream",

@@ -40,6 +40,17 @@ pub(super) fn run_blocking(c: Arc<CommEntry>, call: &Call) -> Result<()> {
     Ok(())
 }
 
+/// Fails when this thread is inside a group: `what` (a call that blocks, or one ordered on a
+/// stream) cannot be deferred to the group's end.
+pub(super) fn no_group(what: &str) -> Result<()> {
+    if GROUP.with(|g| g.borrow().depth) > 0 {
+        return Err(Error::InvalidUsage(format!(
+            "{what} cannot be used inside fabricoll_group_start / fabricoll_group_end"
+        )));
+    }
+    Ok(())
+}
+
 /// Start a group (nestable, per thread, as NCCL's ncclGroupStart): until the matching
 /// fabricoll_group_end, blocking calls of this thread (any communicator) are started as
 /// non-blocking and return at once.

@@ -1,6 +1,7 @@
 //! The C API's communicators and requests: one [`HandleTable`] each. A handle is a key, never
 //! a pointer to dereference, so a stale or garbage handle is an error naming the argument.
 use super::types::{fabricoll_comm, fabricoll_request};
+use crate::coll::device::Streams;
 use crate::coll::{Callback, Comm, RequestId};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -22,6 +23,8 @@ pub(super) struct CommEntry {
     /// The settings it was made with where they were not the environment's
     /// (`fabricoll_comm_init_rank_config`): communicators split from it inherit them.
     pub cfg: Option<Config>,
+    /// Its calls on device buffers: the staging, the stream-ordered calls and their worker.
+    pub streams: Streams,
 }
 
 /// Low bits of a C API key: 0, so that handles look like aligned pointers.
@@ -69,6 +72,7 @@ pub(super) fn register_comm_with(c: Comm, cfg: Option<Config>) -> *mut fabricoll
         comm: Arc::new(c),
         aborted: AtomicBool::new(false),
         cfg,
+        streams: Streams::default(),
     });
     COMMS.lock().insert(TAG, e) as usize as *mut fabricoll_comm
 }
@@ -82,6 +86,9 @@ pub(super) fn destroy_comm(p: *mut fabricoll_comm) -> Result<()> {
     // waits for the engine, which a blocking collective on the direct channel holds until it
     // sees the flag. (Asking `pending()` first waited for that collective's deadline.)
     c.comm.abort();
+    // The stream worker ends its call (aborted) and fails the queued ones, releasing their
+    // streams; it holds the communicator until then.
+    c.streams.shutdown();
     // The progress thread may hold the communicator for the rest of a round (a callback in
     // progress): wait for it to let go, so that the communicator and its fabric objects are
     // gone when destroy returns, not freed by that thread later (at process exit, while the

@@ -13,13 +13,14 @@
 //! requests), `comm` (a communicator's life), `config` (per-communicator options),
 //! `collectives` (the calls, test and wait), `varied` (gather, scatter, barrier, the
 //! uneven-count collectives, tagged send/recv), `group` (group calls), `notify` (completion
-//! callbacks); this file holds the last error and the static strings.
+//! callbacks), `stream` (the errors of stream-ordered calls); this file holds the last error and the static strings.
 pub mod collectives;
 pub mod comm;
 pub mod config;
 pub mod group;
 mod handles;
 pub mod notify;
+pub mod stream;
 pub mod types;
 pub mod varied;
 
@@ -28,6 +29,7 @@ pub use comm::*;
 pub use config::*;
 pub use group::*;
 pub use notify::*;
+pub use stream::*;
 pub use types::*;
 pub use varied::*;
 

@@ -5,6 +5,7 @@
 use super::collectives::{blocking, nonblocking, ToCall};
 use super::types::{dtype, fabricoll_comm, fabricoll_request, fabricoll_status, redop};
 use crate::algo::varied::Varied;
+use crate::coll::device::{host_only, DevCall};
 use crate::coll::{varied_bytes, Call, Comm, Kind, Layout};
 use crate::error::{Error, Result};
 use crate::ffi::region;
@@ -113,6 +114,14 @@ impl VArgs {
 }
 
 impl ToCall for VArgs {
+    fn device(&self, _comm: &Comm) -> Result<Option<DevCall>> {
+        host_only(&[
+            (self.send, "sendbuf"),
+            (self.recv as *const c_void, "recvbuf"),
+        ])
+        .map(|()| None)
+    }
+
     fn call(&self, comm: &Comm) -> Result<Call> {
         let dt = dtype(self.datatype)?;
         let op = if self.coll == Varied::ReduceScatterV {
@@ -189,6 +198,10 @@ struct Tagged {
 }
 
 impl ToCall for Tagged {
+    fn device(&self, _comm: &Comm) -> Result<Option<DevCall>> {
+        host_only(&[(self.buf as *const c_void, "buf")]).map(|()| None)
+    }
+
     fn call(&self, _comm: &Comm) -> Result<Call> {
         let peer = usize::try_from(self.peer)
             .map_err(|_| Error::arg("peer", format!("{} is negative", self.peer)))?;

@@ -1,0 +1,232 @@
+//! Calls on device buffers: which calls need the device (`DevCall::classify`), how their data
+//! is staged through page-locked host slices around the host engine (`staged`, cut by
+//! `slices`), and the stream-ordered calls, which a worker thread per communicator runs after
+//! the work already on the caller's stream (`stream`). docs/device-calls.md has the model.
+//!
+//! The device is the calling thread's (`installed`): the device of its current CUDA context,
+//! or the emulated device a test installs (`install`). Without either, every pointer is host
+//! memory and nothing here runs: the host path is unchanged.
+mod slices;
+mod staged;
+mod stream;
+
+pub use stream::Streams;
+
+use super::Kind;
+use crate::algo::Algorithm;
+use crate::device::{Device, PtrKind};
+use crate::error::{Error, Result};
+use crate::reduce::{DataType, RedOp};
+use parking_lot::{Mutex, RwLock};
+use std::os::raw::c_void;
+
+/// The device a test installed (`install`), which takes the place of the CUDA driver's.
+static INSTALLED: RwLock<Option<Device>> = parking_lot::const_rwlock(None);
+
+/// The CUDA devices opened so far, by ordinal (None: opening failed).
+static CUDA: Mutex<Vec<(i32, Option<Device>)>> = parking_lot::const_mutex(Vec::new());
+
+/// Makes `dev` the device that calls on device buffers use, in place of the CUDA driver's:
+/// a test tool (the emulated device in CI), reachable from Rust only, never a fallback for
+/// users. Communicators made before keep running; their next device call uses it.
+pub fn install(dev: Device) {
+    *INSTALLED.write() = Some(dev);
+}
+
+/// The device of the calling thread, if any: the installed one, else the device of the CUDA
+/// context current on this thread (a thread that has made no CUDA call passes no device
+/// buffers, and a host-only process opens no context).
+pub fn installed() -> Option<Device> {
+    if let Some(d) = INSTALLED.read().as_ref() {
+        return Some(d.clone());
+    }
+    let ordinal = crate::cuda::current_device()?;
+    let mut opened = CUDA.lock();
+    if let Some((_, d)) = opened.iter().find(|(o, _)| *o == ordinal) {
+        return d.clone();
+    }
+    let d = Device::cuda(ordinal)
+        .map_err(|e| log::info!("CUDA device {ordinal}: no device calls: {e}"))
+        .ok();
+    opened.push((ordinal, d.clone()));
+    d
+}
+
+/// One call on buffers of which at least one is device memory: the checked arguments of the
+/// call, the buffers as addresses. Made only by `classify`, whose caller promises the
+/// buffers' validity.
+#[derive(Clone, Debug)]
+pub struct DevCall {
+    pub kind: Kind,
+    send: u64,
+    recv: u64,
+    pub count: usize,
+    pub dtype: DataType,
+    pub op: RedOp,
+    pub root: usize,
+    pub algo: Option<Algorithm>,
+    /// The buffers' kinds, send then recv (None: NULL).
+    kinds: [Option<PtrKind>; 2],
+    dev: Device,
+}
+
+/// A call's checked arguments, with its buffers as the caller passed them.
+#[derive(Clone, Copy, Debug)]
+pub struct Parts {
+    pub kind: Kind,
+    pub send: *const c_void,
+    pub recv: *mut c_void,
+    pub count: usize,
+    pub dtype: DataType,
+    pub op: RedOp,
+    pub root: usize,
+    pub algo: Option<Algorithm>,
+}
+
+impl DevCall {
+    /// The call as a device call when a buffer is device (or managed) memory, or `stream` is
+    /// set (a stream-ordered call, whose buffers must all be memory a stream can use); None
+    /// for a call on host memory alone, which takes the host path. Freed device memory, and a
+    /// pageable host buffer in a stream-ordered call, are an error naming the argument.
+    ///
+    /// # Safety
+    /// Non-NULL buffers are valid for the lengths the call's documentation gives until it
+    /// completes (for a stream-ordered call: until the stream has passed it).
+    pub unsafe fn classify(p: &Parts, stream: bool) -> Result<Option<DevCall>> {
+        let Some(dev) = installed() else {
+            if stream {
+                return Err(Error::InvalidUsage(
+                    "a stream-ordered call needs a GPU: this thread has no current CUDA \
+                     context (make the device current first, e.g. cudaSetDevice), or the CUDA \
+                     driver is absent"
+                        .into(),
+                ));
+            }
+            return Ok(None);
+        };
+        if dev.check_current().is_err() {
+            // As NCCL sets its device for the calling thread: the primary context (CUDA), or
+            // the emulated device's.
+            dev.bind()?;
+        }
+        let kind = |ptr: *const c_void, name: &str| -> Result<Option<PtrKind>> {
+            if ptr.is_null() {
+                return Ok(None);
+            }
+            let k = dev.classify(ptr)?;
+            match k {
+                PtrKind::Freed { ordinal } => Err(Error::arg(
+                    name,
+                    format!("{ptr:?} is device memory of device {ordinal} that was freed"),
+                )),
+                PtrKind::Host if stream => Err(Error::arg(
+                    name,
+                    format!(
+                        "{ptr:?} is pageable host memory: a stream-ordered call takes device, \
+                         managed or page-locked host memory (the stream cannot reach pageable \
+                         memory in order)"
+                    ),
+                )),
+                PtrKind::Device { ordinal } if ordinal != dev.ordinal() => Err(Error::arg(
+                    name,
+                    format!(
+                        "{ptr:?} is memory of device {ordinal}; this process's calls use device {}",
+                        dev.ordinal()
+                    ),
+                )),
+                k => Ok(Some(k)),
+            }
+        };
+        let kinds = [
+            kind(p.send, "sendbuf")?,
+            kind(p.recv as *const c_void, "recvbuf")?,
+        ];
+        let on_device = kinds
+            .iter()
+            .flatten()
+            .any(|k| matches!(k, PtrKind::Device { .. } | PtrKind::Managed));
+        if !stream && !on_device {
+            return Ok(None);
+        }
+        Ok(Some(DevCall {
+            kind: p.kind,
+            send: p.send as u64,
+            recv: p.recv as u64,
+            count: p.count,
+            dtype: p.dtype,
+            op: p.op,
+            root: p.root,
+            algo: p.algo,
+            kinds,
+            dev,
+        }))
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+}
+
+/// Ok unless one of `bufs` (pointer, argument name) is device or managed memory, for the calls
+/// that take host memory only (gather, scatter, the uneven-count and tagged calls): then an
+/// error naming the argument.
+pub fn host_only(bufs: &[(*const c_void, &str)]) -> Result<()> {
+    let Some(dev) = installed() else {
+        return Ok(());
+    };
+    if dev.check_current().is_err() {
+        dev.bind()?;
+    }
+    for &(p, name) in bufs {
+        if p.is_null() {
+            continue;
+        }
+        if let PtrKind::Device { .. } | PtrKind::Managed | PtrKind::Freed { .. } =
+            dev.classify(p)?
+        {
+            return Err(Error::arg(
+                name,
+                format!(
+                    "{p:?} is device memory: this call takes host memory (device buffers go to \
+                     the collectives, send and recv, blocking or stream-ordered)"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::Collective;
+
+    fn parts(buf: &mut [f32]) -> Parts {
+        Parts {
+            kind: Kind::Coll(Collective::AllReduce),
+            send: buf.as_ptr().cast(),
+            recv: buf.as_mut_ptr().cast(),
+            count: buf.len(),
+            dtype: DataType::Float32,
+            op: RedOp::Sum,
+            root: 0,
+            algo: None,
+        }
+    }
+
+    /// The library's unit tests install no device, and a test thread has no CUDA context.
+    #[test]
+    fn without_a_device_calls_take_the_host_path_and_stream_calls_fail_clearly() {
+        let mut buf = [1.0f32; 8];
+        // SAFETY: the buffer lives through the calls, which read nothing.
+        let host = unsafe { DevCall::classify(&parts(&mut buf), false) };
+        assert!(matches!(host, Ok(None)), "{host:?}");
+        // SAFETY: as above.
+        let stream = unsafe { DevCall::classify(&parts(&mut buf), true) };
+        match stream {
+            Err(Error::InvalidUsage(m)) => assert!(m.contains("needs a GPU"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(host_only(&[(buf.as_ptr().cast(), "sendbuf")]).is_ok());
+    }
+}

@@ -1,0 +1,257 @@
+//! The C API on device buffers, on the emulated device (installed for this process with
+//! `coll::device::install`), ranks as threads over shm: every collective and send/recv with
+//! device, host and mixed buffers, blocking and stream-ordered; 1,000 stream-ordered calls
+//! between kernels with no host synchronisation; abort and a destroyed peer during a
+//! stream-ordered call; and the misuse errors. Not tested here: the direct path (no build
+//! registers device memory yet).
+use capi::{comm, last_error, ranks};
+use device::*;
+use nccl_net_fabricoll::coll::device::install;
+use nccl_net_fabricoll::device::{Device, EmuConfig};
+use nccl_net_fabricoll::ffi::api::*;
+use std::os::raw::c_void;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use fabricoll_status::*;
+
+mod capi;
+mod device;
+
+/// The emulated device, installed once for the process.
+fn dev() -> Device {
+    static DEV: OnceLock<Device> = OnceLock::new();
+    DEV.get_or_init(|| {
+        let d = Device::emulated(EmuConfig {
+            max_delay: Duration::from_micros(50),
+            ..EmuConfig::default()
+        })
+        .expect("emulated device");
+        install(d.clone());
+        d
+    })
+    .clone()
+}
+
+#[test]
+fn every_call_on_device_host_and_mixed_buffers_two_ranks() {
+    matrix(
+        &dev(),
+        "every_call_on_device_host_and_mixed_buffers_two_ranks",
+        2,
+        false,
+    );
+}
+
+#[test]
+fn every_call_on_device_host_and_mixed_buffers_three_ranks() {
+    matrix(
+        &dev(),
+        "every_call_on_device_host_and_mixed_buffers_three_ranks",
+        3,
+        false,
+    );
+}
+
+#[test]
+fn every_stream_ordered_call_two_ranks() {
+    matrix(&dev(), "every_stream_ordered_call_two_ranks", 2, true);
+}
+
+#[test]
+fn every_stream_ordered_call_three_ranks() {
+    matrix(&dev(), "every_stream_ordered_call_three_ranks", 3, true);
+}
+
+/// Per iteration, on each rank's stream: a kernel adds one to the input, the stream-ordered
+/// allreduce sums it, a kernel adds the output to an accumulator. The host synchronises once,
+/// at the end: acc = sum over iterations of n * (start + i + 1).
+#[test]
+fn a_thousand_stream_ordered_allreduces_between_kernels() {
+    let test = "a_thousand_stream_ordered_allreduces_between_kernels";
+    let d = dev();
+    let Some(cs) = ranks(test, &config(), 2) else {
+        return;
+    };
+    const ITERS: usize = 1000;
+    const COUNT: usize = 64;
+    std::thread::scope(|sc| {
+        for (me, &c) in cs.iter().enumerate() {
+            let d = d.clone();
+            sc.spawn(move || {
+                use nccl_net_fabricoll::reduce::{DataType, RedOp};
+                d.bind().unwrap();
+                let s = d.create_stream().unwrap();
+                let f = |v: f32| Ty::F32.encode(&[v as i64; COUNT]);
+                let mk = |v: f32| {
+                    let b = d.alloc(COUNT * 4).unwrap();
+                    s.upload(&b.span(), &f(v), WAIT).unwrap();
+                    b
+                };
+                let (input, output, ones, acc) = (mk(me as f32), mk(0.0), mk(1.0), mk(0.0));
+                for _ in 0..ITERS {
+                    s.reduce(DataType::Float32, RedOp::Sum, &input.span(), &ones.span())
+                        .unwrap();
+                    let st = fabricoll_allreduce_stream(
+                        input.addr() as *const c_void,
+                        output.addr() as *mut c_void,
+                        COUNT,
+                        Ty::F32.c(),
+                        Op::Sum.c(),
+                        comm(c),
+                        s.handle(),
+                    );
+                    assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
+                    s.reduce(DataType::Float32, RedOp::Sum, &acc.span(), &output.span())
+                        .unwrap();
+                }
+                s.synchronize(Duration::from_secs(120)).unwrap();
+                let mut got = vec![0u8; COUNT * 4];
+                s.download(&mut got, &acc.span(), WAIT).unwrap();
+                // Rank r's input at iteration i is r + i + 1; the sum over both ranks is
+                // 2i + 3, and over the iterations ITERS * (ITERS + 2).
+                let want = (ITERS * (ITERS + 2)) as f32;
+                assert_eq!(got, f(want), "rank {me}");
+            });
+        }
+    });
+    destroy(&cs);
+}
+
+/// A stream-ordered call that cannot complete (the peer does not call) is ended by `end`,
+/// which returns the communicators it left alive; the stream is released and, where rank 0's
+/// communicator is alive, the error reported.
+fn released(test: &str, end: impl FnOnce(&[usize]) -> Vec<usize>) {
+    let d = dev();
+    let mut cfg = config();
+    cfg.timeout_ms = 1_500;
+    let Some(cs) = ranks(test, &cfg, 2) else {
+        return;
+    };
+    d.bind().unwrap();
+    let s = d.create_stream().unwrap();
+    let buf = d.alloc(4096).unwrap();
+    let p = buf.addr() as *mut c_void;
+    let (f32t, sum) = (Ty::F32.c(), Op::Sum.c());
+    let t = Instant::now();
+    let st = fabricoll_allreduce_stream(p, p, 1024, f32t, sum, comm(cs[0]), s.handle());
+    assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
+    // It returned at once, though the peer does not call.
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    let t = Instant::now();
+    let alive = end(&cs);
+    s.synchronize(WAIT).expect("the stream was not released");
+    assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
+    if alive.contains(&cs[0]) {
+        let c = comm(cs[0]);
+        let mut e = FABRICOLL_SUCCESS;
+        assert_eq!(fabricoll_comm_get_async_error(c, &mut e), FABRICOLL_SUCCESS);
+        assert_ne!(e, FABRICOLL_SUCCESS);
+        assert!(last_error().contains("async_error"), "{}", last_error());
+        // Later stream-ordered calls fail with it at once.
+        let st = fabricoll_allreduce_stream(p, p, 1024, f32t, sum, c, s.handle());
+        assert_ne!(st, FABRICOLL_SUCCESS);
+        assert!(
+            last_error().contains("earlier stream-ordered call"),
+            "{}",
+            last_error()
+        );
+    }
+    destroy(&alive);
+}
+
+#[test]
+fn abort_releases_the_stream_and_reports_the_error() {
+    released("abort_releases_the_stream_and_reports_the_error", |cs| {
+        assert_eq!(fabricoll_comm_abort(comm(cs[0])), FABRICOLL_SUCCESS);
+        cs.to_vec()
+    });
+}
+
+#[test]
+fn a_destroyed_peer_releases_the_stream_and_reports_the_error() {
+    released(
+        "a_destroyed_peer_releases_the_stream_and_reports_the_error",
+        |cs| {
+            // The peer goes away (as a killed process's endpoint does): rank 0's call fails,
+            // at the latest at its deadline.
+            assert_eq!(fabricoll_comm_destroy(comm(cs[1])), FABRICOLL_SUCCESS);
+            vec![cs[0]]
+        },
+    );
+}
+
+#[test]
+fn destroying_the_communicator_releases_its_stream() {
+    released("destroying_the_communicator_releases_its_stream", |cs| {
+        destroy(cs);
+        Vec::new()
+    });
+}
+
+#[test]
+fn misuse_gets_a_clear_error() {
+    let test = "misuse_gets_a_clear_error";
+    let d = dev();
+    let Some(cs) = ranks(test, &config(), 2) else {
+        return;
+    };
+    d.bind().unwrap();
+    let c = comm(cs[0]);
+    let s = d.create_stream().unwrap();
+    let buf = d.alloc(64).unwrap();
+    let dp = buf.addr() as *mut c_void;
+    let (f32t, sum) = (Ty::F32.c(), Op::Sum.c());
+    // A pageable host pointer where the stream needs device memory.
+    let mut host = vec![0f32; 16];
+    let hp = host.as_mut_ptr().cast::<c_void>();
+    let st = fabricoll_allreduce_stream(hp, dp, 16, f32t, sum, c, s.handle());
+    assert_eq!(st, FABRICOLL_INVALID_ARGUMENT);
+    assert!(
+        last_error().contains("sendbuf") && last_error().contains("pageable"),
+        "{}",
+        last_error()
+    );
+    // The legacy and per-thread default streams.
+    for h in [0usize, 1, 2] {
+        let st = fabricoll_allreduce_stream(dp, dp, 16, f32t, sum, c, h as *mut c_void);
+        assert_eq!(st, FABRICOLL_INVALID_ARGUMENT, "{h}");
+        assert!(last_error().contains("stream"), "{}", last_error());
+    }
+    // Device memory to a call that takes host memory only, and to a non-blocking call.
+    let st = fabricoll_gather(dp, std::ptr::null_mut(), 4, f32t, 0, c);
+    assert_eq!(st, FABRICOLL_INVALID_ARGUMENT);
+    assert!(last_error().contains("sendbuf"), "{}", last_error());
+    let mut req = std::ptr::null_mut();
+    let st = fabricoll_iallreduce(dp, dp, 16, f32t, sum, c, &mut req);
+    assert_eq!(st, FABRICOLL_INVALID_USAGE);
+    assert!(last_error().contains("stream-ordered"), "{}", last_error());
+    // A freed device buffer, blocking and stream-ordered.
+    let freed = d.alloc(64).unwrap();
+    let fp = freed.addr() as *mut c_void;
+    drop(freed);
+    let st = fabricoll_allreduce(fp, dp, 16, f32t, sum, c);
+    assert_eq!(st, FABRICOLL_INVALID_ARGUMENT);
+    assert!(
+        last_error().contains("sendbuf") && last_error().contains("freed"),
+        "{}",
+        last_error()
+    );
+    let st = fabricoll_allreduce_stream(dp, fp, 16, f32t, sum, c, s.handle());
+    assert_eq!(st, FABRICOLL_INVALID_ARGUMENT);
+    assert!(
+        last_error().contains("recvbuf") && last_error().contains("freed"),
+        "{}",
+        last_error()
+    );
+    // Nothing failed asynchronously.
+    let mut e = FABRICOLL_SUCCESS;
+    assert_eq!(fabricoll_comm_get_async_error(c, &mut e), FABRICOLL_SUCCESS);
+    assert_eq!(e, FABRICOLL_SUCCESS);
+    destroy(&cs);
+}

@@ -1,0 +1,154 @@
+//! The C API on device buffers on the real GPU (CUDA device 0, through the driver): the same
+//! matrix as `device_capi` with ranks as threads sharing the GPU, and a timing table of the
+//! 2-rank stream-ordered device allreduce against the caller copying to the host and calling
+//! the host API. Run by scripts/gpu-tests.sh (`--ignored`).
+use capi::{comm, last_error, ranks};
+use device::*;
+use nccl_net_fabricoll::coll::device::installed;
+use nccl_net_fabricoll::device::{Device, DeviceKind};
+use nccl_net_fabricoll::ffi::api::*;
+use std::os::raw::c_void;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use fabricoll_status::*;
+
+mod capi;
+mod device;
+
+/// CUDA device 0, bound to this thread; panics without one (these tests run only on the GPU
+/// machine). The library finds it through the threads' current context.
+fn gpu() -> Device {
+    let d = Device::cuda(0).expect("no CUDA device: this test runs on the GPU machine only");
+    let found = installed().expect("the library does not see the thread's CUDA context");
+    assert_eq!(found.kind(), DeviceKind::Cuda, "{found:?}");
+    d
+}
+
+#[test]
+#[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
+fn gpu_every_call_on_device_host_and_mixed_buffers() {
+    let d = gpu();
+    matrix(
+        &d,
+        "gpu_every_call_on_device_host_and_mixed_buffers",
+        2,
+        false,
+    );
+    matrix(
+        &d,
+        "gpu_every_call_on_device_host_and_mixed_buffers",
+        4,
+        false,
+    );
+}
+
+#[test]
+#[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
+fn gpu_every_stream_ordered_call() {
+    let d = gpu();
+    matrix(&d, "gpu_every_stream_ordered_call", 2, true);
+    matrix(&d, "gpu_every_stream_ordered_call", 3, true);
+}
+
+/// Median seconds of `iters` runs of `f` on both ranks at once (each run starts together).
+fn median(iters: usize, bar: &Barrier, mut f: impl FnMut()) -> f64 {
+    let mut t: Vec<f64> = (0..iters)
+        .map(|_| {
+            bar.wait();
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(|a, b| a.total_cmp(b));
+    t[t.len() / 2]
+}
+
+#[test]
+#[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
+fn gpu_stream_ordered_allreduce_against_copying_to_the_host() {
+    let test = "gpu_stream_ordered_allreduce_against_copying_to_the_host";
+    let d = gpu();
+    let mut cfg = config();
+    cfg.timeout_ms = 60_000;
+    let Some(cs) = ranks(test, &cfg, 2) else {
+        return;
+    };
+    let sizes: Vec<usize> = (0..8)
+        .map(|i| 8usize << (3 * i))
+        .chain([64 << 20])
+        .collect();
+    let bar = Barrier::new(2);
+    let rows: Vec<(usize, f64, f64)> = std::thread::scope(|sc| {
+        let hs: Vec<_> = cs
+            .iter()
+            .map(|&c| {
+                let (d, bar, sizes) = (d.clone(), &bar, &sizes);
+                sc.spawn(move || {
+                    d.bind().unwrap();
+                    let s = d.create_stream().unwrap();
+                    let mut rows = Vec::new();
+                    for &bytes in sizes {
+                        let count = bytes / 4;
+                        let buf = d.alloc(bytes).unwrap();
+                        s.upload(&buf.span(), &vec![0u8; bytes], WAIT).unwrap();
+                        let p = buf.addr() as *mut c_void;
+                        let iters = if bytes >= 16 << 20 { 5 } else { 20 };
+                        let (f32t, sum) = (Ty::F32.c(), Op::Sum.c());
+                        let run = || {
+                            let st = fabricoll_allreduce_stream(
+                                p,
+                                p,
+                                count,
+                                f32t,
+                                sum,
+                                comm(c),
+                                s.handle(),
+                            );
+                            assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
+                            s.synchronize(Duration::from_secs(60)).unwrap();
+                        };
+                        run();
+                        let t_stream = median(iters, bar, run);
+                        let mut host = vec![0u8; bytes];
+                        let mut copy = || {
+                            s.download(&mut host, &buf.span(), WAIT).unwrap();
+                            let h = host.as_mut_ptr().cast::<c_void>();
+                            let st = fabricoll_allreduce(h, h, count, f32t, sum, comm(c));
+                            assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
+                            s.upload(&buf.span(), &host, WAIT).unwrap();
+                        };
+                        copy();
+                        let t_copy = median(iters, bar, copy);
+                        rows.push((bytes, t_stream, t_copy));
+                    }
+                    rows
+                })
+            })
+            .collect();
+        let mut all: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        all.swap_remove(0)
+    });
+    // Bus bandwidth as nccl-tests computes it for allreduce: size / time * 2(n-1)/n.
+    let bus = |bytes: usize, t: f64| bytes as f64 / t * 2.0 * (2 - 1) as f64 / 2.0 / 1e9;
+    println!(
+        "2-rank f32 sum allreduce on one GPU ({:?}), in place, median",
+        d
+    );
+    println!(
+        "{:>10} {:>12} {:>10} {:>12} {:>10} {:>8}",
+        "bytes", "stream us", "busbw GB/s", "copy+host us", "busbw GB/s", "speedup"
+    );
+    for (bytes, ts, tc) in rows {
+        println!(
+            "{bytes:>10} {:>12.1} {:>10.2} {:>12.1} {:>10.2} {:>8.2}",
+            ts * 1e6,
+            bus(bytes, ts),
+            tc * 1e6,
+            bus(bytes, tc),
+            tc / ts
+        );
+    }
+    destroy(&cs);
+}
