@@ -503,9 +503,7 @@ pub(crate) unsafe fn iflush_inner(
     // SAFETY: forwarded from this function's contract.
     let bufs = unsafe { recv_bufs(n, data, sizes, tags.as_ptr(), mhs) }?;
     let c = h(comm);
-    let r = p
-        .device_of(c, Kind::Recv, "recvComm")?
-        .iflush(c, bufs.len() as c_int)?;
+    let r = p.device_of(c, Kind::Recv, "recvComm")?.iflush(c, &bufs)?;
     out.set(ptr(r));
     Ok(())
 }

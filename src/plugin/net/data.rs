@@ -260,9 +260,11 @@ impl Device {
     }
 
     /// Flush received data to the consumer: nothing to do for host memory, so it completes at
-    /// once and no request is returned.
-    pub fn iflush(&self, comm: u64, n: i32) -> Result<Option<u64>> {
-        if n < 1 || n as usize > MAX_RECVS {
+    /// once and no request is returned. The buffers and their registrations are checked as a
+    /// receive's are: a flush of memory that was never registered is the caller's error.
+    pub fn iflush(&self, comm: u64, bufs: &[(Region, i32, u64)]) -> Result<Option<u64>> {
+        let n = bufs.len();
+        if !(1..=MAX_RECVS).contains(&n) {
             return Err(Error::arg("n", format!("{n} is outside 1..={MAX_RECVS}")));
         }
         let mut st = self.st.lock();
@@ -272,12 +274,15 @@ impl Device {
                 format!("{comm:#x} is not an open receive comm"),
             ));
         }
+        for (region, _, mh) in bufs {
+            self.lookup_mr(&st, *mh, *region, "mhandles")?;
+        }
         if self.flavour == Flavour::Nccl {
             return Ok(None); // NCCL: no request, nothing to wait for
         }
         // libnccom reads a NULL request as "busy, call again": hand it one that is done.
         let h = new_handle(self.index, Kind::Request);
-        let mut req = Request::new(comm, false, n as usize);
+        let mut req = Request::new(comm, false, n);
         req.left = 0;
         for s in req.subs.iter_mut() {
             s.done = true;
