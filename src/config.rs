@@ -47,6 +47,9 @@ pub struct Config {
     pub root: Option<String>,
     /// `FABRICOLL_ROOT_FILE`: the file rank 0 writes its unique id to.
     pub root_file: Option<std::path::PathBuf>,
+    /// `FABRICOLL_JOB_ID`: the job's identity, shared by its ranks, where the launcher gives
+    /// none (or in place of the launcher's).
+    pub job_id: Option<String>,
     pub bootstrap_addr: Option<std::net::IpAddr>,
     /// Where `provider` came from, for errors: `FABRICOLL_PROVIDER`, or `config.provider`
     /// where a communicator's options set it (`with_overrides`).
@@ -230,6 +233,7 @@ impl Config {
             },
         };
         let root_file = nonempty("FABRICOLL_ROOT_FILE").map(|v| std::path::PathBuf::from(v.trim()));
+        let job_id = nonempty("FABRICOLL_JOB_ID").map(|v| v.trim().to_string());
         let bootstrap_addr = match nonempty("FABRICOLL_BOOTSTRAP_ADDR") {
             None => None,
             Some(v) => Some(
@@ -248,6 +252,7 @@ impl Config {
             host,
             root,
             root_file,
+            job_id,
             bootstrap_addr,
             provider,
             provider_var: "FABRICOLL_PROVIDER",

@@ -224,6 +224,18 @@ fn iallreduce(c: usize, send: &[f32; 2], recv: &mut [f32; 2]) -> *mut fabricoll_
     req
 }
 
+/// The same allreduce of 2 floats started on both communicators of a pair.
+fn iallreduce_pair(
+    cs: [usize; 2],
+    send: &[f32; 2],
+    recv: &mut [[f32; 2]; 2],
+) -> Vec<*mut fabricoll_request> {
+    recv.iter_mut()
+        .enumerate()
+        .map(|(r, b)| iallreduce(cs[r], send, b))
+        .collect()
+}
+
 /// A receive of 2 floats from the other rank of a pair.
 fn irecv(c: usize, buf: &mut [f32; 2]) -> *mut fabricoll_request {
     let mut rank = 0;
@@ -336,11 +348,7 @@ fn a_callback_may_call_into_its_communicator() {
         .collect();
     let send = [1.0f32, 2.0];
     let mut recv = [[0.0f32; 2]; 2];
-    let reqs: Vec<_> = recv
-        .iter_mut()
-        .enumerate()
-        .map(|(r, b)| iallreduce(cs[r], &send, b))
-        .collect();
+    let reqs = iallreduce_pair(cs, &send, &mut recv);
     for r in 0..2 {
         let st = fabricoll_request_notify(reqs[r], Some(ask), &ctx[r] as *const Ctx as *mut c_void);
         assert_eq!(st, FABRICOLL_SUCCESS);
@@ -349,6 +357,65 @@ fn a_callback_may_call_into_its_communicator() {
         assert_eq!(c.seen.status(), FABRICOLL_SUCCESS as c_int);
         assert_eq!(c.rank.load(Ordering::SeqCst), r as i32);
     }
+    for c in cs {
+        assert_eq!(fabricoll_comm_destroy(comm(c)), FABRICOLL_SUCCESS);
+    }
+}
+
+#[test]
+fn a_callback_that_destroys_its_communicator_gets_an_error() {
+    let test = "a_callback_that_destroys_its_communicator_gets_an_error";
+    let Some(cs) = pair(test, &shm_config()) else {
+        return;
+    };
+    /// The callback tries to destroy its own communicator (forbidden), and records the answer.
+    struct Ctx {
+        comm: usize,
+        destroy: AtomicI32,
+        message: std::sync::Mutex<String>,
+        seen: Seen,
+    }
+    unsafe extern "C" fn destroy(user_data: *mut c_void, status: c_int) {
+        // SAFETY: the test's Ctx outlives the request.
+        let ctx = unsafe { &*(user_data as *const Ctx) };
+        let st = fabricoll_comm_destroy(ctx.comm as *mut fabricoll_comm);
+        *ctx.message.lock().unwrap() = last_error();
+        ctx.destroy.store(st as c_int, Ordering::SeqCst);
+        ctx.seen.status.store(status, Ordering::SeqCst);
+        ctx.seen.calls.fetch_add(1, Ordering::SeqCst);
+    }
+    let ctx: Vec<Ctx> = (0..2)
+        .map(|r| Ctx {
+            comm: cs[r],
+            destroy: AtomicI32::new(-1),
+            message: std::sync::Mutex::new(String::new()),
+            seen: Seen::new(),
+        })
+        .collect();
+    let send = [1.0f32, 2.0];
+    let mut recv = [[0.0f32; 2]; 2];
+    let reqs = iallreduce_pair(cs, &send, &mut recv);
+    for (r, c) in ctx.iter().enumerate() {
+        let st = fabricoll_request_notify(reqs[r], Some(destroy), c as *const Ctx as *mut c_void);
+        assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
+    }
+    for c in &ctx {
+        assert_eq!(c.seen.status(), FABRICOLL_SUCCESS as c_int);
+        assert_eq!(
+            c.destroy.load(Ordering::SeqCst),
+            FABRICOLL_INVALID_USAGE as c_int
+        );
+        let m = c.message.lock().unwrap().clone();
+        assert!(m.contains("comm") && m.contains("callback"), "{m}");
+    }
+    // Still whole: a collective passes, then destroy outside the callback succeeds.
+    let send = [1.0f32, 2.0];
+    let mut recv = [[0.0f32; 2]; 2];
+    let reqs = iallreduce_pair(cs, &send, &mut recv);
+    for q in reqs {
+        assert_eq!(fabricoll_wait(q), FABRICOLL_SUCCESS, "{}", last_error());
+    }
+    assert_eq!(recv, [[2.0, 4.0], [2.0, 4.0]]);
     for c in cs {
         assert_eq!(fabricoll_comm_destroy(comm(c)), FABRICOLL_SUCCESS);
     }

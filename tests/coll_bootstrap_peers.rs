@@ -223,3 +223,82 @@ fn a_rank_refuses_an_impossible_nranks_itself() {
         "{e}"
     );
 }
+
+#[test]
+fn silent_connections_do_not_hold_up_the_ranks() {
+    // Each silent connection used to hold the root for its whole hello wait (5 s), one after
+    // another: six of them, 30 s, past the ranks' 20 s deadline.
+    let id = root(60);
+    let silent: Vec<TcpStream> = (0..6)
+        .map(|_| TcpStream::connect(id.addr).unwrap())
+        .collect();
+    good_ranks_finish(id, 3);
+    drop(silent);
+}
+
+#[test]
+fn a_silent_connection_is_not_taken_for_a_missing_rank() {
+    // The root's own deadline is what is tested: it must pass with rank 1 missing.
+    let bind = std::net::SocketAddr::new(LOCALHOST, 0);
+    let r = bootstrap::listen(bind, None, Some(2), Duration::from_millis(1500)).unwrap();
+    let _silent = TcpStream::connect(r.id.addr).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let e = bootstrap::exchange(&r.id, 0, 2, b"x", Duration::from_secs(20)).unwrap_err();
+    assert!(e.to_string().contains("rank(s) 1 missing"), "{e}");
+    let e = r.wait().unwrap_err().to_string();
+    assert!(
+        e.contains("1 of 2 ranks did not arrive") && e.contains("rank(s) 1 missing"),
+        "{e}"
+    );
+    assert!(!e.contains("no rank arrived"), "{e}");
+}
+
+/// A loopback address whose port nothing listens on (a launch's fixed port).
+fn free_port() -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind((LOCALHOST, 0)).unwrap();
+    l.local_addr().unwrap()
+}
+
+/// Two 2-rank jobs without an identity meet on one port, started a little apart: rank 0 of
+/// job A serves; rank 1 of job B joins it first; then rank 1 of job A arrives, and rank 0 of job
+/// B finds the port taken. No rank may end up in a communicator with the other job's.
+#[test]
+fn two_jobs_on_one_port_without_an_identity_are_never_mixed() {
+    let at = free_port();
+    let nonce = 0x7472_6368; // what every job without an id uses
+    let id = UniqueId { addr: at, nonce };
+    let limit = Duration::from_secs(20);
+    let a_root = bootstrap::listen_unnamed(at, nonce, 2, limit).unwrap();
+    let join = |rank: usize, who: &'static [u8]| {
+        std::thread::spawn(move || bootstrap::exchange(&id, rank, 2, who, limit))
+    };
+    let a0 = join(0, b"A0");
+    let b1 = join(1, b"B1");
+    std::thread::sleep(Duration::from_millis(200));
+    let b0 = bootstrap::listen_unnamed(at, nonce, 2, limit);
+    let a1 = join(1, b"A1");
+    let e = b0
+        .err()
+        .expect("job B's rank 0 cannot serve on a taken port");
+    assert!(e.to_string().contains("FABRICOLL_JOB_ID"), "{e}");
+    // A0 and B1 had arrived: the root fails them naming the remedy. A1 arrives about when the
+    // root gives up: any error will do, but not a communicator.
+    for (who, h) in [("A0", a0), ("B1", b1), ("A1", a1)] {
+        match h.join().unwrap() {
+            Ok(t) => panic!("{who} joined a communicator of {t:?}"),
+            Err(e) if who != "A1" => {
+                assert!(e.to_string().contains("FABRICOLL_JOB_ID"), "{who}: {e}")
+            }
+            Err(_) => {}
+        }
+    }
+    assert!(a_root.wait().is_err());
+}
+
+#[test]
+fn a_job_without_an_identity_still_forms_alone() {
+    let at = free_port();
+    let r = bootstrap::listen_unnamed(at, 7, 3, Duration::from_secs(20)).unwrap();
+    good_ranks_finish(UniqueId { addr: at, nonce: 7 }, 3);
+    r.wait().unwrap();
+}

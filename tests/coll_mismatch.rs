@@ -1,10 +1,11 @@
-//! Ranks whose calls differ (another collective, type, op or root) never succeed: the
+//! Ranks whose calls differ (another collective, type, op, root or forced algorithm) never
+//! succeed: the
 //! reproducers of the outside test's F3. A rank that receives a message of the other call
 //! fails at once, saying that the calls differ and which argument, and sends its peers a notice
 //! that a stalled rank picks up. A rank that learns nothing of the other call (the provider
 //! dropped the connection over the mismatched sizes before the notice came) fails with the
 //! provider's error or a timeout, within the deadline.
-use nccl_net_fabricoll::algo::Collective;
+use nccl_net_fabricoll::algo::{Algorithm, Collective};
 use nccl_net_fabricoll::coll::{Call, Comm, Kind};
 use nccl_net_fabricoll::config::Config;
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
@@ -17,8 +18,8 @@ mod common;
 /// FABRICOLL_TIMEOUT_MS of these communicators.
 const DEADLINE_MS: u32 = 3000;
 
-/// One rank's call: collective, count, type, op, root.
-type Sig = (Collective, usize, DataType, RedOp, usize);
+/// One rank's call: collective, count, type, op, root, per-call algorithm (None: the model's).
+type Sig = (Collective, usize, DataType, RedOp, usize, Option<Algorithm>);
 
 /// Two communicators over `transport` ("loopback", "shm", "net", or two fabrics, shm and
 /// net, with the ranks on two hosts ("tiered-inter") or one ("tiered-intra")), or None
@@ -50,7 +51,7 @@ fn run(comms: &[Arc<Comm>], calls: [Sig; 2]) -> Vec<String> {
         let hs: Vec<_> = comms
             .iter()
             .zip(calls)
-            .map(|(comm, (coll, count, dtype, op, root))| {
+            .map(|(comm, (coll, count, dtype, op, root, algo))| {
                 s.spawn(move || {
                     // Room for the largest layout (ReduceScatter's input holds nranks chunks).
                     let bytes = 2 * count * dtype.size();
@@ -70,7 +71,7 @@ fn run(comms: &[Arc<Comm>], calls: [Sig; 2]) -> Vec<String> {
                         dtype,
                         op,
                         root,
-                        algo: None,
+                        algo,
                     };
                     match comm.run(&call) {
                         Ok(()) => "OK".to_string(),
@@ -90,38 +91,45 @@ fn cases(count: usize) -> Vec<([Sig; 2], [&'static str; 2])> {
     vec![
         (
             [
-                (ReduceScatter, count, f32_, sum, 0),
-                (AllReduce, count, f32_, sum, 0),
+                (ReduceScatter, count, f32_, sum, 0, None),
+                (AllReduce, count, f32_, sum, 0, None),
             ],
             ["rank 1 called AllReduce", "rank 0 called ReduceScatter"],
         ),
         (
             [
-                (AllReduce, count, f32_, sum, 0),
-                (AllReduce, count / 2, f64_, sum, 0),
+                (AllReduce, count, f32_, sum, 0, None),
+                (AllReduce, count / 2, f64_, sum, 0, None),
             ],
             ["x double", "x float"],
         ),
         (
             [
-                (AllReduce, count, f32_, sum, 0),
-                (AllReduce, count, f32_, RedOp::Max, 0),
+                (AllReduce, count, f32_, sum, 0, None),
+                (AllReduce, count, f32_, RedOp::Max, 0, None),
             ],
             ["rank 1 passed op max", "rank 0 passed op sum"],
         ),
         (
             [
-                (Broadcast, count, f32_, sum, 0),
-                (Broadcast, count, f32_, sum, 1),
+                (Broadcast, count, f32_, sum, 0, None),
+                (Broadcast, count, f32_, sum, 1, None),
             ],
             ["rank 1 named root 1", "rank 0 named root 0"],
         ),
         (
             [
-                (Broadcast, count, f32_, sum, 0),
-                (Reduce, count, f32_, sum, 0),
+                (Broadcast, count, f32_, sum, 0, None),
+                (Reduce, count, f32_, sum, 0, None),
             ],
             ["rank 1 called Reduce", "rank 0 called Broadcast"],
+        ),
+        (
+            [
+                (AllReduce, count, f32_, sum, 0, Some(Algorithm::Ring)),
+                (AllReduce, count, f32_, sum, 0, Some(Algorithm::Mesh)),
+            ],
+            ["rank 1 runs algorithm mesh", "rank 0 runs algorithm ring"],
         ),
     ]
 }

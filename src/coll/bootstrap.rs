@@ -3,12 +3,14 @@
 //! Every wait has a deadline. The root serves one communicator, then its thread ends.
 #![forbid(unsafe_code)]
 
+mod root;
+pub use root::{listen, listen_unnamed, new_unique_id, serve, Root};
+
 use crate::config::Timeout;
 use crate::error::{Error, Result};
 use crate::exec::MAX_RANKS;
-use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -120,9 +122,6 @@ fn io(what: &str, e: std::io::Error) -> Error {
 /// The fixed part of a rank's hello: nonce (u64), rank, nranks, address length (u32 each) and
 /// 4 bytes of padding; the address follows.
 const HELLO: usize = 24;
-/// How long the root waits for a connected peer's hello. A rank sends it as soon as it has
-/// connected, so a peer silent this long is not a rank, and must not hold the others up.
-const HELLO_WAIT: Duration = Duration::from_secs(5);
 /// In place of the table's size, the root's answer to a rank it refuses; the kind of error
 /// (u32, `Refusal`), the length of its message (u32, at most `MAX_REFUSAL`) and the message
 /// follow.
@@ -186,31 +185,6 @@ fn read_exact(
     })
 }
 
-/// Answer a peer the root refuses with `e`, then read what it still sends (a bounded amount,
-/// into a fixed buffer) until it closes, so that it gets the answer.
-fn refuse(s: &mut TcpStream, e: &Error) {
-    let (kind, msg) = Refusal::of(e);
-    let msg = &msg.as_bytes()[..msg.len().min(MAX_REFUSAL)];
-    let mut out = Vec::with_capacity(16 + msg.len());
-    out.extend_from_slice(&REFUSED.to_le_bytes());
-    out.extend_from_slice(&(kind as u32).to_le_bytes());
-    out.extend_from_slice(&(msg.len() as u32).to_le_bytes());
-    out.extend_from_slice(msg);
-    let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
-    if s.write_all(&out).is_err() || s.shutdown(std::net::Shutdown::Write).is_err() {
-        return;
-    }
-    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
-    let mut sink = [0u8; 4096];
-    let mut drained = 0;
-    while drained < MAX_DRAIN {
-        match s.read(&mut sink) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => drained += n,
-        }
-    }
-}
-
 /// Check that `rank` is a rank of a communicator of `nranks`, and that such a communicator
 /// can exist (at most `exec::MAX_RANKS` ranks: what the message tags carry).
 pub(crate) fn check_ranks(rank: usize, nranks: usize) -> Result<()> {
@@ -225,225 +199,6 @@ pub(crate) fn check_ranks(rank: usize, nranks: usize) -> Result<()> {
             "rank",
             format!("{rank} is not below nranks ({nranks})"),
         ));
-    }
-    Ok(())
-}
-
-/// A rank's hello, once the root has checked it.
-struct Hello {
-    rank: usize,
-    nranks: usize,
-    addr: Vec<u8>,
-}
-
-/// Read and check a hello. Only the fixed header is read before the nonce is checked, and
-/// every field is checked before the address is read, so a peer without the unique id makes
-/// the root allocate nothing. `Err(None)`: the peer sent no whole hello (ignore it);
-/// `Err(Some(e))`: refuse it with `e`.
-fn read_hello(
-    s: &mut TcpStream,
-    id: &UniqueId,
-    deadline: Instant,
-) -> std::result::Result<Hello, Option<Error>> {
-    let wait = deadline.min(Instant::now() + HELLO_WAIT);
-    let mut hdr = [0u8; HELLO];
-    let silent = || "no hello from a connected peer".to_string();
-    read_exact(s, &mut hdr, wait, "hello", silent).map_err(|_| None)?;
-    let u32_at = |i: usize| u32::from_le_bytes([hdr[i], hdr[i + 1], hdr[i + 2], hdr[i + 3]]);
-    let nonce = u64::from_le_bytes(hdr[0..8].try_into().expect("8 bytes"));
-    if nonce != id.nonce {
-        return Err(Some(Error::arg(
-            "uniqueId",
-            format!(
-                "its nonce does not match the one of the root at {}: this rank was given \
-                 another communicator's unique id",
-                id.addr
-            ),
-        )));
-    }
-    let (rank, nranks, len) = (u32_at(8) as usize, u32_at(12) as usize, u32_at(16) as usize);
-    check_ranks(rank, nranks).map_err(Some)?;
-    if len > MAX_ADDR {
-        return Err(Some(Error::arg(
-            "address",
-            format!("{len} bytes, more than the {MAX_ADDR} an endpoint address may have"),
-        )));
-    }
-    let mut addr = vec![0u8; len];
-    read_exact(s, &mut addr, wait, "address", silent).map_err(|_| None)?;
-    Ok(Hello { rank, nranks, addr })
-}
-
-/// A running root: its unique id, and its thread, which ends once it has served one
-/// communicator or its deadline has passed.
-pub struct Root {
-    pub id: UniqueId,
-    thread: std::thread::JoinHandle<Result<()>>,
-}
-
-impl Root {
-    /// Wait until the root has served its communicator (every rank joined: Ok) or given up
-    /// (the error the ranks were sent).
-    pub fn wait(self) -> Result<()> {
-        self.thread
-            .join()
-            .unwrap_or_else(|_| Err(Error::Internal("the bootstrap root panicked".into())))
-    }
-}
-
-/// Start a root on `bind` (port 0: any) serving one communicator of `nranks` ranks (None: as
-/// many as the first rank to arrive says), with `nonce` (None: a fresh one), for `timeout` (a
-/// `Config::timeout_setting`, whose source its errors name, or a bare `Duration`).
-pub fn listen(
-    bind: SocketAddr,
-    nonce_value: Option<u64>,
-    nranks: Option<usize>,
-    timeout: impl Into<Timeout>,
-) -> Result<Root> {
-    let timeout = timeout.into();
-    if let Some(n) = nranks {
-        check_ranks(0, n)?;
-    }
-    let listener = TcpListener::bind(bind).map_err(|e| io(&format!("listen on {bind}"), e))?;
-    let addr = listener.local_addr().map_err(|e| io("local address", e))?;
-    let id = UniqueId {
-        addr,
-        nonce: nonce_value.unwrap_or_else(nonce),
-    };
-    let done = Arc::new((parking_lot::Mutex::new(false), parking_lot::Condvar::new()));
-    RUNNING.lock().push((id, done.clone()));
-    let thread = std::thread::Builder::new()
-        .name("fabricoll-bootstrap".into())
-        .spawn(move || {
-            let r = root(listener, id, nranks.unwrap_or(0), timeout);
-            if let Err(e) = &r {
-                log::warn!("bootstrap root on {addr}: {e}");
-            }
-            RUNNING.lock().retain(|(i, _)| *i != id);
-            *done.0.lock() = true;
-            done.1.notify_all();
-            r
-        });
-    let thread = match thread {
-        Ok(t) => t,
-        Err(e) => {
-            RUNNING.lock().retain(|(i, _)| *i != id);
-            return Err(io("thread", e));
-        }
-    };
-    Ok(Root { id, thread })
-}
-
-/// Start a root on `bind` (port 0: any) serving one communicator; returns its unique id (the
-/// root's thread runs on by itself).
-pub fn serve(
-    bind: SocketAddr,
-    nonce_value: Option<u64>,
-    timeout: impl Into<Timeout>,
-) -> Result<UniqueId> {
-    Ok(listen(bind, nonce_value, None, timeout)?.id)
-}
-
-/// A unique id for a new communicator, with its root listening on `FABRICOLL_BOOTSTRAP_ADDR`'s
-/// address (default 127.0.0.1: single host).
-pub fn new_unique_id(bind_ip: IpAddr, timeout: impl Into<Timeout>) -> Result<UniqueId> {
-    serve(SocketAddr::new(bind_ip, 0), None, timeout)
-}
-
-/// The ranks below `nranks` not in `arrived`, as a short list for an error message.
-fn missing(arrived: &BTreeMap<usize, (TcpStream, Vec<u8>)>, nranks: usize) -> String {
-    const SHOWN: usize = 8;
-    let mut gone = (0..nranks).filter(|r| !arrived.contains_key(r));
-    let mut list: Vec<String> = gone.by_ref().take(SHOWN).map(|r| r.to_string()).collect();
-    if gone.next().is_some() {
-        list.push("...".into());
-    }
-    list.join(", ")
-}
-
-/// Serve one communicator: gather every rank's hello, then send each the table of addresses.
-/// The communicator's size is `expected`, or (0) the first good hello's `nranks`; ranks that
-/// disagree are refused. Memory grows only with the ranks that arrived (at most `MAX_ADDR`
-/// bytes each).
-fn root(listener: TcpListener, id: UniqueId, expected: usize, timeout: Timeout) -> Result<()> {
-    let deadline = Instant::now() + timeout.limit;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| io("listener", e))?;
-    let mut conns: BTreeMap<usize, (TcpStream, Vec<u8>)> = BTreeMap::new();
-    let mut nranks = expected;
-    let said = if expected > 0 {
-        "the root was started for them"
-    } else {
-        "the first rank to arrive said so"
-    };
-    while nranks == 0 || conns.len() < nranks {
-        if Instant::now() > deadline {
-            let e = Error::Timeout(if nranks == 0 {
-                format!("no rank arrived within {timeout}")
-            } else {
-                format!(
-                    "{} of {nranks} ranks did not arrive within {timeout}: rank(s) {} missing",
-                    nranks - conns.len(),
-                    missing(&conns, nranks)
-                )
-            });
-            for (s, _) in conns.values_mut() {
-                refuse(s, &e);
-            }
-            return Err(e);
-        }
-        let (mut s, _) = match listener.accept() {
-            Ok(x) => x,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(2));
-                continue;
-            }
-            Err(e) => return Err(io("accept", e)),
-        };
-        s.set_nonblocking(false).map_err(|e| io("socket", e))?;
-        let _ = s.set_nodelay(true);
-        let h = match read_hello(&mut s, &id, deadline) {
-            Ok(h) => h,
-            Err(None) => continue, // not one of ours, or gone
-            Err(Some(e)) => {
-                log::warn!("bootstrap: refused a peer: {e}");
-                refuse(&mut s, &e);
-                continue;
-            }
-        };
-        if nranks == 0 {
-            nranks = h.nranks;
-        }
-        let bad = if h.nranks != nranks {
-            Some(Error::arg(
-                "nranks",
-                format!(
-                    "rank {} says {}, but the communicator has {nranks} ranks ({said})",
-                    h.rank, h.nranks
-                ),
-            ))
-        } else if conns.contains_key(&h.rank) {
-            Some(Error::arg("rank", format!("rank {} joined twice", h.rank)))
-        } else {
-            None
-        };
-        if let Some(e) = bad {
-            log::warn!("bootstrap: refused a rank: {e}");
-            refuse(&mut s, &e);
-            continue;
-        }
-        conns.insert(h.rank, (s, h.addr));
-    }
-    let mut table = Vec::new();
-    for (_, a) in conns.values() {
-        table.extend_from_slice(&(a.len() as u32).to_le_bytes());
-        table.extend_from_slice(a);
-    }
-    for (s, _) in conns.values_mut() {
-        let mut msg = (table.len() as u64).to_le_bytes().to_vec();
-        msg.extend_from_slice(&table);
-        s.write_all(&msg).map_err(|e| io("send table", e))?;
     }
     Ok(())
 }

@@ -24,9 +24,11 @@
 //! on every interface, the others connect to the address), `FABRICOLL_ROOT_FILE` (rank 0 serves on this host's address and writes the
 //! id to the file, atomically; the others wait for it), and for torchrun `MASTER_ADDR` with
 //! `MASTER_PORT + 1` (torchrun's store has `MASTER_PORT`; same rule). Setting two of the first three is an
-//! error. A job id (`TORCHELASTIC_RUN_ID`, Open MPI's job id, `SLURM_JOB_ID` and
-//! `SLURM_STEP_ID`) becomes the root's nonce, so that ranks of two jobs never join each other's
-//! root, and a file left by another job is not taken for this job's.
+//! error. A job id (`FABRICOLL_JOB_ID`, else `TORCHELASTIC_RUN_ID`, Open MPI's job id,
+//! `SLURM_JOB_ID` and `SLURM_STEP_ID`) becomes the root's nonce, so that ranks of two jobs
+//! never join each other's root, and a file left by another job is not taken for this job's.
+//! Without one, two jobs on one port are told apart only by what the root sees (a rank twice,
+//! a second rank 0: it then fails every rank), so creation warns once and names the variable.
 use super::bootstrap::{self, UniqueId};
 use super::Comm;
 use crate::config::Config;
@@ -321,7 +323,14 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>, cfg: &Config) -> Result<Opti
             Some(lr)
         }
     };
-    let job = job_of(get, l);
+    // FABRICOLL_JOB_ID first: the user named the job, whatever the launcher says.
+    let job = match &cfg.job_id {
+        Some(j) => Some((
+            "FABRICOLL_JOB_ID".to_string(),
+            fnv(&format!("FABRICOLL_JOB_ID={j}")),
+        )),
+        None => job_of(get, l),
+    };
     let nonce = job.as_ref().map(|j| j.1);
     let rendezvous = if let Some(hex) = id_var {
         Rendezvous::Id(UniqueId::from_hex(&hex, "FABRICOLL_UNIQUE_ID")?)
@@ -470,14 +479,17 @@ impl Launch {
                         SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
                     };
                     let at = SocketAddr::new(any, addr.port());
-                    bootstrap::listen(at, Some(*nonce), Some(self.nranks), timeout).map_err(
-                        |e| {
-                            Error::arg(
-                                var,
-                                format!("rank 0 cannot serve the bootstrap on {at}: {e}"),
-                            )
-                        },
-                    )?;
+                    let served = if self.job.is_some() {
+                        bootstrap::listen(at, Some(*nonce), Some(self.nranks), timeout)
+                    } else {
+                        bootstrap::listen_unnamed(at, *nonce, self.nranks, timeout)
+                    };
+                    served.map_err(|e| {
+                        Error::arg(
+                            var,
+                            format!("rank 0 cannot serve the bootstrap on {at}: {e}"),
+                        )
+                    })?;
                 }
                 Ok(id)
             }

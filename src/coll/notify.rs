@@ -60,10 +60,33 @@ const NAP_MAX: Duration = Duration::from_micros(200);
 /// Callbacks ready to run, with their statuses.
 type Ready = Vec<(Callback, Result<()>)>;
 
-fn run_all(ready: Ready) {
-    for (cb, r) in ready {
-        cb(r);
+thread_local! {
+    /// The communicators (by address) whose callbacks this thread is running now, innermost
+    /// last: a callback may call into its communicator, but must not destroy it.
+    static IN_CALLBACK: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Run `f` (callbacks of `comm`) with `comm` marked as in a callback on this thread.
+fn as_callback_of<T>(comm: &Comm, f: impl FnOnce() -> T) -> T {
+    let me = comm as *const Comm as usize;
+    IN_CALLBACK.with(|v| v.borrow_mut().push(me));
+    // Unmarked on the way out, a panicking callback included.
+    struct Unmark;
+    impl Drop for Unmark {
+        fn drop(&mut self) {
+            IN_CALLBACK.with(|v| v.borrow_mut().pop());
+        }
     }
+    let _unmark = Unmark;
+    f()
+}
+
+fn run_all(comm: &Comm, ready: Ready) {
+    as_callback_of(comm, || {
+        for (cb, r) in ready {
+            cb(r);
+        }
+    });
 }
 
 impl Comm {
@@ -91,7 +114,7 @@ impl Comm {
         match ended {
             Some(r) => {
                 drop(e);
-                callback(r);
+                as_callback_of(self, || callback(r));
             }
             None => {
                 // Started before the callback is taken: where it cannot start, the request
@@ -103,6 +126,13 @@ impl Comm {
             }
         }
         Ok(())
+    }
+
+    /// Whether this thread is running one of this communicator's notify callbacks now (where
+    /// destroying the communicator is forbidden: its progress thread holds it).
+    pub fn in_own_callback(&self) -> bool {
+        let me = self as *const Comm as usize;
+        IN_CALLBACK.with(|v| v.borrow().contains(&me))
     }
 
     /// One round of the progress thread: progress, then take the notified requests that ended
@@ -179,7 +209,7 @@ impl Comm {
             }
         }
         drop(e);
-        run_all(ready);
+        run_all(self, ready);
     }
 }
 
@@ -265,7 +295,7 @@ fn progress_thread(shared: &Shared, comm: &Weak<Comm>) {
             };
             let idle = idle.get_or_insert_with(|| Idle::new(c.spin, c.poll));
             let ended = !ready.is_empty();
-            run_all(ready);
+            run_all(&c, ready);
             if moved || ended {
                 idle.moved();
                 nap = NAP_MIN;

@@ -110,6 +110,12 @@ pub const VARS: &[Var] = &[
         meaning: "launchers without a rank-0 address: rank 0 writes its bootstrap id there, the others read it",
     },
     Var {
+        name: "FABRICOLL_JOB_ID",
+        accepted: "any non-empty string, the same in every rank of the job",
+        default: "the launcher's job id (torchrun, Open MPI, Slurm), else unset",
+        meaning: "the job's identity: ranks of another job that meet at the same FABRICOLL_ROOT, MASTER_ADDR or FABRICOLL_ROOT_FILE are refused; set it where the launcher gives no job id (fabricoll's own variables, Hydra)",
+    },
+    Var {
         name: "FABRICOLL_BOOTSTRAP_ADDR",
         accepted: "an IPv4 or IPv6 address of this host",
         default: "127.0.0.1",

@@ -89,7 +89,8 @@ impl Exec {
             ));
         }
         let args = &self.job.args;
-        self.sig = Signature::of(&self.job.schedule.problem, args.dtype, args.op).bits();
+        let s = &self.job.schedule;
+        self.sig = Signature::of(&s.problem, s.algo, args.dtype, args.op).bits();
         self.calls_differ.set(false);
         self.watch = Watch::Off;
         self.held = None;

@@ -156,7 +156,12 @@ impl Exec {
     fn noticed(&self, tag: u64) -> Error {
         let p = &self.job.schedule.problem;
         let from = ((tag & SRC_MASK) >> SRC_SHIFT) as usize;
-        let mine = Signature::of(p, self.job.args.dtype, self.job.args.op);
+        let mine = Signature::of(
+            p,
+            self.job.schedule.algo,
+            self.job.args.dtype,
+            self.job.args.op,
+        );
         mine.mismatch(from, p.nranks, tag & SIG_MASK)
     }
 }
@@ -220,6 +225,7 @@ mod tests {
         // Rank 1 called ReduceScatter: its notice carries that call's signature.
         let theirs = crate::exec::Signature::of(
             &Problem::new(Collective::ReduceScatter, 2, 1024),
+            Algorithm::Ring,
             crate::reduce::DataType::Float32,
             crate::reduce::RedOp::Sum,
         )

@@ -257,7 +257,12 @@ impl Exec {
         }
         self.calls_differ.set(true);
         let p = &self.job.schedule.problem;
-        let mine = Signature::of(p, self.job.args.dtype, self.job.args.op);
+        let mine = Signature::of(
+            p,
+            self.job.schedule.algo,
+            self.job.args.dtype,
+            self.job.args.op,
+        );
         Err(mine.mismatch(peer, p.nranks, theirs))
     }
 

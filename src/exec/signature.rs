@@ -2,14 +2,15 @@
 //! instead of exchanging bytes that mean different things.
 //!
 //! A collective's signature is a 12-bit hash of what every rank must agree on: the collective,
-//! the count, the element type, the reduction op (for collectives that reduce) and the root
-//! (for rooted ones). It travels in the low bits of each message's tag (`tags::coll_tag`), so it
+//! the count, the element type, the reduction op (for collectives that reduce), the root (for
+//! rooted ones) and the algorithm that runs it (ranks forced to different algorithms exchange
+//! messages that mean different things, and would otherwise find out only at the deadline). It travels in the low bits of each message's tag (`tags::coll_tag`), so it
 //! costs no bytes and no work on the wire. Receives ignore those bits when matching and compare
 //! them when the message is in: a message whose signature differs from the receiver's fails the
 //! collective at once with an error that says how the calls differ. When exactly one argument
 //! differs, the receiver finds which by hashing its own call with that argument changed.
 use crate::algo::varied::{Shape, Varied};
-use crate::algo::{Collective, Problem};
+use crate::algo::{Algorithm, Collective, Problem};
 use crate::error::Error;
 use crate::reduce::{DataType, RedOp};
 use std::hash::Hasher;
@@ -30,14 +31,16 @@ pub struct Signature {
     pub root: usize,
     /// The varied collective and the hash of its counts (`algo::varied::Shape`).
     pub shape: Option<Shape>,
+    /// The algorithm of the rank's schedule.
+    pub algo: Algorithm,
 }
 
 /// Most roots tried when looking for the one argument that differs.
 const ROOTS_TRIED: usize = 4096;
 
 impl Signature {
-    /// The signature of a call of `problem` with `dtype` and `op`.
-    pub fn of(problem: &Problem, dtype: DataType, op: RedOp) -> Signature {
+    /// The signature of a call of `problem` run by `algo`, with `dtype` and `op`.
+    pub fn of(problem: &Problem, algo: Algorithm, dtype: DataType, op: RedOp) -> Signature {
         Signature {
             coll: problem.coll,
             count: problem.count,
@@ -45,6 +48,7 @@ impl Signature {
             op,
             root: problem.root,
             shape: problem.shape,
+            algo,
         }
     }
 
@@ -72,6 +76,7 @@ impl Signature {
             h.write_u8(s.coll as u8 + 1);
             h.write_u64(s.hash);
         }
+        h.write_u8(self.algo as u8);
         let x = h.finish();
         // Fold all 64 bits into the tag's 12, so that every field reaches them.
         (x ^ (x >> 12) ^ (x >> 24) ^ (x >> 36) ^ (x >> 48) ^ (x >> 60)) & SIG_MASK
@@ -103,6 +108,7 @@ impl Signature {
             ),
             None => format!("{:?} of {} x {}", self.coll, self.count, self.dtype),
         };
+        s += &format!(" by {}", self.algo);
         if self.coll.reduces() {
             s += &format!(" with op {}", self.op);
         }
@@ -112,9 +118,25 @@ impl Signature {
         s
     }
 
-    /// The one argument whose change turns this call's bits into `theirs`, described.
+    /// The one argument whose change turns this call's bits into `theirs`, described. A peer
+    /// that called another collective may also run another algorithm (the cost model chose for
+    /// its call): that collective is found whatever the peer's algorithm; the algorithm alone
+    /// is tried last.
     fn differing(&self, nranks: usize, theirs: u64) -> Option<String> {
-        let hit = |s: Signature| s.bits() == theirs && s.bits() != self.bits();
+        if theirs == self.bits() {
+            return None;
+        }
+        let hit = |s: Signature| s.bits() == theirs;
+        // Another collective, run by any algorithm that implements it.
+        let hit_any_algo = |s: Signature| {
+            Algorithm::ALL
+                .iter()
+                .filter(|&&a| crate::algo::supports(a, s.coll))
+                .any(|&algo| hit(Signature { algo, ..s }))
+        };
+        let others_algo = Algorithm::ALL
+            .into_iter()
+            .find(|&algo| algo != self.algo && Signature { algo, ..*self }.bits() == theirs);
         for coll in Collective::ALL {
             let ops: &[RedOp] = if coll.reduces() && !self.coll.reduces() {
                 &RedOp::ALL
@@ -122,7 +144,7 @@ impl Signature {
                 std::slice::from_ref(&self.op)
             };
             for &op in ops {
-                if coll != self.coll && hit(Signature { coll, op, ..*self }) {
+                if coll != self.coll && hit_any_algo(Signature { coll, op, ..*self }) {
                     return Some(format!("called {coll:?}"));
                 }
             }
@@ -147,19 +169,19 @@ impl Signature {
         }
         if self.coll.reduces() {
             for op in RedOp::ALL {
-                if hit(Signature { op, ..*self }) {
+                if op != self.op && hit(Signature { op, ..*self }) {
                     return Some(format!("passed op {op}"));
                 }
             }
         }
         if self.rooted() {
             for root in 0..nranks.min(ROOTS_TRIED) {
-                if hit(Signature { root, ..*self }) {
+                if root != self.root && hit(Signature { root, ..*self }) {
                     return Some(format!("named root {root}"));
                 }
             }
         }
-        None
+        others_algo.map(|a| format!("runs algorithm {a}"))
     }
 }
 
@@ -175,6 +197,7 @@ mod tests {
             op,
             root,
             shape: None,
+            algo: Algorithm::Ring,
         }
     }
 
@@ -257,5 +280,26 @@ mod tests {
             }
         }
         assert!(named * 20 >= pairs * 19, "{named} of {pairs} name the op");
+    }
+
+    #[test]
+    fn ranks_forced_to_different_algorithms_differ_and_are_told_so() {
+        use Collective::*;
+        let f = DataType::Float32;
+        let mine = sig(AllReduce, 4096, f, RedOp::Sum, 0);
+        let mut named = 0;
+        for algo in Algorithm::ALL {
+            if algo == mine.algo || !crate::algo::supports(algo, AllReduce) {
+                continue;
+            }
+            let theirs = Signature { algo, ..mine };
+            assert_ne!(mine.bits(), theirs.bits(), "ring vs {algo}");
+            let e = said(mine, theirs);
+            assert!(e.contains("by ring"), "{e}");
+            if e.contains(&format!("rank 1 runs algorithm {algo}")) {
+                named += 1;
+            }
+        }
+        assert!(named >= 6, "{named} named");
     }
 }

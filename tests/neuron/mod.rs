@@ -188,6 +188,14 @@ pub fn run(provider: &str) {
         );
         assert!(!req.is_null());
         wait(req);
+        // A handle that is no registration is refused, as a receive refuses it.
+        let mut garbage: P = 0xdead_beef_usize as P;
+        let mut req: P = null_mut();
+        assert_eq!(
+            (t.iflush)(r, 1, &mut d, &mut size, &mut garbage, &mut req),
+            nccl::INVALID_ARGUMENT
+        );
+        assert!(req.is_null());
 
         // Registrations: exact sub-page ranges; CUDA and Neuron memory refused.
         let mut small = vec![0u8; 100];

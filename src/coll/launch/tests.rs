@@ -400,3 +400,39 @@ fn bind_ip_is_the_configured_address_or_one_of_this_host() {
     // Whatever it is, this host can listen on it.
     std::net::TcpListener::bind(SocketAddr::new(ip, 0)).unwrap();
 }
+
+#[test]
+fn fabricoll_job_id_names_the_job_whatever_the_launcher() {
+    let nonce_of = |l: &Launch| match l.rendezvous {
+        Rendezvous::Listen { nonce, .. } => nonce,
+        ref r => panic!("{r:?}"),
+    };
+    let own = |job: &'static str| {
+        launch(&[
+            ("FABRICOLL_RANK", "0"),
+            ("FABRICOLL_NRANKS", "2"),
+            ("FABRICOLL_JOB_ID", job),
+            ROOT,
+        ])
+    };
+    let (a, b) = (own("job-a"), own("job-b"));
+    assert_eq!(a.job.as_deref(), Some("FABRICOLL_JOB_ID"));
+    assert_ne!(nonce_of(&a), nonce_of(&b), "two jobs, two identities");
+    assert_ne!(nonce_of(&a), FIXED_NONCE);
+    assert_eq!(
+        nonce_of(&a),
+        nonce_of(&own("job-a")),
+        "one job, one identity"
+    );
+    assert!(a.describe().contains("job id from FABRICOLL_JOB_ID"));
+    // It takes the place of the launcher's own job id.
+    let l = launch(&[
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29500"),
+        ("TORCHELASTIC_RUN_ID", "abc"),
+        ("FABRICOLL_JOB_ID", "job-a"),
+    ]);
+    assert_eq!(nonce_of(&l), nonce_of(&a));
+}

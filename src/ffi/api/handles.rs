@@ -80,6 +80,14 @@ pub(super) fn register_comm_with(c: Comm, cfg: Option<Config>) -> *mut fabricoll
 /// Free `p` and its requests; collectives in flight are aborted.
 pub(super) fn destroy_comm(p: *mut fabricoll_comm) -> Result<()> {
     let c = comm_of(p)?;
+    if c.comm.in_own_callback() {
+        return Err(Error::InvalidUsage(
+            "comm: fabricoll_comm_destroy inside one of the communicator's own notify \
+             callbacks (its progress thread runs them and holds it): destroy it after the \
+             callback has returned"
+                .into(),
+        ));
+    }
     COMMS.lock().remove(key(p));
     REQUESTS.lock().retain(|_, (rc, _)| !Arc::ptr_eq(rc, &c));
     // Abort first, whatever is in flight: it raises the communicator's abort flag before it

@@ -130,7 +130,17 @@ fn enum_values_are_pinned() {
         assert_eq!(c as i32, v);
         assert_eq!(dtype(v).unwrap(), d);
     }
-    assert!(dtype(12).is_err());
+    // The range an error states is exactly the accepted values.
+    for bad in [-1, 12] {
+        let e = dtype(bad).unwrap_err().to_string();
+        let top: i32 = e
+            .split("(0..=")
+            .nth(1)
+            .and_then(|t| t.split(')').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no range in {e}"));
+        assert!(e.contains("'datatype'"), "{e}");
+        assert!(dtype(top).is_ok() && dtype(top + 1).is_err(), "{e}");
+    }
     let ops = [
         (fabricoll_redop::FABRICOLL_SUM, 0, R::Sum),
         (fabricoll_redop::FABRICOLL_PROD, 1, R::Prod),

@@ -175,7 +175,10 @@ pub(super) fn dtype(v: c_int) -> Result<DataType> {
     DataType::from_nccl(v).ok_or_else(|| {
         Error::arg(
             "datatype",
-            format!("{v} is not a fabricoll_datatype (0..=12)"),
+            format!(
+                "{v} is not a fabricoll_datatype (0..={})",
+                DataType::ALL.len() - 1
+            ),
         )
     })
 }

@@ -267,7 +267,8 @@ impl Device {
     /// Flush received data (`bufs`: the receive's buffers, sizes and registrations) to the
     /// consumer: nothing to do for host memory; for device memory the device's flush
     /// (`plugin::gpu::flush`), done before this returns. Either way it completes at once and
-    /// no request is returned.
+    /// no request is returned. The buffers and their registrations are checked as a receive's
+    /// are: a flush of memory that was never registered is the caller's error.
     pub fn iflush(&self, comm: u64, bufs: &[(Region, i32, u64)]) -> Result<Option<u64>> {
         let n = bufs.len();
         if !(1..=MAX_RECVS).contains(&n) {
@@ -279,6 +280,9 @@ impl Device {
                 "recvComm",
                 format!("{comm:#x} is not an open receive comm"),
             ));
+        }
+        for (region, _, mh) in bufs {
+            self.lookup_mr(&st, *mh, *region, "mhandles")?;
         }
         if self.flavour == Flavour::Nccl {
             // One flush orders every write so far: the first device buffer that got data.

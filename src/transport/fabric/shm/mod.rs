@@ -132,7 +132,16 @@ impl Inner {
     /// region at the first send and answers EAGAIN until then: the hello sets that up when the
     /// peer is inserted, so that the first large send finds it ready. If the provider is busy,
     /// again on the next poll.
+    ///
+    /// Never to a peer whose process has exited: it may have died holding its region's lock,
+    /// on which the provider's send would spin forever (asked of the kernel, not only of the
+    /// watcher's flag: creation is when a rank is most likely to be found dead). The hello is
+    /// dropped; what is later posted to that peer fails on the same check, naming it.
     pub(crate) fn hello(&mut self, peer: u64) -> Result<()> {
+        if let Some(pid) = self.shm.gone_pid(Peer(peer), true) {
+            log::debug!("no fastbox hello to peer process {pid}: it has exited");
+            return Ok(());
+        }
         let ctx = self.new_ctx(0, 0, false, None, Role::Swallow);
         // SAFETY: a zero-byte send; ctx lives in `ops` until its completion is read.
         let rc = unsafe { sys::fi_send(self.tx_ep, ptr::null(), 0, ptr::null_mut(), peer, ctx) };

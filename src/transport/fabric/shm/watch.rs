@@ -3,7 +3,8 @@
 //! never closes it (NCCL keeps the plugin's endpoints until exit; a rank is killed) leaves 16
 //! MiB behind, and a later process that gets the same pid cannot create its endpoint (EBUSY).
 //! So each endpoint gets a unique name, the names of endpoints still open are unlinked at exit,
-//! and regions of ours whose process is gone are removed when a new endpoint opens.
+//! and regions of ours whose process is gone are removed when a new endpoint opens (once old
+//! enough that no survivor can still be reading a message from them: `SWEEP_AGE`).
 use super::super::{check, sys};
 use crate::error::Result;
 use parking_lot::Mutex;
@@ -39,7 +40,18 @@ fn alive(pid: i32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
-/// Remove regions of ours whose process no longer exists.
+/// How old a region of a process that no longer exists must be before `sweep` removes it.
+/// A peer's first message carries its region's name, and libfabric 1.17's shm maps that
+/// region when it reads the message (in `fi_cq_read`), dereferencing the mapping without a
+/// check: a region removed between a rank's death and that read crashes every survivor that
+/// had a message from it. Creation (bootstrap, hellos, the placement exchange) is where that
+/// happens, so a region younger than any creation's deadline is left where it is; older
+/// ones only cost their memory until then. Measured on the file's modification time, which
+/// the provider sets when it sizes the region and not afterwards (tmpfs mappings do not
+/// touch it).
+const SWEEP_AGE: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
+/// Remove regions of ours whose process no longer exists, once they are `SWEEP_AGE` old.
 fn sweep() {
     let Ok(dir) = std::fs::read_dir("/dev/shm") else {
         return;
@@ -49,7 +61,12 @@ fn sweep() {
         let Some(pid) = pid_of(&name) else {
             continue;
         };
-        if pid > 0 && !alive(pid) {
+        let age = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok());
+        if pid > 0 && !alive(pid) && age.is_some_and(|a| a >= SWEEP_AGE) {
             log::debug!("removing /dev/shm/{name}: its process {pid} is gone");
             let _ = std::fs::remove_file(e.path());
         }
