@@ -16,7 +16,8 @@
 #      on device buffers (blocking and stream-ordered) and its timing table, the net
 #      plugin on device memory over shm (libfabric 2.1 with CUDA); then compute-sanitizer's
 #      memcheck over one kernel test (device_gpu's gpu_kernel_small);
-#   3. plugin-tests/nccl_torch.py: real NCCL over the plugin (CollNet on), every collective checked;
+#   3. plugin-tests/nccl_torch.py: real NCCL over the plugin (CollNet on), every collective checked
+#      (GPU_NCCL_CHECK=0 skips it);
 #   4. scripts/torch/gpu-check.sh (GPU_TORCH=0 skips it): the compiled front built for the machine's
 #      torch, the mixed group cpu:fabricoll,cuda:nccl with NCCL over our plugin;
 #   5. with GPU_BENCH=1, scripts/gpu-nccl.sh (tuner, CollNet, Socket, FABRICOLL_NET_STREAMS).
@@ -102,9 +103,11 @@ else
 fi
 lib=$rel/libnccl-net-fabricoll.so
 ip=${providers%% *}
-step "nccl-$ip-collnet" 240 python3 plugin-tests/nccl_torch.py --lib "$lib" --mps --provider "$ip" --collnet --timeout 220
+if [ "${GPU_NCCL_CHECK:-1}" = 1 ]; then
+  step "nccl-$ip-collnet" 240 python3 plugin-tests/nccl_torch.py --lib "$lib" --mps --provider "$ip" --collnet --timeout 220
+fi
 if [ "${GPU_TORCH:-1}" = 1 ]; then
-  step torch-mixed 300 env OUT="$out" scripts/torch/gpu-check.sh
+  step torch-mixed "${GPU_TORCH_S:-300}" env OUT="$out" scripts/torch/gpu-check.sh
 fi
 if [ "${GPU_BENCH:-0}" = 1 ]; then
   step gpu-nccl "${GPU_BENCH_S:-600}" env OUT="$out/nccl" scripts/gpu-nccl.sh
