@@ -18,6 +18,7 @@ net_absent() {
   fi_info -p net -t FI_EP_RDM >/dev/null 2>&1 && return 0
   local v
   v=$(libfabric_version)
+  # shellcheck disable=SC2086  # split "MAJOR MINOR" into $1 $2
   set -- $v
   if [ -n "${1:-}" ] && { [ "$1" -gt 1 ] || [ "${2:-0}" -ge 18 ]; }; then
     echo "libfabric $1.$2 has no net provider (1.18 renamed it tcp)"
