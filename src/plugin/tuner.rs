@@ -5,7 +5,7 @@
 //! (AllReduce, AllGather, ReduceScatter). Their new value is what our engines are predicted to
 //! take for the operation: the cost model of `auto` (`tune::Model`, with the parameters a
 //! CollNet communicator has, since it does not calibrate: `collnet_model`) priced for one rank
-//! per node, over the chunks NCCL hands the engines one call each (nccl-abi.md section 6).
+//! per node, over the chunks NCCL hands the engines one call each (docs/nccl-abi.md, "The collective network plugin").
 //! So NCCL picks CollNet exactly where that prediction beats its own estimates for the other
 //! algorithms. A -1 cell stays -1, every other cell stays as NCCL wrote it, and nothing here
 //! fails: a case we cannot price is left alone.
