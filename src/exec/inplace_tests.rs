@@ -255,5 +255,8 @@ fn large_counts_copy_a_part_of_the_input() {
             }
         }
     }
-    assert!(alltoall_seen >= 4, "AllToAll by two algorithms at 2 and 4 ranks");
+    assert!(
+        alltoall_seen >= 4,
+        "AllToAll by two algorithms at 2 and 4 ranks"
+    );
 }
