@@ -1,7 +1,7 @@
 /*
  * neuron_net.h: the Neuron net-plugin ABI of libnccom-net.so (ncclNetPlugin_v4, _v5, _v6) as seen
  * by its caller (libnccom), written for the fabricoll tests from the layout description in
- * shared/docs/neuron-abi.md (x86_64). No upstream header is copied; names follow the upstream
+ * docs/neuron-abi.md (x86_64). No upstream header is copied; names follow the upstream
  * ones so that the harness reads like the caller's code.
  *
  * The symbol names are NVIDIA's but the layouts differ, so this header must never be included

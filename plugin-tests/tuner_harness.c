@@ -1,7 +1,7 @@
 /*
  * tuner_harness.c: plays NCCL's tuner loader against the fabricoll library. It dlopens the
  * library, looks up ncclTunerPlugin_v6 .. _v2 as NCCL does, checks each table's layout (the
- * declarations below, written from shared/docs/nccl-abi.md section 7, against the exported
+ * declarations below, written from docs/nccl-abi.md, "The tuner", against the exported
  * symbol's size), runs init for 1 to 64 nodes, getCollInfo for every ncclFunc_t and sizes
  * 1 B .. 1 GiB on NCCL-like cost tables (with -1 cells), getChunkSize (v6) and
  * finalize/destroy, and asserts that:

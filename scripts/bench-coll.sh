@@ -6,7 +6,7 @@
 # first alternates with the repetition), each on an idle machine (wait-quiet.sh before each run):
 #   ours  $TARGET/release/fabricoll-perf --ranks R --coll C --algo $ALGO -d float -o sum -c 0
 #         -t $BENCH_T -w 5 -m 5 -n 1000 --bind rr  (BENCH_BIND below)
-#   ompi  mpirun.openmpi ... mpi_coll_bench.openmpi -o C  (../shared/baselines/mpi_coll_bench.c:
+#   ompi  mpirun.openmpi ... mpi_coll_bench.openmpi -o C  (scripts/baselines/mpi_coll_bench.c:
 #         MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block, float sum, out of place)
 # with the same transport class:
 #   shm   ours FABRICOLL_PROVIDER=shm          | Open MPI --mca pml ob1 --mca btl self,vader
@@ -16,13 +16,13 @@
 #   net   ours FABRICOLL_PROVIDER=net, FABRICOLL_DOMAIN=lo (libfabric 1.17's native TCP RDM
 #         endpoint, named tcp from 1.18: our default TCP transport)
 #                                              | Open MPI as for tcp, run again beside it
-# (the mpirun flags of ../shared/baselines/run-mpi-baselines.sh), then prints, per collective /
+# (the mpirun flags of scripts/baselines/run-mpi.sh), then prints, per collective /
 # ranks / transport, the per-size MEDIANS over the repetitions: busbw of both, ratio ours/OMPI
 # (bw_x), the median of the ratios within each repetition (pair_x), time of both, and the median
 # time at the smallest size both report (8 B, or 16 B for allgather and reducescatter at 4 ranks)
 # with the time ratio (and its median within repetitions); then a "target[...]" line per table
 # and a "# target, <transport>" total: the sizes from 64 KiB whose bw_x (as printed) is at least
-# 1.00, and whether the smallest size's time ratio is within 1.5 (issue 3's target), each also
+# 1.00, and whether the smallest size's time ratio is within 1.5 (the small-message target: within 1.5x of the baseline), each also
 # by the ratios within repetitions.
 # pair_x because this machine drifts between fast and slow spells of a few runs each, in both
 # tools alike, so the medians of each side alone can compare one tool's slow spell with the
@@ -74,8 +74,8 @@
 #                                run is BENCH_DEADLINE + one repetition
 #   BENCH_RESUMMARIZE [unset]    a .bench/coll-* directory: print its tables again, run nothing
 #   BENCH_BUILD [1]              scripts/deps.sh --bench (Open MPI) and scripts/build.sh first,
-#                                and ../shared/baselines/build.sh when mpi_coll_bench is missing
-#   BASELINES [../shared/baselines]   BASELINE_BUILD [~/.cache/fabricoll-baselines]
+#                                and scripts/baselines/build.sh when mpi_coll_bench is missing
+#   BASELINES [scripts/baselines]   BASELINE_BUILD [~/.cache/fabricoll-baselines]
 #   CARGO_TARGET_DIR [target]
 # docs/performance.md gives how long a repetition takes at the defaults.
 # Raw logs go to .bench/coll-<date>/ (gitignored); the tables also go to summary.txt there.
@@ -117,7 +117,7 @@ quiet_max=${QUIET_MAX:-60}
 run_timeout=${BENCH_RUN_TIMEOUT:-600}
 lib_timeout_ms=${BENCH_LIB_TIMEOUT_MS:-60000}
 deadline=${BENCH_DEADLINE:-3600}
-baselines=${BASELINES:-$root/../shared/baselines}
+baselines=${BASELINES:-$root/scripts/baselines}
 mpi_build=${BASELINE_BUILD:-${XDG_CACHE_HOME:-$HOME/.cache}/fabricoll-baselines}
 target_dir=${CARGO_TARGET_DIR:-target}
 perf="$target_dir/release/fabricoll-perf"
@@ -148,8 +148,8 @@ fi
 command -v mpirun.openmpi >/dev/null 2>&1 ||
   { echo "bench-coll.sh: mpirun.openmpi not found: run scripts/deps.sh --bench" >&2; exit 1; }
 if [ ! -x "$mpi_bench" ]; then
-  # build.sh also builds the MPICH binary and nfq-delay (needs libnetfilter-queue-dev): only the
-  # Open MPI binary matters here, so compile it directly if build.sh stops early
+  # build.sh also builds the MPICH binary where MPICH is installed: only the Open MPI binary
+  # matters here, so compile it directly if build.sh stops early
   BASELINE_BUILD="$mpi_build" "$baselines/build.sh" >/dev/null 2>&1 || true
   if [ ! -x "$mpi_bench" ]; then
     mkdir -p "$mpi_build"

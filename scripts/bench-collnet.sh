@@ -38,7 +38,7 @@
 #   BENCH_RUN_TIMEOUT [600]      seconds allowed to each run
 #   BENCH_DEADLINE [3600]        no new repetition starts after this many seconds
 #   BENCH_BUILD [1]              scripts/build.sh first (library, fabricoll-perf, C harness)
-#   BASELINES [../shared/baselines]   (for wait-quiet.sh)
+#   BASELINES [scripts/baselines]   (for wait-quiet.sh)
 #   CARGO_TARGET_DIR [target]
 # The 64 MiB size at 4 ranks over tcp dominates a repetition's time (docs/performance.md).
 # Raw logs go to .bench/collnet-<date>/ (gitignored); the tables also go to summary.txt there.
@@ -74,7 +74,7 @@ quiet=${QUIET:-1}
 quiet_max=${QUIET_MAX:-60}
 run_timeout=${BENCH_RUN_TIMEOUT:-600}
 deadline=${BENCH_DEADLINE:-3600}
-baselines=${BASELINES:-$root/../shared/baselines}
+baselines=${BASELINES:-$root/scripts/baselines}
 target_dir=${CARGO_TARGET_DIR:-target}
 perf="$target_dir/release/fabricoll-perf"
 lib="$target_dir/release/libnccl-net-fabricoll.so"

@@ -16,8 +16,7 @@
 # / Open MPI's and one fabric / two fabrics; the tables go to DIR/summary.txt.
 #
 # Open MPI's side is mpi_coll_bench: MPI_BENCH names the binary, else it is built with
-# mpicc.openmpi from MPI_BENCH_SRC (default ../shared/baselines/mpi_coll_bench.c, or
-# ../../shared/... from a worktree: the shared baselines, see their README) into
+# mpicc.openmpi from MPI_BENCH_SRC (default scripts/baselines/mpi_coll_bench.c) into
 # target/multihost/; without either, no Open MPI rows.
 # Needs root, and for delays iptables and libnetfilter-queue-dev (scripts/deps.sh --bench).
 #
@@ -64,10 +63,7 @@ fi
 
 # Open MPI's benchmark
 mpi_bench=${MPI_BENCH:-}
-# the shared baselines sit next to the main checkout (../shared), or two levels up from a
-# worktree under wt/
-src=${MPI_BENCH_SRC:-../shared/baselines/mpi_coll_bench.c}
-[ -n "${MPI_BENCH_SRC:-}" ] || [ -f "$src" ] || src=../../shared/baselines/mpi_coll_bench.c
+src=${MPI_BENCH_SRC:-scripts/baselines/mpi_coll_bench.c}
 if [ -z "$mpi_bench" ] && [ -f "$src" ] && command -v mpicc.openmpi >/dev/null; then
   mpi_bench=$target/multihost/mpi_coll_bench.openmpi
   if [ ! -x "$mpi_bench" ] || [ "$src" -nt "$mpi_bench" ]; then

@@ -5,16 +5,17 @@
 #
 # For each provider (tcp = libfabric 'tcp;ofi_rxm' RDM on lo, shm = libfabric shm RDM) and each
 # of REPS repetitions, it runs, alternating, on an idle machine (wait-quiet.sh before each run):
-#   raw     ../shared/baselines/fi-pingpong-sweep.sh  (libfabric's fi_pingpong, one size per run)
+#   raw     scripts/baselines/fi-pingpong-sweep.sh  (libfabric's fi_pingpong, one size per run)
 #   plugin  plugin-tests/build/net_bench --lib $TARGET/release/libnccl-net-fabricoll.so
 #           (two local processes driving the plugin the way NCCL's proxy does)
 #   streams plugin-tests/build/tcp_streams -k K, for each K of BENCH_STREAMS (tcp and net only):
 #           K plain TCP sockets on lo, one thread each, a message split as NCCL's Socket
-#           transport splits it (issue 32 item 3: the plugin's streaming bandwidth against K
-#           streams; the table reports plugin / best K and plugin / 1 stream)
+#           transport splits it (a CPU proxy for NCCL's Socket transport: the plugin's
+#           streaming bandwidth against K streams; the table reports plugin / best K and
+#           plugin / 1 stream)
 # over BENCH_MIN_BYTES..BENCH_MAX_BYTES (powers of two), then prints one table per provider with
 # the per-size MEDIANS over the repetitions.
-# Neuron part (issue 31; BENCH_NEURON): in the same alternation, also
+# Neuron part (the Neuron plugin's RMA; BENCH_NEURON): in the same alternation, also
 #   rmaraw  plugin-tests/build/rma_raw    (libfabric fi_write / fi_read directly; providers
 #           whose RDM endpoint offers FI_RMA only, as `rma_raw --probe` says; writes complete
 #           on delivery on tcp and net, as the plugin's iwrite does: rma_raw -c auto)
@@ -45,7 +46,7 @@
 #   BENCH_NEURON [auto]      auto: the Neuron part when the Neuron library exists; 1: required;
 #                            only: the Neuron part and its fi_pingpong baseline, no net_bench; 0: off
 #   FABRICOLL_NEURON_LIB [$CARGO_TARGET_DIR/release/libnccom-net.so]   the Neuron library
-#   BASELINES [../shared/baselines]   where fi-pingpong-sweep.sh and wait-quiet.sh live
+#   BASELINES [scripts/baselines]   where fi-pingpong-sweep.sh and wait-quiet.sh live
 #   CARGO_TARGET_DIR [target]
 # Raw logs go to .bench/p2p-<date>/ (gitignored); the tables also go to summary.txt there.
 set -euo pipefail
@@ -78,7 +79,7 @@ quiet_max=${QUIET_MAX:-60}
 port0=${BENCH_PORT:-20000}
 run_timeout=${BENCH_RUN_TIMEOUT:-300}
 deadline=${BENCH_DEADLINE:-2400}
-baselines=${BASELINES:-$root/../shared/baselines}
+baselines=${BASELINES:-$root/scripts/baselines}
 target_dir=${CARGO_TARGET_DIR:-target}
 lib="$target_dir/release/libnccl-net-fabricoll.so"
 net_bench=plugin-tests/build/net_bench
@@ -331,7 +332,7 @@ summarize() { # summarize PROV : the table of medians
   echo "## definition, MB = 1e6 B, one message in flight); stream = plugin with many messages in flight."
   echo "## pp_x = plugin pp / raw pp (like for like); st_x = plugin stream / raw pp; lat_x = plugin / raw"
   echo "## streams table (tcp, net): tcpK = tcp_streams -k K stream MB/s; x_best = plugin stream / best K,"
-  echo "## x_1 = plugin stream / 1 stream (NCCL's Socket transport's proxy, issue 32 item 3)"
+  echo "## x_1 = plugin stream / 1 stream (NCCL's Socket transport's proxy)"
   if [ -s "$out/$prov.busy" ]; then
     echo "## WARNING: $(wc -l < "$out/$prov.busy") run(s) started on a busy machine (wait-quiet gave up):" \
       "$(tr '\n' ' ' < "$out/$prov.busy")"

@@ -21,8 +21,9 @@
 #                 layouts 2x2, 3+2+1, 4x1, no TCP inside a host, a killed rank, mismatched
 #                 providers, each launcher's variables, two interfaces per host; skips where
 #                 namespaces cannot be made, which fails under FABRICOLL_TEST_STRICT=1)
-#   plugin-tests  plugin-tests/run.sh (C harness over tcp, net and shm, normal and ASan builds, and
-#                 the C API examples in C and C++)
+#   plugin-tests  plugin-tests/selftest.sh (the net harness against a mock with injected bugs:
+#                 each bug must be caught), then plugin-tests/run.sh (C harness over tcp, net and
+#                 shm, normal and ASan builds, and the C API examples in C and C++)
 #   tuner-tests   plugin-tests/tuner_run.sh (the tuner tables v2-v6 as NCCL's loader calls them:
 #                 every collective and size, 1-64 nodes, -1 cells never changed; normal and ASan)
 #   neuron-tests  plugin-tests/neuron_selftest.sh (the Neuron harness against a mock with injected
@@ -76,7 +77,8 @@ stage_detail() {
     py-tests) grep -E '^(Ran [0-9]+ tests|OK|FAILED)' "$log_dir/$1.log" | tr '\n' ' ' | sed 's/ $//' || true ;;
     coll-tests) grep -E '^coll-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
     multihost-tests) grep -E '^multihost-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
-    plugin-tests) grep -E '^plugin-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
+    plugin-tests) grep -E '^(selftest|plugin-tests): [0-9]+ passed' "$log_dir/$1.log" | tr '\n' ' ' |
+      sed 's/ $//' || true ;;
     tuner-tests) grep -E '^tuner-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
     neuron-tests) grep -E '^neuron-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
     torch-tests) grep -E '^torch-tests: [0-9]+ passed' "$log_dir/$1.log" | tail -1 || true ;;
@@ -194,9 +196,9 @@ stage multihost-tests 720 env \
   scripts/multihost-tests.sh
 [ -x plugin-tests/run.sh ] ||
   fail plugin-tests "plugin-tests/run.sh is missing or not executable"
-stage plugin-tests 1200 env \
+stage plugin-tests 1500 env \
   FABRICOLL_LIB="${FABRICOLL_LIB:-${CARGO_TARGET_DIR:-target}/release/libnccl-net-fabricoll.so}" \
-  plugin-tests/run.sh
+  sh -c 'plugin-tests/selftest.sh && plugin-tests/run.sh'
 [ -x plugin-tests/tuner_run.sh ] ||
   fail tuner-tests "plugin-tests/tuner_run.sh is missing or not executable"
 stage tuner-tests 600 env \

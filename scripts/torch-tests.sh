@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/torch-tests.sh [--full] [ARGS...] - the torch.distributed backend's tests (issue 33).
+# scripts/torch-tests.sh [--full] [ARGS...] - the torch.distributed backend's tests.
 #
 # Makes (or reuses) the torch venv (scripts/deps.sh --torch), builds the backend's compiled front
 # (fabricoll._c10d, python/fabricoll/csrc; about a minute) in place, then runs python/tests

@@ -34,6 +34,10 @@ pub struct Config {
     /// `FABRICOLL_NET_STREAMS`: endpoints per net plugin comm; None: the provider's default
     /// (`transport::Caps::net_streams`).
     pub net_streams: Option<usize>,
+    /// `FABRICOLL_CALIBRATION_CACHE`: the directory where rank 0 keeps the calibrations of
+    /// one-host communicators across processes, per machine and topology (`coll` calibration);
+    /// None: a calibration lives as long as its process.
+    pub calibration_dir: Option<std::path::PathBuf>,
     pub algo: Option<crate::algo::Algorithm>,
     pub alpha_us: Option<f64>,
     pub beta_gbps: Option<f64>,
@@ -234,6 +238,18 @@ impl Config {
         };
         let root_file = nonempty("FABRICOLL_ROOT_FILE").map(|v| std::path::PathBuf::from(v.trim()));
         let job_id = nonempty("FABRICOLL_JOB_ID").map(|v| v.trim().to_string());
+        // Unset: the user's cache directory, as XDG says; "0": none.
+        let calibration_dir = match nonempty("FABRICOLL_CALIBRATION_CACHE")
+            .as_deref()
+            .map(str::trim)
+        {
+            Some("0") => None,
+            Some(dir) => Some(std::path::PathBuf::from(dir)),
+            None => nonempty("XDG_CACHE_HOME")
+                .map(std::path::PathBuf::from)
+                .or_else(|| nonempty("HOME").map(|h| std::path::Path::new(&h).join(".cache")))
+                .map(|d| d.join("fabricoll")),
+        };
         let bootstrap_addr = match nonempty("FABRICOLL_BOOTSTRAP_ADDR") {
             None => None,
             Some(v) => Some(
@@ -268,6 +284,7 @@ impl Config {
             tuner,
             inplace_restore,
             net_streams,
+            calibration_dir,
         })
     }
 

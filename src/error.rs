@@ -20,7 +20,7 @@ pub enum Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// `ncclResult_t` values (nccl-abi.md, section 1).
+/// `ncclResult_t` values (docs/nccl-abi.md, "Status codes").
 pub mod nccl {
     pub const SUCCESS: i32 = 0;
     pub const SYSTEM_ERROR: i32 = 2;
@@ -49,7 +49,7 @@ impl Error {
 
     /// The error for a call that failed with `errno` (a libfabric `FI_E*` or POSIX value, of
     /// either sign), `msg` naming the call and carrying the provider's words. Neuron's net
-    /// plugin maps errno values so (neuron-abi.md section 2, Errors): `EINVAL` is a bug of
+    /// plugin maps errno values so (docs/neuron-abi.md, "Status codes"): `EINVAL` is a bug of
     /// ours (Internal); `EMSGSIZE` a call the provider cannot take (InvalidUsage); a
     /// connection aborted, reset, refused or not connected, or a host down or unreachable,
     /// the peer's failure (Remote); anything else a fabric or OS failure (System).

@@ -8,6 +8,8 @@
 //! Tests that never apply on some machines on purpose are `#[ignore = "why"]` instead.
 use std::io::Write;
 
+pub mod pattern;
+
 /// Environment variable that makes `skip` fail the test.
 pub const STRICT_VAR: &str = "FABRICOLL_TEST_STRICT";
 

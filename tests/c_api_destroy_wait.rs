@@ -1,7 +1,7 @@
 //! `fabricoll_comm_destroy` while the communicator's progress thread runs a callback: destroy
 //! returns only once that thread has let go of the communicator (so nothing of it is freed
 //! later, e.g. at process exit while the libraries' destructors run).
-use capi::{comm, last_error, pair, shm_config};
+use capi::{comm, last_error, pair, shm_config, LATE};
 use nccl_net_fabricoll::ffi::api::*;
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,7 +48,7 @@ fn destroy_waits_for_a_callback_in_progress() {
     let req0 = ibarrier(cs[0]);
     let st = fabricoll_request_notify(req0, Some(slow), &seen[0] as *const Slow as *mut c_void);
     assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + LATE;
     while !seen[1].entered.load(Ordering::SeqCst) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));
     }

@@ -2,7 +2,7 @@
 //! sends and receives that both ranks make in one group do not deadlock (outside a group a
 //! large blocking send may wait for its receiver), a failure inside a group comes out of
 //! `fabricoll_group_end` after every call has ended, groups nest, and bad use is an error.
-use capi::{comm, last_error, pair, shm_config, TIMEOUT_MS};
+use capi::{comm, last_error, pair, shm_config, shm_config_deadline, DEADLINE_MS, LATE};
 use nccl_net_fabricoll::ffi::api::*;
 use std::os::raw::c_int;
 use std::time::{Duration, Instant};
@@ -79,7 +79,8 @@ fn send_and_receive_pairs_in_one_group_do_not_deadlock() {
 
 #[test]
 fn a_failure_in_a_group_comes_out_of_group_end() {
-    let Some(cs) = pair("a_failure_in_a_group_comes_out_of_group_end", &shm_config()) else {
+    let test = "a_failure_in_a_group_comes_out_of_group_end";
+    let Some(cs) = pair(test, &shm_config_deadline()) else {
         return;
     };
     let out = both(cs, |r, c| {
@@ -103,7 +104,8 @@ fn a_failure_in_a_group_comes_out_of_group_end() {
     assert_eq!(*end0, FABRICOLL_TIMEOUT, "{err0}");
     assert!(err0.contains("fabricoll_group_end"), "{err0}");
     assert!(
-        *took0 >= Duration::from_millis(TIMEOUT_MS as u64) && *took0 < Duration::from_secs(5),
+        *took0 >= Duration::from_millis(DEADLINE_MS as u64)
+            && *took0 < Duration::from_millis(DEADLINE_MS as u64) + LATE,
         "{took0:?}"
     );
     let (end1, err1, _, buf1) = &out[1];

@@ -232,6 +232,49 @@ fn c_api_runs_the_uneven_calls_on_two_ranks() {
                 );
                 ok(fabricoll_wait(req), "wait");
                 assert_eq!(y, [v(1 - r, 9)]);
+                // Non-blocking tagged receives posted before the sends, for two tags, and the
+                // sends made in the other order: each receive takes its own tag's message.
+                let (mut r11, mut r12) = ([-1i32; 2], [-1i32; 3]);
+                let (mut q11, mut q12) = (std::ptr::null_mut(), std::ptr::null_mut());
+                ok(
+                    fabricoll_irecv_tagged(
+                        r11.as_mut_ptr().cast(),
+                        2,
+                        I32,
+                        peer,
+                        11,
+                        comm,
+                        &mut q11,
+                    ),
+                    "irecv_tagged 11",
+                );
+                ok(
+                    fabricoll_irecv_tagged(
+                        r12.as_mut_ptr().cast(),
+                        3,
+                        I32,
+                        peer,
+                        12,
+                        comm,
+                        &mut q12,
+                    ),
+                    "irecv_tagged 12",
+                );
+                let s12: Vec<i32> = (0..3).map(|k| v(r, 120 + k)).collect();
+                let s11: Vec<i32> = (0..2).map(|k| v(r, 110 + k)).collect();
+                ok(
+                    fabricoll_send_tagged(s12.as_ptr().cast(), 3, I32, peer, 12, comm),
+                    "send_tagged 12",
+                );
+                ok(
+                    fabricoll_send_tagged(s11.as_ptr().cast(), 2, I32, peer, 11, comm),
+                    "send_tagged 11",
+                );
+                ok(fabricoll_wait(q11), "wait irecv_tagged 11");
+                ok(fabricoll_wait(q12), "wait irecv_tagged 12");
+                let o = 1 - r;
+                assert_eq!(r11, [v(o, 110), v(o, 111)], "rank {r}: tag 11");
+                assert_eq!(r12, [v(o, 120), v(o, 121), v(o, 122)], "rank {r}: tag 12");
                 ok(fabricoll_barrier(comm), "barrier");
                 ok(fabricoll_comm_destroy(comm), "destroy");
             });

@@ -252,7 +252,8 @@ fn a_direct_collective_ends_at_its_deadline_and_on_abort_with_its_input_restored
     let test = "a_direct_collective_ends_at_its_deadline_and_on_abort_with_its_input_restored";
     let restoring = Config {
         inplace_restore: true,
-        ..common::fixed_model(Some("shm"), 300)
+        // The deadline is the subject; it also covers the pair's init, so not too short.
+        ..common::fixed_model(Some("shm"), 1500)
     };
     let Some(cs) = comms(test, 2, &restoring) else {
         return;
@@ -265,13 +266,14 @@ fn a_direct_collective_ends_at_its_deadline_and_on_abort_with_its_input_restored
     let e = cs[0]
         .run(&call(Collective::AllReduce, x, x, 16))
         .unwrap_err();
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // At the deadline, give or take a loaded machine's delay.
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
     assert!(e.to_string().contains("FABRICOLL_TIMEOUT_MS"), "{e}");
     assert_eq!(data, orig);
     assert_eq!(cs[0].direct_runs(), 1);
 
     // Abort from another thread ends a direct collective long before its deadline.
-    let Some(cs) = comms(test, 2, &common::fixed_model(Some("shm"), 20000)) else {
+    let Some(cs) = comms(test, 2, &common::fixed_model(Some("shm"), 120_000)) else {
         return;
     };
     let comm = cs[0].clone();
@@ -289,14 +291,15 @@ fn a_direct_collective_ends_at_its_deadline_and_on_abort_with_its_input_restored
     cs[0].abort();
     let (e, took, restored) = waiter.join().unwrap();
     assert!(e.contains("aborted"), "{e}");
-    assert!(took < Duration::from_secs(5), "{took:?}");
+    // Long before the 120 s deadline: the abort ended it.
+    assert!(took < Duration::from_secs(60), "{took:?}");
     assert!(restored);
 }
 
 #[test]
 fn ranks_that_disagree_on_the_count_get_errors_not_hangs() {
     let test = "ranks_that_disagree_on_the_count_get_errors_not_hangs";
-    let Some(cs) = comms(test, 2, &common::fixed_model(Some("shm"), 1000)) else {
+    let Some(cs) = comms(test, 2, &common::fixed_model(Some("shm"), 3000)) else {
         return;
     };
     let t = Instant::now();
@@ -323,7 +326,8 @@ fn ranks_that_disagree_on_the_count_get_errors_not_hangs() {
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // Errors, not a hang: well within the 1 s deadline's reach, even on a loaded machine.
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
     // Every rank sees the other's call signature in its first message.
     for e in &results {
         assert!(

@@ -328,7 +328,7 @@ fn counts_that_differ_between_ranks_fail_every_rank() {
             });
             let took = t.elapsed();
             assert!(
-                took < Duration::from_millis(2 * DEADLINE_MS as u64 + 5000),
+                took < Duration::from_millis(2 * DEADLINE_MS as u64 + 30_000),
                 "{transport} {case}: took {took:?}: {got:?}"
             );
             for e in &got {

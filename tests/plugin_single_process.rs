@@ -162,7 +162,7 @@ fn connect_and_test_have_deadlines() {
             Err(e) => break e,
         }
         assert!(
-            start.elapsed() < Duration::from_secs(5),
+            start.elapsed() < Duration::from_secs(30),
             "accept ignored its deadline"
         );
     };
@@ -178,7 +178,7 @@ fn connect_and_test_have_deadlines() {
             Err(e) => break e,
         }
         assert!(
-            start.elapsed() < Duration::from_secs(5),
+            start.elapsed() < Duration::from_secs(30),
             "test ignored its deadline"
         );
     };

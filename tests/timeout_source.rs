@@ -19,13 +19,15 @@ use fabricoll_status::*;
 mod capi;
 mod common;
 
-const MS: u32 = 300;
-const CONFIG: &str = "300 ms (fabricoll_config.timeout_ms)";
-const ENV: &str = "300 ms (FABRICOLL_TIMEOUT_MS)";
+// The deadline is what these tests check, but it also covers the bootstrap and calibration of
+// the communicators they make: short, yet long enough for a loaded machine.
+const MS: u32 = 3000;
+const CONFIG: &str = "3000 ms (fabricoll_config.timeout_ms)";
+const ENV: &str = "3000 ms (FABRICOLL_TIMEOUT_MS)";
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// Rank 0 of two in-process communicators over the loopback transport makes an AllReduce
-/// alone; its error, which must come within a few seconds.
+/// alone; its error, which must come at the deadline (LATE allows for a loaded machine).
 fn lone_allreduce(cfg: &Config) -> String {
     let cfgs = [cfg.clone(), cfg.clone()];
     let cs: Vec<Arc<Comm>> =
@@ -41,7 +43,8 @@ fn lone_allreduce(cfg: &Config) -> String {
         4,
     );
     let e = cs[0].run(&call).unwrap_err().to_string();
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let limit = Duration::from_millis(MS.into()) + capi::LATE;
+    assert!(t.elapsed() < limit, "{:?}", t.elapsed());
     e
 }
 
@@ -79,7 +82,7 @@ fn the_bootstrap_names_the_environment_or_the_default() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("300 ms (the default, FABRICOLL_TIMEOUT_MS unset)"),
+        e.contains("3000 ms (the default, FABRICOLL_TIMEOUT_MS unset)"),
         "{e}"
     );
 }

@@ -242,9 +242,17 @@ fn plugin_endpoints_offer_rma_by_virtual_address_or_translated_offset() {
     let mut seen = 0;
     for (p, d) in PROVIDERS {
         let cfg = config(p, d);
-        let (Ok(plugin), Ok(engines)) = (discover(&cfg, Use::Plugin), discover(&cfg, Use::Engines))
-        else {
-            continue;
+        let (plugin, engines) = match (discover(&cfg, Use::Plugin), discover(&cfg, Use::Engines)) {
+            (Ok(p), Ok(e)) => (p, e),
+            (Err(e), _) | (_, Err(e)) => {
+                skip(
+                    &format!(
+                        "plugin_endpoints_offer_rma_by_virtual_address_or_translated_offset [{p}]"
+                    ),
+                    &format!("no {p} here ({e})"),
+                );
+                continue;
+            }
         };
         for dev in &engines.devices {
             assert_eq!(
@@ -293,20 +301,17 @@ fn plugin_endpoints_offer_rma_by_virtual_address_or_translated_offset() {
 
 #[test]
 fn writes_and_reads_over_every_provider_with_rma() {
+    let test = "writes_and_reads_over_every_provider_with_rma";
     let mut ran = 0;
     for (p, d) in PROVIDERS {
-        let Some((a, b)) = rma_pair(p, d) else {
-            eprintln!("{p}: no RMA here");
+        let Some((a, b)) = rma_pair(test, p, d) else {
             continue;
         };
         exercise(&a, &b);
         ran += 1;
     }
     if ran == 0 {
-        skip(
-            "writes_and_reads_over_every_provider_with_rma",
-            "no provider here offers RMA",
-        );
+        skip(test, "no provider here offers RMA");
     }
 }
 
@@ -315,7 +320,7 @@ fn a_registration_of_2_5_gib_is_written_and_read_near_its_end() {
     let test = "a_registration_of_2_5_gib_is_written_and_read_near_its_end";
     let mut ran = 0;
     for (p, d) in PROVIDERS {
-        if let Some((a, b)) = rma_pair(p, d) {
+        if let Some((a, b)) = rma_pair(test, p, d) {
             large_registration(&a, &b, test);
             ran += 1;
         }
@@ -350,10 +355,21 @@ fn transports_without_rma_refuse_it_by_name() {
     let a = f.endpoint();
     // The fabric endpoints of the engines have no RMA.
     for (p, d) in PROVIDERS {
-        let Ok(disc) = discover(&config(p, d), Use::Engines) else {
-            continue;
+        let dev = match discover(&config(p, d), Use::Engines) {
+            Ok(disc) => disc.devices.into_iter().next(),
+            Err(e) => {
+                skip(
+                    &format!("transports_without_rma_refuse_it_by_name [{p}]"),
+                    &format!("no {p} here ({e})"),
+                );
+                continue;
+            }
         };
-        let Some(dev) = disc.devices.first() else {
+        let Some(dev) = dev.as_ref() else {
+            skip(
+                &format!("transports_without_rma_refuse_it_by_name [{p}]"),
+                "no device",
+            );
             continue;
         };
         let t = FabricTransport::open(dev).expect("endpoint");

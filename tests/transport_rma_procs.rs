@@ -22,6 +22,9 @@ const WRITE: (usize, usize) = (100, 64 << 10);
 const INJECT: (usize, usize) = (70_000, 64);
 const READ: (usize, usize) = (200_000, 4096);
 
+/// A plugin endpoint of `provider` with RMA, or None after saying why (`testing::skip`: every
+/// provider tried offers RMA on the libfabric this suite runs on, so a missing one fails under
+/// strict mode instead of dropping out without a word).
 fn endpoint(provider: &str) -> Option<FabricTransport> {
     let cfg = Config::from_lookup(|n| match n {
         "FABRICOLL_PROVIDER" => Some(provider.into()),
@@ -29,9 +32,18 @@ fn endpoint(provider: &str) -> Option<FabricTransport> {
         _ => None,
     })
     .expect("config");
-    let disc = discover(&cfg, Use::Plugin).ok()?;
-    let dev = disc.devices.first()?;
-    dev.caps.rma_caps?;
+    let test = format!("rma_between_processes [{provider}]");
+    let disc = match discover(&cfg, Use::Plugin) {
+        Ok(d) => d,
+        Err(e) => {
+            skip(&test, &format!("no {provider} here ({e})"));
+            return None;
+        }
+    };
+    let Some(dev) = disc.devices.first().filter(|d| d.caps.rma_caps.is_some()) else {
+        skip(&test, &format!("{provider}: no device with RMA"));
+        return None;
+    };
     Some(FabricTransport::open(dev).expect("endpoint"))
 }
 
@@ -56,6 +68,7 @@ fn written(i: usize) -> u8 {
 /// The target process (run only by `rma_between_processes`): register, say where, progress
 /// until told the initiator is done, then check every byte.
 #[test]
+#[ignore = "the target of rma_between_processes, which starts it; alone it has nothing to run"]
 fn rma_target_process() {
     let Ok(provider) = std::env::var(CHILD) else {
         return;
@@ -140,6 +153,7 @@ fn across(provider: &str) -> bool {
         .args([
             "--exact",
             "rma_target_process",
+            "--ignored",
             "--nocapture",
             "--test-threads=1",
         ])

@@ -119,7 +119,7 @@ fn offsets_are_translated_from_keys_that_carry_the_base() {
     let test = "offsets_are_translated_from_keys_that_carry_the_base";
     let mut ran = 0;
     for (p, d) in PROVIDERS {
-        let Some((a, b)) = rma_pair(p, d) else {
+        let Some((a, b)) = rma_pair(test, p, d) else {
             continue;
         };
         let rc = a.caps().rma_caps.expect("rma caps");

@@ -413,3 +413,32 @@ fn a_forced_algorithm_is_priced_as_the_communicator_runs_it() {
         auto.chunk_time(Collective::AllGather, 4096)
     );
 }
+
+/// The CollNet price, computed by hand rather than by the model's own functions, on a model
+/// whose numbers keep the arithmetic short: alpha 10 us (so each message costs its sender
+/// o = 5 us), beta and gamma 1 GB/s (0.001 us per byte), no eager limit; 2 nodes (one head rank
+/// each); an AllReduce of m bytes, below the smallest chunk, so one call. At n = 2 the
+/// candidates cost: rd 10 + 0.002 m; mesh1 15 + 0.002 m; ring and rdh 20 + 0.0015 m; tree
+/// 20 + 0.004 m; mesh and bidir_ring 30 + 0.0015 m; dbtree 30 + 0.003 m. The cheapest is rd
+/// below 20000 B and ring (or rdh, the same) above: 1024 B 12.048 us, 16384 B 42.768 us,
+/// 30000 B 65 us.
+#[test]
+fn collnet_prices_are_the_hand_computed_ones() {
+    let t = Tuner::new(2, 2, Model::new(10.0, 1.0, 1.0), true, Chunking::Ours);
+    for (bytes, want) in [(1024usize, 12.048f32), (16384, 42.768), (30000, 65.0)] {
+        assert!(bytes < MIN_CHUNK);
+        let mut cells = vec![1e9f32; NALGO * NPROTO];
+        t.get_coll_info(
+            tuner::FUNC_ALLREDUCE,
+            bytes,
+            &mut CostTable::new(&mut cells, NALGO, NPROTO).unwrap(),
+        );
+        for a in [ALGO_COLLNET_DIRECT, ALGO_COLLNET_CHAIN] {
+            let got = cells[a * NPROTO + PROTO_SIMPLE];
+            assert!(
+                (got - want).abs() < 1e-3,
+                "{bytes} B, CollNet cell {a}: {got} us, by hand {want} us"
+            );
+        }
+    }
+}

@@ -31,6 +31,17 @@ class Matrix(unittest.TestCase):
                 self.assertEqual(len(coll_tests.providers_for(3, ai, ci, provs, False)), 1)
                 self.assertEqual(coll_tests.providers_for(3, ai, ci, provs, True), provs)
 
+    def test_net_left_out_is_skipped_from_1_18_and_missing_before(self):
+        why, by_design = coll_tests.net_absence((2, 1))
+        self.assertTrue(by_design)
+        self.assertIn("2.1 has no net", why)
+        why, by_design = coll_tests.net_absence((1, 18))
+        self.assertTrue(by_design)
+        for version in [(1, 17), None]:
+            why, by_design = coll_tests.net_absence(version)
+            self.assertFalse(by_design, version)
+            self.assertIn("should", why)
+
 
 if __name__ == "__main__":
     unittest.main()

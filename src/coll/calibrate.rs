@@ -9,10 +9,15 @@
 //! (`tune::quantize`), the model keeps a fixed order unless a candidate is predicted
 //! `tune::MARGIN` faster, and rank 0's parameters are broadcast so that all ranks agree.
 //!
-//! A calibration is measured once per process and topology: rank 0 keeps what it measured
-//! (`cache`), and a later communicator over the same topology takes it, at the cost of one tiny
-//! broadcast instead of the measurement (torch's `new_group` and DeviceMesh make many such
-//! communicators). Rank 0 decides, so all ranks measure or none do. Not lazily at the first
+//! A calibration is measured once per machine and topology: rank 0 keeps what it measured
+//! (`cache`: for the life of the process, and for a one-host communicator also in a file per
+//! machine boot and topology, `FABRICOLL_CALIBRATION_CACHE`), and a later communicator over the
+//! same topology, in this process or a later one, takes it, at the cost of one tiny broadcast
+//! instead of the measurement (torch's `new_group` and DeviceMesh make many such communicators;
+//! a job makes one per process). Rank 0 decides, so all ranks measure or none do. Repeated
+//! timings drop their outliers (`tune::steady`); a measurement most of whose repetitions were
+//! slowed by other work is disturbed: the communicator uses it, the log says so, and it is not
+//! kept, so that one busy moment cannot set the cost model of every later communicator. Not lazily at the first
 //! collective: the choice is made under the engine's lock, where a calibration could not run
 //! its own collectives, and most of a process's first creation is the provider's discovery,
 //! which a lazy calibration would not save. A forced algorithm measures nothing.
@@ -80,26 +85,67 @@ impl Comm {
         }
         let spans = self.spans_hosts();
         let key = self.calibration_key();
-        let kept = if self.rank == 0 {
-            cache::get(&key)
+        // Only a one-host communicator's calibration outlives the process: the machine then
+        // is the whole topology.
+        let dir = (!spans)
+            .then_some(self.calibration_dir.as_deref())
+            .flatten();
+        let (kept, from_file) = if self.rank == 0 {
+            match cache::get(&key) {
+                Some(p) => (Some(p), false),
+                None => {
+                    let stored = dir.and_then(|d| cache::load(d, &key));
+                    let found = stored.is_some();
+                    (stored, found)
+                }
+            }
         } else {
-            None
+            (None, false)
         };
-        let (params, how) = match share(self, kept)? {
-            Some(p) => (p, Calibrated::Kept),
+        // The flag rank 0 shares with kept parameters: whether they came from the file.
+        let (params, how) = match share(self, kept.map(|p| (p, from_file)))? {
+            Some((p, stored)) => {
+                if from_file {
+                    cache::put(key, p.clone());
+                }
+                (
+                    p,
+                    if stored {
+                        Calibrated::Stored
+                    } else {
+                        Calibrated::Kept
+                    },
+                )
+            }
             None => {
                 let mine = if spans {
                     calibrate_levels(self)?
                 } else {
                     calibrate(self)?
                 };
-                let p = share(self, mine)?.ok_or_else(|| {
-                    Error::Internal("calibration: rank 0 sent no parameters".into())
-                })?;
-                if self.rank == 0 {
+                let why = judged(self, mine.as_ref().and_then(|m| m.disturbed.clone()));
+                let (p, disturbed) = share(self, mine.map(|m| (m.params, why.is_some())))?
+                    .ok_or_else(|| {
+                        Error::Internal("calibration: rank 0 sent no parameters".into())
+                    })?;
+                if let Some(why) = why {
+                    log::warn!(
+                        "calibration on {} ranks looks disturbed ({why}): the machine was busy; \
+                         this communicator uses it, later ones measure again",
+                        self.nranks
+                    );
+                } else if self.rank == 0 && !disturbed {
+                    if let Some(d) = dir {
+                        cache::store(d, &key, &p);
+                    }
                     cache::put(key, p.clone());
                 }
-                (p, Calibrated::Measured)
+                let how = if disturbed {
+                    Calibrated::Disturbed
+                } else {
+                    Calibrated::Measured
+                };
+                (p, how)
             }
         };
         let m = self.measured_model(spans, &params)?;
@@ -207,9 +253,67 @@ impl Comm {
     }
 }
 
+/// Whether rank 0's measurement counts as disturbed: `why` (`disturbed`), except under the
+/// library's own tests, where the machine's load would make their outcome random: there only
+/// the configured alphas a test named (`force_disturbed`) are, and always.
+fn judged(comm: &Comm, why: Option<String>) -> Option<String> {
+    #[cfg(test)]
+    {
+        let _ = why;
+        let forced = FORCED.lock().contains(&comm.model.alpha_us.to_bits());
+        forced.then(|| "forced by a test".to_string())
+    }
+    #[cfg(not(test))]
+    {
+        let _ = comm;
+        why
+    }
+}
+
+/// The configured alphas whose calibrations the library's tests judge disturbed (`judged`).
+#[cfg(test)]
+static FORCED: parking_lot::Mutex<Vec<u64>> = parking_lot::Mutex::new(Vec::new());
+
+/// Judge every calibration from a starting model with `alpha_us` disturbed (`judged`).
+#[cfg(test)]
+pub(super) fn force_disturbed(alpha_us: f64) {
+    FORCED.lock().push(alpha_us.to_bits());
+}
+
+/// Forget what this process kept of calibrations from a starting model with `alpha_us`, as a
+/// new process would (`cache::forget_alpha`).
+#[cfg(test)]
+pub(super) fn forget_kept_with_alpha(alpha_us: f64) {
+    cache::forget_alpha(alpha_us);
+}
+
+/// What rank 0 measured: the `PARAMS`, and what looked disturbed, if anything (`tune::steady`).
+struct Measured {
+    params: Vec<f64>,
+    disturbed: Option<String>,
+}
+
+/// What looked disturbed among named measurements, if any: "alpha 3 of 7 repetitions near the
+/// fastest" and the like.
+fn disturbed(named: &[(&str, Option<tune::Steady>)]) -> Option<String> {
+    let said: Vec<String> = named
+        .iter()
+        .filter_map(|(name, s)| {
+            let s = (*s)?;
+            s.disturbed.then(|| {
+                format!(
+                    "{name}: {} of {} repetitions near the fastest",
+                    s.kept, s.of
+                )
+            })
+        })
+        .collect();
+    (!said.is_empty()).then(|| said.join(", "))
+}
+
 /// Measure alpha (tiny ring AllReduce), beta (1 and 4 MiB ring AllReduces) and gamma (a local
 /// reduction): the `PARAMS` alpha, beta, gamma then zeros, on rank 0 (None elsewhere).
-fn calibrate(comm: &Comm) -> Result<Option<Vec<f64>>> {
+fn calibrate(comm: &Comm) -> Result<Option<Measured>> {
     use crate::reduce;
     let n = comm.nranks;
     let mut small = (Scratch::new(4), Scratch::new(4));
@@ -231,27 +335,33 @@ fn calibrate(comm: &Comm) -> Result<Option<Vec<f64>>> {
     for _ in 0..3 {
         small = ar(small)?;
     }
-    // Each timing is the best of 3 batches (microseconds per call), so that one scheduling
-    // hiccup does not decide it.
-    let best_of_3 =
-        |mut bufs: (Scratch, Scratch), iters: usize| -> Result<((Scratch, Scratch), f64)> {
-            let mut best = f64::MAX;
-            for _ in 0..3 {
-                let t = Instant::now();
-                for _ in 0..iters {
-                    bufs = ar(bufs)?;
-                }
-                best = best.min(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
+    // Each timing is `reps` batches (microseconds per call) judged by `tune::steady`: batches
+    // a scheduling hiccup slowed are dropped, and too few steady ones mark it disturbed. The
+    // tiny AllReduce, which alpha comes from and which load distorts the most, gets 5.
+    let batches = |mut bufs: (Scratch, Scratch),
+                   iters: usize,
+                   reps: usize|
+     -> Result<((Scratch, Scratch), tune::Steady)> {
+        let mut times = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            let t = Instant::now();
+            for _ in 0..iters {
+                bufs = ar(bufs)?;
             }
-            Ok((bufs, best))
-        };
-    let (_, small_us) = best_of_3(small, 10)?;
+            times.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
+        }
+        let s =
+            tune::steady(&times).ok_or_else(|| Error::Internal("calibration: no timing".into()))?;
+        Ok((bufs, s))
+    };
+    let (_, small) = batches(small, 10, 5)?;
     // Two large sizes, so that beta comes from their difference (`tune::fit`).
-    let (big, large_us) = best_of_3(big, 1)?;
+    let (big, large) = batches(big, 1, 3)?;
     let larger_len = 4 * big_len;
     let larger = (Scratch::plain(larger_len), Scratch::plain(larger_len));
-    let (larger, larger_us) = best_of_3(larger, 1)?;
+    let (larger, larger_t) = batches(larger, 1, 3)?;
     drop(larger);
+    let (small_us, large_us, larger_us) = (small.value, large.value, larger_t.value);
     let mut red_us = f64::MAX;
     let mut acc = Scratch::new(big_len);
     for _ in 0..3 {
@@ -275,7 +385,15 @@ fn calibrate(comm: &Comm) -> Result<Option<Vec<f64>>> {
     // Quantized, so that calibrations a few per cent apart give the same model.
     let mut v = vec![0.0; PARAMS];
     v[..3].copy_from_slice(&[tune::quantize(a), tune::quantize(b), tune::quantize(g)]);
-    Ok((comm.rank == 0).then_some(v))
+    let why = disturbed(&[
+        ("alpha", Some(small)),
+        ("beta at 1 MiB", Some(large)),
+        ("beta at 4 MiB", Some(larger_t)),
+    ]);
+    Ok((comm.rank == 0).then_some(Measured {
+        params: v,
+        disturbed: why,
+    }))
 }
 
 /// Repetitions of each timed exchange (the median is kept), after `WARMUP` untimed ones.
@@ -291,7 +409,7 @@ const INTRA_SIZES: [usize; 2] = [1 << 20, 4 << 20];
 /// Several hosts: alpha, beta and the per-message cost of each level from rank 0's
 /// point-to-point exchanges with a rank of its own host and one of another, gamma from a local
 /// reduction: the `PARAMS`, on rank 0 (None elsewhere).
-fn calibrate_levels(comm: &Comm) -> Result<Option<Vec<f64>>> {
+fn calibrate_levels(comm: &Comm) -> Result<Option<Measured>> {
     let hosts = comm.hosts;
     let n = comm.nranks;
     let home = hosts.host_of(0);
@@ -307,12 +425,19 @@ fn calibrate_levels(comm: &Comm) -> Result<Option<Vec<f64>>> {
         return Ok(None);
     }
     let inter = inter.ok_or_else(|| Error::Internal("calibration: no samples".into()))?;
+    let why = disturbed(&[
+        ("the network's ping-pong", tune::steady(&inter.pingpong)),
+        (
+            "the host's ping-pong",
+            intra.as_ref().and_then(|s| tune::steady(&s.pingpong)),
+        ),
+    ]);
     let e = tune::fit_link(&inter, comm.model.eager_bytes);
     let i = intra.map(|s| tune::fit_link(&s, comm.model.intra.eager_bytes));
     let g = tune::quantize(gamma_us_per_byte()?);
     let has_intra = if i.is_some() { 1.0 } else { 0.0 };
     let i = i.unwrap_or(comm.model.intra);
-    Ok(Some(vec![
+    let params = vec![
         e.alpha_us,
         e.beta_us_per_byte,
         e.o_us,
@@ -321,7 +446,11 @@ fn calibrate_levels(comm: &Comm) -> Result<Option<Vec<f64>>> {
         i.o_us,
         g,
         has_intra,
-    ]))
+    ];
+    Ok(Some(Measured {
+        params,
+        disturbed: why,
+    }))
 }
 
 /// Values rank 0 broadcasts: on one host alpha, beta, gamma, then zeros; on several
@@ -336,18 +465,26 @@ pub(super) enum Calibrated {
     Skipped,
     /// Every rank took part in a measurement; rank 0 kept its result (`cache`).
     Measured,
+    /// Every rank took part in a measurement that looked disturbed (`tune::steady`): used,
+    /// logged, not kept.
+    Disturbed,
     /// Rank 0 had kept the parameters of an earlier communicator over the same topology.
     Kept,
+    /// Rank 0 read them from this machine's calibration cache, which an earlier process over
+    /// the same topology wrote (`FABRICOLL_CALIBRATION_CACHE`).
+    Stored,
 }
 
-/// Broadcast rank 0's `params` (`PARAMS` values, or None) to every rank: the parameters, or
-/// None where rank 0 had none. The other ranks' `params` are ignored.
-fn share(comm: &Comm, params: Option<Vec<f64>>) -> Result<Option<Vec<f64>>> {
+/// Broadcast rank 0's `params` (`PARAMS` values and a flag: measured ones looked disturbed, or
+/// kept ones came from the file; or None) to every rank: the same, or None where rank 0 had
+/// none. The other ranks' `params` are ignored.
+fn share(comm: &Comm, params: Option<(Vec<f64>, bool)>) -> Result<Option<(Vec<f64>, bool)>> {
     let len = (PARAMS + 1) * 8;
     let mut send = Scratch::new(len);
     if comm.rank == 0 {
-        if let Some(p) = params.filter(|p| p.len() == PARAMS) {
-            let v = std::iter::once(1.0).chain(p);
+        if let Some((p, flag)) = params.filter(|p| p.0.len() == PARAMS) {
+            // The head: 0 none, 1 the flag clear, 2 the flag set.
+            let v = std::iter::once(if flag { 2.0 } else { 1.0 }).chain(p);
             for (k, x) in v.enumerate() {
                 send.bytes_mut()[k * 8..k * 8 + 8].copy_from_slice(&x.to_le_bytes());
             }
@@ -365,15 +502,15 @@ fn share(comm: &Comm, params: Option<Vec<f64>>) -> Result<Option<Vec<f64>>> {
         .chunks_exact(8)
         .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
         .collect();
-    Ok((v[0] > 0.0).then(|| v[1..].to_vec()))
+    Ok((v[0] > 0.0).then(|| (v[1..].to_vec(), v[0] > 1.5)))
 }
 
 /// Log the calibrated model `m` of `n` ranks on `hosts` (`spans`: the two-level one).
 fn log_model(m: &Model, n: usize, hosts: Hosts, spans: bool, how: Calibrated) {
-    let how = if how == Calibrated::Kept {
-        " (kept from an earlier communicator over the same topology)"
-    } else {
-        ""
+    let how = match how {
+        Calibrated::Kept => " (kept from an earlier communicator over the same topology)",
+        Calibrated::Stored => " (stored by an earlier process on this machine and topology)",
+        _ => "",
     };
     let gbps = |b: f64| 1.0 / (b * 1e3);
     if !spans {

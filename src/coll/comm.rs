@@ -47,6 +47,8 @@ pub struct Comm {
     pub(super) notifier: Notifier,
     /// A failed in-place collective restores its input (`Config::inplace_restore`).
     pub(super) restore: bool,
+    /// Where one-host calibrations outlive the process (`Config::calibration_dir`).
+    pub(super) calibration_dir: Option<std::path::PathBuf>,
 }
 
 impl Comm {
@@ -157,6 +159,7 @@ impl Comm {
             receiver_copies,
             notifier: Notifier::default(),
             restore: cfg.inplace_restore,
+            calibration_dir: cfg.calibration_dir.clone(),
         };
         Ok(comm)
     }

@@ -389,7 +389,9 @@ mod tests {
         let before = allowed_cpus();
         if let Some((a, b)) = two_cpus() {
             let t = core_rtt(a, b, 2000, limit).unwrap();
-            assert!(t > Duration::ZERO && t < Duration::from_millis(1), "{t:?}");
+            // A mean round trip, bounded by the measurement's own limit: how fast it is
+            // depends on the machine and its load, so this is no speed check.
+            assert!(t > Duration::ZERO && t < limit, "{t:?}");
             assert_eq!(allowed_cpus(), before, "the caller's binding is restored");
             let e = core_rtt(a, a, 10, limit).unwrap_err().to_string();
             assert!(e.contains("'cpu'") && e.contains("twice"), "{e}");

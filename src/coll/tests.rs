@@ -405,17 +405,80 @@ fn split_communicators_keep_the_parents_calibration_on_every_rank() {
     }
 }
 
-/// Creation with and without a kept calibration, printed as a figure (never asserted: the
-/// machine's load decides it). `cargo test --release --lib creation_time -- --nocapture`.
+/// A one-host calibration stored in FABRICOLL_CALIBRATION_CACHE's directory: a later process
+/// (played by forgetting what this one kept) takes it instead of measuring, every rank alike;
+/// a measurement that looked disturbed is used on every rank but neither stored nor kept.
+#[test]
+fn a_stored_calibration_serves_a_later_process_unless_it_looked_disturbed() {
+    let dir = std::env::temp_dir().join(format!("fabricoll-calibrated-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let alpha = "3.5625";
+    let cfg = keyed_config(
+        alpha,
+        &[("FABRICOLL_CALIBRATION_CACHE", dir.to_str().unwrap())],
+    );
+    assert_eq!(cfg.calibration_dir.as_deref(), Some(dir.as_path()));
+    let stored = || std::fs::read_dir(&dir).map_or(0, |d| d.count());
+    let first = calibrated(&cfg, 2);
+    assert!(
+        first.iter().all(|c| c.0 == Calibrated::Measured),
+        "{first:?}"
+    );
+    assert_eq!(stored(), 1, "the steady calibration is stored");
+    super::calibrate::forget_kept_with_alpha(3.5625);
+    let later = calibrated(&cfg, 2);
+    for (r, (a, b)) in first.iter().zip(&later).enumerate() {
+        assert_eq!(b.0, Calibrated::Stored, "rank {r}");
+        assert_eq!(b.1, a.1, "rank {r}: the stored model is the measured one");
+    }
+    // Then kept in the process again.
+    assert!(calibrated(&cfg, 2).iter().all(|c| c.0 == Calibrated::Kept));
+    // A disturbed measurement (judged so for this alpha): every rank has rank 0's model and
+    // says so, and nothing is stored or kept, so the next communicator measures again.
+    let busy = "3.6875";
+    super::calibrate::force_disturbed(3.6875);
+    let cfg = keyed_config(
+        busy,
+        &[("FABRICOLL_CALIBRATION_CACHE", dir.to_str().unwrap())],
+    );
+    for _ in 0..2 {
+        let got = calibrated(&cfg, 2);
+        for (r, g) in got.iter().enumerate() {
+            assert_eq!(g.0, Calibrated::Disturbed, "rank {r}");
+            assert_eq!(g.1, got[0].1, "rank {r}: rank 0's model");
+        }
+        assert_eq!(stored(), 1, "a disturbed calibration was stored");
+    }
+    // Without the variable set, a configuration from the environment alone keeps none in a
+    // file (`Config::from_lookup` sees no HOME here), and "0" turns it off.
+    assert_eq!(keyed_config(alpha, &[]).calibration_dir, None);
+    let off = keyed_config(alpha, &[("FABRICOLL_CALIBRATION_CACHE", "0")]);
+    assert_eq!(off.calibration_dir, None);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Creation with and without a kept calibration: the first round measures, the later ones
+/// take what it kept, every rank alike. Each round's time is printed as a figure, never
+/// asserted (the machine's load decides it):
+/// `cargo test --release --lib creation_time -- --nocapture`.
 #[test]
 fn creation_time_with_and_without_a_kept_calibration() {
     let cfg = keyed_config("3.4375", &[]);
-    for round in 0..3 {
+    let t = std::time::Instant::now();
+    let how = calibrated(&cfg, 2)[0].0;
+    eprintln!(
+        "round 0: 2 ranks over loopback, {how:?} in {:.2} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    assert_eq!(how, Calibrated::Measured);
+    for round in 1..3 {
         let t = std::time::Instant::now();
-        let how = calibrated(&cfg, 2)[0].0;
+        let hows: Vec<Calibrated> = calibrated(&cfg, 2).into_iter().map(|c| c.0).collect();
         eprintln!(
-            "round {round}: 2 ranks over loopback, {how:?} in {:.2} ms",
+            "round {round}: 2 ranks over loopback, {:?} in {:.2} ms",
+            hows[0],
             t.elapsed().as_secs_f64() * 1e3
         );
+        assert_eq!(hows, [Calibrated::Kept; 2], "round {round}");
     }
 }

@@ -146,6 +146,12 @@ pub const VARS: &[Var] = &[
         meaning: "1: a failed in-place collective restores the caller's input (one extra copy of it per call); 0: the buffer is undefined after a failure, as with MPI and NCCL (fabricoll_config.inplace overrides)",
     },
     Var {
+        name: "FABRICOLL_CALIBRATION_CACHE",
+        accepted: "a directory, or 0",
+        default: "$XDG_CACHE_HOME/fabricoll, else ~/.cache/fabricoll",
+        meaning: "where rank 0 keeps the cost model's calibration of a one-host communicator, per machine (boot) and topology, for later processes to reuse; a calibration that looked disturbed is never kept; 0: keep none beyond the process",
+    },
+    Var {
         name: "FABRICOLL_RANK",
         accepted: "integer 0..FABRICOLL_NRANKS",
         default: "unset",

@@ -12,6 +12,25 @@ fn shift(coll: Collective, rank: usize, count: usize) -> isize {
     }
 }
 
+/// Whether an in-place `coll` by `algo` reads no input after writing over it, so copies
+/// nothing aside (docs/architecture.md, "Not restoring"): ring, bidir_ring, rdh, tree, dbtree,
+/// hier and swizzle AllReduce, every ReduceScatter but mesh's, and the collectives that write
+/// nothing over their input (AllGather, Broadcast, Reduce).
+fn copies_nothing(coll: Collective, algo: Algorithm) -> bool {
+    use Algorithm::*;
+    match coll {
+        Collective::AllReduce => matches!(
+            algo,
+            Ring | BidirRing | Rdh | Tree | DbTree | Hier | Swizzle
+        ),
+        Collective::ReduceScatter => algo != Mesh,
+        Collective::AllGather | Collective::Broadcast | Collective::Reduce => true,
+        _ => false,
+    }
+}
+
+/// Every algorithm x collective that builds: the share of its input a call copies aside is
+/// nothing where the architecture promises it, and never more than the whole input.
 #[test]
 fn classify_every_algorithm() {
     let el = 4;
@@ -52,9 +71,14 @@ fn classify_every_algorithm() {
                     "{coll:?} {algo}: worst backup {:.0}%",
                     worst * 100.0
                 ));
+                assert!(worst <= 1.0, "{coll:?} {algo}: copies {worst} of its input");
+                if copies_nothing(coll, algo) {
+                    assert_eq!(worst, 0.0, "{coll:?} {algo}: copies part of its input");
+                }
             }
         }
     }
+    assert!(lines.len() > 20, "too few pairs built: {lines:?}");
     println!("{}", lines.join("\n"));
 }
 
@@ -169,10 +193,12 @@ fn a_hazard_is_found_an_ordered_write_is_not_and_a_delivered_send_waits() {
 }
 
 /// The share of the input each rank copies aside at a large count (64 MiB of floats in 1 MiB
-/// slices), and which kinds of step read it: what the figures quote.
+/// slices), and which kinds of step read it: nothing where the architecture promises it, some
+/// for AllToAll, whose exchanges read copies, and never more than the whole input.
 #[test]
 fn large_counts_copy_a_part_of_the_input() {
     let (el, count, slice) = (4usize, 16 << 20, 1 << 18);
+    let mut alltoall_seen = 0;
     for coll in [
         Collective::AllReduce,
         Collective::ReduceScatter,
@@ -215,7 +241,22 @@ fn large_counts_copy_a_part_of_the_input() {
                     share * 100.0,
                     s.ranks[0].len()
                 );
+                assert!(share <= 1.0, "{coll:?} {algo} n={n}: {share}");
+                assert_eq!(share > 0.0, !kinds.is_empty(), "{coll:?} {algo} n={n}");
+                if copies_nothing(coll, algo) {
+                    assert_eq!(share, 0.0, "{coll:?} {algo} n={n}: copies {kinds:?}");
+                }
+                if coll == Collective::AllToAll {
+                    // Every step of an in-place AllToAll exchange reads input that another
+                    // step overwrites: some of it is read from a copy.
+                    assert!(share > 0.0, "{algo} n={n}: copies nothing");
+                    alltoall_seen += 1;
+                }
             }
         }
     }
+    assert!(
+        alltoall_seen >= 4,
+        "AllToAll by two algorithms at 2 and 4 ranks"
+    );
 }

@@ -1,6 +1,6 @@
 //! The tuner plugin's ABI: `ncclTunerPlugin_v2` ... `ncclTunerPlugin_v6`, exported from the
-//! net plugin's library, where NCCL looks for a tuner when no other is set (nccl-abi.md
-//! section 7). v6 is native; v2 to v5 are shims over the same functions. Each entry point
+//! net plugin's library, where NCCL looks for a tuner when no other is set (docs/nccl-abi.md,
+//! "The tuner"). v6 is native; v2 to v5 are shims over the same functions. Each entry point
 //! checks its pointers and makes one call into `plugin::tuner`, inside the panic boundary.
 //! `getCollInfo` and `getChunkSize` always return ncclSuccess (NCCL fails the collective on an
 //! error): what they cannot use they log and leave alone. The Neuron flavour compiles the
@@ -305,8 +305,8 @@ unsafe extern "C" fn get_coll_info_v4(
                     format!("{nalgo} x {nproto} cells is not a cost table"),
                 )
             })?;
-        // SAFETY: NCCL's cost table is a contiguous float[numAlgo][numProto] (nccl-abi.md
-        // section 7), non-NULL, writable and not aliased during the call.
+        // SAFETY: NCCL's cost table is a contiguous float[numAlgo][numProto] (docs/nccl-abi.md,
+        // "The tuner"), non-NULL, writable and not aliased during the call.
         let cells = unsafe { std::slice::from_raw_parts_mut(cells, n) };
         t.get_coll_info(func, nbytes, &mut CostTable::new(cells, na, np)?);
         Ok(())

@@ -1,4 +1,4 @@
-//! NCCL plugin ABI structs, written from shared/docs/nccl-abi.md, with their sizes and offsets
+//! NCCL plugin ABI structs, as docs/nccl-abi.md describes them, with their sizes and offsets
 //! checked at compile time.
 use crate::plugin::DeviceProps;
 use std::mem::{offset_of, size_of};

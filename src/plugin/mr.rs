@@ -121,3 +121,92 @@ impl MrCache {
         self.entries.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::loopback::LoopbackFabric;
+
+    /// A buffer of three pages, page-aligned, and a region of it.
+    struct Pages(Vec<u8>, usize);
+
+    impl Pages {
+        fn new() -> Pages {
+            let page = 4096;
+            let v = vec![0u8; 4 * page];
+            let skip = v.as_ptr().align_offset(page);
+            Pages(v, skip)
+        }
+
+        fn region(&mut self, off: usize, len: usize) -> Region {
+            assert!(self.1 + off + len <= self.0.len());
+            // SAFETY: within the vector, which outlives every registration of a test.
+            unsafe { Region::from_raw(self.0.as_mut_ptr().add(self.1 + off), len) }
+        }
+    }
+
+    #[test]
+    fn shared_registrations_cover_pages_and_are_reused_until_the_last_user_goes() {
+        let f = LoopbackFabric::new();
+        let t = f.endpoint();
+        let mut buf = Pages::new();
+        let mut c = MrCache::new(true);
+        let a = c.register(&t, buf.region(100, 200), false).unwrap();
+        // The registration covers the whole page, and the caller's region stays its own.
+        let span = c.mr(&a).unwrap().region;
+        assert_eq!((span.addr() % 4096, span.len()), (0, 4096));
+        assert_eq!(
+            (a.region.addr(), a.region.len()),
+            (buf.region(100, 200).addr(), 200)
+        );
+        // Another sub-range of that page: the same entry, no new registration.
+        let b = c.register(&t, buf.region(1000, 3000), false).unwrap();
+        assert_eq!(c.len(), 1);
+        assert_eq!(c.mr(&b).unwrap().region.addr(), span.addr());
+        // A range reaching into the next page: a registration of its own, of both pages.
+        let d = c.register(&t, buf.region(4000, 200), false).unwrap();
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.mr(&d).unwrap().region.len(), 2 * 4096);
+        // Freed with its last user only.
+        c.deregister(a).unwrap();
+        assert!(c.mr(&b).is_some() && c.len() == 2);
+        c.deregister(b).unwrap();
+        assert!(c.mr(&b).is_none() && c.len() == 1);
+        c.deregister(d).unwrap();
+        assert!(c.is_empty());
+        // A handle deregistered twice is refused, not a crash or a count below zero.
+        let e = c.deregister(d).unwrap_err().to_string();
+        assert!(e.contains("missing"), "{e}");
+    }
+
+    #[test]
+    fn unshared_registrations_are_exact_and_never_reused() {
+        let f = LoopbackFabric::new();
+        let t = f.endpoint();
+        let mut buf = Pages::new();
+        let mut c = MrCache::new(false);
+        let a = c.register(&t, buf.region(100, 200), false).unwrap();
+        let b = c.register(&t, buf.region(100, 200), false).unwrap();
+        assert_eq!(c.len(), 2);
+        for r in [&a, &b] {
+            let mr = c.mr(r).unwrap().region;
+            assert_eq!((mr.addr(), mr.len()), (buf.region(100, 200).addr(), 200));
+        }
+        c.deregister(a).unwrap();
+        assert_eq!(c.len(), 1);
+        c.deregister(b).unwrap();
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn remote_registrations_carry_a_key_and_local_ones_none() {
+        let f = LoopbackFabric::new();
+        let t = f.endpoint();
+        let mut buf = Pages::new();
+        let mut c = MrCache::new(false);
+        let local = c.register(&t, buf.region(0, 64), false).unwrap();
+        let remote = c.register(&t, buf.region(64, 64), true).unwrap();
+        assert_eq!(c.mr(&local).unwrap().key, None);
+        assert!(c.mr(&remote).unwrap().key.is_some());
+    }
+}

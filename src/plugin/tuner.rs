@@ -8,7 +8,8 @@
 //! (`tune::Model`, with the parameters a CollNet communicator has, since it does not
 //! calibrate: `collnet_model`):
 //! - CollNet (`Price::us`): our engines for one rank per node, over the chunks NCCL hands them
-//!   one call each (nccl-abi.md section 6), plus, where NCCL's CollNet buffers are host memory
+//!   one call each (docs/nccl-abi.md, "The collective network plugin"), plus, where NCCL's
+//!   CollNet buffers are host memory
 //!   (`Staging::HOST`), each call's copy down to the host and back up. The host reduction is
 //!   the engines' gamma term.
 //! - NCCL's ring over our net plugin (`ring_us`): 2(n-1) alphas and 2(n-1)/n of the bytes per

@@ -2,7 +2,9 @@
 //! bytes costs `m*gamma`, and every message also costs the sending CPU `o = alpha/2`, so that
 //! algorithms that send many messages at once pay for it on a CPU-driven transport (`alpha/2`
 //! predicts single-step mesh's measured cost, `alpha/4` did not; see docs/performance.md). The
-//! formulas are those of shared/docs/algorithms.md, plus one term they leave out: on a
+//! formulas are the textbook ones for each algorithm (as in Thakur, Rabenseifner and Gropp,
+//! "Optimization of collective communication operations in MPICH", 2005), written out per
+//! algorithm in this module, plus one term they leave out: on a
 //! transport with a rendezvous protocol (`eager_bytes`), each round of messages larger than the
 //! eager limit waits for a handshake, costed as two more `alpha`s (`RENDEZVOUS_ALPHAS`), or is
 //! cut into eager-sized slices at `o` per extra message, whichever is cheaper (`eager_slicing`).
@@ -34,6 +36,7 @@ mod compose;
 mod fit;
 mod levels;
 mod pick;
+mod steady;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -42,6 +45,7 @@ mod tests_levels;
 pub use fit::{fit, fit_link, quantize, LinkSamples};
 pub use levels::Link;
 pub use pick::MARGIN;
+pub use steady::{steady, Steady, OUTLIER};
 
 /// Measured or configured link parameters (microseconds, microseconds per byte).
 #[derive(Clone, Debug)]
@@ -255,7 +259,8 @@ impl Model {
         )
     }
 
-    /// The alpha-beta-gamma formulas of algorithms.md (with the per-message CPU cost `o`).
+    /// The alpha-beta-gamma formulas of each algorithm (`formula`, with the per-message CPU
+    /// cost `o`).
     fn alpha_beta(&self, algo: Algorithm, coll: Collective, n: f64, big: f64) -> Option<f64> {
         let (a, b, g) = (self.alpha_us, self.beta_us_per_byte, self.gamma_us_per_byte);
         formula(algo, coll, n, big, (a, b, a / 2.0, g))

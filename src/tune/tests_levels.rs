@@ -1,5 +1,5 @@
-//! Tests of the two-level model on synthetic hosts: the choices the measurements of issue 29
-//! call for, the stability of fitted parameters, and the cost of choosing.
+//! Tests of the two-level model on synthetic hosts: the choices the measurements on emulated
+//! hosts call for, the stability of fitted parameters, and the repeatability of choosing.
 use super::*;
 use crate::algo::Hosts;
 
@@ -83,7 +83,7 @@ fn two_hosts_of_two_at_1_gbit_pick_a_hierarchy_from_64k() {
         }
     }
     // Where the network carries half as much, the hierarchy takes about two thirds of the
-    // ring's time, as issue 29 measured at 1 MiB (docs/performance.md, "Several hosts").
+    // ring's time, as measured on emulated hosts at 1 MiB (docs/performance.md, "Several hosts").
     let p = problem(Collective::AllReduce, 4, 1 << 20);
     let ratio = m.predict_on(Algorithm::Hier, &p, 4, &opts).unwrap()
         / m.predict_on(Algorithm::Ring, &p, 4, &opts).unwrap();
@@ -203,20 +203,20 @@ fn candidates_describe_each_level() {
     );
 }
 
+/// The choice among every (intra, inter) pair depends on the problem alone: asked again (as
+/// each rank asks on its own), it gives the same algorithm and options. (How long it takes is
+/// a benchmark's business, not a test's: a loaded machine would make any bound flaky.)
 #[test]
-fn choosing_among_every_pair_takes_well_under_a_millisecond() {
+fn choosing_among_every_pair_is_repeatable() {
     let m = two_level(50.0, GBIT);
     let opts = on(8, 8);
     let p = problem(Collective::AllReduce, 64, 1 << 20);
-    let best = (0..5)
-        .map(|_| {
-            let t = std::time::Instant::now();
-            std::hint::black_box(m.choose(&p, 4, opts));
-            t.elapsed()
-        })
-        .min()
-        .unwrap();
-    assert!(best < std::time::Duration::from_micros(500), "{best:?}");
+    let first = format!("{:?}", m.choose(&p, 4, opts));
+    for _ in 0..4 {
+        assert_eq!(format!("{:?}", m.choose(&p, 4, opts)), first);
+    }
+    let again = two_level(50.0, GBIT);
+    assert_eq!(format!("{:?}", again.choose(&p, 4, opts)), first);
 }
 
 /// Samples of a link with alpha `a`, beta `b`, per-message cost `o`, each repetition off by up

@@ -1,5 +1,7 @@
-//! What the C API tests share: a config over shm with a short timeout, and two (or `n`) ranks'
-//! communicators made with it as threads of one process.
+//! What the C API tests share: a config over shm, and two (or `n`) ranks' communicators made
+//! with it as threads of one process. The config's timeout covers endpoint opening, the bootstrap
+//! and the calibration too, so it is generous (a loaded machine must pass); only the tests whose
+//! subject is the deadline take the short one (`shm_config_deadline`).
 #![allow(dead_code)] // not every test binary uses each helper
 use nccl_net_fabricoll::ffi::api::*;
 use nccl_net_fabricoll::testing::skip;
@@ -9,8 +11,15 @@ use std::os::raw::c_int;
 use fabricoll_status::*;
 
 /// The per-communicator timeout of these tests; the environment's is FABRICOLL_TIMEOUT_MS's
-/// default (ten minutes) unless a runner sets it.
-pub const TIMEOUT_MS: c_int = 400;
+/// default (ten minutes) unless a runner sets it. Long enough for init on a loaded machine.
+pub const TIMEOUT_MS: c_int = 60_000;
+
+/// The timeout of the tests that check the deadline itself: short, so that the test is quick,
+/// and long enough that init (which waits under the same timeout) passes on a loaded machine.
+pub const DEADLINE_MS: c_int = 3_000;
+
+/// How late a deadline may fire on a loaded machine before a test calls it missed.
+pub const LATE: std::time::Duration = std::time::Duration::from_secs(30);
 
 pub fn last_error() -> String {
     // SAFETY: fabricoll_last_error returns this thread's NUL-terminated message.
@@ -19,7 +28,7 @@ pub fn last_error() -> String {
         .into_owned()
 }
 
-/// A config over shm, one fabric, with the short timeout. The strings are static.
+/// A config over shm, one fabric, with the generous timeout. The strings are static.
 pub fn shm_config() -> fabricoll_config {
     let mut c = std::mem::MaybeUninit::<fabricoll_config>::uninit();
     let size = std::mem::size_of::<fabricoll_config>();
@@ -33,6 +42,13 @@ pub fn shm_config() -> fabricoll_config {
     c.timeout_ms = TIMEOUT_MS;
     c.provider = c"shm".as_ptr();
     c.intra_provider = c"same".as_ptr();
+    c
+}
+
+/// `shm_config` with the short timeout, for the tests whose subject is the deadline.
+pub fn shm_config_deadline() -> fabricoll_config {
+    let mut c = shm_config();
+    c.timeout_ms = DEADLINE_MS;
     c
 }
 

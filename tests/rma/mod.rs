@@ -2,6 +2,7 @@
 //! write or read and waiting for it with a deadline.
 #![allow(dead_code)] // not every test binary uses each helper
 use nccl_net_fabricoll::config::Config;
+use nccl_net_fabricoll::testing::skip;
 use nccl_net_fabricoll::transport::fabric::{discover, FabricTransport, Use};
 use nccl_net_fabricoll::transport::{Completion, Peer, Posted, Region, Transport};
 use std::time::{Duration, Instant};
@@ -21,17 +22,33 @@ pub fn config(provider: &str, domain: Option<&str>) -> Config {
     .expect("config")
 }
 
-/// Two plugin endpoints of `provider` whose domain offers RMA, or None.
+/// Two plugin endpoints of `provider` whose domain offers RMA, or None, after saying why
+/// (`testing::skip` for `test` over that provider: each of `PROVIDERS` offers RMA on the
+/// libfabric this suite runs on, docs/providers.md, so a missing one fails under strict mode
+/// rather than dropping out without a word).
 pub fn rma_pair(
+    test: &str,
     provider: &str,
     domain: Option<&str>,
 ) -> Option<(FabricTransport, FabricTransport)> {
-    let disc = discover(&config(provider, domain), Use::Plugin).ok()?;
-    if disc.chosen.as_deref().and_then(|c| c.split(';').next()) != Some(provider) {
-        return None;
+    let missing = |why: String| {
+        skip(&format!("{test} [{provider}]"), &why);
+        None
+    };
+    let disc = match discover(&config(provider, domain), Use::Plugin) {
+        Ok(d) => d,
+        Err(e) => return missing(format!("no {provider} here ({e})")),
+    };
+    let chosen = disc.chosen.as_deref().and_then(|c| c.split(';').next());
+    if chosen != Some(provider) {
+        return missing(format!("{provider} asked for, {chosen:?} found"));
     }
-    let dev = disc.devices.first()?;
-    dev.caps.rma_caps?;
+    let Some(dev) = disc.devices.first() else {
+        return missing(format!("{provider}: no device"));
+    };
+    if dev.caps.rma_caps.is_none() {
+        return missing(format!("{provider}: its domain offers no usable RMA"));
+    }
     let a = FabricTransport::open(dev).expect("endpoint a");
     let b = FabricTransport::open(dev).expect("endpoint b");
     Some((a, b))

@@ -68,7 +68,7 @@ def fabricoll_compiled():
     return fabricoll.torch.compiled()
 
 
-def check_async(ck, rank, ws, seed):
+def check_async(ck, gloo, rank, ws, seed):
     xs = [common.gen(torch.float64, (64,), r, seed) for r in range(ws)]
     total = sum(xs)
 
@@ -119,17 +119,21 @@ def check_async(ck, rank, ws, seed):
             time.sleep(0.001)
 
     def timed_wait():
-        # wait(timeout) raises while the peer is late, and the operation stays in flight
+        # wait(timeout) raises while the peers are late, and the operation stays in flight. The
+        # peers call only once rank 0's timed wait has failed (rank 0 says so over the gloo
+        # group), so no sleep races the timeout on a loaded machine.
         t = xs[rank].clone()
-        if rank == 1:
-            time.sleep(1.0)
+        told = torch.zeros(1)
+        if rank != 0:
+            dist.broadcast(told, 0, group=gloo)
         work = dist.all_reduce(t, async_op=True)
         if rank == 0:
             try:
                 work.wait(datetime.timedelta(milliseconds=200))
-                raise AssertionError("wait(200 ms) returned while rank 1 had not called yet")
+                raise AssertionError("wait(200 ms) returned while the peers had not called yet")
             except (TimeoutError, RuntimeError) as e:
                 assert common.BACKEND != "fabricoll" or "not complete after" in str(e), e
+            dist.broadcast(told, 0, group=gloo)
         assert work.wait(datetime.timedelta(seconds=30))
         common.same(t, total, ws == 2, "all_reduce after a timed-out wait", ws)
         if common.BACKEND != "fabricoll" or fabricoll_compiled():
@@ -236,7 +240,7 @@ def check_functional(ck, rank, ws, seed):
 
 def run_checks(ck, gloo, rank, ws, seed):
     check_p2p(ck, rank, ws, seed)
-    check_async(ck, rank, ws, seed + 10)
+    check_async(ck, gloo, rank, ws, seed + 10)
     check_groups(ck, rank, ws, seed + 20)
     check_mesh(ck, rank, ws, seed + 30)
     check_functional(ck, rank, ws, seed + 40)

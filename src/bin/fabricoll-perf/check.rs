@@ -6,12 +6,15 @@ use nccl_net_fabricoll::algo::Collective;
 use nccl_net_fabricoll::coll::Comm;
 use nccl_net_fabricoll::reduce::{conv, fp8, DataType, RedOp};
 
-/// The rank-r, element-i input value: small integers, so sums are exact in every type but fp8.
-/// The bitwise ops (integer types only) get 0..=126, seven varied bits that every integer type
-/// holds as they are.
-pub fn value(op: RedOp, r: usize, i: usize) -> f64 {
+/// The rank-r, element-i input value of an `n`-rank run over `dt`: values that differ between
+/// ranks at each element and follow no period along the elements (`testing::pattern`), so a
+/// block delivered to the wrong rank or offset is counted wrong, and small enough that sums over
+/// `n` ranks are exact in `dt` (fp8 is checked within its tolerance). Prod keeps to 1 and 2
+/// (products of many ranks stay exact); the bitwise ops (integer types only) take the type's
+/// whole exact range, since they never carry.
+pub fn value(op: RedOp, dt: DataType, n: usize, r: usize, i: usize) -> f64 {
+    use nccl_net_fabricoll::testing::pattern;
     match op {
-        RedOp::BAnd | RedOp::BOr | RedOp::BXor => ((r * 37 + i * 11 + 5) % 127) as f64,
         RedOp::Prod => {
             if (r + i).is_multiple_of(7) {
                 2.0
@@ -19,7 +22,10 @@ pub fn value(op: RedOp, r: usize, i: usize) -> f64 {
                 1.0
             }
         }
-        _ => ((r * 7 + i * 3) % 5 + 1) as f64,
+        RedOp::BAnd | RedOp::BOr | RedOp::BXor | RedOp::Max | RedOp::Min => {
+            pattern::value(pattern::range(dt, n, false), r, i) as f64
+        }
+        RedOp::Sum | RedOp::Avg => pattern::value(pattern::range(dt, n, true), r, i) as f64,
     }
 }
 
@@ -121,20 +127,28 @@ pub fn wrong(a: &Args, comm: &Comm, out: &[u8], count: usize) -> usize {
     let mut bad = 0;
     for j in 0..elems {
         let want = match a.coll {
-            Collective::AllReduce => reference(a.op, a.dtype, (0..n).map(|q| value(a.op, q, j)), n),
+            Collective::AllReduce => reference(
+                a.op,
+                a.dtype,
+                (0..n).map(|q| value(a.op, a.dtype, n, q, j)),
+                n,
+            ),
             Collective::ReduceScatter => reference(
                 a.op,
                 a.dtype,
-                (0..n).map(|q| value(a.op, q, r * count + j)),
+                (0..n).map(|q| value(a.op, a.dtype, n, q, r * count + j)),
                 n,
             ),
-            Collective::Reduce if r == a.root => {
-                reference(a.op, a.dtype, (0..n).map(|q| value(a.op, q, j)), n)
-            }
+            Collective::Reduce if r == a.root => reference(
+                a.op,
+                a.dtype,
+                (0..n).map(|q| value(a.op, a.dtype, n, q, j)),
+                n,
+            ),
             Collective::Reduce => continue,
-            Collective::AllGather => value(a.op, j / count, j % count),
-            Collective::Broadcast => value(a.op, a.root, j),
-            Collective::AllToAll => value(a.op, j / count, r * count + j % count),
+            Collective::AllGather => value(a.op, a.dtype, n, j / count, j % count),
+            Collective::Broadcast => value(a.op, a.dtype, n, a.root, j),
+            Collective::AllToAll => value(a.op, a.dtype, n, j / count, r * count + j % count),
         };
         // Integer types wrap like the library's kernels.
         let mut w = Vec::new();

@@ -122,7 +122,11 @@ fn run_rank(a: &Args, comm: &Comm, cfg: &Config, how: &Launch) -> Result<usize, 
         let recv = Scratch::plain(out_len);
         let mut data = Vec::with_capacity(in_len);
         for i in 0..p.in_len() {
-            enc(a.dtype, value(a.op, comm.rank, i), &mut data);
+            enc(
+                a.dtype,
+                value(a.op, a.dtype, comm.nranks, comm.rank, i),
+                &mut data,
+            );
         }
         // SAFETY: `send` and `recv` live until the end of this iteration, after the last
         // collective on these regions has returned (an error ends the program).

@@ -1,5 +1,5 @@
 //! Neuron's own versions of the net ABI (`libnccom`'s `ncclNet_v4_t` ... `ncclNet_v6_t`),
-//! written from shared/docs/neuron-abi.md, with sizes and offsets checked at compile time. The
+//! as docs/neuron-abi.md describes them, with sizes and offsets checked at compile time. The
 //! names are NVIDIA's; the layouts are not (size_t registration sizes, RMA slots, v6 `fini`).
 use crate::ffi::net::{FClose, FDereg, FDevices, FRegDmaBuf, FTest, Logger, Res, VoidP, VoidPP};
 use crate::ffi::types::pci;

@@ -163,7 +163,7 @@ impl FabricTransport {
                 drop(g);
                 t.caps.direct_channel = direct_channel;
                 log::info!(
-                    "{}: small messages are matched in software (libfabric {} shm, issue #9143)",
+                    "{}: small messages are matched in software (libfabric {} shm before 1.19 loses unexpected inject messages, ofiwg/libfabric#9143)",
                     t.caps.domain,
                     runtime_version()
                 );

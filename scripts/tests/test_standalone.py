@@ -1,0 +1,66 @@
+"""The repository stands alone: no tracked file points outside it (a `shared` folder beside the
+checkout, which a clone does not have) or names an issue number (a reader does not have the
+issues: name the feature instead). Run by scripts/test.sh's py-tests stage."""
+import os
+import re
+import subprocess
+import unittest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Built from pieces, so that the patterns themselves do not match (the examples the first
+# test checks them on do: this file is not scanned).
+OUTSIDE = re.compile("|".join([r"\.\./" + "shared", r"(?<![\w./-])" + "shared/(?:docs|baselines|hooks)",
+                               "/work/" + "shared"]))
+ISSUE = re.compile(r"\b[Ii]" + r"ssues? +(?:#|no\.? *)?[0-9]+\b|\b[Ii]" + r"ssue #[0-9]+")
+
+
+def tracked_files():
+    """The files git tracks (with their paths relative to the repository)."""
+    out = subprocess.run(["git", "-C", REPO, "ls-files", "-z"], capture_output=True, check=True)
+    return [p for p in out.stdout.decode().split("\0") if p]
+
+
+def offending_lines(pattern):
+    """'path:line: text' of every tracked text file's line that matches `pattern`."""
+    found = []
+    this = os.path.relpath(os.path.abspath(__file__), REPO)
+    for path in tracked_files():
+        if path == this:
+            continue  # its examples of what must not appear
+
+        full = os.path.join(REPO, path)
+        if not os.path.isfile(full) or os.path.islink(full):
+            continue
+        with open(full, "rb") as f:
+            data = f.read()
+        if b"\0" in data[:8192]:
+            continue  # binary
+        for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+            if pattern.search(line):
+                found.append(f"{path}:{n}: {line.strip()[:120]}")
+    return found
+
+
+class StandsAlone(unittest.TestCase):
+    def test_the_patterns_catch_what_they_are_for(self):
+        for bad in ["see ../" + "shared/docs/x.md", "BASELINES=/work/" + "shared/baselines",
+                    "written from " + "shared/docs/nccl-abi.md"]:
+            self.assertRegex(bad, OUTSIDE)
+        for bad in ["I" + "ssue 32 item 3", "(i" + "ssue 29)", "i" + "ssues 3 and 4", "i" + "ssue #12"]:
+            self.assertRegex(bad, ISSUE)
+        for fine in ["docs/nccl-abi.md", "shared memory", "a shared/ folder", "tissue 3"]:
+            self.assertNotRegex(fine, OUTSIDE)
+            self.assertNotRegex(fine, ISSUE)
+
+    def test_no_tracked_file_points_outside_the_repository(self):
+        found = offending_lines(OUTSIDE)
+        self.assertEqual(found, [], "files that point outside the repository:\n" + "\n".join(found))
+
+    def test_no_tracked_file_names_an_issue_number(self):
+        found = offending_lines(ISSUE)
+        self.assertEqual(found, [], "name the feature, not the issue:\n" + "\n".join(found))
+
+
+if __name__ == "__main__":
+    unittest.main()
