@@ -2,15 +2,19 @@
 //! write or read and waiting for it with a deadline.
 #![allow(dead_code)] // not every test binary uses each helper
 use nccl_net_fabricoll::config::Config;
-use nccl_net_fabricoll::transport::fabric::{discover, FabricTransport, Use};
+use nccl_net_fabricoll::transport::fabric::{answers, discover, FabricTransport, Use};
 use nccl_net_fabricoll::transport::{Completion, Peer, Posted, Region, Transport};
 use std::time::{Duration, Instant};
 
 pub const DEADLINE: Duration = Duration::from_secs(20);
 
-/// The providers tried, with the domain each runs on here.
-pub const PROVIDERS: [(&str, Option<&str>); 3] =
-    [("shm", None), ("net", Some("lo")), ("tcp", Some("lo"))];
+/// The providers tried, with the domain each runs on here: `net` is the native TCP endpoint on
+/// every libfabric (`tcp` from 1.18), `tcp;ofi_rxm` the layered one.
+pub const PROVIDERS: [(&str, Option<&str>); 3] = [
+    ("shm", None),
+    ("net", Some("lo")),
+    ("tcp;ofi_rxm", Some("lo")),
+];
 
 pub fn config(provider: &str, domain: Option<&str>) -> Config {
     Config::from_lookup(|n| match n {
@@ -27,7 +31,7 @@ pub fn rma_pair(
     domain: Option<&str>,
 ) -> Option<(FabricTransport, FabricTransport)> {
     let disc = discover(&config(provider, domain), Use::Plugin).ok()?;
-    if disc.chosen.as_deref().and_then(|c| c.split(';').next()) != Some(provider) {
+    if !disc.chosen.as_deref().is_some_and(|c| answers(c, provider)) {
         return None;
     }
     let dev = disc.devices.first()?;
