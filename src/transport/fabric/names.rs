@@ -91,7 +91,8 @@ mod tests {
         assert_eq!(resolve("net", "FABRICOLL_PROVIDER"), native_tcp());
         assert!(answers(native_tcp(), "net"));
         assert!(answers("tcp;ofi_rxm", "tcp;ofi_rxm"));
-        assert!(answers("tcp;ofi_rxm", "tcp") == (native_tcp() == "net"));
+        // `tcp` with a layer over it answers `tcp` (1.17 has only the layered one).
+        assert!(answers("tcp;ofi_rxm", "tcp"));
         assert!(!answers("shm", "net") && !answers("tcp;ofi_rxm", "shm"));
     }
 }
