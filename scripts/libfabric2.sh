@@ -32,7 +32,9 @@ done
 
 version=2.1.0
 cache=${FABRICOLL_CACHE:-$HOME/.cache/fabricoll}
-prefix=$cache/libfabric-$version$([ "$cuda" = 1 ] && echo -cuda)
+# (not `$([ "$cuda" = 1 ] && echo -cuda)`: a failing substitution ends the script under set -e)
+prefix=$cache/libfabric-$version
+if [ "$cuda" = 1 ]; then prefix=$prefix-cuda; fi
 log() { echo "libfabric2.sh: $*" >&2; }
 
 if [ -f "$prefix/lib/libfabric.so.1" ]; then

@@ -2,8 +2,8 @@
 # providers they run over, in one place.
 #   with_net LIST   LIST, plus net where libfabric offers it (1.17's native TCP RDM endpoint;
 #                   1.18 renamed it tcp). Where net is left out, the reason is in $NET_SKIPPED
-#                   and on stderr: a libfabric from 1.18 on has no net by design, so its cases
-#                   count as skipped; one before 1.18 should have it, so under
+#                   and on stderr: a libfabric from 1.18 on has no net by design (fabricoll reads
+#                   net as tcp there, which LIST already holds), so its cases count as skipped; one before 1.18 should have it, so under
 #                   FABRICOLL_TEST_STRICT=1 net stays in the list and its cases fail.
 #   net_absent      why net is not offered here (empty when it is)
 #   is_ip PROV      true for the providers that run over IP (tcp: tcp;ofi_rxm, net), which the

@@ -55,11 +55,16 @@ pub struct Config {
     /// none (or in place of the launcher's).
     pub job_id: Option<String>,
     pub bootstrap_addr: Option<std::net::IpAddr>,
-    /// Where `provider` came from, for errors: `FABRICOLL_PROVIDER`, or `config.provider`
-    /// where a communicator's options set it (`with_overrides`).
+    /// Where `provider` came from, for errors: `FABRICOLL_PROVIDER`, `FI_PROVIDER` (read where
+    /// `FABRICOLL_PROVIDER` is not set), or `config.provider` where a communicator's options
+    /// set it (`with_overrides`).
     pub provider_var: &'static str,
     /// Where `intra_provider` came from: `FABRICOLL_INTRA_PROVIDER` or `config.intra_provider`.
     pub intra_provider_var: &'static str,
+    /// `intra_provider` is the default (`shm`), set by no one: where it cannot be had, the
+    /// provider between hosts serves every peer instead (`coll::open_endpoint_on`). One that
+    /// was set and cannot be had is an error.
+    pub intra_provider_default: bool,
 }
 
 /// A communicator's own settings over the environment's (the C API's `fabricoll_config`):
@@ -83,7 +88,8 @@ pub struct Overrides {
 fn bad(name: &str, value: &str) -> Error {
     let accepted = VARS
         .iter()
-        .find(|v| v.name == name)
+        // FI_PROVIDER stands in for FABRICOLL_PROVIDER and takes what it takes.
+        .find(|v| v.name == name || (name == "FI_PROVIDER" && v.name == "FABRICOLL_PROVIDER"))
         .map(|v| v.accepted)
         .unwrap_or("?");
     Error::InvalidArgument(format!(
@@ -102,13 +108,20 @@ impl Config {
     /// Parse from any lookup (the environment in production, a map in tests).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
         let nonempty = |n: &str| get(n).filter(|v| !v.trim().is_empty());
-        let provider = nonempty("FABRICOLL_PROVIDER").or_else(|| nonempty("FI_PROVIDER"));
+        // libfabric's own FI_PROVIDER stands in for FABRICOLL_PROVIDER, and errors name it.
+        let (provider, provider_var) = match nonempty("FABRICOLL_PROVIDER") {
+            Some(p) => (Some(p), "FABRICOLL_PROVIDER"),
+            None => match nonempty("FI_PROVIDER") {
+                Some(p) => (Some(p), "FI_PROVIDER"),
+                None => (None, "FABRICOLL_PROVIDER"),
+            },
+        };
         if let Some(p) = &provider {
             if !p
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || "_;-".contains(c))
             {
-                return Err(bad("FABRICOLL_PROVIDER", p));
+                return Err(bad(provider_var, p));
             }
         }
         let domains = match nonempty("FABRICOLL_DOMAIN") {
@@ -219,6 +232,7 @@ impl Config {
                 Err(bad(name, v))
             }
         };
+        let intra_provider_default = nonempty("FABRICOLL_INTRA_PROVIDER").is_none();
         let intra_provider =
             match nonempty("FABRICOLL_INTRA_PROVIDER").map(|v| v.trim().to_string()) {
                 None => Some("shm".to_string()),
@@ -271,8 +285,9 @@ impl Config {
             job_id,
             bootstrap_addr,
             provider,
-            provider_var: "FABRICOLL_PROVIDER",
+            provider_var,
             intra_provider_var: "FABRICOLL_INTRA_PROVIDER",
+            intra_provider_default,
             domains,
             timeout,
             timeout_source,
@@ -351,6 +366,7 @@ impl Config {
                 Some(provider_name("config.intra_provider", p)?)
             };
             c.intra_provider_var = "config.intra_provider";
+            c.intra_provider_default = false;
         }
         if let Some(a) = &o.bootstrap_addr {
             c.bootstrap_addr = Some(a.trim().parse().map_err(|_| {
@@ -430,8 +446,39 @@ mod tests {
                 .as_deref(),
             Some("shm")
         );
+        // Errors about the provider name the variable that gave it.
+        assert_eq!(
+            parse(&[("FI_PROVIDER", "shm")]).unwrap().provider_var,
+            "FI_PROVIDER"
+        );
         let c = parse(&[("FI_PROVIDER", "shm"), ("FABRICOLL_PROVIDER", "tcp")]).unwrap();
         assert_eq!(c.provider.as_deref(), Some("tcp"));
+        assert_eq!(c.provider_var, "FABRICOLL_PROVIDER");
+        let e = parse(&[("FI_PROVIDER", "a b")]).unwrap_err().to_string();
+        assert!(
+            e.contains("FI_PROVIDER=\"a b\"") && e.contains("efa"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_intra_provider_is_the_default_only_where_no_one_set_it() {
+        let unset = parse(&[]).unwrap();
+        assert!(unset.intra_provider_default);
+        let named = parse(&[("FABRICOLL_INTRA_PROVIDER", "shm")]).unwrap();
+        assert_eq!(named.intra_provider, unset.intra_provider);
+        assert!(!named.intra_provider_default);
+        let o = Overrides {
+            intra_provider: Some("shm".into()),
+            ..Overrides::default()
+        };
+        assert!(!unset.with_overrides(&o).unwrap().intra_provider_default);
+        assert!(
+            unset
+                .with_overrides(&Overrides::default())
+                .unwrap()
+                .intra_provider_default
+        );
     }
 
     #[test]

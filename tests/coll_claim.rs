@@ -9,6 +9,7 @@ use nccl_net_fabricoll::testing::skip;
 
 mod common;
 use common::call;
+use nccl_net_fabricoll::transport::fabric::native_tcp;
 use nccl_net_fabricoll::transport::Region;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,7 +30,7 @@ fn comms(test: &str, n: usize) -> Option<Vec<Arc<Comm>>> {
             return None;
         }
     };
-    if eps[0].caps().provider != "net" {
+    if eps[0].caps().provider != native_tcp() {
         skip(test, "provider net not offered");
         return None;
     }

@@ -4,14 +4,15 @@
 //! which does nothing unless started by another test). Checked: every algorithm × collective
 //! gives the right answer (2 hosts × 2 ranks; 3 + 2 + 1 ranks, hosts interleaved), the ranks of
 //! one host share no TCP connection while ranks of different hosts do, and ranks given
-//! different providers all fail at once, naming the rank, instead of hanging.
+//! different providers all fail at once, naming the rank, instead of hanging; with
+//! `FI_PROVIDER` hiding shm, the network serves every peer.
 use nccl_net_fabricoll::algo::{self, Algorithm, Collective};
 use nccl_net_fabricoll::coll::bootstrap::{self, UniqueId};
 use nccl_net_fabricoll::coll::{self, Call, Comm, Kind};
 use nccl_net_fabricoll::config::Config;
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
 use nccl_net_fabricoll::testing::skip;
-use nccl_net_fabricoll::transport::fabric::Use;
+use nccl_net_fabricoll::transport::fabric::{answers, native_tcp, Use};
 use nccl_net_fabricoll::transport::{Region, Transport};
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Command, Stdio};
@@ -101,6 +102,11 @@ fn rank_process() {
     let provs: Vec<String> = (0..nranks).map(|q| c.provider_to(q).to_string()).collect();
     println!("@@providers {}", provs.join(","));
     println!("@@hosts {:?}", c.hosts().sizes(nranks));
+    if mode == "one" {
+        assert!(check_one(&c, None, Collective::AllReduce, 5000));
+        println!("@@done yes");
+        return;
+    }
     let mut refused = Vec::new();
     for coll in Collective::ALL {
         for count in [3, 5000] {
@@ -153,6 +159,8 @@ fn run_ranks(
             .env("FABRICOLL_ALPHA_US", "5")
             .env("FABRICOLL_BETA_GBPS", "2")
             .env("FABRICOLL_GAMMA_GBPS", "8")
+            .env_remove("FABRICOLL_PROVIDER")
+            .env_remove("FI_PROVIDER")
             .env_remove("FABRICOLL_INTRA_PROVIDER")
             .env_remove("FABRICOLL_LOCAL_RANKS")
             .env_remove("FABRICOLL_ALGO")
@@ -183,7 +191,10 @@ fn run_ranks(
             String::from_utf8_lossy(&o.stdout).into_owned(),
             String::from_utf8_lossy(&o.stderr).into_owned(),
         );
-        if err.contains("no libfabric device") || err.contains("no net endpoint") {
+        if err.contains("no libfabric device")
+            || err.contains("no such provider here")
+            || err.contains("no net endpoint")
+        {
             skip(test, &format!("provider net missing here: {err}"));
             return None;
         }
@@ -227,7 +238,11 @@ fn layout(test: &str, hosts: &[&str]) {
         );
         let provs: Vec<&str> = field(o, "providers").split(',').collect();
         for q in 0..n {
-            let want = if hosts[q] == hosts[r] { "shm" } else { "net" };
+            let want = if hosts[q] == hosts[r] {
+                "shm"
+            } else {
+                native_tcp()
+            };
             assert_eq!(provs[q], want, "{test}: rank {r} reaches rank {q}");
         }
     }
@@ -285,8 +300,9 @@ fn ranks_given_different_providers_all_fail_at_once_naming_the_rank() {
             ("FABRICOLL_HOST", "a"),
             ("FABRICOLL_TIMEOUT_MS", "120000"),
         ],
+        // (the layered provider: plain `tcp` is the native endpoint from libfabric 1.18)
         vec![
-            ("FABRICOLL_PROVIDER", "tcp"),
+            ("FABRICOLL_PROVIDER", "tcp;ofi_rxm"),
             ("FABRICOLL_HOST", "b"),
             ("FABRICOLL_TIMEOUT_MS", "120000"),
         ],
@@ -300,8 +316,46 @@ fn ranks_given_different_providers_all_fail_at_once_naming_the_rank() {
     for o in &outs {
         let e = field(o, "error");
         assert!(
-            e.contains("rank 1 uses provider tcp")
-                && e.contains("between hosts where rank 0 uses net (FABRICOLL_PROVIDER)"),
+            e.contains("rank 1 uses provider tcp;ofi_rxm")
+                && e.contains(&format!(
+                    "between hosts where rank 0 uses {} (FABRICOLL_PROVIDER)",
+                    native_tcp()
+                )),
+            "{e}"
+        );
+    }
+}
+
+/// `FI_PROVIDER=tcp` and no provider of ours: libfabric hides shm, so the default intra-host
+/// provider cannot be had and the network serves every peer; an intra provider that was set
+/// and cannot be had stays an error naming its variable.
+#[test]
+fn fi_provider_hiding_shm_leaves_the_network_for_every_peer() {
+    let test = "fi_provider_hiding_shm_leaves_the_network_for_every_peer";
+    let envs = vec![vec![("FI_PROVIDER", "tcp")]; 2];
+    let Some(outs) = run_ranks(test, "one", &envs) else {
+        return;
+    };
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(field(o, "done"), "yes");
+        let provs: Vec<&str> = field(o, "providers").split(',').collect();
+        for (q, p) in provs.iter().enumerate() {
+            assert!(
+                q == r || answers(p, "tcp"),
+                "{test}: rank {r} reaches rank {q} over {p}"
+            );
+        }
+    }
+    let envs = vec![vec![("FI_PROVIDER", "tcp"), ("FABRICOLL_INTRA_PROVIDER", "shm")]; 2];
+    let Some(outs) = run_ranks(test, "fail", &envs) else {
+        return;
+    };
+    for o in &outs {
+        let e = field(o, "error");
+        assert!(
+            e.contains("argument 'FABRICOLL_INTRA_PROVIDER': shm: no such provider here")
+                && e.contains("FI_PROVIDER=tcp hides")
+                && e.contains("FABRICOLL_INTRA_PROVIDER=same"),
             "{e}"
         );
     }
@@ -325,7 +379,7 @@ fn threads_on_two_hosts_learn_the_layout_from_their_addresses() {
         Ok(e) => e,
         Err(e) => return skip(test, &format!("no net or shm endpoint ({e})")),
     };
-    assert_eq!(eps[0].caps().provider, "net");
+    assert_eq!(eps[0].caps().provider, native_tcp());
     let intra = eps[0].caps().intra.clone().expect("two fabrics");
     assert!(intra.provider.starts_with("shm"), "{}", intra.provider);
     let addrs: Vec<Vec<u8>> = eps.iter().map(|e| e.address()).collect();
@@ -336,7 +390,7 @@ fn threads_on_two_hosts_learn_the_layout_from_their_addresses() {
         .collect();
     assert_eq!(comms[1].hosts().sizes(3), vec![2, 1]);
     assert_eq!(comms[0].provider_to(2), intra.provider);
-    assert_eq!(comms[0].provider_to(1), "net");
+    assert_eq!(comms[0].provider_to(1), native_tcp());
     std::thread::scope(|s| {
         for c in &comms {
             s.spawn(move || {
@@ -372,10 +426,15 @@ fn threads_on_two_hosts_learn_the_layout_from_their_addresses() {
     let mut same = cfgs[0].clone();
     same.intra_provider = None;
     let one = coll::open_endpoint(&same).unwrap();
-    assert!(one.caps().intra.is_none() && one.caps().provider == "net");
-    // An intra provider that does not exist names the variable and the way out.
+    assert!(one.caps().intra.is_none() && one.caps().provider == native_tcp());
+    // An intra provider that was set and does not exist names the variable and the way out;
+    // the default one, where it cannot be had, leaves the network for every peer.
     let mut bad = cfgs[0].clone();
     bad.intra_provider = Some("nosuch".into());
+    bad.intra_provider_default = true;
+    let one = coll::open_endpoint(&bad).expect("the network for every peer");
+    assert!(one.caps().intra.is_none() && one.caps().provider == native_tcp());
+    bad.intra_provider_default = false;
     let e = coll::open_endpoint(&bad)
         .err()
         .expect("refused")

@@ -81,3 +81,74 @@ fn algorithms_lists_each_algorithm_with_the_collectives_it_implements() {
     assert!(colls("ring").contains(&"allreduce".to_string()));
     assert!(!info(&["--algorithms", "x"]).status.success());
 }
+
+/// `fabricoll-info` under the variables `vars` (and no FABRICOLL_PROVIDER or FI_PROVIDER of
+/// the caller's).
+fn info_with(vars: &[(&str, &str)]) -> String {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fabricoll-info"));
+    c.env_remove("FABRICOLL_PROVIDER").env_remove("FI_PROVIDER");
+    c.envs(vars.iter().copied());
+    let out = c.output().expect("fabricoll-info runs");
+    assert!(out.status.success(), "{vars:?}: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+#[test]
+fn the_first_line_names_the_libfabric_run_and_the_headers_built_against() {
+    use nccl_net_fabricoll::transport::fabric;
+    let out = info_with(&[]);
+    let first = out.lines().next().unwrap_or_default();
+    let release = fabric::runtime_release();
+    // The full release (major.minor.revision), of the libfabric this process runs.
+    assert!(
+        release.starts_with(&format!("{}.", fabric::runtime_version())),
+        "{release}"
+    );
+    assert_eq!(release.split('.').count(), 3, "{release}");
+    assert!(
+        first.contains(&format!("libfabric {release} at run time")),
+        "{first}"
+    );
+    assert!(
+        first.contains(&format!(
+            "built against its {} headers",
+            fabric::header_version()
+        )),
+        "{first}"
+    );
+}
+
+#[test]
+fn provider_names_resolve_or_fail_naming_the_variable() {
+    use nccl_net_fabricoll::transport::fabric::native_tcp;
+    // `net` is the native TCP endpoint on every libfabric (1.17's `net`, 2.x's `tcp`).
+    let out = info_with(&[("FABRICOLL_PROVIDER", "net"), ("FABRICOLL_DOMAIN", "lo")]);
+    let want = format!("chosen for the collective engines: {}\n", native_tcp());
+    if !out.contains(&want) {
+        nccl_net_fabricoll::testing::skip(
+            "provider_names_resolve_or_fail_naming_the_variable",
+            &format!("no native TCP endpoint here:\n{out}"),
+        );
+        return;
+    }
+    // A provider that does not exist is named with the variable that named it, and what
+    // does exist.
+    for var in ["FABRICOLL_PROVIDER", "FI_PROVIDER"] {
+        let out = info_with(&[(var, "nosuchprov")]);
+        assert!(
+            out.contains(&format!(
+                "discovery failed: invalid argument: argument '{var}': nosuchprov: no such provider here"
+            )),
+            "{var}:\n{out}"
+        );
+    }
+    let out = info_with(&[("FABRICOLL_PROVIDER", "nosuchprov")]);
+    let found = out
+        .split_once("providers found: ")
+        .map(|(_, rest)| rest.lines().next().unwrap_or_default())
+        .unwrap_or_default();
+    assert!(
+        found.split([',', ')']).any(|p| p.trim() == native_tcp()),
+        "{out}"
+    );
+}

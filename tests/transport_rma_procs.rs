@@ -233,7 +233,7 @@ fn rma_between_processes() {
         return;
     }
     let mut ran = 0;
-    for p in ["shm", "net", "tcp"] {
+    for p in ["shm", "net", "tcp;ofi_rxm"] {
         if across(p) {
             eprintln!("{p}: RMA between processes checked");
             ran += 1;

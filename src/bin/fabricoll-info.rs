@@ -238,9 +238,11 @@ fn info() {
         }
     };
     println!(
-        "fabricoll {} (libfabric {} at run time)",
+        "fabricoll {} (libfabric {} at run time, built against its {} headers; native TCP endpoint: {})",
         env!("CARGO_PKG_VERSION"),
-        fabric::runtime_version()
+        fabric::runtime_release(),
+        fabric::header_version(),
+        fabric::native_tcp()
     );
     println!();
     println!("configuration:");

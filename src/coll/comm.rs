@@ -386,21 +386,22 @@ pub fn open_endpoint(cfg: &Config) -> Result<Arc<dyn Transport>> {
 /// host given their local rank as the hint spread over the host's NICs. Where
 /// FABRICOLL_INTRA_PROVIDER names another provider, the endpoint is a transport over two
 /// fabrics (`tiered::Tiered`): that provider for ranks of this host, the network for the rest.
+/// Where no one set it and its default (shm) cannot be had (`FI_PROVIDER` hides it from
+/// libfabric), the network serves every peer, and one info line per process says why; one
+/// that was set and cannot be had is an error naming where it was set.
 pub fn open_endpoint_on(cfg: &Config, hint: usize) -> Result<Arc<dyn Transport>> {
     use crate::transport::fabric::FabricTransport;
-    let d = discovery(cfg).map_err(|e| named_provider(cfg, e))?;
+    // A provider that was named and is not here is an error naming its variable (discover).
+    let d = discovery(cfg)?;
     if d.devices.is_empty() {
-        return Err(named_provider(
-            cfg,
-            Error::System(format!(
-                "no libfabric device (providers found: {})",
-                if d.providers.is_empty() {
-                    "none".to_string()
-                } else {
-                    d.providers.join(", ")
-                }
-            )),
-        ));
+        return Err(Error::System(format!(
+            "no libfabric device (providers found: {})",
+            if d.providers.is_empty() {
+                "none".to_string()
+            } else {
+                d.providers.join(", ")
+            }
+        )));
     }
     let i = hint % d.devices.len();
     let dev = &d.devices[i];
@@ -418,27 +419,43 @@ pub fn open_endpoint_on(cfg: &Config, hint: usize) -> Result<Arc<dyn Transport>>
     };
     let intra_cfg = Config {
         provider: Some(intra_name.clone()),
+        provider_var: cfg.intra_provider_var,
         domains: None,
         ..cfg.clone()
     };
-    let unavailable = |why: String| {
-        let var = cfg.intra_provider_var;
-        Error::arg(
-            var,
-            format!(
-                "{intra_name}: {why}; set {var}=same to use {} for every peer",
-                dev.caps.provider
-            ),
-        )
+    let intra = discovery(&intra_cfg).and_then(|di| {
+        let idev = di.devices.first().ok_or_else(|| {
+            Error::System(format!(
+                "no device (providers found: {})",
+                di.providers.join(", ")
+            ))
+        })?;
+        Ok(Arc::new(FabricTransport::open(idev)?) as Arc<dyn Transport>)
+    });
+    let intra = match intra {
+        Ok(t) => t,
+        Err(why) if cfg.intra_provider_default => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                log::info!(
+                    "FABRICOLL_INTRA_PROVIDER is not set and its default {intra_name} cannot be had here ({why}): {} serves every peer, within this host too",
+                    dev.caps.provider
+                )
+            });
+            return Ok(inter);
+        }
+        Err(why) => {
+            let var = cfg.intra_provider_var;
+            let way_out = format!("set {var}=same to use {} for every peer", dev.caps.provider);
+            return Err(match why {
+                // discover's own error already names the variable and the provider
+                Error::InvalidArgument(m) if m.contains(var) => {
+                    Error::InvalidArgument(format!("{m}; {way_out}"))
+                }
+                e => Error::arg(var, format!("{intra_name}: {e}; {way_out}")),
+            });
+        }
     };
-    let di = discovery(&intra_cfg).map_err(|e| unavailable(e.to_string()))?;
-    let idev = di.devices.first().ok_or_else(|| {
-        unavailable(format!(
-            "no such provider here (providers found: {})",
-            di.providers.join(", ")
-        ))
-    })?;
-    let intra: Arc<dyn Transport> = Arc::new(FabricTransport::open(idev)?);
     Ok(Arc::new(Tiered::new(
         placement::host_key(cfg),
         intra,
@@ -446,25 +463,20 @@ pub fn open_endpoint_on(cfg: &Config, hint: usize) -> Result<Arc<dyn Transport>>
     )?))
 }
 
-/// Where a communicator's options chose the provider (`Config::provider_var`), a failure to
-/// find it is an invalid argument naming that field; the environment's keeps its error.
-fn named_provider(cfg: &Config, e: Error) -> Error {
-    match &cfg.provider {
-        Some(p) if cfg.provider_var != "FABRICOLL_PROVIDER" => {
-            Error::arg(cfg.provider_var, format!("{p}: {e}"))
-        }
-        _ => e,
-    }
-}
-
 /// What discovery finds for the engines under `cfg`'s provider, domains and fastbox setting,
 /// found once per process for each.
 fn discovery(cfg: &Config) -> Result<&'static crate::transport::fabric::Discovery> {
     use crate::transport::fabric::{self, Discovery};
-    type Key = (Option<String>, Option<Vec<String>>, bool);
+    // (the variable that named the provider too: a provider not found is an error naming it)
+    type Key = (Option<String>, &'static str, Option<Vec<String>>, bool);
     type Found = &'static std::result::Result<Discovery, Error>;
     static CACHE: Mutex<Vec<(Key, Found)>> = Mutex::new(Vec::new());
-    let key: Key = (cfg.provider.clone(), cfg.domains.clone(), cfg.shm_fastbox);
+    let key: Key = (
+        cfg.provider.clone(),
+        cfg.provider_var,
+        cfg.domains.clone(),
+        cfg.shm_fastbox,
+    );
     let mut cache = CACHE.lock();
     let found = match cache.iter().find(|(k, _)| *k == key) {
         Some((_, f)) => *f,

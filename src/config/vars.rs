@@ -14,8 +14,8 @@ pub struct Var {
 pub const VARS: &[Var] = &[
     Var {
         name: "FABRICOLL_PROVIDER",
-        accepted: "a libfabric provider name: efa, tcp, net, shm, ...",
-        default: "FI_PROVIDER if set, else the first found of: efa, the native TCP endpoint (net; tcp from libfabric 1.18), tcp;ofi_rxm, shm for the collective engines; efa, tcp, shm for the NCCL plugins",
+        accepted: "a libfabric provider name: efa, tcp, net (the native TCP endpoint on every libfabric), shm, ...",
+        default: "FI_PROVIDER if set, else the first found of: efa, the native TCP endpoint (net in libfabric 1.17, tcp from 1.18), tcp;ofi_rxm, shm for the collective engines; efa, tcp (tcp;ofi_rxm in 1.17, the native endpoint from 1.18), shm for the NCCL plugins",
         meaning: "libfabric provider the transport uses",
     },
     Var {
@@ -82,7 +82,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: "FABRICOLL_INTRA_PROVIDER",
         accepted: "a libfabric provider name (shm, ...), or same",
-        default: "shm",
+        default: "shm; where shm cannot be had (FI_PROVIDER hides it), same",
         meaning: "engines: provider between ranks of one host; same: FABRICOLL_PROVIDER for every peer (one fabric)",
     },
     Var {

@@ -3,15 +3,19 @@
 #![allow(dead_code)] // not every test binary uses each helper
 use nccl_net_fabricoll::config::Config;
 use nccl_net_fabricoll::testing::skip;
-use nccl_net_fabricoll::transport::fabric::{discover, FabricTransport, Use};
+use nccl_net_fabricoll::transport::fabric::{answers, discover, FabricTransport, Use};
 use nccl_net_fabricoll::transport::{Completion, Peer, Posted, Region, Transport};
 use std::time::{Duration, Instant};
 
 pub const DEADLINE: Duration = Duration::from_secs(20);
 
-/// The providers tried, with the domain each runs on here.
-pub const PROVIDERS: [(&str, Option<&str>); 3] =
-    [("shm", None), ("net", Some("lo")), ("tcp", Some("lo"))];
+/// The providers tried, with the domain each runs on here: `net` is the native TCP endpoint on
+/// every libfabric (`tcp` from 1.18), `tcp;ofi_rxm` the layered one.
+pub const PROVIDERS: [(&str, Option<&str>); 3] = [
+    ("shm", None),
+    ("net", Some("lo")),
+    ("tcp;ofi_rxm", Some("lo")),
+];
 
 pub fn config(provider: &str, domain: Option<&str>) -> Config {
     Config::from_lookup(|n| match n {
@@ -39,8 +43,8 @@ pub fn rma_pair(
         Ok(d) => d,
         Err(e) => return missing(format!("no {provider} here ({e})")),
     };
-    let chosen = disc.chosen.as_deref().and_then(|c| c.split(';').next());
-    if chosen != Some(provider) {
+    if !disc.chosen.as_deref().is_some_and(|c| answers(c, provider)) {
+        let chosen = disc.chosen.as_deref();
         return missing(format!("{provider} asked for, {chosen:?} found"));
     }
     let Some(dev) = disc.devices.first() else {

@@ -51,11 +51,49 @@ pub struct Discovery {
     pub skipped: Vec<String>,
 }
 
-/// The libfabric version the process runs against, as "major.minor".
+/// The libfabric version the process runs against, as "major.minor" (what ranks must agree
+/// on).
 pub fn runtime_version() -> String {
-    // SAFETY: fi_version has no arguments and no preconditions.
-    let v = unsafe { sys::fi_version() };
+    let v = runtime_code();
     format!("{}.{}", v >> 16, v & 0xffff)
+}
+
+/// The libfabric version the process runs against as `FI_VERSION(major, minor)`.
+pub(super) fn runtime_code() -> u32 {
+    // SAFETY: fi_version has no arguments and no preconditions.
+    unsafe { sys::fi_version() }
+}
+
+/// The libfabric release the process runs against, in full ("2.1.0"), as the library itself
+/// reports it (`fi_tostr` of `FI_TYPE_VERSION`).
+pub fn runtime_release() -> String {
+    let mut buf = [0 as std::os::raw::c_char; 128];
+    // fi_tostr_r reads nothing through `data` for FI_TYPE_VERSION but refuses NULL.
+    let data = 0u64;
+    // SAFETY: buf is writable for its length; data points to a live u64; fi_tostr_r writes a
+    // NUL-terminated string of at most len bytes into buf and returns it, or NULL.
+    let p = unsafe {
+        sys::fi_tostr_r(
+            buf.as_mut_ptr(),
+            buf.len(),
+            (&data as *const u64).cast(),
+            sys::fi_type_FI_TYPE_VERSION,
+        )
+    };
+    if p.is_null() {
+        return runtime_version();
+    }
+    cstr(p)
+}
+
+/// The libfabric headers this library was built against ("1.17.0"), from `rdma/fabric.h`.
+pub fn header_version() -> String {
+    format!(
+        "{}.{}.{}",
+        sys::FI_MAJOR_VERSION,
+        sys::FI_MINOR_VERSION,
+        sys::FI_REVISION_VERSION
+    )
 }
 
 /// Whether `fi_tinject` is safe on this provider. shm before libfabric 1.19 keeps an unexpected
@@ -145,6 +183,22 @@ fn sys_speed_mbps(nic: *mut sys::fid_nic, domain: &str) -> Option<u64> {
         .and_then(|s| s.trim().parse::<i64>().ok())
         .filter(|v| *v > 0)
         .map(|v| v as u64)
+}
+
+/// The providers of a `fi_getinfo` list, each once, in the list's order.
+fn provider_names(list: &InfoList) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    let mut cur = list.0;
+    while !cur.is_null() {
+        // SAFETY: cur is an element of the list we own; fabric_attr is always allocated.
+        let p = cstr(unsafe { (*(*cur).fabric_attr).prov_name });
+        if !names.contains(&p) {
+            names.push(p);
+        }
+        // SAFETY: as above.
+        cur = unsafe { (*cur).next };
+    }
+    names
 }
 
 fn getinfo(provider: Option<&str>) -> Result<InfoList> {
@@ -244,8 +298,48 @@ pub(super) fn getinfo_caps(provider: Option<&str>, extra: u64) -> Result<InfoLis
     Ok(list)
 }
 
-/// Find the provider and its devices, as the configuration asks.
+/// Find the provider and its devices, as the configuration asks. A provider the
+/// configuration names (`net` read as the native TCP endpoint on every libfabric, see
+/// `names`) that is not offered here is an invalid argument naming the variable that named
+/// it (`Config::provider_var`) and the providers that do exist.
 pub fn discover(cfg: &Config, for_use: Use) -> Result<Discovery> {
+    let Some(want) = &cfg.provider else {
+        return discover_resolved(cfg, for_use);
+    };
+    let resolved = Config {
+        provider: Some(super::names::resolve(want, cfg.provider_var)),
+        ..cfg.clone()
+    };
+    let disc = discover_resolved(&resolved, for_use)?;
+    if disc.chosen.is_some() {
+        return Ok(disc);
+    }
+    let found = match getinfo(None) {
+        Ok(list) => provider_names(&list),
+        Err(e) => vec![format!("(none listed: {e})")],
+    };
+    // libfabric itself hides every provider FI_PROVIDER does not name.
+    let hidden = match std::env::var("FI_PROVIDER") {
+        Ok(v) if !v.trim().is_empty() => {
+            format!("; FI_PROVIDER={v} hides the other providers from libfabric")
+        }
+        _ => String::new(),
+    };
+    Err(Error::arg(
+        cfg.provider_var,
+        format!(
+            "{want}: no such provider here (libfabric {}; providers found: {}{hidden})",
+            runtime_release(),
+            if found.is_empty() {
+                "none".to_string()
+            } else {
+                found.join(", ")
+            }
+        ),
+    ))
+}
+
+fn discover_resolved(cfg: &Config, for_use: Use) -> Result<Discovery> {
     let mut list = getinfo(cfg.provider.as_deref())?;
     // shm before 1.19 also needs untagged messages (software matching of small messages); ask
     // for them only there: rxm keeps receive buffers per connection for them.
@@ -276,13 +370,10 @@ pub fn discover(cfg: &Config, for_use: Use) -> Result<Discovery> {
         // SAFETY: i is an element of the list we own; fabric_attr is always allocated.
         cstr(unsafe { (*(*i).fabric_attr).prov_name })
     };
-    let mut disc = Discovery::default();
-    for &e in &entries {
-        let p = prov_of(e);
-        if !disc.providers.contains(&p) {
-            disc.providers.push(p);
-        }
-    }
+    let mut disc = Discovery {
+        providers: provider_names(&list),
+        ..Discovery::default()
+    };
     let chosen = match &cfg.provider {
         // The provider of that name, else one layered over it (tcp in 1.17: tcp;ofi_rxm).
         Some(want) => disc
@@ -311,7 +402,7 @@ pub fn discover(cfg: &Config, for_use: Use) -> Result<Discovery> {
             provider: Some(chosen.clone()),
             ..cfg.clone()
         };
-        let mut d = discover(&named, for_use)?;
+        let mut d = discover_resolved(&named, for_use)?;
         d.providers = disc.providers;
         return Ok(d);
     }

@@ -2,11 +2,12 @@
 //! memory registration that honours the provider's `mr_mode`, and a completion queue we can
 //! sleep on. Every fid is closed by RAII.
 //!
-//! One file per concern: `discovery` (provider and domains), `fid` (RAII owners), `endpoint`
-//! (opening, peers, registration), `route` (which path a send takes), `cq` (the completion
-//! queue), `shm` (the shared-memory paths: software matching, fastbox, CMA rendezvous, direct
-//! channel, peer watch), `claim` (the native TCP endpoint's stopped connections) and `tuning`
-//! (the capabilities filled in per provider). This file holds the endpoint's state and the
+//! One file per concern: `discovery` (provider and domains), `names` (provider names across
+//! libfabric versions), `fid` (RAII owners), `endpoint` (opening, peers, registration),
+//! `route` (which path a send takes), `cq` (the completion queue), `shm` (the shared-memory
+//! paths: software matching, fastbox, CMA rendezvous, direct channel, peer watch), `claim`
+//! (the native TCP endpoint's stopped connections) and `tuning` (the capabilities filled in
+//! per provider). This file holds the endpoint's state and the
 //! `Transport` implementation.
 mod claim;
 mod cq;
@@ -14,6 +15,7 @@ mod discovery;
 mod endpoint;
 mod fid;
 mod hmem;
+mod names;
 mod rma;
 mod route;
 mod shm;
@@ -22,7 +24,10 @@ pub mod sys;
 mod testutil;
 mod tuning;
 
-pub use discovery::{discover, runtime_version, Discovery, FabricDevice, Use};
+pub use discovery::{
+    discover, header_version, runtime_release, runtime_version, Discovery, FabricDevice, Use,
+};
+pub use names::{answers, native_tcp};
 
 use super::{Caps, Completion, Mr, OpId, Peer, Posted, Region, Transport};
 use crate::error::{Error, Result};

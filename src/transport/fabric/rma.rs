@@ -40,6 +40,12 @@ fn write_flags(provider: &str) -> u64 {
     (sys::FI_COMPLETION | delivery) as u64
 }
 
+/// `FI_MR_BASIC`: the legacy registration mode that a provider may report as its whole
+/// `mr_mode`. libfabric 1.x declares it in `enum fi_mr_mode` (value 1); 2.x replaced the enum
+/// with deprecated macros of the same value that the generated bindings leave out, so the
+/// value is written here once, for builds against either version's headers.
+const MR_BASIC: u32 = 1;
+
 /// What an RMA operation's context says it is (`OpCtx::what`).
 const WRITE: &str = "RMA write";
 const READ: &str = "RMA read";
@@ -81,7 +87,7 @@ pub(super) struct Offer {
 /// addresses and provider keys), and where it takes offsets but lets us choose 8-byte keys
 /// (no `FI_MR_PROV_KEY`), which then carry each registration's base (`encoded_key`).
 pub(super) fn usable(o: &Offer) -> Option<RmaCaps> {
-    let basic = o.mr_mode == sys::fi_mr_mode_FI_MR_BASIC as u64;
+    let basic = o.mr_mode == MR_BASIC as u64;
     let virt_addr = basic || o.mr_mode & sys::FI_MR_VIRT_ADDR as u64 != 0;
     let prov_key = basic || o.mr_mode & sys::FI_MR_PROV_KEY as u64 != 0;
     if o.caps & RMA_BITS != RMA_BITS {
@@ -523,7 +529,7 @@ mod tests {
         let both = sys::FI_MR_VIRT_ADDR | sys::FI_MR_PROV_KEY | sys::FI_MR_LOCAL;
         assert!(usable(&offer(RMA_BITS, both, 8)).expect("efa").prov_key);
         // The legacy basic mode implies both.
-        let basic = usable(&offer(RMA_BITS, sys::fi_mr_mode_FI_MR_BASIC, 8)).expect("basic");
+        let basic = usable(&offer(RMA_BITS, MR_BASIC, 8)).expect("basic");
         assert!(basic.virt_addr && basic.prov_key);
         // Without remote reads (say), no RMA.
         let partial = RMA_BITS & !(sys::FI_REMOTE_READ as u64);

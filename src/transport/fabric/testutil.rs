@@ -78,7 +78,11 @@ fn open_pair(
     })
     .expect("config");
     let disc = discover(&cfg, Use::Engines).map_err(|e| format!("provider {provider}: {e}"))?;
-    if disc.chosen.as_deref().and_then(|c| c.split(';').next()) != Some(provider) {
+    if !disc
+        .chosen
+        .as_deref()
+        .is_some_and(|c| super::names::answers(c, provider))
+    {
         return Err(format!("provider {provider} is not offered here"));
     }
     let dev = disc
