@@ -1,0 +1,324 @@
+//! Max-min fair sharing of links among flows (progressive filling): every link has a capacity
+//! in bytes per microsecond, every flow crosses one to three links, and the rates are the
+//! max-min fair allocation: raise every unfrozen flow's rate together until some link is full,
+//! freeze the flows crossing it at that rate, repeat. A heap keyed by each link's fair share
+//! (its remaining capacity over its unfrozen flows) finds the next link to fill, so one
+//! recomputation costs O(flows x links per flow x log links).
+//!
+//! The flows' remaining bytes advance with time at their rates; rates are recomputed only when
+//! a flow starts or ends (`dirty`), and all flows that start or end at one instant are taken
+//! together, so a collective whose ranks move in lockstep costs one recomputation per step.
+#![forbid(unsafe_code)]
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+/// A link of the network (an index into `Links`).
+pub type LinkId = u32;
+
+/// The most links one flow crosses.
+pub const MAX_HOPS: usize = 3;
+
+/// Relative tolerance under which two instants are one (flows of a lockstep step end together
+/// although their finish times differ in the last bits).
+pub const TIME_EPS: f64 = 1e-9;
+
+#[derive(Clone, Debug)]
+struct Flow {
+    links: [LinkId; MAX_HOPS],
+    hops: u8,
+    remaining: f64,
+    rate: f64,
+    /// When it ends at its current rate (valid while not dirty).
+    finish: f64,
+    /// The caller's name for the flow (a message).
+    token: u32,
+    frozen: bool,
+}
+
+/// A link's fair share in the filling heap (smallest first).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Share(f64, LinkId, u32);
+
+impl Eq for Share {}
+
+impl Ord for Share {
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.0.total_cmp(&self.0).then(o.1.cmp(&self.1))
+    }
+}
+
+impl PartialOrd for Share {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+/// The links, the active flows and their max-min fair rates.
+#[derive(Debug, Default)]
+pub struct Links {
+    cap: Vec<f64>,
+    flows: Vec<Flow>,
+    now: f64,
+    dirty: bool,
+    // Scratch of the filling, one entry per link, kept between recomputations.
+    left: Vec<f64>,
+    count: Vec<u32>,
+    version: Vec<u32>,
+    through: Vec<Vec<u32>>,
+}
+
+impl Links {
+    pub fn new() -> Links {
+        Links::default()
+    }
+
+    /// A link of `bytes_per_us` capacity (positive and finite).
+    pub fn add(&mut self, bytes_per_us: f64) -> LinkId {
+        debug_assert!(bytes_per_us > 0.0 && bytes_per_us.is_finite());
+        self.cap.push(bytes_per_us);
+        self.left.push(0.0);
+        self.count.push(0);
+        self.version.push(0);
+        self.through.push(Vec::new());
+        (self.cap.len() - 1) as LinkId
+    }
+
+    pub fn active(&self) -> usize {
+        self.flows.len()
+    }
+
+    /// Start a flow of `bytes` (> 0) over `links` (1 to `MAX_HOPS`) at the current instant.
+    pub fn start(&mut self, links: &[LinkId], bytes: f64, token: u32) {
+        debug_assert!(!links.is_empty() && links.len() <= MAX_HOPS && bytes > 0.0);
+        let mut l = [0; MAX_HOPS];
+        l[..links.len()].copy_from_slice(links);
+        self.flows.push(Flow {
+            links: l,
+            hops: links.len() as u8,
+            remaining: bytes,
+            rate: 0.0,
+            finish: f64::INFINITY,
+            token,
+            frozen: false,
+        });
+        self.dirty = true;
+    }
+
+    /// Move the clock to `t`, draining every flow at its rate.
+    pub fn advance(&mut self, t: f64) {
+        if self.dirty {
+            // Rates changed at `now`: fill before draining past it.
+            self.fill();
+        }
+        let dt = t - self.now;
+        if dt > 0.0 {
+            for f in &mut self.flows {
+                f.remaining -= f.rate * dt;
+            }
+        }
+        self.now = self.now.max(t);
+    }
+
+    /// When the next flow ends (None without flows).
+    pub fn next_finish(&mut self) -> Option<f64> {
+        if self.dirty {
+            self.fill();
+        }
+        self.flows.iter().map(|f| f.finish).min_by(f64::total_cmp)
+    }
+
+    /// Remove the flows that end by `t` (within `TIME_EPS`), returning their tokens.
+    pub fn take_finished(&mut self, t: f64, out: &mut Vec<u32>) {
+        if self.dirty {
+            self.fill();
+        }
+        let limit = t + TIME_EPS * t.abs().max(1.0);
+        let before = self.flows.len();
+        self.flows.retain(|f| {
+            if f.finish <= limit {
+                out.push(f.token);
+                false
+            } else {
+                true
+            }
+        });
+        if self.flows.len() != before {
+            self.dirty = true;
+        }
+    }
+
+    /// The current rate of each flow, by token (for tests and reports).
+    pub fn rates(&mut self) -> Vec<(u32, f64)> {
+        if self.dirty {
+            self.fill();
+        }
+        self.flows.iter().map(|f| (f.token, f.rate)).collect()
+    }
+
+    /// Progressive filling: the max-min fair rates of the active flows.
+    fn fill(&mut self) {
+        self.dirty = false;
+        let mut touched: Vec<LinkId> = Vec::new();
+        for (i, f) in self.flows.iter_mut().enumerate() {
+            f.frozen = false;
+            for &l in &f.links[..f.hops as usize] {
+                let l = l as usize;
+                if self.count[l] == 0 {
+                    touched.push(l as LinkId);
+                    self.left[l] = self.cap[l];
+                    self.through[l].clear();
+                }
+                self.count[l] += 1;
+                self.through[l].push(i as u32);
+            }
+        }
+        let mut heap: BinaryHeap<Share> = touched
+            .iter()
+            .map(|&l| {
+                let u = l as usize;
+                Share(self.left[u] / f64::from(self.count[u]), l, self.version[u])
+            })
+            .collect();
+        while let Some(Share(share, l, v)) = heap.pop() {
+            let u = l as usize;
+            if v != self.version[u] || self.count[u] == 0 {
+                continue;
+            }
+            for k in 0..self.through[u].len() {
+                let fi = self.through[u][k] as usize;
+                let f = &mut self.flows[fi];
+                if f.frozen {
+                    continue;
+                }
+                f.frozen = true;
+                f.rate = share;
+                for &o in &f.links[..f.hops as usize] {
+                    let o = o as usize;
+                    if o == u {
+                        continue;
+                    }
+                    self.left[o] = (self.left[o] - share).max(0.0);
+                    self.count[o] -= 1;
+                    self.version[o] = self.version[o].wrapping_add(1);
+                    if self.count[o] > 0 {
+                        let s = self.left[o] / f64::from(self.count[o]);
+                        heap.push(Share(s, o as LinkId, self.version[o]));
+                    }
+                }
+            }
+            self.count[u] = 0;
+        }
+        let now = self.now;
+        for f in &mut self.flows {
+            f.finish = now + f.remaining.max(0.0) / f.rate;
+        }
+        for l in touched {
+            self.count[l as usize] = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rate(l: &mut Links, token: u32) -> f64 {
+        l.rates().into_iter().find(|r| r.0 == token).unwrap().1
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-12 * b.abs().max(1.0)
+    }
+
+    /// Two flows on one link of 10: 5 each; when one ends the other gets all 10.
+    #[test]
+    fn two_flows_one_link() {
+        let mut l = Links::new();
+        let a = l.add(10.0);
+        l.start(&[a], 50.0, 1);
+        l.start(&[a], 100.0, 2);
+        assert!(close(rate(&mut l, 1), 5.0) && close(rate(&mut l, 2), 5.0));
+        // Flow 1 ends at 10 us (50 bytes at 5); flow 2 has 50 left, then drains at 10.
+        let t = l.next_finish().unwrap();
+        assert!(close(t, 10.0), "{t}");
+        let mut done = Vec::new();
+        l.advance(t);
+        l.take_finished(t, &mut done);
+        assert_eq!(done, vec![1]);
+        assert!(close(rate(&mut l, 2), 10.0));
+        assert!(close(l.next_finish().unwrap(), 15.0));
+    }
+
+    /// Two flows on different bottlenecks: A crosses links x (cap 4) and y (cap 10), B only y.
+    /// x limits A to 4; B takes the remaining 6 of y (not the equal split of 5).
+    #[test]
+    fn two_flows_different_bottlenecks() {
+        let mut l = Links::new();
+        let x = l.add(4.0);
+        let y = l.add(10.0);
+        l.start(&[x, y], 1.0, 1);
+        l.start(&[y], 1.0, 2);
+        assert!(close(rate(&mut l, 1), 4.0));
+        assert!(close(rate(&mut l, 2), 6.0));
+    }
+
+    /// The textbook three-flow line: links p and q of capacity 1; flow 0 crosses both, flow 1
+    /// only p, flow 2 only q: each gets 1/2. With q of capacity 2: flow 0 and flow 1 share p at
+    /// 1/2 each, and flow 2 takes q's remaining 3/2.
+    #[test]
+    fn three_flows_line() {
+        let mut l = Links::new();
+        let p = l.add(1.0);
+        let q = l.add(1.0);
+        l.start(&[p, q], 1.0, 0);
+        l.start(&[p], 1.0, 1);
+        l.start(&[q], 1.0, 2);
+        for t in 0..3 {
+            assert!(close(rate(&mut l, t), 0.5));
+        }
+        let mut l = Links::new();
+        let p = l.add(1.0);
+        let q = l.add(2.0);
+        l.start(&[p, q], 1.0, 0);
+        l.start(&[p], 1.0, 1);
+        l.start(&[q], 1.0, 2);
+        assert!(close(rate(&mut l, 0), 0.5));
+        assert!(close(rate(&mut l, 1), 0.5));
+        assert!(close(rate(&mut l, 2), 1.5));
+    }
+
+    /// Three flows out of one sender's egress (cap 9) to three receivers whose ingress links
+    /// are 2, 9 and 9: the first is held to 2, the other two split the remaining 7.
+    #[test]
+    fn three_flows_egress_and_ingress() {
+        let mut l = Links::new();
+        let out = l.add(9.0);
+        let ins: Vec<LinkId> = [2.0, 9.0, 9.0].iter().map(|&c| l.add(c)).collect();
+        for (t, &i) in ins.iter().enumerate() {
+            l.start(&[out, i], 1.0, t as u32);
+        }
+        assert!(close(rate(&mut l, 0), 2.0));
+        assert!(close(rate(&mut l, 1), 3.5));
+        assert!(close(rate(&mut l, 2), 3.5));
+    }
+
+    /// Flows that end at one instant are taken together, and time advances the others.
+    #[test]
+    fn lockstep_flows_end_together() {
+        let mut l = Links::new();
+        let links: Vec<LinkId> = (0..4).map(|_| l.add(2.0)).collect();
+        for (t, &k) in links.iter().enumerate() {
+            l.start(&[k], 3.0, t as u32);
+        }
+        let t = l.next_finish().unwrap();
+        assert!(close(t, 1.5));
+        let mut done = Vec::new();
+        l.advance(t);
+        l.take_finished(t, &mut done);
+        done.sort_unstable();
+        assert_eq!(done, vec![0, 1, 2, 3]);
+        assert_eq!(l.active(), 0);
+        assert_eq!(l.next_finish(), None);
+    }
+}
