@@ -154,7 +154,6 @@ impl<'a> Sim<'a> {
         let mut count = vec![0u32; total + 1];
         for (r, steps) in s.ranks.iter().enumerate() {
             for (i, st) in steps.iter().enumerate() {
-                let g = base[r] + i;
                 sim.rank_of.push(r as u32);
                 sim.pending.push(st.deps.len() as u32);
                 for &d in &st.deps {
