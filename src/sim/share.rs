@@ -5,9 +5,11 @@
 //! (its remaining capacity over its unfrozen flows) finds the next link to fill, so one
 //! recomputation costs O(flows x links per flow x log links).
 //!
-//! The flows' remaining bytes advance with time at their rates; rates are recomputed only when
-//! a flow starts or ends (`dirty`), and all flows that start or end at one instant are taken
-//! together, so a collective whose ranks move in lockstep costs one recomputation per step.
+//! Rates are recomputed only when a flow starts or ends, only for the flows connected to it
+//! through shared links, and once for all the changes of one instant; a flow's remaining bytes
+//! are brought up to date only when its rate changes, and a heap of finish times finds the
+//! next to end. So a step of a lockstep collective on links of their own costs each flow
+//! O(log flows), not a pass over every flow.
 #![forbid(unsafe_code)]
 
 use std::cmp::Ordering;
@@ -27,45 +29,62 @@ pub const TIME_EPS: f64 = 1e-9;
 struct Flow {
     links: [LinkId; MAX_HOPS],
     hops: u8,
+    /// Bytes left at `updated`.
     remaining: f64,
+    updated: f64,
     rate: f64,
-    /// When it ends at its current rate (valid while not dirty).
+    /// When it ends at its current rate.
     finish: f64,
     /// The caller's name for the flow (a message).
     token: u32,
+    alive: bool,
     frozen: bool,
+    /// Bumped at every new rate, so that stale entries of the finish heap are skipped.
+    version: u32,
 }
 
-/// A link's fair share in the filling heap (smallest first).
+/// A key in a min-heap of f64 (smallest first), with an index and a version.
 #[derive(Clone, Copy, Debug, PartialEq)]
-struct Share(f64, LinkId, u32);
+struct Key(f64, u32, u32);
 
-impl Eq for Share {}
+impl Eq for Key {}
 
-impl Ord for Share {
+impl Ord for Key {
     fn cmp(&self, o: &Self) -> Ordering {
         o.0.total_cmp(&self.0).then(o.1.cmp(&self.1))
     }
 }
 
-impl PartialOrd for Share {
+impl PartialOrd for Key {
     fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
         Some(self.cmp(o))
     }
 }
 
-/// The links, the active flows and their max-min fair rates.
+/// The links, the active flows and their max-min fair rates. A flow's start or end changes
+/// only the rates of the flows connected to it through shared links (its component), so only
+/// that component is refilled, and a flow's remaining bytes are brought up to date only when
+/// its rate changes.
 #[derive(Debug, Default)]
 pub struct Links {
     cap: Vec<f64>,
     flows: Vec<Flow>,
+    free: Vec<u32>,
+    alive: usize,
     now: f64,
-    dirty: bool,
-    // Scratch of the filling, one entry per link, kept between recomputations.
+    /// The flows on each link (dead ones are dropped when next seen).
+    on: Vec<Vec<u32>>,
+    /// Links whose flows changed since the last filling.
+    dirty: Vec<LinkId>,
+    finishes: BinaryHeap<Key>,
+    // Scratch of the filling, one entry per link or flow, kept between fillings.
     left: Vec<f64>,
     count: Vec<u32>,
     version: Vec<u32>,
     through: Vec<Vec<u32>>,
+    seen_link: Vec<u32>,
+    seen_flow: Vec<u32>,
+    stamp: u32,
 }
 
 impl Links {
@@ -81,11 +100,13 @@ impl Links {
         self.count.push(0);
         self.version.push(0);
         self.through.push(Vec::new());
+        self.on.push(Vec::new());
+        self.seen_link.push(0);
         (self.cap.len() - 1) as LinkId
     }
 
     pub fn active(&self) -> usize {
-        self.flows.len()
+        self.alive
     }
 
     /// Start a flow of `bytes` (> 0) over `links` (1 to `MAX_HOPS`) at the current instant.
@@ -93,94 +114,157 @@ impl Links {
         debug_assert!(!links.is_empty() && links.len() <= MAX_HOPS && bytes > 0.0);
         let mut l = [0; MAX_HOPS];
         l[..links.len()].copy_from_slice(links);
-        self.flows.push(Flow {
+        let f = Flow {
             links: l,
             hops: links.len() as u8,
             remaining: bytes,
+            updated: self.now,
             rate: 0.0,
             finish: f64::INFINITY,
             token,
+            alive: true,
             frozen: false,
-        });
-        self.dirty = true;
+            version: 0,
+        };
+        let id = match self.free.pop() {
+            Some(i) => {
+                let v = self.flows[i as usize].version.wrapping_add(1);
+                self.flows[i as usize] = Flow { version: v, ..f };
+                i
+            }
+            None => {
+                self.flows.push(f);
+                self.seen_flow.push(0);
+                (self.flows.len() - 1) as u32
+            }
+        };
+        self.alive += 1;
+        for &k in links {
+            self.on[k as usize].push(id);
+            self.dirty.push(k);
+        }
     }
 
-    /// Move the clock to `t`, draining every flow at its rate.
+    /// Move the clock to `t` (flows drain at their rates; nothing changes until one ends).
     pub fn advance(&mut self, t: f64) {
-        if self.dirty {
-            // Rates changed at `now`: fill before draining past it.
+        if !self.dirty.is_empty() {
+            // Rates changed at `now`: fill before the clock passes it.
             self.fill();
-        }
-        let dt = t - self.now;
-        if dt > 0.0 {
-            for f in &mut self.flows {
-                f.remaining -= f.rate * dt;
-            }
         }
         self.now = self.now.max(t);
     }
 
     /// When the next flow ends (None without flows).
     pub fn next_finish(&mut self) -> Option<f64> {
-        if self.dirty {
+        if !self.dirty.is_empty() {
             self.fill();
         }
-        self.flows.iter().map(|f| f.finish).min_by(f64::total_cmp)
+        while let Some(&Key(t, i, v)) = self.finishes.peek() {
+            let f = &self.flows[i as usize];
+            if f.alive && f.version == v {
+                return Some(t);
+            }
+            self.finishes.pop();
+        }
+        None
     }
 
     /// Remove the flows that end by `t` (within `TIME_EPS`), returning their tokens.
     pub fn take_finished(&mut self, t: f64, out: &mut Vec<u32>) {
-        if self.dirty {
-            self.fill();
-        }
         let limit = t + TIME_EPS * t.abs().max(1.0);
-        let before = self.flows.len();
-        self.flows.retain(|f| {
-            if f.finish <= limit {
-                out.push(f.token);
-                false
-            } else {
-                true
-            }
-        });
-        if self.flows.len() != before {
-            self.dirty = true;
+        while self.next_finish().is_some_and(|f| f <= limit) {
+            let Some(Key(_, i, _)) = self.finishes.pop() else {
+                break;
+            };
+            let f = &mut self.flows[i as usize];
+            f.alive = false;
+            f.version = f.version.wrapping_add(1);
+            out.push(f.token);
+            self.alive -= 1;
+            let (links, hops) = (f.links, f.hops as usize);
+            self.dirty.extend_from_slice(&links[..hops]);
+            self.free.push(i);
         }
     }
 
     /// The current rate of each flow, by token (for tests and reports).
     pub fn rates(&mut self) -> Vec<(u32, f64)> {
-        if self.dirty {
+        if !self.dirty.is_empty() {
             self.fill();
         }
-        self.flows.iter().map(|f| (f.token, f.rate)).collect()
+        self.flows
+            .iter()
+            .filter(|f| f.alive)
+            .map(|f| (f.token, f.rate))
+            .collect()
     }
 
-    /// Progressive filling: the max-min fair rates of the active flows.
-    fn fill(&mut self) {
-        self.dirty = false;
-        let mut touched: Vec<LinkId> = Vec::new();
-        for (i, f) in self.flows.iter_mut().enumerate() {
-            f.frozen = false;
-            for &l in &f.links[..f.hops as usize] {
-                let l = l as usize;
-                if self.count[l] == 0 {
-                    touched.push(l as LinkId);
-                    self.left[l] = self.cap[l];
-                    self.through[l].clear();
+    /// The flows connected to the dirty links, each brought up to date at `now`.
+    fn component(&mut self) -> (Vec<u32>, Vec<LinkId>) {
+        self.stamp = self.stamp.wrapping_add(1).max(1);
+        let stamp = self.stamp;
+        let mut links: Vec<LinkId> = Vec::new();
+        let mut flows: Vec<u32> = Vec::new();
+        let mut stack: Vec<LinkId> = std::mem::take(&mut self.dirty);
+        while let Some(l) = stack.pop() {
+            let u = l as usize;
+            if self.seen_link[u] == stamp {
+                continue;
+            }
+            self.seen_link[u] = stamp;
+            links.push(l);
+            let flows_ref = &self.flows;
+            self.on[u].retain(|&i| flows_ref[i as usize].alive);
+            for k in 0..self.on[u].len() {
+                let i = self.on[u][k];
+                if self.seen_flow[i as usize] == stamp {
+                    continue;
                 }
-                self.count[l] += 1;
-                self.through[l].push(i as u32);
+                self.seen_flow[i as usize] = stamp;
+                flows.push(i);
+                let f = &self.flows[i as usize];
+                stack.extend_from_slice(&f.links[..f.hops as usize]);
             }
         }
-        let mut heap: BinaryHeap<Share> = touched
+        let now = self.now;
+        for &i in &flows {
+            let f = &mut self.flows[i as usize];
+            f.remaining -= f.rate * (now - f.updated);
+            f.updated = now;
+        }
+        (flows, links)
+    }
+
+    /// Progressive filling of the component of the dirty links: its max-min fair rates.
+    fn fill(&mut self) {
+        let (flows, links) = self.component();
+        for &l in &links {
+            let u = l as usize;
+            self.left[u] = self.cap[u];
+            self.count[u] = 0;
+            self.through[u].clear();
+        }
+        for &i in &flows {
+            let f = &mut self.flows[i as usize];
+            f.frozen = false;
+            for &l in &f.links[..f.hops as usize] {
+                self.count[l as usize] += 1;
+                self.through[l as usize].push(i);
+            }
+        }
+        let mut heap: BinaryHeap<Key> = links
             .iter()
+            .filter(|&&l| self.count[l as usize] > 0)
             .map(|&l| {
                 let u = l as usize;
-                Share(self.left[u] / f64::from(self.count[u]), l, self.version[u])
+                Key(self.left[u] / f64::from(self.count[u]), l, self.version[u])
             })
             .collect();
-        while let Some(Share(share, l, v)) = heap.pop() {
+        // A fresh stamp marks the links changed by one frozen link (0 is never a stamp).
+        self.stamp = self.stamp.wrapping_add(1).max(1);
+        let stamp = self.stamp;
+        let mut changed: Vec<usize> = Vec::new();
+        while let Some(Key(share, l, v)) = heap.pop() {
             let u = l as usize;
             if v != self.version[u] || self.count[u] == 0 {
                 continue;
@@ -200,21 +284,35 @@ impl Links {
                     }
                     self.left[o] = (self.left[o] - share).max(0.0);
                     self.count[o] -= 1;
-                    self.version[o] = self.version[o].wrapping_add(1);
-                    if self.count[o] > 0 {
-                        let s = self.left[o] / f64::from(self.count[o]);
-                        heap.push(Share(s, o as LinkId, self.version[o]));
+                    if self.seen_link[o] != stamp {
+                        self.seen_link[o] = stamp;
+                        changed.push(o);
                     }
                 }
             }
             self.count[u] = 0;
+            // Each link whose share moved goes back on the heap once, with its new share.
+            for o in changed.drain(..) {
+                self.seen_link[o] = 0;
+                self.version[o] = self.version[o].wrapping_add(1);
+                if self.count[o] > 0 {
+                    let s = self.left[o] / f64::from(self.count[o]);
+                    heap.push(Key(s, o as LinkId, self.version[o]));
+                }
+            }
         }
         let now = self.now;
-        for f in &mut self.flows {
-            f.finish = now + f.remaining.max(0.0) / f.rate;
-        }
-        for l in touched {
-            self.count[l as usize] = 0;
+        for &i in &flows {
+            let f = &mut self.flows[i as usize];
+            let finish = now + f.remaining.max(0.0) / f.rate;
+            // A flow whose rate did not change keeps its entry in the heap (most of a
+            // component, most of the time): no stale entries pile up.
+            if f.finish.is_finite() && (finish - f.finish).abs() <= TIME_EPS * finish.max(1.0) {
+                continue;
+            }
+            f.finish = finish;
+            f.version = f.version.wrapping_add(1);
+            self.finishes.push(Key(f.finish, i, f.version));
         }
     }
 }
