@@ -322,8 +322,8 @@ impl<'a> Sim<'a> {
             self.now = self.now.max(t);
             finished.clear();
             self.links.take_finished(t, &mut finished);
-            for k in 0..finished.len() {
-                self.drained(finished[k]);
+            for &m in &finished {
+                self.drained(m);
             }
             let limit = t + TIME_EPS * t.abs().max(1.0);
             while let Some(Reverse(At(when, _, e))) = self.heap.peek().copied() {
