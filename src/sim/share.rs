@@ -314,6 +314,19 @@ impl Links {
             f.version = f.version.wrapping_add(1);
             self.finishes.push(Key(f.finish, i, f.version));
         }
+        // Superseded entries stay in the heap until they reach its top; where rates change
+        // far more often than flows end (many flows sharing a NIC, started one post apart)
+        // they would pile up, so the heap is rebuilt from the live flows when they dominate.
+        if self.finishes.len() > 4 * self.alive + 1024 {
+            let flows = &self.flows;
+            self.finishes = (0..flows.len() as u32)
+                .filter(|&i| flows[i as usize].alive)
+                .map(|i| {
+                    let f = &flows[i as usize];
+                    Key(f.finish, i, f.version)
+                })
+                .collect();
+        }
     }
 }
 
