@@ -10,6 +10,7 @@ pub mod exec;
 pub mod ffi;
 pub mod plugin;
 pub mod reduce;
+pub mod sim;
 #[doc(hidden)]
 pub mod testing;
 pub mod transport;

@@ -1,0 +1,423 @@
+//! fabricoll-sim: predicted time and bus bandwidth of every algorithm for a collective on a
+//! modelled machine of any size, by running the engines' own schedules in the simulator
+//! (`fabricoll::sim`), with the cost model's (`auto`'s) pick beside the simulator's best.
+//! An nccl-tests-style table; each line says how long its simulation took.
+use clap::Parser;
+use nccl_net_fabricoll::algo::{self, Algorithm, Collective, Hosts, Options, Problem};
+use nccl_net_fabricoll::sim::{self, Params};
+use nccl_net_fabricoll::transport::DEFAULT_SLICE_BYTES;
+use nccl_net_fabricoll::tune::{gbps_to_us_per_byte, Model};
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "fabricoll-sim",
+    about = "Simulate fabricoll's schedules on a modelled machine: time and busbw per algorithm"
+)]
+struct Args {
+    /// Ranks per host: HOSTSxRANKS (512x8) or a list (3,2,1).
+    #[arg(long, default_value = "2x4", value_parser = layout)]
+    hosts: Layout,
+    /// allreduce, allgather, reducescatter, broadcast, reduce or alltoall.
+    #[arg(long, default_value = "allreduce", value_parser = collective)]
+    coll: Collective,
+    /// Smallest size (bytes, as nccl-tests counts them: AllGather's and AllToAll's output,
+    /// ReduceScatter's input).
+    #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = size)]
+    min_bytes: usize,
+    #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = size)]
+    max_bytes: usize,
+    /// Multiply the size by this each line.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    factor: usize,
+    /// Bytes per element.
+    #[arg(long, default_value_t = 4)]
+    elem: usize,
+    /// Network latency per message (us).
+    #[arg(long, default_value_t = 10.0)]
+    alpha_us: f64,
+    /// Network bandwidth per NIC, Gbit/s.
+    #[arg(long, default_value_t = 16.0)]
+    gbit: f64,
+    /// Sending CPU's cost per network message (us); default alpha/2.
+    #[arg(long)]
+    o_us: Option<f64>,
+    /// Shared-memory latency, bandwidth (GB/s) and CPU cost per message.
+    #[arg(long, default_value_t = 1.0)]
+    intra_alpha_us: f64,
+    #[arg(long, default_value_t = 10.0)]
+    intra_gbps: f64,
+    #[arg(long, default_value_t = 0.5)]
+    intra_o_us: f64,
+    /// Reduction speed (GB/s).
+    #[arg(long, default_value_t = 8.0)]
+    gamma_gbps: f64,
+    /// Take the parameters (and the hosts, if it names them) from the line a communicator
+    /// logs after calibration with FABRICOLL_LOG=info ("calibration on N ranks ...").
+    #[arg(long, value_name = "LINE")]
+    calibration: Option<String>,
+    /// Contention off: every rank has its own links (the closed-form model's assumption).
+    #[arg(long)]
+    no_contention: bool,
+    /// A host's memory bandwidth for its ranks' messages (GB/s; default unlimited).
+    #[arg(long)]
+    mem_gbps: Option<f64>,
+    /// Core oversubscription (1: none).
+    #[arg(long, default_value_t = 1.0)]
+    taper: f64,
+    /// Local copies' speed (GB/s; default free, as the closed-form model).
+    #[arg(long)]
+    copy_gbps: Option<f64>,
+    /// Bytes per slice of pipelined schedules (the transport's slice size).
+    #[arg(long, default_value_t = DEFAULT_SLICE_BYTES, value_parser = size)]
+    slice: usize,
+    /// Only these algorithms (comma-separated names); default every one that applies.
+    #[arg(long, value_delimiter = ',', value_parser = algorithm)]
+    algos: Vec<Algorithm>,
+    /// Skip a schedule estimated to have more steps than this (memory: about 100 B a step).
+    #[arg(long, default_value_t = 20_000_000)]
+    max_steps: usize,
+}
+
+fn size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>()
+        .ok()
+        .and_then(|v| v.checked_mul(mul))
+        .ok_or_else(|| format!("not a size: {s:?}"))
+}
+
+/// Ranks per host.
+#[derive(Clone, Debug)]
+struct Layout(Vec<usize>);
+
+fn layout(s: &str) -> Result<Layout, String> {
+    let bad = || format!("hosts: {s:?} is neither HOSTSxRANKS (512x8) nor a list (3,2,1)");
+    let v: Vec<usize> = if let Some((h, r)) = s.split_once('x') {
+        let (h, r) = (h.trim().parse::<usize>(), r.trim().parse::<usize>());
+        let (h, r) = (h.map_err(|_| bad())?, r.map_err(|_| bad())?);
+        vec![r; h]
+    } else {
+        s.split(',')
+            .map(|x| x.trim().parse::<usize>().map_err(|_| bad()))
+            .collect::<Result<_, _>>()?
+    };
+    if v.is_empty() || v.contains(&0) {
+        return Err(format!("hosts: {s:?} names an empty host"));
+    }
+    Ok(Layout(v))
+}
+
+fn collective(s: &str) -> Result<Collective, String> {
+    Ok(match s {
+        "allreduce" => Collective::AllReduce,
+        "allgather" => Collective::AllGather,
+        "reducescatter" | "reduce_scatter" => Collective::ReduceScatter,
+        "broadcast" | "bcast" => Collective::Broadcast,
+        "reduce" => Collective::Reduce,
+        "alltoall" => Collective::AllToAll,
+        _ => return Err(format!("unknown collective {s:?}")),
+    })
+}
+
+fn algorithm(s: &str) -> Result<Algorithm, String> {
+    Algorithm::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = Algorithm::ALL.iter().map(|x| x.name()).collect();
+        format!("unknown algorithm {s:?}; accepted: {}", names.join(", "))
+    })
+}
+
+/// nccl-tests' bus bandwidth factor.
+fn bus_factor(c: Collective, n: usize) -> f64 {
+    let n = n as f64;
+    match c {
+        Collective::AllReduce => 2.0 * (n - 1.0) / n,
+        Collective::Broadcast | Collective::Reduce => 1.0,
+        _ => (n - 1.0) / n,
+    }
+}
+
+/// The problem of `bytes` as nccl-tests sizes it.
+fn problem(c: Collective, n: usize, bytes: usize, elem: usize) -> Problem {
+    let count = bytes / elem;
+    let count = match c {
+        Collective::AllReduce | Collective::Broadcast | Collective::Reduce => count,
+        _ => count / n,
+    };
+    Problem::new(c, n, count)
+}
+
+/// One simulated schedule.
+struct Run {
+    algo: Algorithm,
+    opts: Options,
+    us: f64,
+    steps: usize,
+    secs: f64,
+}
+
+/// Steps of `algo`'s schedule for `p`, estimated from the same collective on 32 and 64 ranks
+/// in hosts of the same size (the growth between the two extrapolated), without building it.
+fn estimate_steps(p: &Problem, a: Algorithm, opts: &Options, per_host: usize) -> Option<f64> {
+    if p.nranks <= 64 {
+        return None;
+    }
+    let steps = |n: usize| -> Option<f64> {
+        let scaled = Problem::new(p.coll, n, scaled_count(p, n));
+        let o = Options {
+            hosts: Hosts::blocks(n, per_host),
+            ..*opts
+        };
+        let s = algo::build(scaled, a, &o).ok()?;
+        Some(s.ranks.iter().map(Vec::len).sum::<usize>() as f64)
+    };
+    let (s32, s64) = (steps(32)?, steps(64)?);
+    let k = (s64 / s32).log2().max(1.0);
+    Some(s64 * (p.nranks as f64 / 64.0).powf(k))
+}
+
+/// The count on `n` ranks that keeps each rank's share of the data (the per-rank count of
+/// AllGather, ReduceScatter and AllToAll; the whole buffer's share of the others).
+fn scaled_count(p: &Problem, n: usize) -> usize {
+    match p.coll {
+        Collective::AllReduce | Collective::Broadcast | Collective::Reduce => {
+            (p.count / p.nranks * n).max(1)
+        }
+        _ => p.count,
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fabricoll-sim: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn model_of(args: &Args) -> Result<(Model, Vec<usize>), String> {
+    if let Some(line) = &args.calibration {
+        let (m, sizes) = sim::parse_calibration(line).map_err(|e| format!("--calibration: {e}"))?;
+        return Ok((m, sizes.unwrap_or_else(|| args.hosts.0.clone())));
+    }
+    let mut m = Model::new(args.alpha_us, args.gbit / 8.0, args.gamma_gbps);
+    m.inter_o_us = Some(args.o_us.unwrap_or(args.alpha_us / 2.0));
+    m.intra.alpha_us = args.intra_alpha_us;
+    m.intra.beta_us_per_byte = gbps_to_us_per_byte(args.intra_gbps);
+    m.intra.o_us = args.intra_o_us;
+    Ok((m, args.hosts.0.clone()))
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    if args.elem == 0 {
+        return Err("--elem: must be at least 1".into());
+    }
+    if args.factor < 2 {
+        return Err("--stepfactor: must be at least 2".into());
+    }
+    if args.min_bytes > args.max_bytes {
+        return Err("--minbytes: larger than --maxbytes".into());
+    }
+    let (model, sizes) = model_of(args)?;
+    let n: usize = sizes.iter().sum();
+    let labels: Vec<usize> = sizes
+        .iter()
+        .enumerate()
+        .flat_map(|(h, &s)| std::iter::repeat_n(h, s))
+        .collect();
+    let hosts = Hosts::from_labels(&labels);
+    let mut params = Params::from_model(&model, hosts);
+    params.contention = !args.no_contention;
+    params.mem_us_per_byte = args.mem_gbps.map(gbps_to_us_per_byte);
+    params.taper = args.taper;
+    params.copy_us_per_byte = args.copy_gbps.map_or(0.0, gbps_to_us_per_byte);
+    params.validate()?;
+    let per_host = sizes.iter().copied().max().unwrap_or(1);
+    let algos: Vec<Algorithm> = if args.algos.is_empty() {
+        Algorithm::ALL.to_vec()
+    } else {
+        args.algos.clone()
+    };
+    let algos: Vec<Algorithm> = algos
+        .into_iter()
+        .filter(|a| algo::supports(*a, args.coll))
+        .collect();
+    if algos.is_empty() {
+        return Err(format!("--algos: none implements {:?}", args.coll));
+    }
+    println!(
+        "# fabricoll-sim: {:?} on {n} ranks, {} hosts of {} ranks; {}; contention {}, taper {}, \
+         memory {}, slices of {} B",
+        args.coll,
+        sizes.len(),
+        if sizes.iter().all(|&s| s == sizes[0]) {
+            sizes[0].to_string()
+        } else {
+            format!("{sizes:?}")
+        },
+        model.levels_text(),
+        if params.contention { "on" } else { "off" },
+        params.taper,
+        args.mem_gbps
+            .map_or("unlimited".into(), |g| format!("{g} GB/s")),
+        args.slice
+    );
+    println!(
+        "# {:>12} {:>12}  {:<20} {:>12} {:>10} {:>10} {:>10} {:>8}  mark",
+        "size(B)", "count", "algorithm", "time(us)", "algbw", "busbw", "steps", "run(s)"
+    );
+    let started = Instant::now();
+    let mut bytes = args.min_bytes.max(args.elem);
+    let mut worst: Vec<String> = Vec::new();
+    loop {
+        let p = problem(args.coll, n, bytes, args.elem);
+        let base = Options {
+            slice: (args.slice / args.elem).max(1),
+            hosts,
+            ..Options::default()
+        };
+        let mut runs: Vec<Run> = Vec::new();
+        let mut skipped: Vec<String> = Vec::new();
+        for &a in &algos {
+            let opts = if matches!(a, Algorithm::Hier | Algorithm::Swizzle) {
+                model.levels_for(a, &p, args.elem, base)
+            } else {
+                model.eager_slicing(a, &p, args.elem, base)
+            };
+            match simulate_one(&p, a, opts, args, &params, per_host) {
+                Ok(Some(r)) => runs.push(r),
+                Ok(None) => skipped.push(a.to_string()),
+                Err(e) => return Err(format!("{a} at {bytes} B: {e}")),
+            }
+        }
+        let (auto_algo, auto_opts) = model.choose(&p, args.elem, base);
+        let auto = match runs
+            .iter()
+            .position(|r| r.algo == auto_algo && r.opts == auto_opts)
+        {
+            Some(i) => Some(i),
+            None => match simulate_one(&p, auto_algo, auto_opts, args, &params, per_host)? {
+                Some(r) => {
+                    runs.push(r);
+                    Some(runs.len() - 1)
+                }
+                None => None,
+            },
+        };
+        let best = (0..runs.len()).min_by(|&x, &y| runs[x].us.total_cmp(&runs[y].us));
+        let shown = bytes_shown(&p, args.elem);
+        for (i, r) in runs.iter().enumerate() {
+            let algbw = shown as f64 / r.us / 1e3;
+            let mut mark = String::new();
+            if Some(i) == auto {
+                mark.push_str("auto ");
+            }
+            if Some(i) == best {
+                mark.push_str("best");
+            }
+            println!(
+                "  {:>12} {:>12}  {:<20} {:>12.2} {:>10.3} {:>10.3} {:>10} {:>8.4}  {}",
+                shown,
+                p.count,
+                name(r),
+                r.us,
+                algbw,
+                algbw * bus_factor(args.coll, n),
+                r.steps,
+                r.secs,
+                mark.trim_end()
+            );
+        }
+        if !skipped.is_empty() {
+            println!(
+                "  {:>12} {:>12}  skipped (over --max-steps): {}",
+                shown,
+                p.count,
+                skipped.join(", ")
+            );
+        }
+        if let (Some(a), Some(b)) = (auto, best) {
+            let slower = runs[a].us / runs[b].us - 1.0;
+            if slower > 0.10 {
+                worst.push(format!(
+                    "{shown} B: auto {} {:.1} us, best {} {:.1} us (+{:.0} %)",
+                    name(&runs[a]),
+                    runs[a].us,
+                    name(&runs[b]),
+                    runs[b].us,
+                    slower * 100.0
+                ));
+            }
+        }
+        match bytes.checked_mul(args.factor) {
+            Some(b) if b <= args.max_bytes => bytes = b,
+            _ => break,
+        }
+    }
+    if worst.is_empty() {
+        println!("# auto's pick is within 10 % of the simulator's best at every size");
+    } else {
+        println!("# auto's pick more than 10 % slower than the simulator's best:");
+        for w in &worst {
+            println!("#   {w}");
+        }
+    }
+    println!(
+        "# simulated in {:.2} s (one core)",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The name with its levels for hier and swizzle.
+fn name(r: &Run) -> String {
+    match r.algo {
+        Algorithm::Hier => format!("hier({}x{})", r.opts.intra, r.opts.inter),
+        Algorithm::Swizzle => format!("swizzle({})", r.opts.intra),
+        a => a.to_string(),
+    }
+}
+
+/// nccl-tests' size of `p`: the whole vector.
+fn bytes_shown(p: &Problem, elem: usize) -> usize {
+    match p.coll {
+        Collective::AllReduce | Collective::Broadcast | Collective::Reduce => p.count * elem,
+        _ => p.count * p.nranks * elem,
+    }
+}
+
+/// Build and simulate `a`'s schedule; None when it is estimated over `--max-steps`.
+fn simulate_one(
+    p: &Problem,
+    a: Algorithm,
+    opts: Options,
+    args: &Args,
+    params: &Params,
+    per_host: usize,
+) -> Result<Option<Run>, String> {
+    let t0 = Instant::now();
+    if let Some(est) = estimate_steps(p, a, &opts, per_host) {
+        if est > args.max_steps as f64 {
+            return Ok(None);
+        }
+    }
+    let s = algo::build(*p, a, &opts).map_err(|e| e.to_string())?;
+    let out = sim::simulate(&s, args.elem, opts.hosts, params)?;
+    Ok(Some(Run {
+        algo: a,
+        opts,
+        us: out.time_us,
+        steps: out.steps,
+        secs: t0.elapsed().as_secs_f64(),
+    }))
+}

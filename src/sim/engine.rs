@@ -1,0 +1,477 @@
+//! The event loop: every rank's steps run when their dependencies have completed; sends post on
+//! the rank's CPU and become flows on the links (`share`), receives complete `alpha` after
+//! their message's last byte, reductions and copies take the rank's CPU.
+#![forbid(unsafe_code)]
+
+use super::params::{Level, Params};
+use super::share::{LinkId, Links, TIME_EPS};
+use crate::algo::{Hosts, Op, Schedule};
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+
+/// What a run found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    /// When the last step of any rank completed, us from a common start.
+    pub time_us: f64,
+    /// Messages simulated and the steps they belong to.
+    pub messages: usize,
+    pub steps: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Send,
+    Recv,
+    RecvReduce,
+    Cpu,
+    Nop,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Event {
+    /// A step (global index) completed.
+    Done(u32),
+    /// A message's flow starts (its CPU posted it).
+    Start(u32),
+    /// A message is usable by its receiver.
+    Arrive(u32),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct At(f64, u64, Event);
+
+impl Eq for At {}
+
+impl Ord for At {
+    fn cmp(&self, o: &Self) -> Ordering {
+        self.0.total_cmp(&o.0).then(self.1.cmp(&o.1))
+    }
+}
+
+impl PartialOrd for At {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+/// One message: its bytes, its steps and the links it crosses.
+#[derive(Clone, Copy, Debug)]
+struct Msg {
+    bytes: f64,
+    send: u32,
+    recv: u32,
+    inter: bool,
+    arrived: bool,
+}
+
+struct Sim<'a> {
+    p: &'a Params,
+    rank_of: Vec<u32>,
+    kind: Vec<Kind>,
+    /// Bytes of a step's CPU work (copy, reduce) or its message index (send, receive).
+    arg: Vec<f64>,
+    msg_of: Vec<u32>,
+    pending: Vec<u32>,
+    dep_start: Vec<u32>,
+    dependents: Vec<u32>,
+    recv_ready: Vec<bool>,
+    msgs: Vec<Msg>,
+    cpu_free: Vec<f64>,
+    links: Links,
+    /// The links of a message from rank a to rank b: (a's, b's) per level, or the hosts'.
+    rank_links: Vec<[LinkId; 4]>,
+    host_links: Vec<[LinkId; 3]>,
+    core: Option<LinkId>,
+    host: Vec<u32>,
+    heap: BinaryHeap<Reverse<At>>,
+    seq: u64,
+    now: f64,
+    done: usize,
+    ready: VecDeque<u32>,
+}
+
+/// Simulate `s` with elements of `elem` bytes on ranks placed by `hosts` (the layout the
+/// schedule was built for) and the machine `p`.
+pub fn simulate(s: &Schedule, elem: usize, hosts: Hosts, p: &Params) -> Result<Outcome, String> {
+    p.validate()?;
+    let n = s.ranks.len();
+    if !hosts.fits(n) {
+        return Err(format!(
+            "hosts: the layout names {} ranks, the schedule has {n}",
+            hosts.ranks()
+        ));
+    }
+    let mut sim = Sim::new(s, elem, hosts, p)?;
+    sim.run()?;
+    Ok(Outcome {
+        time_us: sim.now,
+        messages: sim.msgs.len(),
+        steps: sim.kind.len(),
+    })
+}
+
+impl<'a> Sim<'a> {
+    fn new(s: &Schedule, elem: usize, hosts: Hosts, p: &'a Params) -> Result<Sim<'a>, String> {
+        let n = s.ranks.len();
+        let total: usize = s.ranks.iter().map(Vec::len).sum();
+        let base: Vec<usize> = s
+            .ranks
+            .iter()
+            .scan(0, |acc, r| {
+                let b = *acc;
+                *acc += r.len();
+                Some(b)
+            })
+            .collect();
+        let host: Vec<u32> = (0..n).map(|r| hosts.host_of(r) as u32).collect();
+        let nhosts = host.iter().copied().max().map_or(1, |h| h as usize + 1);
+        let mut sim = Sim {
+            p,
+            rank_of: Vec::with_capacity(total),
+            kind: Vec::with_capacity(total),
+            arg: Vec::with_capacity(total),
+            msg_of: vec![u32::MAX; total],
+            pending: Vec::with_capacity(total),
+            dep_start: Vec::with_capacity(total + 1),
+            dependents: Vec::new(),
+            recv_ready: vec![false; total],
+            msgs: Vec::new(),
+            cpu_free: vec![0.0; n],
+            links: Links::new(),
+            rank_links: Vec::with_capacity(n),
+            host_links: Vec::with_capacity(nhosts),
+            core: None,
+            host,
+            heap: BinaryHeap::new(),
+            seq: 0,
+            now: 0.0,
+            done: 0,
+            ready: VecDeque::new(),
+        };
+        sim.build_links(n, nhosts);
+        // Dependents in compressed rows: count, then fill.
+        let mut count = vec![0u32; total + 1];
+        for (r, steps) in s.ranks.iter().enumerate() {
+            for (i, st) in steps.iter().enumerate() {
+                sim.rank_of.push(r as u32);
+                sim.pending.push(st.deps.len() as u32);
+                for &d in &st.deps {
+                    if d >= i {
+                        return Err(format!(
+                            "schedule: rank {r} step {i} depends on step {d}, not an earlier one"
+                        ));
+                    }
+                    count[base[r] + d] += 1;
+                }
+                let bytes = |len: usize| (len * elem) as f64;
+                let (k, a) = match &st.op {
+                    Op::Send { src, .. } => (Kind::Send, bytes(src.len)),
+                    Op::Recv { dst, .. } => (Kind::Recv, bytes(dst.len)),
+                    Op::RecvReduce { dst, .. } => (Kind::RecvReduce, bytes(dst.len)),
+                    Op::Copy { src, .. } => (Kind::Cpu, bytes(src.len) * p.copy_us_per_byte),
+                    Op::Reduce { dst, .. } => (Kind::Cpu, bytes(dst.len) * p.gamma_us_per_byte),
+                    Op::Nop => (Kind::Nop, 0.0),
+                };
+                sim.kind.push(k);
+                sim.arg.push(a);
+            }
+        }
+        let mut acc = 0u32;
+        for c in count.iter_mut() {
+            let v = *c;
+            sim.dep_start.push(acc);
+            *c = acc;
+            acc += v;
+        }
+        sim.dependents = vec![0; acc as usize];
+        for (r, steps) in s.ranks.iter().enumerate() {
+            for (i, st) in steps.iter().enumerate() {
+                for &d in &st.deps {
+                    let slot = &mut count[base[r] + d];
+                    sim.dependents[*slot as usize] = (base[r] + i) as u32;
+                    *slot += 1;
+                }
+            }
+        }
+        sim.match_messages(s, &base)?;
+        Ok(sim)
+    }
+
+    /// The links: per rank and level without contention; with it, per rank inside a host and
+    /// per host (NIC egress, ingress, memory) plus the core.
+    fn build_links(&mut self, n: usize, nhosts: usize) {
+        let p = self.p;
+        let rate = |l: Level| 1.0 / l.beta_us_per_byte;
+        for _ in 0..n {
+            let ie = self.links.add(rate(p.intra));
+            let ii = self.links.add(rate(p.intra));
+            let (ee, ei) = if p.contention {
+                (0, 0)
+            } else {
+                (self.links.add(rate(p.inter)), self.links.add(rate(p.inter)))
+            };
+            self.rank_links.push([ie, ii, ee, ei]);
+        }
+        if p.contention {
+            for _ in 0..nhosts {
+                let e = self.links.add(rate(p.inter));
+                let i = self.links.add(rate(p.inter));
+                let m = p
+                    .mem_us_per_byte
+                    .map_or(LinkId::MAX, |m| self.links.add(1.0 / m));
+                self.host_links.push([e, i, m]);
+            }
+            if p.taper > 1.0 && nhosts > 1 {
+                self.core = Some(self.links.add(nhosts as f64 * rate(p.inter) / p.taper));
+            }
+        }
+    }
+
+    /// Pair the k-th send from a to b with the k-th receive at b from a.
+    fn match_messages(&mut self, s: &Schedule, base: &[usize]) -> Result<(), String> {
+        let mut sends: HashMap<(u32, u32), VecDeque<u32>> = HashMap::new();
+        for (r, steps) in s.ranks.iter().enumerate() {
+            for (i, st) in steps.iter().enumerate() {
+                if let Op::Send { peer, .. } = st.op {
+                    let key = (r as u32, peer as u32);
+                    sends
+                        .entry(key)
+                        .or_default()
+                        .push_back((base[r] + i) as u32);
+                }
+            }
+        }
+        for (r, steps) in s.ranks.iter().enumerate() {
+            for (i, st) in steps.iter().enumerate() {
+                if !st.op.is_recv() {
+                    continue;
+                }
+                let peer = st.op.peer().unwrap_or(0);
+                let g = (base[r] + i) as u32;
+                let snd = sends
+                    .get_mut(&(peer as u32, r as u32))
+                    .and_then(VecDeque::pop_front)
+                    .ok_or(format!(
+                        "schedule: rank {r} step {i} receives from {peer}, which sends no match"
+                    ))?;
+                if self.arg[snd as usize] != self.arg[g as usize] {
+                    return Err(format!(
+                        "schedule: rank {r} step {i} receives {} bytes from {peer}, which sends {}",
+                        self.arg[g as usize], self.arg[snd as usize]
+                    ));
+                }
+                let m = self.msgs.len() as u32;
+                self.msgs.push(Msg {
+                    bytes: self.arg[g as usize],
+                    send: snd,
+                    recv: g,
+                    inter: self.host[r] != self.host[peer],
+                    arrived: false,
+                });
+                self.msg_of[snd as usize] = m;
+                self.msg_of[g as usize] = m;
+            }
+        }
+        if let Some(((a, b), _)) = sends.iter().find(|(_, q)| !q.is_empty()) {
+            return Err(format!(
+                "schedule: rank {a} sends to {b} more messages than {b} receives"
+            ));
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, t: f64, e: Event) {
+        self.seq += 1;
+        self.heap.push(Reverse(At(t, self.seq, e)));
+    }
+
+    fn level(&self, m: &Msg) -> Level {
+        if m.inter {
+            self.p.inter
+        } else {
+            self.p.intra
+        }
+    }
+
+    /// Run `dur` of CPU work on `rank` as soon as its CPU is free; returns when it ends.
+    fn cpu(&mut self, rank: u32, dur: f64) -> f64 {
+        let start = self.cpu_free[rank as usize].max(self.now);
+        self.cpu_free[rank as usize] = start + dur;
+        start + dur
+    }
+
+    fn run(&mut self) -> Result<(), String> {
+        for g in 0..self.kind.len() {
+            if self.pending[g] == 0 {
+                self.ready.push_back(g as u32);
+            }
+        }
+        self.drain_ready();
+        let mut finished = Vec::new();
+        loop {
+            let net = self.links.next_finish();
+            let ev = self.heap.peek().map(|Reverse(a)| a.0);
+            let t = match (net, ev) {
+                (None, None) => break,
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) => a,
+                (None, Some(b)) => b,
+            };
+            self.links.advance(t);
+            self.now = self.now.max(t);
+            finished.clear();
+            self.links.take_finished(t, &mut finished);
+            for &m in &finished {
+                self.drained(m);
+            }
+            let limit = t + TIME_EPS * t.abs().max(1.0);
+            while let Some(Reverse(At(when, _, e))) = self.heap.peek().copied() {
+                if when > limit {
+                    break;
+                }
+                self.heap.pop();
+                self.now = self.now.max(when);
+                match e {
+                    Event::Done(g) => self.complete(g),
+                    Event::Start(m) => self.start_flow(m),
+                    Event::Arrive(m) => self.arrive(m),
+                }
+                self.drain_ready();
+            }
+            self.drain_ready();
+        }
+        if self.done != self.kind.len() {
+            let stuck = (0..self.kind.len()).find(|&g| self.pending[g] > 0);
+            return Err(format!(
+                "schedule: {} of {} steps never ran (deadlock){}",
+                self.kind.len() - self.done,
+                self.kind.len(),
+                stuck.map_or(String::new(), |g| format!(
+                    ", one of them on rank {}",
+                    self.rank_of[g]
+                ))
+            ));
+        }
+        Ok(())
+    }
+
+    /// Steps whose dependencies have all completed.
+    fn drain_ready(&mut self) {
+        while let Some(g) = self.ready.pop_front() {
+            let gi = g as usize;
+            let rank = self.rank_of[gi];
+            match self.kind[gi] {
+                Kind::Nop => self.complete(g),
+                Kind::Cpu => {
+                    let end = self.cpu(rank, self.arg[gi]);
+                    self.push(end, Event::Done(g));
+                }
+                Kind::Send => {
+                    let m = self.msg_of[gi];
+                    let o = self.level(&self.msgs[m as usize]).o_us;
+                    let start = self.cpu_free[rank as usize].max(self.now);
+                    self.cpu(rank, o);
+                    if start > self.now {
+                        self.push(start, Event::Start(m));
+                    } else {
+                        self.start_flow(m);
+                    }
+                }
+                Kind::Recv | Kind::RecvReduce => {
+                    self.recv_ready[gi] = true;
+                    let m = self.msg_of[gi];
+                    if self.msgs[m as usize].arrived {
+                        self.deliver(g);
+                    }
+                }
+            }
+        }
+    }
+
+    fn complete(&mut self, g: u32) {
+        self.done += 1;
+        let gi = g as usize;
+        for k in self.dep_start[gi]..self.dep_start[gi + 1] {
+            let d = self.dependents[k as usize] as usize;
+            self.pending[d] -= 1;
+            if self.pending[d] == 0 {
+                self.ready.push_back(d as u32);
+            }
+        }
+    }
+
+    fn start_flow(&mut self, m: u32) {
+        let msg = self.msgs[m as usize];
+        if msg.bytes == 0.0 {
+            self.drained(m);
+            return;
+        }
+        let (a, b) = (
+            self.rank_of[msg.send as usize] as usize,
+            self.rank_of[msg.recv as usize] as usize,
+        );
+        let (ra, rb) = (self.rank_links[a], self.rank_links[b]);
+        let mut hops = [0; 3];
+        let k = if !self.p.contention {
+            let (e, i) = if msg.inter { (2, 3) } else { (0, 1) };
+            hops[0] = ra[e];
+            hops[1] = rb[i];
+            2
+        } else if msg.inter {
+            let (ha, hb) = (self.host[a] as usize, self.host[b] as usize);
+            hops[0] = self.host_links[ha][0];
+            hops[1] = self.host_links[hb][1];
+            match self.core {
+                Some(c) => {
+                    hops[2] = c;
+                    3
+                }
+                None => 2,
+            }
+        } else {
+            hops[0] = ra[0];
+            hops[1] = rb[1];
+            let mem = self.host_links[self.host[a] as usize][2];
+            if mem != LinkId::MAX {
+                hops[2] = mem;
+                3
+            } else {
+                2
+            }
+        };
+        self.links.start(&hops[..k], msg.bytes, m);
+    }
+
+    /// A message's last byte has left: the send completes, the message arrives `alpha` later.
+    fn drained(&mut self, m: u32) {
+        let msg = self.msgs[m as usize];
+        self.complete(msg.send);
+        let alpha = self.level(&msg).alpha_us;
+        if alpha == 0.0 {
+            self.arrive(m);
+        } else {
+            self.push(self.now + alpha, Event::Arrive(m));
+        }
+    }
+
+    fn arrive(&mut self, m: u32) {
+        self.msgs[m as usize].arrived = true;
+        let r = self.msgs[m as usize].recv;
+        if self.recv_ready[r as usize] {
+            self.deliver(r);
+        }
+    }
+
+    /// A posted receive whose message has arrived: done, or reduced first.
+    fn deliver(&mut self, g: u32) {
+        let gi = g as usize;
+        if self.kind[gi] == Kind::RecvReduce {
+            let dur = self.arg[gi] * self.p.gamma_us_per_byte;
+            let end = self.cpu(self.rank_of[gi], dur);
+            self.push(end, Event::Done(g));
+        } else {
+            self.complete(g);
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! fabricoll-sim's table: every applicable algorithm at every size, auto's pick and the best
+//! marked; bad arguments fail naming the argument.
+use std::process::Command;
+
+fn sim(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_fabricoll-sim"))
+        .args(args)
+        .output()
+        .expect("fabricoll-sim runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn table_has_every_algorithm_auto_and_best() {
+    let (ok, out, err) = sim(&[
+        "--hosts",
+        "3,2,1",
+        "--coll",
+        "allgather",
+        "-b",
+        "768",
+        "-e",
+        "48K",
+        "-f",
+        "8",
+    ]);
+    assert!(ok, "{err}");
+    let sizes = ["768", "6144", "49152"];
+    for s in sizes {
+        for a in [
+            "ring",
+            "bidir_ring",
+            "mesh",
+            "rdh",
+            "bruck",
+            "hier(",
+            "swizzle(",
+        ] {
+            assert!(
+                out.lines()
+                    .any(|l| l.split_whitespace().next() == Some(s) && l.contains(a)),
+                "no {a} line at {s} B:\n{out}"
+            );
+        }
+        let marked = |m: &str| {
+            out.lines()
+                .filter(|l| l.split_whitespace().next() == Some(s) && l.contains(m))
+                .count()
+        };
+        assert_eq!(marked("auto"), 1, "{out}");
+        assert_eq!(marked("best"), 1, "{out}");
+    }
+    assert!(out.contains("# simulated in"), "{out}");
+}
+
+#[test]
+fn bad_arguments_name_the_argument() {
+    let (ok, _, err) = sim(&["--hosts", "0x4"]);
+    assert!(!ok && err.contains("hosts"), "{err}");
+    let (ok, _, err) = sim(&["--taper", "0.5"]);
+    assert!(!ok && err.contains("taper"), "{err}");
+    let (ok, _, err) = sim(&["--calibration", "alpha 3 us"]);
+    assert!(!ok && err.contains("--calibration"), "{err}");
+}
