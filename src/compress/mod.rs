@@ -24,6 +24,9 @@
 
 mod block;
 mod format;
+pub mod owner;
+#[cfg(test)]
+mod owner_tests;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod simd;
