@@ -2,6 +2,7 @@
 //! native C API. README.md is for users; docs/architecture.md maps the code.
 pub mod algo;
 pub mod coll;
+pub mod compress;
 pub mod config;
 pub mod cuda;
 pub mod device;
