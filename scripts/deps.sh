@@ -6,6 +6,7 @@
 # sudo when sudo exists.
 #   always:   build-essential pkg-config libfabric-dev libfabric-bin libclang-dev clang python3
 #             iproute2 (ip netns, tc, ss) util-linux (unshare) procps (the emulated-hosts stage)
+#             openmpi-bin (the launcher tests start ranks with Open MPI's mpirun)
 #   --bench:  also openmpi-bin libopenmpi-dev mpich libmpich-dev (the MPI baselines), iptables
 #             and libnetfilter-queue-dev (the link delays of scripts/bench-multihost.sh)
 #   --torch:  also python3-venv, then a cached virtual environment for the torch tests and
@@ -33,7 +34,7 @@ done
 log() { echo "deps.sh: $*"; }
 
 pkgs=(build-essential pkg-config libfabric-dev libfabric-bin libclang-dev clang python3
-  iproute2 util-linux procps)
+  iproute2 util-linux procps openmpi-bin)
 if [ "$want_bench" = 1 ]; then
   pkgs+=(openmpi-bin libopenmpi-dev mpich libmpich-dev iptables libnetfilter-queue-dev)
 fi
