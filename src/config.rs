@@ -4,9 +4,11 @@ use crate::error::{Error, Result};
 use once_cell::sync::OnceCell;
 use std::time::Duration;
 
+mod algo;
 mod timeout;
 mod vars;
 
+pub use algo::{AlgoSetting, Forced};
 pub use timeout::{Timeout, TimeoutSource};
 pub use vars::{Var, VARS};
 
@@ -38,7 +40,8 @@ pub struct Config {
     /// one-host communicators across processes, per machine and topology (`coll` calibration);
     /// None: a calibration lives as long as its process.
     pub calibration_dir: Option<std::path::PathBuf>,
-    pub algo: Option<crate::algo::Algorithm>,
+    /// `FABRICOLL_ALGO`: the algorithm forced on each collective.
+    pub algo: AlgoSetting,
     pub alpha_us: Option<f64>,
     pub beta_gbps: Option<f64>,
     pub gamma_gbps: Option<f64>,
@@ -200,12 +203,9 @@ impl Config {
             None => None,
             Some(v) => Some(int("FABRICOLL_NET_STREAMS", &v, 1, 8)? as usize),
         };
-        let algo = match nonempty("FABRICOLL_ALGO").map(|v| v.trim().to_ascii_lowercase()) {
-            None => None,
-            Some(v) if v == "auto" => None,
-            Some(v) => Some(
-                crate::algo::Algorithm::from_name(&v).ok_or_else(|| bad("FABRICOLL_ALGO", &v))?,
-            ),
+        let algo = match nonempty("FABRICOLL_ALGO") {
+            None => AlgoSetting::default(),
+            Some(v) => AlgoSetting::parse("FABRICOLL_ALGO", &v)?,
         };
         let positive = |name: &str| -> Result<Option<f64>> {
             match nonempty(name) {
@@ -335,7 +335,7 @@ impl Config {
             c.timeout_source = TimeoutSource::Config;
         }
         if let Some(a) = o.algo {
-            c.algo = Some(a);
+            c.algo = AlgoSetting::everywhere(Some(a));
         }
         if let Some(r) = o.inplace_restore {
             c.inplace_restore = r;

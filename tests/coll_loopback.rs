@@ -347,33 +347,10 @@ fn large_sliced_collectives_and_auto_choice() {
         c.set_algo(None);
         let _ = i;
     }
-    let results: Vec<Vec<u8>> = std::thread::scope(|s| {
-        let hs: Vec<_> = cs
-            .iter()
-            .map(|c| {
-                s.spawn(move || {
-                    let mut send = buf(
-                        DataType::Float32,
-                        (0..1000).map(|i| value(F32, SUM, c.nranks, c.rank, i)),
-                    );
-                    let mut out = vec![0u8; 4000];
-                    let call = Call {
-                        kind: Kind::Coll(Collective::AllReduce),
-                        send: region(&mut send),
-                        recv: region(&mut out),
-                        count: 1000,
-                        dtype: DataType::Float32,
-                        op: RedOp::Sum,
-                        root: 0,
-                        algo: None,
-                    };
-                    c.run(&call).unwrap();
-                    out
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let results: Vec<Vec<u8>> = allreduce_each(&cs)
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
     assert!(results.iter().all(|r| r == &results[0]));
 }
 
@@ -638,5 +615,76 @@ fn mismatched_counts_across_ranks_are_errors_not_hangs() {
                 "{algo:?}: a rank did not say what was wrong: {outcomes:?}"
             );
         }
+    }
+}
+
+/// One allreduce of 1000 float32 elements with no per-call algorithm on every rank of `cs`:
+/// each rank's result, or its error.
+fn allreduce_each(cs: &[Comm]) -> Vec<Result<Vec<u8>, String>> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = cs
+            .iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let mut send =
+                        buf(F32, (0..1000).map(|i| value(F32, SUM, c.nranks, c.rank, i)));
+                    let mut out = vec![0u8; 4000];
+                    let call = Call {
+                        kind: Kind::Coll(Collective::AllReduce),
+                        send: region(&mut send),
+                        recv: region(&mut out),
+                        count: 1000,
+                        dtype: F32,
+                        op: SUM,
+                        root: 0,
+                        algo: None,
+                    };
+                    c.run(&call).map(|_| out).map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn fabricoll_algo_forms_run_allreduce() {
+    let n = 4;
+    let want = buf(
+        F32,
+        (0..1000).map(|i| {
+            let v: Vec<f64> = (0..n).map(|r| value(F32, SUM, n, r, i)).collect();
+            combine(SUM, &v, F32)
+        }),
+    );
+    // bruck does not implement allreduce: the plain form leaves it to the model; the
+    // per-collective form forces ring on it.
+    for algo in [
+        "bruck",
+        "BRUCK",
+        "allreduce:ring;allgather:bruck",
+        "bruck;AllReduce:rdh",
+    ] {
+        assert!(!algo::supports(Algorithm::Bruck, Collective::AllReduce));
+        let cs = comms(n, &cfg(&[("FABRICOLL_ALGO", algo)]));
+        for (r, got) in allreduce_each(&cs).into_iter().enumerate() {
+            assert_eq!(
+                got.as_ref().ok(),
+                Some(&want),
+                "FABRICOLL_ALGO={algo}, rank {r}: {got:?}"
+            );
+        }
+    }
+    // Forced on the communicator (the C API's fabricoll_comm_set_algo), it stays an error.
+    let cs = comms(n, &cfg(&[]));
+    for c in &cs {
+        c.set_algo(Some(Algorithm::Bruck));
+    }
+    for (r, got) in allreduce_each(&cs).into_iter().enumerate() {
+        let e = got.expect_err("bruck forced on the communicator");
+        assert!(
+            e.contains("bruck") && e.contains("AllReduce"),
+            "rank {r}: {e}"
+        );
     }
 }

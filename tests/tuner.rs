@@ -5,7 +5,7 @@
 //! cell) is CollNet exactly where that cell wins. The pricing itself, by hand, and the replay
 //! of the measured table are in tests/tuner_ring.rs.
 use nccl_net_fabricoll::algo::{self, Algorithm, Collective, Problem};
-use nccl_net_fabricoll::config::Config;
+use nccl_net_fabricoll::config::{AlgoSetting, Config};
 use nccl_net_fabricoll::plugin::tuner::{
     self, Chunking, CostTable, Staging, Tuner, ALGO_COLLNET_CHAIN, ALGO_COLLNET_DIRECT, ALGO_RING,
     IGNORE, MAX_CHUNK, MIN_CHUNK, PROTO_SIMPLE,
@@ -396,7 +396,8 @@ fn fabricoll_tuner_is_0_or_1_and_on_by_default() {
 fn a_forced_algorithm_is_priced_as_the_communicator_runs_it() {
     let m = base_model();
     let auto = Tuner::new(8, 8, m.clone(), true, Chunking::Nccl);
-    let ring = Tuner::new(8, 8, m.clone(), true, Chunking::Nccl).with_forced(Some(Algorithm::Ring));
+    let ring = Tuner::new(8, 8, m.clone(), true, Chunking::Nccl)
+        .with_forced(AlgoSetting::parse("FABRICOLL_ALGO", "ring").unwrap());
     let p = Problem::new(Collective::AllReduce, 8, 1024);
     assert_eq!(
         ring.chunk_time(Collective::AllReduce, 1024),
@@ -407,7 +408,8 @@ fn a_forced_algorithm_is_priced_as_the_communicator_runs_it() {
             <= ring.chunk_time(Collective::AllReduce, 1024).unwrap().1
     );
     // An algorithm that does not implement the collective leaves the model's choice.
-    let tree = Tuner::new(8, 8, m, true, Chunking::Nccl).with_forced(Some(Algorithm::Tree));
+    let tree = Tuner::new(8, 8, m, true, Chunking::Nccl)
+        .with_forced(AlgoSetting::parse("FABRICOLL_ALGO", "tree").unwrap());
     assert_eq!(
         tree.chunk_time(Collective::AllGather, 4096),
         auto.chunk_time(Collective::AllGather, 4096)

@@ -23,6 +23,7 @@
 //! which a lazy calibration would not save. A forced algorithm measures nothing.
 use super::{placement, Call, Comm, Kind};
 use crate::algo::{Algorithm, Collective, Hosts};
+use crate::config::Forced;
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, RedOp};
 use crate::transport::{Region, Scratch};
@@ -160,10 +161,15 @@ impl Comm {
     /// hier and swizzle on several hosts, whose levels the model picks (`Model::levels_for`).
     /// A per-call algorithm is not known here: those communicators still calibrate.
     fn needs_measured_choice(&self) -> bool {
-        match *self.algo.lock() {
-            None => true,
-            Some(a) => matches!(a, Algorithm::Hier | Algorithm::Swizzle) && self.spans_hosts(),
-        }
+        let setting = *self.algo.lock();
+        // The plain form's fallback to `auto` (a collective it does not implement) takes the
+        // configured model, as before: only a collective left to the model by name measures.
+        let auto = Collective::ALL
+            .into_iter()
+            .any(|c| setting.of(c) == Forced::Auto);
+        auto || setting
+            .forced()
+            .any(|a| matches!(a, Algorithm::Hier | Algorithm::Swizzle) && self.spans_hosts())
     }
 
     /// Do the ranks span several hosts (two-level calibration)?

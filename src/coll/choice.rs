@@ -1,8 +1,10 @@
 //! Which algorithm runs a collective: the per-call or communicator override, else the cost
 //! model's choice, kept per problem so that a loop of calls evaluates the model once.
 use super::Comm;
-use crate::algo::{self, Algorithm, Options, Problem};
+use crate::algo::{self, Algorithm, Collective, Options, Problem};
+use crate::config::Forced;
 use crate::error::{Error, Result};
+use std::sync::atomic::Ordering;
 
 /// What a choice depends on besides the model: the problem, the element size and the forced
 /// algorithm (None: `auto`).
@@ -19,7 +21,7 @@ impl Comm {
         elem: usize,
         per_call: Option<Algorithm>,
     ) -> Result<(Algorithm, Options)> {
-        let forced = per_call.or(*self.algo.lock());
+        let forced = self.forced_for(p.coll, per_call);
         let key = (*p, elem, forced);
         if let Some(c) = self.choices.lock().get(&key) {
             return Ok(*c);
@@ -31,6 +33,36 @@ impl Comm {
         }
         choices.insert(key, c);
         Ok(c)
+    }
+
+    /// The algorithm forced on `coll` (None: `auto`): the per-call one, else the
+    /// communicator's. `FABRICOLL_ALGO`'s plain form yields `auto` for a collective it does
+    /// not implement, with one warning per collective; a forced one that does not implement
+    /// it is `decide`'s error.
+    pub(super) fn forced_for(
+        &self,
+        coll: Collective,
+        per_call: Option<Algorithm>,
+    ) -> Option<Algorithm> {
+        if per_call.is_some() {
+            return per_call;
+        }
+        let setting = *self.algo.lock();
+        match setting.of(coll) {
+            Forced::Auto => None,
+            Forced::Explicit(a) => Some(a),
+            Forced::Plain(a) if algo::supports(a, coll) => Some(a),
+            Forced::Plain(a) => {
+                let bit = 1u8 << (coll as usize);
+                if self.algo_warned.fetch_or(bit, Ordering::Relaxed) & bit == 0 {
+                    log::warn!(
+                        "FABRICOLL_ALGO={a} does not implement {coll:?}: it runs auto (name it, as in {}:ring, to force one)",
+                        format!("{coll:?}").to_lowercase()
+                    );
+                }
+                None
+            }
+        }
     }
 
     /// `choose` without the kept choices.

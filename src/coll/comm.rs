@@ -6,7 +6,7 @@ use super::engine::{Engine, ReqState};
 use super::notify::Notifier;
 use super::{bootstrap, placement, Kind};
 use crate::algo::{self, Algorithm, Collective, Hosts, Options, Span};
-use crate::config::{Config, Timeout};
+use crate::config::{AlgoSetting, Config, Timeout};
 use crate::error::{Error, Result};
 use crate::reduce::DataType;
 use crate::transport::tiered::{self, Tiered};
@@ -27,7 +27,10 @@ pub struct Comm {
     pub(super) engine: Mutex<Engine>,
     pub(super) timeout: Timeout,
     pub(super) poll: Duration,
-    pub(super) algo: Mutex<Option<Algorithm>>,
+    pub(super) algo: Mutex<AlgoSetting>,
+    /// The collectives (bit `Collective as usize`) that `FABRICOLL_ALGO`'s plain form does not
+    /// implement and that were warned of, once each, as they fell back to `auto`.
+    pub(super) algo_warned: std::sync::atomic::AtomicU8,
     pub(super) model: Model,
     /// Choices per (problem, element size, forced algorithm or None for `auto`): the model is
     /// fixed once the communicator is made, and evaluating it (the formulas for `auto`, the
@@ -148,6 +151,7 @@ impl Comm {
             timeout: cfg.timeout_setting(),
             poll,
             algo: Mutex::new(cfg.algo),
+            algo_warned: Default::default(),
             model: Model::from_config(cfg)
                 .with_eager(eager)
                 .with_intra_eager(intra_eager),
@@ -230,9 +234,9 @@ impl Comm {
         &self.model
     }
 
-    /// The communicator's algorithm override (None: automatic).
+    /// The communicator's algorithm override for every collective (None: automatic).
     pub fn set_algo(&self, a: Option<Algorithm>) {
-        *self.algo.lock() = a;
+        *self.algo.lock() = AlgoSetting::everywhere(a);
     }
 
     /// Abort: every collective in flight fails (restoring in-place inputs where `restore`);

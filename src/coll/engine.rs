@@ -151,7 +151,7 @@ impl Comm {
         let (schedule, rank) = match call.kind {
             Kind::Coll(coll) | Kind::Window { coll, .. } => {
                 let p = call.problem(coll, self.nranks)?;
-                let key = (p, elem, call.algo.or(*self.algo.lock()));
+                let key = (p, elem, self.forced_for(p.coll, call.algo));
                 if !matches!(&e.last, Some((k, ..)) if *k == key) {
                     let (a, o) = self.choose(&p, elem, call.algo)?;
                     let planned = self.schedule(e, p, a, o, elem)?;

@@ -57,9 +57,9 @@ pub const VARS: &[Var] = &[
     Var {
         name: "FABRICOLL_ALGO",
         accepted:
-            "auto, ring, bidir_ring, mesh, mesh1, rdh, rd, tree, dbtree, bruck, pairwise, hier, swizzle",
+            "ALGO, or COLL:ALGO parts separated by ; (at most one plain ALGO); ALGO: auto, ring, bidir_ring, mesh, mesh1, rdh, rd, tree, dbtree, bruck, pairwise, hier, swizzle; COLL: allreduce, allgather, reducescatter, broadcast, reduce, alltoall; case-insensitive",
         default: "auto",
-        meaning: "collective algorithm of the engines; auto takes the smallest predicted time",
+        meaning: "collective algorithm of the engines, as NCCL_ALGO (allreduce:ring;allgather:bruck); auto takes the smallest predicted time; a plain ALGO runs auto, with one warning, on a collective it does not implement, while COLL:ALGO with an ALGO that does not implement COLL is an error",
     },
     Var {
         name: "FABRICOLL_ALPHA_US",

@@ -243,7 +243,7 @@ pub struct Tuner {
     model: Model,
     /// The algorithm the configuration forces on communicators (`FABRICOLL_ALGO`), which a
     /// CollNet communicator runs instead of the model's choice.
-    forced: Option<Algorithm>,
+    forced: crate::config::AlgoSetting,
     /// Where NCCL's CollNet buffers live, and so what each call copies.
     pub staging: Staging,
     logged: Mutex<HashSet<(i32, u32)>>,
@@ -270,7 +270,7 @@ impl Tuner {
             chunking,
             constants: None,
             model,
-            forced: None,
+            forced: Default::default(),
             staging: Staging::HOST,
             logged: Mutex::new(HashSet::new()),
             prices: Mutex::new(HashMap::new()),
@@ -283,8 +283,8 @@ impl Tuner {
         self
     }
 
-    /// This tuner for communicators whose algorithm is forced to `algo` (None: `auto`).
-    pub fn with_forced(mut self, algo: Option<Algorithm>) -> Tuner {
+    /// This tuner for communicators whose algorithms are forced as `algo` says.
+    pub fn with_forced(mut self, algo: crate::config::AlgoSetting) -> Tuner {
         self.forced = algo;
         self
     }
@@ -310,7 +310,11 @@ impl Tuner {
         };
         let p = Problem::new(coll, n, count);
         // `FABRICOLL_ALGO` forces the communicator's algorithm where it implements `coll`.
-        let forced = self.forced.filter(|a| algo::supports(*a, coll));
+        let forced = match self.forced.of(coll) {
+            crate::config::Forced::Explicit(a) | crate::config::Forced::Plain(a) => Some(a),
+            crate::config::Forced::Auto => None,
+        }
+        .filter(|a| algo::supports(*a, coll));
         let (algo, t) = match forced.and_then(|a| Some((a, self.model.predict(a, &p, 1)?))) {
             Some(at) => at,
             None => {

@@ -25,10 +25,14 @@ use std::time::Instant;
 
 /// The algorithm every row runs unless `auto`, and who forced it.
 fn forced(a: &Args, cfg: &Config) -> String {
-    match (a.algo, cfg.algo) {
+    use nccl_net_fabricoll::config::Forced;
+    match (a.algo, cfg.algo.of(a.coll)) {
         (Some(x), _) => format!("{} (--algo)", x.name()),
-        (None, Some(x)) => format!("{} (FABRICOLL_ALGO)", x.name()),
-        (None, None) => "auto".to_string(),
+        (None, Forced::Explicit(x)) => format!("{} (FABRICOLL_ALGO)", x.name()),
+        (None, Forced::Plain(x)) if nccl_net_fabricoll::algo::supports(x, a.coll) => {
+            format!("{} (FABRICOLL_ALGO)", x.name())
+        }
+        (None, _) => "auto".to_string(),
     }
 }
 
