@@ -18,6 +18,14 @@ use fabricoll_status::*;
 mod capi;
 mod device;
 
+/// The tests share the device, and page-locked allocations and frees wait for every stream of
+/// it (as on the CUDA driver): a test allocating while another's stream waits for a flag
+/// would wait for that test. So they run one at a time.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The emulated device, installed once for the process.
 fn dev() -> Device {
     static DEV: OnceLock<Device> = OnceLock::new();
@@ -35,6 +43,7 @@ fn dev() -> Device {
 
 #[test]
 fn every_call_on_device_host_and_mixed_buffers_two_ranks() {
+    let _serial = serial();
     matrix(
         &dev(),
         "every_call_on_device_host_and_mixed_buffers_two_ranks",
@@ -45,6 +54,7 @@ fn every_call_on_device_host_and_mixed_buffers_two_ranks() {
 
 #[test]
 fn every_call_on_device_host_and_mixed_buffers_three_ranks() {
+    let _serial = serial();
     matrix(
         &dev(),
         "every_call_on_device_host_and_mixed_buffers_three_ranks",
@@ -55,11 +65,13 @@ fn every_call_on_device_host_and_mixed_buffers_three_ranks() {
 
 #[test]
 fn every_stream_ordered_call_two_ranks() {
+    let _serial = serial();
     matrix(&dev(), "every_stream_ordered_call_two_ranks", 2, true);
 }
 
 #[test]
 fn every_stream_ordered_call_three_ranks() {
+    let _serial = serial();
     matrix(&dev(), "every_stream_ordered_call_three_ranks", 3, true);
 }
 
@@ -68,6 +80,7 @@ fn every_stream_ordered_call_three_ranks() {
 /// at the end: acc = sum over iterations of n * (start + i + 1).
 #[test]
 fn a_thousand_stream_ordered_allreduces_between_kernels() {
+    let _serial = serial();
     let test = "a_thousand_stream_ordered_allreduces_between_kernels";
     let d = dev();
     let Some(cs) = ranks(test, &config(), 2) else {
@@ -75,9 +88,11 @@ fn a_thousand_stream_ordered_allreduces_between_kernels() {
     };
     const ITERS: usize = 1000;
     const COUNT: usize = 64;
+    let ready = std::sync::Barrier::new(cs.len());
     std::thread::scope(|sc| {
         for (me, &c) in cs.iter().enumerate() {
             let d = d.clone();
+            let ready = &ready;
             sc.spawn(move || {
                 use nccl_net_fabricoll::reduce::{DataType, RedOp};
                 d.bind().unwrap();
@@ -89,6 +104,9 @@ fn a_thousand_stream_ordered_allreduces_between_kernels() {
                     b
                 };
                 let (input, output, ones, acc) = (mk(me as f32), mk(0.0), mk(1.0), mk(0.0));
+                // Every rank has allocated (uploads stage through page-locked memory) before
+                // a stream waits for a call's flag.
+                ready.wait();
                 for _ in 0..ITERS {
                     s.reduce(DataType::Float32, RedOp::Sum, &input.span(), &ones.span())
                         .unwrap();
@@ -106,6 +124,7 @@ fn a_thousand_stream_ordered_allreduces_between_kernels() {
                         .unwrap();
                 }
                 s.synchronize(Duration::from_secs(120)).unwrap();
+                ready.wait();
                 let mut got = vec![0u8; COUNT * 4];
                 s.download(&mut got, &acc.span(), WAIT).unwrap();
                 // Rank r's input at iteration i is r + i + 1; the sum over both ranks is
@@ -128,6 +147,19 @@ fn released(test: &str, end: impl FnOnce(&[usize]) -> Vec<usize>) {
     let Some(cs) = ranks(test, &cfg, 2) else {
         return;
     };
+    // A communicator's first device call allocates its staging and waits for every rank to
+    // have done so (docs/device-calls.md): made here, by both ranks, before rank 0's call that
+    // its peer never joins.
+    run_case(
+        &d,
+        &cs,
+        Coll::AllReduce,
+        Ty::F32,
+        Op::Sum,
+        1,
+        (Place::Device, Place::Device),
+        false,
+    );
     d.bind().unwrap();
     let s = d.create_stream().unwrap();
     let buf = d.alloc(4096).unwrap();
@@ -167,6 +199,7 @@ fn released(test: &str, end: impl FnOnce(&[usize]) -> Vec<usize>) {
 
 #[test]
 fn abort_releases_the_stream_and_reports_the_error() {
+    let _serial = serial();
     released("abort_releases_the_stream_and_reports_the_error", |cs| {
         assert_eq!(fabricoll_comm_abort(comm(cs[0])), FABRICOLL_SUCCESS);
         cs.to_vec()
@@ -175,6 +208,7 @@ fn abort_releases_the_stream_and_reports_the_error() {
 
 #[test]
 fn a_destroyed_peer_releases_the_stream_and_reports_the_error() {
+    let _serial = serial();
     released(
         "a_destroyed_peer_releases_the_stream_and_reports_the_error",
         |cs| {
@@ -188,6 +222,7 @@ fn a_destroyed_peer_releases_the_stream_and_reports_the_error() {
 
 #[test]
 fn destroying_the_communicator_releases_its_stream() {
+    let _serial = serial();
     released("destroying_the_communicator_releases_its_stream", |cs| {
         destroy(cs);
         Vec::new()
@@ -196,6 +231,7 @@ fn destroying_the_communicator_releases_its_stream() {
 
 #[test]
 fn misuse_gets_a_clear_error() {
+    let _serial = serial();
     let test = "misuse_gets_a_clear_error";
     let d = dev();
     let Some(cs) = ranks(test, &config(), 2) else {
@@ -253,5 +289,33 @@ fn misuse_gets_a_clear_error() {
     let mut e = FABRICOLL_SUCCESS;
     assert_eq!(fabricoll_comm_get_async_error(c, &mut e), FABRICOLL_SUCCESS);
     assert_eq!(e, FABRICOLL_SUCCESS);
+    destroy(&cs);
+}
+
+/// A stream-ordered call whose slices need more staging than an earlier call's: the old data
+/// path grew its page-locked slots in the worker while the caller's stream waited for the
+/// call's flag, which on the CUDA driver waits for that stream: a deadlock (the emulated device
+/// fails the allocation, naming it). The staging is allocated up front now, so both calls
+/// succeed.
+#[test]
+fn stream_ordered_calls_allocate_no_page_locked_memory_while_a_stream_waits() {
+    let _serial = serial();
+    let test = "stream_ordered_calls_allocate_no_page_locked_memory_while_a_stream_waits";
+    let d = dev();
+    let Some(cs) = ranks(test, &config(), 2) else {
+        return;
+    };
+    for count in [16, 300_000] {
+        run_case(
+            &d,
+            &cs,
+            Coll::AllGather,
+            Ty::F32,
+            Op::Sum,
+            count,
+            (Place::Device, Place::Device),
+            true,
+        );
+    }
     destroy(&cs);
 }

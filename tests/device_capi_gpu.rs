@@ -16,6 +16,13 @@ use fabricoll_status::*;
 mod capi;
 mod device;
 
+/// The tests share the GPU, where page-locked allocations and frees wait for every stream:
+/// they run one at a time (see device_capi.rs).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// CUDA device 0, bound to this thread; panics without one (these tests run only on the GPU
 /// machine). The library finds it through the threads' current context.
 fn gpu() -> Device {
@@ -28,6 +35,7 @@ fn gpu() -> Device {
 #[test]
 #[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
 fn gpu_every_call_on_device_host_and_mixed_buffers() {
+    let _serial = serial();
     let d = gpu();
     matrix(
         &d,
@@ -46,6 +54,7 @@ fn gpu_every_call_on_device_host_and_mixed_buffers() {
 #[test]
 #[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
 fn gpu_every_stream_ordered_call() {
+    let _serial = serial();
     let d = gpu();
     matrix(&d, "gpu_every_stream_ordered_call", 2, true);
     matrix(&d, "gpu_every_stream_ordered_call", 3, true);
@@ -68,6 +77,7 @@ fn median(iters: usize, bar: &Barrier, mut f: impl FnMut()) -> f64 {
 #[test]
 #[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
 fn gpu_stream_ordered_allreduce_against_copying_to_the_host() {
+    let _serial = serial();
     let test = "gpu_stream_ordered_allreduce_against_copying_to_the_host";
     let d = gpu();
     let mut cfg = config();
@@ -109,6 +119,10 @@ fn gpu_stream_ordered_allreduce_against_copying_to_the_host() {
                             assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
                             s.synchronize(Duration::from_secs(60)).unwrap();
                         };
+                        // Both ranks have allocated (the upload stages through page-locked
+                        // memory, which waits for every stream of the device) before either
+                        // stream waits for a call.
+                        bar.wait();
                         run();
                         let t_stream = median(iters, bar, run);
                         let mut host = vec![0u8; bytes];

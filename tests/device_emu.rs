@@ -323,3 +323,32 @@ fn emu_thousand_round_trips() {
     .unwrap();
     device_checks::round_trips(&dev, 1000);
 }
+
+/// Allocating page-locked memory waits for every stream of the device, as on the CUDA driver;
+/// where a stream waits for a flag the allocating side has yet to write (a deadlock on a GPU),
+/// it fails after half the flag timeout with an error naming the call.
+#[test]
+fn emu_page_locked_alloc_waits_for_the_device_and_names_the_call() {
+    let dev = Device::emulated(EmuConfig {
+        flag_timeout: Duration::from_millis(600),
+        ..EmuConfig::default()
+    })
+    .unwrap();
+    let s = dev.create_stream().unwrap();
+    let f = dev.create_flag("alloc-gate").unwrap();
+    let _release = device_checks::Release(&f, 1);
+    s.wait_flag(&f, 1).unwrap();
+    let t = std::time::Instant::now();
+    let e = dev.alloc_host(4096).expect_err("the device is blocked");
+    assert!(matches!(e, Error::Timeout(_)), "{e:?}");
+    assert!(e.to_string().contains("cuMemHostAlloc"), "{e}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        t.elapsed()
+    );
+    f.set(1);
+    s.synchronize(device_checks::T).unwrap();
+    // Idle again: the allocation goes through at once.
+    dev.alloc_host(4096).unwrap();
+}

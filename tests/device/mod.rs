@@ -299,12 +299,16 @@ pub fn run_case(
     stream: bool,
 ) {
     let n = comms.len();
+    // Page-locked allocations and frees (pinned buffers, uploads and downloads) wait for every
+    // stream of the device: no rank makes one while another's stream may wait for a call.
+    let step = std::sync::Barrier::new(n);
     std::thread::scope(|sc| {
         let hs: Vec<_> = comms
             .iter()
             .enumerate()
             .map(|(me, &c)| {
                 let dev = dev.clone();
+                let step = &step;
                 sc.spawn(move || {
                     dev.bind().expect("bind");
                     let s = dev.create_stream().expect("stream");
@@ -316,22 +320,31 @@ pub fn run_case(
                         .map(|w| Buf::new(&dev, &s, places.1, &vec![0xA5; w.len() * ty.size()]));
                     let rp = recv.as_mut().map_or(std::ptr::null_mut(), |b| b.ptr());
                     let handle = stream.then(|| s.handle());
+                    step.wait();
                     let sts = call(c, coll, ty, op, n, me, count, send.ptr(), rp, handle);
                     let case = format!(
                         "{coll:?} {ty:?} {op:?} n={n} rank {me} count={count} {places:?} \
                          stream={stream}"
                     );
-                    for st in &sts {
-                        assert_eq!(*st, FABRICOLL_SUCCESS, "{case}: {}", last_error());
-                    }
-                    if stream {
-                        s.synchronize(WAIT).expect("synchronize");
+                    let errors: Vec<String> = sts
+                        .iter()
+                        .filter(|&&st| st != FABRICOLL_SUCCESS)
+                        .map(|st| format!("status {st:?}: {}", last_error()))
+                        .collect();
+                    let synced = (stream && errors.is_empty()).then(|| {
+                        s.synchronize(WAIT)?;
                         let mut e = FABRICOLL_SUCCESS;
-                        assert_eq!(
-                            fabricoll_comm_get_async_error(comm(c), &mut e),
-                            FABRICOLL_SUCCESS
-                        );
-                        assert_eq!(e, FABRICOLL_SUCCESS, "{case}: {}", last_error());
+                        let got = fabricoll_comm_get_async_error(comm(c), &mut e);
+                        Ok::<_, nccl_net_fabricoll::Error>((got, e, last_error()))
+                    });
+                    // Asserted after the step, so that a failing rank does not leave the
+                    // others waiting at it.
+                    step.wait();
+                    assert!(errors.is_empty(), "{case}: {errors:?}");
+                    if let Some(r) = synced {
+                        let (got, e, msg) = r.expect("synchronize");
+                        assert_eq!(got, FABRICOLL_SUCCESS);
+                        assert_eq!(e, FABRICOLL_SUCCESS, "{case}: {msg}");
                     }
                     if let (Some(w), Some(b)) = (want, recv.as_mut()) {
                         assert!(b.read(&s, out_len) == ty.encode(&w), "{case}: wrong result");

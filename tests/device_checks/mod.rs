@@ -4,7 +4,7 @@
 #![allow(dead_code)] // each binary uses its share
 use std::time::{Duration, Instant};
 
-use nccl_net_fabricoll::device::{kernels, Device, PtrKind, Span, Stream};
+use nccl_net_fabricoll::device::{kernels, Device, Flag, PtrKind, Span, Stream};
 use nccl_net_fabricoll::reduce::{self, DataType, RedOp};
 use nccl_net_fabricoll::Error;
 
@@ -122,6 +122,7 @@ pub fn events(dev: &Device) {
     let src = upload(&s1, &random_bytes(n, 3));
     let mid = dev.alloc(n).unwrap();
     let out = dev.alloc(n).unwrap();
+    let _release = Release(&gate, 1);
     s1.wait_flag(&gate, 1).unwrap();
     s1.copy(&mid.span(), &src.span()).unwrap();
     s1.record(&ev).unwrap();
@@ -177,6 +178,7 @@ pub fn flag_timeouts(dev: &Device) {
         &["'nobody-writes-me'", "reach 1"],
     );
     assert!(matches!(e, Error::Timeout(_)), "{e:?}");
+    let _release = Release(&f, 1);
     s.wait_flag(&f, 1).unwrap();
     let e = expect_err(
         s.synchronize(Duration::from_millis(100)),
@@ -270,6 +272,7 @@ pub fn drop_while_in_use(dev: &Device) {
     let n = 1 << 20;
     let src = upload(&s, &random_bytes(n, 9));
     let dst = dev.alloc(n).unwrap();
+    let _release = Release(&gate, 1);
     s.wait_flag(&gate, 1).unwrap();
     s.copy(&dst.span(), &src.span()).unwrap();
     drop(src);
@@ -460,35 +463,66 @@ pub fn bandwidth(dev: &Device, bytes: usize, runs: u32) -> f64 {
     (3 * bytes) as f64 * f64::from(runs) / t.elapsed().as_secs_f64() / 1e9
 }
 
-/// Freeing memory (device memory, and page-locked memory when `host` is true) while a stream
-/// waits for a flag the freeing side has yet to write must return: CUDA's `cuMemFree` can wait
-/// for the whole device, which would never happen. The free runs in a helper thread; if it has
-/// not returned within 5 s the flag is written (to unblock everything) and the check fails.
+/// Writes `value` to a flag when dropped, a panic included: a test that fails never leaves a
+/// stream blocked on a flag (on a GPU it cannot be cancelled, and the driver's device-wide
+/// calls, page-locked allocations and frees, would then wait for it forever).
+pub struct Release<'a>(pub &'a Flag, pub u32);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        if !reached(self.0.get(), self.1) {
+            self.0.set(self.1);
+        }
+    }
+}
+
+fn reached(word: u32, v: u32) -> bool {
+    word.wrapping_sub(v) as i32 >= 0
+}
+
+/// Freeing memory while a stream waits for a flag. Device memory (`host` false: from the
+/// stream-ordered allocator) is freed at once. Page-locked memory (`host` true) is not: the CUDA
+/// driver's `cuMemFreeHost` waits for the whole device, the blocked stream included, as the
+/// emulated device does. So a helper thread writes the flag after 300 ms, and the free must
+/// return only after that. Nothing here can hang: the flag is written on every path.
 pub fn free_while_a_stream_waits(dev: &Device, host: bool) {
+    const DELAY: Duration = Duration::from_millis(300);
     let s = dev.create_stream().unwrap();
     let gate = dev.create_flag("free-gate").unwrap();
     let d = dev.alloc(1 << 20).unwrap();
     let h = dev.alloc_host(1 << 20).unwrap();
+    let _release = Release(&gate, 1);
     s.wait_flag(&gate, 1).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let dev2 = dev.clone();
-    let freer = std::thread::spawn(move || {
-        dev2.bind().unwrap();
+    let written = std::sync::OnceLock::new();
+    let freed_at = std::thread::scope(|sc| {
+        let g = gate.clone();
+        let w = &written;
+        sc.spawn(move || {
+            std::thread::sleep(DELAY);
+            w.set(Instant::now()).unwrap();
+            g.set(1);
+        });
+        let t = Instant::now();
         drop(d);
+        let device_free = t.elapsed();
+        assert!(
+            device_free < DELAY / 2 || written.get().is_none(),
+            "freeing device memory waited {device_free:?} for a stream blocked on a flag"
+        );
         if host {
             drop(h);
         }
-        tx.send(()).unwrap();
+        Instant::now()
     });
-    let returned = rx.recv_timeout(Duration::from_secs(5)).is_ok();
-    gate.set(1);
-    freer.join().unwrap();
     s.synchronize(T).unwrap();
-    let what = if host { "page-locked" } else { "device" };
-    assert!(
-        returned,
-        "freeing {what} memory waited for a stream blocked on a flag"
-    );
+    if host {
+        let w = *written.get().expect("the flag was written");
+        assert!(
+            freed_at >= w,
+            "freeing page-locked memory returned before the flag the stream waited for was \
+             written: the driver waits for the device there"
+        );
+    }
 }
 
 /// The host opens a flag, the stream reduces and copies into page-locked memory, then writes a
@@ -503,12 +537,13 @@ pub fn round_trips(dev: &Device, rounds: u32) {
     let acc = upload(&s, &vec![0u8; n * 8]);
     let mut out = dev.alloc_host(n * 8).unwrap();
     for round in 1..=rounds {
+        let release = Release(&go, round);
         s.wait_flag(&go, round).unwrap();
         s.reduce(DataType::Uint64, RedOp::Sum, &acc.span(), &one.span())
             .unwrap();
         s.copy(&out.span(), &acc.span()).unwrap();
         s.write_flag(&done, round).unwrap();
-        go.set(round);
+        drop(release);
         done.wait(round, T).unwrap();
         // The stream has passed the copy; it lets go of the buffer once it sees that.
         s.query().unwrap();

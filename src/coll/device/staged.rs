@@ -22,15 +22,28 @@ use std::time::{Duration, Instant};
 /// more so that a slow stage does not stall the other two.
 pub(super) const SLOTS: usize = 4;
 
-/// Bytes of a slice per block (a slot holds `nranks` blocks on a gathered side).
+/// Bytes of a slice per block, at most (a slot holds `nranks` blocks on a gathered side).
 pub(super) const SLICE_BYTES: usize = 1 << 20;
 
+/// Bytes of each side (input, output) of a slot: allocated up front, when the communicator
+/// first uses the device, and kept. A slice's blocks share it, so on a gathered side of more
+/// than 4 ranks a slice has less than `SLICE_BYTES` per block.
+pub(super) const SLOT_BYTES: usize = 4 * SLICE_BYTES;
+
 /// A communicator's staging memory and copy streams, kept between calls.
+///
+/// The slots' page-locked memory is allocated here, once, and freed when the staging is
+/// dropped (the communicator is destroyed): allocating or freeing page-locked memory waits for
+/// the whole device on the CUDA driver, so doing either while a caller's stream waits for a
+/// stream-ordered call's flag would wait for that stream, which waits for the call: a
+/// deadlock (docs/device.md).
 pub struct Staging {
     dev: Device,
     inbound: Stream,
     outbound: Stream,
     slots: Vec<Slot>,
+    /// A failed call leaked the slots: this staging cannot run calls any more.
+    leaked: bool,
     logged: bool,
 }
 
@@ -70,11 +83,14 @@ enum State {
 }
 
 impl Staging {
+    /// Copy streams, events and every slot's page-locked memory (`SLOTS` x 2 x `SLOT_BYTES`),
+    /// allocated now. Must not run while a stream of the device may wait for a flag that the
+    /// caller's side writes (see the type's documentation).
     pub fn new(dev: &Device) -> Result<Staging> {
         let slot = || -> Result<Slot> {
             Ok(Slot {
-                input: None,
-                output: None,
+                input: Some(dev.alloc_host(SLOT_BYTES)?),
+                output: Some(dev.alloc_host(SLOT_BYTES)?),
                 copied_in: dev.create_event()?,
                 copied_out: dev.create_event()?,
             })
@@ -84,6 +100,7 @@ impl Staging {
             inbound: dev.create_stream()?,
             outbound: dev.create_stream()?,
             slots: (0..SLOTS).map(|_| slot()).collect::<Result<_>>()?,
+            leaked: false,
             logged: false,
         })
     }
@@ -92,12 +109,23 @@ impl Staging {
         &self.dev
     }
 
+    /// Whether calls can run on it (no failed call leaked its slots).
+    pub fn usable(&self) -> bool {
+        !self.leaked
+    }
+
     /// Runs `call` on `comm` to completion (every wait bounded by the communicator's
-    /// timeout). On failure the slots are leaked rather than freed, since the transport may
-    /// still write them.
+    /// timeout). It allocates nothing page-locked. On failure the slots are leaked rather than
+    /// freed, since the transport may still write them, and the staging is no longer usable.
     pub fn run(&mut self, comm: &Comm, call: &DevCall) -> Result<()> {
+        if self.leaked {
+            return Err(Error::Internal(
+                "the device staging slots were given up after a failed call".into(),
+            ));
+        }
         let r = self.pipeline(comm, call);
         if r.is_err() {
+            self.leaked = true;
             for s in self.slots.iter_mut() {
                 std::mem::forget(s.input.take());
                 std::mem::forget(s.output.take());
@@ -109,9 +137,9 @@ impl Staging {
     fn pipeline(&mut self, comm: &Comm, call: &DevCall) -> Result<()> {
         let n = comm.nranks;
         let elem = call.dtype.size();
-        let per = (SLICE_BYTES / elem).max(1);
-        let list = slices::slices(call.kind, n, call.count, elem, per);
         let (ins, outs) = slices::blocks(call.kind, n);
+        let per = (SLICE_BYTES.min(SLOT_BYTES / ins.max(outs).max(1)) / elem).max(1);
+        let list = slices::slices(call.kind, n, call.count, elem, per);
         let input = side(
             &self.dev,
             call.send,
@@ -128,9 +156,11 @@ impl Staging {
         )?;
         self.log_choice(call, list.len());
         let (in_bytes, out_bytes) = slices::slot_bytes(call.kind, n, elem, per.min(call.count));
-        for s in self.slots.iter_mut() {
-            grow(&self.dev, &mut s.input, in_bytes)?;
-            grow(&self.dev, &mut s.output, out_bytes)?;
+        if in_bytes.max(out_bytes) > SLOT_BYTES {
+            return Err(Error::Internal(format!(
+                "a slice of {} bytes does not fit a staging slot of {SLOT_BYTES}",
+                in_bytes.max(out_bytes)
+            )));
         }
         let mut states = [State::Free; SLOTS];
         let (mut next_in, mut next_start, mut done) = (0, 0, 0);
@@ -227,14 +257,6 @@ fn side(dev: &Device, addr: u64, kind: Option<PtrKind>, len: usize, name: &str) 
             Span::from_raw(dev, addr, len, name)
         }?)),
     }
-}
-
-/// `buf` holds at least `len` bytes (None while `len` is 0).
-fn grow(dev: &Device, buf: &mut Option<HostBuffer>, len: usize) -> Result<()> {
-    if len > 0 && buf.as_ref().is_none_or(|b| b.len() < len) {
-        *buf = Some(dev.alloc_host(len)?);
-    }
-    Ok(())
 }
 
 /// Starts copying slice `s` of the caller's input into the slot: whether an event was

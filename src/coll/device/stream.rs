@@ -11,9 +11,12 @@
 //! destroyed (`shutdown`). docs/device-calls.md says why the stream waits on a flag.
 use super::staged::Staging;
 use super::DevCall;
-use crate::coll::Comm;
+use crate::algo::Collective;
+use crate::coll::{Call, Comm, Kind};
 use crate::device::{Device, Event, Flag, Stream};
 use crate::error::{Error, Result};
+use crate::reduce::{DataType, RedOp};
+use crate::transport::Region;
 use parking_lot::{Condvar, Mutex};
 use std::os::raw::c_void;
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -69,6 +72,10 @@ impl Streams {
     /// stream-ordered call submitted before it.
     pub fn run(&self, comm: &Comm, call: &DevCall) -> Result<()> {
         self.drain(comm)?;
+        // No stream-ordered call of this communicator is pending: a caller's stream waits for
+        // none of its flags, so allocating here cannot deadlock on this communicator (its
+        // peers reach the call only after preparing theirs, `prepare`).
+        self.inner.prepare(call.device(), true)?;
         self.inner.run(comm, call)
     }
 
@@ -86,18 +93,29 @@ impl Streams {
         let dev = call.device().clone();
         // SAFETY: forwarded from this function's contract.
         let user: Stream = unsafe { dev.wrap_stream(stream) }?;
+        let prepared = {
+            let st = self.inner.state.lock();
+            if let Some(e) = &st.error {
+                return Err(earlier(e));
+            }
+            // Set by `prepare`, after the staging: calls after the first never wait for the
+            // staging's lock, which the worker holds while it runs a call.
+            st.flag.is_some()
+        };
+        if !prepared && self.inner.prepare(&dev, false)? {
+            // The first device use of the communicator allocated its page-locked memory. A
+            // peer sharing this device (ranks as threads of one process) may still have to
+            // allocate its own, and that waits for every stream of the device: so no rank's
+            // stream waits for a flag before every rank has allocated.
+            barrier(comm)?;
+        }
         let mut st = self.inner.state.lock();
         if let Some(e) = &st.error {
             return Err(earlier(e));
         }
-        let flag = match &st.flag {
-            Some(f) => f.clone(),
-            None => {
-                let f = dev.create_flag("fabricoll stream-ordered call done")?;
-                st.flag = Some(f.clone());
-                f
-            }
-        };
+        let flag = st.flag.clone().ok_or_else(|| {
+            Error::Internal("the stream-ordered calls' flag was not allocated".into())
+        })?;
         let seq = st.seq.wrapping_add(1);
         let reached = dev.create_event()?;
         user.record(&reached)?;
@@ -178,14 +196,55 @@ impl Streams {
 }
 
 impl Inner {
+    /// Allocates the communicator's page-locked memory on its first device use (its staging
+    /// slots and the stream-ordered calls' flag): whether it did. Never called while one of
+    /// the communicator's stream-ordered calls is pending (allocating page-locked memory waits
+    /// for every stream of the device, the caller's stream waiting for the flag included).
+    /// `replace`: a blocking call may replace staging a failed call gave up, or of another
+    /// device; a stream-ordered call fails instead (`run` in the worker allocates nothing).
+    fn prepare(&self, dev: &Device, replace: bool) -> Result<bool> {
+        let mut s = self.staging.lock();
+        let fresh = match s.as_ref() {
+            None => true,
+            Some(st) if st.device().ordinal() != dev.ordinal() || !st.usable() => {
+                if !replace {
+                    return Err(Error::InvalidUsage(format!(
+                        "this communicator's device memory staging is {} (a stream-ordered \
+                         call allocates none); a blocking call on device {} renews it",
+                        if st.usable() {
+                            format!("on device {}", st.device().ordinal())
+                        } else {
+                            "given up after a failed call".into()
+                        },
+                        dev.ordinal()
+                    )));
+                }
+                true
+            }
+            Some(_) => false,
+        };
+        if fresh {
+            *s = Some(Staging::new(dev)?);
+        }
+        let mut st = self.state.lock();
+        if st.flag.is_none() {
+            st.flag = Some(dev.create_flag("fabricoll stream-ordered call done")?);
+        }
+        Ok(fresh)
+    }
+
+    /// Runs `call` on the staging `prepare` made; allocates no page-locked memory.
     fn run(&self, comm: &Comm, call: &DevCall) -> Result<()> {
         let mut s = self.staging.lock();
-        if s.as_ref()
-            .is_none_or(|s| s.device().ordinal() != call.device().ordinal())
-        {
-            *s = Some(Staging::new(call.device())?);
+        match s.as_mut() {
+            Some(st) if st.device().ordinal() == call.device().ordinal() => st.run(comm, call),
+            _ => Err(Error::InvalidUsage(
+                "this communicator's device staging is missing, on another device, or was \
+                 given up after a failed call (a stream-ordered call allocates none; a blocking \
+                 call renews it)"
+                    .into(),
+            )),
         }
-        s.as_mut().expect("made above").run(comm, call)
     }
 
     /// The worker: runs the jobs in order until the sender is dropped.
@@ -241,6 +300,27 @@ impl Inner {
         }
         Ok(())
     }
+}
+
+/// Every rank of `comm` has got here: a one-word host allreduce.
+fn barrier(comm: &Comm) -> Result<()> {
+    let word = Box::into_raw(Box::new([0u8; 4]));
+    // SAFETY: `word` is leaked unless the call succeeded, so it outlives every use.
+    let region = unsafe { Region::from_raw(word.cast(), 4) };
+    let call = Call {
+        kind: Kind::Coll(Collective::AllReduce),
+        send: region,
+        recv: region,
+        count: 1,
+        dtype: DataType::Uint32,
+        op: RedOp::Sum,
+        root: 0,
+        algo: None,
+    };
+    comm.run(&call)?;
+    // SAFETY: from `Box::into_raw` above; the call has completed, nothing uses it any more.
+    drop(unsafe { Box::from_raw(word) });
+    Ok(())
 }
 
 /// The error of a call refused because an earlier stream-ordered call failed.

@@ -150,6 +150,12 @@ impl Worker {
         }
     }
 
+    /// Whether everything enqueued has run (or been skipped after a failure).
+    pub(super) fn idle(&self) -> bool {
+        let q = self.lock();
+        q.done == q.enqueued
+    }
+
     /// Ends the thread once the queue is drained.
     pub(super) fn exit(&self) {
         self.lock().exit = true;

@@ -23,7 +23,7 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::backend::{
     Backend, DeviceInfo, DeviceKind, HostAlloc, Kernel, PtrKind, RawEvent, RawStream,
@@ -135,6 +135,35 @@ impl EmuBackend {
             .ok_or_else(|| Error::arg("event", format!("{:#x} is not a live event", e.0)))
     }
 
+    /// What the CUDA driver does for a call it makes device-wide (allocating or freeing
+    /// page-locked memory): wait until no stream of the device has work left, a flag wait
+    /// included. Where a stream waits for a flag that only this thread would write, a GPU never
+    /// returns; here the wait ends after half the flag timeout (before the stream itself
+    /// fails) with an error naming `call`.
+    fn device_wide(&self, call: &str) -> Result<()> {
+        let start = Instant::now();
+        let limit = self.engine.flag_timeout / 2;
+        let mut nap = Duration::from_micros(1);
+        loop {
+            let workers: Vec<Arc<Worker>> = lock(&self.streams).values().cloned().collect();
+            let busy = workers.iter().filter(|w| !w.idle()).count();
+            if busy == 0 {
+                return Ok(());
+            }
+            if start.elapsed() >= limit {
+                return Err(Error::Timeout(format!(
+                    "emulated device {}: {call} waits for the whole device, as the CUDA driver \
+                     does, and {busy} stream(s) still had work after {} ms (one blocked on a \
+                     flag that the calling side has yet to write never finishes on a GPU: a \
+                     deadlock)",
+                    self.info.ordinal,
+                    limit.as_millis()
+                )));
+            }
+            nap = crate::device::stream::backoff(nap);
+        }
+    }
+
     fn push(&self, s: RawStream, op: Op) -> Result<()> {
         self.worker(s)?.push(op);
         Ok(())
@@ -179,6 +208,7 @@ impl Backend for EmuBackend {
     }
 
     fn alloc_host(&self, len: usize) -> Result<HostAlloc> {
+        self.device_wide("cuMemHostAlloc (allocating page-locked memory)")?;
         let p = self.mem().alloc_pinned(len)?;
         Ok(HostAlloc {
             host: p,
@@ -188,6 +218,10 @@ impl Backend for EmuBackend {
     }
 
     unsafe fn free_host(&self, a: HostAlloc) {
+        if let Err(e) = self.device_wide("cuMemFreeHost (freeing page-locked memory)") {
+            // A free cannot fail; on a GPU it would never return. Say so loudly, then free.
+            log::error!("{e}");
+        }
         self.mem().free_pinned(a.host);
     }
 
