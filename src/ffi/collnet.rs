@@ -45,7 +45,7 @@ unsafe extern "C" fn get_properties<P: for<'a> From<&'a crate::plugin::DevicePro
     boundary("collnet getProperties", || {
         // SAFETY: NCCL passes a writable props struct of this version's layout.
         let out = unsafe { Out::new(props, "props") }?;
-        out.set(P::from(&collnet::props(plugin()?, dev)?));
+        out.set(P::from(collnet::props(plugin()?, dev)?));
         Ok(())
     })
 }

@@ -214,11 +214,17 @@ pub fn close_coll(id: u64) -> Result<()> {
 
 /// CollNet's properties of device `dev`: the net plugin's, with host memory only. CollNet
 /// reduces on the CPU, so NCCL must keep its CollNet buffers in host memory, whatever the net
-/// plugin takes.
-pub fn props(p: &Plugin, dev: i32) -> Result<super::DeviceProps> {
-    let mut props = p.device(dev)?.props.clone();
+/// plugin takes. Borrowed from the device, which keeps them (`host_only`): the name pointer
+/// NCCL receives must outlive the call.
+pub fn props(p: &Plugin, dev: i32) -> Result<&super::DeviceProps> {
+    Ok(&p.device(dev)?.collnet_props)
+}
+
+/// `props` with host memory only: what CollNet advertises for a net device.
+pub fn host_only(props: &super::DeviceProps) -> super::DeviceProps {
+    let mut props = props.clone();
     props.ptr_support = NCCL_PTR_HOST;
-    Ok(props)
+    props
 }
 
 pub fn reg_mr(id: u64, region: Region, ptr_type: i32) -> Result<u64> {

@@ -152,6 +152,9 @@ type Opener = Box<dyn Fn() -> Result<Arc<dyn Transport>> + Send + Sync>;
 pub struct Device {
     pub index: usize,
     pub props: DeviceProps,
+    /// CollNet's properties of this device (`collnet::props`), kept here because NCCL holds on
+    /// to the name pointer they hand out: they must live as long as the device.
+    pub collnet_props: DeviceProps,
     flavour: Flavour,
     timeout: Duration,
     /// `FABRICOLL_NET_STREAMS`; None: the provider's default.
@@ -168,9 +171,11 @@ impl Device {
         flavour: Flavour,
         open: Opener,
     ) -> Device {
+        let collnet_props = super::collnet::host_only(&props);
         Device {
             index,
             props,
+            collnet_props,
             flavour,
             timeout: cfg.timeout,
             streams: cfg.net_streams,
