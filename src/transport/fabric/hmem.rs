@@ -12,23 +12,20 @@ impl FabricTransport {
     /// `Transport::register_device`.
     pub(super) fn register_device_region(&self, region: Region, ordinal: i32) -> Result<Mr> {
         let g = self.inner.lock();
-        let iov = sys::iovec {
-            iov_base: region.addr() as *mut c_void,
-            iov_len: region.len(),
-        };
-        let attr = sys::fi_mr_attr {
-            mr_iov: &iov,
-            iov_count: 1,
-            access: (sys::FI_SEND | sys::FI_RECV) as u64,
-            iface: sys::fi_hmem_iface_FI_HMEM_CUDA,
-            device: sys::fi_mr_attr__bindgen_ty_1 { cuda: ordinal },
-            ..Default::default()
-        };
         let mut mr: *mut sys::fid_mr = ptr::null_mut();
-        // SAFETY: the domain is open; attr and the iovec it points to live across the call,
-        // which copies them; the region is device memory the caller keeps allocated while
-        // registered (Region's contract).
-        let rc = unsafe { sys::fi_mr_regattr(g.dom.domain, &attr, 0, &mut mr) };
+        // SAFETY: the domain is open; the wrapper builds the attributes (and the iovec they
+        // point to) on its stack for the call, which copies them; the region is device memory
+        // the caller keeps allocated while registered (Region's contract).
+        let rc = unsafe {
+            sys::fi_fabricoll_regattr_cuda(
+                g.dom.domain,
+                region.addr() as *mut c_void,
+                region.len(),
+                (sys::FI_SEND | sys::FI_RECV) as u64,
+                ordinal,
+                &mut mr,
+            )
+        };
         let what = || {
             format!(
                 "fi_mr_regattr of {} bytes of CUDA device {ordinal} memory at {:#x} on {} \
