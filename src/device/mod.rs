@@ -33,6 +33,7 @@ pub use emu::EmuConfig;
 pub use event::Event;
 pub use flag::{reached, Flag};
 pub use memory::{DeviceBuffer, HostBuffer, Span};
+pub(crate) use stream::backoff_to;
 pub use stream::{Stream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, LEGACY_STREAM};
 
 use std::ffi::c_void;

@@ -421,15 +421,23 @@ impl Drop for Shared {
     }
 }
 
-/// The next nap of a polling wait: yield while short, then sleep, doubling up to 1 ms.
+/// The next nap of a polling wait: yield while short, then sleep, doubling up to `MAX_NAP`.
 pub(crate) fn backoff(nap: Duration) -> Duration {
+    backoff_to(nap, MAX_NAP)
+}
+
+/// `backoff` with its own longest sleep `max` (the staging pipeline wakes more often).
+pub(crate) fn backoff_to(nap: Duration, max: Duration) -> Duration {
     if nap < Duration::from_micros(50) {
         std::thread::yield_now();
     } else {
         std::thread::sleep(nap);
     }
-    (nap * 2).min(Duration::from_millis(1))
+    (nap * 2).max(Duration::from_micros(1)).min(max)
 }
+
+/// The longest sleep of a polling wait.
+const MAX_NAP: Duration = Duration::from_millis(1);
 
 fn same_len(arg: &str, s: &Span, expected: usize) -> Result<()> {
     if s.len() != expected {

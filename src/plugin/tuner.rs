@@ -16,8 +16,8 @@
 //!   node over the same beta for an AllReduce ((n-1) and (n-1)/n for the others); its
 //!   reductions run on the GPU, so no gamma.
 //!
-//! NCCL's own estimates are on another scale (RING/SIMPLE 1776 us at 1 MiB on 4 nodes where
-//! 1083 us was measured), so our CollNet price is not written as it is: the cell becomes NCCL's
+//! NCCL's own estimates are on another scale than measured times (docs/validation.md compares
+//! them), so our CollNet price is not written as it is: the cell becomes NCCL's
 //! own estimate of its ring (the best usable RING cell) times our ratio CollNet / ring. NCCL then
 //! picks CollNet where our model says it beats the ring over the plugin, and compares it with
 //! its other algorithms on its own scale. Without a usable RING cell, NCCL's best other cell is

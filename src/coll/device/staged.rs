@@ -18,6 +18,10 @@ use crate::error::{Error, Result};
 use crate::transport::Region;
 use std::time::{Duration, Instant};
 
+/// The longest sleep of the pipeline between rounds without progress (the copies and the
+/// fabric make progress without this thread, but the next slice waits for it).
+const PIPELINE_MAX_NAP: Duration = Duration::from_micros(200);
+
 /// Slices in flight at most: one copying in, one in its collective, one copying out, and one
 /// more so that a slow stage does not stall the other two.
 pub(super) const SLOTS: usize = 4;
@@ -220,7 +224,7 @@ impl Staging {
                     list.len()
                 )));
             } else {
-                nap = idle(nap);
+                nap = crate::device::backoff_to(nap, PIPELINE_MAX_NAP);
             }
         }
         Ok(())
@@ -367,17 +371,4 @@ fn slot_call(
         root: call.root,
         algo: call.algo,
     }
-}
-
-/// One idle round of the pipeline: yield while the last progress is recent, then sleep,
-/// doubling up to 200 us (the copies and the fabric make progress without this thread).
-fn idle(nap: Duration) -> Duration {
-    if nap < Duration::from_micros(20) {
-        std::thread::yield_now();
-    } else {
-        std::thread::sleep(nap);
-    }
-    (nap * 2)
-        .max(Duration::from_micros(1))
-        .min(Duration::from_micros(200))
 }
