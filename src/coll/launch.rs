@@ -43,7 +43,7 @@ mod file;
 mod tests;
 
 pub use file::bind_ip;
-use file::{await_file, publish};
+use file::{await_file, publish, Published};
 
 /// The launcher whose variables give this process's rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -463,9 +463,14 @@ impl Launch {
     /// The unique id of this job's root: rank 0 starts the root where this process serves it.
     /// Every wait has the deadline `cfg.timeout`, whose source its error names.
     pub fn unique_id(&self, cfg: &Config) -> Result<UniqueId> {
+        Ok(self.rendezvous(cfg)?.0)
+    }
+
+    /// `unique_id`, with rank 0's published file where the route has one.
+    fn rendezvous(&self, cfg: &Config) -> Result<(UniqueId, Option<Published>)> {
         let timeout = cfg.timeout_setting();
         match &self.rendezvous {
-            Rendezvous::Id(id) => Ok(*id),
+            Rendezvous::Id(id) => Ok((*id, None)),
             Rendezvous::Listen { addr, nonce, var } => {
                 let id = UniqueId {
                     addr: *addr,
@@ -491,21 +496,28 @@ impl Launch {
                         )
                     })?;
                 }
-                Ok(id)
+                Ok((id, None))
             }
             Rendezvous::File { path, nonce } if self.rank == 0 => {
-                publish(path, *nonce, self.nranks, bind_ip(cfg), timeout)
+                let p = publish(path, *nonce, self.nranks, bind_ip(cfg), timeout)?;
+                Ok((p.id, Some(p)))
             }
             Rendezvous::File { path, nonce } => {
-                await_file(path, *nonce, Instant::now() + timeout.limit, timeout)
+                let id = await_file(path, *nonce, Instant::now() + timeout.limit, timeout)?;
+                Ok((id, None))
             }
         }
     }
 
-    /// Join this job's communicator.
+    /// Join this job's communicator. Rank 0 of the file route returns once its file is gone
+    /// (every rank has joined), so that a process exiting right after leaves no stale id.
     pub fn init(&self, cfg: &Config) -> Result<Comm> {
-        let id = self.unique_id(cfg)?;
+        let (id, published) = self.rendezvous(cfg)?;
         let device = self.local_rank.unwrap_or(self.rank);
-        Comm::init_rank_on(self.nranks, &id, self.rank, cfg, device)
+        let comm = Comm::init_rank_on(self.nranks, &id, self.rank, cfg, device)?;
+        if let Some(p) = published {
+            p.finish(cfg.timeout);
+        }
+        Ok(comm)
     }
 }

@@ -22,16 +22,36 @@ fn file_err(path: &Path, what: &str, e: std::io::Error) -> Error {
     )
 }
 
+/// Rank 0's side of a published id: the id, and the thread that removes the file once the
+/// root has served.
+pub(super) struct Published {
+    pub id: UniqueId,
+    removed: Option<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Published {
+    /// Wait (until `limit`) for the file to be removed: call it once this rank's communicator
+    /// is built, when the root has served every rank, so that the process does not exit with
+    /// the removal still pending.
+    pub fn finish(self, limit: Duration) {
+        if let Some(rx) = self.removed {
+            if rx.recv_timeout(limit).is_err() {
+                log::debug!("FABRICOLL_ROOT_FILE: the root had not finished within {limit:?}");
+            }
+        }
+    }
+}
+
 /// Rank 0 of the file route: start a root on `ip`, write its id to `path` (a temporary file
 /// renamed into place, so that a reader sees all of it or nothing), and remove the file once
-/// the root has served (if it still holds this id).
+/// the root has served (if it still holds this id); `Published::finish` waits for that.
 pub(super) fn publish(
     path: &Path,
     nonce: Option<u64>,
     nranks: usize,
     ip: IpAddr,
     timeout: impl Into<Timeout>,
-) -> Result<UniqueId> {
+) -> Result<Published> {
     let root = bootstrap::listen(SocketAddr::new(ip, 0), nonce, Some(nranks), timeout)?;
     let id = root.id;
     let hex = id.to_hex();
@@ -52,6 +72,7 @@ pub(super) fn publish(
         file_err(path, "cannot rename the id into", e)
     })?;
     let owned = path.to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("fabricoll-root-file".into())
         .spawn(move || {
@@ -59,11 +80,16 @@ pub(super) fn publish(
             if std::fs::read_to_string(&owned).is_ok_and(|s| s.trim() == hex) {
                 let _ = std::fs::remove_file(&owned);
             }
+            let _ = tx.send(());
         });
-    if let Err(e) = spawned {
-        log::debug!("FABRICOLL_ROOT_FILE: no thread to remove the file after the job: {e}");
-    }
-    Ok(id)
+    let removed = match spawned {
+        Ok(_) => Some(rx),
+        Err(e) => {
+            log::debug!("FABRICOLL_ROOT_FILE: no thread to remove the file after the job: {e}");
+            None
+        }
+    };
+    Ok(Published { id, removed })
 }
 
 /// The other ranks of the file route: wait (until `deadline`, `timeout` from now) for the file

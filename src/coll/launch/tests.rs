@@ -373,7 +373,8 @@ fn the_file_route_publishes_atomically_and_skips_another_jobs_file() {
     assert!(e.to_string().contains("FABRICOLL_ROOT_FILE"), "{e}");
     // Rank 0 replaces it; a reader of this job finds the new id; no temporary file is left.
     let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    let id = publish(&path, Some(2), 1, ip, Duration::from_secs(5)).unwrap();
+    let published = publish(&path, Some(2), 1, ip, Duration::from_secs(5)).unwrap();
+    let id = published.id;
     assert_eq!(id.nonce, 2);
     assert_eq!(await_file(&path, Some(2), Instant::now(), t).unwrap(), id);
     let names: Vec<_> = std::fs::read_dir(&dir)
@@ -383,10 +384,7 @@ fn the_file_route_publishes_atomically_and_skips_another_jobs_file() {
     assert_eq!(names, ["id"]);
     // Once the one rank has joined, the root is done and the file goes.
     bootstrap::exchange(&id, 0, 1, b"a", Duration::from_secs(5)).unwrap();
-    let gone = Instant::now() + Duration::from_secs(5);
-    while path.exists() && Instant::now() < gone {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    published.finish(Duration::from_secs(60));
     assert!(!path.exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
