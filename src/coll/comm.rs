@@ -38,6 +38,8 @@ pub struct Comm {
     /// (`docs/performance.md`).
     pub(super) choices: Mutex<FxHashMap<ChoiceKey, (Algorithm, Options)>>,
     pub(super) aborted: AtomicBool,
+    /// End without the goodbye (`leave_without_goodbye`).
+    pub(super) no_goodbye: AtomicBool,
     /// Which host each rank is on (`algo::Hosts`): learnt when the communicator is made.
     pub(super) hosts: Hosts,
     /// Bytes per slice of a pipelined schedule (`slice_bytes`).
@@ -157,6 +159,7 @@ impl Comm {
                 .with_intra_eager(intra_eager),
             choices: Mutex::new(FxHashMap::default()),
             aborted: AtomicBool::new(false),
+            no_goodbye: AtomicBool::new(false),
             hosts,
             slice,
             spin,
@@ -262,6 +265,12 @@ impl Comm {
         }
     }
 
+    /// When dropped, close at once, without the goodbye (`coll::goodbye`) that waits for the
+    /// peers: as NCCL's `ncclCommAbort`, for a job that is failing anyway.
+    pub fn leave_without_goodbye(&self) {
+        self.no_goodbye.store(true, Ordering::SeqCst);
+    }
+
     /// Fail once the communicator was aborted.
     #[inline]
     pub(super) fn check_alive(&self) -> Result<()> {
@@ -353,6 +362,8 @@ impl Drop for Comm {
     fn drop(&mut self) {
         // The progress thread stops first; notified requests still pending fail.
         self.end_notified();
+        // What this rank sent must reach its peers before the endpoint closes.
+        self.goodbye();
         // Operations of failed collectives may still touch their memory: give them a moment
         // to drain, then leak what is left rather than free memory a provider may write.
         let mut e = self.engine.lock();

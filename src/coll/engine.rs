@@ -57,6 +57,9 @@ pub(super) struct Engine {
     pub(super) direct_runs: u64,
     /// Requests handed to `Comm::notify`, with their callbacks (`notify`).
     pub(super) notified: Notified,
+    /// The ranks this one exchanged messages with, or posted a receive from: its goodbye
+    /// goes to them (`goodbye`).
+    pub(super) talked: Vec<bool>,
 }
 
 impl Engine {
@@ -76,6 +79,7 @@ impl Engine {
             spare: None,
             direct_runs: 0,
             notified: Notified::default(),
+            talked: vec![false; nranks],
         }
     }
 }
@@ -193,6 +197,7 @@ impl Comm {
         let id = e.next_id;
         e.next_id = e.next_id.wrapping_add(1).max(1);
         let mut direct = false;
+        let reused = matches!(schedule, Some((Prep::Spare(_), ..)));
         let exec = match (schedule, call.kind) {
             (Some((prep, a, d)), _) => {
                 direct = d;
@@ -265,6 +270,12 @@ impl Comm {
                 )?
             }
         };
+        // A re-armed executor runs a plan whose peers were marked when it was new.
+        if !reused {
+            for &p in &exec.plan().message_peers {
+                e.talked[p] = true;
+            }
+        }
         Ok((exec, id, direct))
     }
 

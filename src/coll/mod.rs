@@ -5,6 +5,7 @@
 //!
 //! - `call`: one call (`Call`, `Kind`) and the checks of its arguments;
 //! - `comm`: the communicator, how it is made, split, aborted and dropped;
+//! - `goodbye`: what a communicator does before it closes, so that what it sent is not lost;
 //! - `engine`: the request table and the per-call paths (prepare, progress, test, wait, run);
 //! - `notify`: notified requests and the progress thread that completes them;
 //! - `choice`: which algorithm runs a problem, and the choices kept;
@@ -22,6 +23,7 @@ mod choice;
 mod comm;
 pub mod device;
 mod engine;
+mod goodbye;
 pub mod launch;
 mod notify;
 pub mod placement;

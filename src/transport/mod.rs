@@ -191,6 +191,11 @@ pub struct Caps {
     /// (`FABRICOLL_NET_STREAMS` overrides): 1 keeps one endpoint per comm; 0 where striping is
     /// not offered (providers without one connection per endpoint pair, such as shm).
     pub net_streams: usize,
+    /// Closing the endpoint may discard messages it sent that the peer has not taken yet,
+    /// though their sends completed (a completion means the buffer may be reused, not that
+    /// the peer has the message): the communicator says goodbye before it closes
+    /// (`coll::goodbye`). False for the in-process loopback, whose messages outlive it.
+    pub close_loses: bool,
     /// Over two fabrics, the capabilities of the one between ranks of this host (shared
     /// memory), whose eager limit, slice size and poll window price the intra-host steps; the
     /// other fields describe the fabric between hosts. None over one fabric.
@@ -227,6 +232,7 @@ impl Default for Caps {
             receiver_copies: false,
             direct_channel: false,
             net_streams: 0,
+            close_loses: false,
             intra: None,
         }
     }

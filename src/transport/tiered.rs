@@ -127,6 +127,7 @@ impl Tiered {
             direct_channel: i.direct_channel,
             mr_local: i.mr_local || e.mr_local,
             max_msg_size: i.max_msg_size.min(e.max_msg_size),
+            close_loses: i.close_loses || e.close_loses,
             intra: Some(Arc::new(i.clone())),
             // RMA is not routed over two fabrics: the trait's defaults refuse it.
             rma_caps: None,

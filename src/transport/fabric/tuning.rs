@@ -46,6 +46,10 @@ pub(super) fn apply(caps: &mut Caps) {
     // on an idle machine (docs/performance.md, "The net plugin against plain TCP streams").
     let sockets = matches!(caps.provider.split(';').next(), Some("net" | "tcp"));
     caps.net_streams = if sockets { SOCKET_NET_STREAMS } else { 0 };
+    // The native TCP endpoint drops a connection's unmatched messages when its sender closes
+    // it, and shm keeps small unexpected messages in the sender's memory before 1.19: every
+    // provider is taken to lose what its peer has not yet taken.
+    caps.close_loses = true;
 }
 
 /// Endpoints per device of the net plugin over socket providers when `FABRICOLL_NET_STREAMS` is
