@@ -53,19 +53,44 @@ fn classification_names_the_device_and_refuses_the_rest() {
 fn the_sentinel_read_reads_device_memory_to_a_deadline() {
     let dev = emu(0);
     let buf = dev.alloc(1 << 16).unwrap();
-    gpu::read_sentinel_on(
-        &dev,
-        &region_at(buf.addr(), 1 << 16),
-        gpu::SENTINEL_DEADLINE,
-    )
-    .unwrap();
+    let sentinel = gpu::Sentinel::new(&dev).unwrap();
+    for _ in 0..3 {
+        sentinel
+            .read(
+                &dev,
+                &region_at(buf.addr(), 1 << 16),
+                gpu::SENTINEL_DEADLINE,
+            )
+            .unwrap();
+    }
     // A word past the end of the allocation is not the device's: refused, not read.
-    let e = gpu::read_sentinel_on(
+    let e = sentinel.read(
         &dev,
         &region_at(buf.addr() + (1 << 16) - 2, 2),
         gpu::SENTINEL_DEADLINE,
     );
     assert!(e.is_err(), "a read past the allocation worked");
+}
+
+/// NCCL's kernel waits for the proxy's flush: the flush must not wait for the kernel. The
+/// emulated device, as the driver, makes allocating page-locked memory wait for every stream
+/// of the device, so a flush that allocated its word would time out here.
+#[test]
+fn a_flush_while_a_kernel_waits_for_it_allocates_nothing() {
+    let dev = emu(0);
+    let buf = dev.alloc(1 << 16).unwrap();
+    let sentinel = gpu::Sentinel::new(&dev).unwrap();
+    let kernel = dev.create_stream().unwrap();
+    let gate = dev.create_flag("kernel-waits-for-the-flush").unwrap();
+    kernel.wait_flag(&gate, 1).unwrap();
+    let read = sentinel.read(
+        &dev,
+        &region_at(buf.addr(), 1 << 16),
+        gpu::SENTINEL_DEADLINE,
+    );
+    gate.set(1);
+    read.unwrap();
+    kernel.synchronize(gpu::SENTINEL_DEADLINE).unwrap();
 }
 
 #[test]

@@ -15,9 +15,23 @@ impl Device {
     /// Register host memory for use on `comm`'s device (and, where the device offers RMA, for
     /// peers' writes and reads), or device memory where the device takes it (`plugin::gpu`).
     pub fn reg_mr(&self, comm: u64, region: Region, ptr_type: i32) -> Result<u64> {
-        self.reg_mr_with(comm, region, ptr_type, || {
-            crate::plugin::gpu::device_of(&region)
-        })
+        let ordinal = std::cell::Cell::new(None);
+        let h = self.reg_mr_with(comm, region, ptr_type, || {
+            let o = crate::plugin::gpu::device_of(&region)?;
+            ordinal.set(Some(o));
+            Ok(o)
+        })?;
+        if let Some(o) = ordinal.get() {
+            use crate::cuda::caps::Flush;
+            let how = crate::plugin::gpu::flush_method(self.props.ptr_support, o);
+            if how == Flush::SentinelRead {
+                // Now, while no kernel of NCCL's waits on a flush (see `gpu::Sentinel`).
+                if let Err(e) = crate::plugin::gpu::prepare_flush(o) {
+                    log::warn!("regMr: device {o}: flushes not made ready ({e}); the first flush tries again");
+                }
+            }
+        }
+        Ok(h)
     }
 
     /// `reg_mr`, with `ordinal_of` saying whose device memory an NCCL_PTR_CUDA buffer is.
