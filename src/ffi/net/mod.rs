@@ -414,7 +414,7 @@ pub(crate) unsafe extern "C" fn reg_mr_dmabuf(
             mh.set(std::ptr::null_mut());
         }
         Err(Error::InvalidUsage(
-            "regMrDmaBuf: dma-buf registration is not supported yet (this build advertises NCCL_PTR_HOST only)".into(),
+            "regMrDmaBuf: dma-buf registration is not supported (this build never advertises NCCL_PTR_DMABUF)".into(),
         ))
     })
 }
