@@ -27,7 +27,7 @@ for run in "neuron_harness 0" "neuron_harness_asan 0" "neuron_harness 1"; do
 done
 # bug -> the scenario that must catch it
 for pair in corrupt:xfer6 overrun:xfer5 nulls:inflight cudaok:badinput loudclose:lifecycle leakfd:cycles hang:kill \
-  rmaoff:rma6 rmaoff:rma5 quieterr:badinput; do
+  rmaoff:rma6 rmaoff:rma5 rmaoff:ring6 quieterr:badinput leakmem:ringcycles; do
   bug=${pair%%:*}
   scn=${pair#*:}
   MOCK_RMA=1 MOCK_BUG=$bug timeout 300 "$HERE/build/neuron_harness" --lib "$MOCK" --scenario "$scn" >"$OUT" 2>&1
