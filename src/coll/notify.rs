@@ -67,7 +67,7 @@ thread_local! {
 }
 
 /// Run `f` (callbacks of `comm`) with `comm` marked as in a callback on this thread.
-fn as_callback_of<T>(comm: &Comm, f: impl FnOnce() -> T) -> T {
+pub(super) fn as_callback_of<T>(comm: &Comm, f: impl FnOnce() -> T) -> T {
     let me = comm as *const Comm as usize;
     IN_CALLBACK.with(|v| v.borrow_mut().push(me));
     // Unmarked on the way out, a panicking callback included.
