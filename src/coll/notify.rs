@@ -184,6 +184,7 @@ impl Comm {
             let err = x.explain(err.clone());
             let keep = x.fail(&*self.transport, &self.peers);
             e.graveyard.extend(keep);
+            e.bury_phased(id);
             e.execs.insert(id, ReqState::Failed(err));
         }
     }
