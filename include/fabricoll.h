@@ -28,6 +28,8 @@
 /* Initialise a fabricoll_config with the caller's own sizeof: a library newer than this header
  * then never writes past the struct, and one older refuses a struct it does not know. */
 #define fabricoll_config_init(config) fabricoll_config_init_size((config), sizeof(*(config)))
+/* The same for a fabricoll_call_options. */
+#define fabricoll_call_options_init(options) fabricoll_call_options_init_size((options), sizeof(*(options)))
 
 /*
  The largest tag of fabricoll_send_tagged / fabricoll_recv_tagged (tags are 0 ..= this).
@@ -65,6 +67,28 @@ typedef enum {
   FABRICOLL_COLL_REDUCE = 4,
   FABRICOLL_COLL_ALLTOALL = 5,
 } fabricoll_coll;
+
+/*
+ The wire format of compressed collectives (`fabricoll_config.compress`,
+ `fabricoll_call_options.compress`; docs/compression.md). Passed as `int`. AllReduce (sum,
+ avg), ReduceScatter(V) and AllGather(V) of float, bfloat16 and half data send block-scaled
+ codes of the format; every rank of a call must ask for the same.
+ */
+typedef enum {
+  /*
+   Defer: a communicator to FABRICOLL_COMPRESS, a call to its communicator.
+   */
+  FABRICOLL_COMPRESS_DEFAULT = 0,
+  /*
+   Send the data as it is.
+   */
+  FABRICOLL_COMPRESS_OFF = 1,
+  FABRICOLL_COMPRESS_BF16 = 2,
+  FABRICOLL_COMPRESS_FP16 = 3,
+  FABRICOLL_COMPRESS_FP8E4M3 = 4,
+  FABRICOLL_COMPRESS_FP8E5M2 = 5,
+  FABRICOLL_COMPRESS_INT8 = 6,
+} fabricoll_compress;
 
 /*
  Data types (NCCL's values). Passed as `int`.
@@ -232,12 +256,46 @@ typedef struct {
    NCCL), sparing every in-place call a copy of its input.
    */
   int inplace;
+  /*
+   The wire format of the communicator's compressed collectives, a `fabricoll_compress`;
+   DEFAULT (0): FABRICOLL_COMPRESS (off unless set).
+   */
+  int compress;
+  /*
+   Elements per scale of the compressed codes, 1..=1048576; 0: FABRICOLL_COMPRESS_BLOCK
+   (256 unless set).
+   */
+  int compress_block;
 } fabricoll_config;
 
 /*
  Called once per notified request, with its final status (a `fabricoll_status` value).
  */
 typedef void (*fabricoll_callback)(void *user_data, int status);
+
+/*
+ Options of one call; every field has a "default" value that defers to the communicator
+ (`fabricoll_call_options_init` sets them all so). New fields are only ever appended: `size`
+ says which ones the caller's struct has.
+ */
+typedef struct {
+  /*
+   sizeof(fabricoll_call_options) as the caller compiled it: set by
+   `fabricoll_call_options_init` (the header's macro).
+   */
+  size_t size;
+  /*
+   The call's compression, a `fabricoll_compress`; DEFAULT (0): the communicator's
+   (fabricoll_config.compress, FABRICOLL_COMPRESS). A format other than OFF on a call it
+   does not apply to is FABRICOLL_INVALID_ARGUMENT naming `compress`.
+   */
+  int compress;
+  /*
+   Elements per scale, 1..=1048576; 0: 256. With `compress` DEFAULT it must be 0 (the
+   communicator's setting then holds whole).
+   */
+  int compress_block;
+} fabricoll_call_options;
 
 #ifdef __cplusplus
 extern "C" {
@@ -424,6 +482,26 @@ fabricoll_status fabricoll_group_end(void);
  the requests still pending: their callbacks run with the abort status.
  */
 fabricoll_status fabricoll_request_notify(fabricoll_request *request, fabricoll_callback callback, void *user_data);
+
+/*
+ Set every field of the caller's options, `size` bytes as the caller compiled them, to its
+ default (the communicator's settings) and `size` to that size. The header's
+ `fabricoll_call_options_init(options)` calls this with `sizeof(*(options))`.
+
+ # Safety
+ `options` is NULL (an error) or writable for `size` bytes.
+ */
+fabricoll_status fabricoll_call_options_init_size(fabricoll_call_options *options, size_t size);
+
+/*
+ `fabricoll_collective` with per-call options (NULL: none, as `fabricoll_collective`):
+ blocking when `request` is NULL, else non-blocking.
+
+ # Safety
+ As `fabricoll_collective`; `options` is NULL or points to a struct readable for its
+ `size` field's bytes.
+ */
+fabricoll_status fabricoll_collective_options(const fabricoll_call *c, const fabricoll_call_options *options, fabricoll_comm *comm, fabricoll_request **request);
 
 /*
  `*status` = FABRICOLL_SUCCESS, or the status of the first stream-ordered call on `comm` that

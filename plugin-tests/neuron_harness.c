@@ -84,12 +84,18 @@ static scenario_t g_scenarios[] = {
     {"rma6", "v6: getMrKey, iwrite, iwriteInline, iread at offsets (or the four errors without RMA)", 2, scn_rma6,
      120, 0, NULL, 0},
     {"rma5", "v5: the same through the v5 table", 2, scn_rma5, 120, 0, NULL, 0},
+    {"ring6", "4 ranks, v6, both rings: iwrite to next and iread from previous, then a small message backward "
+              "and one forward, 40 rounds",
+     4, scn_ring6, 300, 0, NULL, 0},
+    {"ring5", "the same through the v5 table", 4, scn_ring5, 300, 0, NULL, 0},
     {"badinput", "NULL comms, garbage handle, CUDA/NEURON/other registration types, irecv n = 0/9", 1, scn_badinput,
      120, 1, NULL, 0},
     {"v4block", "v4 accept with nobody connecting and connect to a zeroed handle end at FABRICOLL_TIMEOUT_MS", 1,
      scn_v4block, 60, 1, NULL, 0},
     {"cycles", "N listen/connect/accept/1 KiB/close cycles: open fds and RSS before/after", 2, scn_cycles, 600, 0,
      NULL, 0},
+    {"ringcycles", "4 ranks, N cycles of both rings up, 256 KiB each way on fresh registrations, closed: fds, RSS",
+     4, scn_ringcycles, 900, 0, NULL, 0},
     {"kill", "SIGKILL one rank mid-stream (receiver, then sender): the survivor gets an error in time", 2, scn_kill,
      120, 1, hc_kill_pair_hook, 1},
 };

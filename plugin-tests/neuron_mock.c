@@ -11,6 +11,7 @@
  *   cudaok   regMr accepts type CUDA                              (badinput)
  *   loudclose  a close after fini logs a WARN line                (lifecycle)
  *   leakfd   never closes a connection's socket                   (cycles)
+ *   leakmem  keeps a 16 KiB shadow of every registration, never freed  (ringcycles)
  *   hang     ignores EOF and errors from a dead peer              (kill)
  *   rmaoff   RMA one byte off the given address (with MOCK_RMA=1)  (rma)
  *   quieterr return errors without logging a WARN line              (badinput)
@@ -302,6 +303,10 @@ static ncclResult_t m_regmr(void* comm, void* data, size_t size, int type, void*
   if (type == NCCL_PTR_NEURON) return ERR(ncclInvalidUsage);
   if (type != NCCL_PTR_HOST && !(type == NCCL_PTR_CUDA && bug("cudaok"))) return bad("type");
   (void)data, (void)size;
+  if (bug("leakmem")) {
+    char* shadow = malloc(16384); /* leaked on purpose, touched so that it counts in RSS */
+    if (shadow) memset(shadow, 1, 16384);
+  }
   obj_t* o = new_obj(K_MR);
   if (!o) return ERR(ncclSystemError);
   *mh = o;

@@ -64,7 +64,7 @@
 #   BENCH_BIND [rr]              rr: both bind rank r to CPU r mod n; default: each tool's own
 #   BENCH_MIN_BYTES [8], BENCH_MAX_BYTES [64M]   sizes, powers of two (K, M, G = powers of 1024)
 #   BENCH_T [0.2]                target seconds of timed iterations per size, both tools
-#                                (mpi_coll_bench's default in run-mpi-baselines.sh)
+#                                (scripts/baselines/run-mpi.sh's default)
 #   QUIET [1]                    wait-quiet.sh before every run; QUIET_MAX [60] bounds each wait
 #   BENCH_RUN_TIMEOUT [600]      seconds allowed to each run
 #   BENCH_LIB_TIMEOUT_MS [60000] FABRICOLL_TIMEOUT_MS of our ranks: a rank that dies (or never
@@ -74,7 +74,8 @@
 #                                run is BENCH_DEADLINE + one repetition
 #   BENCH_RESUMMARIZE [unset]    a .bench/coll-* directory: print its tables again, run nothing
 #   BENCH_BUILD [1]              scripts/deps.sh --bench (Open MPI) and scripts/build.sh first,
-#                                and scripts/baselines/build.sh when mpi_coll_bench is missing
+#                                and scripts/baselines/build.sh when mpi_coll_bench is missing or
+#                                older than its source
 #   BASELINES [scripts/baselines]   BASELINE_BUILD [~/.cache/fabricoll-baselines]
 #   CARGO_TARGET_DIR [target]
 # docs/performance.md gives how long a repetition takes at the defaults.
@@ -147,11 +148,11 @@ fi
 [ -x "$wait_quiet" ] || { echo "bench-coll.sh: $wait_quiet not found (set BASELINES=dir)" >&2; exit 1; }
 command -v mpirun.openmpi >/dev/null 2>&1 ||
   { echo "bench-coll.sh: mpirun.openmpi not found: run scripts/deps.sh --bench" >&2; exit 1; }
-if [ ! -x "$mpi_bench" ]; then
+if [ ! -x "$mpi_bench" ] || [ "$baselines/mpi_coll_bench.c" -nt "$mpi_bench" ]; then
   # build.sh also builds the MPICH binary where MPICH is installed: only the Open MPI binary
   # matters here, so compile it directly if build.sh stops early
   BASELINE_BUILD="$mpi_build" "$baselines/build.sh" >/dev/null 2>&1 || true
-  if [ ! -x "$mpi_bench" ]; then
+  if [ ! -x "$mpi_bench" ] || [ "$baselines/mpi_coll_bench.c" -nt "$mpi_bench" ]; then
     mkdir -p "$mpi_build"
     mpicc.openmpi -O2 -Wall -o "$mpi_bench" "$baselines/mpi_coll_bench.c" -lm
   fi

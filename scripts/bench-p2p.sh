@@ -22,7 +22,7 @@
 #   neuron  plugin-tests/build/neuron_bench --lib $FABRICOLL_NEURON_LIB  (the Neuron build's
 #           ncclNetPlugin_v6: isend/irecv, iwrite, iread, iwriteInline)
 # and after the NCCL tables one Neuron table per provider (scripts/benchsum_neuron.py): send/recv
-# against fi_pingpong, RMA against rma_raw, with the targets (>= 0.9x raw from 1 MiB,
+# against fi_pingpong, RMA against rma_raw, with the targets (>= 0.9x raw from 1 MiB,
 # 8 B within 1.2x raw). Even repetitions run the kinds in reverse order.
 #
 # Environment (defaults in brackets):

@@ -190,7 +190,7 @@ def summarize(out, c, r, tr, table, done_reps, algo, targets):
 
 
 def target_totals(targets):
-    """The issue's target per transport: busbw at least Open MPI's from 64 KiB, and the time at
+    """The target per transport: busbw at least Open MPI's from 64 KiB, and the time at
     the smallest size within 1.5 times Open MPI's."""
     totals = {}
     for tr, won, big, pwon, tx, ptx, mwon, mtx, mbig in targets:

@@ -11,7 +11,7 @@ SAMPLES lines are "SIZE METRIC VALUE", METRIC = WHO_OP_KIND:
        latency), bw (GB/s: send streaming / RMA with a window of ops in flight)
 Rows per size: send (ping-pong, like for like with fi_pingpong), send_st (neuron streaming
 against fi_pingpong's ping-pong bandwidth, as the NCCL table's st_x), write, read, inline
-(iwriteInline against rma_raw's fi_write of the same size). Then the issue's targets: bw_x >= 0.9
+(iwriteInline against rma_raw's fi_write of the same size). Then the targets: bw_x >= 0.9
 from 1 MiB and lat_x <= 1.2 at 8 B, by medians and by the best run of each side (lowest latency,
 highest bandwidth), which a shared machine disturbs least. Standard library only.
 """

@@ -7,7 +7,9 @@
 #   always:   build-essential pkg-config libfabric-dev libfabric-bin libclang-dev clang python3
 #             iproute2 (ip netns, tc, ss) util-linux (unshare) procps (the emulated-hosts stage)
 #             openmpi-bin (the launcher tests start ranks with Open MPI's mpirun)
-#   --bench:  also openmpi-bin libopenmpi-dev mpich libmpich-dev (the MPI baselines), iptables
+#             libopenmpi-dev (the py-tests stage builds and runs the Open MPI baseline,
+#             scripts/baselines/mpi_coll_bench.c, at 2 ranks)
+#   --bench:  also mpich libmpich-dev (the MPICH baseline), iptables
 #             and libnetfilter-queue-dev (the link delays of scripts/bench-multihost.sh)
 #   --torch:  also python3-venv, then a cached virtual environment for the torch tests and
 #             benchmark (scripts/torch-tests.sh, scripts/bench-torch.sh): torch, numpy and
@@ -26,7 +28,7 @@ for arg in "$@"; do
   case "$arg" in
     --bench) want_bench=1 ;;
     --torch) want_torch=1 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "deps.sh: unknown argument: $arg (expected --bench or --torch)" >&2; exit 2 ;;
   esac
 done
@@ -34,9 +36,9 @@ done
 log() { echo "deps.sh: $*"; }
 
 pkgs=(build-essential pkg-config libfabric-dev libfabric-bin libclang-dev clang python3
-  iproute2 util-linux procps openmpi-bin)
+  iproute2 util-linux procps openmpi-bin libopenmpi-dev)
 if [ "$want_bench" = 1 ]; then
-  pkgs+=(openmpi-bin libopenmpi-dev mpich libmpich-dev iptables libnetfilter-queue-dev)
+  pkgs+=(mpich libmpich-dev iptables libnetfilter-queue-dev)
 fi
 if [ "$want_torch" = 1 ]; then
   pkgs+=(python3-venv)

@@ -5,7 +5,7 @@
 #
 #   target/gpu/release/   libnccl-net-fabricoll.so, fabricoll-info, fabricoll-perf and the test
 #                         binaries named in GPU_TEST_BINS (default: cuda_probe device_gpu device_capi_gpu
-#                         plugin_gpu), from
+#                         device_capi_killed plugin_gpu), from
 #                         target/release (scripts/build.sh; cargo test --release --no-run)
 #   target/gpu/libfabric/ lib/libfabric.so.1 and bin/fi_info of the libfabric build with CUDA
 #                         support (scripts/libfabric2.sh; LIBFABRIC2_PREFIX overrides)
@@ -29,7 +29,7 @@ strip_to "$rel/libnccl-net-fabricoll.so" "$out/release/libnccl-net-fabricoll.so"
 for b in fabricoll-info fabricoll-perf; do
   [ -f "$rel/$b" ] && strip_to "$rel/$b" "$out/release/$b"
 done
-for t in ${GPU_TEST_BINS:-cuda_probe device_gpu device_capi_gpu plugin_gpu}; do
+for t in ${GPU_TEST_BINS:-cuda_probe device_gpu device_capi_gpu device_capi_killed plugin_gpu}; do
   # the newest build of each test binary (cargo keeps old hashes around)
   bin=$(find "$rel/deps" -maxdepth 1 -type f -executable -name "$t-*" -printf '%T@ %p\n' | sort -n | tail -1 | cut -d' ' -f2)
   if [ -z "$bin" ]; then

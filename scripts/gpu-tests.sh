@@ -10,10 +10,11 @@
 #   1. fabricoll-info: the driver, every device's GPUDirect RDMA / flush / DMA-BUF attributes,
 #      and the ptrSupport each provider gets, with the reason for what is missing;
 #   2. the GPU test binaries (GPU_TEST_BINS, default tests/cuda_probe.rs, tests/device_gpu.rs,
-#      tests/device_capi_gpu.rs and tests/plugin_gpu.rs), with --include-ignored (their GPU tests are ignored elsewhere;
+#      tests/device_capi_gpu.rs, tests/device_capi_killed.rs and tests/plugin_gpu.rs), with --include-ignored (their GPU tests are ignored elsewhere;
 #      --ignored alone would skip cuda_probe's, which are not): the probe and the device seam on a
 #      real driver, the reduction kernels against the host reducers and their bandwidth, the C API
-#      on device buffers (blocking and stream-ordered) and its timing table, the net
+#      on device buffers (blocking, stream-ordered, non-blocking, grouped; a killed peer) and its
+#      timing table, the net
 #      plugin on device memory over shm (libfabric 2.1 with CUDA); then compute-sanitizer's
 #      memcheck over one kernel test (device_gpu's gpu_kernel_small);
 #   3. plugin-tests/nccl_torch.py: real NCCL over the plugin (CollNet on), every collective checked
@@ -84,7 +85,7 @@ for d in /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib64; do
   break
 done
 test_bin() { find "$rel/deps" -maxdepth 1 -type f -executable -name "$1-*" -printf '%T@ %p\n' | sort -n | tail -1 | cut -d' ' -f2; }
-for t in ${GPU_TEST_BINS:-cuda_probe device_gpu device_capi_gpu plugin_gpu}; do
+for t in ${GPU_TEST_BINS:-cuda_probe device_gpu device_capi_gpu device_capi_killed plugin_gpu}; do
   bin=$(test_bin "$t")
   if [ -n "$bin" ]; then
     step "$t" 240 "$bin" --include-ignored --nocapture --test-threads=1

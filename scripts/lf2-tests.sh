@@ -48,7 +48,6 @@ skips=(
   # known gaps on 2.1, open (docs/providers.md, "Known gaps on libfabric 2.1")
   three_uneven_interleaved_hosts two_hosts_of_two_ranks_use_shm_within_and_net_between
   counts_that_differ_between_ranks_fail_every_rank
-  net_multi_over_shm net_multi_over_tcp writes_and_reads_over_every_provider_with_rma
   mismatched_calls_fail_on_every_rank_over_shm mismatched_calls_fail_on_every_rank_over_net
   mismatched_calls_fail_on_every_rank_over_two_fabrics
 )

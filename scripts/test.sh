@@ -6,7 +6,8 @@
 #   deps          scripts/deps.sh
 #   fmt           cargo fmt --all -- --check
 #   py-tests      python3 -m unittest over scripts/tests (the coll-tests runner's matrix,
-#                 scripts/benchsum.py against bench-coll.sh's earlier tables) and
+#                 scripts/benchsum.py against bench-coll.sh's earlier tables, the Open MPI
+#                 baseline built and run at 2 ranks, the repository standing alone) and
 #                 scripts/multihost (placement, launcher variables, the multi-host summary)
 #   build         scripts/build.sh (release library, binaries, the Neuron flavour
 #                 libnccom-net.so, C harness)

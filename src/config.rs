@@ -5,10 +5,12 @@ use once_cell::sync::OnceCell;
 use std::time::Duration;
 
 mod algo;
+mod compress;
 mod timeout;
 mod vars;
 
 pub use algo::{AlgoSetting, Forced};
+pub use compress::Compression;
 pub use timeout::{Timeout, TimeoutSource};
 pub use vars::{Var, VARS};
 
@@ -42,6 +44,9 @@ pub struct Config {
     pub calibration_dir: Option<std::path::PathBuf>,
     /// `FABRICOLL_ALGO`: the algorithm forced on each collective.
     pub algo: AlgoSetting,
+    /// `FABRICOLL_COMPRESS` and `FABRICOLL_COMPRESS_BLOCK`: the wire format of compressed
+    /// collectives (`coll` compressed; off by default).
+    pub compress: Compression,
     pub alpha_us: Option<f64>,
     pub beta_gbps: Option<f64>,
     pub gamma_gbps: Option<f64>,
@@ -86,6 +91,9 @@ pub struct Overrides {
     pub bootstrap_addr: Option<String>,
     /// Whether a failed in-place collective restores its input.
     pub inplace_restore: Option<bool>,
+    /// The compressed collectives' format and block size.
+    pub compress: Option<crate::compress::Format>,
+    pub compress_block: Option<usize>,
 }
 
 fn bad(name: &str, value: &str) -> Error {
@@ -274,6 +282,7 @@ impl Config {
         };
         Ok(Config {
             algo,
+            compress: Compression::from_lookup(&get)?,
             alpha_us,
             beta_gbps,
             gamma_gbps,
@@ -339,6 +348,12 @@ impl Config {
         }
         if let Some(r) = o.inplace_restore {
             c.inplace_restore = r;
+        }
+        if let Some(f) = o.compress {
+            c.compress.format = f;
+        }
+        if let Some(b) = o.compress_block {
+            c.compress.block = Compression::block("config.compress_block", &b.to_string())?;
         }
         let provider_name = |name: &str, v: &str| -> Result<String> {
             let v = v.trim();

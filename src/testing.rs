@@ -9,6 +9,7 @@
 use std::io::Write;
 
 pub mod pattern;
+pub mod values;
 
 /// Environment variable that makes `skip` fail the test.
 pub const STRICT_VAR: &str = "FABRICOLL_TEST_STRICT";

@@ -1,9 +1,11 @@
 //! The C API on device buffers, on the emulated device (installed for this process with
-//! `coll::device::install`), ranks as threads over shm: every collective and send/recv with
-//! device, host and mixed buffers, blocking and stream-ordered; 1,000 stream-ordered calls
-//! between kernels with no host synchronisation; abort and a destroyed peer during a
-//! stream-ordered call; and the misuse errors. Not tested here: the direct path (no build
-//! registers device memory yet).
+//! `coll::device::install`), ranks as threads over shm: every call (collectives, send/recv,
+//! tagged, gather, scatter, allgatherv, reducescatterv) with device, host and mixed buffers,
+//! blocking, stream-ordered, non-blocking and grouped, 2 to 5 ranks; stream-ordered sends and
+//! receives on two streams, and host calls after non-blocking device calls; 1,000
+//! stream-ordered calls between kernels with no host synchronisation; abort and a destroyed
+//! peer during a stream-ordered call (a killed peer process: `device_capi_killed`); and the
+//! misuse errors. Not tested here: the direct path (no build registers device memory yet).
 use capi::{comm, last_error, ranks};
 use device::*;
 use nccl_net_fabricoll::coll::device::install;
@@ -158,7 +160,7 @@ fn released(test: &str, end: impl FnOnce(&[usize]) -> Vec<usize>) {
         Op::Sum,
         1,
         (Place::Device, Place::Device),
-        false,
+        Mode::Blocking,
     );
     d.bind().unwrap();
     let s = d.create_stream().unwrap();
@@ -259,14 +261,27 @@ fn misuse_gets_a_clear_error() {
         assert_eq!(st, FABRICOLL_INVALID_ARGUMENT, "{h}");
         assert!(last_error().contains("stream"), "{}", last_error());
     }
-    // Device memory to a call that takes host memory only, and to a non-blocking call.
+    // Device memory to alltoallv, which takes host memory only.
+    let counts = [4usize; 2];
+    let cp = counts.as_ptr();
+    let null = std::ptr::null();
+    let st = fabricoll_alltoallv(hp, cp, null, dp, cp, null, f32t, c);
+    assert_eq!(st, FABRICOLL_INVALID_ARGUMENT);
+    assert!(
+        last_error().contains("recvbuf") && last_error().contains("alltoallv"),
+        "{}",
+        last_error()
+    );
+    // A stream-ordered call inside a group.
+    assert_eq!(fabricoll_group_start(), FABRICOLL_SUCCESS);
+    let st = fabricoll_allreduce_stream(dp, dp, 16, f32t, sum, c, s.handle());
+    assert_eq!(fabricoll_group_end(), FABRICOLL_SUCCESS);
+    assert_eq!(st, FABRICOLL_INVALID_USAGE);
+    assert!(last_error().contains("group"), "{}", last_error());
+    // A gather whose root (this rank) passes no receive buffer.
     let st = fabricoll_gather(dp, std::ptr::null_mut(), 4, f32t, 0, c);
     assert_eq!(st, FABRICOLL_INVALID_ARGUMENT);
-    assert!(last_error().contains("sendbuf"), "{}", last_error());
-    let mut req = std::ptr::null_mut();
-    let st = fabricoll_iallreduce(dp, dp, 16, f32t, sum, c, &mut req);
-    assert_eq!(st, FABRICOLL_INVALID_USAGE);
-    assert!(last_error().contains("stream-ordered"), "{}", last_error());
+    assert!(last_error().contains("recvbuf"), "{}", last_error());
     // A freed device buffer, blocking and stream-ordered.
     let freed = d.alloc(64).unwrap();
     let fp = freed.addr() as *mut c_void;
@@ -314,8 +329,61 @@ fn stream_ordered_calls_allocate_no_page_locked_memory_while_a_stream_waits() {
             Op::Sum,
             count,
             (Place::Device, Place::Device),
-            true,
+            Mode::Stream,
         );
     }
     destroy(&cs);
+}
+
+/// Every call, non-blocking and grouped, on `n` ranks.
+fn nonblocking_and_grouped(test: &str, n: usize) {
+    let _serial = serial();
+    let modes = [Mode::NonBlocking, Mode::Grouped];
+    matrix_modes(&dev(), test, n, &ALL_COLLS, &modes, true);
+}
+
+#[test]
+fn every_call_nonblocking_and_grouped_two_ranks() {
+    nonblocking_and_grouped("every_call_nonblocking_and_grouped_two_ranks", 2);
+}
+
+#[test]
+fn every_call_nonblocking_and_grouped_three_ranks() {
+    nonblocking_and_grouped("every_call_nonblocking_and_grouped_three_ranks", 3);
+}
+
+/// The calls that only the blocking matrix above lacks: tagged, gather, scatter and the
+/// uneven counts, blocking.
+#[test]
+fn tagged_rooted_and_uneven_calls_blocking() {
+    let _serial = serial();
+    let test = "tagged_rooted_and_uneven_calls_blocking";
+    for n in [2, 3] {
+        matrix_modes(&dev(), test, n, &ALL_COLLS[7..], &[Mode::Blocking], true);
+    }
+}
+
+/// Four and five ranks (see `device::four_and_five`).
+#[test]
+fn every_call_every_mode_four_and_five_ranks() {
+    let _serial = serial();
+    four_and_five(&dev(), "every_call_every_mode_four_and_five_ranks");
+}
+
+/// Each rank sends on one stream and receives on another, both stream-ordered, every rank
+/// sending first: the two calls progress together (see `device::two_streams`).
+#[test]
+fn stream_ordered_send_and_recv_on_two_streams_progress_together() {
+    let _serial = serial();
+    let test = "stream_ordered_send_and_recv_on_two_streams_progress_together";
+    two_streams(&dev(), test);
+}
+
+/// Host calls made while non-blocking device calls are in flight start after them on every
+/// rank (see `device::host_after_nonblocking`).
+#[test]
+fn host_calls_after_nonblocking_device_calls_keep_the_call_order() {
+    let _serial = serial();
+    let test = "host_calls_after_nonblocking_device_calls_keep_the_call_order";
+    host_after_nonblocking(&dev(), test);
 }

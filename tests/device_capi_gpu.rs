@@ -1,5 +1,7 @@
 //! The C API on device buffers on the real GPU (CUDA device 0, through the driver): the same
-//! matrix as `device_capi` with ranks as threads sharing the GPU, and a timing table of the
+//! matrices as `device_capi` with ranks as threads sharing the GPU (blocking, stream-ordered,
+//! non-blocking and grouped, every call, 2 to 5 ranks), stream-ordered sends and receives on
+//! two streams, host calls after non-blocking device calls, and a timing table of the
 //! 2-rank stream-ordered device allreduce against the caller copying to the host and calling
 //! the host API. Run by scripts/gpu-tests.sh (`--ignored`).
 use capi::{comm, last_error, ranks};
@@ -58,6 +60,52 @@ fn gpu_every_stream_ordered_call() {
     let d = gpu();
     matrix(&d, "gpu_every_stream_ordered_call", 2, true);
     matrix(&d, "gpu_every_stream_ordered_call", 3, true);
+}
+
+#[test]
+#[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
+fn gpu_every_call_nonblocking_and_grouped() {
+    let _serial = serial();
+    let d = gpu();
+    let modes = [Mode::NonBlocking, Mode::Grouped];
+    for n in [2, 3] {
+        let test = "gpu_every_call_nonblocking_and_grouped";
+        matrix_modes(&d, test, n, &ALL_COLLS, &modes, true);
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
+fn gpu_tagged_rooted_and_uneven_calls_blocking() {
+    let _serial = serial();
+    let d = gpu();
+    for n in [2, 3] {
+        let test = "gpu_tagged_rooted_and_uneven_calls_blocking";
+        matrix_modes(&d, test, n, &ALL_COLLS[7..], &[Mode::Blocking], true);
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
+fn gpu_every_call_every_mode_four_and_five_ranks() {
+    let _serial = serial();
+    four_and_five(&gpu(), "gpu_every_call_every_mode_four_and_five_ranks");
+}
+
+#[test]
+#[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
+fn gpu_stream_ordered_send_and_recv_on_two_streams_progress_together() {
+    let _serial = serial();
+    let test = "gpu_stream_ordered_send_and_recv_on_two_streams_progress_together";
+    two_streams(&gpu(), test);
+}
+
+#[test]
+#[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
+fn gpu_host_calls_after_nonblocking_device_calls_keep_the_call_order() {
+    let _serial = serial();
+    let test = "gpu_host_calls_after_nonblocking_device_calls_keep_the_call_order";
+    host_after_nonblocking(&gpu(), test);
 }
 
 /// Median seconds of `iters` runs of `f` on both ranks at once (each run starts together).

@@ -9,6 +9,7 @@ mod common;
 use common::net_pair as pair;
 use nccl_net_fabricoll::config::Config;
 use nccl_net_fabricoll::device::{Device, EmuConfig};
+use nccl_net_fabricoll::error::Result;
 use nccl_net_fabricoll::plugin::{gpu, Plugin, NCCL_PTR_CUDA, NCCL_PTR_HOST};
 use nccl_net_fabricoll::transport::loopback::LoopbackFabric;
 use nccl_net_fabricoll::transport::Region;
@@ -53,14 +54,18 @@ fn classification_names_the_device_and_refuses_the_rest() {
 fn the_sentinel_read_reads_device_memory_to_a_deadline() {
     let dev = emu(0);
     let buf = dev.alloc(1 << 16).unwrap();
-    gpu::read_sentinel_on(
-        &dev,
-        &region_at(buf.addr(), 1 << 16),
-        gpu::SENTINEL_DEADLINE,
-    )
-    .unwrap();
+    let sentinel = gpu::Sentinel::new(&dev).unwrap();
+    for _ in 0..3 {
+        sentinel
+            .read(
+                &dev,
+                &region_at(buf.addr(), 1 << 16),
+                gpu::SENTINEL_DEADLINE,
+            )
+            .unwrap();
+    }
     // A word past the end of the allocation is not the device's: refused, not read.
-    let e = gpu::read_sentinel_on(
+    let e = sentinel.read(
         &dev,
         &region_at(buf.addr() + (1 << 16) - 2, 2),
         gpu::SENTINEL_DEADLINE,
@@ -68,53 +73,126 @@ fn the_sentinel_read_reads_device_memory_to_a_deadline() {
     assert!(e.is_err(), "a read past the allocation worked");
 }
 
+/// NCCL's kernel waits for the proxy's flush: the flush must not wait for the kernel. The
+/// emulated device, as the driver, makes allocating page-locked memory wait for every stream
+/// of the device, so a flush that allocated its word would time out here.
 #[test]
-fn reg_mr_of_device_memory_says_why_it_cannot() {
-    let dev = emu(1);
+fn a_flush_while_a_kernel_waits_for_it_allocates_nothing() {
+    let dev = emu(0);
+    let buf = dev.alloc(1 << 16).unwrap();
+    let sentinel = gpu::Sentinel::new(&dev).unwrap();
+    let kernel = dev.create_stream().unwrap();
+    let gate = dev.create_flag("kernel-waits-for-the-flush").unwrap();
+    kernel.wait_flag(&gate, 1).unwrap();
+    let read = sentinel.read(
+        &dev,
+        &region_at(buf.addr(), 1 << 16),
+        gpu::SENTINEL_DEADLINE,
+    );
+    gate.set(1);
+    read.unwrap();
+    kernel.synchronize(gpu::SENTINEL_DEADLINE).unwrap();
+}
+
+/// A loopback plugin of one device, 1 MiB of emulated device `ordinal`'s memory, and a
+/// classifier of regions on that device, for `test`.
+fn with_device_memory(
+    ordinal: i32,
+    test: impl FnOnce(&mut Plugin, Region, &dyn Fn(Region) -> Box<dyn FnOnce() -> Result<i32>>),
+) {
+    let dev = emu(ordinal);
     let buf = dev.alloc(1 << 20).unwrap();
     let devmem = region_at(buf.addr(), 1 << 20);
     let f = LoopbackFabric::new();
     let cfg = Config::from_lookup(|_| None).unwrap();
     let mut p = Plugin::loopback(&f, 1, &cfg);
-    let classify = |r: Region| {
+    let classify = |r: Region| -> Box<dyn FnOnce() -> Result<i32>> {
         let d = dev.clone();
-        move || gpu::ordinal_on(&d, &r)
+        Box::new(move || gpu::ordinal_on(&d, &r))
     };
-    // Host memory only (as every device without a working device registration).
-    {
+    test(&mut p, devmem, &classify);
+}
+
+#[test]
+fn reg_mr_of_device_memory_says_why_it_cannot() {
+    with_device_memory(1, |p, devmem, classify| {
+        // Host memory only (as every device without a working device registration).
+        {
+            let d = &p.devices[0];
+            let (s, _r) = pair(d);
+            let e = d
+                .reg_mr_with(s, devmem, NCCL_PTR_CUDA, classify(devmem))
+                .unwrap_err();
+            assert!(e.to_string().contains("host memory only"), "{e}");
+            for bad in [0, 3, 4] {
+                let e = d.reg_mr_with(s, devmem, bad, classify(devmem)).unwrap_err();
+                assert!(e.to_string().contains("neither"), "{e}");
+            }
+        }
+        // A device that takes device memory: host memory under NCCL_PTR_CUDA is refused by the
+        // classification, and device memory reaches the transport, which says it cannot.
+        p.devices[0].props.ptr_support = NCCL_PTR_HOST | NCCL_PTR_CUDA;
         let d = &p.devices[0];
-        let (s, _r) = pair(d);
+        let (s, r) = pair(d);
+        let mut host = vec![0u8; 4096];
+        // SAFETY: `host` outlives the registration.
+        let hr = unsafe { Region::from_raw(host.as_mut_ptr(), host.len()) };
+        let e = d
+            .reg_mr_with(s, hr, NCCL_PTR_CUDA, classify(hr))
+            .unwrap_err();
+        assert!(e.to_string().contains("not device memory"), "{e}");
         let e = d
             .reg_mr_with(s, devmem, NCCL_PTR_CUDA, classify(devmem))
             .unwrap_err();
-        assert!(e.to_string().contains("host memory only"), "{e}");
-        for bad in [0, 3, 4] {
-            let e = d.reg_mr_with(s, devmem, bad, classify(devmem)).unwrap_err();
-            assert!(e.to_string().contains("neither"), "{e}");
+        assert!(
+            e.to_string().contains("does not register device memory"),
+            "{e}"
+        );
+        // Host memory still registers, and iflush of a host receive has nothing to flush.
+        let mh = d.reg_mr(r, hr, NCCL_PTR_HOST).unwrap();
+        assert_eq!(d.iflush(r, &[(hr, 0, mh)]).unwrap(), None);
+        d.dereg_mr(r, mh).unwrap();
+        assert!(d.iflush(r, &[]).is_err(), "iflush of no buffer");
+    });
+}
+
+#[test]
+fn reg_mr_dmabuf_takes_device_memory_only_where_dmabufs_are_advertised() {
+    use nccl_net_fabricoll::cuda::caps::PTR_DMABUF;
+    use nccl_net_fabricoll::transport::DmaBuf;
+    with_device_memory(2, |p, devmem, classify| {
+        let fd = DmaBuf { fd: 7, offset: 0 };
+        // Device memory without NCCL_PTR_DMABUF: refused, naming the fd.
+        p.devices[0].props.ptr_support = NCCL_PTR_HOST | NCCL_PTR_CUDA;
+        {
+            let d = &p.devices[0];
+            let (s, _r) = pair(d);
+            let e = d
+                .reg_mr_dmabuf_with(s, devmem, fd, classify(devmem))
+                .unwrap_err();
+            assert!(
+                e.to_string().contains("fd") && e.to_string().contains("NCCL_PTR_DMABUF"),
+                "{e}"
+            );
         }
-    }
-    // A device that takes device memory: host memory under NCCL_PTR_CUDA is refused by the
-    // classification, and device memory reaches the transport, which says it cannot.
-    p.devices[0].props.ptr_support = NCCL_PTR_HOST | NCCL_PTR_CUDA;
-    let d = &p.devices[0];
-    let (s, r) = pair(d);
-    let mut host = vec![0u8; 4096];
-    // SAFETY: `host` outlives the registration.
-    let hr = unsafe { Region::from_raw(host.as_mut_ptr(), host.len()) };
-    let e = d
-        .reg_mr_with(s, hr, NCCL_PTR_CUDA, classify(hr))
-        .unwrap_err();
-    assert!(e.to_string().contains("not device memory"), "{e}");
-    let e = d
-        .reg_mr_with(s, devmem, NCCL_PTR_CUDA, classify(devmem))
-        .unwrap_err();
-    assert!(
-        e.to_string().contains("does not register device memory"),
-        "{e}"
-    );
-    // Host memory still registers, and iflush of a host receive has nothing to flush.
-    let mh = d.reg_mr(r, hr, NCCL_PTR_HOST).unwrap();
-    assert_eq!(d.iflush(r, &[(hr, 0, mh)]).unwrap(), None);
-    d.dereg_mr(r, mh).unwrap();
-    assert!(d.iflush(r, &[]).is_err(), "iflush of no buffer");
+        p.devices[0].props.ptr_support = NCCL_PTR_HOST | NCCL_PTR_CUDA | PTR_DMABUF;
+        let d = &p.devices[0];
+        let (s, r) = pair(d);
+        let mut host = vec![0u8; 4096];
+        // SAFETY: `host` outlives the registration.
+        let hr = unsafe { Region::from_raw(host.as_mut_ptr(), host.len()) };
+        // Host memory named as a dma-buf's is not device memory; device memory reaches the
+        // transport, which says it cannot take dma-bufs.
+        let e = d.reg_mr_dmabuf_with(s, hr, fd, classify(hr)).unwrap_err();
+        assert!(e.to_string().contains("not device memory"), "{e}");
+        let e = d
+            .reg_mr_dmabuf_with(s, devmem, fd, classify(devmem))
+            .unwrap_err();
+        assert!(e.to_string().contains("does not register dma-bufs"), "{e}");
+        // A host buffer, or no fd, registers as regMr does.
+        let mh = d.reg_mr_dmabuf(r, hr, NCCL_PTR_HOST, 0, -1).unwrap();
+        d.dereg_mr(r, mh).unwrap();
+        let mh = d.reg_mr_dmabuf(r, hr, NCCL_PTR_HOST, 0, 5).unwrap();
+        d.dereg_mr(r, mh).unwrap();
+    });
 }

@@ -4,8 +4,11 @@
 //! NCCL_PTR_CUDA (a real registration of a cuMemAlloc buffer worked), regMr takes cuMemAlloc
 //! memory as NCCL_PTR_CUDA and refuses host memory under that type, device buffers travel
 //! byte-exact between a sending and a receiving thread (sizes 1 B to 8 MiB), `iflush` of a
-//! receive into device memory succeeds, and CollNet still reports host memory only.
+//! receive into device memory succeeds, and CollNet still reports host memory only. Where the
+//! device also reports NCCL_PTR_DMABUF, every other send buffer is registered through
+//! regMrDmaBuf with a dma-buf the driver exported for it, as NCCL does.
 use cudarc::driver::{result, sys, CudaContext};
+use nccl_net_fabricoll::cuda::caps::PTR_DMABUF;
 use nccl_net_fabricoll::error::nccl;
 use nccl_net_fabricoll::ffi::collnet::ncclCollNetPlugin_v12;
 use nccl_net_fabricoll::ffi::net::ncclNetPlugin_v12;
@@ -95,6 +98,38 @@ fn reg(comm: P, d: &Dev, ty: c_int) -> (c_int, P) {
     let mut mh: P = null_mut();
     // SAFETY: a live comm; the buffer outlives the registration.
     let rc = unsafe { (ncclNetPlugin_v12.reg_mr)(comm, d.p(), d.len, ty, &mut mh) };
+    (rc, mh)
+}
+
+/// regMrDmaBuf of `d` through a dma-buf the driver exports for its whole allocation (whose
+/// length must be a multiple of the page size, as the driver requires), closed after the call
+/// as NCCL closes it.
+fn reg_dmabuf(comm: P, d: &Dev) -> (c_int, P) {
+    d.ctx.bind_to_thread().unwrap();
+    let mut fd: c_int = -1;
+    // SAFETY: a context is current; `fd` is a valid place for the handle; the range is this
+    // allocation.
+    let r = unsafe {
+        sys::cuMemGetHandleForAddressRange(
+            (&mut fd as *mut c_int).cast(),
+            d.ptr,
+            d.len,
+            sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+            0,
+        )
+    };
+    assert_eq!(
+        r,
+        sys::CUresult::CUDA_SUCCESS,
+        "cuMemGetHandleForAddressRange"
+    );
+    let mut mh: P = null_mut();
+    // SAFETY: a live comm; the buffer outlives the registration; `fd` is open for the call.
+    let rc = unsafe {
+        (ncclNetPlugin_v12.reg_mr_dmabuf)(comm, d.p(), d.len, NCCL_PTR_CUDA, 0, fd, &mut mh)
+    };
+    // SAFETY: the descriptor the driver made for us, closed once.
+    unsafe { libc::close(fd) };
     (rc, mh)
 }
 
@@ -189,13 +224,31 @@ fn device_memory_through_the_v12_table_over_shm() {
     };
     assert_ne!(rc, nccl::SUCCESS, "host memory registered as NCCL_PTR_CUDA");
 
+    let dmabufs = p.ptr_support & PTR_DMABUF != 0;
+    println!(
+        "ptrSupport {:#x}: dma-bufs {}",
+        p.ptr_support,
+        if dmabufs { "too" } else { "no" }
+    );
     for (k, &size) in SIZES.iter().enumerate() {
-        let src = Dev::new(&cuda, size);
+        let dmabuf = dmabufs && k % 2 == 1;
+        let src = Dev::new(
+            &cuda,
+            if dmabuf {
+                size.next_multiple_of(4096)
+            } else {
+                size
+            },
+        );
         let dst = Dev::new(&cuda, size + 64);
         let data: Vec<u8> = (0..size).map(|i| (i * 13 + k * 7 + 1) as u8).collect();
         src.write(&data);
         dst.write(&vec![0xA5u8; size + 64]);
-        let (rc, smh) = reg(s, &src, NCCL_PTR_CUDA);
+        let (rc, smh) = if dmabuf {
+            reg_dmabuf(s, &src)
+        } else {
+            reg(s, &src, NCCL_PTR_CUDA)
+        };
         assert_eq!(
             rc,
             nccl::SUCCESS,

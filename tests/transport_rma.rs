@@ -122,13 +122,28 @@ fn exercise(a: &dyn Transport, b: &dyn Transport) {
     // attach ("fast RMA", with FI_MR_VIRT_ADDR and no RMA ordering asked for) and checks
     // neither the key nor the registration's bounds: there only an address the peer has not
     // mapped fails.
+    // libfabric 2.x's shm sends a small RMA as a command, checks it at the target and loses
+    // the error there: a bad write completes at the initiator, a bad read never does
+    // (docs/providers.md). The plugins' deadline ends such a read; this test, which waits
+    // without one, leaves the failing cases out there.
     let checks_keys = name != "shm";
+    let release = nccl_net_fabricoll::cuda::caps::parse_release(
+        &nccl_net_fabricoll::transport::fabric::runtime_version(),
+    );
     let unmapped = 8u64; // the first page is never mapped
-    for (addr, k, must_fail) in [
-        (base, bad, checks_keys),
-        (unmapped, bad, true),
-        (unmapped, key, true),
-    ] {
+    let cases = if name == "shm" && release >= (2, 0) {
+        eprintln!(
+            "{name}: bad keys and addresses left out (libfabric {release:?} loses the error)"
+        );
+        vec![]
+    } else {
+        vec![
+            (base, bad, checks_keys),
+            (unmapped, bad, true),
+            (unmapped, key, true),
+        ]
+    };
+    for (addr, k, must_fail) in cases {
         for write in [true, false] {
             let mut one = [7u8; 8];
             let c = e.rma(write, region(&mut one), 0, addr, k, op);

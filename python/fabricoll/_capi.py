@@ -11,8 +11,8 @@ Every function has its ``argtypes`` and ``restype`` set. A failed call raises
 same thread, right after the call, as the C API requires). ctypes releases the GIL for
 the duration of each call, so a blocking call does not stall other Python threads.
 
-Functions that this build of the library does not export (older builds lack the issue-33
-additions) raise :class:`NotImplementedError` naming the function when used, never at
+Functions that this build of the library does not export (older builds lack those added
+with the torch backend) raise :class:`NotImplementedError` naming the function when used, never at
 import.
 """
 

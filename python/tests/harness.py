@@ -23,14 +23,15 @@ def strict():
     return os.environ.get("FABRICOLL_TEST_STRICT", "0") == "1"
 
 
-def skip(test, why):
-    """Skip `test` for `why`: unittest.SkipTest, or a failure under FABRICOLL_TEST_STRICT=1."""
+def skip(test, why, stage="torch-tests"):
+    """Skip `test` for `why`: unittest.SkipTest, or a failure under FABRICOLL_TEST_STRICT=1.
+    The skip log's line starts with `stage` (scripts/test.sh's stage that ran the test)."""
     if strict():
         raise AssertionError(f"{test}: cannot run here: {why} (FABRICOLL_TEST_STRICT=1)")
     log = os.environ.get("FABRICOLL_SKIP_LOG")
     if log:
         with open(log, "a", encoding="utf-8") as f:
-            f.write(f"torch-tests {test}: {why}\n")
+            f.write(f"{stage} {test}: {why}\n")
     raise unittest.SkipTest(why)
 
 

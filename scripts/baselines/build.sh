@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/baselines/build.sh - build the MPI baseline (mpi_coll_bench.c) for Open MPI, and for
 # MPICH where its compiler is installed, into BASELINE_BUILD (default
-# ~/.cache/fabricoll-baselines). Needs openmpi-bin and libopenmpi-dev (scripts/deps.sh --bench).
+# ~/.cache/fabricoll-baselines). Needs openmpi-bin and libopenmpi-dev (scripts/deps.sh), and
+# mpich and libmpich-dev for the MPICH binary (scripts/deps.sh --bench).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 out=${BASELINE_BUILD:-${XDG_CACHE_HOME:-$HOME/.cache}/fabricoll-baselines}

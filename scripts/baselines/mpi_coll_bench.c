@@ -33,15 +33,6 @@ struct opts {
   int warmup, min_iters, max_iters, check, reps;
 };
 
-static long long bytes_arg(const char *s) {
-  char *end;
-  double v = strtod(s, &end);
-  if (*end == 'k' || *end == 'K') v *= 1 << 10;
-  else if (*end == 'm' || *end == 'M') v *= 1 << 20;
-  else if (*end == 'g' || *end == 'G') v *= 1 << 30;
-  return (long long)v;
-}
-
 static void usage(int rank) {
   if (rank == 0)
     fprintf(stderr, "usage: mpi_coll_bench [-o allreduce|allgather|reducescatter|all] [-b MIN] "
@@ -51,31 +42,64 @@ static void usage(int rank) {
   exit(2);
 }
 
+/* A bad value: one line naming the option and why, then the usage; exits 2 on every rank. */
+static void bad(int rank, char opt, const char *v, const char *why) {
+  if (rank == 0) fprintf(stderr, "mpi_coll_bench: -%c%s%s: %s\n", opt, *v ? " " : "", v, why);
+  usage(rank);
+}
+
+/* A size with an optional K, M or G suffix (powers of 1024); anything else is refused. */
+static long long bytes_arg(int rank, char opt, const char *s) {
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s) bad(rank, opt, s, "not a number of bytes");
+  if (*end == 'k' || *end == 'K') v *= 1 << 10, end++;
+  else if (*end == 'm' || *end == 'M') v *= 1 << 20, end++;
+  else if (*end == 'g' || *end == 'G') v *= 1 << 30, end++;
+  if (*end != 0) bad(rank, opt, s, "unknown suffix (K, M or G)");
+  return (long long)v;
+}
+
+/* A number (integer where `integer`); anything else is refused. */
+static double num_arg(int rank, char opt, const char *s, int integer) {
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || *end != 0 || (integer && v != (double)(long)v)) bad(rank, opt, s, "not a number");
+  return v;
+}
+
 static void parse(int argc, char **argv, int rank, struct opts *o) {
   *o = (struct opts){{1, 1, 1}, 8, 64LL << 20, 2.0, 0.2, 5, 5, 1000, 1, 1};
   for (int i = 1; i < argc; i++) {
-    if (argv[i][0] != '-' || argv[i][1] == 0 || argv[i][2] != 0 || i + 1 >= argc) usage(rank);
+    if (argv[i][0] != '-' || argv[i][1] == 0 || argv[i][2] != 0) bad(rank, '?', argv[i], "not an option");
+    if (i + 1 >= argc) bad(rank, argv[i][1], "", "needs a value");
+    char opt = argv[i][1];
     const char *v = argv[++i];
-    switch (argv[i - 1][1]) {
+    switch (opt) {
     case 'o':
       for (int c = 0; c < NCOLL; c++) o->colls[c] = !strcmp(v, "all") || !strcmp(v, coll_name[c]);
-      if (!o->colls[0] && !o->colls[1] && !o->colls[2]) usage(rank);
+      if (!o->colls[0] && !o->colls[1] && !o->colls[2])
+        bad(rank, opt, v, "not allreduce, allgather, reducescatter or all");
       break;
-    case 'b': o->min_bytes = bytes_arg(v); break;
-    case 'e': o->max_bytes = bytes_arg(v); break;
-    case 'f': o->factor = atof(v); break;
-    case 'w': o->warmup = atoi(v); break;
-    case 'm': o->min_iters = atoi(v); break;
-    case 'n': o->max_iters = atoi(v); break;
-    case 't': o->seconds = atof(v); break;
-    case 'c': o->check = atoi(v); break;
-    case 'r': o->reps = atoi(v); break;
-    default: usage(rank);
+    case 'b': o->min_bytes = bytes_arg(rank, opt, v); break;
+    case 'e': o->max_bytes = bytes_arg(rank, opt, v); break;
+    case 'f': o->factor = num_arg(rank, opt, v, 0); break;
+    case 'w': o->warmup = (int)num_arg(rank, opt, v, 1); break;
+    case 'm': o->min_iters = (int)num_arg(rank, opt, v, 1); break;
+    case 'n': o->max_iters = (int)num_arg(rank, opt, v, 1); break;
+    case 't': o->seconds = num_arg(rank, opt, v, 0); break;
+    case 'c': o->check = (int)num_arg(rank, opt, v, 1); break;
+    case 'r': o->reps = (int)num_arg(rank, opt, v, 1); break;
+    default: bad(rank, opt, v, "unknown option");
     }
   }
-  if (o->factor <= 1.0 || o->min_bytes < 4 || o->max_bytes < o->min_bytes || o->reps < 1 ||
-      o->min_iters < 1 || o->max_iters < o->min_iters)
-    usage(rank);
+  if (o->factor <= 1.0) bad(rank, 'f', "", "FACTOR must be above 1");
+  if (o->min_bytes < 4) bad(rank, 'b', "", "MIN must be at least 4 bytes (one float)");
+  if (o->max_bytes < o->min_bytes) bad(rank, 'e', "", "MAX must be at least MIN");
+  if (o->reps < 1) bad(rank, 'r', "", "REPS must be at least 1");
+  if (o->min_iters < 1 || o->max_iters < o->min_iters)
+    bad(rank, 'n', "", "need 1 <= MINITERS (-m) <= MAXITERS (-n)");
+  if (o->warmup < 0 || o->seconds < 0) bad(rank, 'w', "", "WARMUP and SECONDS (-t) must not be negative");
 }
 
 /* Elements of the size's buffers: what each rank sends and receives. */
@@ -159,6 +183,9 @@ int main(int argc, char **argv) {
           double est = timed(c, s, r, send, recv, o.warmup > 0 ? o.warmup : 1, n);
           double want = est > 0 ? o.seconds * 1e6 / est : o.max_iters;
           *it = want < o.min_iters ? o.min_iters : want > o.max_iters ? o.max_iters : (int)want;
+          /* rank 0's count for all: every rank must make the same number of calls, and the
+           * ranks' estimates need not agree to the last bit */
+          MPI_Bcast(it, 1, MPI_INT, 0, MPI_COMM_WORLD);
         }
         for (size_t i = 0; i < recv; i++) r[i] = -1;
         t[(c * nsizes + k) * o.reps + rep] = timed(c, s, r, send, recv, *it, n);

@@ -1,6 +1,7 @@
 """The repository stands alone: no tracked file points outside it (a `shared` folder beside the
 checkout, which a clone does not have) or names an issue number (a reader does not have the
-issues: name the feature instead). Run by scripts/test.sh's py-tests stage."""
+issues: name the feature instead), and the benchmark scripts and their baselines name only
+scripts and sources the repository has. Run by scripts/test.sh's py-tests stage."""
 import os
 import re
 import subprocess
@@ -12,7 +13,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # test checks them on do: this file is not scanned).
 OUTSIDE = re.compile("|".join([r"\.\./" + "shared", r"(?<![\w./-])" + "shared/(?:docs|baselines|hooks)",
                                "/work/" + "shared"]))
-ISSUE = re.compile(r"\b[Ii]" + r"ssues? +(?:#|no\.? *)?[0-9]+\b|\b[Ii]" + r"ssue #[0-9]+")
+ISSUE = re.compile(r"\b[Ii]" + r"ssues?(?: +|-)(?:#|no\.? *)?[0-9]+\b|\b[Ii]" + r"ssue #[0-9]+")
 
 
 def tracked_files():
@@ -42,13 +43,21 @@ def offending_lines(pattern):
     return found
 
 
+# A script or source that the benchmarks and their baselines name: by its path in the
+# repository, or by its bare name (a script beside another).
+NAMED = re.compile(r"(?:scripts|plugin-tests)/[\w./-]+\.(?:sh|py|c)\b|(?<![\w/.-])[\w-]+\.sh\b")
+
+
 class StandsAlone(unittest.TestCase):
     def test_the_patterns_catch_what_they_are_for(self):
         for bad in ["see ../" + "shared/docs/x.md", "BASELINES=/work/" + "shared/baselines",
                     "written from " + "shared/docs/nccl-abi.md"]:
             self.assertRegex(bad, OUTSIDE)
-        for bad in ["I" + "ssue 32 item 3", "(i" + "ssue 29)", "i" + "ssues 3 and 4", "i" + "ssue #12"]:
+        for bad in ["I" + "ssue 32 item 3", "(i" + "ssue 29)", "i" + "ssues 3 and 4", "i" + "ssue #12",
+                    "the i" + "ssue-33 additions"]:
             self.assertRegex(bad, ISSUE)
+        self.assertEqual(NAMED.findall("(see run-mpi.sh) scripts/baselines/build.sh x.c"),
+                         ["run-mpi.sh", "scripts/baselines/build.sh"])
         for fine in ["docs/nccl-abi.md", "shared memory", "a " + "shared/ folder", "tis" + "sue 3"]:
             self.assertNotRegex(fine, OUTSIDE)
             self.assertNotRegex(fine, ISSUE)
@@ -56,6 +65,20 @@ class StandsAlone(unittest.TestCase):
     def test_no_tracked_file_points_outside_the_repository(self):
         found = offending_lines(OUTSIDE)
         self.assertEqual(found, [], "files that point outside the repository:\n" + "\n".join(found))
+
+    def test_the_benchmarks_name_only_files_of_the_repository(self):
+        tracked = tracked_files()
+        names = {os.path.basename(p) for p in tracked}
+        scripts = [p for p in tracked if re.match(r"scripts/(bench-[\w-]+\.sh|baselines/)", p)]
+        self.assertIn("scripts/baselines/mpi_coll_bench.c", scripts)
+        missing = []
+        for path in scripts:
+            with open(os.path.join(REPO, path), encoding="utf-8") as f:
+                for n, line in enumerate(f, 1):
+                    for name in NAMED.findall(line):
+                        if name not in tracked and ("/" in name or name not in names):
+                            missing.append(f"{path}:{n}: {name}")
+        self.assertEqual(missing, [], "named but not in the repository:\n" + "\n".join(missing))
 
     def test_no_tracked_file_names_an_issue_number(self):
         found = offending_lines(ISSUE)

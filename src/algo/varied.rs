@@ -95,7 +95,7 @@ impl Spec {
     /// The problem (for the executor and the call's signature): the uniform collective nearest
     /// in kind (which decides whether the op applies), the count and root every rank shares,
     /// and a hash of the counts that all ranks must agree on.
-    fn problem(&self, n: usize) -> Problem {
+    pub fn problem(&self, n: usize) -> Problem {
         let (carrier, count, root, hash) = match self {
             Spec::Gather { count, root } => (Collective::AllGather, *count, *root, 0),
             Spec::Scatter { count, root } => (Collective::Broadcast, *count, *root, 0),

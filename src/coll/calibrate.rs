@@ -248,7 +248,8 @@ impl Comm {
             root: 0,
             algo: Some(algo),
         };
-        match self.run(&call) {
+        // The communicator's own exchanges and measurements send the data as it is.
+        match self.run_with(&call, Some(crate::config::Compression::OFF)) {
             Ok(()) => Ok((send, recv)),
             Err(e) => {
                 send.leak();

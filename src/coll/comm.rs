@@ -52,6 +52,8 @@ pub struct Comm {
     pub(super) notifier: Notifier,
     /// A failed in-place collective restores its input (`Config::inplace_restore`).
     pub(super) restore: bool,
+    /// The compressed collectives' setting (`Config::compress`; `compressed`).
+    pub(super) compress: crate::config::Compression,
     /// Where one-host calibrations outlive the process (`Config::calibration_dir`).
     pub(super) calibration_dir: Option<std::path::PathBuf>,
 }
@@ -166,6 +168,7 @@ impl Comm {
             receiver_copies,
             notifier: Notifier::default(),
             restore: cfg.inplace_restore,
+            compress: cfg.compress,
             calibration_dir: cfg.calibration_dir.clone(),
         };
         Ok(comm)
@@ -260,6 +263,7 @@ impl Comm {
                 let err = x.explain(Error::InvalidUsage("communicator aborted".into()));
                 let keep = x.fail(&*self.transport, &self.peers);
                 e.graveyard.extend(keep);
+                e.bury_phased(id);
                 e.execs.insert(id, ReqState::Failed(err));
             }
         }
@@ -367,6 +371,8 @@ impl Drop for Comm {
         // Operations of failed collectives may still touch their memory: give them a moment
         // to drain, then leak what is left rather than free memory a provider may write.
         let mut e = self.engine.lock();
+        let ids: Vec<u32> = e.phased.keys().copied().collect();
+        ids.into_iter().for_each(|id| e.bury_phased(id));
         let deadline = Instant::now() + Duration::from_millis(100);
         let mut comps = Vec::new();
         while Instant::now() < deadline && !e.graveyard.is_empty() {

@@ -3,9 +3,11 @@
 //! test and wait, and run a blocking collective, over the direct channel where it fits.
 use super::call::{algo_arg, Call, Kind, RequestId};
 use super::choice::ChoiceKey;
+use super::compressed::Phased;
 use super::notify::Notified;
 use super::Comm;
 use crate::algo::{self, Algorithm, Options, Problem, Schedule};
+use crate::config::Compression;
 use crate::error::{Error, Result};
 use crate::exec::{p2p_key, Args, BufPool, Exec, Idle, Job, Plan, Tags, MAX_TAG};
 use crate::transport::{Completion, Peer, Scratch, Transport};
@@ -25,9 +27,9 @@ type ScheduleKey = (Problem, Algorithm, Options, usize);
 /// A schedule, this rank's plan of it, and whether every message of the plan fits the
 /// transport's direct channel to its peer (then a blocking call runs it with `run_direct`).
 #[derive(Clone)]
-struct Planned {
-    schedule: Arc<Schedule>,
-    plan: Arc<Plan>,
+pub(super) struct Planned {
+    pub(super) schedule: Arc<Schedule>,
+    pub(super) plan: Arc<Plan>,
     direct: bool,
 }
 
@@ -47,7 +49,7 @@ pub(super) struct Engine {
     /// Schedules and this rank's plan of them, per (problem, algorithm, options, element size).
     cache: FxHashMap<ScheduleKey, Planned>,
     /// Staging, Tmp and backup memory kept between calls.
-    pool: BufPool,
+    pub(super) pool: BufPool,
     /// The last collective's choice and schedule: a loop of the same call skips both lookups.
     last: Option<(ChoiceKey, Algorithm, Planned)>,
     /// The executor of the last collective that finished, kept for the next call of the same
@@ -60,6 +62,9 @@ pub(super) struct Engine {
     /// The ranks this one exchanged messages with, or posted a receive from: its goodbye
     /// goes to them (`goodbye`).
     pub(super) talked: Vec<bool>,
+    /// Compressed calls in progress (`compressed`), by request: the request's executor runs
+    /// their current exchange.
+    pub(super) phased: FxHashMap<u32, Box<Phased>>,
 }
 
 impl Engine {
@@ -80,7 +85,49 @@ impl Engine {
             direct_runs: 0,
             notified: Notified::default(),
             talked: vec![false; nranks],
+            phased: FxHashMap::default(),
         }
+    }
+
+    /// Mark the ranks `x` exchanges messages with: the goodbye goes to them.
+    pub(super) fn note_talked(&mut self, x: &Exec) {
+        for &p in &x.plan().message_peers {
+            self.talked[p] = true;
+        }
+    }
+
+    /// A new request id.
+    fn new_id(&mut self) -> u32 {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        id
+    }
+
+    /// `n` consecutive collective sequence numbers; the first.
+    pub(super) fn take_seqs(&mut self, n: u32) -> u32 {
+        let s = self.seq;
+        self.seq = self.seq.wrapping_add(n);
+        s
+    }
+
+    /// A failed request's compressed call: its buffers join the graveyard, since operations
+    /// of its exchange may still touch them.
+    pub(super) fn bury_phased(&mut self, id: u32) {
+        if let Some(p) = self.phased.remove(&id) {
+            self.graveyard.extend(p.into_buffers());
+        }
+    }
+
+    /// Refuse a collective while `MAX_IN_FLIGHT` are in flight: tags repeat after a few
+    /// thousand (`exec::MAX_IN_FLIGHT`; a compressed call counts twice, for its two exchanges).
+    fn check_room(&self) -> Result<()> {
+        let n = self.execs.len() + self.phased.len();
+        if n >= crate::exec::MAX_IN_FLIGHT {
+            return Err(Error::InvalidUsage(format!(
+                "{n} operations are in flight on this communicator, the most it takes: wait for some before starting more"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -113,7 +160,7 @@ impl Comm {
     }
 
     /// This rank's plan of `schedule`, and whether it fits the direct channel.
-    fn planned(&self, schedule: Arc<Schedule>, elem: usize) -> Result<Planned> {
+    pub(super) fn planned(&self, schedule: Arc<Schedule>, elem: usize) -> Result<Planned> {
         let plan = Arc::new(Plan::new(&schedule, self.rank, elem)?);
         let direct = plan
             .message_peers
@@ -129,28 +176,50 @@ impl Comm {
 
     /// Start a call; returns its request.
     pub fn start(&self, call: &Call) -> Result<RequestId> {
+        self.start_with(call, None)
+    }
+
+    /// Start a call with a per-call compression (None: the communicator's; see
+    /// `compression_for`); returns its request.
+    pub fn start_with(&self, call: &Call, compress: Option<Compression>) -> Result<RequestId> {
         self.check_alive()?;
         let mut e = self.engine.lock();
-        let (exec, id, _) = self.prepare(call, &mut e)?;
-        e.execs.insert(id, ReqState::Running(exec));
+        let id = match self.compression_for(call, compress)? {
+            Some(codec) => self.insert_compressed(&mut e, call, codec)?,
+            None => {
+                let (exec, id, _) = self.prepare(call, &mut e)?;
+                e.execs.insert(id, ReqState::Running(exec));
+                id
+            }
+        };
         self.progress(&mut e)?;
         Ok(id as RequestId)
+    }
+
+    /// Start a compressed call and put it in the table; its request id.
+    fn insert_compressed(
+        &self,
+        e: &mut Engine,
+        call: &Call,
+        codec: crate::compress::Codec,
+    ) -> Result<u32> {
+        e.check_room()?;
+        let id = e.new_id();
+        let (x, p) = self.start_compressed(e, call, codec, id)?;
+        e.execs.insert(id, ReqState::Running(x));
+        e.phased.insert(id, p);
+        Ok(id)
     }
 
     /// Check a call and make its `Exec`, with its request id and whether it may run over the
     /// direct channel (`Planned::direct`; never for point-to-point calls).
     fn prepare(&self, call: &Call, e: &mut Engine) -> Result<(Box<Exec>, u32, bool)> {
         let elem = call.dtype.size();
-        // Tags repeat after a few thousand collectives (`exec::MAX_IN_FLIGHT`).
         if !matches!(
             call.kind,
             Kind::Send { .. } | Kind::Recv { .. } | Kind::Tagged { .. }
-        ) && e.execs.len() >= crate::exec::MAX_IN_FLIGHT
-        {
-            return Err(Error::InvalidUsage(format!(
-                "{} operations are in flight on this communicator, the most it takes: wait for some before starting more",
-                e.execs.len()
-            )));
+        ) {
+            e.check_room()?;
         }
         let (schedule, rank) = match call.kind {
             Kind::Coll(coll) | Kind::Window { coll, .. } => {
@@ -194,15 +263,13 @@ impl Comm {
                 (None, self.rank)
             }
         };
-        let id = e.next_id;
-        e.next_id = e.next_id.wrapping_add(1).max(1);
+        let id = e.new_id();
         let mut direct = false;
         let reused = matches!(schedule, Some((Prep::Spare(_), ..)));
         let exec = match (schedule, call.kind) {
             (Some((prep, a, d)), _) => {
                 direct = d;
-                let seq = e.seq;
-                e.seq = e.seq.wrapping_add(1);
+                let seq = e.take_seqs(1);
                 log::debug!(
                     "collective #{seq}: {:?} count {} with {a}",
                     call.kind,
@@ -217,6 +284,7 @@ impl Comm {
                     timeout: self.timeout,
                     sends_first: self.sends_first(),
                     restore: self.restore,
+                    signature: None,
                 };
                 match prep {
                     Prep::Spare(mut x) => {
@@ -272,9 +340,7 @@ impl Comm {
         };
         // A re-armed executor runs a plan whose peers were marked when it was new.
         if !reused {
-            for &p in &exec.plan().message_peers {
-                e.talked[p] = true;
-            }
+            e.note_talked(&exec);
         }
         Ok((exec, id, direct))
     }
@@ -297,8 +363,13 @@ impl Comm {
         }
         e.scratch = comps;
         let mut failed = Vec::new();
+        let mut stepped = Vec::new();
         let Engine {
-            execs, pool, spare, ..
+            execs,
+            pool,
+            spare,
+            phased,
+            ..
         } = &mut *e;
         for (id, st) in execs.iter_mut() {
             let ReqState::Running(x) = st else {
@@ -311,8 +382,14 @@ impl Comm {
                 Ok(m) => {
                     moved |= m;
                     if x.is_finished() {
-                        if let ReqState::Running(x) = std::mem::replace(st, ReqState::Done) {
-                            park(spare, pool, x);
+                        if let ReqState::Running(mut x) = std::mem::replace(st, ReqState::Done) {
+                            // A compressed call's exchange: its plan is not reused.
+                            if phased.contains_key(id) {
+                                x.recycle(pool);
+                                stepped.push(*id);
+                            } else {
+                                park(spare, pool, x);
+                            }
                         }
                     }
                 }
@@ -321,6 +398,24 @@ impl Comm {
         }
         for (id, err) in failed {
             fail(e, t, &self.peers, id, err);
+        }
+        for id in stepped {
+            let Some(mut p) = e.phased.remove(&id) else {
+                continue;
+            };
+            match self.step(&mut p, id, &mut e.pool) {
+                Ok(Some(x)) => {
+                    e.note_talked(&x);
+                    e.execs.insert(id, ReqState::Running(x));
+                    e.phased.insert(id, p);
+                    moved = true;
+                }
+                Ok(None) => p.into_buffers().into_iter().for_each(|b| e.pool.put(b)),
+                Err(err) => {
+                    p.into_buffers().into_iter().for_each(|b| e.pool.put(b));
+                    e.execs.insert(id, ReqState::Failed(err));
+                }
+            }
         }
         Ok(moved)
     }
@@ -385,8 +480,19 @@ impl Comm {
     /// thread, without posting operations (`Exec::run_direct`); the messages are the same on
     /// the wire, so peers may run the same call either way.
     pub fn run(&self, call: &Call) -> Result<()> {
+        self.run_with(call, None)
+    }
+
+    /// `run` with a per-call compression (None: the communicator's; see `compression_for`).
+    pub fn run_with(&self, call: &Call, compress: Option<Compression>) -> Result<()> {
         self.check_alive()?;
         let mut e = self.engine.lock();
+        if let Some(codec) = self.compression_for(call, compress)? {
+            let id = self.insert_compressed(&mut e, call, codec)?;
+            self.progress(&mut e)?;
+            drop(e);
+            return self.wait(id as RequestId);
+        }
         let (exec, id, direct) = self.prepare(call, &mut e)?;
         if direct && e.execs.is_empty() {
             return self.run_direct(&mut e, exec);
@@ -451,5 +557,6 @@ fn fail(e: &mut Engine, t: &dyn Transport, peers: &[Peer], id: u32, mut err: Err
         let keep = x.fail(t, peers);
         e.graveyard.extend(keep);
     }
+    e.bury_phased(id);
     e.execs.insert(id, ReqState::Failed(err));
 }

@@ -8,6 +8,7 @@
 //! - `goodbye`: what a communicator does before it closes, so that what it sent is not lost;
 //! - `engine`: the request table and the per-call paths (prepare, progress, test, wait, run);
 //! - `notify`: notified requests and the progress thread that completes them;
+//! - `compressed`: compressed AllReduce, ReduceScatter and AllGather (codes on the wire);
 //! - `choice`: which algorithm runs a problem, and the choices kept;
 //! - `calibrate`: the communicator's own collectives at creation (placement, calibration);
 //! - `bootstrap`: the TCP exchange of endpoint addresses behind a unique id;
@@ -21,6 +22,7 @@ mod calibrate;
 mod call;
 mod choice;
 mod comm;
+mod compressed;
 pub mod device;
 mod engine;
 mod goodbye;
@@ -32,4 +34,5 @@ mod tests;
 
 pub use call::{varied_bytes, Call, Kind, Layout, RequestId};
 pub use comm::{open_endpoint, open_endpoint_on, whole, Comm};
+pub use compressed::with_call_compression;
 pub use notify::Callback;

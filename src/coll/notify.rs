@@ -67,7 +67,7 @@ thread_local! {
 }
 
 /// Run `f` (callbacks of `comm`) with `comm` marked as in a callback on this thread.
-fn as_callback_of<T>(comm: &Comm, f: impl FnOnce() -> T) -> T {
+pub(super) fn as_callback_of<T>(comm: &Comm, f: impl FnOnce() -> T) -> T {
     let me = comm as *const Comm as usize;
     IN_CALLBACK.with(|v| v.borrow_mut().push(me));
     // Unmarked on the way out, a panicking callback included.
@@ -184,6 +184,7 @@ impl Comm {
             let err = x.explain(err.clone());
             let keep = x.fail(&*self.transport, &self.peers);
             e.graveyard.extend(keep);
+            e.bury_phased(id);
             e.execs.insert(id, ReqState::Failed(err));
         }
     }

@@ -34,6 +34,15 @@ impl Format {
         Format::Int8,
     ];
 
+    /// The formats that send codes (all but `Off`).
+    pub const CODED: [Format; 5] = [
+        Format::Bf16,
+        Format::Fp16,
+        Format::Fp8E4m3,
+        Format::Fp8E5m2,
+        Format::Int8,
+    ];
+
     /// The format named `s` (`FABRICOLL_COMPRESS`'s values), or None.
     pub fn parse(s: &str) -> Option<Format> {
         Format::ALL.into_iter().find(|f| f.name() == s)

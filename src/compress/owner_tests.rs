@@ -6,29 +6,10 @@ use super::owner::{contribute, finish, reduce_segment, segments, wire_ranges};
 use super::{Codec, Format};
 use std::ops::Range;
 
-const FORMATS: [Format; 5] = [
-    Format::Bf16,
-    Format::Fp16,
-    Format::Fp8E4m3,
-    Format::Fp8E5m2,
-    Format::Int8,
-];
+const FORMATS: [Format; 5] = Format::CODED;
 
 fn data(seed: u64, n: usize, wide: bool) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let u = (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-            if wide {
-                u * 2f32.powi((s % 40) as i32 - 20)
-            } else {
-                u * 10.0
-            }
-        })
-        .collect()
+    crate::testing::values::values(seed, n, wide.then_some(20))
 }
 
 /// The scale of element `j` of one segment's codes (1 for bf16).

@@ -146,6 +146,18 @@ pub const VARS: &[Var] = &[
         meaning: "1: a failed in-place collective restores the caller's input (one extra copy of it per call); 0: the buffer is undefined after a failure, as with MPI and NCCL (fabricoll_config.inplace overrides)",
     },
     Var {
+        name: "FABRICOLL_COMPRESS",
+        accepted: "off, bf16, fp16, fp8e4m3, fp8e5m2, int8",
+        default: "off",
+        meaning: "engines: AllReduce (sum, avg), ReduceScatter and AllGather of f32, bf16 and f16 send block-scaled codes of this format (docs/compression.md); every rank must set the same (fabricoll_config.compress overrides)",
+    },
+    Var {
+        name: "FABRICOLL_COMPRESS_BLOCK",
+        accepted: "integer 1..=1048576",
+        default: "256",
+        meaning: "elements per scale of FABRICOLL_COMPRESS's codes (fabricoll_config.compress_block overrides)",
+    },
+    Var {
         name: "FABRICOLL_CALIBRATION_CACHE",
         accepted: "a directory, or 0",
         default: "$XDG_CACHE_HOME/fabricoll, else ~/.cache/fabricoll",

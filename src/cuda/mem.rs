@@ -1,6 +1,7 @@
 //! Device memory for the plugins' probe and flush: a small allocation of our own
-//! (`DeviceAlloc`, for the registration probe, before any device seam is opened) and making the
-//! network's writes into device memory visible to the GPU (`flush_writes`). Every function
+//! (`DeviceAlloc`, for the registration probe, before any device seam is opened), a dma-buf
+//! exporting it (`DmaBufFd`), and making the network's writes into device memory visible to the
+//! GPU (`flush_writes`). Every function
 //! checks that the probe found a usable driver first: cudarc panics when it has no libcuda.
 use super::probe::{probe, Cuda};
 use crate::error::{Error, Result};
@@ -114,4 +115,42 @@ pub fn flush_writes(ordinal: i32) -> Result<()> {
         .result()
         .map_err(|e| failed("cuFlushGPUDirectRDMAWrites", e))
     })
+}
+
+/// A dma-buf exporting a range of device memory (`cuMemGetHandleForAddressRange`), closed on
+/// drop.
+pub struct DmaBufFd {
+    pub fd: i32,
+}
+
+impl DmaBufFd {
+    /// Export `len` bytes of device `ordinal`'s memory at `ptr` (page-aligned, as the driver
+    /// requires). Only for a device whose `dma_buf` attribute is set: drivers without it lack
+    /// the function.
+    pub fn export(ordinal: i32, ptr: usize, len: usize) -> Result<DmaBufFd> {
+        in_context(ordinal, || {
+            let mut fd: std::ffi::c_int = -1;
+            // SAFETY: a context is current (in_context); `fd` is a valid place for the handle
+            // (an int for the dma-buf type); the range is the caller's device memory.
+            unsafe {
+                sys::cuMemGetHandleForAddressRange(
+                    (&mut fd as *mut std::ffi::c_int).cast(),
+                    ptr as sys::CUdeviceptr,
+                    len,
+                    sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                    0,
+                )
+            }
+            .result()
+            .map_err(|e| failed("cuMemGetHandleForAddressRange", e))?;
+            Ok(DmaBufFd { fd })
+        })
+    }
+}
+
+impl Drop for DmaBufFd {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor is ours (the driver made it for us) and is closed once.
+        unsafe { libc::close(self.fd) };
+    }
 }

@@ -12,12 +12,13 @@ mod probe;
 pub use probe::{probe, version_string, Cuda, Device, Driver};
 
 use crate::error::Result;
-use crate::transport::{Caps, Region};
+use crate::transport::{Caps, DmaBuf, Region};
 use caps::{Facts, Registration};
 
 /// Registers device memory of a CUDA device with the chosen provider and releases the
-/// registration (`Transport::register_device` on an endpoint opened for the probe).
-pub type Register<'a> = &'a dyn Fn(Region, i32) -> Result<()>;
+/// registration (`Transport::register_device` on an endpoint opened for the probe; with a
+/// dma-buf, `Transport::register_dmabuf`).
+pub type Register<'a> = &'a dyn Fn(Region, i32, Option<DmaBuf>) -> Result<()>;
 
 /// Bytes of the buffer the registration probe allocates and registers.
 pub const PROBE_BYTES: usize = 64 << 10;
@@ -40,11 +41,17 @@ pub fn facts(caps: &Caps, ordinal: i32, register: Option<Register>) -> Facts {
         (None, Some(_), None) => {
             Registration::NotTried("there is no endpoint of the provider to try with".into())
         }
-        (None, Some(_), Some(f)) => probe_registration(ordinal, f),
+        (None, Some(_), Some(f)) => probe_registration(ordinal, f, false),
     };
-    let dmabuf = match &registration {
-        Registration::Worked => {
-            Registration::NotTried("this build does not register dma-bufs yet".into())
+    let libfabric = caps::parse_release(&crate::transport::fabric::runtime_version());
+    let dmabuf = match (&registration, dev, register) {
+        (Registration::Worked, Some(d), Some(f))
+            if d.dma_buf && libfabric >= caps::LIBFABRIC_DMABUF =>
+        {
+            probe_registration(ordinal, f, true)
+        }
+        (Registration::Worked, ..) => {
+            Registration::NotTried("an earlier condition already rules it out".into())
         }
         _ => Registration::NotTried("no device buffer was registered".into()),
     };
@@ -54,26 +61,40 @@ pub fn facts(caps: &Caps, ordinal: i32, register: Option<Register>) -> Facts {
         device_dma_buf: dev.is_some_and(|d| d.dma_buf),
         provider_hmem: caps.hmem,
         provider: caps.provider.clone(),
-        libfabric: caps::parse_release(&crate::transport::fabric::runtime_version()),
+        libfabric,
         kernel: kernel_release(),
         registration,
         dmabuf_registration: dmabuf,
     }
 }
 
-/// Register (and release at once) `PROBE_BYTES` of device `ordinal`'s memory with `register`.
-fn probe_registration(ordinal: i32, register: Register) -> Registration {
+/// Register (and release at once) `PROBE_BYTES` of device `ordinal`'s memory with `register`:
+/// by address, or (`dmabuf`) through a dma-buf exported for it as NCCL exports its buffers.
+fn probe_registration(ordinal: i32, register: Register, dmabuf: bool) -> Registration {
     let buf = match mem::DeviceAlloc::new(ordinal, PROBE_BYTES) {
         Ok(b) => b,
         Err(e) => return Registration::NotTried(format!("no device buffer to register: {e}")),
     };
+    let fd = if dmabuf {
+        match mem::DmaBufFd::export(ordinal, buf.ptr, buf.len) {
+            Ok(fd) => Some(fd),
+            Err(e) => return Registration::Refused(format!("no dma-buf of a device buffer: {e}")),
+        }
+    } else {
+        None
+    };
     // SAFETY: `buf` is device memory of PROBE_BYTES, alive until after `register` has
     // released the registration; nothing accesses it from the host.
     let region = unsafe { Region::from_raw(buf.ptr as *mut u8, buf.len) };
-    let r = match register(region, ordinal) {
+    let how = fd.as_ref().map(|f| DmaBuf {
+        fd: f.fd,
+        offset: 0,
+    });
+    let r = match register(region, ordinal, how) {
         Ok(()) => Registration::Worked,
         Err(e) => Registration::Refused(e.to_string()),
     };
+    drop(fd);
     drop(buf);
     r
 }

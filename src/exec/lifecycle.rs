@@ -4,7 +4,7 @@
 
 use super::notice::Watch;
 use super::pool::{owned, Lists, LISTS_KEPT};
-use super::{Args, BufPool, Exec, Job, Plan, Signature, St, Tags};
+use super::{Args, BufPool, Exec, Job, Plan, St, Tags};
 use crate::algo::{Buf, Collective, Span};
 use crate::config::Timeout;
 use crate::error::{Error, Result};
@@ -88,9 +88,7 @@ impl Exec {
                 ),
             ));
         }
-        let args = &self.job.args;
-        let s = &self.job.schedule;
-        self.sig = Signature::of(&s.problem, s.algo, args.dtype, args.op).bits();
+        self.sig = self.signature().bits();
         self.calls_differ.set(false);
         self.watch = Watch::Off;
         self.held = None;
@@ -253,6 +251,7 @@ impl Exec {
                     timeout,
                     sends_first: false,
                     restore: true,
+                    signature: None,
                 },
             },
             plan,

@@ -37,7 +37,7 @@ mod tags;
 pub use idle::Idle;
 pub use plan::Plan;
 pub use pool::{BufPool, POOL_LIMIT, STAGING_LIMIT};
-pub use signature::{Signature, SIG_MASK};
+pub use signature::{Signature, COMPRESSED_ALGO, SIG_MASK};
 pub use tags::{
     coll_tag, goodbye_tag, p2p_key, p2p_tag, Tags, MAX_IN_FLIGHT, MAX_MESSAGES_PER_PEER, MAX_RANKS,
     MAX_TAG,
@@ -85,6 +85,10 @@ pub struct Args {
     /// the collective fails. Without it the steps work in the caller's buffer (copying aside
     /// only what is read after being overwritten) and a failure leaves the buffer undefined.
     pub restore: bool,
+    /// The signature the call's messages carry where it is not the schedule's own: the steps
+    /// of a compressed collective run byte exchanges on behalf of the caller's call
+    /// (`coll` compressed), whose signature they carry.
+    pub signature: Option<Signature>,
 }
 
 /// One rank's collective in progress.
@@ -231,6 +235,14 @@ impl Exec {
         }
         self.complete(i);
         Ok(())
+    }
+
+    /// The signature of this call (`Args::signature`, else the schedule's problem's).
+    pub(crate) fn signature(&self) -> Signature {
+        let s = &self.job.schedule;
+        let a = &self.job.args;
+        a.signature
+            .unwrap_or_else(|| Signature::of(&s.problem, s.algo, a.dtype, a.op))
     }
 
     fn check_finished(&mut self) {

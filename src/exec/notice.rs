@@ -7,7 +7,7 @@
 //! collectives make progress.
 use super::signature::SIG_MASK;
 use super::tags::{coll_tag, SRC_MASK, SRC_SHIFT};
-use super::{BufPool, Exec, Signature, St, Tags};
+use super::{BufPool, Exec, St, Tags};
 use crate::error::{Error, Result};
 use crate::transport::{Completion, Peer, Transport};
 use std::time::{Duration, Instant};
@@ -155,15 +155,9 @@ impl Exec {
 
     /// The error for a notice tagged `tag`.
     fn noticed(&self, tag: u64) -> Error {
-        let p = &self.job.schedule.problem;
+        let n = self.job.schedule.problem.nranks;
         let from = ((tag & SRC_MASK) >> SRC_SHIFT) as usize;
-        let mine = Signature::of(
-            p,
-            self.job.schedule.algo,
-            self.job.args.dtype,
-            self.job.args.op,
-        );
-        mine.mismatch(from, p.nranks, tag & SIG_MASK)
+        self.signature().mismatch(from, n, tag & SIG_MASK)
     }
 }
 

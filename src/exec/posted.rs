@@ -5,7 +5,7 @@
 
 use super::notice::{NOTICE_STEP, WATCH_STEP};
 use super::pool::owned;
-use super::{wrong_size, BufPool, Exec, Signature, St, Tags, SIG_MASK, STAGING_LIMIT};
+use super::{wrong_size, BufPool, Exec, St, Tags, SIG_MASK, STAGING_LIMIT};
 use crate::algo::Op;
 use crate::error::{Error, Result};
 use crate::transport::{Completion, OpId, Peer, Posted, Transport};
@@ -256,14 +256,8 @@ impl Exec {
             return Ok(());
         }
         self.calls_differ.set(true);
-        let p = &self.job.schedule.problem;
-        let mine = Signature::of(
-            p,
-            self.job.schedule.algo,
-            self.job.args.dtype,
-            self.job.args.op,
-        );
-        Err(mine.mismatch(peer, p.nranks, theirs))
+        let n = self.job.schedule.problem.nranks;
+        Err(self.signature().mismatch(peer, n, theirs))
     }
 
     /// Steps posted to the transport and not completed.

@@ -105,6 +105,7 @@ pub(super) fn rank0_job(
             timeout: Duration::from_secs(1).into(),
             sends_first,
             restore: true,
+            signature: None,
         },
     }
 }

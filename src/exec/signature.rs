@@ -9,8 +9,11 @@
 //! them when the message is in: a message whose signature differs from the receiver's fails the
 //! collective at once with an error that says how the calls differ. When exactly one argument
 //! differs, the receiver finds which by hashing its own call with that argument changed.
+//! A compressed collective's byte exchanges carry the caller's call with its format and block
+//! size (`compress`), so that ranks asking for different ones are told which differs.
 use crate::algo::varied::{Shape, Varied};
 use crate::algo::{Algorithm, Collective, Problem};
+use crate::compress::{Format, DEFAULT_BLOCK, MAX_BLOCK};
 use crate::error::Error;
 use crate::reduce::{DataType, RedOp};
 use std::hash::Hasher;
@@ -33,7 +36,13 @@ pub struct Signature {
     pub shape: Option<Shape>,
     /// The algorithm of the rank's schedule.
     pub algo: Algorithm,
+    /// A compressed collective's format and block size (None: the data as it is).
+    pub compress: Option<(Format, usize)>,
 }
+
+/// The algorithm a compressed collective's signature names: its exchanges are direct, each
+/// rank with every other (`coll` compressed).
+pub const COMPRESSED_ALGO: Algorithm = Algorithm::Mesh;
 
 /// Most roots tried when looking for the one argument that differs.
 const ROOTS_TRIED: usize = 4096;
@@ -49,6 +58,7 @@ impl Signature {
             root: problem.root,
             shape: problem.shape,
             algo,
+            compress: None,
         }
     }
 
@@ -77,6 +87,10 @@ impl Signature {
             h.write_u64(s.hash);
         }
         h.write_u8(self.algo as u8);
+        if let Some((f, block)) = self.compress {
+            h.write_u8(f.id());
+            h.write_u64(block as u64);
+        }
         let x = h.finish();
         // Fold all 64 bits into the tag's 12, so that every field reaches them.
         (x ^ (x >> 12) ^ (x >> 24) ^ (x >> 36) ^ (x >> 48) ^ (x >> 60)) & SIG_MASK
@@ -115,7 +129,69 @@ impl Signature {
         if self.rooted() {
             s += &format!(" at root {}", self.root);
         }
+        if let Some((f, b)) = self.compress {
+            s += &format!(" compressed as {f} in blocks of {b}");
+        }
         s
+    }
+
+    /// The compression setting that turns this call's bits into `theirs`, described: another
+    /// format or block size, none at all (the peer ran the call uncompressed, by any
+    /// algorithm), or compression where this rank has none. Block sizes tried: powers of two
+    /// and the default.
+    fn differing_compression(&self, theirs: u64) -> Option<String> {
+        let hit = |s: Signature| s.bits() == theirs;
+        let blocks = || {
+            std::iter::once(DEFAULT_BLOCK)
+                .chain((0..=MAX_BLOCK.trailing_zeros()).map(|k| 1usize << k))
+        };
+        let formats = || Format::ALL.into_iter().filter(|&f| f != Format::Off);
+        match self.compress {
+            Some((format, block)) => {
+                let plain = Algorithm::ALL
+                    .into_iter()
+                    .filter(|&a| crate::algo::supports(a, self.coll))
+                    .any(|algo| {
+                        hit(Signature {
+                            algo,
+                            compress: None,
+                            ..*self
+                        })
+                    });
+                if plain {
+                    return Some("runs it uncompressed (compress off)".into());
+                }
+                if let Some(f) = formats().find(|&f| {
+                    f != format
+                        && hit(Signature {
+                            compress: Some((f, block)),
+                            ..*self
+                        })
+                }) {
+                    return Some(format!("passed compress {f}"));
+                }
+                blocks()
+                    .find(|&b| {
+                        b != block
+                            && hit(Signature {
+                                compress: Some((format, b)),
+                                ..*self
+                            })
+                    })
+                    .map(|b| format!("passed compress block {b}"))
+            }
+            None => formats().find_map(|f| {
+                blocks()
+                    .find(|&b| {
+                        hit(Signature {
+                            algo: COMPRESSED_ALGO,
+                            compress: Some((f, b)),
+                            ..*self
+                        })
+                    })
+                    .map(|b| format!("passed compress {f} (blocks of {b})"))
+            }),
+        }
     }
 
     /// The one argument whose change turns this call's bits into `theirs`, described. A peer
@@ -181,6 +257,9 @@ impl Signature {
                 }
             }
         }
+        if let Some(d) = self.differing_compression(theirs) {
+            return Some(d);
+        }
         others_algo.map(|a| format!("runs algorithm {a}"))
     }
 }
@@ -198,6 +277,7 @@ mod tests {
             root,
             shape: None,
             algo: Algorithm::Ring,
+            compress: None,
         }
     }
 
@@ -301,5 +381,33 @@ mod tests {
             }
         }
         assert!(named >= 6, "{named} named");
+    }
+
+    #[test]
+    fn ranks_asking_for_other_compression_are_told_which_setting_differs() {
+        use Collective::*;
+        let f = DataType::Float32;
+        let plain = sig(AllReduce, 4096, f, RedOp::Sum, 0);
+        let mine = Signature {
+            algo: COMPRESSED_ALGO,
+            compress: Some((Format::Fp8E4m3, 256)),
+            ..plain
+        };
+        let other = |f: Format, b: usize| Signature {
+            compress: Some((f, b)),
+            ..mine
+        };
+        let e = said(mine, other(Format::Fp16, 256));
+        assert!(e.contains("rank 1 passed compress fp16"), "{e}");
+        assert!(e.contains("compressed as fp8e4m3 in blocks of 256"), "{e}");
+        let e = said(mine, other(Format::Fp8E4m3, 64));
+        assert!(e.contains("rank 1 passed compress block 64"), "{e}");
+        let e = said(mine, plain);
+        assert!(e.contains("rank 1 runs it uncompressed"), "{e}");
+        let e = said(plain, other(Format::Int8, 256));
+        assert!(
+            e.contains("rank 1 passed compress int8 (blocks of 256)"),
+            "{e}"
+        );
     }
 }

@@ -2,15 +2,16 @@
 //! registration of a device buffer with the provider), what a buffer NCCL registers as
 //! NCCL_PTR_CUDA is (`device_of`, the device seam's classification), and how `iflush` makes
 //! received data visible to the GPU (`flush`). The decisions themselves are `cuda::caps`, pure
-//! and tested without a GPU; `ordinal_on` and `read_sentinel_on` take any seam device, so CI
-//! runs them on the emulated one.
+//! and tested without a GPU; `ordinal_on` and `Sentinel` take any seam device, so CI runs them
+//! on the emulated one.
 use super::{Flavour, NCCL_PTR_CUDA, NCCL_PTR_HOST};
 use crate::cuda::{self, caps, Register};
-use crate::device::{Device, PtrKind, Span};
+use crate::device::{Device, HostBuffer, PtrKind, Span, Stream};
 use crate::error::{Error, Result};
 use crate::transport::{Caps, Region};
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long `iflush`'s sentinel read may take.
@@ -70,23 +71,35 @@ pub fn memory_kind(
     }
 }
 
-/// CUDA device `ordinal` through the device seam, opened once per process and kept.
-fn seam(ordinal: i32) -> Result<Device> {
-    static OPEN: Mutex<Option<HashMap<i32, Device>>> = Mutex::new(None);
+/// A CUDA device opened through the seam, and the sentinel its flushes read into.
+type Opened = (Device, Arc<Sentinel>);
+
+/// CUDA device `ordinal` through the device seam, opened once per process and kept, with the
+/// sentinel its flushes read into.
+fn seam(ordinal: i32) -> Result<Opened> {
+    static OPEN: Mutex<Option<HashMap<i32, Opened>>> = Mutex::new(None);
     let mut g = OPEN.lock();
     let map = g.get_or_insert_with(HashMap::new);
-    if let Some(d) = map.get(&ordinal) {
-        return Ok(d.clone());
+    if let Some((d, s)) = map.get(&ordinal) {
+        return Ok((d.clone(), s.clone()));
     }
     let d = Device::cuda(ordinal)?;
-    map.insert(ordinal, d.clone());
-    Ok(d)
+    let s = Arc::new(cuda::mem::keeping_context(|| Sentinel::new(&d))?);
+    map.insert(ordinal, (d.clone(), s.clone()));
+    Ok((d, s))
+}
+
+/// Make ready what flushes into device `ordinal`'s memory need. regMr calls it for device
+/// buffers, before NCCL's kernels wait on any flush; a flush that finds nothing ready makes
+/// it then.
+pub fn prepare_flush(ordinal: i32) -> Result<()> {
+    seam(ordinal).map(drop)
 }
 
 /// The CUDA device whose memory `region` is (classified in device 0's context: addresses are
 /// unified across devices).
 pub fn device_of(region: &Region) -> Result<i32> {
-    cuda::mem::keeping_context(|| ordinal_on(&seam(0)?, region))
+    cuda::mem::keeping_context(|| ordinal_on(&seam(0)?.0, region))
 }
 
 /// The device whose memory `region` is, as `dev` classifies it; an error naming what it is
@@ -107,17 +120,40 @@ pub fn ordinal_on(dev: &Device, region: &Region) -> Result<i32> {
     }
 }
 
-/// Read the first word of `region` (device memory of `dev`) into page-locked memory on a
-/// stream of our own, to `timeout`: the read is ordered after the writes that landed before.
-pub fn read_sentinel_on(dev: &Device, region: &Region, timeout: Duration) -> Result<()> {
-    dev.bind()?;
-    let stream = dev.create_stream()?;
-    let word = dev.alloc_host(4)?;
-    // SAFETY: `region` is device memory of at least 4 bytes that stays allocated while its
-    // receive is being flushed (the caller's), and the copy is waited for below.
-    let src = unsafe { Span::from_raw(dev, region.addr() as u64, 4, "data") }?;
-    stream.copy(&word.span(), &src)?;
-    stream.synchronize(timeout)
+/// What a sentinel read needs, made once per device: a stream of our own and a page-locked
+/// word to read into. Allocating page-locked memory waits for every stream of the device (the
+/// driver synchronises), and when NCCL flushes, its kernel may be waiting for the flush: an
+/// allocation per flush could wait for a kernel that waits for it.
+pub struct Sentinel {
+    stream: Stream,
+    word: HostBuffer,
+    /// One read at a time: they share the word.
+    busy: Mutex<()>,
+}
+
+impl Sentinel {
+    /// The stream and word for flushes into `dev`'s memory.
+    pub fn new(dev: &Device) -> Result<Sentinel> {
+        dev.bind()?;
+        Ok(Sentinel {
+            stream: dev.create_stream()?,
+            word: dev.alloc_host(4)?,
+            busy: Mutex::new(()),
+        })
+    }
+
+    /// Read the first word of `region` (device memory of `dev`, the device this sentinel was
+    /// made on) into the page-locked word, to `timeout`: the read is ordered after the writes
+    /// that landed before. Allocates nothing.
+    pub fn read(&self, dev: &Device, region: &Region, timeout: Duration) -> Result<()> {
+        dev.bind()?;
+        let _one = self.busy.lock();
+        // SAFETY: `region` is device memory of at least 4 bytes that stays allocated while its
+        // receive is being flushed (the caller's), and the copy is waited for below.
+        let src = unsafe { Span::from_raw(dev, region.addr() as u64, 4, "data") }?;
+        self.stream.copy(&self.word.span(), &src)?;
+        self.stream.synchronize(timeout)
+    }
 }
 
 /// `iflush` of a receive into `region` (device `ordinal`'s memory) with `method`.
@@ -126,7 +162,8 @@ pub fn flush(method: caps::Flush, ordinal: i32, region: &Region) -> Result<()> {
         caps::Flush::None => Ok(()),
         caps::Flush::Driver => cuda::mem::flush_writes(ordinal),
         caps::Flush::SentinelRead if region.len() >= 4 => cuda::mem::keeping_context(|| {
-            read_sentinel_on(&seam(ordinal)?, region, SENTINEL_DEADLINE)
+            let (dev, sentinel) = seam(ordinal)?;
+            sentinel.read(&dev, region, SENTINEL_DEADLINE)
         }),
         // Nothing landed to order against.
         caps::Flush::SentinelRead => Ok(()),

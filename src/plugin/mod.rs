@@ -172,8 +172,12 @@ impl Plugin {
             let pci = d.pci_path.clone();
             let dev = Arc::new(d);
             // The probe's endpoint and registration go before the device's own is opened.
-            let ptr_support = gpu::ptr_support(flavour, &caps, i, &|r, o| {
-                FabricTransport::open(&dev)?.register_device(r, o).map(drop)
+            let ptr_support = gpu::ptr_support(flavour, &caps, i, &|r, o, dmabuf| {
+                let t = FabricTransport::open(&dev)?;
+                match dmabuf {
+                    Some(b) => t.register_dmabuf(r, o, b).map(drop),
+                    None => t.register_device(r, o).map(drop),
+                }
             });
             let props = DeviceProps {
                 index: i,

@@ -4,7 +4,7 @@
 //! Device memory is registered exactly as asked (a page beyond a device allocation is not
 //! its memory) and shared only with later registrations of the same device inside it.
 use crate::error::{Error, Result};
-use crate::transport::{Mr, Region, Transport};
+use crate::transport::{DmaBuf, Mr, Region, Transport};
 use std::collections::HashMap;
 
 struct Entry {
@@ -76,6 +76,22 @@ impl MrCache {
             return Ok(r);
         }
         let mr = t.register_device(region, ordinal)?;
+        Ok(self.insert(region, mr, region))
+    }
+
+    /// `register_device` through the dma-buf `buf` that exports the memory (or reuse a
+    /// registration of that device covering it: the memory is the same however it was named).
+    pub fn register_dmabuf(
+        &mut self,
+        t: &dyn Transport,
+        region: Region,
+        ordinal: i32,
+        buf: DmaBuf,
+    ) -> Result<MrRef> {
+        if let Some(r) = self.reuse(region, Some(ordinal)) {
+            return Ok(r);
+        }
+        let mr = t.register_dmabuf(region, ordinal, buf)?;
         Ok(self.insert(region, mr, region))
     }
 

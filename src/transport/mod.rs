@@ -47,6 +47,14 @@ pub struct Peer(pub u64);
 /// An operation's identity, chosen by the caller and handed back in its completion.
 pub type OpId = u64;
 
+/// A dma-buf that exports device memory, for `Transport::register_dmabuf`: its file
+/// descriptor (the caller's, open for the call) and where the registered region starts in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DmaBuf {
+    pub fd: i32,
+    pub offset: u64,
+}
+
 /// A registration returned by `Transport::register`; deregistered when dropped.
 pub struct Mr {
     /// The descriptor to pass with operations (`fi_mr_desc`), 0 when none.
@@ -269,6 +277,16 @@ pub trait Transport: Send + Sync {
         let _ = (region, ordinal);
         Err(Error::InvalidUsage(format!(
             "{}: this transport does not register device memory",
+            self.caps().provider
+        )))
+    }
+
+    /// `register_device` through a dma-buf that exports the memory (`FI_MR_DMABUF`, libfabric
+    /// 1.20 and later): `buf.offset` is where `region` starts in it.
+    fn register_dmabuf(&self, region: Region, ordinal: i32, buf: DmaBuf) -> Result<Mr> {
+        let _ = (region, ordinal, buf);
+        Err(Error::InvalidUsage(format!(
+            "{}: this transport does not register dma-bufs",
             self.caps().provider
         )))
     }

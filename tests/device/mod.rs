@@ -6,6 +6,7 @@ use crate::capi::{comm, last_error, ranks, shm_config};
 use nccl_net_fabricoll::device::{Device, DeviceBuffer, HostBuffer, Stream};
 use nccl_net_fabricoll::ffi::api::*;
 use std::os::raw::{c_int, c_void};
+use std::sync::Barrier;
 use std::time::Duration;
 
 use fabricoll_status::*;
@@ -82,12 +83,21 @@ pub enum Coll {
     Broadcast,
     Reduce,
     AllToAll,
-    /// Rank r sends to r+1 and receives from r-1 (rank 0 sends first, the others receive
-    /// first, so the blocking calls form a chain).
+    /// Rank r sends to r+1 and receives from r-1: blocking or stream-ordered, rank 0 sends
+    /// first and the others receive first (a chain); non-blocking or grouped, every rank sends
+    /// first (which needs the two to progress together once a message needs a rendezvous).
     SendRecv,
+    /// SendRecv with tag 7 (fabricoll_send_tagged / fabricoll_recv_tagged).
+    Tagged,
+    Gather,
+    Scatter,
+    /// Rank r's block has `uneven(count, n, r)` elements (some empty), packed.
+    AllGatherV,
+    ReduceScatterV,
 }
 
-pub const COLLS: [Coll; 7] = [
+/// Every call of the C API that takes device buffers.
+pub const ALL_COLLS: [Coll; 12] = [
     Coll::AllReduce,
     Coll::AllGather,
     Coll::ReduceScatter,
@@ -95,7 +105,38 @@ pub const COLLS: [Coll; 7] = [
     Coll::Reduce,
     Coll::AllToAll,
     Coll::SendRecv,
+    Coll::Tagged,
+    Coll::Gather,
+    Coll::Scatter,
+    Coll::AllGatherV,
+    Coll::ReduceScatterV,
 ];
+
+/// The calls that have a stream-ordered form.
+pub const COLLS: &[Coll] = ALL_COLLS.split_at(7).0;
+
+impl Coll {
+    pub fn has_stream(self) -> bool {
+        COLLS.contains(&self)
+    }
+}
+
+/// How the calls are made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Blocking,
+    /// `fabricoll_<op>_stream` on the rank's stream, synchronised after.
+    Stream,
+    /// `fabricoll_i<op>`, every call started before any is waited for.
+    NonBlocking,
+    /// The blocking calls between fabricoll_group_start and fabricoll_group_end.
+    Grouped,
+}
+
+/// Rank r's count of the uneven collectives: some blocks empty, the last `count`.
+pub fn uneven(count: usize, n: usize, r: usize) -> usize {
+    count * (r + 1) / n
+}
 
 /// Where a buffer lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,12 +245,33 @@ pub fn expected(
                     .collect(),
             ),
         ),
-        Coll::SendRecv => (input(me, count), Some(input((me + n - 1) % n, count))),
+        Coll::SendRecv | Coll::Tagged => (input(me, count), Some(input((me + n - 1) % n, count))),
+        Coll::Gather => (
+            input(me, count),
+            (me == root).then(|| (0..n).flat_map(|r| input(r, count)).collect()),
+        ),
+        Coll::Scatter => (
+            input(me, n * count),
+            Some((0..count).map(|i| value(root, me * count + i)).collect()),
+        ),
+        Coll::AllGatherV => (
+            input(me, uneven(count, n, me)),
+            Some((0..n).flat_map(|r| input(r, uneven(count, n, r))).collect()),
+        ),
+        Coll::ReduceScatterV => {
+            let total = (0..n).map(|r| uneven(count, n, r)).sum();
+            let off: usize = (0..me).map(|r| uneven(count, n, r)).sum();
+            (
+                input(me, total),
+                Some((0..uneven(count, n, me)).map(|i| reduce(off + i)).collect()),
+            )
+        }
     }
 }
 
-/// Runs `coll` on rank `me` of `n` (communicator `c`): blocking, or on `stream` (then the
-/// caller synchronises it). The statuses of the calls (two for send/recv).
+/// Runs `coll` on rank `me` of `n` (communicator `c`) in `mode` (stream-ordered: on
+/// `stream`, which the caller synchronises). The statuses of the calls (two for send/recv, and
+/// the waits or the group's end).
 #[allow(clippy::too_many_arguments)]
 pub fn call(
     c: usize,
@@ -221,72 +283,135 @@ pub fn call(
     count: usize,
     send: *mut c_void,
     recv: *mut c_void,
-    stream: Option<*mut c_void>,
+    mode: Mode,
+    stream: *mut c_void,
 ) -> Vec<fabricoll_status> {
     let (dt, o, root) = (ty.c(), op.c(), (1 % n) as c_int);
     let cm = comm(c);
-    let s = stream.unwrap_or(std::ptr::null_mut());
-    let st = stream.is_some();
-    macro_rules! pick {
-        ($blocking:expr, $stream:expr) => {
-            if st {
-                $stream
-            } else {
-                $blocking
-            }
-        };
-    }
-    match coll {
-        Coll::AllReduce => vec![pick!(
-            fabricoll_allreduce(send, recv, count, dt, o, cm),
-            fabricoll_allreduce_stream(send, recv, count, dt, o, cm, s)
-        )],
-        Coll::AllGather => vec![pick!(
-            fabricoll_allgather(send, recv, count, dt, cm),
-            fabricoll_allgather_stream(send, recv, count, dt, cm, s)
-        )],
-        Coll::ReduceScatter => vec![pick!(
-            fabricoll_reducescatter(send, recv, count, dt, o, cm),
-            fabricoll_reducescatter_stream(send, recv, count, dt, o, cm, s)
-        )],
-        Coll::Broadcast => vec![pick!(
-            fabricoll_broadcast(send, recv, count, dt, root, cm),
-            fabricoll_broadcast_stream(send, recv, count, dt, root, cm, s)
-        )],
-        Coll::Reduce => vec![pick!(
-            fabricoll_reduce(send, recv, count, dt, o, root, cm),
-            fabricoll_reduce_stream(send, recv, count, dt, o, root, cm, s)
-        )],
-        Coll::AllToAll => vec![pick!(
-            fabricoll_alltoall(send, recv, count, dt, cm),
-            fabricoll_alltoall_stream(send, recv, count, dt, cm, s)
-        )],
-        Coll::SendRecv => {
-            let (to, from) = (((me + 1) % n) as c_int, ((me + n - 1) % n) as c_int);
-            let snd = || {
+    let s = stream;
+    let counts: Vec<usize> = (0..n).map(|r| uneven(count, n, r)).collect();
+    let cp = counts.as_ptr();
+    let (to, from) = (((me + 1) % n) as c_int, ((me + n - 1) % n) as c_int);
+    let mut reqs: Vec<*mut fabricoll_request> = Vec::new();
+    // Call `which` (0: the call, or the send; 1: the receive) in the mode.
+    let mut one = |which: usize| -> fabricoll_status {
+        let mut req = std::ptr::null_mut();
+        let r = &mut req;
+        macro_rules! pick {
+            ($blocking:expr, $nb:expr, $stream:expr) => {
+                match mode {
+                    Mode::Blocking | Mode::Grouped => $blocking,
+                    Mode::NonBlocking => $nb,
+                    Mode::Stream => $stream,
+                }
+            };
+            ($blocking:expr, $nb:expr) => {
                 pick!(
-                    fabricoll_send(send, count, dt, to, cm),
-                    fabricoll_send_stream(send, count, dt, to, cm, s)
+                    $blocking,
+                    $nb,
+                    panic!("{coll:?} has no stream-ordered form")
                 )
             };
-            let rcv = || {
-                pick!(
-                    fabricoll_recv(recv, count, dt, from, cm),
-                    fabricoll_recv_stream(recv, count, dt, from, cm, s)
-                )
-            };
-            if me == 0 {
-                vec![snd(), rcv()]
-            } else {
-                let r = rcv();
-                vec![r, snd()]
-            }
         }
+        let st = match (coll, which) {
+            (Coll::AllReduce, _) => pick!(
+                fabricoll_allreduce(send, recv, count, dt, o, cm),
+                fabricoll_iallreduce(send, recv, count, dt, o, cm, r),
+                fabricoll_allreduce_stream(send, recv, count, dt, o, cm, s)
+            ),
+            (Coll::AllGather, _) => pick!(
+                fabricoll_allgather(send, recv, count, dt, cm),
+                fabricoll_iallgather(send, recv, count, dt, cm, r),
+                fabricoll_allgather_stream(send, recv, count, dt, cm, s)
+            ),
+            (Coll::ReduceScatter, _) => pick!(
+                fabricoll_reducescatter(send, recv, count, dt, o, cm),
+                fabricoll_ireducescatter(send, recv, count, dt, o, cm, r),
+                fabricoll_reducescatter_stream(send, recv, count, dt, o, cm, s)
+            ),
+            (Coll::Broadcast, _) => pick!(
+                fabricoll_broadcast(send, recv, count, dt, root, cm),
+                fabricoll_ibroadcast(send, recv, count, dt, root, cm, r),
+                fabricoll_broadcast_stream(send, recv, count, dt, root, cm, s)
+            ),
+            (Coll::Reduce, _) => pick!(
+                fabricoll_reduce(send, recv, count, dt, o, root, cm),
+                fabricoll_ireduce(send, recv, count, dt, o, root, cm, r),
+                fabricoll_reduce_stream(send, recv, count, dt, o, root, cm, s)
+            ),
+            (Coll::AllToAll, _) => pick!(
+                fabricoll_alltoall(send, recv, count, dt, cm),
+                fabricoll_ialltoall(send, recv, count, dt, cm, r),
+                fabricoll_alltoall_stream(send, recv, count, dt, cm, s)
+            ),
+            (Coll::SendRecv, 0) => pick!(
+                fabricoll_send(send, count, dt, to, cm),
+                fabricoll_isend(send, count, dt, to, cm, r),
+                fabricoll_send_stream(send, count, dt, to, cm, s)
+            ),
+            (Coll::SendRecv, _) => pick!(
+                fabricoll_recv(recv, count, dt, from, cm),
+                fabricoll_irecv(recv, count, dt, from, cm, r),
+                fabricoll_recv_stream(recv, count, dt, from, cm, s)
+            ),
+            (Coll::Tagged, 0) => pick!(
+                fabricoll_send_tagged(send, count, dt, to, 7, cm),
+                fabricoll_isend_tagged(send, count, dt, to, 7, cm, r)
+            ),
+            (Coll::Tagged, _) => pick!(
+                fabricoll_recv_tagged(recv, count, dt, from, 7, cm),
+                fabricoll_irecv_tagged(recv, count, dt, from, 7, cm, r)
+            ),
+            (Coll::Gather, _) => pick!(
+                fabricoll_gather(send, recv, count, dt, root, cm),
+                fabricoll_igather(send, recv, count, dt, root, cm, r)
+            ),
+            (Coll::Scatter, _) => pick!(
+                fabricoll_scatter(send, recv, count, dt, root, cm),
+                fabricoll_iscatter(send, recv, count, dt, root, cm, r)
+            ),
+            (Coll::AllGatherV, _) => {
+                let mine = counts[me];
+                pick!(
+                    fabricoll_allgatherv(send, mine, recv, cp, std::ptr::null(), dt, cm),
+                    fabricoll_iallgatherv(send, mine, recv, cp, std::ptr::null(), dt, cm, r)
+                )
+            }
+            (Coll::ReduceScatterV, _) => pick!(
+                fabricoll_reducescatterv(send, recv, cp, dt, o, cm),
+                fabricoll_ireducescatterv(send, recv, cp, dt, o, cm, r)
+            ),
+        };
+        if !req.is_null() {
+            reqs.push(req);
+        }
+        st
+    };
+    let p2p = matches!(coll, Coll::SendRecv | Coll::Tagged);
+    let order: &[usize] = match (p2p, mode) {
+        (false, _) => &[0],
+        (true, Mode::NonBlocking | Mode::Grouped) => &[0, 1],
+        (true, _) if me == 0 => &[0, 1],
+        (true, _) => &[1, 0],
+    };
+    let mut sts = Vec::new();
+    if mode == Mode::Grouped {
+        assert_eq!(fabricoll_group_start(), FABRICOLL_SUCCESS);
     }
+    for &w in order {
+        sts.push(one(w));
+    }
+    if mode == Mode::Grouped {
+        sts.push(fabricoll_group_end());
+    }
+    for r in reqs {
+        sts.push(fabricoll_wait(r));
+    }
+    sts
 }
 
 /// One case of the matrix on every rank (`comms`, threads): each rank's buffers at
-/// `places` (send, recv), blocking or stream-ordered; panics with the case on a wrong result.
+/// `places` (send, recv), the calls made in `mode`; panics with the case on a wrong result.
 #[allow(clippy::too_many_arguments)]
 pub fn run_case(
     dev: &Device,
@@ -296,9 +421,10 @@ pub fn run_case(
     op: Op,
     count: usize,
     places: (Place, Place),
-    stream: bool,
+    mode: Mode,
 ) {
     let n = comms.len();
+    let stream = mode == Mode::Stream;
     // Page-locked allocations and frees (pinned buffers, uploads and downloads) wait for every
     // stream of the device: no rank makes one while another's stream may wait for a call.
     let step = std::sync::Barrier::new(n);
@@ -319,12 +445,15 @@ pub fn run_case(
                         .as_ref()
                         .map(|w| Buf::new(&dev, &s, places.1, &vec![0xA5; w.len() * ty.size()]));
                     let rp = recv.as_mut().map_or(std::ptr::null_mut(), |b| b.ptr());
-                    let handle = stream.then(|| s.handle());
+                    let handle = if stream {
+                        s.handle()
+                    } else {
+                        std::ptr::null_mut()
+                    };
                     step.wait();
-                    let sts = call(c, coll, ty, op, n, me, count, send.ptr(), rp, handle);
+                    let sts = call(c, coll, ty, op, n, me, count, send.ptr(), rp, mode, handle);
                     let case = format!(
-                        "{coll:?} {ty:?} {op:?} n={n} rank {me} count={count} {places:?} \
-                         stream={stream}"
+                        "{coll:?} {ty:?} {op:?} n={n} rank {me} count={count} {places:?} {mode:?}"
                     );
                     let errors: Vec<String> = sts
                         .iter()
@@ -376,6 +505,7 @@ pub fn destroy(cs: &[usize]) {
 /// placements that apply (pageable host buffers only blocking, page-locked ones only
 /// stream-ordered), counts 0, 1, 1000, and one call of several slices each.
 pub fn matrix(d: &Device, test: &str, n: usize, stream: bool) {
+    let mode = if stream { Mode::Stream } else { Mode::Blocking };
     let Some(cs) = ranks(test, &config(), n) else {
         return;
     };
@@ -386,7 +516,7 @@ pub fn matrix(d: &Device, test: &str, n: usize, stream: bool) {
         (Place::Pinned, Place::Device),
     ];
     let types = [(Ty::F32, Op::Sum), (Ty::I32, Op::Max), (Ty::F64, Op::Min)];
-    for coll in COLLS {
+    for &coll in COLLS {
         for (ty, op) in types {
             for p in places {
                 let skip = if stream {
@@ -398,13 +528,162 @@ pub fn matrix(d: &Device, test: &str, n: usize, stream: bool) {
                     continue;
                 }
                 for count in [0, 1, 1000] {
-                    run_case(d, &cs, coll, ty, op, count, p, stream);
+                    run_case(d, &cs, coll, ty, op, count, p, mode);
                 }
             }
         }
         // Several slices in flight (1 MiB per block each).
         let dd = (Place::Device, Place::Device);
-        run_case(d, &cs, coll, Ty::F32, Op::Sum, 700_001, dd, stream);
+        run_case(d, &cs, coll, Ty::F32, Op::Sum, 700_001, dd, mode);
     }
     destroy(&cs);
+}
+
+/// The calls `colls` in each of `modes` (those a call has) on `n` ranks: device, mixed
+/// device and pageable host, and host only buffers, counts 1 and 1000 (types and ops in
+/// turn; only device buffers and 1000 where not `full`), and one call of two slices per block
+/// on device buffers (a rendezvous on the fabric, so a send and a receive that both ranks
+/// start send first must progress together).
+pub fn matrix_modes(d: &Device, test: &str, n: usize, colls: &[Coll], modes: &[Mode], full: bool) {
+    let Some(cs) = ranks(test, &config(), n) else {
+        return;
+    };
+    let types = [(Ty::F32, Op::Sum), (Ty::I32, Op::Max), (Ty::F64, Op::Min)];
+    let dd = (Place::Device, Place::Device);
+    let places = [
+        dd,
+        (Place::Host, Place::Device),
+        (Place::Device, Place::Host),
+    ];
+    for (i, &coll) in colls.iter().enumerate() {
+        for &mode in modes {
+            if mode == Mode::Stream && !coll.has_stream() {
+                continue;
+            }
+            for (j, &p) in places.iter().enumerate() {
+                if (mode == Mode::Stream || !full) && p != dd {
+                    continue;
+                }
+                for count in [1, 1000] {
+                    if !full && count == 1 {
+                        continue;
+                    }
+                    let (ty, op) = types[(i + j + count) % types.len()];
+                    run_case(d, &cs, coll, ty, op, count, p, mode);
+                }
+            }
+            run_case(d, &cs, coll, Ty::F32, Op::Sum, 300_000, dd, mode);
+        }
+    }
+    destroy(&cs);
+}
+
+/// Four and five ranks: every call in every mode it has (two modes per rank count, device
+/// buffers only, to keep the time down).
+pub fn four_and_five(d: &Device, test: &str) {
+    let (a, b) = (
+        [Mode::Stream, Mode::NonBlocking],
+        [Mode::Blocking, Mode::Grouped],
+    );
+    matrix_modes(d, test, 4, &ALL_COLLS, &a, false);
+    matrix_modes(d, test, 5, &ALL_COLLS, &b, false);
+}
+
+/// Runs `rank(me, comm, barrier)` on `n` ranks (threads, each with the device bound), then
+/// destroys the communicators.
+pub fn on_ranks(d: &Device, test: &str, n: usize, rank: impl Fn(usize, usize, &Barrier) + Sync) {
+    let Some(cs) = ranks(test, &config(), n) else {
+        return;
+    };
+    let ready = Barrier::new(n);
+    std::thread::scope(|sc| {
+        for (me, &c) in cs.iter().enumerate() {
+            let (d, ready, rank) = (d.clone(), &ready, &rank);
+            sc.spawn(move || {
+                d.bind().unwrap();
+                rank(me, c, ready)
+            });
+        }
+    });
+    destroy(&cs);
+}
+
+/// Each of 3 ranks sends on one stream and receives on another, both stream-ordered, every
+/// rank sending first: the two calls progress together (two slices per message, so a
+/// rendezvous), and each stream is released once its own call has ended.
+pub fn two_streams(d: &Device, test: &str) {
+    let n = 3;
+    const COUNT: usize = 300_000;
+    on_ranks(d, test, n, |me, c, ready| {
+        let (a, b) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+        let (input, want) = expected(Coll::SendRecv, Op::Sum, n, me, COUNT);
+        let mut send = Buf::new(d, &a, Place::Device, &Ty::F32.encode(&input));
+        let mut recv = Buf::new(d, &a, Place::Device, &vec![0u8; COUNT * 4]);
+        let (to, from) = ((me + 1) % n, (me + n - 1) % n);
+        ready.wait();
+        let (f32t, cm) = (Ty::F32.c(), comm(c));
+        let st = fabricoll_send_stream(send.ptr(), COUNT, f32t, to as _, cm, a.handle());
+        assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
+        let st = fabricoll_recv_stream(recv.ptr(), COUNT, f32t, from as _, cm, b.handle());
+        assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
+        a.synchronize(WAIT).unwrap();
+        b.synchronize(WAIT).unwrap();
+        let mut e = FABRICOLL_SUCCESS;
+        assert_eq!(
+            fabricoll_comm_get_async_error(cm, &mut e),
+            FABRICOLL_SUCCESS
+        );
+        assert_eq!(e, FABRICOLL_SUCCESS, "{}", last_error());
+        ready.wait();
+        let got = recv.read(&a, COUNT * 4);
+        assert!(
+            got == Ty::F32.encode(&want.unwrap()),
+            "rank {me}: wrong result"
+        );
+    });
+}
+
+/// Host calls made while non-blocking device calls are in flight start after them on every
+/// rank: a device allreduce of several slices, then a host allreduce and a host send/recv
+/// pair, then the device call's wait; every result is checked.
+pub fn host_after_nonblocking(d: &Device, test: &str) {
+    let n = 2;
+    const BIG: usize = 700_001;
+    on_ranks(d, test, n, |me, c, ready| {
+        let s = d.create_stream().unwrap();
+        let (input, want) = expected(Coll::AllReduce, Op::Sum, n, me, BIG);
+        let mut dev_buf = Buf::new(d, &s, Place::Device, &Ty::F32.encode(&input));
+        let (f32t, sum, cm) = (Ty::F32.c(), Op::Sum.c(), comm(c));
+        ready.wait();
+        let mut req = std::ptr::null_mut();
+        let p = dev_buf.ptr();
+        let st = fabricoll_iallreduce(p, p, BIG, f32t, sum, cm, &mut req);
+        assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
+        let mut host = vec![(me + 1) as f32; 1000];
+        let h = host.as_mut_ptr().cast::<c_void>();
+        let st = fabricoll_allreduce(h, h, 1000, f32t, sum, cm);
+        assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
+        assert!(
+            host.iter().all(|&x| x == 3.0),
+            "rank {me}: {:?}",
+            &host[..4]
+        );
+        let mut msg = vec![me as f32; 64];
+        let m = msg.as_mut_ptr().cast::<c_void>();
+        let peer = (1 - me) as _;
+        let st = if me == 0 {
+            fabricoll_send(m, 64, f32t, peer, cm)
+        } else {
+            fabricoll_recv(m, 64, f32t, peer, cm)
+        };
+        assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
+        assert!(msg.iter().all(|&x| x == 0.0), "rank {me}");
+        assert_eq!(fabricoll_wait(req), FABRICOLL_SUCCESS, "{}", last_error());
+        ready.wait();
+        let got = dev_buf.read(&s, BIG * 4);
+        assert!(
+            got == Ty::F32.encode(&want.unwrap()),
+            "rank {me}: wrong result"
+        );
+    });
 }

@@ -3,6 +3,7 @@
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 use nccl_net_fabricoll::algo::{Algorithm, Collective};
+use nccl_net_fabricoll::compress::{Format, DEFAULT_BLOCK, MAX_BLOCK, NAMES};
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
 
 /// nccl-tests-style benchmark of the collective engines. Without a launcher it forks the
@@ -15,7 +16,8 @@ use nccl_net_fabricoll::reduce::{DataType, RedOp};
     // A flag given twice takes its last value (scripts append `-n 3` after `-n 2`).
     args_override_self = true,
     after_help = "Sizes accept K, M, G suffixes. Rank 0 prints one row per size: size, count, \
-                  type, redop, algorithm, time, algbw, busbw (as nccl-tests defines them) and #wrong."
+                  type, redop, algorithm, time, algbw, busbw (as nccl-tests defines them) and #wrong \
+                  (with --compress, and the error against the uncompressed result)."
 )]
 pub struct Args {
     /// Ranks to fork (ignored under a launcher).
@@ -77,6 +79,27 @@ pub struct Args {
     /// rank's (2) or the slowest rank's (3) mean per iteration.
     #[arg(short = 'a', long = "average", default_value = "1", value_parser = average)]
     pub average: Average,
+    /// Compress the timed calls: off bf16 fp16 fp8e4m3 fp8e5m2 int8 (allreduce with sum or
+    /// avg, reducescatter, allgather; float, half, bfloat16). An `error` column gives the
+    /// largest difference from the uncompressed result over the largest magnitude of that
+    /// result; -c checks the uncompressed run.
+    #[arg(long, value_name = "FMT", value_parser = format)]
+    pub compress: Option<Format>,
+    /// Elements per scale of --compress.
+    #[arg(long = "compress-block", value_name = "K", default_value_t = DEFAULT_BLOCK,
+          value_parser = block)]
+    pub compress_block: usize,
+}
+
+fn format(s: &str) -> Result<Format, String> {
+    Format::parse(&s.to_ascii_lowercase()).ok_or_else(|| format!("expected one of {NAMES}"))
+}
+
+fn block(s: &str) -> Result<usize, String> {
+    s.parse::<usize>()
+        .ok()
+        .filter(|b| (1..=MAX_BLOCK).contains(b))
+        .ok_or_else(|| format!("expected an integer 1..={MAX_BLOCK}"))
 }
 
 /// `--algo`: `None` is auto (the library chooses).

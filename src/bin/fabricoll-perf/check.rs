@@ -46,7 +46,7 @@ pub fn enc(dt: DataType, v: f64, out: &mut Vec<u8>) {
     }
 }
 
-fn dec(dt: DataType, b: &[u8]) -> f64 {
+pub fn dec(dt: DataType, b: &[u8]) -> f64 {
     match dt {
         DataType::Int8 => b[0] as i8 as f64,
         DataType::Uint8 => b[0] as f64,

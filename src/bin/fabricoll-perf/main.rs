@@ -13,11 +13,11 @@ mod check;
 mod fork;
 
 use args::{parse, Args, Average};
-use check::{bus_factor, counts, enc, value, wrong};
+use check::{bus_factor, counts, dec, enc, value, wrong};
 use nccl_net_fabricoll::algo::{Algorithm, Collective};
 use nccl_net_fabricoll::coll::launch::{self, Launch};
 use nccl_net_fabricoll::coll::{Call, Comm, Kind};
-use nccl_net_fabricoll::config::Config;
+use nccl_net_fabricoll::config::{Compression, Config};
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
 use nccl_net_fabricoll::transport::{Region, Scratch};
 use std::process::ExitCode;
@@ -39,6 +39,11 @@ fn forced(a: &Args, cfg: &Config) -> String {
 fn run_rank(a: &Args, comm: &Comm, cfg: &Config, how: &Launch) -> Result<usize, String> {
     let n = comm.nranks;
     let el = a.dtype.size();
+    // The timed calls' compression (None: the communicator's, FABRICOLL_COMPRESS).
+    let compressed = a.compress.map(|format| Compression {
+        format,
+        block: a.compress_block,
+    });
     if comm.rank == 0 {
         let timed = match a.time_target {
             Some(t) => format!(
@@ -97,18 +102,29 @@ fn run_rank(a: &Args, comm: &Comm, cfg: &Config, how: &Launch) -> Result<usize, 
                 String::new()
             }
         );
+        if let Some(c) = compressed {
+            println!(
+                "# compressed: {} in blocks of {} (the algo column names the format; #wrong checks the uncompressed run)",
+                c.format, c.block
+            );
+        }
         println!("#");
         let it = if a.time_target.is_some() {
             "  iters"
         } else {
             ""
         };
+        let (err, unit) = if compressed.is_some() {
+            ("    error", "  (max/amax)")
+        } else {
+            ("", "")
+        };
         println!(
-            "#{:>11} {:>12} {:>9} {:>6} {:>10} {:>10} {:>8} {:>8} {:>7}{it}",
+            "#{:>11} {:>12} {:>9} {:>6} {:>10} {:>10} {:>8} {:>8} {:>7}{err}{it}",
             "size", "count", "type", "redop", "algo", "time", "algbw", "busbw", "#wrong"
         );
         println!(
-            "#{:>11} {:>12} {:>9} {:>6} {:>10} {:>10} {:>8} {:>8} {:>7}",
+            "#{:>11} {:>12} {:>9} {:>6} {:>10} {:>10} {:>8} {:>8} {:>7}{unit}",
             "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""
         );
     }
@@ -161,21 +177,54 @@ fn run_rank(a: &Args, comm: &Comm, cfg: &Config, how: &Launch) -> Result<usize, 
             algo: a.algo,
         };
         let (algo, _) = comm.choose(&p, el, a.algo).map_err(|e| e.to_string())?;
-        let mut nwrong = 0;
-        if a.check {
-            sr.write(&data);
-            comm.run(&call).map_err(|e| format!("size {bytes}: {e}"))?;
+        let run = |c: Option<Compression>| {
+            comm.run_with(&call, c)
+                .map_err(|e| format!("size {bytes}: {e}"))
+        };
+        let output = || {
             let out = if a.in_place {
                 rr.to_vec()
             } else {
                 recv.bytes().to_vec()
             };
-            nwrong = wrong(a, comm, &out[..out_len.min(out.len())], count);
+            out[..out_len.min(out.len())].to_vec()
+        };
+        let mut nwrong = 0;
+        // Compressing: the uncompressed run is checked and is the error's reference.
+        let plain = compressed.map(|_| Compression::OFF);
+        if a.check || compressed.is_some() {
+            sr.write(&data);
+            run(plain)?;
+            nwrong = if a.check {
+                wrong(a, comm, &output(), count)
+            } else {
+                0
+            };
+        }
+        let mut error = 0.0;
+        if compressed.is_some() {
+            let exact = output();
+            sr.write(&data);
+            run(compressed)?;
+            let got = output();
+            let (mut diff, mut amax) = (0f64, 0f64);
+            for (u, c) in exact.chunks(el).zip(got.chunks(el)) {
+                let (u, c) = (dec(a.dtype, u), dec(a.dtype, c));
+                diff = if (c - u).is_nan() {
+                    f64::INFINITY
+                } else {
+                    diff.max((c - u).abs())
+                };
+                amax = amax.max(u.abs());
+            }
+            let diff = all(comm, diff, RedOp::Max)?;
+            let amax = all(comm, amax, RedOp::Max)?;
+            error = if amax > 0.0 { diff / amax } else { diff };
         }
         sr.write(&data);
         let t0 = Instant::now();
         for _ in 0..a.warmup {
-            comm.run(&call).map_err(|e| format!("size {bytes}: {e}"))?;
+            run(compressed)?;
         }
         let iters = match a.time_target {
             // Every rank must run as many iterations: they agree on the slowest rank's estimate.
@@ -191,7 +240,7 @@ fn run_rank(a: &Args, comm: &Comm, cfg: &Config, how: &Launch) -> Result<usize, 
         };
         let t0 = Instant::now();
         for _ in 0..iters {
-            comm.run(&call).map_err(|e| format!("size {bytes}: {e}"))?;
+            run(compressed)?;
         }
         let us = ranks_time(
             comm,
@@ -205,7 +254,7 @@ fn run_rank(a: &Args, comm: &Comm, cfg: &Config, how: &Launch) -> Result<usize, 
         let busbw = algbw * bus_factor(a.coll, n);
         if comm.rank == 0 {
             println!(
-                "{:>12} {:>12} {:>9} {:>6} {:>10} {:>10.2} {:>8.3} {:>8.3} {:>7}{}",
+                "{:>12} {:>12} {:>9} {:>6} {:>10} {:>10.2} {:>8.3} {:>8.3} {:>7}{}{}",
                 size,
                 total,
                 a.dtype.name(),
@@ -214,7 +263,7 @@ fn run_rank(a: &Args, comm: &Comm, cfg: &Config, how: &Launch) -> Result<usize, 
                 } else {
                     "none"
                 },
-                algo.name(),
+                compressed.map_or(algo.name(), |c| c.format.name()),
                 us,
                 algbw,
                 busbw,
@@ -222,6 +271,11 @@ fn run_rank(a: &Args, comm: &Comm, cfg: &Config, how: &Launch) -> Result<usize, 
                     all_wrong.to_string()
                 } else {
                     "N/A".into()
+                },
+                if compressed.is_some() {
+                    format!(" {error:>11.3e}")
+                } else {
+                    String::new()
                 },
                 if a.time_target.is_some() {
                     format!(" {iters:>6}")

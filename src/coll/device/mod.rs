@@ -1,18 +1,23 @@
 //! Calls on device buffers: which calls need the device (`DevCall::classify`), how their data
-//! is staged through page-locked host slices around the host engine (`staged`, cut by
-//! `slices`), and the stream-ordered calls, which a worker thread per communicator runs after
-//! the work already on the caller's stream (`stream`). docs/device-calls.md has the model.
+//! is staged through page-locked host slots (`pool`) around the host engine, one slice at a
+//! time (`staged`, cut by `slices`), how the calls in flight advance together in call order
+//! (`inflight`), and the calls as the C API makes them, blocking, non-blocking, grouped and
+//! stream-ordered, with the worker thread that advances them in the background (`stream`).
+//! docs/device-calls.md has the model.
 //!
 //! The device is the calling thread's (`installed`): the device of its current CUDA context,
 //! or the emulated device a test installs (`install`). Without either, every pointer is host
 //! memory and nothing here runs: the host path is unchanged.
+mod inflight;
+mod pool;
 mod slices;
 mod staged;
 mod stream;
 
 pub use stream::Streams;
 
-use super::Kind;
+use super::{Kind, Layout};
+use crate::algo::varied::Spec;
 use crate::algo::Algorithm;
 use crate::device::{Device, PtrKind};
 use crate::error::{Error, Result};
@@ -67,6 +72,8 @@ pub struct DevCall {
     pub algo: Option<Algorithm>,
     /// The buffers' kinds, send then recv (None: NULL).
     kinds: [Option<PtrKind>; 2],
+    /// The blocks of a varied collective (None: a uniform call, cut by its kind and count).
+    blocks: Option<slices::Blocks>,
     dev: Device,
 }
 
@@ -158,42 +165,47 @@ impl DevCall {
             root: p.root,
             algo: p.algo,
             kinds,
+            blocks: None,
             dev,
         }))
+    }
+
+    /// The call as a varied collective (Gather, Scatter, AllGatherV, ReduceScatterV) of rank
+    /// `rank` of `nranks` with `spec`: its blocks come from the spec, and the layout keeps no
+    /// pointer to the caller's count arrays (valid only while the call is made). AllToAllV
+    /// and Barrier are refused: AllToAllV's slices would need every rank's counts, which no
+    /// rank has, and Barrier moves no data.
+    pub fn with_spec(mut self, spec: &Spec, nranks: usize, rank: usize) -> Result<DevCall> {
+        let Kind::Varied(l) = self.kind else {
+            return Err(Error::Internal("with_spec on a uniform call".into()));
+        };
+        let blocks = match spec {
+            Spec::AllToAllV { .. } | Spec::Barrier => None,
+            s => slices::varied(s, nranks, rank),
+        };
+        let Some(blocks) = blocks else {
+            let on_device =
+                |k: &Option<PtrKind>| matches!(k, Some(PtrKind::Device { .. } | PtrKind::Managed));
+            return Err(Error::arg(
+                if on_device(&self.kinds[0]) {
+                    "sendbuf"
+                } else {
+                    "recvbuf"
+                },
+                "device memory: fabricoll_alltoallv takes host memory only (a device call is \
+                 cut into slices, and how many an AllToAllV needs depends on every rank's \
+                 counts, which each rank knows only its own of); use fabricoll_alltoall, or \
+                 grouped sends and receives",
+            ));
+        };
+        self.kind = Kind::Varied(Layout::new(l.coll));
+        self.blocks = Some(blocks);
+        Ok(self)
     }
 
     pub fn device(&self) -> &Device {
         &self.dev
     }
-}
-
-/// Ok unless one of `bufs` (pointer, argument name) is device or managed memory, for the calls
-/// that take host memory only (gather, scatter, the uneven-count and tagged calls): then an
-/// error naming the argument.
-pub fn host_only(bufs: &[(*const c_void, &str)]) -> Result<()> {
-    let Some(dev) = installed() else {
-        return Ok(());
-    };
-    if dev.check_current().is_err() {
-        dev.bind()?;
-    }
-    for &(p, name) in bufs {
-        if p.is_null() {
-            continue;
-        }
-        if let PtrKind::Device { .. } | PtrKind::Managed | PtrKind::Freed { .. } =
-            dev.classify(p)?
-        {
-            return Err(Error::arg(
-                name,
-                format!(
-                    "{p:?} is device memory: this call takes host memory (device buffers go to \
-                     the collectives, send and recv, blocking or stream-ordered)"
-                ),
-            ));
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -227,6 +239,5 @@ mod tests {
             Err(Error::InvalidUsage(m)) => assert!(m.contains("needs a GPU"), "{m}"),
             other => panic!("{other:?}"),
         }
-        assert!(host_only(&[(buf.as_ptr().cast(), "sendbuf")]).is_ok());
     }
 }

@@ -1,62 +1,27 @@
-//! The staged path: a call on device buffers runs as the same collective on page-locked host
-//! slots, one slice at a time (`slices`), with up to `SLOTS` slices in flight. A slice is
-//! copied in (device to host, on the `inbound` stream), its collective runs on the host engine
-//! (sends, receives and reductions), and it is copied out (host to device, on the `outbound`
-//! stream); the copy-in of one slice, the collective of the next older and the copy-out of the
-//! one before overlap. Collectives start in slice order, the same on every rank, and each is
-//! bit-identical across ranks as every host collective is, so the whole call is too.
+//! The staged path of one call (`Pipeline`): the call runs as the same collective on
+//! page-locked host slots (`pool`), one slice at a time (`slices`), with up to `SLOTS` slices
+//! in flight. A slice is copied in (device to host, on the pool's `inbound` stream), its
+//! collective runs on the host engine (sends, receives and reductions), and it is copied out
+//! (host to device, on the `outbound` stream); the copy-in of one slice, the collective of the
+//! next older and the copy-out of the one before overlap. `step` advances it without
+//! blocking, so that several calls progress together (`inflight`); the caller of `step` says
+//! when the next slice's collective may start, which keeps the starts in call order on every
+//! rank. Each slice's collective is bit-identical across ranks as every host collective is,
+//! so the whole call is too.
 //!
 //! Reductions run on the host, on the staged slice: the slice is in host memory already, and a
 //! device kernel would need every received contribution copied back to the device first (one
 //! more crossing of the bus per contribution). A pageable host buffer of a mixed call is copied
 //! to and from its slot by the host.
+use super::pool::{Pool, Slot, SLICE_BYTES, SLOTS, SLOT_BYTES};
 use super::slices::{self, Piece, Slice};
 use super::DevCall;
-use crate::coll::{Call, Comm, Kind, RequestId};
+use crate::algo::varied::Varied;
+use crate::coll::{Call, Comm, Kind, Layout, RequestId};
 use crate::device::{Device, Event, HostBuffer, PtrKind, Span, Stream};
 use crate::error::{Error, Result};
 use crate::transport::Region;
-use std::time::{Duration, Instant};
-
-/// The longest sleep of the pipeline between rounds without progress (the copies and the
-/// fabric make progress without this thread, but the next slice waits for it).
-const PIPELINE_MAX_NAP: Duration = Duration::from_micros(200);
-
-/// Slices in flight at most: one copying in, one in its collective, one copying out, and one
-/// more so that a slow stage does not stall the other two.
-pub(super) const SLOTS: usize = 4;
-
-/// Bytes of a slice per block, at most (a slot holds `nranks` blocks on a gathered side).
-pub(super) const SLICE_BYTES: usize = 1 << 20;
-
-/// Bytes of each side (input, output) of a slot: allocated up front, when the communicator
-/// first uses the device, and kept. A slice's blocks share it, so on a gathered side of more
-/// than 4 ranks a slice has less than `SLICE_BYTES` per block.
-pub(super) const SLOT_BYTES: usize = 4 * SLICE_BYTES;
-
-/// A communicator's staging memory and copy streams, kept between calls.
-///
-/// The slots' page-locked memory is allocated here, once, and freed when the staging is
-/// dropped (the communicator is destroyed): allocating or freeing page-locked memory waits for
-/// the whole device on the CUDA driver, so doing either while a caller's stream waits for a
-/// stream-ordered call's flag would wait for that stream, which waits for the call: a
-/// deadlock (docs/device.md).
-pub struct Staging {
-    dev: Device,
-    inbound: Stream,
-    outbound: Stream,
-    slots: Vec<Slot>,
-    /// A failed call leaked the slots: this staging cannot run calls any more.
-    leaked: bool,
-    logged: bool,
-}
-
-struct Slot {
-    input: Option<HostBuffer>,
-    output: Option<HostBuffer>,
-    copied_in: Event,
-    copied_out: Event,
-}
+use std::collections::VecDeque;
 
 /// One side of the call (its input or its output) as the copies see it.
 enum Side {
@@ -68,185 +33,217 @@ enum Side {
     Stream(Span),
 }
 
-/// Where slice `i` (in its slot `i % SLOTS`) is.
+/// A slice in flight, in slot `slot`.
+struct Stage {
+    slice: usize,
+    slot: usize,
+    state: State,
+}
+
 #[derive(Clone, Copy)]
 enum State {
-    Free,
     /// Copying in; `recorded`: an event follows the copies (else nothing to wait for).
     In {
-        slice: usize,
         recorded: bool,
     },
     Running {
-        slice: usize,
         req: RequestId,
     },
     Out {
         recorded: bool,
     },
+    Free,
 }
 
-impl Staging {
-    /// Copy streams, events and every slot's page-locked memory (`SLOTS` x 2 x `SLOT_BYTES`),
-    /// allocated now. Must not run while a stream of the device may wait for a flag that the
-    /// caller's side writes (see the type's documentation).
-    pub fn new(dev: &Device) -> Result<Staging> {
-        let slot = || -> Result<Slot> {
-            Ok(Slot {
-                input: Some(dev.alloc_host(SLOT_BYTES)?),
-                output: Some(dev.alloc_host(SLOT_BYTES)?),
-                copied_in: dev.create_event()?,
-                copied_out: dev.create_event()?,
-            })
+/// One call's slices and where each is.
+pub(super) struct Pipeline {
+    call: DevCall,
+    list: Vec<Slice>,
+    input: Side,
+    output: Side,
+    /// Bytes of a slot that a slice needs: (input, output).
+    need: (usize, usize),
+    /// The call's own slot (None: not given one yet), kept until it ends.
+    own: Option<usize>,
+    stages: VecDeque<Stage>,
+    next_in: usize,
+    next_start: usize,
+    done: usize,
+}
+
+impl Pipeline {
+    /// The slices of `call` on `comm`, `nslices` of them where the ranks agreed on the number
+    /// at run time (AllToAllV; None: from the blocks, which every rank shares).
+    pub fn new(comm: &Comm, call: DevCall, nslices: Option<usize>) -> Result<Pipeline> {
+        let elem = call.dtype.size();
+        let blocks = match &call.blocks {
+            Some(b) => b.clone(),
+            None => slices::uniform(call.kind, comm.nranks, call.count),
         };
-        Ok(Staging {
-            dev: dev.clone(),
-            inbound: dev.create_stream()?,
-            outbound: dev.create_stream()?,
-            slots: (0..SLOTS).map(|_| slot()).collect::<Result<_>>()?,
-            leaked: false,
-            logged: false,
+        // The slice size must be the same on every rank: a rooted collective's root has
+        // `nranks` blocks on one side where the others have one, so it counts for all.
+        let width = match call.kind {
+            Kind::Varied(_) => comm.nranks,
+            _ => blocks.widest(),
+        };
+        let per = (SLICE_BYTES.min(SLOT_BYTES / width.max(1)) / elem).max(1);
+        let n = nslices.unwrap_or_else(|| slices::count_of(blocks.longest(), per));
+        let list = slices::slices(&blocks, elem, per, n);
+        let (ie, oe) = blocks.extent();
+        let dev = call.device().clone();
+        let input = side(&dev, call.send, call.kinds[0], ie * elem, "sendbuf")?;
+        let output = side(&dev, call.recv, call.kinds[1], oe * elem, "recvbuf")?;
+        let (ib, ob) = blocks.slot_bytes(elem, per);
+        let need = (
+            if matches!(input, Side::Absent) { 0 } else { ib },
+            if matches!(output, Side::Absent) {
+                0
+            } else {
+                ob
+            },
+        );
+        if need.0.max(need.1) > SLOT_BYTES {
+            return Err(Error::Internal(format!(
+                "a slice of {} bytes does not fit a staging slot of {SLOT_BYTES}",
+                need.0.max(need.1)
+            )));
+        }
+        Ok(Pipeline {
+            call,
+            list,
+            input,
+            output,
+            need,
+            own: None,
+            stages: VecDeque::new(),
+            next_in: 0,
+            next_start: 0,
+            done: 0,
         })
     }
 
-    pub fn device(&self) -> &Device {
-        &self.dev
+    pub fn call(&self) -> &DevCall {
+        &self.call
     }
 
-    /// Whether calls can run on it (no failed call leaked its slots).
-    pub fn usable(&self) -> bool {
-        !self.leaked
+    /// Bytes of a slot that one slice needs.
+    pub fn need(&self) -> (usize, usize) {
+        self.need
     }
 
-    /// Runs `call` on `comm` to completion (every wait bounded by the communicator's
-    /// timeout). It allocates nothing page-locked. On failure the slots are leaked rather than
-    /// freed, since the transport may still write them, and the staging is no longer usable.
-    pub fn run(&mut self, comm: &Comm, call: &DevCall) -> Result<()> {
-        if self.leaked {
-            return Err(Error::Internal(
-                "the device staging slots were given up after a failed call".into(),
-            ));
-        }
-        let r = self.pipeline(comm, call);
-        if r.is_err() {
-            self.leaked = true;
-            for s in self.slots.iter_mut() {
-                std::mem::forget(s.input.take());
-                std::mem::forget(s.output.take());
-            }
-        }
-        r
+    pub fn own(&self) -> Option<usize> {
+        self.own
     }
 
-    fn pipeline(&mut self, comm: &Comm, call: &DevCall) -> Result<()> {
-        let n = comm.nranks;
-        let elem = call.dtype.size();
-        let (ins, outs) = slices::blocks(call.kind, n);
-        let per = (SLICE_BYTES.min(SLOT_BYTES / ins.max(outs).max(1)) / elem).max(1);
-        let list = slices::slices(call.kind, n, call.count, elem, per);
-        let input = side(
-            &self.dev,
-            call.send,
-            call.kinds[0],
-            ins * call.count * elem,
-            "sendbuf",
-        )?;
-        let output = side(
-            &self.dev,
-            call.recv,
-            call.kinds[1],
-            outs * call.count * elem,
-            "recvbuf",
-        )?;
-        self.log_choice(call, list.len());
-        let (in_bytes, out_bytes) = slices::slot_bytes(call.kind, n, elem, per.min(call.count));
-        if in_bytes.max(out_bytes) > SLOT_BYTES {
-            return Err(Error::Internal(format!(
-                "a slice of {} bytes does not fit a staging slot of {SLOT_BYTES}",
-                in_bytes.max(out_bytes)
-            )));
-        }
-        let mut states = [State::Free; SLOTS];
-        let (mut next_in, mut next_start, mut done) = (0, 0, 0);
-        let timeout = comm.timeout;
-        let mut last = Instant::now();
-        let mut nap = Duration::ZERO;
-        while done < list.len() {
-            comm.check_alive()?;
-            let mut moved = false;
-            // Copy in the next slice where its slot is free.
-            while next_in < list.len() && matches!(states[next_in % SLOTS], State::Free) {
-                let slot = &self.slots[next_in % SLOTS];
-                let recorded = copy_in(&self.inbound, slot, &list[next_in], &input)?;
-                states[next_in % SLOTS] = State::In {
-                    slice: next_in,
-                    recorded,
-                };
-                next_in += 1;
-                moved = true;
-            }
-            for (i, st) in states.iter_mut().enumerate() {
-                let slot = &self.slots[i];
-                match *st {
-                    State::In { slice, recorded }
-                        if slice == next_start && (!recorded || slot.copied_in.query()?) =>
-                    {
-                        let c = slot_call(call, n, slot, &list[slice], &input, &output);
-                        *st = State::Running {
-                            slice,
-                            req: comm.start(&c)?,
-                        };
-                        next_start += 1;
-                        moved = true;
-                    }
-                    State::Running { slice, req } if comm.test(req)? => {
-                        let recorded = copy_out(&self.outbound, slot, &list[slice], &output)?;
-                        *st = State::Out { recorded };
-                        moved = true;
-                    }
-                    State::Out { recorded, .. } if !recorded || slot.copied_out.query()? => {
-                        *st = State::Free;
-                        done += 1;
-                        moved = true;
-                    }
-                    _ => {}
-                }
-            }
-            if moved {
-                last = Instant::now();
-                nap = Duration::ZERO;
-            } else if last.elapsed() > timeout.limit {
-                // An abort while the engine held this thread reads as the abort.
-                comm.check_alive()?;
-                return Err(Error::Timeout(format!(
-                    "a staged device call made no progress within {timeout} ({done} of {} \
-                     slices done)",
-                    list.len()
-                )));
-            } else {
-                nap = crate::device::backoff_to(nap, PIPELINE_MAX_NAP);
-            }
-        }
-        Ok(())
+    /// Gives the call its own slot (busy in the pool, kept until the call ends).
+    pub fn set_own(&mut self, slot: usize) {
+        self.own = Some(slot);
     }
 
-    fn log_choice(&mut self, call: &DevCall, slices: usize) {
-        if self.logged {
-            return;
-        }
-        self.logged = true;
-        let reduces = matches!(call.kind, Kind::Coll(c) if c.reduces());
-        log::info!(
-            "device buffers: staged through page-locked host slots ({SLOTS} slices of up to \
-             {SLICE_BYTES} bytes per block in flight; {slices} slice(s) in the first call), since \
-             this build registers no device memory with the provider{}",
-            if reduces {
-                "; reductions on the host, on the staged slices (a device kernel would need each \
-                 received contribution copied back to the device first)"
-            } else {
-                ""
-            }
+    /// Whether every slice's collective has started (later calls of its kind may start).
+    pub fn issued(&self) -> bool {
+        self.next_start == self.list.len()
+    }
+
+    /// How far it got, for an error.
+    pub fn progress(&self) -> String {
+        format!("{} of {} slices done", self.done, self.list.len())
+    }
+
+    pub fn finished(&self) -> bool {
+        self.done == self.list.len()
+    }
+
+    /// Whether a copy or collective of it may still use its slots.
+    pub fn touched(&self) -> bool {
+        !self.stages.is_empty()
+    }
+
+    /// The slots it holds: its own, and those of slices in flight.
+    pub fn slots(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = self.own.into_iter().collect();
+        v.extend(
+            self.stages
+                .iter()
+                .map(|s| s.slot)
+                .filter(|&s| Some(s) != self.own),
         );
+        v
+    }
+
+    /// Advances what can move without waiting: copies in (in its own slot, or one borrowed
+    /// from the pool where `borrow`), starts the next slice's collective where `may_start`,
+    /// copies out finished slices, and frees slots. Whether anything moved.
+    pub fn step(
+        &mut self,
+        comm: &Comm,
+        pool: &mut Pool,
+        may_start: bool,
+        borrow: bool,
+    ) -> Result<bool> {
+        let Some(own) = self.own else {
+            return Ok(false);
+        };
+        let mut moved = false;
+        while self.next_in < self.list.len() && self.stages.len() < SLOTS {
+            let slot = if self.stages.iter().all(|s| s.slot != own) {
+                own
+            } else if borrow {
+                match pool.take(self.need) {
+                    Some(s) => s,
+                    None => break,
+                }
+            } else {
+                break;
+            };
+            let s = &self.list[self.next_in];
+            let recorded = copy(pool, pool.slot(slot), &s.input, &self.input, true)?;
+            self.stages.push_back(Stage {
+                slice: self.next_in,
+                slot,
+                state: State::In { recorded },
+            });
+            self.next_in += 1;
+            moved = true;
+        }
+        for st in self.stages.iter_mut() {
+            let slot = pool.slot(st.slot);
+            match st.state {
+                State::In { recorded }
+                    if may_start
+                        && st.slice == self.next_start
+                        && (!recorded || slot.copied_in.query()?) =>
+                {
+                    let s = &self.list[st.slice];
+                    let c = slot_call(&self.call, slot, s, &self.input, &self.output);
+                    st.state = State::Running {
+                        req: comm.start(&c)?,
+                    };
+                    self.next_start += 1;
+                    moved = true;
+                }
+                State::Running { req } if comm.test(req)? => {
+                    let s = &self.list[st.slice];
+                    let recorded = copy(pool, slot, &s.output, &self.output, false)?;
+                    st.state = State::Out { recorded };
+                    moved = true;
+                }
+                State::Out { recorded } if !recorded || slot.copied_out.query()? => {
+                    st.state = State::Free;
+                    self.done += 1;
+                    moved = true;
+                }
+                _ => {}
+            }
+        }
+        self.stages.retain(|st| {
+            let free = matches!(st.state, State::Free);
+            if free && st.slot != own {
+                pool.give(st.slot);
+            }
+            !free
+        });
+        Ok(moved)
     }
 }
 
@@ -254,51 +251,26 @@ impl Staging {
 fn side(dev: &Device, addr: u64, kind: Option<PtrKind>, len: usize, name: &str) -> Result<Side> {
     match kind {
         None => Ok(Side::Absent),
+        Some(_) if len == 0 => Ok(Side::Absent),
         Some(PtrKind::Host) => Ok(Side::Host(addr)),
         // SAFETY: `DevCall::classify`'s caller promised the buffer valid for the call's
-        // length until it completes, and `run` returns only once every copy has completed.
+        // length until it completes, and the call completes only once every copy has.
         Some(_) => Ok(Side::Stream(unsafe {
             Span::from_raw(dev, addr, len, name)
         }?)),
     }
 }
 
-/// Starts copying slice `s` of the caller's input into the slot: whether an event was
-/// recorded after the copies (host copies are done on return).
-fn copy_in(st: &Stream, slot: &Slot, s: &Slice, from: &Side) -> Result<bool> {
-    copy(
-        st,
-        slot.input.as_ref(),
-        &s.input,
-        from,
-        true,
-        &slot.copied_in,
-    )
-}
-
-/// Starts copying slice `s` from the slot into the caller's output.
-fn copy_out(st: &Stream, slot: &Slot, s: &Slice, to: &Side) -> Result<bool> {
-    copy(
-        st,
-        slot.output.as_ref(),
-        &s.output,
-        to,
-        false,
-        &slot.copied_out,
-    )
-}
-
-/// The copies of `pieces` between `user` and the slot buffer `buf`, into the slot when
-/// `inward`; an event recorded after stream copies. The slot buffer is idle: its previous
-/// slice's copies and collective have completed.
-fn copy(
-    st: &Stream,
-    buf: Option<&HostBuffer>,
-    pieces: &[Piece],
-    user: &Side,
-    inward: bool,
-    ev: &Event,
-) -> Result<bool> {
+/// Starts the copies of `pieces` between the caller's side `user` and the slot, into the slot
+/// when `inward` (on the pool's inbound stream, else its outbound one): whether an event was
+/// recorded after them (host copies are done on return). The slot's buffer is idle: its
+/// previous slice's copies and collective have completed.
+fn copy(pool: &Pool, slot: &Slot, pieces: &[Piece], user: &Side, inward: bool) -> Result<bool> {
+    let (buf, st, ev): (Option<&HostBuffer>, &Stream, &Event) = if inward {
+        (slot.input.as_ref(), &pool.inbound, &slot.copied_in)
+    } else {
+        (slot.output.as_ref(), &pool.outbound, &slot.copied_out)
+    };
     let Some(buf) = buf else {
         return Ok(false);
     };
@@ -307,9 +279,9 @@ fn copy(
         Side::Host(addr) => {
             for p in pieces {
                 let u = (*addr + p.user as u64) as *mut u8;
-                // SAFETY: the slot is `buf.len()` >= p.slot + p.len bytes (slot_bytes), idle
-                // (no stream or transport operation uses it now), and the caller's buffer is
-                // valid for the call's length (DevCall::classify's contract); the two are
+                // SAFETY: the slot is `buf.len()` >= p.slot + p.len bytes (the slice's need),
+                // idle (no stream or transport operation uses it now), and the caller's buffer
+                // is valid for the call's length (DevCall::classify's contract); the two are
                 // distinct allocations.
                 unsafe {
                     let s = buf.as_ptr().add(p.slot);
@@ -341,31 +313,55 @@ fn copy(
     }
 }
 
+/// A region over `v` (a slice's per-block counts, read by `Comm::start`).
+fn counts(v: &[usize]) -> Region {
+    // SAFETY: the slice outlives the call's start, the only time its counts are read
+    // (`Layout`'s contract); the engine reads them, never writes.
+    unsafe { Region::from_raw(v.as_ptr() as *mut u8, std::mem::size_of_val(v)) }
+}
+
 /// The host call of slice `s` on the slot's buffers.
-fn slot_call(
-    call: &DevCall,
-    nranks: usize,
-    slot: &Slot,
-    s: &Slice,
-    input: &Side,
-    output: &Side,
-) -> Call {
-    let (ins, outs) = slices::blocks(call.kind, nranks);
-    let region = |buf: Option<&HostBuffer>, side: &Side, blocks: usize| -> Region {
+fn slot_call(call: &DevCall, slot: &Slot, s: &Slice, input: &Side, output: &Side) -> Call {
+    let elem = call.dtype.size();
+    let region = |buf: Option<&HostBuffer>, side: &Side, lens: &[usize]| -> Region {
+        let bytes = lens.iter().sum::<usize>() * elem;
         match (buf, side) {
-            (Some(b), Side::Host(_) | Side::Stream(_)) if blocks > 0 => {
-                // SAFETY: the slot buffer outlives the collective: `run` keeps the slots until
-                // every collective of the call has ended, and leaks them if one failed.
-                unsafe { Region::from_raw(b.as_ptr(), blocks * s.count * call.dtype.size()) }
+            (Some(b), Side::Host(_) | Side::Stream(_)) if bytes > 0 => {
+                // SAFETY: the slot buffer outlives the collective: the pool keeps the slots
+                // until the communicator is destroyed, and leaks those of a failed call.
+                unsafe { Region::from_raw(b.as_ptr(), bytes) }
             }
             _ => Region::empty(),
         }
     };
+    let (kind, count) = match call.kind {
+        Kind::Varied(l) => {
+            let mut layout = Layout::new(l.coll);
+            let count = match l.coll {
+                Varied::AllGatherV => {
+                    layout.counts = counts(&s.out_lens);
+                    s.in_lens.first().copied().unwrap_or(0)
+                }
+                Varied::ReduceScatterV => {
+                    layout.counts = counts(&s.in_lens);
+                    0
+                }
+                Varied::AllToAllV => {
+                    layout.counts = counts(&s.in_lens);
+                    layout.recv_counts = counts(&s.out_lens);
+                    0
+                }
+                _ => s.count,
+            };
+            (Kind::Varied(layout), count)
+        }
+        k => (k, s.count),
+    };
     Call {
-        kind: call.kind,
-        send: region(slot.input.as_ref(), input, ins),
-        recv: region(slot.output.as_ref(), output, outs),
-        count: s.count,
+        kind,
+        send: region(slot.input.as_ref(), input, &s.in_lens),
+        recv: region(slot.output.as_ref(), output, &s.out_lens),
+        count,
         dtype: call.dtype,
         op: call.op,
         root: call.root,

@@ -1,82 +1,101 @@
-//! Stream-ordered calls, and the staging every device call of a communicator shares.
+//! A communicator's device calls as the C API makes them (`Streams`): blocking (`run`),
+//! non-blocking and grouped (`start`, then `test`, `wait` or `notify`), and stream-ordered
+//! (`submit`); the host calls' turn after them (`settle`); and the worker thread that advances
+//! the calls in flight while nobody waits for them (`inflight` holds the calls and the step).
 //!
 //! A stream-ordered call returns at once. On the caller's stream it enqueues a record of an
-//! event (the host learns from it when the stream has reached the call) and a wait for the
-//! communicator's flag to reach the call's sequence number (later work on the stream waits for
-//! the call). The communicator's worker thread takes the calls in order: it waits for the
-//! event, runs the call (the staged path), and writes the call's number to the flag, which
-//! releases the stream. A call that fails releases the stream the same way; its error is kept
-//! (`error`), and every later stream-ordered call on the communicator fails with it at once.
-//! The worker starts at the first stream-ordered call and ends when the communicator is
-//! destroyed (`shutdown`). docs/device-calls.md says why the stream waits on a flag.
-use super::staged::Staging;
+//! event (the call waits for it before its first copy) and a wait for the communicator's flag
+//! to reach the call's number (later work on the stream waits for the call). A call that fails
+//! releases its stream the same way; its error is kept (`error`), and every later
+//! stream-ordered call on the communicator fails with it at once. The worker starts at the
+//! first call that returns before it ends (non-blocking, grouped, stream-ordered, notified)
+//! and stops when the communicator is destroyed (`shutdown`). docs/device-calls.md says why
+//! the stream waits on a flag.
+use super::inflight::{earlier, Channel, End, Entry, Finish, Inflight};
+use super::pool::{Pool, Slot};
+use super::staged::Pipeline;
 use super::DevCall;
 use crate::algo::Collective;
-use crate::coll::{Call, Comm, Kind};
-use crate::device::{Device, Event, Flag, Stream};
+use crate::coll::{Call, Callback, Comm, Kind};
+use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, RedOp};
 use crate::transport::Region;
 use parking_lot::{Condvar, Mutex};
 use std::os::raw::c_void;
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// A communicator's device state: its staging, and its stream-ordered calls.
+/// The longest sleep of a waiter or the worker between rounds without progress (the copies
+/// and the fabric make progress without them, but the next slice waits for a step).
+const MAX_NAP: Duration = Duration::from_micros(200);
+
+/// Longest park of an idle worker: it re-checks the shutdown flag at least this often.
+const PARK: Duration = Duration::from_secs(1);
+
+/// A communicator's device state: its calls in flight and their worker.
 #[derive(Default)]
 pub struct Streams {
     inner: Arc<Inner>,
+    worker: Mutex<Option<JoinHandle<()>>>,
 }
 
 #[derive(Default)]
 struct Inner {
-    state: Mutex<State>,
-    /// Signalled when a stream-ordered call ends.
-    ended: Condvar,
-    staging: Mutex<Option<Staging>>,
-}
-
-#[derive(Default)]
-struct State {
-    worker: Option<Worker>,
-    /// Calls submitted and not yet ended.
-    pending: usize,
-    /// The first failure of a stream-ordered call.
-    error: Option<Error>,
-    /// What the caller's streams wait for, and the number of the last call submitted.
-    flag: Option<Flag>,
-    seq: u32,
-}
-
-struct Worker {
-    jobs: mpsc::Sender<Job>,
-    thread: JoinHandle<()>,
-}
-
-/// One stream-ordered call, as the worker takes it.
-struct Job {
-    call: DevCall,
-    /// Recorded on the caller's stream at the call.
-    reached: Event,
-    seq: u32,
-    flag: Flag,
-    /// The caller's stream, dropped once the flag is written: dropping it waits for its
-    /// operations that hold memory (the flag wait), which the call itself releases.
-    stream: Stream,
+    calls: Mutex<Inflight>,
+    /// Set when a call that the worker should advance was added.
+    work: Mutex<bool>,
+    wake: Condvar,
+    shutdown: AtomicBool,
 }
 
 impl Streams {
-    /// Runs a device call now, in the calling thread (a blocking call), after every
-    /// stream-ordered call submitted before it.
-    pub fn run(&self, comm: &Comm, call: &DevCall) -> Result<()> {
-        self.drain(comm)?;
-        // No stream-ordered call of this communicator is pending: a caller's stream waits for
-        // none of its flags, so allocating here cannot deadlock on this communicator (its
-        // peers reach the call only after preparing theirs, `prepare`).
-        self.inner.prepare(call.device(), true)?;
-        self.inner.run(comm, call)
+    /// Runs a device call to completion in the calling thread (advancing the calls in flight
+    /// before it too).
+    pub fn run(&self, comm: &Arc<Comm>, call: DevCall) -> Result<()> {
+        let id = self.add(comm, call)?;
+        self.wait(comm, id)
+    }
+
+    /// Starts a device call and returns its request (`test`, `wait`, `notify`); the worker
+    /// advances it meanwhile.
+    pub fn start(&self, comm: &Arc<Comm>, call: DevCall) -> Result<u64> {
+        let id = self.add(comm, call)?;
+        self.background(comm)?;
+        Ok(id)
+    }
+
+    /// Adds a call with a slot of its own (allocated in this thread where none is free).
+    fn add(&self, comm: &Arc<Comm>, call: DevCall) -> Result<u64> {
+        let dev = call.device().clone();
+        self.prepare(&dev, true)?;
+        let mut pipe = Pipeline::new(comm, call, None)?;
+        let need = pipe.need();
+        let free = self.pool(|p| Ok(p.take(need)))?;
+        let own = match free {
+            Some(s) => s,
+            None => {
+                // Outside the lock: allocating page-locked memory waits for the device's
+                // streams, which the worker may have to release meanwhile.
+                let slot = Slot::new(&dev, need)?;
+                self.pool(|p| p.add(slot))?
+            }
+        };
+        pipe.set_own(own);
+        let mut c = self.inner.calls.lock();
+        let id = c.next_id();
+        c.push(Entry::new(id, pipe, None, End::Request(None)));
+        Ok(id)
+    }
+
+    /// `f` on the staging (made by `prepare`).
+    fn pool<T>(&self, f: impl FnOnce(&mut Pool) -> Result<T>) -> Result<T> {
+        match self.inner.calls.lock().pool.as_mut() {
+            Some(p) => f(p),
+            None => Err(Error::Internal("the device staging is missing".into())),
+        }
     }
 
     /// Submits a stream-ordered call on the caller's stream `stream` and returns.
@@ -94,211 +113,239 @@ impl Streams {
         // SAFETY: forwarded from this function's contract.
         let user: Stream = unsafe { dev.wrap_stream(stream) }?;
         let prepared = {
-            let st = self.inner.state.lock();
-            if let Some(e) = &st.error {
+            let c = self.inner.calls.lock();
+            if let Some(e) = &c.error {
                 return Err(earlier(e));
             }
-            // Set by `prepare`, after the staging: calls after the first never wait for the
-            // staging's lock, which the worker holds while it runs a call.
-            st.flag.is_some()
+            c.flag.is_some()
         };
-        if !prepared && self.inner.prepare(&dev, false)? {
+        if !prepared && self.prepare(&dev, false)? {
             // The first device use of the communicator allocated its page-locked memory. A
             // peer sharing this device (ranks as threads of one process) may still have to
             // allocate its own, and that waits for every stream of the device: so no rank's
             // stream waits for a flag before every rank has allocated.
             barrier(comm)?;
         }
-        let mut st = self.inner.state.lock();
-        if let Some(e) = &st.error {
+        let pipe = Pipeline::new(comm, call, None)?;
+        let mut c = self.inner.calls.lock();
+        if let Some(e) = &c.error {
             return Err(earlier(e));
         }
-        let flag = st.flag.clone().ok_or_else(|| {
-            Error::Internal("the stream-ordered calls' flag was not allocated".into())
-        })?;
-        let seq = st.seq.wrapping_add(1);
+        let (Some(flag), Some(pool)) = (c.flag.clone(), c.pool.as_ref()) else {
+            return Err(Error::Internal(
+                "the stream-ordered calls' staging was not allocated".into(),
+            ));
+        };
+        if pool.device().ordinal() != dev.ordinal() || !pool.could_fit(pipe.need()) {
+            return Err(Error::InvalidUsage(format!(
+                "this communicator's device staging is on device {} or was given up after a \
+                 failed call (a stream-ordered call allocates none); a blocking call on device \
+                 {} renews it",
+                pool.device().ordinal(),
+                dev.ordinal()
+            )));
+        }
+        let seq = c.seq.wrapping_add(1);
         let reached = dev.create_event()?;
         user.record(&reached)?;
         user.wait_flag(&flag, seq)?;
-        st.seq = seq;
-        st.pending += 1;
-        if st.worker.is_none() {
-            st.worker = Some(self.spawn(comm.clone(), dev)?);
-        }
-        let job = Job {
-            call,
-            reached,
+        c.seq = seq;
+        let id = c.next_id();
+        let end = End::Stream {
             seq,
-            flag: flag.clone(),
-            stream: user,
+            stream: Some(user),
         };
-        let unsent = match &st.worker {
-            Some(w) => w.jobs.send(job).err().map(|e| e.0),
-            None => Some(job),
-        };
-        if let Some(job) = unsent {
-            // The worker is gone, so every earlier call has ended: releasing is in order.
-            flag.set(seq);
-            st.pending -= 1;
-            drop(st);
-            drop(job);
-            return Err(Error::Internal(
-                "the communicator's stream worker has stopped".into(),
-            ));
+        c.push(Entry::new(id, pipe, Some(reached), end));
+        drop(c);
+        // Where the worker cannot start, the call is failed so that its stream is released.
+        if let Err(e) = self.background(comm) {
+            let fin = self.inner.calls.lock().close(&e);
+            finish(comm, fin);
+            return Err(e);
         }
         Ok(())
     }
 
-    fn spawn(&self, comm: Arc<Comm>, dev: Device) -> Result<Worker> {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let inner = self.inner.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("fabricoll-stream-{}", comm.rank))
-            .spawn(move || inner.work(&comm, &dev, rx))
-            .map_err(|e| Error::System(format!("cannot start the stream worker: {e}")))?;
-        Ok(Worker { jobs: tx, thread })
+    /// Allocates the communicator's page-locked memory on its first device use (its staging
+    /// slots and the stream-ordered calls' flag): whether it did. `replace`: a call that may
+    /// allocate renews staging of another device while no call is in flight; a
+    /// stream-ordered call allocates nothing else.
+    fn prepare(&self, dev: &Device, replace: bool) -> Result<bool> {
+        let fresh = {
+            let c = self.inner.calls.lock();
+            match c.pool.as_ref() {
+                None => true,
+                Some(p) if p.device().ordinal() != dev.ordinal() => {
+                    if !replace || c.busy() {
+                        return Err(Error::InvalidUsage(format!(
+                            "this communicator's device calls use device {}, not {} (finish \
+                             them first)",
+                            p.device().ordinal(),
+                            dev.ordinal()
+                        )));
+                    }
+                    true
+                }
+                Some(_) => false,
+            }
+        };
+        if fresh {
+            // Outside the lock, as in `add`.
+            let pool = Pool::new(dev)?;
+            let flag = dev.create_flag("fabricoll stream-ordered call done")?;
+            let mut c = self.inner.calls.lock();
+            c.pool = Some(pool);
+            c.flag.get_or_insert(flag);
+        }
+        Ok(fresh)
+    }
+
+    /// Starts the worker if it is not running, and wakes it.
+    fn background(&self, comm: &Arc<Comm>) -> Result<()> {
+        let mut w = self.worker.lock();
+        if w.is_none() {
+            let inner = self.inner.clone();
+            let comm = comm.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("fabricoll-device-{}", comm.rank))
+                .spawn(move || inner.work(&comm))
+                .map_err(|e| Error::System(format!("cannot start the device worker: {e}")))?;
+            *w = Some(t);
+        }
+        *self.inner.work.lock() = true;
+        self.inner.wake.notify_all();
+        Ok(())
+    }
+
+    /// Whether request `id` has ended (then it is gone, and its error returned).
+    pub fn test(&self, comm: &Comm, id: u64) -> Result<bool> {
+        let (r, fin) = {
+            let mut c = self.inner.calls.lock();
+            let (_, fin) = c.advance(comm);
+            (c.take(id), fin)
+        };
+        finish(comm, fin);
+        match r? {
+            None => Ok(false),
+            Some(r) => r.map(|()| true),
+        }
+    }
+
+    /// Waits for request `id` (every call in flight fails after the communicator's timeout
+    /// without progress) and frees it.
+    pub fn wait(&self, comm: &Comm, id: u64) -> Result<()> {
+        let mut nap = Duration::ZERO;
+        loop {
+            let (r, moved, fin) = {
+                let mut c = self.inner.calls.lock();
+                let (moved, fin) = c.advance(comm);
+                (c.take(id), moved, fin)
+            };
+            finish(comm, fin);
+            if let Some(r) = r? {
+                return r;
+            }
+            nap = if moved {
+                Duration::ZERO
+            } else {
+                crate::device::backoff_to(nap, MAX_NAP)
+            };
+        }
+    }
+
+    /// Hands request `id` over: `callback` runs once when it ends (in the worker, or here at
+    /// once when it has ended).
+    pub fn notify(&self, comm: &Arc<Comm>, id: u64, callback: Callback) -> Result<()> {
+        let r = self.inner.calls.lock().set_callback(id, callback)?;
+        match r {
+            Ok(()) => self.background(comm),
+            Err((cb, r)) => {
+                finish(comm, vec![Finish::Callback(cb, r)]);
+                Ok(())
+            }
+        }
+    }
+
+    /// Before a host call of `kind`: advances the device calls until none of its channel has
+    /// slices left to start, so that the host call starts after them on every rank. Returns
+    /// at once when no device call is in flight.
+    pub fn settle(&self, comm: &Comm, kind: &Kind) -> Result<()> {
+        let ch = Channel::of(kind);
+        let mut nap = Duration::ZERO;
+        loop {
+            let (moved, fin) = {
+                let mut c = self.inner.calls.lock();
+                if !c.holds(ch) {
+                    return Ok(());
+                }
+                c.advance(comm)
+            };
+            finish(comm, fin);
+            nap = if moved {
+                Duration::ZERO
+            } else {
+                crate::device::backoff_to(nap, MAX_NAP)
+            };
+        }
     }
 
     /// The first failure of a stream-ordered call on this communicator, if any.
     pub fn error(&self) -> Option<Error> {
-        self.inner.state.lock().error.clone()
+        self.inner.calls.lock().error.clone()
     }
 
-    /// Waits until every stream-ordered call submitted so far has ended (at most the
-    /// communicator's timeout without one ending).
-    pub fn drain(&self, comm: &Comm) -> Result<()> {
-        let mut st = self.inner.state.lock();
-        while st.pending > 0 {
-            let before = st.pending;
-            let r = self.inner.ended.wait_for(&mut st, comm.timeout.limit);
-            if r.timed_out() && st.pending == before {
-                return Err(Error::Timeout(format!(
-                    "{before} stream-ordered call(s) of this communicator did not end within \
-                     {} (their streams have not reached them, or a peer does not call)",
-                    comm.timeout
-                )));
+    /// Stops the worker, then ends every call still in flight (the communicator was aborted
+    /// first, so at once), releasing their streams.
+    pub fn shutdown(&self, comm: &Comm) {
+        self.inner.shutdown.store(true, Ordering::SeqCst);
+        self.inner.wake.notify_all();
+        if let Some(t) = self.worker.lock().take() {
+            if t.join().is_err() {
+                log::error!("the device worker panicked");
             }
         }
-        Ok(())
+        let fin = self.inner.calls.lock().close(&Error::InvalidUsage(
+            "the communicator was destroyed while the call was in flight".into(),
+        ));
+        finish(comm, fin);
     }
+}
 
-    /// Stops the worker: the call it runs ends (the communicator was aborted first, so at
-    /// once), the queued ones fail and release their streams.
-    pub fn shutdown(&self) {
-        let w = self.inner.state.lock().worker.take();
-        if let Some(w) = w {
-            drop(w.jobs);
-            if w.thread.join().is_err() {
-                log::error!("the stream worker panicked");
+impl Inner {
+    /// The worker: advances the calls in flight until the communicator is destroyed; parks
+    /// while none is.
+    fn work(&self, comm: &Comm) {
+        let mut nap = Duration::ZERO;
+        while !self.shutdown.load(Ordering::SeqCst) {
+            let (busy, moved, fin) = {
+                let mut c = self.calls.lock();
+                let (moved, fin) = c.advance(comm);
+                (c.busy(), moved, fin)
+            };
+            finish(comm, fin);
+            if !busy {
+                let mut w = self.work.lock();
+                if !*w && !self.shutdown.load(Ordering::SeqCst) {
+                    self.wake.wait_for(&mut w, PARK);
+                }
+                *w = false;
+                nap = Duration::ZERO;
+            } else if moved {
+                nap = Duration::ZERO;
+            } else {
+                nap = crate::device::backoff_to(nap, MAX_NAP);
             }
         }
     }
 }
 
-impl Inner {
-    /// Allocates the communicator's page-locked memory on its first device use (its staging
-    /// slots and the stream-ordered calls' flag): whether it did. Never called while one of
-    /// the communicator's stream-ordered calls is pending (allocating page-locked memory waits
-    /// for every stream of the device, the caller's stream waiting for the flag included).
-    /// `replace`: a blocking call may replace staging a failed call gave up, or of another
-    /// device; a stream-ordered call fails instead (`run` in the worker allocates nothing).
-    fn prepare(&self, dev: &Device, replace: bool) -> Result<bool> {
-        let mut s = self.staging.lock();
-        let fresh = match s.as_ref() {
-            None => true,
-            Some(st) if st.device().ordinal() != dev.ordinal() || !st.usable() => {
-                if !replace {
-                    return Err(Error::InvalidUsage(format!(
-                        "this communicator's device memory staging is {} (a stream-ordered \
-                         call allocates none); a blocking call on device {} renews it",
-                        if st.usable() {
-                            format!("on device {}", st.device().ordinal())
-                        } else {
-                            "given up after a failed call".into()
-                        },
-                        dev.ordinal()
-                    )));
-                }
-                true
-            }
-            Some(_) => false,
-        };
-        if fresh {
-            *s = Some(Staging::new(dev)?);
+/// Runs the callbacks and drops the released streams, outside the calls' lock.
+fn finish(comm: &Comm, fin: Vec<Finish>) {
+    for f in fin {
+        match f {
+            Finish::Callback(cb, r) => crate::coll::notify::as_callback_of(comm, || cb(r)),
+            Finish::Drop(s) => drop(s),
         }
-        let mut st = self.state.lock();
-        if st.flag.is_none() {
-            st.flag = Some(dev.create_flag("fabricoll stream-ordered call done")?);
-        }
-        Ok(fresh)
-    }
-
-    /// Runs `call` on the staging `prepare` made; allocates no page-locked memory.
-    fn run(&self, comm: &Comm, call: &DevCall) -> Result<()> {
-        let mut s = self.staging.lock();
-        match s.as_mut() {
-            Some(st) if st.device().ordinal() == call.device().ordinal() => st.run(comm, call),
-            _ => Err(Error::InvalidUsage(
-                "this communicator's device staging is missing, on another device, or was \
-                 given up after a failed call (a stream-ordered call allocates none; a blocking \
-                 call renews it)"
-                    .into(),
-            )),
-        }
-    }
-
-    /// The worker: runs the jobs in order until the sender is dropped.
-    fn work(&self, comm: &Comm, dev: &Device, jobs: mpsc::Receiver<Job>) {
-        let bound = dev.bind();
-        loop {
-            let job = match jobs.recv_timeout(Duration::from_secs(1)) {
-                Ok(j) => j,
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return,
-            };
-            let earlier_error = self.state.lock().error.clone();
-            let r = match (&bound, earlier_error) {
-                (Err(e), _) => Err(e.clone()),
-                (_, Some(e)) => Err(earlier(&e)),
-                _ => self
-                    .reached(comm, &job)
-                    .and_then(|()| self.run(comm, &job.call)),
-            };
-            let mut st = self.state.lock();
-            if let Err(e) = r {
-                log::warn!("stream-ordered call {} failed: {e}", job.seq);
-                st.error.get_or_insert(e);
-            }
-            // Release the caller's stream, in call order (one worker, calls taken in order).
-            job.flag.set(job.seq);
-            st.pending -= 1;
-            self.ended.notify_all();
-            drop(st);
-            drop(job.stream);
-        }
-    }
-
-    /// Waits until the caller's stream has reached the job's call (bounded by the
-    /// communicator's timeout; an abort ends it).
-    fn reached(&self, comm: &Comm, job: &Job) -> Result<()> {
-        let start = Instant::now();
-        let mut nap = Duration::from_micros(1);
-        while !job.reached.query()? {
-            comm.check_alive()?;
-            if start.elapsed() > comm.timeout.limit {
-                return Err(Error::Timeout(format!(
-                    "the stream did not reach stream-ordered call {} within {}",
-                    job.seq, comm.timeout
-                )));
-            }
-            if nap < Duration::from_micros(20) {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(nap);
-            }
-            nap = (nap * 2).min(Duration::from_micros(500));
-        }
-        Ok(())
     }
 }
 
@@ -321,16 +368,4 @@ fn barrier(comm: &Comm) -> Result<()> {
     // SAFETY: from `Box::into_raw` above; the call has completed, nothing uses it any more.
     drop(unsafe { Box::from_raw(word) });
     Ok(())
-}
-
-/// The error of a call refused because an earlier stream-ordered call failed.
-fn earlier(e: &Error) -> Error {
-    let text = format!("an earlier stream-ordered call on this communicator failed: {e}");
-    match e {
-        Error::InvalidArgument(_) | Error::InvalidUsage(_) => Error::InvalidUsage(text),
-        Error::System(_) => Error::System(text),
-        Error::Internal(_) => Error::Internal(text),
-        Error::Remote(_) => Error::Remote(text),
-        Error::Timeout(_) => Error::Timeout(text),
-    }
 }

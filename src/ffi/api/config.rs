@@ -1,6 +1,8 @@
 //! Per-communicator options (`fabricoll_config`): read from the caller's struct, as far as its
 //! `size` says it reaches, into `config::Overrides` over the environment's configuration.
-use super::types::{algo, fabricoll_comm, fabricoll_status, fabricoll_unique_id, inplace};
+use super::types::{
+    algo, compress, compress_block, fabricoll_comm, fabricoll_status, fabricoll_unique_id, inplace,
+};
 use super::{comm, config, out};
 use crate::config::{Config, Overrides};
 use crate::error::{Error, Result};
@@ -36,6 +38,12 @@ pub struct fabricoll_config {
     /// DEFAULT (0): FABRICOLL_INPLACE_RESTORE, whose default leaves it undefined (as MPI and
     /// NCCL), sparing every in-place call a copy of its input.
     pub inplace: c_int,
+    /// The wire format of the communicator's compressed collectives, a `fabricoll_compress`;
+    /// DEFAULT (0): FABRICOLL_COMPRESS (off unless set).
+    pub compress: c_int,
+    /// Elements per scale of the compressed codes, 1..=1048576; 0: FABRICOLL_COMPRESS_BLOCK
+    /// (256 unless set).
+    pub compress_block: c_int,
 }
 
 /// Field `$f` of the caller's struct at `$p`, or None where its `size` ends before it.
@@ -104,10 +112,20 @@ unsafe fn overrides(p: *const fabricoll_config) -> Result<Overrides> {
             )
         })?,
     };
+    let compress = match field!(p, size, compress, c_int) {
+        None => None,
+        Some(v) => compress(v, "config.compress")?,
+    };
+    let compress_block = match field!(p, size, compress_block, c_int) {
+        None => None,
+        Some(v) => compress_block(v, "config.compress_block")?,
+    };
     Ok(Overrides {
         timeout_ms,
         algo,
         inplace_restore,
+        compress,
+        compress_block,
         provider: string(field!(p, size, provider, *const c_char), "config.provider")?,
         intra_provider: string(
             field!(p, size, intra_provider, *const c_char),
@@ -195,6 +213,8 @@ unsafe fn init_size(p: *mut fabricoll_config, size: usize) -> Result<()> {
     put!(p, size, intra_provider, *const c_char, std::ptr::null());
     put!(p, size, bootstrap_addr, *const c_char, std::ptr::null());
     put!(p, size, inplace, c_int, 0);
+    put!(p, size, compress, c_int, 0);
+    put!(p, size, compress_block, c_int, 0);
     Ok(())
 }
 

@@ -1,6 +1,8 @@
 //! Group calls (`fabricoll_group_start` / `fabricoll_group_end`, as NCCL's): between them a
 //! thread's blocking calls start non-blocking and return at once; the outermost end waits for
-//! them all. The depth and the started calls are per thread.
+//! them all. The depth and the started calls are per thread. Calls on device buffers start as
+//! the non-blocking device calls do (`coll::device`): each holds a staging slot of its own and
+//! the communicator's device worker advances them all together.
 //!
 //! Why pairs cannot deadlock: every call of the group is posted before any is waited for, and
 //! waiting on one request of a communicator advances all of its requests. So a blocking send
@@ -8,9 +10,10 @@
 //! both block in their send) are all in flight when the ranks start waiting. Over several
 //! communicators the calls are handed to the communicators' progress threads (`notify`), so
 //! that each advances while the group waits for another.
-use super::handles::{wait_pending, CommEntry};
+use super::handles::{wait_pending, CommEntry, Req};
 use super::types::fabricoll_status;
-use crate::coll::{Call, RequestId};
+use crate::coll::device::DevCall;
+use crate::coll::Call;
 use crate::error::{Error, Result};
 use crate::ffi::boundary::boundary;
 use parking_lot::{Condvar, Mutex};
@@ -22,7 +25,7 @@ use std::time::Duration;
 #[derive(Default)]
 struct Group {
     depth: usize,
-    started: Vec<(Arc<CommEntry>, RequestId)>,
+    started: Vec<(Arc<CommEntry>, Req)>,
 }
 
 thread_local! {
@@ -36,7 +39,18 @@ pub(super) fn run_blocking(c: Arc<CommEntry>, call: &Call) -> Result<()> {
         return c.comm.run(call);
     }
     let id = c.comm.start(call)?;
-    GROUP.with(|g| g.borrow_mut().started.push((c, id)));
+    GROUP.with(|g| g.borrow_mut().started.push((c, Req::Host(id))));
+    Ok(())
+}
+
+/// A blocking call on device buffers: run to completion, or, inside a group, started (as a
+/// non-blocking device call) and recorded for `fabricoll_group_end`.
+pub(super) fn run_device(c: Arc<CommEntry>, call: DevCall) -> Result<()> {
+    if GROUP.with(|g| g.borrow().depth) == 0 {
+        return c.streams.run(&c.comm, call);
+    }
+    let id = c.streams.start(&c.comm, call)?;
+    GROUP.with(|g| g.borrow_mut().started.push((c, Req::Device(id))));
     Ok(())
 }
 
@@ -93,10 +107,11 @@ fn end_group() -> Result<()> {
 }
 
 /// Wait for every call; the first failure (in the order the calls were made).
-fn wait_all(started: Vec<(Arc<CommEntry>, RequestId)>) -> Result<()> {
+fn wait_all(started: Vec<(Arc<CommEntry>, Req)>) -> Result<()> {
     let one_comm = started.windows(2).all(|w| Arc::ptr_eq(&w[0].0, &w[1].0));
     if one_comm {
-        // Waiting on each in turn advances them all: no thread handoff.
+        // Waiting on each in turn advances them all (the host calls' engine, and the device
+        // calls, which their worker also advances): no thread handoff.
         let mut first = Ok(());
         for (c, id) in started {
             let r = wait_pending(&c, id);
@@ -116,7 +131,7 @@ struct Outcome {
 }
 
 /// Hand every call to its communicator's progress thread and wait until all have reported.
-fn wait_notified(started: Vec<(Arc<CommEntry>, RequestId)>) -> Result<()> {
+fn wait_notified(started: Vec<(Arc<CommEntry>, Req)>) -> Result<()> {
     let n = started.len();
     let out = Arc::new(Outcome {
         results: Mutex::new((0, (0..n).map(|_| None).collect())),

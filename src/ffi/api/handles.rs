@@ -34,8 +34,16 @@ const TAG: u8 = 0;
 /// to release the communicator.
 const DESTROY_GRACE: Duration = Duration::from_secs(2);
 
+/// A request's id on its communicator: a host call's (its engine's), or a device call's
+/// (its device calls', `coll::device::Streams`).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Req {
+    Host(RequestId),
+    Device(u64),
+}
+
 /// A pending request: its communicator and its id there.
-type Pending = (Arc<CommEntry>, RequestId);
+type Pending = (Arc<CommEntry>, Req);
 
 static COMMS: Lazy<Mutex<HandleTable<Arc<CommEntry>>>> = Lazy::new(Default::default);
 static REQUESTS: Lazy<Mutex<HandleTable<Pending>>> = Lazy::new(Default::default);
@@ -96,7 +104,7 @@ pub(super) fn destroy_comm(p: *mut fabricoll_comm) -> Result<()> {
     c.comm.abort();
     // The stream worker ends its call (aborted) and fails the queued ones, releasing their
     // streams; it holds the communicator until then.
-    c.streams.shutdown();
+    c.streams.shutdown(&c.comm);
     // The progress thread may hold the communicator for the rest of a round (a callback in
     // progress): wait for it to let go, so that the communicator and its fabric objects are
     // gone when destroy returns, not freed by that thread later (at process exit, while the
@@ -119,10 +127,15 @@ pub(super) fn abort_comm(p: *mut fabricoll_comm) -> Result<()> {
 }
 
 pub(super) fn register_request(c: Arc<CommEntry>, id: RequestId) -> *mut fabricoll_request {
-    REQUESTS.lock().insert(TAG, (c, id)) as usize as *mut fabricoll_request
+    REQUESTS.lock().insert(TAG, (c, Req::Host(id))) as usize as *mut fabricoll_request
 }
 
-fn req_of(p: *mut fabricoll_request) -> Result<(u64, Arc<CommEntry>, RequestId)> {
+/// `register_request` of a device call's request.
+pub(super) fn register_device_request(c: Arc<CommEntry>, id: u64) -> *mut fabricoll_request {
+    REQUESTS.lock().insert(TAG, (c, Req::Device(id))) as usize as *mut fabricoll_request
+}
+
+fn req_of(p: *mut fabricoll_request) -> Result<(u64, Arc<CommEntry>, Req)> {
     non_null(p, "request")?;
     let k = key(p);
     let g = REQUESTS.lock();
@@ -151,7 +164,10 @@ fn unless_aborted<T>(c: &CommEntry, f: impl FnOnce() -> Result<T>) -> Result<T> 
 /// Has the request ended? An ended request (done or failed) is freed.
 pub(super) fn test_request(p: *mut fabricoll_request) -> Result<bool> {
     let (k, c, id) = req_of(p)?;
-    let r = unless_aborted(&c, || c.comm.test(id));
+    let r = unless_aborted(&c, || match id {
+        Req::Host(id) => c.comm.test(id),
+        Req::Device(id) => c.streams.test(&c.comm, id),
+    });
     if !matches!(r, Ok(false)) {
         REQUESTS.lock().remove(k);
     }
@@ -161,19 +177,27 @@ pub(super) fn test_request(p: *mut fabricoll_request) -> Result<bool> {
 /// Wait for the request and free it.
 pub(super) fn wait_request(p: *mut fabricoll_request) -> Result<()> {
     let (k, c, id) = req_of(p)?;
-    let r = unless_aborted(&c, || c.comm.wait(id));
+    let r = wait_pending(&c, id);
     REQUESTS.lock().remove(k);
     r
 }
 
 /// Wait for request `id` of `c`, that no handle names (a group's call).
-pub(super) fn wait_pending(c: &CommEntry, id: RequestId) -> Result<()> {
-    unless_aborted(c, || c.comm.wait(id))
+pub(super) fn wait_pending(c: &CommEntry, id: Req) -> Result<()> {
+    unless_aborted(c, || match id {
+        Req::Host(id) => c.comm.wait(id),
+        Req::Device(id) => c.streams.wait(&c.comm, id),
+    })
 }
 
-/// Hand request `id` of `c`, that no handle names (a group's call), to the progress thread.
-pub(super) fn notify_pending(c: &Arc<CommEntry>, id: RequestId, callback: Callback) -> Result<()> {
-    c.comm.notify(id, with_abort(c, callback))
+/// Hand request `id` of `c`, that no handle names (a group's call), to the progress thread
+/// (a device call's: to the communicator's device worker).
+pub(super) fn notify_pending(c: &Arc<CommEntry>, id: Req, callback: Callback) -> Result<()> {
+    let cb = with_abort(c, callback);
+    match id {
+        Req::Host(id) => c.comm.notify(id, cb),
+        Req::Device(id) => c.streams.notify(&c.comm, id, cb),
+    }
 }
 
 /// `callback`, reporting the abort error where `c` was aborted (as test and wait do).

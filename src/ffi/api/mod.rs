@@ -12,7 +12,8 @@
 //! Files: `types` (status and enums, structs), `handles` (the tables of communicators and
 //! requests), `comm` (a communicator's life), `config` (per-communicator options),
 //! `collectives` (the calls, test and wait), `varied` (gather, scatter, barrier, the
-//! uneven-count collectives, tagged send/recv), `group` (group calls), `notify` (completion
+//! uneven-count collectives, tagged send/recv), `options` (per-call options such as
+//! compression), `group` (group calls), `notify` (completion
 //! callbacks), `stream` (the errors of stream-ordered calls); this file holds the last error and the static strings.
 pub mod collectives;
 pub mod comm;
@@ -20,6 +21,7 @@ pub mod config;
 pub mod group;
 mod handles;
 pub mod notify;
+pub mod options;
 pub mod stream;
 pub mod types;
 pub mod varied;
@@ -29,6 +31,7 @@ pub use comm::*;
 pub use config::*;
 pub use group::*;
 pub use notify::*;
+pub use options::*;
 pub use stream::*;
 pub use types::*;
 pub use varied::*;

@@ -116,6 +116,60 @@ pub(super) fn inplace(v: c_int) -> Option<Option<bool>> {
     }
 }
 
+/// The wire format of compressed collectives (`fabricoll_config.compress`,
+/// `fabricoll_call_options.compress`; docs/compression.md). Passed as `int`. AllReduce (sum,
+/// avg), ReduceScatter(V) and AllGather(V) of float, bfloat16 and half data send block-scaled
+/// codes of the format; every rank of a call must ask for the same.
+#[repr(C)]
+#[allow(non_camel_case_types, clippy::upper_case_acronyms, dead_code)]
+pub enum fabricoll_compress {
+    /// Defer: a communicator to FABRICOLL_COMPRESS, a call to its communicator.
+    FABRICOLL_COMPRESS_DEFAULT = 0,
+    /// Send the data as it is.
+    FABRICOLL_COMPRESS_OFF = 1,
+    FABRICOLL_COMPRESS_BF16 = 2,
+    FABRICOLL_COMPRESS_FP16 = 3,
+    FABRICOLL_COMPRESS_FP8E4M3 = 4,
+    FABRICOLL_COMPRESS_FP8E5M2 = 5,
+    FABRICOLL_COMPRESS_INT8 = 6,
+}
+
+/// A `fabricoll_compress` value: the format, `None` for DEFAULT; an error naming `name`.
+pub(super) fn compress(v: c_int, name: &str) -> Result<Option<crate::compress::Format>> {
+    use crate::compress::Format;
+    use fabricoll_compress as C;
+    const DEFAULT: c_int = C::FABRICOLL_COMPRESS_DEFAULT as c_int;
+    const OFF: c_int = C::FABRICOLL_COMPRESS_OFF as c_int;
+    const BF16: c_int = C::FABRICOLL_COMPRESS_BF16 as c_int;
+    const FP16: c_int = C::FABRICOLL_COMPRESS_FP16 as c_int;
+    const E4M3: c_int = C::FABRICOLL_COMPRESS_FP8E4M3 as c_int;
+    const E5M2: c_int = C::FABRICOLL_COMPRESS_FP8E5M2 as c_int;
+    const INT8: c_int = C::FABRICOLL_COMPRESS_INT8 as c_int;
+    Ok(Some(match v {
+        DEFAULT => return Ok(None),
+        OFF => Format::Off,
+        BF16 => Format::Bf16,
+        FP16 => Format::Fp16,
+        E4M3 => Format::Fp8E4m3,
+        E5M2 => Format::Fp8E5m2,
+        INT8 => Format::Int8,
+        _ => {
+            return Err(Error::arg(
+                name,
+                format!("{v} is not a fabricoll_compress (0..=6)"),
+            ))
+        }
+    }))
+}
+
+/// A block size field (elements per scale): `None` for 0 (the default); an error naming `name`.
+pub(super) fn compress_block(v: c_int, name: &str) -> Result<Option<usize>> {
+    match v {
+        0 => Ok(None),
+        b => crate::config::Compression::block(name, &b.to_string()).map(Some),
+    }
+}
+
 /// Collectives, for `fabricoll_call`. Passed as `int`.
 #[repr(C)]
 #[allow(non_camel_case_types, clippy::upper_case_acronyms, dead_code)]

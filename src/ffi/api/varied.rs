@@ -1,11 +1,12 @@
 //! The C API's gather, scatter, barrier, uneven-count collectives (allgatherv, reducescatterv,
 //! alltoallv) and tagged send/recv, blocking and non-blocking. Each checks its arguments into a
 //! `Call` ([`VArgs`], [`Tagged`]) and takes the one blocking or non-blocking path of
-//! `collectives` (so that group calls apply to them too).
+//! `collectives` (so that group calls apply to them too); on device buffers, the staged path
+//! of `coll::device` (all but alltoallv, which refuses them).
 use super::collectives::{blocking, nonblocking, ToCall};
 use super::types::{dtype, fabricoll_comm, fabricoll_request, fabricoll_status, redop};
 use crate::algo::varied::Varied;
-use crate::coll::device::{host_only, DevCall};
+use crate::coll::device::{DevCall, Parts};
 use crate::coll::{varied_bytes, Call, Comm, Kind, Layout};
 use crate::error::{Error, Result};
 use crate::ffi::region;
@@ -114,12 +115,20 @@ impl VArgs {
 }
 
 impl ToCall for VArgs {
-    fn device(&self, _comm: &Comm) -> Result<Option<DevCall>> {
-        host_only(&[
-            (self.send, "sendbuf"),
-            (self.recv as *const c_void, "recvbuf"),
-        ])
-        .map(|()| None)
+    fn device(&self, comm: &Comm) -> Result<Option<DevCall>> {
+        let call = ToCall::call(self, comm)?;
+        // SAFETY: the caller's buffers are valid for the lengths its counts give until the
+        // call completes.
+        let Some(d) = (unsafe { DevCall::classify(&parts(&call, self.send, self.recv), false) })?
+        else {
+            return Ok(None);
+        };
+        let Kind::Varied(l) = call.kind else {
+            return Err(Error::Internal("a varied call of another kind".into()));
+        };
+        let (n, rank) = (comm.nranks, comm.rank);
+        d.with_spec(&l.spec(self.count, call.root, n, rank)?, n, rank)
+            .map(Some)
     }
 
     fn call(&self, comm: &Comm) -> Result<Call> {
@@ -175,6 +184,20 @@ impl ToCall for VArgs {
     }
 }
 
+/// The checked `call` with the caller's buffers, as `DevCall::classify` takes it.
+fn parts(call: &Call, send: *const c_void, recv: *mut c_void) -> Parts {
+    Parts {
+        kind: call.kind,
+        send,
+        recv,
+        count: call.count,
+        dtype: call.dtype,
+        op: call.op,
+        root: call.root,
+        algo: call.algo,
+    }
+}
+
 /// A buffer of `len` bytes; NULL is an error only where the rank reads or writes it.
 ///
 /// # Safety
@@ -198,8 +221,15 @@ struct Tagged {
 }
 
 impl ToCall for Tagged {
-    fn device(&self, _comm: &Comm) -> Result<Option<DevCall>> {
-        host_only(&[(self.buf as *const c_void, "buf")]).map(|()| None)
+    fn device(&self, comm: &Comm) -> Result<Option<DevCall>> {
+        let call = ToCall::call(self, comm)?;
+        let (s, r) = if self.send {
+            (self.buf as *const c_void, std::ptr::null_mut())
+        } else {
+            (std::ptr::null(), self.buf)
+        };
+        // SAFETY: the caller's buffer is valid for count elements until the call completes.
+        unsafe { DevCall::classify(&parts(&call, s, r), false) }
     }
 
     fn call(&self, _comm: &Comm) -> Result<Call> {

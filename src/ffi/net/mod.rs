@@ -399,23 +399,30 @@ unsafe extern "C" fn reg_mr<S: AbiSize>(
     })
 }
 
+/// regMrDmaBuf (v6 on): a buffer NCCL names by the dma-buf that exports it.
 pub(crate) unsafe extern "C" fn reg_mr_dmabuf(
-    _comm: VoidP,
-    _data: VoidP,
-    _size: usize,
-    _ty: c_int,
-    _off: u64,
-    _fd: c_int,
+    comm: VoidP,
+    data: VoidP,
+    size: usize,
+    ty: c_int,
+    off: u64,
+    fd: c_int,
     mh: VoidPP,
 ) -> Res {
     boundary("regMrDmaBuf", || {
-        // SAFETY: a non-NULL out-pointer is writable per the ABI.
-        if let Some(mh) = unsafe { Out::optional(mh) } {
-            mh.set(std::ptr::null_mut());
-        }
-        Err(Error::InvalidUsage(
-            "regMrDmaBuf: dma-buf registration is not supported yet (this build advertises NCCL_PTR_HOST only)".into(),
-        ))
+        // SAFETY: NCCL passes a writable void* out-pointer.
+        let out = unsafe { Out::new(mh, "mhandle") }?;
+        let p = plugin()?;
+        // SAFETY: NCCL keeps registered memory allocated until deregMr.
+        let r = unsafe { region(data, size, "data") }?;
+        out.set(ptr(Some(comm_device(p, comm)?.reg_mr_dmabuf(
+            h(comm),
+            r,
+            ty,
+            off,
+            fd,
+        )?)));
+        Ok(())
     })
 }
 

@@ -2,6 +2,7 @@
 //! rules, `test`, and closing the send and receive comms.
 use super::wire::*;
 use super::*;
+use crate::transport::DmaBuf;
 
 impl Device {
     fn check_comm(st: &State, comm: u64) -> Result<()> {
@@ -15,9 +16,69 @@ impl Device {
     /// Register host memory for use on `comm`'s device (and, where the device offers RMA, for
     /// peers' writes and reads), or device memory where the device takes it (`plugin::gpu`).
     pub fn reg_mr(&self, comm: u64, region: Region, ptr_type: i32) -> Result<u64> {
-        self.reg_mr_with(comm, region, ptr_type, || {
+        let ordinal = std::cell::Cell::new(None);
+        let h = self.reg_mr_with(comm, region, ptr_type, || {
+            let o = crate::plugin::gpu::device_of(&region)?;
+            ordinal.set(Some(o));
+            Ok(o)
+        })?;
+        if let Some(o) = ordinal.get() {
+            use crate::cuda::caps::Flush;
+            let how = crate::plugin::gpu::flush_method(self.props.ptr_support, o);
+            if how == Flush::SentinelRead {
+                // Now, while no kernel of NCCL's waits on a flush (see `gpu::Sentinel`).
+                if let Err(e) = crate::plugin::gpu::prepare_flush(o) {
+                    log::warn!("regMr: device {o}: flushes not made ready ({e}); the first flush tries again");
+                }
+            }
+        }
+        Ok(h)
+    }
+
+    /// `regMrDmaBuf`: `reg_mr`, with the NCCL_PTR_CUDA buffer named by the dma-buf `fd` that
+    /// exports it (`offset`: where the buffer starts in it). Only where ptrSupport has
+    /// NCCL_PTR_DMABUF; a host buffer, or a negative fd, is registered as `reg_mr` does.
+    pub fn reg_mr_dmabuf(
+        &self,
+        comm: u64,
+        region: Region,
+        ptr_type: i32,
+        offset: u64,
+        fd: i32,
+    ) -> Result<u64> {
+        if ptr_type != crate::plugin::NCCL_PTR_CUDA || fd < 0 {
+            return self.reg_mr(comm, region, ptr_type);
+        }
+        self.reg_mr_dmabuf_with(comm, region, DmaBuf { fd, offset }, || {
             crate::plugin::gpu::device_of(&region)
         })
+    }
+
+    /// `reg_mr_dmabuf` of device memory, with `ordinal_of` saying whose it is.
+    pub fn reg_mr_dmabuf_with(
+        &self,
+        comm: u64,
+        region: Region,
+        buf: DmaBuf,
+        ordinal_of: impl FnOnce() -> Result<i32>,
+    ) -> Result<u64> {
+        let support = self.props.ptr_support;
+        if support & crate::cuda::caps::PTR_DMABUF == 0 {
+            return Err(Error::arg(
+                "fd",
+                format!(
+                    "a dma-buf: this device does not take them (ptrSupport {support:#x} has no \
+                     NCCL_PTR_DMABUF; the log says why)"
+                ),
+            ));
+        }
+        let ordinal =
+            crate::plugin::gpu::memory_kind(crate::plugin::NCCL_PTR_CUDA, support, ordinal_of)?
+                .expect("NCCL_PTR_CUDA is device memory");
+        let h = self.register_on(comm, region, |st, t| {
+            st.cache.register_dmabuf(t, region, ordinal, buf)
+        })?;
+        Ok(h)
     }
 
     /// `reg_mr`, with `ordinal_of` saying whose device memory an NCCL_PTR_CUDA buffer is.
@@ -36,6 +97,21 @@ impl Device {
             ));
         }
         let device = crate::plugin::gpu::memory_kind(ptr_type, self.props.ptr_support, ordinal_of)?;
+        let remote = self.props.rma.is_some();
+        self.register_on(comm, region, |st, t| match device {
+            Some(ordinal) => st.cache.register_device(t, region, ordinal),
+            None => st.cache.register(t, region, remote),
+        })
+    }
+
+    /// A registration of `region` on `comm`'s device by `register` (through the cache), as a
+    /// new handle; the size is checked first.
+    fn register_on(
+        &self,
+        comm: u64,
+        region: Region,
+        register: impl FnOnce(&mut State, &dyn Transport) -> Result<MrRef>,
+    ) -> Result<u64> {
         if region.len() > 1 << 40 {
             return Err(Error::arg(
                 "size",
@@ -45,10 +121,7 @@ impl Device {
         let mut st = self.st.lock();
         Self::check_comm(&st, comm)?;
         let t = self.transport(&mut st)?;
-        let r = match device {
-            Some(ordinal) => st.cache.register_device(&*t, region, ordinal)?,
-            None => st.cache.register(&*t, region, self.props.rma.is_some())?,
-        };
+        let r = register(&mut st, &*t)?;
         let h = new_handle(self.index, Kind::Mr);
         st.mrs.insert_at(h, r);
         Ok(h)

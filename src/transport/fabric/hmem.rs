@@ -1,21 +1,29 @@
 //! Device memory: registering CUDA memory with the provider (`fi_mr_regattr` with
-//! `FI_HMEM_CUDA`), for endpoints opened with `FI_HMEM` (`discovery`). Whether the provider
+//! `FI_HMEM_CUDA`, by address or by dma-buf), for endpoints opened with `FI_HMEM`
+//! (`discovery`). Whether the provider
 //! really takes it is only known by trying (Debian's 1.17 shm advertises FI_HMEM and refuses
 //! every CUDA registration): the plugin probes once per device (`plugin::gpu`).
 use super::{sys, FabricTransport};
 use crate::error::Result;
-use crate::transport::{Mr, Region};
+use crate::transport::{DmaBuf, Mr, Region};
 use std::os::raw::c_void;
 use std::ptr;
 
 impl FabricTransport {
-    /// `Transport::register_device`.
-    pub(super) fn register_device_region(&self, region: Region, ordinal: i32) -> Result<Mr> {
+    /// `Transport::register_device` (`dmabuf` None) and `Transport::register_dmabuf`.
+    pub(super) fn register_device_region(
+        &self,
+        region: Region,
+        ordinal: i32,
+        dmabuf: Option<DmaBuf>,
+    ) -> Result<Mr> {
         let g = self.inner.lock();
         let mut mr: *mut sys::fid_mr = ptr::null_mut();
-        // SAFETY: the domain is open; the wrapper builds the attributes (and the iovec they
-        // point to) on its stack for the call, which copies them; the region is device memory
-        // the caller keeps allocated while registered (Region's contract).
+        let (fd, offset) = dmabuf.map_or((-1, 0), |b| (b.fd, b.offset));
+        // SAFETY: the domain is open; the wrapper builds the attributes (and the iovec or
+        // dma-buf description they point to) on its stack for the call, which copies them; the
+        // region is device memory the caller keeps allocated while registered (Region's
+        // contract), and a dma-buf's fd is open for the call (the caller's).
         let rc = unsafe {
             sys::fi_fabricoll_regattr_cuda(
                 g.dom.domain,
@@ -23,13 +31,18 @@ impl FabricTransport {
                 region.len(),
                 (sys::FI_SEND | sys::FI_RECV) as u64,
                 ordinal,
+                fd,
+                offset,
                 &mut mr,
             )
         };
         let what = || {
+            let how = match dmabuf {
+                Some(b) => format!("FI_MR_DMABUF: fd {}, offset {}", b.fd, b.offset),
+                None => "FI_HMEM_CUDA".into(),
+            };
             format!(
-                "fi_mr_regattr of {} bytes of CUDA device {ordinal} memory at {:#x} on {} \
-                 (FI_HMEM_CUDA)",
+                "fi_mr_regattr of {} bytes of CUDA device {ordinal} memory at {:#x} on {} ({how})",
                 region.len(),
                 region.addr(),
                 self.caps.domain

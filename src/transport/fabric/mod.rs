@@ -29,7 +29,7 @@ pub use discovery::{
 };
 pub use names::{answers, native_tcp};
 
-use super::{Caps, Completion, Mr, OpId, Peer, Posted, Region, Transport};
+use super::{Caps, Completion, DmaBuf, Mr, OpId, Peer, Posted, Region, Transport};
 use crate::error::{Error, Result};
 use fid::DomainFids;
 use parking_lot::Mutex;
@@ -331,7 +331,11 @@ impl Transport for FabricTransport {
     }
 
     fn register_device(&self, region: Region, ordinal: i32) -> Result<Mr> {
-        self.register_device_region(region, ordinal)
+        self.register_device_region(region, ordinal, None)
+    }
+
+    fn register_dmabuf(&self, region: Region, ordinal: i32, buf: DmaBuf) -> Result<Mr> {
+        self.register_device_region(region, ordinal, Some(buf))
     }
 
     fn write(

@@ -1,0 +1,470 @@
+//! Compressed collectives over the transport (docs/compression.md): AllReduce (sum, avg),
+//! ReduceScatter(V) and AllGather(V) of f32, bf16 and f16 data that send block-scaled codes
+//! (`compress`) instead of the data.
+//!
+//! A call is one or two byte exchanges, each run by an ordinary executor of an `algo::varied`
+//! schedule, with the codec's work (`compress::owner`) between them:
+//! - AllReduce: each rank quantizes its input once, segment by owner (whole blocks, as even as
+//!   blocks allow); an AllToAllV hands each owner every rank's codes of its segment; the owner
+//!   sums them all dequantized, its own included (never its own full-precision data), in rank
+//!   order, in f32, divides for Avg and quantizes the sum once; an AllGatherV hands every rank
+//!   the owners' codes, which every rank, the owner included, decodes.
+//! - ReduceScatter(V): the same AllToAllV and owner's sum over the caller's per-rank counts;
+//!   each owner decodes its own codes.
+//! - AllGather(V): each rank quantizes its input; an AllGatherV of the codes; every rank,
+//!   the owner included, decodes every block.
+//!
+//! So every rank ends with the same bits, and each element is quantized at most twice. bf16
+//! and f16 data are converted to f32 exactly and the decoded result rounded back once.
+//!
+//! The call is one request of the engine's table: its running exchange is an executor there,
+//! as any collective's, and `step` does the codec's work and starts the next exchange when one
+//! finishes (`Engine::phased`). The exchanges' sequence numbers are taken when the call starts,
+//! so that calls started after it number alike on every rank. Their messages carry the
+//! caller's call's signature with the format and block size (`exec::Signature::compress`):
+//! ranks whose calls or compression settings differ fail with an error naming the difference.
+//!
+//! Which calls: the communicator's setting (`FABRICOLL_COMPRESS`, `fabricoll_config.compress`)
+//! compresses the calls it applies to and leaves the others as they are; a per-call setting
+//! (`Comm::run_with`, or this thread's `with_call_compression`) of a call it does not apply to
+//! is an error naming `compress`. Between hosts every level is compressed alike (the exchanges
+//! are flat).
+use super::call::algo_arg;
+use super::engine::Engine;
+use super::{Call, Comm, Kind};
+use crate::algo::varied::{self, Spec, Varied};
+use crate::algo::Collective;
+use crate::compress::{owner, Codec};
+use crate::config::Compression;
+use crate::error::{Error, Result};
+use crate::exec::{Args, BufPool, Exec, Job, Signature, Tags, COMPRESSED_ALGO};
+use crate::reduce::conv::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use crate::reduce::{DataType, RedOp};
+use crate::transport::{Region, Scratch};
+use std::cell::Cell;
+use std::ops::Range;
+use std::sync::Arc;
+
+thread_local! {
+    /// The compression of the calls this thread starts inside `with_call_compression`.
+    static CALL: Cell<Option<Compression>> = const { Cell::new(None) };
+}
+
+/// Run `f` with `c` as the per-call compression of every collective this thread starts in it
+/// (the C API's per-call option, whose calls take the one path of every call).
+pub fn with_call_compression<R>(c: Compression, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Compression>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CALL.with(|v| v.set(self.0));
+        }
+    }
+    let _restore = Restore(CALL.with(|v| v.replace(Some(c))));
+    f()
+}
+
+/// What a compressed call does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum What {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+}
+
+/// Which exchange runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// AllToAllV: every rank's codes of each segment to its owner.
+    ToOwners,
+    /// AllGatherV: every segment's codes to every rank.
+    Gather,
+}
+
+/// A compressed call in progress: its arithmetic's layout and the buffers its exchanges run
+/// on, owned until the call ends (on failure they go to the graveyard with the executor's).
+pub(super) struct Phased {
+    what: What,
+    stage: Stage,
+    codec: Codec,
+    dtype: DataType,
+    avg: bool,
+    rank: usize,
+    nranks: usize,
+    /// Elements of each rank's segment: the owners' split (AllReduce), each rank's output
+    /// (ReduceScatter) or input (AllGather), as ranges of a vector of all of them.
+    segs: Vec<Range<usize>>,
+    /// Where each segment's codes lie when all are back to back.
+    wire: Vec<Range<usize>>,
+    /// Where each segment lands in the caller's output, in elements.
+    out_at: Vec<usize>,
+    out: Region,
+    /// ToOwners' input (this rank's codes of every segment) and Gather's output (every
+    /// segment's codes).
+    all: Scratch,
+    /// ToOwners' output (every rank's codes of this rank's segment) and Gather's input (this
+    /// rank's segment's codes).
+    mine: Scratch,
+    /// The next exchange's sequence number.
+    seq: u32,
+    sig: Signature,
+}
+
+impl Phased {
+    /// The buffers, for the pool (done) or the graveyard (failed).
+    pub(super) fn into_buffers(self) -> [Scratch; 2] {
+        [self.all, self.mine]
+    }
+
+    /// How many exchanges a call of `what` runs.
+    fn exchanges(what: What) -> u32 {
+        if what == What::AllReduce {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Bytes of this rank's segment's codes.
+    fn own_wire(&self) -> usize {
+        self.wire[self.rank].len()
+    }
+
+    /// The owner's codes of its segment from every rank's codes of it.
+    fn reduce_own(&self) -> Result<Vec<u8>> {
+        let (n, w) = (self.nranks, self.own_wire());
+        let got = &self.mine.bytes()[..n * w];
+        let parts: Vec<&[u8]> = (0..n).map(|r| &got[r * w..(r + 1) * w]).collect();
+        let len = self.segs[self.rank].len();
+        owner::reduce_segment(&self.codec, &parts, len, self.avg.then_some(n))
+    }
+
+    /// Decode segment `r`'s codes into the caller's output.
+    fn decode(&self, r: usize, codes: &[u8]) -> Result<()> {
+        let len = self.segs[r].len();
+        let mut v = vec![0f32; len];
+        owner::finish(&self.codec, codes, &mut v)?;
+        let el = self.dtype.size();
+        let dst = self.out.sub(self.out_at[r] * el, len * el).ok_or_else(|| {
+            Error::arg(
+                "recvbuff",
+                format!("{} bytes, the collective writes more", self.out.len()),
+            )
+        })?;
+        dst.with_mut(|d| from_f32(self.dtype, &v, d));
+        Ok(())
+    }
+}
+
+/// Whether a call of `kind` with `op` on `dtype` data can be compressed; else why not.
+fn applies(kind: Kind, dtype: DataType, op: RedOp) -> std::result::Result<(), String> {
+    if !matches!(
+        dtype,
+        DataType::Float32 | DataType::Bfloat16 | DataType::Float16
+    ) {
+        return Err(format!("{dtype} data (only float, bfloat16 and half are)"));
+    }
+    let sum = matches!(op, RedOp::Sum | RedOp::Avg);
+    match kind {
+        Kind::Coll(Collective::AllGather) => Ok(()),
+        Kind::Coll(Collective::AllReduce | Collective::ReduceScatter) if sum => Ok(()),
+        Kind::Varied(l) if l.coll == Varied::AllGatherV => Ok(()),
+        Kind::Varied(l) if l.coll == Varied::ReduceScatterV && sum => Ok(()),
+        Kind::Coll(Collective::AllReduce | Collective::ReduceScatter) => {
+            Err(format!("op {op} (only sum and avg are)"))
+        }
+        Kind::Varied(l) if l.coll == Varied::ReduceScatterV => {
+            Err(format!("op {op} (only sum and avg are)"))
+        }
+        k => Err(format!(
+            "{k:?} (only AllReduce, ReduceScatter(V) and AllGather(V) are)"
+        )),
+    }
+}
+
+impl Comm {
+    /// The codec `call` runs with: the per-call setting where one is given (`per_call`, else
+    /// this thread's `with_call_compression`), else the communicator's; None to send the data
+    /// as it is. A per-call compression of a call it does not apply to is an error naming
+    /// `compress`; the communicator's setting leaves such calls as they are.
+    pub(super) fn compression_for(
+        &self,
+        call: &Call,
+        per_call: Option<Compression>,
+    ) -> Result<Option<Codec>> {
+        let explicit = per_call.or_else(|| CALL.with(Cell::get));
+        let Some(codec) = explicit.unwrap_or(self.compress).codec() else {
+            return Ok(None);
+        };
+        match applies(call.kind, call.dtype, call.op) {
+            Ok(()) => Ok(Some(codec)),
+            Err(why) if explicit.is_some() => Err(Error::arg(
+                "compress",
+                format!("{} does not apply to {why}", codec.format),
+            )),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Start `call` compressed with `codec` as request `id`: the codec's first work and the
+    /// first exchange's executor, which the caller puts in the table.
+    pub(super) fn start_compressed(
+        &self,
+        e: &mut Engine,
+        call: &Call,
+        codec: Codec,
+        id: u32,
+    ) -> Result<(Box<Exec>, Box<Phased>)> {
+        let mut p = self.begin(call, codec, &mut e.pool)?;
+        p.seq = e.take_seqs(Phased::exchanges(p.what));
+        log::debug!(
+            "collective #{}: {:?} count {} compressed as {} in blocks of {}",
+            p.seq,
+            call.kind,
+            call.count,
+            codec.format,
+            codec.block
+        );
+        let x = self.exchange(&mut p, id, &mut e.pool);
+        match x {
+            Ok(x) => {
+                e.note_talked(&x);
+                Ok((x, Box::new(p)))
+            }
+            Err(err) => {
+                p.into_buffers().into_iter().for_each(|b| e.pool.put(b));
+                Err(err)
+            }
+        }
+    }
+
+    /// The layout of a compressed `call`, its input quantized into the first exchange's buffer.
+    fn begin(&self, call: &Call, codec: Codec, pool: &mut BufPool) -> Result<Phased> {
+        let (n, rank, dtype) = (self.nranks, self.rank, call.dtype);
+        let (what, problem, counts, out_at, in_elems) = match call.kind {
+            Kind::Coll(coll) => {
+                let p = call.problem(coll, n)?;
+                let c = call.count;
+                match coll {
+                    Collective::AllReduce => {
+                        let segs = owner::segments(&codec, c, n);
+                        let counts = segs.iter().map(|s| s.len()).collect();
+                        let at = segs.iter().map(|s| s.start).collect();
+                        (What::AllReduce, p, counts, at, c)
+                    }
+                    Collective::ReduceScatter => {
+                        (What::ReduceScatter, p, vec![c; n], vec![0; n], c * n)
+                    }
+                    _ => (
+                        What::AllGather,
+                        p,
+                        vec![c; n],
+                        (0..n).map(|r| r * c).collect(),
+                        c,
+                    ),
+                }
+            }
+            Kind::Varied(l) => {
+                let spec = call.varied_spec(&l, n, rank)?;
+                let p = spec.problem(n);
+                let ins = spec.lens(rank, n).0;
+                match spec {
+                    Spec::AllGatherV { blocks } => {
+                        let (at, counts) = blocks.into_iter().unzip();
+                        (What::AllGather, p, counts, at, ins)
+                    }
+                    Spec::ReduceScatterV { counts } => {
+                        (What::ReduceScatter, p, counts, vec![0; n], ins)
+                    }
+                    _ => return Err(Error::Internal("not a compressed collective".into())),
+                }
+            }
+            _ => return Err(Error::Internal("not a compressed collective".into())),
+        };
+        let mut segs = Vec::with_capacity(n);
+        let mut at = 0usize;
+        for c in &counts {
+            segs.push(at..at + c);
+            at += c;
+        }
+        let el = dtype.size();
+        let inp = call.send.sub(0, in_elems * el).ok_or_else(|| {
+            Error::arg(
+                "sendbuff",
+                format!(
+                    "{} bytes, the collective reads {}",
+                    call.send.len(),
+                    in_elems * el
+                ),
+            )
+        })?;
+        let out_elems = match what {
+            What::ReduceScatter => counts[rank],
+            _ => (0..n).map(|r| out_at[r] + counts[r]).max().unwrap_or(0),
+        };
+        if call.recv.len() < out_elems * el {
+            return Err(Error::arg(
+                "recvbuff",
+                format!(
+                    "{} bytes, the collective writes {}",
+                    call.recv.len(),
+                    out_elems * el
+                ),
+            ));
+        }
+        // The whole input is read (converted) before anything is written: in place is safe.
+        let x = inp.with(|b| to_f32(dtype, b));
+        let wire = owner::wire_ranges(&codec, &segs);
+        let total = wire.last().map_or(0, |w| w.end);
+        let own = wire[rank].len();
+        let (all, mine, stage) = match what {
+            What::AllGather => {
+                let mut mine = pool.take(own);
+                codec.quantize(&x, &mut mine.bytes_mut()[..own])?;
+                (pool.take(total), mine, Stage::Gather)
+            }
+            _ => {
+                let mut all = pool.take(total);
+                let b = all.bytes_mut();
+                for (s, w) in segs.iter().zip(&wire) {
+                    codec.quantize(&x[s.clone()], &mut b[w.clone()])?;
+                }
+                (all, pool.take(n * own), Stage::ToOwners)
+            }
+        };
+        let mut sig = Signature::of(&problem, COMPRESSED_ALGO, dtype, call.op);
+        sig.compress = Some((codec.format, codec.block));
+        Ok(Phased {
+            what,
+            stage,
+            codec,
+            dtype,
+            avg: call.op == RedOp::Avg,
+            rank,
+            nranks: n,
+            segs,
+            wire,
+            out_at,
+            out: call.recv,
+            all,
+            mine,
+            seq: 0,
+            sig,
+        })
+    }
+
+    /// The executor of `p`'s current exchange, as request `id`; takes its sequence number.
+    fn exchange(&self, p: &mut Phased, id: u32, pool: &mut BufPool) -> Result<Box<Exec>> {
+        let (n, rank) = (self.nranks, self.rank);
+        let blocks: Vec<(usize, usize)> = p.wire.iter().map(|w| (w.start, w.len())).collect();
+        let (own, total) = (p.own_wire(), p.wire.last().map_or(0, |w| w.end));
+        // SAFETY: `p` owns both buffers until its call ends, and a failed call's buffers go to
+        // the communicator's graveyard with its executor's, so neither region outlives them.
+        let (all, mine) = unsafe { (p.all.region(), p.mine.region()) };
+        let sub = |r: Region, len: usize| r.sub(0, len).expect("buffers fit their layout");
+        let (spec, inp, out) = match p.stage {
+            Stage::ToOwners => (
+                Spec::AllToAllV {
+                    send: blocks,
+                    recv: (0..n).map(|r| (r * own, own)).collect(),
+                },
+                sub(all, total),
+                sub(mine, n * own),
+            ),
+            Stage::Gather => (Spec::AllGatherV { blocks }, sub(mine, own), sub(all, total)),
+        };
+        let s = varied::schedule(n, &[(rank, &spec)]).map_err(algo_arg)?;
+        let planned = self.planned(Arc::new(s), 1)?;
+        let seq = p.seq;
+        p.seq = p.seq.wrapping_add(1);
+        let args = Args {
+            dtype: DataType::Uint8,
+            op: RedOp::Sum,
+            inp,
+            out,
+            tags: Tags::Coll(seq),
+            timeout: self.timeout,
+            sends_first: self.sends_first(),
+            restore: false,
+            signature: Some(p.sig),
+        };
+        Exec::new(
+            Job {
+                schedule: planned.schedule,
+                rank,
+                args,
+            },
+            planned.plan,
+            id,
+            pool,
+        )
+    }
+
+    /// After `p`'s exchange finished: the codec's work, then the next exchange's executor,
+    /// or None when the call is done (its output written).
+    pub(super) fn step(
+        &self,
+        p: &mut Phased,
+        id: u32,
+        pool: &mut BufPool,
+    ) -> Result<Option<Box<Exec>>> {
+        match (p.stage, p.what) {
+            (Stage::ToOwners, What::AllReduce) => {
+                let codes = p.reduce_own()?;
+                p.mine.bytes_mut()[..codes.len()].copy_from_slice(&codes);
+                p.stage = Stage::Gather;
+                self.exchange(p, id, pool).map(Some)
+            }
+            (Stage::ToOwners, _) => {
+                let codes = p.reduce_own()?;
+                p.decode(p.rank, &codes)?;
+                Ok(None)
+            }
+            (Stage::Gather, _) => {
+                let all = p.all.bytes();
+                for (r, w) in p.wire.iter().enumerate() {
+                    p.decode(r, &all[w.clone()])?;
+                }
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// f32 values of `b`, elements of `dtype` (float, bfloat16 or half), converted exactly.
+fn to_f32(dtype: DataType, b: &[u8]) -> Vec<f32> {
+    match dtype {
+        DataType::Float32 => b
+            .chunks_exact(4)
+            .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        DataType::Bfloat16 => b
+            .chunks_exact(2)
+            .map(|c| bf16_to_f32(u16::from_ne_bytes([c[0], c[1]])))
+            .collect(),
+        _ => b
+            .chunks_exact(2)
+            .map(|c| f16_to_f32(u16::from_ne_bytes([c[0], c[1]])))
+            .collect(),
+    }
+}
+
+/// `v` as elements of `dtype` into `d` (bfloat16 and half rounded to nearest even).
+fn from_f32(dtype: DataType, v: &[f32], d: &mut [u8]) {
+    match dtype {
+        DataType::Float32 => {
+            for (o, x) in d.chunks_exact_mut(4).zip(v) {
+                o.copy_from_slice(&x.to_ne_bytes());
+            }
+        }
+        DataType::Bfloat16 => {
+            for (o, x) in d.chunks_exact_mut(2).zip(v) {
+                o.copy_from_slice(&f32_to_bf16(*x).to_ne_bytes());
+            }
+        }
+        _ => {
+            for (o, x) in d.chunks_exact_mut(2).zip(v) {
+                o.copy_from_slice(&f32_to_f16(*x).to_ne_bytes());
+            }
+        }
+    }
+}

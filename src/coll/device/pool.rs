@@ -1,0 +1,171 @@
+//! A communicator's staging memory: page-locked host slots and the two copy streams that every
+//! device call of the communicator shares.
+//!
+//! `SLOTS` full-size slots are allocated at the communicator's first device use and kept. A
+//! call in flight holds at least one slot for its whole life (its own slot, `take`), so that
+//! any number of outstanding calls (a group's sends and receives) all progress; it borrows
+//! free slots for more slices in flight while nobody waits for one. A non-blocking, grouped or
+//! blocking call that finds no free slot that fits allocates one, in the caller's thread, of
+//! the size its slices need (`grow`); a stream-ordered call never allocates (it waits for a
+//! slot). Nothing is freed before the communicator is destroyed: allocating or freeing
+//! page-locked memory waits for the whole device on the CUDA driver, so doing either while a
+//! caller's stream waits for a stream-ordered call's flag would wait for that stream, which
+//! waits for the call (docs/device.md). A slot that a failed call may still have in use is
+//! leaked (`leak`), never freed.
+use crate::device::{Device, Event, HostBuffer, Stream};
+use crate::error::{Error, Result};
+
+/// Full-size slots allocated at the first device use: one copying in, one in its collective,
+/// one copying out, and one more so that a slow stage does not stall the other two.
+pub(super) const SLOTS: usize = 4;
+
+/// Bytes of a slice per block, at most (a slot holds one slice of each block of a side).
+pub(super) const SLICE_BYTES: usize = 1 << 20;
+
+/// Bytes of each side (input, output) of a full-size slot. A slice's blocks share it, so on a
+/// side of more than 4 blocks a slice has less than `SLICE_BYTES` per block.
+pub(super) const SLOT_BYTES: usize = 4 * SLICE_BYTES;
+
+/// The most slots a communicator holds: past it, a call that finds none free fails (naming
+/// the limit) rather than pin more memory.
+pub(super) const MAX_SLOTS: usize = 256;
+
+/// One slot: page-locked input and output (None: not needed by the call it was made for),
+/// and the events recorded after copying in and out.
+pub(super) struct Slot {
+    pub input: Option<HostBuffer>,
+    pub output: Option<HostBuffer>,
+    pub copied_in: Event,
+    pub copied_out: Event,
+}
+
+impl Slot {
+    /// A slot of `need` (input, output) bytes.
+    pub fn new(dev: &Device, need: (usize, usize)) -> Result<Slot> {
+        let buf = |n: usize| (n > 0).then(|| dev.alloc_host(n)).transpose();
+        Ok(Slot {
+            input: buf(need.0)?,
+            output: buf(need.1)?,
+            copied_in: dev.create_event()?,
+            copied_out: dev.create_event()?,
+        })
+    }
+
+    fn fits(&self, need: (usize, usize)) -> bool {
+        let cap = |b: &Option<HostBuffer>| b.as_ref().map_or(0, |b| b.len());
+        cap(&self.input) >= need.0 && cap(&self.output) >= need.1
+    }
+}
+
+/// The slots and the copy streams.
+pub(super) struct Pool {
+    dev: Device,
+    pub inbound: Stream,
+    pub outbound: Stream,
+    /// None: leaked after a failed call.
+    slots: Vec<Option<Slot>>,
+    busy: Vec<bool>,
+    logged: bool,
+}
+
+impl Pool {
+    /// Copy streams and `SLOTS` full-size slots, allocated now. Must not run while a stream
+    /// of the device may wait for a flag that the caller's side writes (the module's doc).
+    pub fn new(dev: &Device) -> Result<Pool> {
+        let slots = (0..SLOTS)
+            .map(|_| Slot::new(dev, (SLOT_BYTES, SLOT_BYTES)).map(Some))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Pool {
+            dev: dev.clone(),
+            inbound: dev.create_stream()?,
+            outbound: dev.create_stream()?,
+            busy: vec![false; slots.len()],
+            slots,
+            logged: false,
+        })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    pub fn slot(&self, i: usize) -> &Slot {
+        self.slots[i].as_ref().expect("a slot in use is not leaked")
+    }
+
+    /// A free slot of at least `need` bytes, now busy.
+    pub fn take(&mut self, need: (usize, usize)) -> Option<usize> {
+        let i = (0..self.slots.len())
+            .find(|&i| !self.busy[i] && self.slots[i].as_ref().is_some_and(|s| s.fits(need)))?;
+        self.busy[i] = true;
+        Some(i)
+    }
+
+    /// Whether any slot (busy or not) could hold `need`: else a call that allocates none
+    /// would wait for ever.
+    pub fn could_fit(&self, need: (usize, usize)) -> bool {
+        self.slots.iter().flatten().any(|s| s.fits(need))
+    }
+
+    pub fn give(&mut self, i: usize) {
+        self.busy[i] = false;
+    }
+
+    /// Gives up slot `i`: a failed call's transport or copies may still write it.
+    pub fn leak(&mut self, i: usize) {
+        if let Some(s) = self.slots[i].take() {
+            std::mem::forget(s.input);
+            std::mem::forget(s.output);
+        }
+        self.busy[i] = true;
+    }
+
+    /// Adds `slot` (made by `Slot::new` outside the communicator's locks), busy; its index.
+    pub fn add(&mut self, slot: Slot) -> Result<usize> {
+        if self.slots.iter().flatten().count() >= MAX_SLOTS {
+            return Err(Error::InvalidUsage(format!(
+                "{MAX_SLOTS} staging slots of page-locked memory are in use by this \
+                 communicator's device calls, the most it holds: wait for some calls before \
+                 starting more"
+            )));
+        }
+        let i = match self.slots.iter().position(|s| s.is_none()) {
+            Some(i) => {
+                self.slots[i] = Some(slot);
+                i
+            }
+            None => {
+                self.slots.push(Some(slot));
+                self.busy.push(false);
+                self.slots.len() - 1
+            }
+        };
+        self.busy[i] = true;
+        if self.slots.len() > SLOTS {
+            log::debug!(
+                "device staging: slot {i} added ({} slots), since every slot was held by a \
+                 call in flight",
+                self.slots.len()
+            );
+        }
+        Ok(i)
+    }
+
+    /// Logs once per communicator how device buffers are staged.
+    pub fn log_choice(&mut self, reduces: bool) {
+        if std::mem::replace(&mut self.logged, true) {
+            return;
+        }
+        log::info!(
+            "device buffers: staged through page-locked host slots ({SLOTS} slices of up to \
+             {SLICE_BYTES} bytes per block in flight), since this build registers no device \
+             memory with the provider{}",
+            if reduces {
+                "; reductions on the host, on the staged slices (a device kernel would need each \
+                 received contribution copied back to the device first)"
+            } else {
+                ""
+            }
+        );
+    }
+}
