@@ -204,6 +204,12 @@ pub struct Caps {
     /// the peer has the message): the communicator says goodbye before it closes
     /// (`coll::goodbye`). False for the in-process loopback, whose messages outlive it.
     pub close_loses: bool,
+    /// An endpoint reads the messages of a peer endpoint of the same process in that
+    /// endpoint's own memory (shm maps such a peer's region by pointer, not by a mapping of
+    /// its own): closing an endpoint while another one here has yet to read its messages
+    /// crashes the reader, so ended communicators' endpoints close together
+    /// (`coll::closer`).
+    pub reads_local_peers: bool,
     /// Over two fabrics, the capabilities of the one between ranks of this host (shared
     /// memory), whose eager limit, slice size and poll window price the intra-host steps; the
     /// other fields describe the fabric between hosts. None over one fabric.
@@ -241,6 +247,7 @@ impl Default for Caps {
             direct_channel: false,
             net_streams: 0,
             close_loses: false,
+            reads_local_peers: false,
             intra: None,
         }
     }

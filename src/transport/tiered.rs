@@ -128,6 +128,7 @@ impl Tiered {
             mr_local: i.mr_local || e.mr_local,
             max_msg_size: i.max_msg_size.min(e.max_msg_size),
             close_loses: i.close_loses || e.close_loses,
+            reads_local_peers: i.reads_local_peers || e.reads_local_peers,
             intra: Some(Arc::new(i.clone())),
             // RMA is not routed over two fabrics: the trait's defaults refuse it.
             rma_caps: None,

@@ -50,6 +50,7 @@ pub(super) fn apply(caps: &mut Caps) {
     // it, and shm keeps small unexpected messages in the sender's memory before 1.19: every
     // provider is taken to lose what its peer has not yet taken.
     caps.close_loses = true;
+    caps.reads_local_peers = shm;
 }
 
 /// Endpoints per device of the net plugin over socket providers when `FABRICOLL_NET_STREAMS` is
@@ -118,6 +119,7 @@ mod tests {
         assert_eq!(shm.poll_window, DEFAULT_POLL_WINDOW);
         assert!(shm.receiver_copies);
         assert_eq!(shm.net_streams, 0, "shm is never striped");
+        assert!(shm.close_loses && shm.reads_local_peers);
 
         let rxm = caps_of("tcp;ofi_rxm");
         assert!(rxm.eager_bytes < usize::MAX);
@@ -132,5 +134,6 @@ mod tests {
         assert_eq!(net.poll_window, DEFAULT_POLL_WINDOW);
         assert!(!net.receiver_copies);
         assert_eq!(net.net_streams, 1);
+        assert!(net.close_loses && !net.reads_local_peers);
     }
 }
