@@ -2,15 +2,18 @@
 //! next rank, receive from the previous one and destroy their communicator at once (the drop of
 //! `Comm`) lose no message, over the native TCP endpoint with one fabric for every peer, as
 //! threads and as processes (7 rank processes, each making a new communicator per round: before
-//! the goodbye, `coll::goodbye`, a receive of the ring failed in every run). And a peer that
-//! never destroys does not hold a destroy past the communicator's deadline.
+//! the goodbye, `coll::goodbye`, a receive of the ring failed in every run), and a process that
+//! exits right after its destroy delivers what it sent (the exit waits for the closer,
+//! `coll::closer`). Destroy itself returns at once: a peer that never destroys keeps the ended
+//! communicator's endpoint open until the deadline only, and one thread that destroys several
+//! ranks' communicators one after another waits for none of their goodbyes.
 use nccl_net_fabricoll::algo::Collective;
 use nccl_net_fabricoll::coll::bootstrap::{self, UniqueId};
 use nccl_net_fabricoll::coll::{Call, Comm, Kind};
 use nccl_net_fabricoll::config::Config;
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
 use nccl_net_fabricoll::testing::skip;
-use nccl_net_fabricoll::transport::Region;
+use nccl_net_fabricoll::transport::{Region, Transport};
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -85,11 +88,12 @@ fn a_completed_send_survives_its_senders_destroy_over_net() {
     );
 }
 
-/// A peer that never destroys its communicator holds a destroy for the deadline, not longer:
-/// the goodbye waits for it (it may still take our messages), and gives up at the deadline.
+/// Destroy returns at once, and a peer that never destroys its communicator keeps the ended
+/// one's endpoint open (in the closer) until the deadline, not longer: the goodbye waits for it
+/// (it may still take our messages), and gives up at the deadline.
 #[test]
-fn a_peer_that_never_destroys_holds_a_destroy_for_the_deadline_only() {
-    let test = "a_peer_that_never_destroys_holds_a_destroy_for_the_deadline_only";
+fn a_peer_that_never_destroys_holds_the_endpoint_for_the_deadline_only() {
+    let test = "a_peer_that_never_destroys_holds_the_endpoint_for_the_deadline_only";
     // The deadline is what this test checks: short.
     let deadline = Duration::from_millis(2000);
     let Some(mut comms) = ring(test, "net", 2, deadline.as_millis() as u32) else {
@@ -104,18 +108,98 @@ fn a_peer_that_never_destroys_holds_a_destroy_for_the_deadline_only() {
         s.spawn(|| stays.run(&p2p(Kind::Recv { peer: 0 }, &mut b)).unwrap());
     });
     assert_eq!(b, [7u8; 4]);
+    let endpoint = Arc::downgrade(leaves.transport());
     let t = Instant::now();
     drop(leaves);
-    let took = t.elapsed();
+    let returned = t.elapsed();
     assert!(
-        took >= deadline,
-        "{test}: destroy returned after {took:?}, before its peer said goodbye or the deadline passed"
+        returned < deadline,
+        "{test}: destroy took {returned:?}: it waited for its silent peer instead of leaving the endpoint to the closer"
     );
     assert!(
-        took < deadline + Duration::from_secs(30),
-        "{test}: destroy took {took:?}, past the deadline of {deadline:?}"
+        endpoint.upgrade().is_some(),
+        "{test}: the endpoint closed before its peer said goodbye or the deadline passed"
+    );
+    let closed = wait_closed(&[endpoint], deadline + Duration::from_secs(30));
+    assert!(
+        closed >= deadline.saturating_sub(returned),
+        "{test}: the endpoint closed after {closed:?}, before its peer said goodbye or the deadline passed"
+    );
+    assert!(
+        closed < deadline + Duration::from_secs(30),
+        "{test}: the endpoint was still open {closed:?} after destroy, past the deadline of {deadline:?}"
     );
     drop(stays);
+}
+
+/// How long until every endpoint of `eps` is closed (at most `limit`, then `limit`).
+fn wait_closed(eps: &[std::sync::Weak<dyn Transport>], limit: Duration) -> Duration {
+    let t = Instant::now();
+    while eps.iter().any(|e| e.upgrade().is_some()) && t.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    t.elapsed().min(limit)
+}
+
+/// One thread destroys the communicators of all ranks one after another, as a program that
+/// holds several ranks does: no destroy waits for its peers (they are idle, destroyed later),
+/// and every endpoint closes soon after the last destroy, since the earlier ones, lingering
+/// open, answer the later ones' goodbyes. With a long deadline, so that a destroy that waited
+/// for its peers' goodbyes (or an endpoint that stayed open until the deadline) shows.
+#[test]
+fn destroying_ranks_one_after_another_in_one_thread_waits_for_no_peer() {
+    let test = "destroying_ranks_one_after_another_in_one_thread_waits_for_no_peer";
+    let deadline = Duration::from_secs(60);
+    // Far below the deadline, far above a destroy and a few round trips on a loaded machine.
+    let bound = Duration::from_secs(20);
+    for provider in ["net", "shm"] {
+        let Some(comms) = ring(test, provider, 4, deadline.as_millis() as u32) else {
+            continue;
+        };
+        // Each rank talks to its peers, so each destroy has goodbyes to wait for.
+        std::thread::scope(|s| {
+            for c in &comms {
+                s.spawn(move || {
+                    let (mut a, mut b) = (vec![1f32; 256], vec![0f32; 256]);
+                    // SAFETY: both buffers outlive the blocking call.
+                    let (sr, rr) = unsafe {
+                        (
+                            Region::from_raw(a.as_mut_ptr() as *mut u8, 1024),
+                            Region::from_raw(b.as_mut_ptr() as *mut u8, 1024),
+                        )
+                    };
+                    c.run(&common::call(
+                        Kind::Coll(Collective::AllReduce),
+                        sr,
+                        rr,
+                        256,
+                    ))
+                    .unwrap();
+                    assert_eq!(b, vec![c.nranks as f32; 256]);
+                });
+            }
+        });
+        let endpoints: Vec<_> = comms
+            .iter()
+            .map(|c| Arc::downgrade(c.transport()))
+            .collect();
+        let t = Instant::now();
+        for c in comms {
+            let one = Instant::now();
+            drop(c);
+            assert!(
+                one.elapsed() < bound,
+                "{test}: {provider}: one destroy took {:?}: it waited for its idle peers",
+                one.elapsed()
+            );
+        }
+        let destroyed = t.elapsed();
+        let closed = wait_closed(&endpoints, deadline);
+        assert!(
+            destroyed + closed < bound,
+            "{test}: {provider}: the destroys took {destroyed:?} and the endpoints closed {closed:?} later: the lingering endpoints did not answer the later goodbyes"
+        );
+    }
 }
 
 /// Set in a rank process: its provider.
@@ -151,14 +235,10 @@ fn ring_once(c: Arc<Comm>, round: usize) -> Option<String> {
     }
 }
 
-/// A rank process: join, then `PROC_ROUNDS` times split a communicator off, run a few
-/// collectives on it, the ring, and destroy it. Prints `@@lost` with each error.
-#[test]
-#[ignore = "a rank of the process tests, which start it; alone it has nothing to run"]
-fn rank_process() {
-    if std::env::var(CHILD).is_err() {
-        return; // not started as a rank
-    }
+/// In a rank process: its rank, the number of ranks, its configuration and the communicator
+/// of all ranks. None where this process was not started as a rank.
+fn join() -> Option<(usize, usize, Config, Comm)> {
+    std::env::var(CHILD).ok()?;
     let get = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} unset"));
     let rank: usize = get("GOODBYE_TEST_RANK").parse().unwrap();
     let nranks: usize = get("GOODBYE_TEST_NRANKS").parse().unwrap();
@@ -166,6 +246,17 @@ fn rank_process() {
     let cfg = Config::from_env().unwrap();
     let base =
         Comm::init_rank(nranks, &id, rank, &cfg).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+    Some((rank, nranks, cfg, base))
+}
+
+/// A rank process: join, then `PROC_ROUNDS` times split a communicator off, run a few
+/// collectives on it, the ring, and destroy it. Prints `@@lost` with each error.
+#[test]
+#[ignore = "a rank of the process tests, which start it; alone it has nothing to run"]
+fn rank_process() {
+    let Some((rank, nranks, cfg, base)) = join() else {
+        return;
+    };
     let mut lost = Vec::new();
     for i in 0..PROC_ROUNDS {
         let c = base.split(0, rank as i32, &cfg).unwrap().expect("a member");
@@ -202,25 +293,25 @@ fn rank_process() {
     .unwrap();
 }
 
-/// `RANKS` rank processes over `provider` with one fabric for every peer; every error of their
-/// rings.
-fn in_processes(test: &str, provider: &str) -> Option<Vec<String>> {
+/// `ranks` processes of the rank test `child` over `provider` with one fabric for every peer;
+/// every error they print.
+fn in_processes(test: &str, provider: &str, child: &str, ranks: usize) -> Option<Vec<String>> {
     let id = bootstrap::new_unique_id(IpAddr::V4(Ipv4Addr::LOCALHOST), Duration::from_secs(600))
         .unwrap();
     let exe = std::env::current_exe().unwrap();
-    let kids: Vec<_> = (0..RANKS)
+    let kids: Vec<_> = (0..ranks)
         .map(|r| {
             Command::new(&exe)
                 .args([
                     "--exact",
-                    "rank_process",
+                    child,
                     "--ignored",
                     "--nocapture",
                     "--test-threads=1",
                 ])
                 .env(CHILD, provider)
                 .env("GOODBYE_TEST_RANK", r.to_string())
-                .env("GOODBYE_TEST_NRANKS", RANKS.to_string())
+                .env("GOODBYE_TEST_NRANKS", ranks.to_string())
                 .env("GOODBYE_TEST_ID", id.to_hex())
                 .env("FABRICOLL_PROVIDER", provider)
                 .env("FABRICOLL_INTRA_PROVIDER", "same")
@@ -266,7 +357,51 @@ fn in_processes(test: &str, provider: &str) -> Option<Vec<String>> {
 #[test]
 fn a_completed_send_survives_its_senders_destroy_in_processes_over_net() {
     let test = "a_completed_send_survives_its_senders_destroy_in_processes_over_net";
-    if let Some(lost) = in_processes(test, "net") {
+    if let Some(lost) = in_processes(test, "net", "rank_process", RANKS) {
+        assert!(lost.is_empty(), "{test}: {lost:?}");
+    }
+}
+
+/// A rank process of two: rank 1 sends rank 0 a message that rank 0 never takes; rank 0 sends
+/// rank 1 one, lets rank 1's arrive, destroys its communicator and exits at once; rank 1 posts
+/// its receive only a while later, so that rank 0's message still waits on rank 1's side when
+/// rank 0 leaves (and rank 0 leaves with rank 1's message unread, which resets the
+/// connection). Rank 1 prints `@@lost` with what went wrong.
+#[test]
+#[ignore = "a rank of the process tests, which start it; alone it has nothing to run"]
+fn exit_process() {
+    let Some((rank, _, _, c)) = join() else {
+        return;
+    };
+    let want = 0x600d_b1e5u32.to_le_bytes();
+    let mut x = [0u8; 4];
+    // Not deadlines: how long each side leaves the other to move first.
+    let (arrive, leave) = (Duration::from_millis(500), Duration::from_millis(2000));
+    if rank == 0 {
+        x = want;
+        c.run(&p2p(Kind::Send { peer: 1 }, &mut x)).unwrap();
+        std::thread::sleep(arrive);
+        drop(c);
+        println!("@@lost ");
+        std::process::exit(0);
+    }
+    let mut unwanted = [1u8; 4];
+    c.run(&p2p(Kind::Send { peer: 0 }, &mut unwanted)).unwrap();
+    std::thread::sleep(leave);
+    let lost = match c.run(&p2p(Kind::Recv { peer: 0 }, &mut x)) {
+        Err(e) => format!("rank 1: {e}"),
+        Ok(()) if x != want => format!("rank 1: got {x:?}, not {want:?}"),
+        Ok(()) => String::new(),
+    };
+    println!("@@lost {lost}");
+}
+
+/// A process that destroys its communicator and exits at once still delivers what it sent: the
+/// exit waits for the ended communicator's goodbyes (its peer's receive was not even posted).
+#[test]
+fn a_process_that_destroys_and_exits_at_once_delivers_what_it_sent() {
+    let test = "a_process_that_destroys_and_exits_at_once_delivers_what_it_sent";
+    if let Some(lost) = in_processes(test, "net", "exit_process", 2) {
         assert!(lost.is_empty(), "{test}: {lost:?}");
     }
 }

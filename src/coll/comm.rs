@@ -269,8 +269,9 @@ impl Comm {
         }
     }
 
-    /// When dropped, close at once, without the goodbye (`coll::goodbye`) that waits for the
-    /// peers: as NCCL's `ncclCommAbort`, for a job that is failing anyway.
+    /// When dropped, close the endpoint at once, without the goodbye (`coll::goodbye`) that
+    /// keeps it open until the peers end theirs: as NCCL's `ncclCommAbort`, for a job that is
+    /// failing anyway.
     pub fn leave_without_goodbye(&self) {
         self.no_goodbye.store(true, Ordering::SeqCst);
     }
@@ -366,24 +367,28 @@ impl Drop for Comm {
     fn drop(&mut self) {
         // The progress thread stops first; notified requests still pending fail.
         self.end_notified();
-        // What this rank sent must reach its peers before the endpoint closes.
-        self.goodbye();
         // Operations of failed collectives may still touch their memory: give them a moment
         // to drain, then leak what is left rather than free memory a provider may write.
-        let mut e = self.engine.lock();
-        let ids: Vec<u32> = e.phased.keys().copied().collect();
-        ids.into_iter().for_each(|id| e.bury_phased(id));
-        let deadline = Instant::now() + Duration::from_millis(100);
-        let mut comps = Vec::new();
-        while Instant::now() < deadline && !e.graveyard.is_empty() {
-            comps.clear();
-            if self.transport.poll(&mut comps).is_err() || comps.is_empty() {
-                break;
+        {
+            let mut e = self.engine.lock();
+            let ids: Vec<u32> = e.phased.keys().copied().collect();
+            ids.into_iter().for_each(|id| e.bury_phased(id));
+            let deadline = Instant::now() + Duration::from_millis(100);
+            let mut comps = Vec::new();
+            while Instant::now() < deadline && !e.graveyard.is_empty() {
+                comps.clear();
+                if self.transport.poll(&mut comps).is_err() || comps.is_empty() {
+                    break;
+                }
+            }
+            for s in e.graveyard.drain(..) {
+                s.leak();
             }
         }
-        for s in e.graveyard.drain(..) {
-            s.leak();
-        }
+        // What this rank sent must reach its peers before the endpoint closes: the endpoint
+        // lingers, open, in the closer until the goodbyes are done (after the drain above,
+        // whose polls would take the goodbyes' completions).
+        super::closer::linger(|| self.goodbye());
     }
 }
 
