@@ -255,10 +255,17 @@ pub enum Op {
 impl Op {
     /// Spans this op reads.
     pub fn reads(&self) -> Vec<Span> {
+        self.read_spans().into_iter().flatten().collect()
+    }
+
+    /// The spans this op reads, without an allocation.
+    pub fn read_spans(&self) -> [Option<Span>; 2] {
         match self {
-            Op::Send { src, .. } | Op::Copy { src, .. } | Op::RecvReduce { src, .. } => vec![*src],
-            Op::Reduce { a, b, .. } => vec![*a, *b],
-            Op::Recv { .. } | Op::Nop => vec![],
+            Op::Send { src, .. } | Op::Copy { src, .. } | Op::RecvReduce { src, .. } => {
+                [Some(*src), None]
+            }
+            Op::Reduce { a, b, .. } => [Some(*a), Some(*b)],
+            Op::Recv { .. } | Op::Nop => [None, None],
         }
     }
 
