@@ -4,6 +4,7 @@ pub mod collnet;
 pub mod gpu;
 pub mod handles;
 pub mod mr;
+pub mod multi;
 pub mod net;
 pub mod tuner;
 

@@ -15,10 +15,17 @@
 //! posted, and its handle is no longer valid (a warning says so for an open group).
 //! The older tables (v6-v10) never see the hint (NCCL reports maxMultiRequestSize 1 for them)
 //! and do not use this file.
-use super::super::types::MultiRequestProps;
-use super::*;
+use crate::error::{Error, Result};
+use crate::ffi::net::*;
+use crate::ffi::types::MultiRequestProps;
+use crate::ffi::{boundary, h, ptr, region, Out};
 use crate::plugin::net::{Device, MAX_TAG, RECV_CAPACITY, SEND_CAPACITY};
+use crate::plugin::{self, Kind, Plugin};
+use crate::transport::Region;
+use once_cell::sync::Lazy;
+use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::os::raw::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// `NCCL_NET_MULTI_REQUEST`: the `*request` value of a call that is not its group's last.
