@@ -1,5 +1,6 @@
 //! NCCL semantics, independent of the ABI version: devices and their properties, handles,
-//! listen/connect/accept state machines, requests and the registration cache.
+//! listen/connect/accept state machines, requests, multi-request groups and the registration
+//! cache.
 pub mod collnet;
 pub mod gpu;
 pub mod handles;

@@ -14,22 +14,17 @@
 //! with the comm: its posted members go as the comm's requests do, the queued ones are never
 //! posted, and its handle is no longer valid (a warning says so for an open group).
 //! The older tables (v6-v10) never see the hint (NCCL reports maxMultiRequestSize 1 for them)
-//! and do not use this file.
+//! and do not use this file. The v11 / v12 entry points (`ffi::net::multi`) read the hint and
+//! write NCCL's out-arguments; the groups, their table and their rules are here.
+use super::net::{Device, MAX_TAG, RECV_CAPACITY, SEND_CAPACITY};
+use super::{Kind, Plugin};
 use crate::error::{Error, Result};
-use crate::ffi::net::*;
-use crate::ffi::types::MultiRequestProps;
-use crate::ffi::{boundary, h, ptr, region, Out};
-use crate::plugin::net::{Device, MAX_TAG, RECV_CAPACITY, SEND_CAPACITY};
-use crate::plugin::{self, Kind, Plugin};
 use crate::transport::Region;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::os::raw::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// `NCCL_NET_MULTI_REQUEST`: the `*request` value of a call that is not its group's last.
-pub const NCCL_NET_MULTI_REQUEST: usize = 0x2;
 
 /// `maxMultiRequestSize`: the most members a group may have. Each member is one request of the
 /// device, and the whole group must fit in flight on one otherwise idle comm, whose receive side
@@ -41,7 +36,7 @@ pub const MAX_GROUP: usize = if RECV_CAPACITY < SEND_CAPACITY {
 };
 
 /// A member's buffers, as `isend` (one) or `irecv` (n) gives them: (region, tag, mhandle).
-type Bufs = Vec<(Region, c_int, u64)>;
+pub type Bufs = Vec<(Region, c_int, u64)>;
 
 #[derive(Clone, Copy)]
 enum State {
@@ -206,17 +201,10 @@ impl Group {
     }
 }
 
-/// `isend` / `irecv` of the v11+ tables: `hint` is whether `*request` was
-/// `NCCL_NET_MULTI_REQUEST` on input; `out` gets NULL, a request or a group's handle.
-pub(crate) fn call(
-    p: &Plugin,
-    comm: VoidP,
-    send: bool,
-    bufs: Bufs,
-    hint: bool,
-    out: &Out<VoidP>,
-) -> Result<()> {
-    let c = h(comm);
+/// `isend` / `irecv` of the v11+ tables on `comm`: `hint` is whether `*request` was
+/// `NCCL_NET_MULTI_REQUEST` on input. The answer is what `*request` gets: None (NULL), a
+/// request or a group's handle.
+pub fn call(p: &Plugin, c: u64, send: bool, bufs: Bufs, hint: bool) -> Result<Option<u64>> {
     let (k, name) = kind(send);
     let dev = p.device_of(c, k, name)?;
     let what = if send { "isend" } else { "irecv" };
@@ -227,8 +215,7 @@ pub(crate) fn call(
     };
     let Some(mut g) = open else {
         if !hint {
-            out.set(ptr(post(dev, c, send, &bufs)?));
-            return Ok(());
+            return post(dev, c, send, &bufs);
         }
         check_member(dev, send, &bufs)?;
         if MAX_GROUP < 2 {
@@ -244,19 +231,18 @@ pub(crate) fn call(
         g.join(bufs);
         let r = g.pump(dev, c);
         groups(|gs| gs.open.insert(c, g));
-        return r.map(|_| ());
+        return r.map(|_| None);
     };
     let r = step(dev, c, &mut g, bufs, hint, what);
     match r {
         Ok(true) => {
-            let handle = plugin::new_handle(dev.index, Kind::Request);
+            let handle = super::new_handle(dev.index, Kind::Request);
             groups(|gs| gs.returned.insert(handle, (c, g)));
-            out.set(ptr(Some(handle)));
-            Ok(())
+            Ok(Some(handle))
         }
         other => {
             groups(|gs| gs.open.insert(c, g));
-            other.map(|_| ())
+            other.map(|_| None)
         }
     }
 }
@@ -305,55 +291,42 @@ fn step(dev: &Device, c: u64, g: &mut Group, bufs: Bufs, hint: bool, what: &str)
     g.pump(dev, c)
 }
 
-/// `test` of the v11+ tables: a group's handle, else an ordinary request.
-pub(crate) fn test_group(
-    p: &Plugin,
-    request: VoidP,
-    done: *mut c_int,
-    sizes: *mut c_int,
-) -> Result<()> {
-    let r = h(request);
+/// What `test` finds for a handle of the v11+ tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tested {
+    /// Not a group's handle: an ordinary request, tested as such.
+    Request,
+    /// A group with members still in flight.
+    Pending,
+    /// A finished group (now gone): `bytes` over all members, and `sizes`, how many sizes
+    /// NCCL passed room for (one for a send, the last member's `n` for a receive).
+    Done { bytes: usize, sizes: usize },
+}
+
+/// `test` of the v11+ tables on handle `r`.
+pub fn test(p: &Plugin, r: u64) -> Result<Tested> {
     let mine = if any_held() {
         groups(|g| g.returned.remove(&r))
     } else {
         None
     };
     let Some((comm, mut g)) = mine else {
-        return test_inner(p, request, done, sizes);
+        return Ok(Tested::Request);
     };
-    // SAFETY: the caller passes a writable int*.
-    let done = unsafe { Out::new(done, "done") }?;
-    done.set(0);
     let (k, name) = kind(g.send);
     // Every member is posted once the handle is out. A failed member fails the group, which
     // is then gone like any failed request.
     g.retire(p.device_of(comm, k, name)?, false)?;
-    let Some(total) = g.finished() else {
+    let Some(bytes) = g.finished() else {
         groups(|gs| gs.returned.insert(r, (comm, g)));
-        return Ok(());
+        return Ok(Tested::Pending);
     };
-    if !sizes.is_null() {
-        // The group's bytes (saturating at INT_MAX) in the first size, the rest 0. NCCL only
-        // sums a request's sizes, and one int per member could overrun its array (64 ints; a
-        // group has up to 128).
-        let n = if g.send { 1 } else { g.n_last };
-        for i in 0..n {
-            let v = if i == 0 {
-                total.min(c_int::MAX as usize) as c_int
-            } else {
-                0
-            };
-            // SAFETY: a send passes one int, a receive an int per buffer of the irecv that
-            // returned this handle (n_last of them, at most maxRecvs).
-            unsafe { sizes.add(i).write(v) };
-        }
-    }
-    done.set(1);
-    Ok(())
+    let sizes = if g.send { 1 } else { g.n_last };
+    Ok(Tested::Done { bytes, sizes })
 }
 
 /// Drop the groups of a comm being closed (see the file's comment).
-pub(crate) fn forget_comm(comm: u64, what: &str) {
+pub fn forget_comm(comm: u64, what: &str) {
     if !any_held() {
         return;
     }
@@ -374,96 +347,4 @@ pub(crate) fn forget_comm(comm: u64, what: &str) {
             queued
         );
     }
-}
-
-// ---- the v11 / v12 entry points that know groups (each inside the panic boundary) ----------
-
-/// NCCL's request out-pointer, set to NULL, and whether NCCL marked the call as a group member
-/// (`*request` was NCCL_NET_MULTI_REQUEST; the 0x1 hint of irecv is not a group's and is
-/// overwritten like any other value).
-///
-/// # Safety
-/// `req` is NULL or readable and writable, as NCCL's `void**` request argument is.
-unsafe fn request_arg(req: VoidPP) -> Result<(bool, Out<VoidP>)> {
-    // SAFETY: forwarded from this function's contract.
-    let hint = !req.is_null() && unsafe { *req } as usize == NCCL_NET_MULTI_REQUEST;
-    // SAFETY: as above.
-    let out = unsafe { Out::new(req, "request") }?;
-    out.set(std::ptr::null_mut());
-    Ok((hint, out))
-}
-
-pub(crate) unsafe extern "C" fn isend_v11(
-    comm: VoidP,
-    data: VoidP,
-    size: usize,
-    tag: c_int,
-    mh: VoidP,
-    _ph: VoidP,
-    req: VoidPP,
-) -> Res {
-    boundary("isend", || {
-        // SAFETY: NCCL's request argument is a readable and writable void*.
-        let (hint, out) = unsafe { request_arg(req) }?;
-        // SAFETY: NCCL keeps the buffer valid until test() reports the request done.
-        let r = unsafe { region(data, size, "data") }?;
-        call(plugin()?, comm, true, vec![(r, tag, h(mh))], hint, &out)
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe extern "C" fn irecv_v11(
-    comm: VoidP,
-    n: c_int,
-    data: VoidPP,
-    sizes: *mut usize,
-    tags: *mut c_int,
-    mhs: VoidPP,
-    _phs: VoidPP,
-    req: VoidPP,
-) -> Res {
-    boundary("irecv", || {
-        // SAFETY: NCCL's request argument is a readable and writable void*.
-        let (hint, out) = unsafe { request_arg(req) }?;
-        // SAFETY: NCCL's arrays have n elements; buffers live until test() reports done.
-        let bufs = unsafe { recv_bufs(n, data, sizes, tags, mhs) }?;
-        call(plugin()?, comm, false, bufs, hint, &out)
-    })
-}
-
-pub(crate) unsafe extern "C" fn test_v11(
-    request: VoidP,
-    done: *mut c_int,
-    sizes: *mut c_int,
-) -> Res {
-    boundary("test", || test_group(plugin()?, request, done, sizes))
-}
-
-pub(crate) unsafe extern "C" fn close_send_v11(comm: VoidP) -> Res {
-    boundary("closeSend", || {
-        forget_comm(h(comm), "closeSend");
-        close_send_inner(comm)
-    })
-}
-
-pub(crate) unsafe extern "C" fn close_recv_v11(comm: VoidP) -> Res {
-    boundary("closeRecv", || {
-        forget_comm(h(comm), "closeRecv");
-        close_recv_inner(comm)
-    })
-}
-
-/// getProperties of the v11 / v12 net tables: the common props with [`MAX_GROUP`].
-pub(crate) unsafe extern "C" fn get_properties_v11<P>(dev: c_int, props: *mut P) -> Res
-where
-    P: for<'a> From<&'a plugin::DeviceProps> + MultiRequestProps,
-{
-    boundary("getProperties", || {
-        // SAFETY: NCCL passes a writable props struct of this version's layout.
-        let out = unsafe { Out::new(props, "props") }?;
-        let mut v = P::from(&plugin()?.device(dev)?.props);
-        v.set_max_multi_request_size(MAX_GROUP as c_int);
-        out.set(v);
-        Ok(())
-    })
 }

@@ -4,10 +4,12 @@
 //! A function that differs between versions only in the width of a size (int before v8/v9,
 //! size_t after) or in the props struct it writes is one generic function. `multi` holds the
 //! v11 / v12 entry points that know NCCL's multi-request groups.
+mod multi;
 mod shims;
 mod tables;
 
-pub use crate::plugin::multi::{live_groups, MAX_GROUP, NCCL_NET_MULTI_REQUEST};
+pub use crate::plugin::multi::{live_groups, MAX_GROUP};
+pub use multi::NCCL_NET_MULTI_REQUEST;
 pub(crate) use shims::init_v6;
 pub use tables::*;
 

@@ -3,11 +3,11 @@
 //! The statics carry NCCL's symbol names; the Neuron flavour compiles them without exporting.
 #![allow(non_upper_case_globals)]
 use super::super::types::*;
-use super::shims::*;
-use super::*;
-use crate::plugin::multi::{
+use super::multi::{
     close_recv_v11, close_send_v11, get_properties_v11, irecv_v11, isend_v11, test_v11,
 };
+use super::shims::*;
+use super::*;
 use std::os::raw::{c_char, c_int};
 
 pub(crate) type FDevices = unsafe extern "C" fn(*mut c_int) -> Res;
