@@ -1,7 +1,8 @@
 //! The `Transport` trait: tagged send/receive between endpoints, memory registration and
 //! completion polling, with the semantics of a libfabric RDM endpoint. Two backends:
 //! `fabric` (libfabric) and `loopback` (in-process, ranks as threads, for tests), and `tiered`,
-//! one transport over two of them (peers of this host on one, the others on the other).
+//! one transport over two of them (peers of this host on one, the others on the other). `open`
+//! opens the collective engines' transport as the configuration asks.
 use crate::error::{Error, Result};
 use std::any::Any;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use std::time::Duration;
 pub mod fabric;
 pub mod loopback;
 mod mem;
+pub mod open;
 pub mod tiered;
 
 pub use mem::{Region, Scratch};
@@ -199,6 +201,9 @@ pub struct Caps {
     /// (`FABRICOLL_NET_STREAMS` overrides): 1 keeps one endpoint per comm; 0 where striping is
     /// not offered (providers without one connection per endpoint pair, such as shm).
     pub net_streams: usize,
+    /// Nominal one-way latency of a message in microseconds (the net plugin's `latency`
+    /// property); 0 where the provider is not one we know (NCCL's default).
+    pub latency_us: f32,
     /// Over two fabrics, the capabilities of the one between ranks of this host (shared
     /// memory), whose eager limit, slice size and poll window price the intra-host steps; the
     /// other fields describe the fabric between hosts. None over one fabric.
@@ -235,6 +240,7 @@ impl Default for Caps {
             receiver_copies: false,
             direct_channel: false,
             net_streams: 0,
+            latency_us: 0.0,
             intra: None,
         }
     }
