@@ -1,5 +1,5 @@
-//! Build script: libfabric bindings (bindgen + cc for the static inline functions) and the
-//! link arguments NCCL needs from the plugin library.
+//! Build script: libfabric bindings (bindgen + cc for the static inline functions), the C API's
+//! header (cbindgen), and the link arguments NCCL needs from the plugin library.
 use std::env;
 use std::path::PathBuf;
 
@@ -60,8 +60,7 @@ fn main() {
     }
     println!("cargo:rustc-link-lib=dylib=fabric");
 
-    generate_c_collectives(&out);
-    generate_c_varied(&out);
+    declare_exports(&out);
     generate_header(&out);
 
     // NCCL dlcloses and re-opens net plugins: keep our statics and threads alive (-z nodelete),
@@ -76,213 +75,72 @@ fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{soname}");
 }
 
+/// One export of src/ffi/api/export_table.rs, as cbindgen needs to see it.
+struct Export {
+    name: &'static str,
+    docs: Vec<&'static str>,
+    /// Every argument, `name: type`.
+    params: Vec<&'static str>,
+}
+
+/// The exports of src/ffi/api/export_table.rs, read as the library's `c_exports!`
+/// (src/ffi/api/exports.rs) reads it: the same names, docs and arguments, without the calls.
+macro_rules! c_exports {
+    (
+        nonblocking_doc: $nb_pre:literal, $nb_post:literal;
+        stream_doc: $st_pre:literal, $st_post:literal;
+        $($entries:tt)*
+    ) => {{
+        let mut all = Vec::new();
+        c_exports!(@each all [$nb_pre, $nb_post, $st_pre, $st_post] $($entries)*);
+        all
+    }};
+    (@each $all:ident [$($docs:literal),*]) => {};
+    (@each $all:ident [$nb_pre:literal, $nb_post:literal, $st_pre:literal, $st_post:literal]
+        $(#[doc = $doc:literal])+
+        $(#[nonblocking_doc = $nb_doc:literal])?
+        fn $name:ident, $iname:ident $(, $sname:ident)? ($($arg:ident: $ty:ty),* $(,)?) => $args:expr;
+        $($rest:tt)*
+    ) => {
+        let params = vec![$(stringify!($arg: $ty),)* "comm: *mut fabricoll_comm"];
+        let with = |last: &'static str| params.iter().copied().chain([last]).collect();
+        $all.push(Export { name: stringify!($name), docs: vec![$($doc),+], params: params.clone() });
+        let nb_doc = [$($nb_doc)?].first().copied();
+        $all.push(Export {
+            name: stringify!($iname),
+            docs: vec![nb_doc.unwrap_or(concat!($nb_pre, stringify!($name), $nb_post))],
+            params: with("request: *mut *mut fabricoll_request"),
+        });
+        $($all.push(Export {
+            name: stringify!($sname),
+            docs: vec![concat!($st_pre, stringify!($name), $st_post)],
+            params: with("stream: *mut c_void"),
+        });)?
+        c_exports!(@each $all [$nb_pre, $nb_post, $st_pre, $st_post] $($rest)*);
+    };
+}
+
+/// The C API's send, receive and collective exports, which the library writes with a macro
+/// from src/ffi/api/export_table.rs, declared for cbindgen (which does not expand macros) in
+/// OUT_DIR/c_api_exports.rs: read by cbindgen only, never compiled.
+fn declare_exports(out: &std::path::Path) {
+    let exports: Vec<Export> = include!("src/ffi/api/export_table.rs");
+    let mut src = String::from("// Declarations of src/ffi/api/export_table.rs for cbindgen.\n");
+    for e in exports {
+        for d in e.docs {
+            src += &format!("\n#[doc = {d:?}]");
+        }
+        src += &format!(
+            "\n#[no_mangle]\npub extern \"C\" fn {}({}) -> fabricoll_status {{}}\n",
+            e.name,
+            e.params.join(", ")
+        );
+    }
+    std::fs::write(out.join("c_api_exports.rs"), src).expect("write c_api_exports.rs");
+}
+
 /// include/fabricoll.h from the `fabricoll_*` functions (src/ffi/api/), written to OUT_DIR;
 /// tests compare it with the committed header.
-/// The C API's 16 send, receive and collective exports, blocking and non-blocking, and their 8
-/// stream-ordered twins, generated from one table into OUT_DIR (`include!`d by src/ffi/api/collectives.rs) so that they are
-/// not copied by hand. A macro would do the same for Rust, but cbindgen, which writes the
-/// header, does not expand macros on stable Rust; it reads this file instead.
-fn generate_c_collectives(out: &std::path::Path) {
-    /// An export's arguments after the buffers: (name, Rust type).
-    type Params = &'static [(&'static str, &'static str)];
-    // (name, doc, the arguments after the buffers, how they build the call's `Args`)
-    const COLLS: &[(&str, &str, Params, &str)] = &[
-        (
-            "allreduce",
-            "recvbuf = the reduction of every rank's sendbuf (count elements each; in place when the buffers are equal).",
-            &[("count", "usize"), ("datatype", "c_int"), ("op", "c_int")],
-            "Args::coll(AllReduce, sendbuf, recvbuf, count, datatype).op(op)",
-        ),
-        (
-            "allgather",
-            "recvbuf (nranks x sendcount) = every rank's sendbuf, in rank order.",
-            &[("sendcount", "usize"), ("datatype", "c_int")],
-            "Args::coll(AllGather, sendbuf, recvbuf, sendcount, datatype)",
-        ),
-        (
-            "reducescatter",
-            "recvbuf (recvcount) = block `rank` of the reduction of every rank's sendbuf (nranks x recvcount).",
-            &[("recvcount", "usize"), ("datatype", "c_int"), ("op", "c_int")],
-            "Args::coll(ReduceScatter, sendbuf, recvbuf, recvcount, datatype).op(op)",
-        ),
-        (
-            "broadcast",
-            "recvbuf = the root's sendbuf on every rank (sendbuf is read on the root only and may be NULL elsewhere).",
-            &[("count", "usize"), ("datatype", "c_int"), ("root", "c_int")],
-            "Args::coll(Broadcast, sendbuf, recvbuf, count, datatype).root(root)",
-        ),
-        (
-            "reduce",
-            "The root's recvbuf = the reduction of every rank's sendbuf (recvbuf is written on the root only and may be NULL elsewhere).",
-            &[("count", "usize"), ("datatype", "c_int"), ("op", "c_int"), ("root", "c_int")],
-            "Args::coll(Reduce, sendbuf, recvbuf, count, datatype).op(op).root(root)",
-        ),
-        (
-            "alltoall",
-            "Block j (count elements) of rank i's sendbuf lands as block i of rank j's recvbuf.",
-            &[("count", "usize"), ("datatype", "c_int")],
-            "Args::coll(AllToAll, sendbuf, recvbuf, count, datatype)",
-        ),
-    ];
-    // (name, doc, buffer argument, its type, whether it sends)
-    const P2P: &[(&str, &str, &str, bool)] = &[
-        (
-            "send",
-            "Send count elements to `peer` (matched in order with its fabricoll_recv from this rank).",
-            "*const c_void",
-            true,
-        ),
-        ("recv", "Receive count elements from `peer`.", "*mut c_void", false),
-    ];
-    let mut src = String::from(
-        "// Generated by build.rs (generate_c_collectives): the C API's send, receive and\n\
-         // collective exports. Edit the table there, not this file.\n",
-    );
-    for (name, doc, rest, args) in COLLS {
-        let params: String = [("sendbuf", "*const c_void"), ("recvbuf", "*mut c_void")]
-            .iter()
-            .chain(rest.iter())
-            .map(|(n, t)| format!("    {n}: {t},\n"))
-            .collect();
-        src += &export_pair(name, doc, &nb_doc(name), &params, args);
-        src += &export_stream(name, &params, args);
-    }
-    for (name, doc, buf_ty, sends) in P2P {
-        let params = format!(
-            "    buf: {buf_ty},\n    count: usize,\n    datatype: c_int,\n    peer: c_int,\n"
-        );
-        let args = format!("Args::p2p({sends}, buf as *mut c_void, count, datatype, peer)");
-        src += &export_pair(
-            name,
-            doc,
-            &format!("Non-blocking fabricoll_{name}."),
-            &params,
-            &args,
-        );
-        src += &export_stream(name, &params, &args);
-    }
-    std::fs::write(out.join("c_api_collectives.rs"), src).expect("write c_api_collectives.rs");
-}
-
-/// The C API's gather, scatter, barrier, uneven-count and tagged exports, blocking and
-/// non-blocking, from one table into OUT_DIR (`include!`d by src/ffi/api/varied.rs), as
-/// `generate_c_collectives` does for the others.
-fn generate_c_varied(out: &std::path::Path) {
-    type Params = &'static [(&'static str, &'static str)];
-    const SEND: (&str, &str) = ("sendbuf", "*const c_void");
-    const RECV: (&str, &str) = ("recvbuf", "*mut c_void");
-    const DT: (&str, &str) = ("datatype", "c_int");
-    // (name, doc, every argument before `comm`, how they build the call's arguments)
-    const CALLS: &[(&str, &str, Params, &str)] = &[
-        (
-            "gather",
-            "Every rank's sendbuf (sendcount elements) lands in rank order in the root's recvbuf (nranks x sendcount; written on the root only, may be NULL elsewhere).",
-            &[SEND, RECV, ("sendcount", "usize"), DT, ("root", "c_int")],
-            "VArgs::rooted(false, sendbuf, recvbuf, sendcount, datatype, root)",
-        ),
-        (
-            "scatter",
-            "Block i (recvcount elements) of the root's sendbuf (nranks x recvcount; read on the root only, may be NULL elsewhere) lands in rank i's recvbuf.",
-            &[SEND, RECV, ("recvcount", "usize"), DT, ("root", "c_int")],
-            "VArgs::rooted(true, sendbuf, recvbuf, recvcount, datatype, root)",
-        ),
-        (
-            "barrier",
-            "Completes once every rank has called it.",
-            &[],
-            "VArgs::new(Varied::Barrier, std::ptr::null(), std::ptr::null_mut(), 0)",
-        ),
-        (
-            "allgatherv",
-            "recvbuf + displs[i] (recvcounts[i] elements) = rank i's sendbuf; sendcount must equal recvcounts[rank]. recvcounts (nranks values, the same on every rank) must not be NULL; displs NULL packs the blocks in rank order. The arrays are read before the call returns.",
-            &[SEND, ("sendcount", "usize"), RECV, ("recvcounts", "*const usize"), ("displs", "*const usize"), DT],
-            "VArgs::allgatherv(sendbuf, sendcount, recvbuf, recvcounts, displs, datatype)",
-        ),
-        (
-            "reducescatterv",
-            "recvbuf (recvcounts[rank] elements) = block `rank` of the reduction of every rank's sendbuf, whose blocks are recvcounts[0..nranks] packed. recvcounts (the same on every rank) must not be NULL; it is read before the call returns.",
-            &[SEND, RECV, ("recvcounts", "*const usize"), DT, ("op", "c_int")],
-            "VArgs::reducescatterv(sendbuf, recvbuf, recvcounts, datatype, op)",
-        ),
-        (
-            "alltoallv",
-            "sendbuf + sdispls[j] (sendcounts[j] elements) goes to rank j, landing at its recvbuf + rdispls[i] (recvcounts[i]) for this rank i. The counts arrays must not be NULL; a NULL displacements array packs its blocks in rank order. The arrays are read before the call returns.",
-            &[SEND, ("sendcounts", "*const usize"), ("sdispls", "*const usize"), RECV, ("recvcounts", "*const usize"), ("rdispls", "*const usize"), DT],
-            "VArgs::alltoallv([sendcounts, sdispls, recvcounts, rdispls], sendbuf, recvbuf, datatype)",
-        ),
-        (
-            "send_tagged",
-            "Send count elements to `peer` with `tag` (0 ..= FABRICOLL_MAX_TAG), matched in order with its receives of that tag from this rank (fabricoll_send is tag 0).",
-            &[("buf", "*const c_void"), ("count", "usize"), DT, ("peer", "c_int"), ("tag", "c_int")],
-            "Tagged { send: true, buf: buf as *mut c_void, count, datatype, peer, tag }",
-        ),
-        (
-            "recv_tagged",
-            "Receive count elements from `peer` with `tag` (fabricoll_recv is tag 0).",
-            &[("buf", "*mut c_void"), ("count", "usize"), DT, ("peer", "c_int"), ("tag", "c_int")],
-            "Tagged { send: false, buf, count, datatype, peer, tag }",
-        ),
-    ];
-    let mut src = String::from(
-        "// Generated by build.rs (generate_c_varied): the C API's gather, scatter, barrier,\n\
-         // uneven-count and tagged exports. Edit the table there, not this file.\n",
-    );
-    for (name, doc, params, args) in CALLS {
-        let params: String = params
-            .iter()
-            .map(|(n, t)| format!("    {n}: {t},\n"))
-            .collect();
-        src += &export_pair(name, doc, &nb_doc(name), &params, args);
-    }
-    std::fs::write(out.join("c_api_varied.rs"), src).expect("write c_api_varied.rs");
-}
-
-/// The doc of a non-blocking export.
-fn nb_doc(name: &str) -> String {
-    format!(
-        "Non-blocking fabricoll_{name}: `*request` completes through fabricoll_test / fabricoll_wait."
-    )
-}
-
-/// The export `fabricoll_{name}` and its non-blocking twin `fabricoll_i{name}`: `params` are
-/// the arguments before `comm` (one a line), `args` makes the call's arguments `a` from them.
-fn export_pair(name: &str, doc: &str, nb_doc: &str, params: &str, args: &str) -> String {
-    let mut src = String::new();
-    for nb in [false, true] {
-        let (export, doc, tail, call) = if nb {
-            (
-                format!("fabricoll_i{name}"),
-                nb_doc,
-                "    request: *mut *mut fabricoll_request,\n",
-                format!("nonblocking(\"fabricoll_i{name}\", comm, a, request)"),
-            )
-        } else {
-            (
-                format!("fabricoll_{name}"),
-                doc,
-                "",
-                format!("blocking(\"fabricoll_{name}\", comm, a)"),
-            )
-        };
-        src += &format!(
-            "\n/// {doc}\n#[no_mangle]\npub extern \"C\" fn {export}(\n{params}    comm: *mut fabricoll_comm,\n{tail}) -> fabricoll_status {{\n    let a = {args};\n    {call}\n}}\n"
-        );
-    }
-    src
-}
-
-/// The stream-ordered export `fabricoll_{name}_stream`: the arguments of `fabricoll_{name}`,
-/// then the caller's CUDA stream.
-fn export_stream(name: &str, params: &str, args: &str) -> String {
-    format!(
-        "\n/// Stream-ordered fabricoll_{name}: returns at once; runs after the work already on `stream` \
-         (a CUstream; never the legacy NULL stream), and later work on `stream` waits for it. The \
-         buffers may be device memory or page-locked host memory and must stay valid until the \
-         stream has passed the call. A failure after the return releases the stream and is \
-         reported by fabricoll_comm_get_async_error.\n#[no_mangle]\npub extern \"C\" fn fabricoll_{name}_stream(\n{params}    comm: *mut fabricoll_comm,\n    stream: *mut c_void,\n) -> fabricoll_status {{\n    let a = {args};\n    stream_ordered(\"fabricoll_{name}_stream\", comm, a, stream)\n}}\n"
-    )
-}
-
 fn generate_header(out: &std::path::Path) {
     println!("cargo:rerun-if-changed=src/ffi/api");
     println!("cargo:rerun-if-changed=cbindgen.toml");
@@ -295,8 +153,7 @@ fn generate_header(out: &std::path::Path) {
     match cbindgen::Builder::new()
         .with_config(config)
         .with_src(PathBuf::from(&crate_dir).join("src/ffi/api/mod.rs"))
-        .with_src(out.join("c_api_collectives.rs"))
-        .with_src(out.join("c_api_varied.rs"))
+        .with_src(out.join("c_api_exports.rs"))
         .generate()
     {
         Ok(b) => {

@@ -290,8 +290,10 @@ static ncclResult_t m_regmr_int(void* comm, void* data, int size, int type, void
   if (size < 0) return ncclInvalidArgument;
   return m_regmr(comm, data, (size_t)size, type, mh);
 }
+/* A host buffer (or no fd) is regMr; the mock advertises no dma-bufs, so any other is refused. */
 static ncclResult_t m_regmr_dmabuf(void* comm, void* data, size_t size, int type, uint64_t off, int fd, void** mh) {
-  (void)comm, (void)data, (void)size, (void)type, (void)off, (void)fd, (void)mh;
+  (void)off;
+  if (type == NCCL_PTR_HOST || fd < 0) return m_regmr(comm, data, size, type, mh);
   return ncclInvalidUsage;
 }
 static ncclResult_t m_deregmr(void* comm, void* mh) {

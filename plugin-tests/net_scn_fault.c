@@ -121,14 +121,21 @@ int scn_badinput(rctx_t* c) {
   EXPECT_ERR(v <= 7 ? "regMr(size = -1 int)" : "regMr(size = (size_t)1<<50)",
              net_regmr(n, sc, sb, (size_t)1 << 50, NCCL_PTR_HOST, &tmp));
   EXPECT_ERR("regMr(NULL mhandle pointer)", net_regmr(n, sc, sb, bsz, NCCL_PTR_HOST, NULL));
-  EXPECT_ERR("regMrDmaBuf(NCCL_PTR_HOST, fd -1) (dma-buf is not supported)",
-             net_regmr_dmabuf(n, sc, sb, bsz, NCCL_PTR_HOST, 0, -1, &tmp));
-  EXPECT_ERR("regMrDmaBuf(NCCL_PTR_CUDA, fd -1) (dma-buf is not supported)",
+  /* regMrDmaBuf of a host buffer, or without an fd, is regMr (as NCCL's own transports do) */
+  {
+    void *dmh = NULL;
+    checks++;
+    if (net_regmr_dmabuf(n, sc, sb, bsz, NCCL_PTR_HOST, 0, -1, &dmh) != ncclSuccess || !dmh)
+      add_err(&e, "regMrDmaBuf(NCCL_PTR_HOST, fd -1) failed: it is regMr");
+    else if (net_deregmr(n, sc, dmh) != ncclSuccess)
+      add_err(&e, "deregMr of regMrDmaBuf(NCCL_PTR_HOST, fd -1) failed");
+  }
+  EXPECT_ERR("regMrDmaBuf(NCCL_PTR_CUDA of host memory, fd -1)",
              net_regmr_dmabuf(n, rc, rb, bsz, NCCL_PTR_CUDA, 0, -1, &tmp));
   {
     int fd = memfd_create("harness-dmabuf", 0);
     if (fd >= 0 && ftruncate(fd, 4096) == 0)
-      EXPECT_ERR("regMrDmaBuf(NCCL_PTR_DMABUF, a memfd) (dma-buf is not supported)",
+      EXPECT_ERR("regMrDmaBuf(type NCCL_PTR_DMABUF 4, a memfd) (not a buffer type)",
                  net_regmr_dmabuf(n, sc, sb, bsz, NCCL_PTR_DMABUF, 0, fd, &tmp));
     if (fd >= 0) close(fd);
   }

@@ -70,7 +70,7 @@ pub struct Config {
     /// Where `intra_provider` came from: `FABRICOLL_INTRA_PROVIDER` or `config.intra_provider`.
     pub intra_provider_var: &'static str,
     /// `intra_provider` is the default (`shm`), set by no one: where it cannot be had, the
-    /// provider between hosts serves every peer instead (`coll::open_endpoint_on`). One that
+    /// provider between hosts serves every peer instead (`transport::open::engines`). One that
     /// was set and cannot be had is an error.
     pub intra_provider_default: bool,
 }

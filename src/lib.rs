@@ -1,6 +1,7 @@
 //! fabricoll: collective communication over libfabric, as an NCCL net / CollNet plugin and a
 //! native C API. README.md is for users; docs/architecture.md maps the code.
 pub mod algo;
+pub mod cli;
 pub mod coll;
 pub mod compress;
 pub mod config;

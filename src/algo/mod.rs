@@ -60,6 +60,27 @@ impl Collective {
         Collective::AllToAll,
     ];
 
+    /// The names of the collectives, as the C API, `FABRICOLL_ALGO` and the tools' `--coll`
+    /// take them.
+    pub const NAMES: [(&'static str, Collective); 8] = [
+        ("allreduce", Collective::AllReduce),
+        ("allgather", Collective::AllGather),
+        ("reducescatter", Collective::ReduceScatter),
+        ("reduce_scatter", Collective::ReduceScatter),
+        ("broadcast", Collective::Broadcast),
+        ("bcast", Collective::Broadcast),
+        ("reduce", Collective::Reduce),
+        ("alltoall", Collective::AllToAll),
+    ];
+
+    /// The collective `s` names (one of `NAMES`).
+    pub fn from_name(s: &str) -> Option<Collective> {
+        Collective::NAMES
+            .iter()
+            .find(|(n, _)| *n == s)
+            .map(|(_, c)| *c)
+    }
+
     /// Does the collective combine values (so a reduction op applies)?
     pub fn reduces(self) -> bool {
         matches!(
@@ -234,10 +255,17 @@ pub enum Op {
 impl Op {
     /// Spans this op reads.
     pub fn reads(&self) -> Vec<Span> {
+        self.read_spans().into_iter().flatten().collect()
+    }
+
+    /// The spans this op reads, without an allocation.
+    pub fn read_spans(&self) -> [Option<Span>; 2] {
         match self {
-            Op::Send { src, .. } | Op::Copy { src, .. } | Op::RecvReduce { src, .. } => vec![*src],
-            Op::Reduce { a, b, .. } => vec![*a, *b],
-            Op::Recv { .. } | Op::Nop => vec![],
+            Op::Send { src, .. } | Op::Copy { src, .. } | Op::RecvReduce { src, .. } => {
+                [Some(*src), None]
+            }
+            Op::Reduce { a, b, .. } => [Some(*a), Some(*b)],
+            Op::Recv { .. } | Op::Nop => [None, None],
         }
     }
 

@@ -28,6 +28,8 @@ struct Seg {
 #[derive(Clone, Debug, Default)]
 struct Tracker {
     segs: BTreeMap<(Buf, usize), Seg>,
+    /// Scratch of `record`, kept to save an allocation per step.
+    gaps: Vec<(usize, usize)>,
 }
 
 impl Tracker {
@@ -82,12 +84,12 @@ impl Tracker {
         self.split(buf, sp.off);
         self.split(buf, end);
         if write {
-            let keys: Vec<(Buf, usize)> = self
+            while let Some(k) = self
                 .segs
                 .range((buf, sp.off)..(buf, end))
+                .next()
                 .map(|x| *x.0)
-                .collect();
-            for k in keys {
+            {
                 self.segs.remove(&k);
             }
             let seg = Seg {
@@ -99,7 +101,7 @@ impl Tracker {
             return;
         }
         let mut cur = sp.off;
-        let mut gaps = Vec::new();
+        let mut gaps = std::mem::take(&mut self.gaps);
         for (&(_, off), s) in self.segs.range_mut((buf, sp.off)..(buf, end)) {
             if off > cur {
                 gaps.push((cur, off));
@@ -110,7 +112,7 @@ impl Tracker {
         if cur < end {
             gaps.push((cur, end));
         }
-        for (a, e) in gaps {
+        for (a, e) in gaps.drain(..) {
             let seg = Seg {
                 end: e,
                 writer: None,
@@ -118,6 +120,7 @@ impl Tracker {
             };
             self.segs.insert((buf, a), seg);
         }
+        self.gaps = gaps;
     }
 }
 
@@ -127,6 +130,8 @@ pub(crate) struct Sched<'a> {
     pub b: &'a mut Builder,
     start: &'a Deps,
     tr: Vec<Tracker>,
+    /// Scratch of `op`, kept to save an allocation per step.
+    deps: Vec<usize>,
 }
 
 impl<'a> Sched<'a> {
@@ -136,24 +141,28 @@ impl<'a> Sched<'a> {
             b,
             start,
             tr: vec![Tracker::default(); n],
+            deps: Vec::new(),
         }
     }
 
     /// Append `op` to `rank`'s list after its hazards and `extra`; returns its index.
     pub fn op(&mut self, rank: usize, op: Op, extra: &[usize]) -> usize {
-        let (reads, write) = (op.reads(), op.writes());
-        let mut deps = self.start[rank].clone();
+        let (reads, write) = (op.read_spans(), op.writes());
+        let mut deps = std::mem::take(&mut self.deps);
+        deps.clear();
+        deps.extend_from_slice(&self.start[rank]);
         deps.extend_from_slice(extra);
         let t = &mut self.tr[rank];
-        for r in &reads {
+        for r in reads.iter().flatten() {
             t.deps(*r, false, &mut deps);
         }
         if let Some(w) = write {
             t.deps(w, true, &mut deps);
         }
         let id = self.b.push(rank, op, &deps);
+        self.deps = deps;
         let t = &mut self.tr[rank];
-        for r in reads {
+        for r in reads.into_iter().flatten() {
             t.record(r, id, false);
         }
         if let Some(w) = write {

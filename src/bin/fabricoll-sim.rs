@@ -4,6 +4,7 @@
 //! An nccl-tests-style table; each line says how long its simulation took.
 use clap::Parser;
 use nccl_net_fabricoll::algo::{self, Algorithm, Collective, Hosts, Options, Problem};
+use nccl_net_fabricoll::cli;
 use nccl_net_fabricoll::sim::{self, Params};
 use nccl_net_fabricoll::transport::DEFAULT_SLICE_BYTES;
 use nccl_net_fabricoll::tune::{gbps_to_us_per_byte, Model};
@@ -20,13 +21,13 @@ struct Args {
     #[arg(long, default_value = "2x4", value_parser = layout)]
     hosts: Layout,
     /// allreduce, allgather, reducescatter, broadcast, reduce or alltoall.
-    #[arg(long, default_value = "allreduce", value_parser = collective)]
+    #[arg(long, default_value = "allreduce", value_parser = cli::collective)]
     coll: Collective,
     /// Smallest size (bytes, as nccl-tests counts them: AllGather's and AllToAll's output,
     /// ReduceScatter's input).
-    #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = size)]
+    #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = cli::size)]
     min_bytes: usize,
-    #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = size)]
+    #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = cli::size)]
     max_bytes: usize,
     /// Multiply the size by this each line.
     #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
@@ -70,28 +71,14 @@ struct Args {
     #[arg(long)]
     copy_gbps: Option<f64>,
     /// Bytes per slice of pipelined schedules (the transport's slice size).
-    #[arg(long, default_value_t = DEFAULT_SLICE_BYTES, value_parser = size)]
+    #[arg(long, default_value_t = DEFAULT_SLICE_BYTES, value_parser = cli::size)]
     slice: usize,
     /// Only these algorithms (comma-separated names); default every one that applies.
-    #[arg(long, value_delimiter = ',', value_parser = algorithm)]
+    #[arg(long, value_delimiter = ',', value_parser = cli::algorithm)]
     algos: Vec<Algorithm>,
     /// Skip a schedule estimated to have more steps than this (memory: about 100 B a step).
     #[arg(long, default_value_t = 20_000_000)]
     max_steps: usize,
-}
-
-fn size(s: &str) -> Result<usize, String> {
-    let s = s.trim();
-    let (num, mul) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<usize>()
-        .ok()
-        .and_then(|v| v.checked_mul(mul))
-        .ok_or_else(|| format!("not a size: {s:?}"))
 }
 
 /// Ranks per host.
@@ -99,59 +86,12 @@ fn size(s: &str) -> Result<usize, String> {
 struct Layout(Vec<usize>);
 
 fn layout(s: &str) -> Result<Layout, String> {
-    let bad = || format!("hosts: {s:?} is neither HOSTSxRANKS (512x8) nor a list (3,2,1)");
-    let v: Vec<usize> = if let Some((h, r)) = s.split_once('x') {
-        let (h, r) = (h.trim().parse::<usize>(), r.trim().parse::<usize>());
-        let (h, r) = (h.map_err(|_| bad())?, r.map_err(|_| bad())?);
-        vec![r; h]
-    } else {
-        s.split(',')
-            .map(|x| x.trim().parse::<usize>().map_err(|_| bad()))
-            .collect::<Result<_, _>>()?
-    };
-    if v.is_empty() || v.contains(&0) {
-        return Err(format!("hosts: {s:?} names an empty host"));
-    }
-    Ok(Layout(v))
-}
-
-fn collective(s: &str) -> Result<Collective, String> {
-    Ok(match s {
-        "allreduce" => Collective::AllReduce,
-        "allgather" => Collective::AllGather,
-        "reducescatter" | "reduce_scatter" => Collective::ReduceScatter,
-        "broadcast" | "bcast" => Collective::Broadcast,
-        "reduce" => Collective::Reduce,
-        "alltoall" => Collective::AllToAll,
-        _ => return Err(format!("unknown collective {s:?}")),
-    })
-}
-
-fn algorithm(s: &str) -> Result<Algorithm, String> {
-    Algorithm::from_name(s).ok_or_else(|| {
-        let names: Vec<&str> = Algorithm::ALL.iter().map(|x| x.name()).collect();
-        format!("unknown algorithm {s:?}; accepted: {}", names.join(", "))
-    })
-}
-
-/// nccl-tests' bus bandwidth factor.
-fn bus_factor(c: Collective, n: usize) -> f64 {
-    let n = n as f64;
-    match c {
-        Collective::AllReduce => 2.0 * (n - 1.0) / n,
-        Collective::Broadcast | Collective::Reduce => 1.0,
-        _ => (n - 1.0) / n,
-    }
+    cli::hosts(s).map(Layout)
 }
 
 /// The problem of `bytes` as nccl-tests sizes it.
 fn problem(c: Collective, n: usize, bytes: usize, elem: usize) -> Problem {
-    let count = bytes / elem;
-    let count = match c {
-        Collective::AllReduce | Collective::Broadcast | Collective::Reduce => count,
-        _ => count / n,
-    };
-    Problem::new(c, n, count)
+    Problem::new(c, n, cli::counts(c, bytes, elem, n).1)
 }
 
 /// One simulated schedule.
@@ -315,7 +255,7 @@ fn run(args: &Args) -> Result<(), String> {
             },
         };
         let best = (0..runs.len()).min_by(|&x, &y| runs[x].us.total_cmp(&runs[y].us));
-        let shown = bytes_shown(&p, args.elem);
+        let shown = cli::counts(args.coll, bytes, args.elem, n).0 * args.elem;
         for (i, r) in runs.iter().enumerate() {
             let algbw = shown as f64 / r.us / 1e3;
             let mut mark = String::new();
@@ -332,7 +272,7 @@ fn run(args: &Args) -> Result<(), String> {
                 name(r),
                 r.us,
                 algbw,
-                algbw * bus_factor(args.coll, n),
+                algbw * cli::bus_factor(args.coll, n),
                 r.steps,
                 r.secs,
                 mark.trim_end()
@@ -385,14 +325,6 @@ fn name(r: &Run) -> String {
         Algorithm::Hier => format!("hier({}x{})", r.opts.intra, r.opts.inter),
         Algorithm::Swizzle => format!("swizzle({})", r.opts.intra),
         a => a.to_string(),
-    }
-}
-
-/// nccl-tests' size of `p`: the whole vector.
-fn bytes_shown(p: &Problem, elem: usize) -> usize {
-    match p.coll {
-        Collective::AllReduce | Collective::Broadcast | Collective::Reduce => p.count * elem,
-        _ => p.count * p.nranks * elem,
     }
 }
 

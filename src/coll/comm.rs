@@ -9,8 +9,8 @@ use crate::algo::{self, Algorithm, Collective, Hosts, Options, Span};
 use crate::config::{AlgoSetting, Config, Timeout};
 use crate::error::{Error, Result};
 use crate::reduce::DataType;
-use crate::transport::tiered::{self, Tiered};
-use crate::transport::{Peer, Scratch, Transport};
+use crate::transport::tiered;
+use crate::transport::{self, Peer, Scratch, Transport};
 use crate::tune::Model;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
@@ -407,112 +407,12 @@ pub fn open_endpoint(cfg: &Config) -> Result<Arc<dyn Transport>> {
     open_endpoint_on(cfg, 0)
 }
 
-/// A new endpoint for the collective engines. The network provider (FABRICOLL_PROVIDER) takes
-/// device `hint mod n` of its n devices (FABRICOLL_DOMAIN lists them in order): ranks of one
-/// host given their local rank as the hint spread over the host's NICs. Where
-/// FABRICOLL_INTRA_PROVIDER names another provider, the endpoint is a transport over two
-/// fabrics (`tiered::Tiered`): that provider for ranks of this host, the network for the rest.
-/// Where no one set it and its default (shm) cannot be had (`FI_PROVIDER` hides it from
-/// libfabric), the network serves every peer, and one info line per process says why; one
-/// that was set and cannot be had is an error naming where it was set.
+/// A new endpoint for the collective engines on device `hint mod n` of the network provider's
+/// n devices, over two fabrics where the configuration names an intra-host provider
+/// (`transport::open::engines`, which says how): ranks of one host given their local rank as
+/// the hint spread over the host's NICs.
 pub fn open_endpoint_on(cfg: &Config, hint: usize) -> Result<Arc<dyn Transport>> {
-    use crate::transport::fabric::FabricTransport;
-    // A provider that was named and is not here is an error naming its variable (discover).
-    let d = discovery(cfg)?;
-    if d.devices.is_empty() {
-        return Err(Error::System(format!(
-            "no libfabric device (providers found: {})",
-            if d.providers.is_empty() {
-                "none".to_string()
-            } else {
-                d.providers.join(", ")
-            }
-        )));
-    }
-    let i = hint % d.devices.len();
-    let dev = &d.devices[i];
-    log::info!(
-        "endpoint hint {hint}: device {i} of {} ({} / {})",
-        d.devices.len(),
-        dev.caps.provider,
-        dev.caps.domain
-    );
-    let inter: Arc<dyn Transport> = Arc::new(FabricTransport::open(dev)?);
-    let core = |p: &str| p.split(';').next().unwrap_or(p).to_string();
-    let intra_name = match &cfg.intra_provider {
-        Some(p) if core(p) != core(&dev.caps.provider) => p.clone(),
-        _ => return Ok(inter),
-    };
-    let intra_cfg = Config {
-        provider: Some(intra_name.clone()),
-        provider_var: cfg.intra_provider_var,
-        domains: None,
-        ..cfg.clone()
-    };
-    let intra = discovery(&intra_cfg).and_then(|di| {
-        let idev = di.devices.first().ok_or_else(|| {
-            Error::System(format!(
-                "no device (providers found: {})",
-                di.providers.join(", ")
-            ))
-        })?;
-        Ok(Arc::new(FabricTransport::open(idev)?) as Arc<dyn Transport>)
-    });
-    let intra = match intra {
-        Ok(t) => t,
-        Err(why) if cfg.intra_provider_default => {
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                log::info!(
-                    "FABRICOLL_INTRA_PROVIDER is not set and its default {intra_name} cannot be had here ({why}): {} serves every peer, within this host too",
-                    dev.caps.provider
-                )
-            });
-            return Ok(inter);
-        }
-        Err(why) => {
-            let var = cfg.intra_provider_var;
-            let way_out = format!("set {var}=same to use {} for every peer", dev.caps.provider);
-            return Err(match why {
-                // discover's own error already names the variable and the provider
-                Error::InvalidArgument(m) if m.contains(var) => {
-                    Error::InvalidArgument(format!("{m}; {way_out}"))
-                }
-                e => Error::arg(var, format!("{intra_name}: {e}; {way_out}")),
-            });
-        }
-    };
-    Ok(Arc::new(Tiered::new(
-        placement::host_key(cfg),
-        intra,
-        inter,
-    )?))
-}
-
-/// What discovery finds for the engines under `cfg`'s provider, domains and fastbox setting,
-/// found once per process for each.
-fn discovery(cfg: &Config) -> Result<&'static crate::transport::fabric::Discovery> {
-    use crate::transport::fabric::{self, Discovery};
-    // (the variable that named the provider too: a provider not found is an error naming it)
-    type Key = (Option<String>, &'static str, Option<Vec<String>>, bool);
-    type Found = &'static std::result::Result<Discovery, Error>;
-    static CACHE: Mutex<Vec<(Key, Found)>> = Mutex::new(Vec::new());
-    let key: Key = (
-        cfg.provider.clone(),
-        cfg.provider_var,
-        cfg.domains.clone(),
-        cfg.shm_fastbox,
-    );
-    let mut cache = CACHE.lock();
-    let found = match cache.iter().find(|(k, _)| *k == key) {
-        Some((_, f)) => *f,
-        None => {
-            let f: Found = Box::leak(Box::new(fabric::discover(cfg, fabric::Use::Engines)));
-            cache.push((key, f));
-            f
-        }
-    };
-    found.as_ref().map_err(Clone::clone)
+    transport::open::engines(cfg, hint, placement::host_key(cfg))
 }
 
 /// Spans of a whole buffer, for tests and tools.

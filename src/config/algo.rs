@@ -3,18 +3,6 @@
 use crate::algo::{self, Algorithm, Collective};
 use crate::error::{Error, Result};
 
-/// The names of the collectives, as the C API and fabricoll-perf's `--coll` name them.
-pub const COLL_NAMES: [(&str, Collective); 8] = [
-    ("allreduce", Collective::AllReduce),
-    ("allgather", Collective::AllGather),
-    ("reducescatter", Collective::ReduceScatter),
-    ("reduce_scatter", Collective::ReduceScatter),
-    ("broadcast", Collective::Broadcast),
-    ("bcast", Collective::Broadcast),
-    ("reduce", Collective::Reduce),
-    ("alltoall", Collective::AllToAll),
-];
-
 /// The algorithm forced on a collective, and how.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Forced {
@@ -111,11 +99,7 @@ impl AlgoSetting {
                 }
                 Some((c, a)) => {
                     let c = c.trim().to_ascii_lowercase();
-                    let coll = COLL_NAMES
-                        .iter()
-                        .find(|(n, _)| *n == c)
-                        .map(|(_, coll)| *coll)
-                        .ok_or_else(|| {
+                    let coll = Collective::from_name(&c).ok_or_else(|| {
                             bad(
                                 part,
                                 "names no collective; accepted values: allreduce, allgather, reducescatter, broadcast, reduce, alltoall".into(),

@@ -1,9 +1,11 @@
 //! NCCL semantics, independent of the ABI version: devices and their properties, handles,
-//! listen/connect/accept state machines, requests and the registration cache.
+//! listen/connect/accept state machines, requests, multi-request groups and the registration
+//! cache.
 pub mod collnet;
 pub mod gpu;
 pub mod handles;
 pub mod mr;
+pub mod multi;
 pub mod net;
 pub mod tuner;
 
@@ -128,16 +130,6 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
     h
 }
 
-/// Nominal one-way latency per provider, in microseconds (NCCL's `latency` property).
-fn nominal_latency_us(provider: &str) -> f32 {
-    match provider.split(';').next().unwrap_or("") {
-        "shm" => 1.0,
-        "efa" => 15.0,
-        "tcp" | "net" => 20.0,
-        _ => 0.0, // NCCL's default
-    }
-}
-
 /// The plugin: its devices and what discovery saw.
 pub struct Plugin {
     pub flavour: Flavour,
@@ -195,7 +187,7 @@ impl Plugin {
                     .unwrap_or(cfg.speed_mbps as u64)
                     .min(i32::MAX as u64) as i32,
                 port: 0,
-                latency_us: nominal_latency_us(&caps.provider),
+                latency_us: caps.latency_us,
                 max_comms: MAX_COMMS,
                 max_recvs: MAX_RECVS as i32,
                 max_p2p_bytes: MAX_P2P_BYTES.min(caps.max_msg_size),
@@ -246,7 +238,7 @@ impl Plugin {
                     reg_is_global: flavour.mr_cache(cfg),
                     speed_mbps: cfg.speed_mbps as i32,
                     port: 0,
-                    latency_us: 0.0,
+                    latency_us: caps.latency_us,
                     max_comms: MAX_COMMS,
                     max_recvs: MAX_RECVS as i32,
                     max_p2p_bytes: MAX_P2P_BYTES,

@@ -7,7 +7,7 @@ use super::params::{Level, Params};
 use super::share::{LinkId, Links, TIME_EPS};
 use crate::algo::{Hosts, Op, Schedule};
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 
 /// What a run found.
 #[derive(Clone, Debug, PartialEq)]
@@ -228,55 +228,89 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Pair the k-th send from a to b with the k-th receive at b from a.
+    /// Pair the k-th send from a to b with the k-th receive at b from a: sends and receives
+    /// sorted by (sender, receiver) and then by step, matched in their groups.
     fn match_messages(&mut self, s: &Schedule, base: &[usize]) -> Result<(), String> {
-        let mut sends: HashMap<(u32, u32), VecDeque<u32>> = HashMap::new();
+        let pair = |a: usize, b: usize| ((a as u64) << 32) | b as u64;
+        let mut sends: Vec<(u64, u32)> = Vec::new();
+        let mut recvs: Vec<(u64, u32)> = Vec::new();
         for (r, steps) in s.ranks.iter().enumerate() {
             for (i, st) in steps.iter().enumerate() {
-                if let Op::Send { peer, .. } = st.op {
-                    let key = (r as u32, peer as u32);
-                    sends
-                        .entry(key)
-                        .or_default()
-                        .push_back((base[r] + i) as u32);
-                }
-            }
-        }
-        for (r, steps) in s.ranks.iter().enumerate() {
-            for (i, st) in steps.iter().enumerate() {
-                if !st.op.is_recv() {
-                    continue;
-                }
-                let peer = st.op.peer().unwrap_or(0);
                 let g = (base[r] + i) as u32;
-                let snd = sends
-                    .get_mut(&(peer as u32, r as u32))
-                    .and_then(VecDeque::pop_front)
-                    .ok_or(format!(
-                        "schedule: rank {r} step {i} receives from {peer}, which sends no match"
-                    ))?;
-                if self.arg[snd as usize] != self.arg[g as usize] {
-                    return Err(format!(
-                        "schedule: rank {r} step {i} receives {} bytes from {peer}, which sends {}",
-                        self.arg[g as usize], self.arg[snd as usize]
-                    ));
+                match st.op {
+                    Op::Send { peer, .. } => sends.push((pair(r, peer), g)),
+                    Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => {
+                        recvs.push((pair(peer, r), g))
+                    }
+                    _ => {}
                 }
-                let m = self.msgs.len() as u32;
-                self.msgs.push(Msg {
-                    bytes: self.arg[g as usize],
-                    send: snd,
-                    recv: g,
-                    inter: self.host[r] != self.host[peer],
-                    arrived: false,
-                });
-                self.msg_of[snd as usize] = m;
-                self.msg_of[g as usize] = m;
             }
         }
-        if let Some(((a, b), _)) = sends.iter().find(|(_, q)| !q.is_empty()) {
+        sends.sort_unstable();
+        recvs.sort_unstable();
+        // The send of each receive (u32::MAX: none), by the receive's step.
+        let mut send_of: Vec<u32> = vec![u32::MAX; self.kind.len()];
+        let (mut x, mut y) = (0, 0);
+        let mut unmatched: Option<u32> = None;
+        while y < recvs.len() {
+            let key = recvs[y].0;
+            if x < sends.len() && sends[x].0 < key {
+                let (a, b) = ((sends[x].0 >> 32) as u32, sends[x].0 as u32);
+                return Err(format!(
+                    "schedule: rank {a} sends to {b} more messages than {b} receives"
+                ));
+            }
+            while y < recvs.len() && recvs[y].0 == key {
+                if x < sends.len() && sends[x].0 == key {
+                    send_of[recvs[y].1 as usize] = sends[x].1;
+                    x += 1;
+                } else {
+                    unmatched = Some(unmatched.map_or(recvs[y].1, |u| u.min(recvs[y].1)));
+                }
+                y += 1;
+            }
+        }
+        if let Some(g) = unmatched {
+            let gi = g as usize;
+            let r = self.rank_of[gi] as usize;
+            let peer = s.ranks[r][gi - base[r]].op.peer().unwrap_or(0);
+            return Err(format!(
+                "schedule: rank {r} step {} receives from {peer}, which sends no match",
+                gi - base[r]
+            ));
+        }
+        if let Some(&(k, _)) = sends.get(x) {
+            let (a, b) = (k >> 32, k as u32);
             return Err(format!(
                 "schedule: rank {a} sends to {b} more messages than {b} receives"
             ));
+        }
+        self.msgs.reserve(sends.len());
+        for (g, &snd) in send_of.iter().enumerate() {
+            if snd == u32::MAX {
+                continue;
+            }
+            if self.arg[snd as usize] != self.arg[g] {
+                let r = self.rank_of[g] as usize;
+                let peer = self.rank_of[snd as usize];
+                return Err(format!(
+                    "schedule: rank {r} step {} receives {} bytes from {peer}, which sends {}",
+                    g - base[r],
+                    self.arg[g],
+                    self.arg[snd as usize]
+                ));
+            }
+            let m = self.msgs.len() as u32;
+            let (a, b) = (self.rank_of[snd as usize], self.rank_of[g]);
+            self.msgs.push(Msg {
+                bytes: self.arg[g],
+                send: snd,
+                recv: g as u32,
+                inter: self.host[a as usize] != self.host[b as usize],
+                arrived: false,
+            });
+            self.msg_of[snd as usize] = m;
+            self.msg_of[g] = m;
         }
         Ok(())
     }

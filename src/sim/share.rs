@@ -1,19 +1,24 @@
 //! Max-min fair sharing of links among flows (progressive filling): every link has a capacity
 //! in bytes per microsecond, every flow crosses one to three links, and the rates are the
 //! max-min fair allocation: raise every unfrozen flow's rate together until some link is full,
-//! freeze the flows crossing it at that rate, repeat. A heap keyed by each link's fair share
-//! (its remaining capacity over its unfrozen flows) finds the next link to fill, so one
-//! recomputation costs O(flows x links per flow x log links).
+//! freeze the flows crossing it at that rate, repeat.
 //!
-//! Rates are recomputed only when a flow starts or ends, only for the flows connected to it
-//! through shared links, and once for all the changes of one instant; a flow's remaining bytes
-//! are brought up to date only when its rate changes, and a heap of finish times finds the
-//! next to end. So a step of a lockstep collective on links of their own costs each flow
-//! O(log flows), not a pass over every flow.
+//! Flows that cross the same links always get the same rate, so they are kept together as a
+//! class (all the slices a rank sends to one peer, all the messages from one host's NIC to
+//! another's): the filling works on classes weighted by their flow counts, and a class keeps
+//! one count of the bytes it has served each of its flows, so that a flow ends when that count
+//! reaches the bytes it had been served when it started plus its own. A heap keyed by each
+//! link's fair share (its remaining capacity over its unfrozen flows) finds the next link to
+//! fill, so one recomputation costs O(classes x links per class x log links), whatever the
+//! number of flows in them.
+//!
+//! Rates are recomputed only when a flow starts or ends, only for the classes connected to it
+//! through shared links, and once for all the changes of one instant; a heap of each class's
+//! next finish finds the next flow to end.
 #![forbid(unsafe_code)]
 
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 
 /// A link of the network (an index into `Links`).
 pub type LinkId = u32;
@@ -25,22 +30,40 @@ pub const MAX_HOPS: usize = 3;
 /// although their finish times differ in the last bits).
 pub const TIME_EPS: f64 = 1e-9;
 
-#[derive(Clone, Debug)]
-struct Flow {
+/// The flows that cross one set of links.
+#[derive(Clone, Debug, Default)]
+struct Class {
     links: [LinkId; MAX_HOPS],
     hops: u8,
-    /// Bytes left at `updated`.
-    remaining: f64,
+    /// Bytes served to each of its flows since the class was last idle, at `updated`.
+    served: f64,
     updated: f64,
+    /// Each flow's rate.
     rate: f64,
-    /// When it ends at its current rate.
+    /// The flows: `served` when each is done, and its token; the first to end on top.
+    flows: BinaryHeap<Key>,
+    /// When its first flow ends at the current rate.
     finish: f64,
-    /// The caller's name for the flow (a message).
-    token: u32,
-    alive: bool,
     frozen: bool,
-    /// Bumped at every new rate, so that stale entries of the finish heap are skipped.
+    /// Bumped at every new finish, so that stale entries of the finish heap are skipped.
     version: u32,
+    /// Its index in `on[links[h]]` while it has flows.
+    pos: [u32; MAX_HOPS],
+}
+
+impl Class {
+    fn count(&self) -> u32 {
+        self.flows.len() as u32
+    }
+
+    fn links(&self) -> &[LinkId] {
+        &self.links[..self.hops as usize]
+    }
+
+    /// When a flow that is done once `target` bytes are served ends at the current rate.
+    fn finish_of(&self, target: f64) -> f64 {
+        self.updated + (target - self.served).max(0.0) / self.rate
+    }
 }
 
 /// A key in a min-heap of f64 (smallest first), with an index and a version.
@@ -61,30 +84,35 @@ impl PartialOrd for Key {
     }
 }
 
-/// The links, the active flows and their max-min fair rates. A flow's start or end changes
-/// only the rates of the flows connected to it through shared links (its component), so only
-/// that component is refilled, and a flow's remaining bytes are brought up to date only when
-/// its rate changes.
+/// The links, the classes of active flows and their max-min fair rates. A flow's start or end
+/// changes only the rates of the classes connected to it through shared links (its
+/// component), so only that component is refilled.
 #[derive(Debug, Default)]
 pub struct Links {
     cap: Vec<f64>,
-    flows: Vec<Flow>,
+    classes: Vec<Class>,
+    /// The class of each set of links that has flows.
+    by_links: HashMap<[LinkId; MAX_HOPS], u32>,
+    /// Slots of `classes` without flows, for reuse.
     free: Vec<u32>,
     alive: usize,
     now: f64,
-    /// The flows on each link (dead ones are dropped when next seen).
+    /// The classes with flows on each link.
     on: Vec<Vec<u32>>,
     /// Links whose flows changed since the last filling.
     dirty: Vec<LinkId>,
     finishes: BinaryHeap<Key>,
-    // Scratch of the filling, one entry per link or flow, kept between fillings.
+    // Scratch of the filling, one entry per link or class, kept between fillings.
     left: Vec<f64>,
     count: Vec<u32>,
     version: Vec<u32>,
     through: Vec<Vec<u32>>,
     seen_link: Vec<u32>,
-    seen_flow: Vec<u32>,
+    seen_class: Vec<u32>,
     stamp: u32,
+    comp_links: Vec<LinkId>,
+    comp_classes: Vec<u32>,
+    stack: Vec<LinkId>,
 }
 
 impl Links {
@@ -105,44 +133,78 @@ impl Links {
         (self.cap.len() - 1) as LinkId
     }
 
+    /// Active flows.
     pub fn active(&self) -> usize {
         self.alive
     }
 
-    /// Start a flow of `bytes` (> 0) over `links` (1 to `MAX_HOPS`) at the current instant.
+    /// Start a flow of `bytes` (> 0) over `links` (1 to `MAX_HOPS` distinct links) at the
+    /// current instant.
     pub fn start(&mut self, links: &[LinkId], bytes: f64, token: u32) {
         debug_assert!(!links.is_empty() && links.len() <= MAX_HOPS && bytes > 0.0);
-        let mut l = [0; MAX_HOPS];
+        debug_assert!((1..links.len()).all(|i| !links[..i].contains(&links[i])));
+        // Unused hops are LinkId::MAX, so the key names the set and its order.
+        let mut l = [LinkId::MAX; MAX_HOPS];
         l[..links.len()].copy_from_slice(links);
-        let f = Flow {
-            links: l,
-            hops: links.len() as u8,
-            remaining: bytes,
-            updated: self.now,
-            rate: 0.0,
-            finish: f64::INFINITY,
-            token,
-            alive: true,
-            frozen: false,
-            version: 0,
-        };
-        let id = match self.free.pop() {
-            Some(i) => {
-                let v = self.flows[i as usize].version.wrapping_add(1);
-                self.flows[i as usize] = Flow { version: v, ..f };
-                i
-            }
+        let c = match self.by_links.get(&l) {
+            Some(&c) => c,
             None => {
-                self.flows.push(f);
-                self.seen_flow.push(0);
-                (self.flows.len() - 1) as u32
+                let c = self.new_class(l, links.len());
+                self.by_links.insert(l, c);
+                c
             }
         };
-        self.alive += 1;
-        for &k in links {
-            self.on[k as usize].push(id);
-            self.dirty.push(k);
+        let now = self.now;
+        let k = &mut self.classes[c as usize];
+        if k.flows.is_empty() {
+            k.served = 0.0;
+            k.rate = 0.0;
+            k.finish = f64::INFINITY;
+        } else {
+            k.served += k.rate * (now - k.updated);
         }
+        k.updated = now;
+        k.flows.push(Key(k.served + bytes, token, 0));
+        self.alive += 1;
+        self.dirty.extend_from_slice(links);
+    }
+
+    /// A class without flows over `l`, listed on its links.
+    fn new_class(&mut self, l: [LinkId; MAX_HOPS], hops: usize) -> u32 {
+        let c = match self.free.pop() {
+            Some(c) => c,
+            None => {
+                self.classes.push(Class::default());
+                self.seen_class.push(0);
+                (self.classes.len() - 1) as u32
+            }
+        };
+        let k = &mut self.classes[c as usize];
+        k.links = l;
+        k.hops = hops as u8;
+        for (h, &link) in l[..hops].iter().enumerate() {
+            k.pos[h] = self.on[link as usize].len() as u32;
+            self.on[link as usize].push(c);
+        }
+        c
+    }
+
+    /// Unlist class `c`, which has no flows left, and free its slot.
+    fn drop_class(&mut self, c: u32) {
+        let k = &mut self.classes[c as usize];
+        k.version = k.version.wrapping_add(1);
+        let (links, pos, hops) = (k.links, k.pos, k.hops as usize);
+        self.by_links.remove(&links);
+        for h in 0..hops {
+            let (link, p) = (links[h] as usize, pos[h] as usize);
+            self.on[link].swap_remove(p);
+            if let Some(&moved) = self.on[link].get(p) {
+                let m = &mut self.classes[moved as usize];
+                let hm = m.links().iter().position(|&x| x as usize == link);
+                m.pos[hm.expect("a listed class crosses its link")] = p as u32;
+            }
+        }
+        self.free.push(c);
     }
 
     /// Move the clock to `t` (flows drain at their rates; nothing changes until one ends).
@@ -159,9 +221,9 @@ impl Links {
         if !self.dirty.is_empty() {
             self.fill();
         }
-        while let Some(&Key(t, i, v)) = self.finishes.peek() {
-            let f = &self.flows[i as usize];
-            if f.alive && f.version == v {
+        while let Some(&Key(t, c, v)) = self.finishes.peek() {
+            let k = &self.classes[c as usize];
+            if !k.flows.is_empty() && k.version == v {
                 return Some(t);
             }
             self.finishes.pop();
@@ -173,17 +235,26 @@ impl Links {
     pub fn take_finished(&mut self, t: f64, out: &mut Vec<u32>) {
         let limit = t + TIME_EPS * t.abs().max(1.0);
         while self.next_finish().is_some_and(|f| f <= limit) {
-            let Some(Key(_, i, _)) = self.finishes.pop() else {
+            let Some(Key(_, c, _)) = self.finishes.pop() else {
                 break;
             };
-            let f = &mut self.flows[i as usize];
-            f.alive = false;
-            f.version = f.version.wrapping_add(1);
-            out.push(f.token);
-            self.alive -= 1;
-            let (links, hops) = (f.links, f.hops as usize);
+            let k = &mut self.classes[c as usize];
+            while let Some(&Key(target, token, _)) = k.flows.peek() {
+                if k.finish_of(target) > limit {
+                    break;
+                }
+                k.flows.pop();
+                out.push(token);
+                self.alive -= 1;
+            }
+            // Its next finish is pushed by the filling that its change calls for.
+            k.version = k.version.wrapping_add(1);
+            k.finish = f64::INFINITY;
+            let (links, hops) = (k.links, k.hops as usize);
+            if k.flows.is_empty() {
+                self.drop_class(c);
+            }
             self.dirty.extend_from_slice(&links[..hops]);
-            self.free.push(i);
         }
     }
 
@@ -192,64 +263,66 @@ impl Links {
         if !self.dirty.is_empty() {
             self.fill();
         }
-        self.flows
+        self.classes
             .iter()
-            .filter(|f| f.alive)
-            .map(|f| (f.token, f.rate))
+            .flat_map(|k| k.flows.iter().map(move |f| (f.1, k.rate)))
             .collect()
     }
 
-    /// The flows connected to the dirty links, each brought up to date at `now`.
-    fn component(&mut self) -> (Vec<u32>, Vec<LinkId>) {
+    /// The classes connected to the dirty links (`comp_classes`, over `comp_links`), each
+    /// brought up to date at `now`.
+    fn component(&mut self) {
         self.stamp = self.stamp.wrapping_add(1).max(1);
         let stamp = self.stamp;
-        let mut links: Vec<LinkId> = Vec::new();
-        let mut flows: Vec<u32> = Vec::new();
-        let mut stack: Vec<LinkId> = std::mem::take(&mut self.dirty);
+        self.comp_links.clear();
+        self.comp_classes.clear();
+        let mut stack = std::mem::take(&mut self.stack);
+        stack.append(&mut self.dirty);
         while let Some(l) = stack.pop() {
             let u = l as usize;
             if self.seen_link[u] == stamp {
                 continue;
             }
             self.seen_link[u] = stamp;
-            links.push(l);
-            let flows_ref = &self.flows;
-            self.on[u].retain(|&i| flows_ref[i as usize].alive);
-            for k in 0..self.on[u].len() {
-                let i = self.on[u][k];
-                if self.seen_flow[i as usize] == stamp {
+            self.comp_links.push(l);
+            for &c in &self.on[u] {
+                if self.seen_class[c as usize] == stamp {
                     continue;
                 }
-                self.seen_flow[i as usize] = stamp;
-                flows.push(i);
-                let f = &self.flows[i as usize];
-                stack.extend_from_slice(&f.links[..f.hops as usize]);
+                self.seen_class[c as usize] = stamp;
+                self.comp_classes.push(c);
+                stack.extend_from_slice(self.classes[c as usize].links());
             }
         }
+        self.stack = stack;
         let now = self.now;
-        for &i in &flows {
-            let f = &mut self.flows[i as usize];
-            f.remaining -= f.rate * (now - f.updated);
-            f.updated = now;
+        for &c in &self.comp_classes {
+            let k = &mut self.classes[c as usize];
+            k.served += k.rate * (now - k.updated);
+            k.updated = now;
         }
-        (flows, links)
     }
 
     /// Progressive filling of the component of the dirty links: its max-min fair rates.
     fn fill(&mut self) {
-        let (flows, links) = self.component();
+        self.component();
+        let (links, classes) = (
+            std::mem::take(&mut self.comp_links),
+            std::mem::take(&mut self.comp_classes),
+        );
         for &l in &links {
             let u = l as usize;
             self.left[u] = self.cap[u];
             self.count[u] = 0;
             self.through[u].clear();
         }
-        for &i in &flows {
-            let f = &mut self.flows[i as usize];
-            f.frozen = false;
-            for &l in &f.links[..f.hops as usize] {
-                self.count[l as usize] += 1;
-                self.through[l as usize].push(i);
+        for &c in &classes {
+            let k = &mut self.classes[c as usize];
+            k.frozen = false;
+            let n = k.count();
+            for &l in k.links() {
+                self.count[l as usize] += n;
+                self.through[l as usize].push(c);
             }
         }
         let mut heap: BinaryHeap<Key> = links
@@ -269,21 +342,22 @@ impl Links {
             if v != self.version[u] || self.count[u] == 0 {
                 continue;
             }
-            for k in 0..self.through[u].len() {
-                let fi = self.through[u][k] as usize;
-                let f = &mut self.flows[fi];
-                if f.frozen {
+            for j in 0..self.through[u].len() {
+                let c = self.through[u][j] as usize;
+                let k = &mut self.classes[c];
+                if k.frozen {
                     continue;
                 }
-                f.frozen = true;
-                f.rate = share;
-                for &o in &f.links[..f.hops as usize] {
+                k.frozen = true;
+                k.rate = share;
+                let n = k.count();
+                for &o in k.links() {
                     let o = o as usize;
                     if o == u {
                         continue;
                     }
-                    self.left[o] = (self.left[o] - share).max(0.0);
-                    self.count[o] -= 1;
+                    self.left[o] = (self.left[o] - share * f64::from(n)).max(0.0);
+                    self.count[o] -= n;
                     if self.seen_link[o] != stamp {
                         self.seen_link[o] = stamp;
                         changed.push(o);
@@ -301,29 +375,32 @@ impl Links {
                 }
             }
         }
-        let now = self.now;
-        for &i in &flows {
-            let f = &mut self.flows[i as usize];
-            let finish = now + f.remaining.max(0.0) / f.rate;
-            // A flow whose rate did not change keeps its entry in the heap (most of a
+        for &c in &classes {
+            let k = &mut self.classes[c as usize];
+            let Some(&Key(target, _, _)) = k.flows.peek() else {
+                continue;
+            };
+            let finish = k.finish_of(target);
+            // A class whose first finish did not move keeps its entry in the heap (most of a
             // component, most of the time): no stale entries pile up.
-            if f.finish.is_finite() && (finish - f.finish).abs() <= TIME_EPS * finish.max(1.0) {
+            if k.finish.is_finite() && (finish - k.finish).abs() <= TIME_EPS * finish.max(1.0) {
                 continue;
             }
-            f.finish = finish;
-            f.version = f.version.wrapping_add(1);
-            self.finishes.push(Key(f.finish, i, f.version));
+            k.finish = finish;
+            k.version = k.version.wrapping_add(1);
+            self.finishes.push(Key(finish, c, k.version));
         }
+        (self.comp_links, self.comp_classes) = (links, classes);
         // Superseded entries stay in the heap until they reach its top; where rates change
-        // far more often than flows end (many flows sharing a NIC, started one post apart)
-        // they would pile up, so the heap is rebuilt from the live flows when they dominate.
-        if self.finishes.len() > 4 * self.alive + 1024 {
-            let flows = &self.flows;
-            self.finishes = (0..flows.len() as u32)
-                .filter(|&i| flows[i as usize].alive)
-                .map(|i| {
-                    let f = &flows[i as usize];
-                    Key(f.finish, i, f.version)
+        // far more often than flows end they would pile up, so the heap is rebuilt from the
+        // live classes when they dominate.
+        if self.finishes.len() > 4 * self.classes.len() + 1024 {
+            let classes = &self.classes;
+            self.finishes = (0..classes.len() as u32)
+                .filter(|&c| !classes[c as usize].flows.is_empty())
+                .map(|c| {
+                    let k = &classes[c as usize];
+                    Key(k.finish, c, k.version)
                 })
                 .collect();
         }
@@ -412,6 +489,35 @@ mod tests {
         assert!(close(rate(&mut l, 0), 2.0));
         assert!(close(rate(&mut l, 1), 3.5));
         assert!(close(rate(&mut l, 2), 3.5));
+    }
+
+    /// Flows over the same links share one class: a flow that joins later, and smaller, ends
+    /// first, each at its own count of bytes. Link of 10; A 100 bytes from 0; at 5 (A has 50
+    /// left) B of 20 joins: 5 each, B ends at 9, A (30 left) at 12 alone at 10.
+    #[test]
+    fn flows_of_one_class_end_by_their_own_bytes() {
+        let mut l = Links::new();
+        let a = l.add(10.0);
+        l.start(&[a], 100.0, 1);
+        assert!(close(l.next_finish().unwrap(), 10.0));
+        l.advance(5.0);
+        l.start(&[a], 20.0, 2);
+        let mut done = Vec::new();
+        let t = l.next_finish().unwrap();
+        assert!(close(t, 9.0), "{t}");
+        l.advance(t);
+        l.take_finished(t, &mut done);
+        assert_eq!(done, vec![2]);
+        assert!(close(rate(&mut l, 1), 10.0));
+        let t = l.next_finish().unwrap();
+        assert!(close(t, 12.0), "{t}");
+        l.advance(t);
+        l.take_finished(t, &mut done);
+        assert_eq!(done, vec![2, 1]);
+        assert_eq!(l.active(), 0);
+        // The class is gone and comes back fresh.
+        l.start(&[a], 10.0, 3);
+        assert!(close(l.next_finish().unwrap(), 13.0));
     }
 
     /// Flows that end at one instant are taken together, and time advances the others.

@@ -1,7 +1,8 @@
 //! The `Transport` trait: tagged send/receive between endpoints, memory registration and
 //! completion polling, with the semantics of a libfabric RDM endpoint. Two backends:
 //! `fabric` (libfabric) and `loopback` (in-process, ranks as threads, for tests), and `tiered`,
-//! one transport over two of them (peers of this host on one, the others on the other).
+//! one transport over two of them (peers of this host on one, the others on the other). `open`
+//! opens the collective engines' transport as the configuration asks.
 use crate::error::{Error, Result};
 use std::any::Any;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use std::time::Duration;
 pub mod fabric;
 pub mod loopback;
 mod mem;
+pub mod open;
 pub mod tiered;
 
 pub use mem::{Region, Scratch};
@@ -210,6 +212,9 @@ pub struct Caps {
     /// crashes the reader, so ended communicators' endpoints close together
     /// (`coll::closer`).
     pub reads_local_peers: bool,
+    /// Nominal one-way latency of a message in microseconds (the net plugin's `latency`
+    /// property); 0 where the provider is not one we know (NCCL's default).
+    pub latency_us: f32,
     /// Over two fabrics, the capabilities of the one between ranks of this host (shared
     /// memory), whose eager limit, slice size and poll window price the intra-host steps; the
     /// other fields describe the fabric between hosts. None over one fabric.
@@ -248,6 +253,7 @@ impl Default for Caps {
             net_streams: 0,
             close_loses: false,
             reads_local_peers: false,
+            latency_us: 0.0,
             intra: None,
         }
     }

@@ -3,6 +3,7 @@
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 use nccl_net_fabricoll::algo::{Algorithm, Collective};
+use nccl_net_fabricoll::cli;
 use nccl_net_fabricoll::compress::{Format, DEFAULT_BLOCK, MAX_BLOCK, NAMES};
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
 
@@ -24,17 +25,17 @@ pub struct Args {
     #[arg(short = 'R', long, default_value_t = 2, value_parser = clap::value_parser!(usize))]
     pub ranks: usize,
     /// Collective: allreduce allgather reducescatter broadcast reduce alltoall.
-    #[arg(long, default_value = "allreduce", value_parser = collective)]
+    #[arg(long, default_value = "allreduce", value_parser = cli::collective)]
     pub coll: Collective,
     /// Algorithm: auto or one of the library's (ring bidir_ring mesh mesh1 rdh rd tree dbtree
     /// bruck pairwise hier swizzle); auto lets the library choose.
     #[arg(long, default_value = "auto", value_parser = algorithm)]
     pub algo: Auto,
     /// Smallest size in bytes.
-    #[arg(short = 'b', long = "minbytes", value_name = "BYTES", default_value = "8", value_parser = size)]
+    #[arg(short = 'b', long = "minbytes", value_name = "BYTES", default_value = "8", value_parser = cli::size)]
     pub min: usize,
     /// Largest size in bytes.
-    #[arg(short = 'e', long = "maxbytes", value_name = "BYTES", default_value = "64M", value_parser = size)]
+    #[arg(short = 'e', long = "maxbytes", value_name = "BYTES", default_value = "64M", value_parser = cli::size)]
     pub max: usize,
     /// Size multiplier from one row to the next (at least 2).
     #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
@@ -166,44 +167,13 @@ fn validate(a: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// A size in bytes, with an optional K, M or G suffix (powers of 1024).
-fn size(s: &str) -> Result<usize, String> {
-    let s = s.trim();
-    let (num, mul) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<usize>()
-        .ok()
-        .and_then(|v| v.checked_mul(mul))
-        .ok_or_else(|| format!("not a size: {s:?}"))
-}
-
-fn collective(s: &str) -> Result<Collective, String> {
-    Ok(match s {
-        "allreduce" => Collective::AllReduce,
-        "allgather" => Collective::AllGather,
-        "reducescatter" | "reduce_scatter" => Collective::ReduceScatter,
-        "broadcast" | "bcast" => Collective::Broadcast,
-        "reduce" => Collective::Reduce,
-        "alltoall" => Collective::AllToAll,
-        _ => return Err(format!("unknown collective {s:?}")),
-    })
-}
-
 fn algorithm(s: &str) -> Result<Auto, String> {
     if s == "auto" {
         return Ok(None);
     }
-    Algorithm::from_name(s).map(Some).ok_or_else(|| {
-        let names: Vec<&str> = Algorithm::ALL.iter().map(|x| x.name()).collect();
-        format!(
-            "unknown algorithm {s:?}; accepted values: auto, {}",
-            names.join(", ")
-        )
-    })
+    cli::algorithm(s)
+        .map(Some)
+        .map_err(|e| format!("{e}, or auto"))
 }
 
 fn datatype(s: &str) -> Result<DataType, String> {

@@ -96,27 +96,6 @@ fn reference(op: RedOp, dt: DataType, vals: impl Iterator<Item = f64>, n: usize)
     }
 }
 
-/// Elements each rank sends/receives for a row of `bytes` (nccl-tests' size column), and the
-/// per-call count.
-pub fn counts(coll: Collective, bytes: usize, elem: usize, n: usize) -> (usize, usize) {
-    let total = bytes / elem;
-    match coll {
-        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
-            (total / n * n, total / n)
-        }
-        _ => (total, total),
-    }
-}
-
-pub fn bus_factor(coll: Collective, n: usize) -> f64 {
-    let n = n as f64;
-    match coll {
-        Collective::AllReduce => 2.0 * (n - 1.0) / n,
-        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => (n - 1.0) / n,
-        Collective::Broadcast | Collective::Reduce => 1.0,
-    }
-}
-
 /// Count elements of this rank's output that differ from the independent reference.
 pub fn wrong(a: &Args, comm: &Comm, out: &[u8], count: usize) -> usize {
     let n = comm.nranks;

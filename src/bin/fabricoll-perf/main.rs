@@ -13,8 +13,9 @@ mod check;
 mod fork;
 
 use args::{parse, Args, Average};
-use check::{bus_factor, counts, dec, enc, value, wrong};
+use check::{dec, enc, value, wrong};
 use nccl_net_fabricoll::algo::{Algorithm, Collective};
+use nccl_net_fabricoll::cli::{bus_factor, counts};
 use nccl_net_fabricoll::coll::launch::{self, Launch};
 use nccl_net_fabricoll::coll::{Call, Comm, Kind};
 use nccl_net_fabricoll::config::{Compression, Config};

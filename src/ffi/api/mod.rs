@@ -11,13 +11,16 @@
 //!
 //! Files: `types` (status and enums, structs), `handles` (the tables of communicators and
 //! requests), `comm` (a communicator's life), `config` (per-communicator options),
-//! `collectives` (the calls, test and wait), `varied` (gather, scatter, barrier, the
-//! uneven-count collectives, tagged send/recv), `options` (per-call options such as
-//! compression), `group` (group calls), `notify` (completion
-//! callbacks), `stream` (the errors of stream-ordered calls); this file holds the last error and the static strings.
+//! `collectives` (how a call runs, the generic call, test and wait), `exports` (the exports of
+//! send, receive and every collective, from the table in `export_table.rs`), `varied` (the
+//! arguments of gather, scatter, barrier, the uneven-count collectives and tagged send/recv),
+//! `options` (per-call options such as compression), `group` (group calls), `notify`
+//! (completion callbacks), `stream` (the errors of stream-ordered calls); this file holds the
+//! last error and the static strings.
 pub mod collectives;
 pub mod comm;
 pub mod config;
+pub mod exports;
 pub mod group;
 mod handles;
 pub mod notify;
@@ -29,6 +32,7 @@ pub mod varied;
 pub use collectives::*;
 pub use comm::*;
 pub use config::*;
+pub use exports::*;
 pub use group::*;
 pub use notify::*;
 pub use options::*;

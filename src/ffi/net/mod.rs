@@ -8,7 +8,8 @@ mod multi;
 mod shims;
 mod tables;
 
-pub use multi::{live_groups, MAX_GROUP, NCCL_NET_MULTI_REQUEST};
+pub use crate::plugin::multi::{live_groups, MAX_GROUP};
+pub use multi::NCCL_NET_MULTI_REQUEST;
 pub(crate) use shims::init_v6;
 pub use tables::*;
 

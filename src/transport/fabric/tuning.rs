@@ -1,5 +1,6 @@
 //! What each provider's protocols mean for the layers above, as typed capabilities
-//! (`Caps::eager_bytes`, `slice_bytes`, `poll_window`, `receiver_copies`). This is the one
+//! (`Caps::eager_bytes`, `slice_bytes`, `poll_window`, `receiver_copies`, `net_streams`,
+//! `latency_us`). This is the one
 //! place that turns a provider's name into policy; `docs/performance.md` has the measurements
 //! behind each value.
 use crate::transport::{Caps, DEFAULT_POLL_WINDOW, DEFAULT_SLICE_BYTES};
@@ -51,6 +52,12 @@ pub(super) fn apply(caps: &mut Caps) {
     // provider is taken to lose what its peer has not yet taken.
     caps.close_loses = true;
     caps.reads_local_peers = shm;
+    caps.latency_us = match caps.provider.split(';').next() {
+        Some("shm") => 1.0,
+        Some("efa") => 15.0,
+        Some("tcp" | "net") => 20.0,
+        _ => 0.0,
+    };
 }
 
 /// Endpoints per device of the net plugin over socket providers when `FABRICOLL_NET_STREAMS` is
@@ -120,6 +127,7 @@ mod tests {
         assert!(shm.receiver_copies);
         assert_eq!(shm.net_streams, 0, "shm is never striped");
         assert!(shm.close_loses && shm.reads_local_peers);
+        assert_eq!(shm.latency_us, 1.0);
 
         let rxm = caps_of("tcp;ofi_rxm");
         assert!(rxm.eager_bytes < usize::MAX);
@@ -127,6 +135,7 @@ mod tests {
         assert_eq!(rxm.poll_window, RXM_POLL_WINDOW);
         assert!(!rxm.receiver_copies);
         assert_eq!(rxm.net_streams, SOCKET_NET_STREAMS);
+        assert_eq!(rxm.latency_us, 20.0);
 
         let net = caps_of("net");
         assert_eq!(net.eager_bytes, usize::MAX);
@@ -135,5 +144,9 @@ mod tests {
         assert!(!net.receiver_copies);
         assert_eq!(net.net_streams, 1);
         assert!(net.close_loses && !net.reads_local_peers);
+        assert_eq!(net.latency_us, 20.0);
+
+        assert_eq!(caps_of("efa").latency_us, 15.0);
+        assert_eq!(caps_of("psm3").latency_us, 0.0, "unknown: NCCL's default");
     }
 }
