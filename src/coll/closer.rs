@@ -20,6 +20,8 @@
 //! a farewell; the exiting thread waits for that lock and for the closer at most until the
 //! latest deadline (plus a grace), and what the closer still holds afterwards is left open, as
 //! an exit without destroy leaves it, rather than closed while the libraries' destructors run.
+//! A destroy after that wait (from a later destructor) waits for its goodbyes itself; one in
+//! a forked child, whose closer stayed in the parent, closes without waiting for them.
 use super::engine::SLEEP_SLICE;
 use super::goodbye::{Farewell, Step};
 use once_cell::sync::OnceCell;
@@ -55,32 +57,40 @@ struct Closer {
     changed: Condvar,
     /// The closer's thread.
     thread: libc::pthread_t,
+    /// The process it runs in (a forked child has no closer).
+    pid: libc::pid_t,
 }
 
 static CLOSER: OnceCell<Closer> = OnceCell::new();
 
 /// Say goodbye with `post` (`Comm::goodbye`, which posts and sends the goodbyes) and keep the
 /// endpoint of the farewell it returns open until its goodbyes are done or its deadline
-/// passed, then close it, in the closer's thread (started on first use). Returns at once.
+/// passed, then close it, in the closer's thread (started on first use). Returns at once, but
+/// where there is no closer to take it: then it waits for the goodbyes itself.
 pub(super) fn linger(post: impl FnOnce() -> Option<Farewell>) {
-    let closer = match CLOSER.get_or_try_init(start) {
-        Ok(c) => c,
-        Err(e) => {
-            // No thread: wait here instead, as bounded as the closer would be.
-            log::warn!("no closer thread ({e}): destroy waits for the goodbyes itself");
-            let mut held: Vec<Farewell> = post().into_iter().collect();
-            while !held.is_empty() {
-                if !advance(&mut held) {
-                    held[0].wait(SLEEP_SLICE);
-                }
-                close_over(&mut held, false);
-            }
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let closer = match CLOSER.get_or_try_init(|| start(pid)) {
+        Ok(c) if c.pid == pid => c,
+        Ok(_) => {
+            // A forked child: the closer's thread stayed in the parent, and the endpoint is
+            // the parent's as much as ours. Close without waiting for the goodbyes.
+            drop(post());
             return;
+        }
+        Err(e) => {
+            log::warn!("no closer thread ({e}): destroy waits for the goodbyes itself");
+            return wait_here(post());
         }
     };
     // Under the lock, so that the closer sees this farewell before it may close an endpoint
     // that has taken its goodbye (see the module doc).
     let mut q = closer.queue.lock();
+    if q.exiting {
+        // A destroy from a destructor that runs after the exit's wait.
+        drop(q);
+        return wait_here(post());
+    }
     if let Some(f) = post() {
         q.latest = q.latest.max(Some(f.deadline()));
         q.new.push(f);
@@ -88,15 +98,18 @@ pub(super) fn linger(post: impl FnOnce() -> Option<Farewell>) {
     }
 }
 
-/// The ended communicators whose endpoints are still open (handed over, not yet closed).
-pub fn lingering() -> usize {
-    CLOSER.get().map_or(0, |c| {
-        let q = c.queue.lock();
-        q.new.len() + q.held
-    })
+/// Wait in this thread for `f`'s goodbyes, as bounded as the closer would, then close it.
+fn wait_here(f: Option<Farewell>) {
+    let mut held: Vec<Farewell> = f.into_iter().collect();
+    while !held.is_empty() {
+        if !advance(&mut held) {
+            held[0].wait(SLEEP_SLICE);
+        }
+        close_over(&mut held, false);
+    }
 }
 
-fn start() -> std::io::Result<Closer> {
+fn start(pid: libc::pid_t) -> std::io::Result<Closer> {
     let h = std::thread::Builder::new()
         .name("fabricoll-closer".into())
         .spawn(run)?;
@@ -109,6 +122,7 @@ fn start() -> std::io::Result<Closer> {
         queue: Mutex::new(Queue::default()),
         changed: Condvar::new(),
         thread: h.as_pthread_t(),
+        pid,
     })
 }
 
@@ -198,9 +212,10 @@ extern "C" fn at_exit() {
         return;
     };
     // (Not `std::thread::current`: the exiting thread's thread-locals may be gone.)
-    // SAFETY: pthread_self has no preconditions.
-    if unsafe { libc::pthread_self() } == closer.thread {
-        return; // exit from inside the closer: nothing to wait for but itself
+    // SAFETY: pthread_self and getpid have no preconditions.
+    let (me, pid) = unsafe { (libc::pthread_self(), libc::getpid()) };
+    if me == closer.thread || pid != closer.pid {
+        return; // exit from inside the closer, or a forked child's: nothing to wait for
     }
     let Some(mut q) = closer.queue.try_lock_for(EXIT_GRACE) else {
         return;

@@ -23,7 +23,7 @@ pub mod bootstrap;
 mod calibrate;
 mod call;
 mod choice;
-pub mod closer;
+mod closer;
 mod comm;
 mod compressed;
 pub mod device;
