@@ -33,6 +33,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 mod compose;
+mod compressed;
 mod fit;
 mod levels;
 mod pick;
@@ -42,6 +43,7 @@ mod tests;
 #[cfg(test)]
 mod tests_levels;
 
+pub use compressed::{codec_elements, codec_us, CodecRate, CompressedPrice, Exchange, Shape};
 pub use fit::{fit, fit_link, quantize, LinkSamples};
 pub use levels::Link;
 pub use pick::MARGIN;
@@ -72,6 +74,8 @@ pub struct Model {
     /// messages (mesh) look far slower than it is.
     pub inter_o_us: Option<f64>,
     logged: Arc<Mutex<HashSet<(Collective, u32)>>>,
+    /// The compressed calls' log lines given (`log_compressed`).
+    logged_compressed: Arc<Mutex<HashSet<(Shape, crate::compress::Format, u32)>>>,
 }
 
 impl PartialEq for Model {
@@ -106,6 +110,7 @@ impl Model {
             intra: Link::SHM,
             inter_o_us: None,
             logged: Arc::default(),
+            logged_compressed: Arc::default(),
         }
     }
 
@@ -189,6 +194,7 @@ impl Model {
             intra: Link::SHM,
             inter_o_us: None,
             logged: Arc::default(),
+            logged_compressed: Arc::default(),
         }
     }
 
