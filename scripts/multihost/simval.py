@@ -16,16 +16,17 @@ What fabricoll-sim is told, and where each figure comes from:
   --gbit          the tbf rate shaped on every host link, times --payload-fraction: tbf counts
                   whole frames, so a TCP stream over 1500-byte frames carries 1448 bytes of
                   payload per 1514 counted (IP and TCP headers with timestamps, Ethernet header)
-  --alpha-us      the one-way delay shaped (the NFQUEUE delayer) plus the software's share of a
-                  message's latency: the calibration's inter alpha (half a 4-byte ping-pong's
-                  round trip, which crosses the delay once each way) minus the shaped delay, the
-                  median over the calibrations of that layout and delay
+  --alpha-us      the one-way delay shaped (the NFQUEUE delayer) plus the rest of a message's
+                  latency: the calibration's inter alpha (half a 4-byte ping-pong's round trip)
+                  minus the shaped delay, the median over the calibrations of that layout and
+                  delay (undisturbed ones where there are); so alpha is what a small message
+                  took at that delay, whatever besides the delay it waited for
   --o-us          the calibration's inter o (the sender's CPU per message)
   --intra-*       the calibration's intra level: alpha, beta (GB/s), o
   --gamma-gbps    the calibration's gamma
 The calibration's own inter beta is not used: the rate is what was shaped. Everything but the
 software latency is the median over the calibrations of the layout at every delay of that rate
-(warned-disturbed ones only when no other exists). Contention is on (the default): a host's ranks
+(those the library warned were disturbed only when no other exists). Contention is on (the default): a host's ranks
 share its NIC, as they share the shaped link. Errors: per (algorithm, size), their geometric mean
 (an error below 0.01 % counts as 0.01 %), and the worst point from --from (64 KiB).
 """
@@ -120,10 +121,12 @@ def machine(records, delay, payload=PAYLOAD_FRACTION):
     if len(rate) != 1:
         raise ValueError(f"calibrations of several rates mixed: {sorted(rate)}")
     parsed = [(r, parse_calibration(r["line"])) for r in usable(records)]
-    here = [(r, c) for r, c in parsed if delay_us(r["delay"]) == delay_us(delay)]
+    # the latency at this delay: from this delay's lines (undisturbed ones where there are)
+    here = [parse_calibration(r["line"]) for r in usable(
+        [r for r in records if delay_us(r["delay"]) == delay_us(delay)])]
     if not here:
         raise ValueError(f"no calibration line at delay {delay}")
-    soft = statistics.median(max(0.0, c["inter"][0] - delay_us(delay)) for _, c in here)
+    soft = statistics.median(max(0.0, c["inter"][0] - delay_us(delay)) for c in here)
 
     def med(f):
         vals = [f(c) for _, c in parsed if f(c) is not None]
@@ -133,7 +136,7 @@ def machine(records, delay, payload=PAYLOAD_FRACTION):
     p = {"gbit": rate_gbit(rate.pop()) * payload, "delay_us": delay_us(delay),
          "soft_us": soft, "alpha_us": delay_us(delay) + soft,
          "o_us": o if o is not None else (delay_us(delay) + soft) / 2,
-         "gamma_gbps": med(lambda c: c["gamma"]), "calibrations": len(parsed),
+         "gamma_gbps": med(lambda c: c["gamma"]), "calibrations": len(parsed), "here": len(here),
          "disturbed": sum(1 for r, _ in parsed if r.get("disturbed"))}
     if any(c["intra"] for _, c in parsed):
         p["intra"] = tuple(med(lambda c, i=i: c["intra"][i] if c["intra"] else None)
@@ -298,8 +301,8 @@ def markdown(groups, from_bytes=FROM_BYTES):
     ok = [g for g in groups if "points" in g]
     out.append("**Parameters given to fabricoll-sim** (simval.py's docstring says where each "
                "comes from; us, GB/s for intra and gamma):\n")
-    out.append("| rate | layout | delay | NIC Gbit/s | alpha = delay + software | inter o | "
-               "intra alpha / GB/s / o | gamma | calibrations |")
+    out.append("| rate | layout | delay | NIC Gbit/s | alpha = delay + rest | inter o | "
+               "intra alpha / GB/s / o | gamma | lines: this delay, all |")
     out.append("|---|---|---|---|---|---|---|---|---|")
     seen = set()
     for g in ok:
@@ -309,8 +312,8 @@ def markdown(groups, from_bytes=FROM_BYTES):
         seen.add(key)
         p = g["machine"]
         intra = "/".join(f"{x:.2f}" for x in p["intra"]) if p.get("intra") else "-"
-        cal = f"{p['calibrations']}" + (f" ({p['disturbed']} disturbed)" if p["disturbed"]
-                                       else "")
+        cal = f"{p['here']}, {p['calibrations']}" + (
+            f" ({p['disturbed']} disturbed)" if p["disturbed"] else "")
         out.append(f"| {g['rate']} | {g['layout']} | {g['delay']} | {p['gbit']:.3f} | "
                    f"{p['alpha_us']:.1f} = {p['delay_us']:.0f} + {p['soft_us']:.1f} | "
                    f"{p['o_us']:.2f} | {intra} | {p['gamma_gbps']:.2f} | {cal} |")

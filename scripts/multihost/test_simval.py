@@ -80,6 +80,10 @@ class Machine(unittest.TestCase):
     def test_disturbed_only_when_nothing_else(self):
         p = simval.machine([rec("0", "30.00", disturbed=True)], "0")
         self.assertEqual((p["alpha_us"], p["disturbed"]), (30.0, 1))
+        # per delay: undisturbed lines at another delay do not hide this delay's disturbed ones
+        p = simval.machine([rec("0", "30.00", gamma="2.00"),
+                            rec("1ms", "2100.00", disturbed=True)], "1ms")
+        self.assertEqual((p["alpha_us"], p["gamma_gbps"], p["calibrations"]), (2100.0, 2.0, 1))
 
     def test_a_delay_shorter_than_the_latency_measured_gives_no_negative_share(self):
         self.assertEqual(simval.machine([rec("1ms", "990.00")], "1ms")["soft_us"], 0.0)
