@@ -24,9 +24,10 @@ What fabricoll-sim is told, and where each figure comes from:
   --o-us          the calibration's inter o (the sender's CPU per message)
   --intra-*       the calibration's intra level: alpha, beta (GB/s), o
   --gamma-gbps    the calibration's gamma
-The calibration's own inter beta is not used: the rate is what was shaped. Everything but the
-software latency is the median over the calibrations of the layout at every delay of that rate
-(those the library warned were disturbed only when no other exists). Contention is on (the default): a host's ranks
+The calibration's own inter beta is not used: the rate is what was shaped. Everything but alpha
+is the median over the calibrations of the layout at the smallest delay measured at that rate
+(the delayer upsets the fit of o), alpha's the median at its own delay; either takes the lines
+the library warned were disturbed only when there are no others. Contention is on (the default): a host's ranks
 share its NIC, as they share the shaped link. Errors: per (algorithm, size), their geometric mean
 (an error below 0.01 % counts as 0.01 %), and the worst point from --from (64 KiB).
 """
@@ -114,13 +115,18 @@ def usable(records):
 def machine(records, delay, payload=PAYLOAD_FRACTION):
     """fabricoll-sim's parameters for one layout and delay at one rate, from the calibration
     records of that layout at that rate ({"delay", "rate", "line", "disturbed"}): see the module
-    doc for which comes from where. ValueError when a figure has no record."""
+    doc for which comes from where ("calibrations": how many lines gave the CPU's figures,
+    "here" alpha). ValueError when a figure has no record."""
     if not records:
         raise ValueError("no calibration line for this layout")
     rate = {r["rate"] for r in records}
     if len(rate) != 1:
         raise ValueError(f"calibrations of several rates mixed: {sorted(rate)}")
-    parsed = [(r, parse_calibration(r["line"])) for r in usable(records)]
+    # the CPU's figures from the lines at the smallest delay measured: the delayer upsets the
+    # fit of o (a burst of tiny sends), which is a cost of the sender's CPU alone
+    least = min(delay_us(r["delay"]) for r in records)
+    parsed = [(r, parse_calibration(r["line"]))
+              for r in usable([r for r in records if delay_us(r["delay"]) == least])]
     # the latency at this delay: from this delay's lines (undisturbed ones where there are)
     here = [parse_calibration(r["line"]) for r in usable(
         [r for r in records if delay_us(r["delay"]) == delay_us(delay)])]

@@ -62,7 +62,7 @@ class Calibration(unittest.TestCase):
 class Machine(unittest.TestCase):
     def test_shaped_figures_and_calibrated_costs(self):
         recs = [rec("0", "40.00"), rec("0", "50.00"), rec("0", "45.00", gamma="2.00"),
-                rec("1ms", "1060.00"), rec("1ms", "900.00", disturbed=True)]
+                rec("1ms", "1060.00", gamma="1.00"), rec("1ms", "900.00", disturbed=True)]
         p = simval.machine(recs, "1ms")
         # the rate shaped, less the headers tbf counts
         self.assertAlmostEqual(p["gbit"], 1448 / 1514)
@@ -71,9 +71,9 @@ class Machine(unittest.TestCase):
         self.assertEqual((p["soft_us"], p["alpha_us"]), (60.0, 1060.0))
         self.assertEqual(p["o_us"], 6.0)
         self.assertEqual(p["intra"], (2.5, 3.0, 0.8))
-        # gamma: the median over the four undisturbed lines of every delay
+        # gamma: the median over the three lines at the smallest delay (not 1ms's 1.00)
         self.assertEqual(p["gamma_gbps"], 4.0)
-        self.assertEqual((p["calibrations"], p["disturbed"]), (4, 0))
+        self.assertEqual((p["calibrations"], p["here"], p["disturbed"]), (3, 1, 0))
         p = simval.machine(recs, "0", payload=1.0)
         self.assertEqual((p["gbit"], p["soft_us"], p["alpha_us"]), (1.0, 45.0, 45.0))
 
@@ -84,6 +84,11 @@ class Machine(unittest.TestCase):
         p = simval.machine([rec("0", "30.00", gamma="2.00"),
                             rec("1ms", "2100.00", disturbed=True)], "1ms")
         self.assertEqual((p["alpha_us"], p["gamma_gbps"], p["calibrations"]), (2100.0, 2.0, 1))
+
+    def test_cpu_figures_from_the_smallest_delay_measured(self):
+        p = simval.machine([rec("1ms", "1100.00", gamma="2.00"),
+                            rec("100us", "130.00", gamma="3.00")], "1ms")
+        self.assertEqual((p["alpha_us"], p["gamma_gbps"]), (1100.0, 3.0))
 
     def test_a_delay_shorter_than_the_latency_measured_gives_no_negative_share(self):
         self.assertEqual(simval.machine([rec("1ms", "990.00")], "1ms")["soft_us"], 0.0)
