@@ -21,10 +21,12 @@
 #![forbid(unsafe_code)]
 
 mod engine;
+mod goal;
 mod params;
 pub mod share;
 #[cfg(test)]
 mod tests;
 
 pub use engine::{simulate, Outcome};
+pub use goal::write_goal;
 pub use params::{parse_calibration, Level, Params};
