@@ -30,6 +30,7 @@ const COUNT: usize = 4096;
 /// The device of the calls: CUDA device 0 (`gpu`), else the emulated one, installed.
 fn device(gpu: bool) -> Device {
     if gpu {
+        nccl_net_fabricoll::testing::backtrace_on_fatal_signal();
         let d = Device::cuda(0).expect("no CUDA device: this test runs on the GPU machine only");
         d.bind().expect("bind");
         return d;
