@@ -6,8 +6,8 @@
 //! 0 (ignored here; scripts/gpu-tests.sh runs it). (`device_capi` covers an abort and a peer
 //! destroying its communicator in one process.)
 use capi::{last_error, shm_config};
-use nccl_net_fabricoll::coll::device::install;
-use nccl_net_fabricoll::device::{Device, EmuConfig};
+use nccl_net_fabricoll::coll::device::{install, installed, uninstall};
+use nccl_net_fabricoll::device::{Device, DeviceKind, EmuConfig};
 use nccl_net_fabricoll::ffi::api::*;
 use std::io::{BufRead, BufReader};
 use std::os::raw::{c_int, c_void};
@@ -31,8 +31,17 @@ const COUNT: usize = 4096;
 fn device(gpu: bool) -> Device {
     if gpu {
         nccl_net_fabricoll::testing::backtrace_on_fatal_signal();
+        // The emulated case may have run first in this process: its installed device would
+        // take CUDA's buffers for host memory.
+        uninstall();
         let d = Device::cuda(0).expect("no CUDA device: this test runs on the GPU machine only");
         d.bind().expect("bind");
+        let found = installed().map(|f| f.kind());
+        assert_eq!(
+            found,
+            Some(DeviceKind::Cuda),
+            "the library's device for this thread"
+        );
         return d;
     }
     // A stream waits for a flag longer than the survivor's call may take to fail.
