@@ -152,9 +152,12 @@ fn main() -> ExitCode {
 fn model_of(args: &Args) -> Result<(Model, Vec<usize>), String> {
     if let Some(line) = &args.calibration {
         let (m, sizes) = sim::parse_calibration(line).map_err(|e| format!("--calibration: {e}"))?;
-        return Ok((m, sizes.unwrap_or_else(|| args.hosts.0.clone())));
+        return Ok((
+            m.with_slice(args.slice),
+            sizes.unwrap_or_else(|| args.hosts.0.clone()),
+        ));
     }
-    let mut m = Model::new(args.alpha_us, args.gbit / 8.0, args.gamma_gbps);
+    let mut m = Model::new(args.alpha_us, args.gbit / 8.0, args.gamma_gbps).with_slice(args.slice);
     m.inter_o_us = Some(args.o_us.unwrap_or(args.alpha_us / 2.0));
     m.intra.alpha_us = args.intra_alpha_us;
     m.intra.beta_us_per_byte = gbps_to_us_per_byte(args.intra_gbps);

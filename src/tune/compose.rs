@@ -14,7 +14,7 @@
 #![forbid(unsafe_code)]
 
 use super::levels::{Layout, Link, Net};
-use super::{eager_alphas, formula};
+use super::{chain_fill, eager_alphas, formula};
 use crate::algo::{self, Algorithm, Collective};
 
 /// Which level a part of a prediction ran on.
@@ -107,8 +107,17 @@ impl Net {
             big,
             (l.alpha_us, l.beta_us_per_byte, l.o_us, self.gamma),
         )?;
+        let fill = chain_fill(
+            algo,
+            coll,
+            n as f64,
+            big,
+            self.slice,
+            l.beta_us_per_byte,
+            self.gamma,
+        );
         let (extra, _) = eager_alphas(algo, coll, n, big, l.eager_bytes, self.serial);
-        Some(t + extra * l.alpha_us)
+        Some(t + fill + extra * l.alpha_us)
     }
 
     /// Hierarchical `intra` x `inter` for `coll` with a whole vector of `big` bytes.

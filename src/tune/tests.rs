@@ -148,6 +148,28 @@ fn messages_up_to_four_eager_slices_are_sliced_not_rendezvoused() {
 }
 
 #[test]
+fn a_long_chain_pays_for_filling_its_pipeline() {
+    // 64 ranks, 1 MiB slices: a 2 MiB Broadcast is two slices, so the ring chain's first slice
+    // crosses 63 hops before the second follows; a tree's log2(64) = 6 hops win.
+    let m = Model::new(1.0, 12.5, 20.0).with_slice(1 << 20);
+    let bcast = |n: usize, bytes: usize| Problem::new(Collective::Broadcast, n, bytes / 4);
+    let time = |a: Algorithm, p: &Problem| m.predict(a, p, 4).unwrap();
+    let p = bcast(64, 2 << 20);
+    let (ring, tree) = (time(Algorithm::Ring, &p), time(Algorithm::Tree, &p));
+    assert!(ring > 2.0 * tree, "ring {ring} us, tree {tree} us");
+    assert_ne!(m.choose(&p, 4, Options::default()).0, Algorithm::Ring);
+    // The fill is one slice per hop: the same chain on thin slices costs less.
+    let thin = m.clone().with_slice(64 << 10);
+    assert!(thin.predict(Algorithm::Ring, &p, 4).unwrap() < ring);
+    // A short chain over many slices still beats the tree's log2(n) full copies.
+    let p = bcast(4, 64 << 20);
+    assert!(time(Algorithm::Ring, &p) < time(Algorithm::Tree, &p));
+    // Reduce pays the fill's reductions too.
+    let r = Problem::new(Collective::Reduce, 64, (2 << 20) / 4);
+    assert!(time(Algorithm::Ring, &r) > time(Algorithm::Ring, &bcast(64, 2 << 20)));
+}
+
+#[test]
 fn fit_recovers_parameters() {
     let (a, b, g) = (5.0, gbps_to_us_per_byte(3.0), gbps_to_us_per_byte(10.0));
     let n = 4;
