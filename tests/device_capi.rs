@@ -2,7 +2,8 @@
 //! `coll::device::install`), ranks as threads over shm: every call (collectives, send/recv,
 //! tagged, gather, scatter, allgatherv, reducescatterv) with device, host and mixed buffers,
 //! blocking, stream-ordered, non-blocking and grouped, 2 to 5 ranks; stream-ordered sends and
-//! receives on two streams, and host calls after non-blocking device calls; 1,000
+//! receives on two streams, host calls after non-blocking device calls, and a stream-ordered
+//! call after a non-blocking one with a rank late to its staging; 1,000
 //! stream-ordered calls between kernels with no host synchronisation; abort and a destroyed
 //! peer during a stream-ordered call (a killed peer process: `device_capi_killed`); and the
 //! misuse errors. Not tested here: the direct path (no build registers device memory yet).
@@ -149,9 +150,9 @@ fn released(test: &str, end: impl FnOnce(&[usize]) -> Vec<usize>) {
     let Some(cs) = ranks(test, &cfg, 2) else {
         return;
     };
-    // A communicator's first device call allocates its staging and waits for every rank to
-    // have done so (docs/device-calls.md): made here, by both ranks, before rank 0's call that
-    // its peer never joins.
+    // A communicator's first device call allocates its staging, and its first stream-ordered
+    // call waits for every rank to have done so (docs/device-calls.md): made here, by both
+    // ranks, before rank 0's call that its peer never joins.
     run_case(
         &d,
         &cs,
@@ -160,7 +161,7 @@ fn released(test: &str, end: impl FnOnce(&[usize]) -> Vec<usize>) {
         Op::Sum,
         1,
         (Place::Device, Place::Device),
-        Mode::Blocking,
+        Mode::Stream,
     );
     d.bind().unwrap();
     let s = d.create_stream().unwrap();
@@ -386,4 +387,14 @@ fn host_calls_after_nonblocking_device_calls_keep_the_call_order() {
     let _serial = serial();
     let test = "host_calls_after_nonblocking_device_calls_keep_the_call_order";
     host_after_nonblocking(&dev(), test);
+}
+
+/// A non-blocking device call, then a stream-ordered one, with one rank late: no rank's stream
+/// waits for the call before every rank has its staging (see
+/// `device::nonblocking_then_stream_ordered`).
+#[test]
+fn a_stream_ordered_call_after_a_nonblocking_one_waits_for_a_late_rank() {
+    let _serial = serial();
+    let test = "a_stream_ordered_call_after_a_nonblocking_one_waits_for_a_late_rank";
+    nonblocking_then_stream_ordered(&dev(), test);
 }

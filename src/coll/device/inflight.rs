@@ -109,6 +109,9 @@ pub(super) struct Inflight {
     pub flag: Option<Flag>,
     /// The first failure of a stream-ordered call: later ones fail with it at once.
     pub error: Option<Error>,
+    /// Every rank has made its staging: the first stream-ordered call waited for them
+    /// (`Streams::join`) before its stream waited for anything.
+    pub joined: bool,
     /// The number of the last stream-ordered call submitted, and of the last released.
     pub seq: u32,
     released: u32,

@@ -112,19 +112,15 @@ impl Streams {
         let dev = call.device().clone();
         // SAFETY: forwarded from this function's contract.
         let user: Stream = unsafe { dev.wrap_stream(stream) }?;
-        let prepared = {
+        let joined = {
             let c = self.inner.calls.lock();
             if let Some(e) = &c.error {
                 return Err(earlier(e));
             }
-            c.flag.is_some()
+            c.joined
         };
-        if !prepared && self.prepare(&dev, false)? {
-            // The first device use of the communicator allocated its page-locked memory. A
-            // peer sharing this device (ranks as threads of one process) may still have to
-            // allocate its own, and that waits for every stream of the device: so no rank's
-            // stream waits for a flag before every rank has allocated.
-            barrier(comm)?;
+        if !joined {
+            self.join(comm, &dev)?;
         }
         let pipe = Pipeline::new(comm, call, None)?;
         let mut c = self.inner.calls.lock();
@@ -166,11 +162,28 @@ impl Streams {
         Ok(())
     }
 
+    /// Before the communicator's first stream-ordered call enqueues its flag wait: this rank's
+    /// staging is made (if no earlier device call made it), and every rank has got here, so
+    /// every rank has made its own. Ranks that are threads of one process share the device's
+    /// context, where allocating page-locked memory and creating streams wait for every
+    /// stream: a rank still making its staging would wait for a peer's stream blocked on the
+    /// peer's flag, which waits for the call that needs the allocating rank. This holds
+    /// whatever the first device call was (a non-blocking one returns before a late peer has
+    /// made its staging). The barrier is a host call: device calls in flight ahead of it start
+    /// first (`settle`).
+    fn join(&self, comm: &Arc<Comm>, dev: &Device) -> Result<()> {
+        self.prepare(dev, false)?;
+        self.settle(comm, &Kind::Coll(Collective::AllReduce))?;
+        barrier(comm)?;
+        self.inner.calls.lock().joined = true;
+        Ok(())
+    }
+
     /// Allocates the communicator's page-locked memory on its first device use (its staging
-    /// slots and the stream-ordered calls' flag): whether it did. `replace`: a call that may
-    /// allocate renews staging of another device while no call is in flight; a
-    /// stream-ordered call allocates nothing else.
-    fn prepare(&self, dev: &Device, replace: bool) -> Result<bool> {
+    /// slots and the stream-ordered calls' flag). `replace`: a call that may allocate renews
+    /// staging of another device while no call is in flight (the next stream-ordered call then
+    /// joins the ranks again); a stream-ordered call allocates nothing else.
+    fn prepare(&self, dev: &Device, replace: bool) -> Result<()> {
         let fresh = {
             let c = self.inner.calls.lock();
             match c.pool.as_ref() {
@@ -196,8 +209,9 @@ impl Streams {
             let mut c = self.inner.calls.lock();
             c.pool = Some(pool);
             c.flag.get_or_insert(flag);
+            c.joined = false;
         }
-        Ok(fresh)
+        Ok(())
     }
 
     /// Starts the worker if it is not running, and wakes it.
