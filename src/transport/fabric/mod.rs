@@ -38,6 +38,7 @@ use shm::matching::SoftRecv;
 use shm::ShmPath;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CStr;
+use std::mem::ManuallyDrop;
 use std::os::raw::{c_int, c_void};
 use std::sync::Arc;
 use std::time::Duration;
@@ -176,7 +177,20 @@ pub struct FabricTransport {
     caps: Caps,
     addr: Vec<u8>,
     wait_fd: Option<c_int>,
-    inner: Mutex<Inner>,
+    /// Taken out only when the transport drops (an shm endpoint may be parked:
+    /// `shm::siblings`).
+    inner: ManuallyDrop<Mutex<Inner>>,
+}
+
+impl Drop for FabricTransport {
+    fn drop(&mut self) {
+        // SAFETY: `inner` is taken once, here, and the transport is not used afterwards.
+        let inner = unsafe { ManuallyDrop::take(&mut self.inner) }.into_inner();
+        match inner.shm.name.clone() {
+            Some(name) => shm::siblings::release(&name, Box::new(inner)),
+            None => drop(inner),
+        }
+    }
 }
 
 impl Inner {
