@@ -108,11 +108,29 @@ def _shutdown_all():
             pass
 
 
-class FabricollBackend(_C10dBackend):
-    """torch's Backend over one fabricoll communicator (``comm``: its handle)."""
+def _subclassable():
+    """Whether this torch lets Python subclass its c10d Backend (2.15 does; 2.11's binding
+    has no constructor: "No constructor defined")."""
+    try:
+        _C10dBackend(0, 1)
+    except TypeError:
+        return False
+    return True
+
+
+# Whether this backend can run on its own (registered with torch as it is). Where it cannot,
+# it is a plain object that only the compiled front (fabricoll._c10d) calls, by these names.
+STANDALONE = _subclassable()
+
+
+class FabricollBackend(_C10dBackend if STANDALONE else object):
+    """torch's Backend over one fabricoll communicator (``comm``: its handle): a subclass of
+    torch's c10d Backend where torch allows one (:data:`STANDALONE`), else a plain object
+    that the compiled front forwards to."""
 
     def __init__(self, rank, size, comm, timeout=None):
-        super().__init__(rank, size)
+        if STANDALONE:
+            super().__init__(rank, size)
         self._rank, self._size = rank, size
         self._comm = comm
         self._timeout = timeout
