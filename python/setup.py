@@ -1,7 +1,9 @@
 """Build hook: ship libnccl_net_fabricoll.so inside the package (fabricoll/lib/), and build
 the torch backend's compiled front, ``fabricoll._c10d`` (fabricoll/csrc/), when torch is
 importable at build time (``pip install --no-build-isolation ./python`` in an environment
-with torch; ``FABRICOLL_TORCH_EXT=0`` skips it). Without it the backend runs in Python alone.
+with torch; ``FABRICOLL_TORCH_EXT=0`` skips it). Without it the backend runs in Python alone,
+where torch allows that (2.15; on 2.11 the compiled front is required). It is built against
+the torch found here, 2.15 or 2.11 (see OPTIONAL_VIRTUALS).
 
 The library comes from ``FABRICOLL_LIB`` when set, else from the repository's
 ``target/release`` (running ``cargo build --release`` in the repository root first when it
