@@ -67,35 +67,32 @@ impl Streams {
         Ok(id)
     }
 
-    /// Adds a call with a slot of its own (allocated in this thread where none is free).
+    /// Adds a call with a slot of its own: a free one, where no earlier call waits for one;
+    /// else one allocated in this thread (see `inflight`'s doc).
     fn add(&self, comm: &Arc<Comm>, call: DevCall) -> Result<u64> {
         let dev = call.device().clone();
         self.prepare(&dev, true)?;
         let mut pipe = Pipeline::new(comm, call, None)?;
         let need = pipe.need();
-        let free = self.pool(|p| Ok(p.take(need)))?;
+        let mut c = self.inner.calls.lock();
+        let wait_first = c.wants_slot();
+        let pool = staging(&mut c)?;
+        let free = if wait_first { None } else { pool.take(need) };
         let own = match free {
             Some(s) => s,
             None => {
                 // Outside the lock: allocating page-locked memory waits for the device's
                 // streams, which the worker may have to release meanwhile.
+                drop(c);
                 let slot = Slot::new(&dev, need)?;
-                self.pool(|p| p.add(slot))?
+                c = self.inner.calls.lock();
+                staging(&mut c)?.add(slot)?
             }
         };
         pipe.set_own(own);
-        let mut c = self.inner.calls.lock();
         let id = c.next_id();
         c.push(Entry::new(id, pipe, None, End::Request(None)));
         Ok(id)
-    }
-
-    /// `f` on the staging (made by `prepare`).
-    fn pool<T>(&self, f: impl FnOnce(&mut Pool) -> Result<T>) -> Result<T> {
-        match self.inner.calls.lock().pool.as_mut() {
-            Some(p) => f(p),
-            None => Err(Error::Internal("the device staging is missing".into())),
-        }
     }
 
     /// Submits a stream-ordered call on the caller's stream `stream` and returns.
@@ -122,7 +119,7 @@ impl Streams {
         if !joined {
             self.join(comm, &dev)?;
         }
-        let pipe = Pipeline::new(comm, call, None)?;
+        let mut pipe = Pipeline::new(comm, call, None)?;
         let mut c = self.inner.calls.lock();
         if let Some(e) = &c.error {
             return Err(earlier(e));
@@ -151,6 +148,12 @@ impl Streams {
             seq,
             stream: Some(user),
         };
+        // Its slot now, before later calls are made (else it waits for one: `inflight`).
+        if !c.wants_slot() {
+            if let Some(s) = c.pool.as_mut().and_then(|p| p.take(pipe.need())) {
+                pipe.set_own(s);
+            }
+        }
         c.push(Entry::new(id, pipe, Some(reached), end));
         drop(c);
         // Where the worker cannot start, the call is failed so that its stream is released.
@@ -351,6 +354,13 @@ impl Inner {
             }
         }
     }
+}
+
+/// The staging of `c` (made by `prepare`).
+fn staging(c: &mut Inflight) -> Result<&mut Pool> {
+    c.pool
+        .as_mut()
+        .ok_or_else(|| Error::Internal("the device staging is missing".into()))
 }
 
 /// Runs the callbacks and drops the released streams, outside the calls' lock.
