@@ -362,7 +362,17 @@ impl<'a> Sim<'a> {
             self.links.advance(t);
             self.now = self.now.max(t);
             finished.clear();
-            self.links.take_finished(t, &mut finished);
+            // A drained message's pair sends its next one at once, on the same links.
+            let (pairs, msgs, rank_of) = (&mut self.pairs, &self.msgs, &self.rank_of);
+            self.links.take_finished_then(t, &mut finished, |m| {
+                let msg = msgs[m as usize];
+                let pair = (rank_of[msg.send as usize], rank_of[msg.recv as usize]);
+                let next = pairs.get_mut(&pair).and_then(VecDeque::pop_front);
+                if next.is_none() {
+                    pairs.remove(&pair);
+                }
+                next.map(|n| (n, msgs[n as usize].bytes))
+            });
             for &m in &finished {
                 self.drained(m);
             }
@@ -504,18 +514,7 @@ impl<'a> Sim<'a> {
     /// A message's last byte has left: the send completes, the message arrives `alpha` later.
     fn drained(&mut self, m: u32) {
         let msg = self.msgs[m as usize];
-        if msg.bytes > 0.0 {
-            let pair = (
-                self.rank_of[msg.send as usize],
-                self.rank_of[msg.recv as usize],
-            );
-            match self.pairs.get_mut(&pair).and_then(VecDeque::pop_front) {
-                Some(next) => self.on_wire(next),
-                None => {
-                    self.pairs.remove(&pair);
-                }
-            }
-        }
+        // (A pair's next message went on the wire as this one's last byte left: `run`.)
         self.complete(msg.send);
         let alpha = self.level(&msg).alpha_us;
         if alpha == 0.0 {

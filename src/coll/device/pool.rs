@@ -129,13 +129,16 @@ impl Pool {
     }
 
     /// Adds `slot` (made by `Slot::new` outside the communicator's locks), busy; its index.
-    pub fn add(&mut self, slot: Slot) -> Result<usize> {
+    /// Refused (at `MAX_SLOTS`), the slot comes back with the error, for the caller to free
+    /// once it has let go of the communicator's locks (freeing waits for the device).
+    pub fn add(&mut self, slot: Slot) -> std::result::Result<usize, Box<(Error, Slot)>> {
         if self.slots.iter().flatten().count() >= MAX_SLOTS {
-            return Err(Error::InvalidUsage(format!(
+            let e = Error::InvalidUsage(format!(
                 "{MAX_SLOTS} staging slots of page-locked memory are in use by this \
                  communicator's device calls, the most it holds: wait for some calls before \
                  starting more"
-            )));
+            ));
+            return Err(Box::new((e, slot)));
         }
         let i = match self.slots.iter().position(|s| s.is_none()) {
             Some(i) => {

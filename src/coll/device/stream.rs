@@ -86,7 +86,20 @@ impl Streams {
                 drop(c);
                 let slot = Slot::new(&dev, need)?;
                 c = self.inner.calls.lock();
-                staging(&mut c)?.add(slot)?
+                let added = match staging(&mut c) {
+                    Ok(pool) => pool.add(slot),
+                    Err(e) => Err(Box::new((e, slot))),
+                };
+                match added {
+                    Ok(i) => i,
+                    Err(refused) => {
+                        // Freed outside the lock, as it was allocated.
+                        drop(c);
+                        let (e, slot) = *refused;
+                        drop(slot);
+                        return Err(e);
+                    }
+                }
             }
         };
         pipe.set_own(own);
