@@ -454,7 +454,12 @@ const RENDEZVOUS_ALPHAS: f64 = 2.0;
 /// whole vector of `big` bytes: what decides between eager and rendezvous (`eager_alphas`).
 /// The messages of one round travel at once, so their handshakes overlap, but each extra slice
 /// of each of them is one more message for the sending CPU.
-fn rounds(algo: Algorithm, coll: Collective, nranks: usize, big: f64) -> Vec<(f64, f64, f64)> {
+pub(super) fn rounds(
+    algo: Algorithm,
+    coll: Collective,
+    nranks: usize,
+    big: f64,
+) -> Vec<(f64, f64, f64)> {
     let n = nranks as f64;
     let steps = nranks.ilog2();
     let clg = nranks.next_power_of_two().ilog2();
