@@ -152,7 +152,7 @@ fn a_chain_pipelines_its_slices() {
     };
     let s = algo::build(p, Algorithm::Ring, &opts).unwrap();
     let t = simulate(&s, 4, hosts, &params).unwrap().time_us;
-    // One slice at 1 GB/s.
+    // The time of one slice on the model's link.
     let one = (slice * 4) as f64 / 1e3;
     assert!(t > 2.9 * one && t < 3.1 * one, "{t} us, a slice {one} us");
 }

@@ -309,7 +309,8 @@ fn a_hierarchy_pays_for_its_per_host_intra_phases() {
     };
     for coll in [Collective::AllGather, Collective::ReduceScatter] {
         let (few, many) = (price(8, coll), price(64, coll));
-        // rdh among 8 ranks sends 3 messages per rank; 56 more hosts, 56 x 3 more, at 0.5 us.
+        // rdh among 8 ranks sends log2(8) messages per rank; each added host adds as many,
+        // each at the intra level's `o`.
         assert!(
             many - few >= 56.0 * 3.0 * 0.5,
             "{coll:?}: {few} us on 8 hosts, {many} on 64"

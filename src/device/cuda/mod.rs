@@ -139,15 +139,10 @@ impl CudaBackend {
             unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
             "cuDevicePrimaryCtxRetain",
         )?;
-        let mut sms = 0;
-        // SAFETY: `dev` is valid and `sms` a place for one int.
-        let _ = unsafe {
-            sys::cuDeviceGetAttribute(
-                &mut sms,
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                dev,
-            )
-        };
+        let sms = attribute(
+            dev,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        );
         let c = Ctx { dev, ctx, compute };
         let info = DeviceInfo {
             kind: DeviceKind::Cuda,
@@ -220,15 +215,10 @@ impl Shared {
             unsafe { sys::cuDevicePrimaryCtxRetain(&mut keep, c.dev) },
             "cuDevicePrimaryCtxRetain",
         )?;
-        let mut pools = 0;
-        // SAFETY: `c.dev` is valid and `pools` a place for one int.
-        let _ = unsafe {
-            sys::cuDeviceGetAttribute(
-                &mut pools,
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
-                c.dev,
-            )
-        };
+        let pools = attribute(
+            c.dev,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+        );
         let mem_stream = if pools != 0 {
             Some(raw_stream_create()?)
         } else {
@@ -260,6 +250,14 @@ impl Shared {
 unsafe impl Send for Shared {}
 // SAFETY: as for Send; enqueueing on one stream from several threads is allowed.
 unsafe impl Sync for Shared {}
+
+/// Attribute `a` of device `dev` (0 where the driver does not say).
+fn attribute(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> i32 {
+    let mut v = 0;
+    // SAFETY: `dev` is a device handle the driver gave; `v` is a place for one int.
+    let _ = unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) };
+    v
+}
 
 /// A non-blocking stream in the current context.
 fn raw_stream_create() -> Result<RawStream> {
