@@ -16,6 +16,8 @@
  *   - fabricoll_comm_split into even and odd ranks (reversed key order) with an allreduce and an
  *     allgather on each half, and a split where rank 0 joins nothing (color -1);
  *   - fabricoll_collective with a per-call algorithm (ring, then rdh, ...); fabricoll_comm_set_algo;
+ *   - fabricoll_collective_options with per-call compression (bf16, int8: the same bits on every
+ *     rank, within the documented bound; int32 data and op max refused naming `compress`);
  *   - error paths: each must return a non-zero status and fabricoll_last_error() must name the
  *     argument (printed); then the communicator must still work;
  *   - fabricoll_comm_abort on a duplicate communicator, fabricoll_comm_destroy, use after destroy.
@@ -82,6 +84,9 @@ PIN(FABRICOLL_ALGO_SWIZZLE, 12);
 PIN(FABRICOLL_COLL_ALLREDUCE, 0); PIN(FABRICOLL_COLL_ALLGATHER, 1);
 PIN(FABRICOLL_COLL_REDUCESCATTER, 2); PIN(FABRICOLL_COLL_BROADCAST, 3);
 PIN(FABRICOLL_COLL_REDUCE, 4); PIN(FABRICOLL_COLL_ALLTOALL, 5);
+PIN(FABRICOLL_COMPRESS_DEFAULT, 0); PIN(FABRICOLL_COMPRESS_OFF, 1); PIN(FABRICOLL_COMPRESS_BF16, 2);
+PIN(FABRICOLL_COMPRESS_FP16, 3); PIN(FABRICOLL_COMPRESS_FP8E4M3, 4); PIN(FABRICOLL_COMPRESS_FP8E5M2, 5);
+PIN(FABRICOLL_COMPRESS_INT8, 6);
 #undef PIN
 
 #define MAX_RANKS 64
@@ -607,6 +612,61 @@ static void algos(fabricoll_comm *comm) {
   free(s), free(r), free(w);
 }
 
+static void expect_error(fabricoll_status s, const char *what, const char *arg);
+
+/* Compressed collectives through fabricoll_collective_options (the communicator compresses
+ * nothing; each call asks): bf16 carries these small integer sums exactly; int8 gives one result
+ * on every rank (compared through an uncompressed allgather of its bytes), within the bound of
+ * docs/compression.md (about A / 127, A the sum of the ranks' block maxima; 1.02 A / 127 here
+ * covers the f32 terms); calls it cannot apply to fail naming `compress`. */
+static void compressed(fabricoll_comm *comm) {
+  const int n = g_n, me = g_rank;
+  const size_t c = 5000;
+  float *s = xmalloc(c * 4), *r = xmalloc(c * 4), *w = xmalloc(c * 4), *all = xmalloc(c * 4 * n);
+  for (size_t i = 0; i < c; i++) s[i] = vf(me, i), w[i] = sum_f(n, i);
+  fabricoll_call_options o;
+  ok_call(fabricoll_call_options_init(&o), "call_options_init");
+  check(o.size == sizeof o && o.compress == FABRICOLL_COMPRESS_DEFAULT && o.compress_block == 0,
+        "call_options_init sets size and defaults", "size %zu compress %d block %d", o.size, o.compress,
+        o.compress_block);
+  fabricoll_call call = {FABRICOLL_COLL_ALLREDUCE, s, r, c, FABRICOLL_FLOAT32, FABRICOLL_SUM, 0, 0};
+  o.compress = FABRICOLL_COMPRESS_BF16;
+  for (size_t i = 0; i < c; i++) r[i] = -1;
+  if (ok_call(fabricoll_collective_options(&call, &o, comm, NULL), "collective_options allreduce bf16"))
+    cmp_f("collective_options allreduce bf16 (small integers: exact)", r, w, c);
+  o.compress = FABRICOLL_COMPRESS_INT8, o.compress_block = 128;
+  for (size_t i = 0; i < c; i++) r[i] = -1;
+  fabricoll_request *req = NULL;
+  if (ok_call(fabricoll_collective_options(&call, &o, comm, &req), "collective_options allreduce int8, request") &&
+      ok_call(fabricoll_wait(req), "wait: allreduce int8")) {
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < c; i++) {
+      float amax = 0; /* the sum of every rank's block maximum (blocks of 128 from element 0) */
+      for (int q = 0; q < n; q++) {
+        float m = 0;
+        for (size_t j = i / 128 * 128; j < i / 128 * 128 + 128 && j < c; j++) m = fmaxf(m, vf(q, j));
+        amax += m;
+      }
+      if (fabsf(r[i] - w[i]) > 1.02f * amax / 127.0f && !bad++) first = i;
+    }
+    check(bad == 0, "collective_options allreduce int8 within the bound", "%zu of %zu beyond, first %zu: got %g, want %g",
+          bad, c, first, r[first], w[first]);
+    if (ok_call(fabricoll_allgather(r, all, c * 4, FABRICOLL_UINT8, comm), "allgather of the int8 results")) {
+      int same = 1;
+      for (int q = 0; q < n; q++) same &= memcmp(all + (size_t)q * c, r, c * 4) == 0;
+      check(same, "collective_options allreduce int8: the same bits on every rank", NULL);
+    }
+  }
+  int32_t si[16] = {0}, ri[16] = {0};
+  fabricoll_call ints = {FABRICOLL_COLL_ALLREDUCE, si, ri, 16, FABRICOLL_INT32, FABRICOLL_SUM, 0, 0};
+  expect_error(fabricoll_collective_options(&ints, &o, comm, NULL), "collective_options int8 on int32", "compress");
+  call.op = FABRICOLL_MAX;
+  expect_error(fabricoll_collective_options(&call, &o, comm, NULL), "collective_options int8 with op max", "compress");
+  o.compress = 42;
+  expect_error(fabricoll_collective_options(&call, &o, comm, NULL), "collective_options compress 42", "options.compress");
+  free(s), free(r), free(w), free(all);
+}
+
 /* An error path: status must be non-zero and last_error must contain `arg`. */
 static void expect_error(fabricoll_status s, const char *what, const char *arg) {
   const char *e = fabricoll_last_error();
@@ -746,6 +806,7 @@ static int rank_main(struct idbox *box, double deadline) {
   sendrecv(comm);
   if (g_n >= 2) split(comm);
   algos(comm);
+  compressed(comm);
   errors(comm);
   abort_and_destroy(comm);
   if (g_verbose || g_rank == 0) printf("rank %d: done in %.2f s\n", g_rank, now_s() - t0);

@@ -6,6 +6,7 @@
 #   scripts/bench-multihost.sh [--layouts 2x2,4x1,2x4] [--delays 0,100us,1ms] [--rate 1gbit]
 #       [--colls allreduce,allgather,reducescatter] [--min 16] [--max 64M] [--factor 4]
 #       [--seconds 0.3] [--reps 3] [--provider net] [--dir DIR]
+#       [--algos ring,rdh] [--no-auto] [--no-ompi] [--calibrate]
 #
 # Per layout (HOSTSxRANKS or N+N+...), delay and collective, each repetition runs, in a rotating
 # order: auto, every algorithm that implements the collective (forced), auto over one fabric
@@ -14,6 +15,9 @@
 # process per rank with torchrun's variables. Each size is timed for about --seconds (3-200
 # iterations). scripts/multihost/summary.py then prints, per size, auto / best forced, our busbw
 # / Open MPI's and one fabric / two fabrics; the tables go to DIR/summary.txt.
+# --algos keeps only the named forced algorithms, --no-auto leaves auto (and auto-same) out,
+# --no-ompi Open MPI; --calibrate logs each layout's and delay's calibration line to
+# DIR/calibrations.jsonl (short runs of auto with FABRICOLL_LOG=info; scripts/sim-validate.sh).
 #
 # Open MPI's side is mpi_coll_bench: MPI_BENCH names the binary, else it is built with
 # mpicc.openmpi from MPI_BENCH_SRC (default scripts/baselines/mpi_coll_bench.c) into
@@ -30,14 +34,18 @@ target=${CARGO_TARGET_DIR:-target}
 dir=""
 args=()
 delays="0,100us,1ms"
+no_ompi=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --dir) dir=${2:?--dir needs a value}; shift 2 ;;
     --delays) delays=${2:?--delays needs a value}; args+=("$1" "$2"); shift 2 ;;
-    --layouts | --rate | --colls | --min | --max | --factor | --seconds | --reps | --provider)
+    --no-ompi) no_ompi=1; shift ;;
+    --no-auto | --calibrate) args+=("$1"); shift ;;
+    --layouts | --rate | --colls | --min | --max | --factor | --seconds | --reps | --provider | \
+      --algos)
       [ $# -ge 2 ] || { echo "bench-multihost: $1 needs a value" >&2; exit 2; }
       args+=("$1" "$2"); shift 2 ;;
-    -h | --help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "bench-multihost: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -64,7 +72,10 @@ fi
 # Open MPI's benchmark
 mpi_bench=${MPI_BENCH:-}
 src=${MPI_BENCH_SRC:-scripts/baselines/mpi_coll_bench.c}
-if [ -z "$mpi_bench" ] && [ -f "$src" ] && command -v mpicc.openmpi >/dev/null; then
+if [ "$no_ompi" = 1 ]; then
+  mpi_bench=""
+  echo "bench-multihost: --no-ompi: no Open MPI rows"
+elif [ -z "$mpi_bench" ] && [ -f "$src" ] && command -v mpicc.openmpi >/dev/null; then
   mpi_bench=$target/multihost/mpi_coll_bench.openmpi
   if [ ! -x "$mpi_bench" ] || [ "$src" -nt "$mpi_bench" ]; then
     mpicc.openmpi -O2 -o "$mpi_bench" "$src" -lm || die "cannot build $src"
@@ -73,7 +84,7 @@ fi
 if [ -n "$mpi_bench" ]; then
   mpi_bench=$(cd "$(dirname "$mpi_bench")" && pwd)/$(basename "$mpi_bench")
   [ -x "$mpi_bench" ] || die "MPI_BENCH=$mpi_bench is not executable"
-else
+elif [ "$no_ompi" = 0 ]; then
   echo "bench-multihost: no Open MPI benchmark (MPI_BENCH unset, $src or mpicc.openmpi missing): no Open MPI rows"
 fi
 

@@ -15,7 +15,10 @@
 #             benchmark (scripts/torch-tests.sh, scripts/bench-torch.sh): torch, numpy and
 #             expecttest (PyTorch's distributed tests import it) at the pinned versions below,
 #             from PyPI, in $FABRICOLL_TORCH_VENV (default ~/.cache/fabricoll/torch-venv); an
-#             existing one is reused when it imports them at those versions
+#             existing one is reused when it imports them at those versions and its setuptools
+#             builds wheels (the wheel test). FABRICOLL_TORCH_VERSION picks another torch for a
+#             venv of its own (the other supported one: 2.11.0, with
+#             FABRICOLL_TORCH_VENV=~/.cache/fabricoll/torch211-venv; several GB, not in CI)
 # Then checks that cargo exists (rustup's ~/.cargo/bin is added to PATH when needed) and adds the
 # rustfmt and clippy components with rustup when they are missing.  Failing to fetch those
 # components is only a warning here; scripts/test.sh stops with a clear message if they are
@@ -114,12 +117,13 @@ fi
 
 # --- torch virtual environment (--torch) ----------------------------------------------------
 # The versions the torch tests are written and measured against.
-TORCH_VERSION=2.15.0 NUMPY_VERSION=2.4.6 EXPECTTEST_VERSION=0.3.0
+TORCH_VERSION=${FABRICOLL_TORCH_VERSION:-2.15.0} NUMPY_VERSION=2.4.6 EXPECTTEST_VERSION=0.3.0
 torch_venv_ok() {
   "$1/bin/python" - "$TORCH_VERSION" "$NUMPY_VERSION" "$EXPECTTEST_VERSION" <<'PY' 2>/dev/null
 import sys
 from importlib.metadata import version
 import numpy, torch, expecttest  # noqa: F401  (importable, not only installed)
+import setuptools.command.bdist_wheel  # noqa: F401  (setuptools 70.1 or later)
 want = dict(zip(("torch", "numpy", "expecttest"), sys.argv[1:]))
 sys.exit(0 if all(version(k) == v for k, v in want.items()) else 1)
 PY
@@ -132,7 +136,8 @@ if [ "$want_torch" = 1 ]; then
     log "making the torch venv $venv (torch $TORCH_VERSION: a few GB, about two minutes)"
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-      "torch==$TORCH_VERSION" "numpy==$NUMPY_VERSION" "expecttest==$EXPECTTEST_VERSION"
+      "torch==$TORCH_VERSION" "numpy==$NUMPY_VERSION" "expecttest==$EXPECTTEST_VERSION" \
+      "setuptools>=70.1"
     torch_venv_ok "$venv" || {
       log "the torch venv $venv still lacks torch $TORCH_VERSION / numpy / expecttest" >&2
       exit 1

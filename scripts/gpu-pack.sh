@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/gpu-pack.sh - gather what scripts/gpu-tests.sh needs on the GPU machine into target/gpu/,
-# stripped, so that one folder can be carried there (that machine has no network and no libfabric,
+# stripped of debug information, so that one folder can be carried there (that machine has no network and no libfabric,
 # and cannot build):
 #
 #   target/gpu/release/   libnccl-net-fabricoll.so, fabricoll-info, fabricoll-perf and the test
@@ -22,7 +22,8 @@ prefix=${LIBFABRIC2_PREFIX:-$HOME/.cache/fabricoll/libfabric-2.1.0-cuda}
 
 rm -rf "$out"
 mkdir -p "$out/release/deps" "$out/libfabric/lib" "$out/libfabric/bin" "$out/cuda"
-strip_to() { strip --strip-unneeded -o "$2" "$1"; }
+# debug information goes, function names stay (a crash's backtrace names them)
+strip_to() { strip --strip-debug -o "$2" "$1"; }
 
 [ -f "$rel/libnccl-net-fabricoll.so" ] || { echo "gpu-pack.sh: $rel/libnccl-net-fabricoll.so missing: run scripts/build.sh" >&2; exit 1; }
 strip_to "$rel/libnccl-net-fabricoll.so" "$out/release/libnccl-net-fabricoll.so"

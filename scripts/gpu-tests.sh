@@ -84,6 +84,12 @@ for d in /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib64; do
   fi
   break
 done
+# The test binaries run their ranks as threads of one process, sharing the device's context and
+# its hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS, default 8): streams are spread over
+# them, and a stream-ordered call's flag wait at the head of a queue holds back every stream
+# behind it, a peer rank's copies too, where the ranks' streams outnumber the queues. Ranks that
+# are processes have a context each; in one process the queues are raised to their maximum.
+export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
 test_bin() { find "$rel/deps" -maxdepth 1 -type f -executable -name "$1-*" -printf '%T@ %p\n' | sort -n | tail -1 | cut -d' ' -f2; }
 for t in ${GPU_TEST_BINS:-cuda_probe device_gpu device_capi_gpu device_capi_killed plugin_gpu}; do
   bin=$(test_bin "$t")

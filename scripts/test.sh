@@ -20,7 +20,8 @@
 #   multihost-tests scripts/multihost-tests.sh (as root: emulated hosts in network namespaces;
 #                 every algorithm x collective over net and tcp between hosts and shm within,
 #                 layouts 2x2, 3+2+1, 4x1, no TCP inside a host, a killed rank, mismatched
-#                 providers, each launcher's variables, two interfaces per host; skips where
+#                 providers, each launcher's variables, two interfaces per host, fabricoll-sim
+#                 against a measurement at 2x2 and 1 Gbit/s (loose bound); skips where
 #                 namespaces cannot be made, which fails under FABRICOLL_TEST_STRICT=1)
 #   plugin-tests  plugin-tests/selftest.sh (the net harness against a mock with injected bugs:
 #                 each bug must be caught), then plugin-tests/run.sh (C harness over tcp, net and

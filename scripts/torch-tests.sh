@@ -13,8 +13,10 @@
 #            (world size 3), and the comparison of the two (python/tests/suite_compare.py);
 #            results in $CARGO_TARGET_DIR/torch-tests/suite-*.json. The ranks are forked
 #            (minutes); TORCH_SUITE_START=spawn spawns them as PyTorch's CI does (an hour).
-# Environment: FABRICOLL_TORCH_VENV (the venv), FABRICOLL_TEST_BACKEND (default fabricoll; gloo
-# runs the harness gloo against gloo), FABRICOLL_TEST_STRICT, TORCH_TESTS_SUITE_TIMEOUT.
+# Environment: FABRICOLL_TORCH_VENV (the venv), FABRICOLL_TORCH_VERSION (its torch: default the
+# pinned 2.15.0; 2.11.0 is the other supported one, in a venv of its own), FABRICOLL_TEST_BACKEND
+# (default fabricoll; gloo runs the harness gloo against gloo), FABRICOLL_TEST_STRICT,
+# TORCH_TESTS_SUITE_TIMEOUT.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/deps.sh --torch

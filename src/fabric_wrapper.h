@@ -17,7 +17,8 @@
  * gets -FI_EOPNOTSUPP. */
 static inline int fi_fabricoll_regattr_cuda(struct fid_domain *domain, void *addr, size_t len,
 					    uint64_t access, int device, int dmabuf_fd,
-					    uint64_t dmabuf_offset, struct fid_mr **mr)
+					    uint64_t dmabuf_offset, uint64_t requested_key,
+					    struct fid_mr **mr)
 {
 	struct iovec iov = { .iov_base = addr, .iov_len = len };
 	struct fi_mr_attr attr = { 0 };
@@ -31,6 +32,7 @@ static inline int fi_fabricoll_regattr_cuda(struct fid_domain *domain, void *add
 	attr.mr_iov = &iov;
 	attr.iov_count = 1;
 	attr.access = access;
+	attr.requested_key = requested_key;
 	attr.iface = FI_HMEM_CUDA;
 	attr.device.cuda = device;
 	if (dmabuf_fd >= 0) {

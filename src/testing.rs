@@ -41,6 +41,51 @@ pub fn skip(test: &str, why: &str) {
     }
 }
 
+/// Makes a crash of this process (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) print a backtrace
+/// of the crashing thread to stderr before the signal kills it as before. For tests run where
+/// no debugger is at hand (the GPU machine): a diagnostic, not async-signal-safe (formatting a
+/// backtrace may allocate, and may itself crash or deadlock in a corrupted process; the
+/// signal's default action still ends it). Idempotent.
+pub fn backtrace_on_fatal_signal() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for sig in [
+            libc::SIGSEGV,
+            libc::SIGBUS,
+            libc::SIGILL,
+            libc::SIGFPE,
+            libc::SIGABRT,
+        ] {
+            // SAFETY: a zeroed sigaction is a valid start; the handler has the signature
+            // SA_SIGINFO asks for; sigaction is called with valid pointers.
+            unsafe {
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                    on_fatal_signal;
+                sa.sa_sigaction = handler as libc::sighandler_t;
+                sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESETHAND | libc::SA_ONSTACK;
+                libc::sigemptyset(&mut sa.sa_mask);
+                libc::sigaction(sig, &sa, std::ptr::null_mut());
+            }
+        }
+    });
+}
+
+extern "C" fn on_fatal_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    let thread = std::thread::current();
+    eprintln!(
+        "fatal signal {sig} (address {addr:#x}) in thread {:?}; backtrace:\n{}",
+        thread.name().unwrap_or("?"),
+        std::backtrace::Backtrace::force_capture()
+    );
+    // SA_RESETHAND restored the default action: raising again ends the process as the signal
+    // would have.
+    // SAFETY: raise has no memory-safety preconditions.
+    unsafe { libc::raise(sig) };
+}
+
 /// The TCP connections of this process in state ESTABLISHED, as (local port, remote port):
 /// the `/proc/self/net/tcp` and `tcp6` lines whose socket inode is one of our descriptors (both
 /// ends of a loopback connection count, since both are ours). Tests use it to see which
@@ -109,5 +154,31 @@ mod tests {
         let said = [strict.stdout, strict.stderr].concat();
         assert!(String::from_utf8_lossy(&said).contains("cannot run here: the reason"));
         let _ = std::fs::remove_file(&log);
+    }
+
+    #[test]
+    fn a_crash_prints_a_backtrace_and_still_kills_the_process() {
+        if std::env::var_os("FABRICOLL_TESTING_CRASH").is_some() {
+            super::backtrace_on_fatal_signal();
+            super::backtrace_on_fatal_signal();
+            // SAFETY: none needed: raising SIGSEGV is the point (the handler reports it).
+            unsafe { libc::raise(libc::SIGSEGV) };
+            unreachable!("SIGSEGV's default action ends the process");
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "testing::tests::a_crash_prints_a_backtrace_and_still_kills_the_process",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("FABRICOLL_TESTING_CRASH", "1")
+            .output()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(out.status.signal(), Some(libc::SIGSEGV), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("fatal signal 11"), "{err}");
+        assert!(err.contains("backtrace:"), "{err}");
     }
 }

@@ -5,7 +5,7 @@
 //! rank, and within the documented error bound of an f64 reference (docs/compression.md);
 //! NaN and infinities never come out finite; large finite values stay finite.
 use nccl_net_fabricoll::algo::varied::Varied;
-use nccl_net_fabricoll::algo::Collective;
+use nccl_net_fabricoll::algo::{self, Algorithm, Collective};
 use nccl_net_fabricoll::coll::{Call, Comm, Kind, Layout};
 use nccl_net_fabricoll::compress::{owner, Codec, Format};
 use nccl_net_fabricoll::config::{Compression, Config};
@@ -107,6 +107,8 @@ struct Case {
     displs: Vec<usize>,
     inputs: Vec<Vec<f32>>,
     in_place: bool,
+    /// The call's per-call algorithm (None: the communicator's).
+    algo: Option<Algorithm>,
 }
 
 impl Case {
@@ -374,6 +376,7 @@ fn run_rank(
     let call = Call {
         dtype: dt,
         op,
+        algo: case.algo,
         ..common::call(kind, send, recv, count)
     };
     comm.run_with(&call, per_call)?;
@@ -429,6 +432,7 @@ fn case(op: Op, dt: DataType, codec: Codec, n: usize, total: usize, seed: u64) -
         displs,
         inputs,
         in_place: seed % 2 == 1,
+        algo: None,
     }
 }
 
@@ -715,6 +719,50 @@ fn several_nonblocking_compressed_calls_in_flight() {
                 .iter()
                 .zip(&want[rank])
                 .all(|(x, y)| x.to_bits() == y.to_bits()));
+        }
+    }
+}
+
+/// A forced algorithm runs each exchange it implements (AllToAll: mesh, bruck, pairwise;
+/// AllGather: ring, bidir_ring, mesh, rdh, bruck, hier, swizzle); the others run as the cost
+/// model chooses for them. The results are the owner's bits whichever algorithms run.
+#[test]
+fn a_forced_algorithm_runs_the_exchanges_it_implements() {
+    let n = 4;
+    let c = Compression {
+        format: Format::Int8,
+        block: 32,
+    };
+    let codec = c.codec().unwrap();
+    let cs = comms(n, c);
+    let r = Region::empty();
+    for (i, op) in [Op::AllReduce, Op::ReduceScatter, Op::AllGather]
+        .into_iter()
+        .enumerate()
+    {
+        let coll = match op {
+            Op::AllReduce => Collective::AllReduce,
+            Op::ReduceScatter => Collective::ReduceScatter,
+            _ => Collective::AllGather,
+        };
+        let probe = |algo| Call {
+            algo,
+            ..common::call(Kind::Coll(coll), r, r, 777)
+        };
+        let auto = cs[0].exchange_algos(&probe(None), codec).unwrap();
+        for a in Algorithm::ALL {
+            if !algo::supports(a, coll) {
+                continue;
+            }
+            let got = cs[0].exchange_algos(&probe(Some(a)), codec).unwrap();
+            assert_eq!(got.len(), auto.len());
+            for ((x, chosen), (_, model)) in got.iter().zip(&auto) {
+                let want = if algo::supports(a, *x) { a } else { *model };
+                assert_eq!(*chosen, want, "{op:?} forced {a}: the {x:?} exchange");
+            }
+            let mut k = case(op, DataType::Float32, codec, n, 700, 300 + i as u64);
+            k.algo = Some(a);
+            check(&cs, &k, None);
         }
     }
 }

@@ -2,10 +2,12 @@
 //! `coll::device::install`), ranks as threads over shm: every call (collectives, send/recv,
 //! tagged, gather, scatter, allgatherv, reducescatterv) with device, host and mixed buffers,
 //! blocking, stream-ordered, non-blocking and grouped, 2 to 5 ranks; stream-ordered sends and
-//! receives on two streams, and host calls after non-blocking device calls; 1,000
-//! stream-ordered calls between kernels with no host synchronisation; abort and a destroyed
-//! peer during a stream-ordered call (a killed peer process: `device_capi_killed`); and the
-//! misuse errors. Not tested here: the direct path (no build registers device memory yet).
+//! receives on two streams, host calls after non-blocking device calls, a stream-ordered call
+//! after a non-blocking one with a rank late to its staging, and more non-blocking calls than
+//! staging slots after a stream-ordered one; 1,000 stream-ordered calls between kernels with
+//! no host synchronisation; abort and a destroyed peer during a stream-ordered call (a killed
+//! peer process: `device_capi_killed`); and the misuse errors. Not tested here: the direct path
+//! (no build registers device memory yet).
 use capi::{comm, last_error, ranks};
 use device::*;
 use nccl_net_fabricoll::coll::device::install;
@@ -149,9 +151,9 @@ fn released(test: &str, end: impl FnOnce(&[usize]) -> Vec<usize>) {
     let Some(cs) = ranks(test, &cfg, 2) else {
         return;
     };
-    // A communicator's first device call allocates its staging and waits for every rank to
-    // have done so (docs/device-calls.md): made here, by both ranks, before rank 0's call that
-    // its peer never joins.
+    // A communicator's first device call allocates its staging, and its first stream-ordered
+    // call waits for every rank to have done so (docs/device-calls.md): made here, by both
+    // ranks, before rank 0's call that its peer never joins.
     run_case(
         &d,
         &cs,
@@ -160,7 +162,7 @@ fn released(test: &str, end: impl FnOnce(&[usize]) -> Vec<usize>) {
         Op::Sum,
         1,
         (Place::Device, Place::Device),
-        Mode::Blocking,
+        Mode::Stream,
     );
     d.bind().unwrap();
     let s = d.create_stream().unwrap();
@@ -386,4 +388,75 @@ fn host_calls_after_nonblocking_device_calls_keep_the_call_order() {
     let _serial = serial();
     let test = "host_calls_after_nonblocking_device_calls_keep_the_call_order";
     host_after_nonblocking(&dev(), test);
+}
+
+/// A non-blocking device call, then a stream-ordered one, with one rank late: no rank's stream
+/// waits for the call before every rank has its staging (see
+/// `device::nonblocking_then_stream_ordered`).
+#[test]
+fn a_stream_ordered_call_after_a_nonblocking_one_waits_for_a_late_rank() {
+    let _serial = serial();
+    let test = "a_stream_ordered_call_after_a_nonblocking_one_waits_for_a_late_rank";
+    nonblocking_then_stream_ordered(&dev(), test);
+}
+
+/// A stream-ordered allreduce, then as many non-blocking allreduces as the communicator has
+/// staging slots (4), or more, all on device buffers; then every request is waited for and the
+/// stream synchronised. The calls progress in call order, so the later calls cannot end before
+/// the first: none of them may take the slot it needs, and those that find none free allocate
+/// one while the first can still run. (No stream-ordered call follows them: ranks that are
+/// threads on one device cannot allocate while a peer's stream waits for a later call, which
+/// docs/device-calls.md leaves to the caller.)
+#[test]
+fn nonblocking_calls_after_a_stream_ordered_one_leave_it_a_slot() {
+    let _serial = serial();
+    let test = "nonblocking_calls_after_a_stream_ordered_one_leave_it_a_slot";
+    for nonblocking in [4, 6] {
+        stream_ordered_around_nonblocking(test, nonblocking);
+    }
+}
+
+/// The calls of the test above on 2 ranks, `nonblocking` non-blocking ones.
+fn stream_ordered_around_nonblocking(test: &str, nonblocking: usize) {
+    const COUNT: usize = 1000;
+    let n = 2;
+    let d = dev();
+    on_ranks(&d, test, n, |me, c, ready| {
+        let s = d.create_stream().unwrap();
+        let (input, want) = expected(Coll::AllReduce, Op::Sum, n, me, COUNT);
+        let bytes = Ty::F32.encode(&input);
+        let mut bufs: Vec<Buf> = (0..nonblocking + 1)
+            .map(|_| Buf::new(&d, &s, Place::Device, &bytes))
+            .collect();
+        let (f32t, sum, cm) = (Ty::F32.c(), Op::Sum.c(), comm(c));
+        // Every rank has allocated before a stream waits for a call's flag.
+        ready.wait();
+        let mut reqs = Vec::new();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            let p = b.ptr();
+            let st = if i == 0 {
+                fabricoll_allreduce_stream(p, p, COUNT, f32t, sum, cm, s.handle())
+            } else {
+                let mut req = std::ptr::null_mut();
+                let st = fabricoll_iallreduce(p, p, COUNT, f32t, sum, cm, &mut req);
+                reqs.push(req);
+                st
+            };
+            let at = format!("{nonblocking} non-blocking: rank {me} call {i}");
+            assert_eq!(st, FABRICOLL_SUCCESS, "{at}: {}", last_error());
+        }
+        for (i, r) in reqs.into_iter().enumerate() {
+            let st = fabricoll_wait(r);
+            let at = format!("{nonblocking} non-blocking: rank {me} request {i}");
+            assert_eq!(st, FABRICOLL_SUCCESS, "{at}: {}", last_error());
+        }
+        s.synchronize(WAIT).unwrap();
+        no_async_error(cm);
+        ready.wait();
+        let want = Ty::F32.encode(&want.unwrap());
+        for (i, b) in bufs.iter_mut().enumerate() {
+            let ok = b.read(&s, COUNT * 4) == want;
+            assert!(ok, "{nonblocking} non-blocking: rank {me} call {i}");
+        }
+    });
 }

@@ -28,6 +28,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// CUDA device 0, bound to this thread; panics without one (these tests run only on the GPU
 /// machine). The library finds it through the threads' current context.
 fn gpu() -> Device {
+    nccl_net_fabricoll::testing::backtrace_on_fatal_signal();
     let d = Device::cuda(0).expect("no CUDA device: this test runs on the GPU machine only");
     let found = installed().expect("the library does not see the thread's CUDA context");
     assert_eq!(found.kind(), DeviceKind::Cuda, "{found:?}");

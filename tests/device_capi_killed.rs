@@ -6,8 +6,8 @@
 //! 0 (ignored here; scripts/gpu-tests.sh runs it). (`device_capi` covers an abort and a peer
 //! destroying its communicator in one process.)
 use capi::{last_error, shm_config};
-use nccl_net_fabricoll::coll::device::install;
-use nccl_net_fabricoll::device::{Device, EmuConfig};
+use nccl_net_fabricoll::coll::device::{install, installed, uninstall};
+use nccl_net_fabricoll::device::{Device, DeviceKind, EmuConfig};
 use nccl_net_fabricoll::ffi::api::*;
 use std::io::{BufRead, BufReader};
 use std::os::raw::{c_int, c_void};
@@ -30,8 +30,18 @@ const COUNT: usize = 4096;
 /// The device of the calls: CUDA device 0 (`gpu`), else the emulated one, installed.
 fn device(gpu: bool) -> Device {
     if gpu {
+        nccl_net_fabricoll::testing::backtrace_on_fatal_signal();
+        // The emulated case may have run first in this process: its installed device would
+        // take CUDA's buffers for host memory.
+        uninstall();
         let d = Device::cuda(0).expect("no CUDA device: this test runs on the GPU machine only");
         d.bind().expect("bind");
+        let found = installed().map(|f| f.kind());
+        assert_eq!(
+            found,
+            Some(DeviceKind::Cuda),
+            "the library's device for this thread"
+        );
         return d;
     }
     // A stream waits for a flag longer than the survivor's call may take to fail.
@@ -66,9 +76,16 @@ fn unhex(s: &str) -> fabricoll_unique_id {
     id
 }
 
-/// Rank `rank` of 2 with `id`; one blocking device allreduce (the first device call, which
-/// allocates the staging) on `buf`.
-fn join(id: &fabricoll_unique_id, rank: c_int, buf: *mut c_void) -> *mut fabricoll_comm {
+/// Rank `rank` of 2 with `id`; one stream-ordered device allreduce on `buf`, waited for: the
+/// first device call allocates the staging, and the first stream-ordered call waits until
+/// every rank has made it (docs/device-calls.md), so the survivor's later call, which the peer
+/// never joins, returns at once.
+fn join(
+    id: &fabricoll_unique_id,
+    rank: c_int,
+    d: &Device,
+    buf: *mut c_void,
+) -> *mut fabricoll_comm {
     let mut comm = std::ptr::null_mut();
     // SAFETY: every pointer is valid for the call.
     let st = unsafe { fabricoll_comm_init_rank_config(&mut comm, 2, id, rank, &config()) };
@@ -77,12 +94,15 @@ fn join(id: &fabricoll_unique_id, rank: c_int, buf: *mut c_void) -> *mut fabrico
         fabricoll_datatype::FABRICOLL_FLOAT32 as c_int,
         fabricoll_redop::FABRICOLL_SUM as c_int,
     );
-    let st = fabricoll_allreduce(buf, buf, COUNT, f32t, sum, comm);
+    let s = d.create_stream().unwrap();
+    let st = fabricoll_allreduce_stream(buf, buf, COUNT, f32t, sum, comm, s.handle());
     assert_eq!(st, FABRICOLL_SUCCESS, "rank {rank}: {}", last_error());
+    s.synchronize(Duration::from_millis(TIMEOUT_MS as u64) + capi::LATE)
+        .unwrap();
     comm
 }
 
-/// The peer: joins, makes the first device call, says so, and waits to be killed.
+/// The peer: joins, makes the first stream-ordered call, says so, and waits to be killed.
 #[test]
 #[ignore = "rank 1 of a_killed_peer_releases_the_stream_and_reports_the_error, which starts it"]
 fn peer_rank() {
@@ -91,7 +111,7 @@ fn peer_rank() {
     };
     let d = device(std::env::var(ON_GPU).is_ok());
     let buf = d.alloc(COUNT * 4).unwrap();
-    let _comm = join(&unhex(&id), 1, buf.addr() as *mut c_void);
+    let _comm = join(&unhex(&id), 1, &d, buf.addr() as *mut c_void);
     println!("@@ready");
     std::thread::sleep(Duration::from_secs(300));
 }
@@ -146,8 +166,8 @@ fn killed(test: &str, gpu: bool) {
     let d = device(gpu);
     let buf = d.alloc(COUNT * 4).unwrap();
     let p = buf.addr() as *mut c_void;
-    let comm = join(&id, 0, p);
-    // The peer has made its first device call; it makes no other.
+    let comm = join(&id, 0, &d, p);
+    // The peer has made its first stream-ordered call; it makes no other.
     let ready = BufReader::new(out)
         .lines()
         .map_while(Result::ok)

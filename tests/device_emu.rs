@@ -10,8 +10,20 @@ use nccl_net_fabricoll::device::{Device, DeviceKind, EmuConfig, Span};
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
 use nccl_net_fabricoll::Error;
 
+/// A device ordinal no other test of this process uses. Every emulated device of one ordinal
+/// shares its context, as devices of one ordinal share the primary context on a GPU, and
+/// page-locked allocations, frees and stream creation wait for every stream of the context: the
+/// tests run in parallel threads, so one test's stream waiting for a flag would hold up
+/// another's allocation. On a GPU these checks run one at a time (tests/device_gpu.rs, with
+/// --test-threads=1); here each test has a device of its own.
+fn ordinal() -> i32 {
+    static NEXT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(10);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 fn emu() -> Device {
     let d = Device::emulated(EmuConfig {
+        ordinal: ordinal(),
         max_delay: Duration::from_micros(300),
         ..EmuConfig::default()
     })
@@ -153,6 +165,7 @@ fn emu_in_place_operand_orders() {
 #[test]
 fn emu_stream_fails_on_a_flag_nobody_writes() {
     let dev = Device::emulated(EmuConfig {
+        ordinal: ordinal(),
         flag_timeout: Duration::from_millis(100),
         ..EmuConfig::default()
     })
@@ -220,7 +233,9 @@ fn emu_device_memory_is_reachable_through_the_engine_only() {
     assert_eq!(device_checks::download(&s, &d.span()), data);
     assert_eq!(
         dev.classify(d.addr() as *const _).unwrap(),
-        nccl_net_fabricoll::device::PtrKind::Device { ordinal: 0 }
+        nccl_net_fabricoll::device::PtrKind::Device {
+            ordinal: dev.ordinal()
+        }
     );
 }
 
@@ -229,6 +244,7 @@ fn emu_ordering_under_random_delays() {
     // Many chained operations across two streams, each after a random delay: a missing
     // dependency shows up as a wrong sum.
     let dev = Device::emulated(EmuConfig {
+        ordinal: ordinal(),
         max_delay: Duration::from_micros(500),
         seed: Some(42),
         ..EmuConfig::default()
@@ -269,8 +285,9 @@ fn emu_ordering_under_random_delays() {
 fn emu_two_devices_do_not_mix() {
     // Memory, events and streams of one device are refused by another's stream, naming them.
     let d0 = emu();
+    let one = ordinal();
     let d1 = Device::emulated(EmuConfig {
-        ordinal: 1,
+        ordinal: one,
         ..EmuConfig::default()
     })
     .unwrap();
@@ -284,7 +301,7 @@ fn emu_two_devices_do_not_mix() {
     let e = s0
         .copy(&b0.span(), &b1.span())
         .expect_err("device 1 memory");
-    assert!(e.to_string().contains("device 1"), "{e}");
+    assert!(e.to_string().contains(&format!("device {one}")), "{e}");
     let e = s0.wait_event(&e1).expect_err("device 1 event");
     assert!(e.to_string().contains("'ev'"), "{e}");
     // SAFETY: refused before any use: the handle is a stream of device 1.
@@ -316,6 +333,7 @@ fn cuda_device_only_where_the_probe_found_a_driver() {
 #[test]
 fn emu_thousand_round_trips() {
     let dev = Device::emulated(EmuConfig {
+        ordinal: ordinal(),
         max_delay: Duration::from_micros(30),
         seed: Some(7),
         ..EmuConfig::default()
@@ -330,6 +348,7 @@ fn emu_thousand_round_trips() {
 #[test]
 fn emu_page_locked_alloc_waits_for_the_device_and_names_the_call() {
     let dev = Device::emulated(EmuConfig {
+        ordinal: ordinal(),
         flag_timeout: Duration::from_millis(600),
         ..EmuConfig::default()
     })
@@ -351,4 +370,120 @@ fn emu_page_locked_alloc_waits_for_the_device_and_names_the_call() {
     s.synchronize(device_checks::T).unwrap();
     // Idle again: the allocation goes through at once.
     dev.alloc_host(4096).unwrap();
+}
+
+/// Every emulated device of one ordinal shares the context, as every `Device::cuda` of one
+/// ordinal (a rank per thread, each with its own) shares the primary context: page-locked
+/// allocations and stream creation on one wait for the streams of another, and fail, naming
+/// the driver call, where one waits for a flag that the caller's side has yet to write. A
+/// device of another ordinal is another context.
+#[test]
+fn emu_devices_of_one_ordinal_share_the_context() {
+    // b gives up after 300 ms (half its flag timeout), long before a's stream fails its wait.
+    let o = ordinal();
+    let a = Device::emulated(EmuConfig {
+        ordinal: o,
+        ..EmuConfig::default()
+    })
+    .unwrap();
+    let b = Device::emulated(EmuConfig {
+        ordinal: o,
+        flag_timeout: Duration::from_millis(600),
+        ..EmuConfig::default()
+    })
+    .unwrap();
+    let other = Device::emulated(EmuConfig {
+        ordinal: ordinal(),
+        flag_timeout: Duration::from_millis(600),
+        ..EmuConfig::default()
+    })
+    .unwrap();
+    a.bind().unwrap();
+    let s = a.create_stream().unwrap();
+    let f = a.create_flag("context-gate").unwrap();
+    let _release = device_checks::Release(&f, 1);
+    s.wait_flag(&f, 1).unwrap();
+    b.bind().unwrap();
+    let e = b
+        .alloc_host(4096)
+        .expect_err("a's stream holds the context");
+    assert!(matches!(e, Error::Timeout(_)), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains("cuMemHostAlloc"), "{msg}");
+    assert!(msg.contains(&format!("emulated device {o}")), "{msg}");
+    let e = b.create_stream().expect_err("a's stream holds the context");
+    assert!(matches!(e, Error::Timeout(_)), "{e:?}");
+    assert!(e.to_string().contains("cuStreamCreate"), "{e}");
+    {
+        other.bind().unwrap();
+        let _h = other.alloc_host(4096).unwrap();
+        let _s = other.create_stream().unwrap();
+    }
+    f.set(1);
+    a.bind().unwrap();
+    s.synchronize(device_checks::T).unwrap();
+    b.bind().unwrap();
+    let _h = b.alloc_host(4096).unwrap();
+    let _s = b.create_stream().unwrap();
+}
+
+/// The kernels are loaded when the process first opens a device of the ordinal (as the CUDA
+/// backend does), so a launch waits for no stream; with `lazy_module` they are loaded at the
+/// first launch, which waits for every stream of the context (the driver's lazy loading) and
+/// fails, naming the call, while one waits for a flag. Opening a device that loads them at
+/// open waits the same way.
+#[test]
+fn emu_loading_the_kernels_waits_for_the_context() {
+    let run = |lazy: bool| {
+        // The launch gives up after 1.5 s and the opening after 0.3 s (half their devices'
+        // flag timeouts), both before the stream fails its wait (3 s).
+        let cfg = EmuConfig {
+            ordinal: ordinal(),
+            flag_timeout: Duration::from_secs(3),
+            lazy_module: lazy,
+            ..EmuConfig::default()
+        };
+        let dev = Device::emulated(cfg.clone()).unwrap();
+        let (waiter, worker) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+        let f = dev.create_flag("load-gate").unwrap();
+        let _release = device_checks::Release(&f, 2);
+        let ones: Vec<u8> = (0..16).flat_map(|_| 1u32.to_le_bytes()).collect();
+        let one = device_checks::upload(&worker, &ones);
+        let acc = device_checks::upload(&worker, &[0u8; 64]);
+        let add = || worker.reduce(DataType::Uint32, RedOp::Sum, &acc.span(), &one.span());
+        waiter.wait_flag(&f, 1).unwrap();
+        if lazy {
+            let e = add().expect_err("the first launch loads the kernels");
+            assert!(matches!(e, Error::Timeout(_)), "{e:?}");
+            assert!(e.to_string().contains("cuModuleLoadData"), "{e}");
+            assert!(e.to_string().contains("first launch"), "{e}");
+            // A device that loads them at open waits too.
+            let e = Device::emulated(EmuConfig {
+                lazy_module: false,
+                flag_timeout: Duration::from_millis(600),
+                ..cfg
+            })
+            .expect_err("opening loads the kernels");
+            assert!(e.to_string().contains("first opens"), "{e}");
+            dev.bind().unwrap();
+            f.set(1);
+            waiter.synchronize(device_checks::T).unwrap();
+            waiter.wait_flag(&f, 2).unwrap();
+            // The kernels were not loaded: this launch loads them, the next finds them.
+            f.set(2);
+            add().unwrap();
+            waiter.synchronize(device_checks::T).unwrap();
+            waiter.wait_flag(&f, 3).unwrap();
+        }
+        add().unwrap();
+        worker.synchronize(device_checks::T).unwrap();
+        f.set(3);
+        waiter.synchronize(device_checks::T).unwrap();
+        let want: Vec<u8> = (0..16)
+            .flat_map(|_| (if lazy { 2u32 } else { 1 }).to_le_bytes())
+            .collect();
+        assert_eq!(device_checks::download(&worker, &acc.span()), want);
+    };
+    run(false);
+    run(true);
 }

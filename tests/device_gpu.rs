@@ -8,6 +8,7 @@ use cudarc::driver::sys;
 use nccl_net_fabricoll::device::{Device, DeviceKind, PtrKind};
 
 fn gpu() -> Device {
+    nccl_net_fabricoll::testing::backtrace_on_fatal_signal();
     let d = Device::cuda(0).expect("CUDA device 0");
     assert_eq!(d.kind(), DeviceKind::Cuda);
     eprintln!(

@@ -184,6 +184,7 @@ fn device_memory_through_the_v12_table_over_shm() {
     std::env::set_var("FABRICOLL_PROVIDER", "shm");
     std::env::set_var("FABRICOLL_TIMEOUT_MS", "20000");
     std::env::set_var("FABRICOLL_LOG", "info");
+    nccl_net_fabricoll::testing::backtrace_on_fatal_signal();
     let cuda = CudaContext::new(0).expect("CUDA device 0");
     let t = &ncclNetPlugin_v12;
     let mut ctx: P = null_mut();

@@ -66,3 +66,35 @@ fn bad_arguments_name_the_argument() {
     let (ok, _, err) = sim(&["--calibration", "alpha 3 us"]);
     assert!(!ok && err.contains("--calibration"), "{err}");
 }
+
+#[test]
+fn goal_writes_one_plan_and_wants_one_algorithm() {
+    let path = std::env::temp_dir().join(format!("fabricoll-sim-{}.goal", std::process::id()));
+    let file = path.to_str().expect("temp path is UTF-8");
+    let (ok, out, err) = sim(&[
+        "--goal",
+        file,
+        "--coll",
+        "allreduce",
+        "--algos",
+        "ring",
+        "-b",
+        "64",
+        "--hosts",
+        "2x2",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("ring AllReduce on 4 ranks"), "{out}");
+    let text = std::fs::read_to_string(&path).expect("the GOAL file");
+    let _ = std::fs::remove_file(&path);
+    assert!(text.contains("\nnum_ranks 4\n"), "{text}");
+    for r in 0..4 {
+        assert!(text.contains(&format!("\nrank {r} {{\n")), "{text}");
+    }
+    let sends = text.lines().filter(|l| l.contains(": send ")).count();
+    let recvs = text.lines().filter(|l| l.contains(": recv ")).count();
+    assert_eq!((sends, recvs), (24, 24), "{text}");
+    let (ok, _, err) = sim(&["--goal", file, "--algos", "ring,rdh"]);
+    assert!(!ok && err.contains("--algos"), "{err}");
+    assert!(!path.exists());
+}

@@ -7,10 +7,12 @@ use nccl_net_fabricoll::testing::skip;
 use nccl_net_fabricoll::transport::fabric::{discover, FabricTransport, Use};
 use nccl_net_fabricoll::transport::{Completion, Posted, Region, Transport};
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+
+mod common;
 
 const CHILD: &str = "FABRICOLL_RMA_TEST_TARGET";
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -47,16 +49,6 @@ fn endpoint(provider: &str) -> Option<FabricTransport> {
     Some(FabricTransport::open(dev).expect("endpoint"))
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
-        .collect()
-}
-
 fn before(i: usize) -> u8 {
     (i * 7 + 1) as u8
 }
@@ -82,7 +74,7 @@ fn rma_target_process() {
         "@@ {:x} {:x} {}",
         buf.as_ptr() as u64,
         mr.key.expect("key"),
-        hex(&t.address())
+        common::hex(&t.address())
     );
     std::io::stdout().flush().expect("flush");
     let done = Arc::new(AtomicBool::new(false));
@@ -148,15 +140,7 @@ fn across(provider: &str) -> bool {
     let Some(t) = endpoint(provider) else {
         return false;
     };
-    let exe = std::env::current_exe().expect("test executable");
-    let mut kid = Command::new(exe)
-        .args([
-            "--exact",
-            "rma_target_process",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let mut kid = common::ignored_test("rma_target_process")
         .env(CHILD, provider)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -176,7 +160,9 @@ fn across(provider: &str) -> bool {
     let f: Vec<&str> = hello.split(' ').collect();
     let base = u64::from_str_radix(f[0], 16).expect("address");
     let key = u64::from_str_radix(f[1], 16).expect("key");
-    let peer = t.insert_peer(&unhex(f[2])).expect("insert the target");
+    let peer = t
+        .insert_peer(&common::unhex(f[2]))
+        .expect("insert the target");
     let mut src: Vec<u8> = (WRITE.0..WRITE.0 + WRITE.1).map(written).collect();
     // SAFETY: src outlives the write, which `finish` waits for.
     let r = unsafe { Region::from_raw(src.as_mut_ptr(), src.len()) };

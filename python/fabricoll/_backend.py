@@ -11,8 +11,9 @@ Every operation starts a non-blocking C call (``fabricoll_i*``) and returns a
   (``reduce_scatter_tensor``), ``reduce_scatter_single_coalesced``;
 - ``broadcast``, ``gather``, ``scatter``, ``barrier``, ``monitored_barrier`` (without the
   names of missing ranks); ``gather_single`` is implemented, but
-  torch 2.15's trampoline for Python backends does not forward it, so
-  ``dist.gather_into_tensor`` gets torch's own "does not support gather_single" error;
+  torch 2.15's trampoline for Python backends does not forward it, so without the compiled
+  front ``dist.gather_into_tensor`` gets torch's own "does not support gather_single" error
+  (the compiled front runs it itself; torch 2.11 has no ``gather_into_tensor``);
 - ``alltoall`` (lists, uneven sizes) and ``all_to_all_single`` (with split sizes, through
   alltoallv);
 - ``send`` / ``recv`` with tags 0 ..= ``FABRICOLL_MAX_TAG`` (``fabricoll_isend_tagged``);
@@ -20,6 +21,9 @@ Every operation starts a non-blocking C call (``fabricoll_i*``) and returns a
 - coalescing blocks (``start_coalescing`` / ``end_coalescing``);
 - ``abort`` (``fabricoll_comm_abort``: in-flight operations fail) and ``shutdown``
   (``fabricoll_comm_destroy``).
+
+On a torch whose c10d Backend Python cannot subclass (2.11), :class:`FabricollBackend` is a
+plain object that only the compiled front calls (:data:`STANDALONE`).
 
 Data movement copies bytes, so it takes every dtype. A per-call ``opts.timeout`` is not
 applied; the communicator's timeout (torch's group timeout) is.
@@ -108,11 +112,29 @@ def _shutdown_all():
             pass
 
 
-class FabricollBackend(_C10dBackend):
-    """torch's Backend over one fabricoll communicator (``comm``: its handle)."""
+def _subclassable():
+    """Whether this torch lets Python subclass its c10d Backend (2.15 does; 2.11's binding
+    has no constructor: "No constructor defined")."""
+    try:
+        _C10dBackend(0, 1)
+    except TypeError:
+        return False
+    return True
+
+
+# Whether this backend can run on its own (registered with torch as it is). Where it cannot,
+# it is a plain object that only the compiled front (fabricoll._c10d) calls, by these names.
+STANDALONE = _subclassable()
+
+
+class FabricollBackend(_C10dBackend if STANDALONE else object):
+    """torch's Backend over one fabricoll communicator (``comm``: its handle): a subclass of
+    torch's c10d Backend where torch allows one (:data:`STANDALONE`), else a plain object
+    that the compiled front forwards to."""
 
     def __init__(self, rank, size, comm, timeout=None):
-        super().__init__(rank, size)
+        if STANDALONE:
+            super().__init__(rank, size)
         self._rank, self._size = rank, size
         self._comm = comm
         self._timeout = timeout

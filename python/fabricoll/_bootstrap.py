@@ -37,17 +37,31 @@ class Options:
     - ``inplace_restore``: True to have a failed in-place collective (``all_reduce`` is one)
       restore its tensor, at the cost of a copy of it on every such call; None (unless
       ``FABRICOLL_INPLACE_RESTORE`` is set) and False leave it undefined on failure, as gloo
-      and NCCL do, and run without the copy.
+      and NCCL do, and run without the copy;
+    - ``compress``: the wire format of the group's compressed collectives
+      (``FABRICOLL_COMPRESS``): ``"off"``, ``"bf16"``, ``"fp16"``, ``"fp8e4m3"``, ``"fp8e5m2"``
+      or ``"int8"``. all_reduce (sum, avg, premul_sum), reduce_scatter and all_gather of
+      float32, bfloat16 and float16 tensors then send block-scaled codes, so DDP's and FSDP2's
+      gradients and parameters travel compressed; every other operation and type is sent as
+      it is. Every rank of the group must pass the same. Error bounds: docs/compression.md;
+    - ``compress_block``: elements per scale of the codes, 1 .. 1048576
+      (``FABRICOLL_COMPRESS_BLOCK``, else 256).
     """
 
     def __init__(self, provider=None, intra_provider=None, algo=None, bootstrap_addr=None,
-                 timeout=None, inplace_restore=None):  # fmt: skip
+                 timeout=None, inplace_restore=None, compress=None,
+                 compress_block=None):  # fmt: skip
         self.provider = provider
         self.intra_provider = intra_provider
         self.algo = algo
         self.bootstrap_addr = bootstrap_addr
         self.timeout = timeout
         self.inplace_restore = inplace_restore
+        # Checked here too, so that a bad name fails where it is written.
+        _compress_value(compress)
+        _compress_block_value(compress_block)
+        self.compress = compress
+        self.compress_block = compress_block
 
     def __repr__(self):
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if v is not None)
@@ -63,6 +77,29 @@ def _algo_value(algo):
     if value is None:
         raise ValueError(f"fabricoll Options.algo: unknown algorithm {algo!r} (one of {', '.join(c.ALGOS)})")
     return value
+
+
+def _compress_value(name):
+    """``fabricoll_config.compress`` for ``Options.compress`` (None: the environment's)."""
+    if name is None:
+        return c.COMPRESS_DEFAULT
+    value = c.COMPRESS.get(str(name).strip().lower()) if isinstance(name, str) else None
+    if value is None:
+        raise ValueError(f"fabricoll Options.compress: unknown format {name!r} (one of "
+                         f"{', '.join(c.COMPRESS)}, or None for FABRICOLL_COMPRESS)")
+    return value
+
+
+def _compress_block_value(block):
+    """``fabricoll_config.compress_block`` for ``Options.compress_block`` (None: 0, the
+    environment's)."""
+    if block is None:
+        return 0
+    if isinstance(block, bool) or not isinstance(block, int) or \
+            not 1 <= block <= c.MAX_COMPRESS_BLOCK:
+        raise ValueError(f"fabricoll Options.compress_block: {block!r} is not an integer "
+                         f"1..{c.MAX_COMPRESS_BLOCK} (or None for FABRICOLL_COMPRESS_BLOCK)")
+    return block
 
 
 def timeout_ms(timeout):
@@ -138,6 +175,8 @@ def _config(options, timeout, addr):
     cfg.timeout_ms = timeout_ms(options.timeout or timeout)
     cfg.algo = _algo_value(options.algo)
     cfg.inplace = _inplace_value(getattr(options, "inplace_restore", None))
+    cfg.compress = _compress_value(getattr(options, "compress", None))
+    cfg.compress_block = _compress_block_value(getattr(options, "compress_block", None))
     keep = []
     for field in ("provider", "intra_provider"):
         value = getattr(options, field)

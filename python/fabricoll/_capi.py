@@ -67,6 +67,8 @@ class Config(ctypes.Structure):
         ("intra_provider", c_char_p),
         ("bootstrap_addr", c_char_p),
         ("inplace", c_int),
+        ("compress", c_int),
+        ("compress_block", c_int),
     ]
 
 
@@ -74,6 +76,15 @@ class Config(ctypes.Structure):
 INPLACE_DEFAULT = 0  # FABRICOLL_INPLACE_RESTORE decides (unset: undefined)
 INPLACE_RESTORE = 1  # the input again (each call copies it aside first)
 INPLACE_UNDEFINED = 2  # undefined, as MPI, NCCL and gloo (no copy)
+
+
+# fabricoll_compress: the wire format of compressed collectives (FABRICOLL_COMPRESS's names;
+# docs/compression.md). DEFAULT (0) defers to the environment.
+COMPRESS_DEFAULT = 0
+COMPRESS = {"off": 1, "bf16": 2, "fp16": 3, "fp8e4m3": 4, "fp8e5m2": 5, "int8": 6}
+
+# fabricoll_config.compress_block's range (0: FABRICOLL_COMPRESS_BLOCK, else 256).
+MAX_COMPRESS_BLOCK = 1 << 20
 
 
 # void (*fabricoll_callback)(void *user_data, int status)

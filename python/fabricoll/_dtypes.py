@@ -75,7 +75,16 @@ class Reduction:
 
 
 def _factor(reduce_op):
+    """PREMUL_SUM's factor: torch 2.15's ReduceOp shows it (``factor``); 2.11's only to C++,
+    where the compiled front (always there on 2.11) reads it."""
     f = getattr(reduce_op, "factor", None)
+    if f is None and isinstance(reduce_op, ReduceOp) and not hasattr(reduce_op, "factor"):
+        try:
+            from . import _c10d  # pylint: disable=import-outside-toplevel
+        except ImportError:
+            _c10d = None
+        if _c10d is not None:
+            f = _c10d.premul_factor(reduce_op)
     if f is None:
         raise Unsupported("PREMUL_SUM without a factor")
     return f

@@ -29,6 +29,11 @@ when torch is importable); ``FABRICOLL_TORCH_EXT`` = ``0`` runs the Python backe
 requires the compiled front (an error when it does not load), unset: the compiled front where
 it loads.
 
+torch versions: 2.15 (what the tests are written against) and 2.11. On 2.11 torch's c10d
+Backend cannot be subclassed in Python, so the Python backend cannot run alone there: the
+compiled front is required, and importing this module without it (or with
+``FABRICOLL_TORCH_EXT=0``) raises an ImportError that says how to build it.
+
 Environment: ``FABRICOLL_LIB`` (the library to load), ``FABRICOLL_BOOTSTRAP_ADDR`` and
 ``MASTER_ADDR`` (where rank 0's bootstrap root listens; see :mod:`fabricoll._bootstrap`);
 the library itself reads its own variables (``FABRICOLL_PROVIDER``, ``FABRICOLL_ALGO``, ...)
@@ -39,39 +44,34 @@ import os
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import Backend as _C10dBackend
 
-
-def _check_torch():
-    """Older torch (2.11 has been seen) cannot construct a Python subclass of its c10d
-    Backend ("No constructor defined"): say so at import, not at the first group."""
-    try:
-        _C10dBackend(0, 1)
-    except TypeError as e:
-        raise ImportError(
-            f"fabricoll.torch needs a torch whose c10d Backend can be subclassed in Python "
-            f"(tested: 2.15); this is torch {torch.__version__}: {e}"
-        ) from None
-
-
-_check_torch()
-
-from ._backend import FabricollBackend  # noqa: E402
-from . import _capi  # noqa: E402
-from ._bootstrap import Options, create_comm  # noqa: E402
+from ._backend import STANDALONE, FabricollBackend
+from . import _capi
+from ._bootstrap import Options, create_comm
 
 __all__ = ["FabricollBackend", "Options", "NAME", "compiled"]
 
 NAME = "fabricoll"
 
+_BUILD = ("build it for this torch: pip install --no-build-isolation ./python, or "
+          "python setup.py build_ext --inplace in python/ (needs g++ and this torch importable)")
+
 
 def _load_compiled():
-    """fabricoll._c10d, or None: FABRICOLL_TORCH_EXT=0, or not built for this torch
-    (FABRICOLL_TORCH_EXT=1 turns that into an ImportError naming the reason)."""
+    """fabricoll._c10d, or None: FABRICOLL_TORCH_EXT=0, or not built for this torch.
+    ImportError naming the reason where the backend cannot run without it
+    (FABRICOLL_TORCH_EXT=1, or a torch whose c10d Backend Python cannot subclass)."""
     want = os.environ.get("FABRICOLL_TORCH_EXT", "").strip()
     if want not in ("", "0", "1"):
         raise ValueError(f"FABRICOLL_TORCH_EXT={want!r}: expected 0 (Python only) or 1 (compiled required)")
+    alone = ("" if STANDALONE else
+             f"torch {torch.__version__}'s c10d Backend cannot be subclassed in Python, so "
+             "the Python backend cannot run alone and fabricoll.torch needs its compiled "
+             "front (fabricoll._c10d)")
     if want == "0":
+        if alone:
+            raise ImportError(f"FABRICOLL_TORCH_EXT=0 asks for the Python backend alone, but "
+                              f"{alone}: unset FABRICOLL_TORCH_EXT")
         return None
     try:
         from . import _c10d
@@ -79,9 +79,10 @@ def _load_compiled():
         if want == "1":
             raise ImportError(
                 f"FABRICOLL_TORCH_EXT=1 but fabricoll._c10d does not load for torch "
-                f"{torch.__version__}: {e} (build it: python/setup.py build_ext --inplace, with "
-                "this torch importable)"
+                f"{torch.__version__}: {e} ({_BUILD})"
             ) from e
+        if alone:
+            raise ImportError(f"{alone}, which does not load: {e} ({_BUILD})") from e
         return None
     return _c10d
 

@@ -7,6 +7,7 @@ FABRICOLL_TEST_STRICT=1 turns every skip into a failure (scripts/test.sh sets it
 import os
 import shutil
 import subprocess
+import sys
 import unittest
 
 PY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,6 +44,23 @@ def provider_env(provider):
         env["FABRICOLL_DOMAIN"] = "lo"
         env["FABRICOLL_INTRA_PROVIDER"] = "same"
     return env
+
+
+_standalone = []
+
+
+def python_backend_runs_alone():
+    """Whether this torch can run fabricoll's Python backend on its own (its c10d Backend can
+    be subclassed in Python: 2.15 yes, 2.11 no; fabricoll._backend.STANDALONE), asked of a
+    child interpreter so that this one does not import torch."""
+    if not _standalone:
+        code = "import fabricoll._backend as b; print(b.STANDALONE)"
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=PY_DIR), timeout=120, check=False)
+        if r.returncode != 0 or r.stdout.strip() not in ("True", "False"):
+            raise AssertionError(f"cannot tell whether the Python backend runs alone: {r.stderr}")
+        _standalone.append(r.stdout.strip() == "True")
+    return _standalone[0]
 
 
 _offered = {}

@@ -1,7 +1,7 @@
 """The backend asks its communicators not to restore a failed in-place call's tensor
 (``fabricoll_config.inplace``): torch's all_reduce is in place and gloo does not restore either,
 and restoring costs a copy of the tensor per call. Checked without ranks: the option's mapping,
-the environment's precedence, and that the ctypes struct is the library's size."""
+the environment's precedence, and that the ctypes struct is the library's size (every field)."""
 import ctypes
 import os
 import unittest
@@ -28,6 +28,13 @@ class InPlaceOption(unittest.TestCase):
         c.call("config_init_size", ctypes.byref(cfg), ctypes.sizeof(cfg))
         self.assertEqual(cfg.size, ctypes.sizeof(c.Config))
         self.assertEqual(cfg.inplace, c.INPLACE_DEFAULT)
+        self.assertEqual((cfg.compress, cfg.compress_block), (c.COMPRESS_DEFAULT, 0))
+        # ... and a larger size is refused, so Python declares every field the library has.
+        larger = (ctypes.c_char * (ctypes.sizeof(cfg) + 8))()
+        with self.assertRaises(c.FabricollError) as e:
+            c.call("config_init_size", ctypes.cast(larger, ctypes.POINTER(c.Config)),
+                   ctypes.sizeof(larger))
+        self.assertIn("size", str(e.exception))
         with mock.patch.dict(os.environ, {}, clear=False):
             os.environ.pop("FABRICOLL_INPLACE_RESTORE", None)
             made, _keep = _bootstrap._config(_bootstrap.Options(), None, None)

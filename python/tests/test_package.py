@@ -68,8 +68,37 @@ class Choice(unittest.TestCase):
 
     def test_zero_runs_python_alone(self):
         r = self._import("0")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("compiled False", r.stdout)
+        if harness.python_backend_runs_alone():
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("compiled False", r.stdout)
+        else:
+            # torch 2.11: the Python backend cannot run alone; the error says what to do
+            self.assertNotEqual(r.returncode, 0, r.stdout)
+            self.assertIn("FABRICOLL_TORCH_EXT=0 asks for the Python backend alone", r.stderr)
+            self.assertIn("unset FABRICOLL_TORCH_EXT", r.stderr)
+
+    def test_unset_needs_the_compiled_front_only_where_python_cannot_run_alone(self):
+        # without fabricoll._c10d (hidden by a stand-in that raises ImportError as a missing
+        # or mismatched build does): Python alone, or the error naming what to do
+        code = ("import sys, importlib.abc\n"
+                "class Hide(importlib.abc.MetaPathFinder):\n"
+                "    def find_spec(self, name, path, target=None):\n"
+                "        if name == 'fabricoll._c10d':\n"
+                "            raise ImportError('hidden by the test')\n"
+                "sys.meta_path.insert(0, Hide())\n"
+                "import fabricoll.torch as ft; print('compiled', ft.compiled())\n")
+        env = {k: v for k, v in os.environ.items() if k != "FABRICOLL_TORCH_EXT"}
+        env.update(PYTHONPATH=harness.PY_DIR)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, timeout=120, check=False)
+        if harness.python_backend_runs_alone():
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("compiled False", r.stdout)
+        else:
+            self.assertNotEqual(r.returncode, 0, r.stdout)
+            self.assertIn("needs its compiled front (fabricoll._c10d), which does not load: "
+                          "hidden by the test", r.stderr)
+            self.assertIn("build it for this torch", r.stderr)
 
     def test_bad_value_names_the_variable(self):
         r = self._import("yes")

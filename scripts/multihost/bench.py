@@ -5,10 +5,17 @@ at 2x2) and Open MPI, on the same emulated hosts, the tools in a rotating order 
 repetition. Each run appends its rows to DIR/samples.jsonl:
   {"layout", "delay", "coll", "tool", "rep", "size", "time_us", "busbw"}
 (tool: auto, auto-same, algo:<name>, ompi). scripts/multihost/summary.py makes the tables.
+
+--algos keeps only the named forced algorithms, --no-auto leaves auto and auto-same out, and
+--calibrate adds, per layout, delay and repetition, one short run of auto with FABRICOLL_LOG=info
+whose calibration line ("calibration on N ranks ...", rank 0's) goes to DIR/calibrations.jsonl:
+  {"layout", "delay", "rate", "rep", "line", "disturbed"}
+(the simulator's validation, scripts/multihost/simval.py, takes its parameters from them).
 """
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -38,6 +45,21 @@ def rows(text, kind):
     return out
 
 
+def calibration_lines(text):
+    """The calibration a rank logged with FABRICOLL_LOG=info: (its line from "calibration on",
+    whether a warning said the measurement looked disturbed), or None when it logged none."""
+    line, disturbed = None, False
+    for ln in text.splitlines():
+        at = ln.find("calibration on ")
+        if at < 0:
+            continue
+        if "looks disturbed" in ln:
+            disturbed = True
+        elif re.search(r"gamma [0-9.]+ GB/s", ln):
+            line = ln[at:].strip()
+    return None if line is None else (line, disturbed)
+
+
 def layout_of(name):
     """'2x4' -> [4, 4] (hosts x ranks per host); '3+2+1' -> [3, 2, 1]."""
     if "x" in name:
@@ -52,12 +74,19 @@ class Bench:
         self.perf = os.path.abspath(a.perf)
         self.port = 21000
         self.out = open(os.path.join(a.dir, "samples.jsonl"), "a", encoding="utf-8")
+        self.cals = open(os.path.join(a.dir, "calibrations.jsonl"), "a", encoding="utf-8") \
+            if a.calibrate else None
         self.logdir = os.path.join(a.dir, "logs")
         os.makedirs(self.logdir, exist_ok=True)
         info = os.path.join(os.path.dirname(self.perf), "fabricoll-info")
         listing = subprocess.run([info, "--algorithms"], capture_output=True, text=True,
                                  timeout=60, check=True).stdout
         algos = [ln.split()[0] for ln in listing.splitlines() if ln.split()]
+        if a.algos:
+            unknown = [x for x in a.algos if x not in algos]
+            if unknown:
+                raise ValueError(f"--algos: {unknown} not among the library's {algos}")
+            algos = [x for x in algos if x in a.algos]
         self.algos = {c: [x for x, cc in implemented_pairs(listing, algos, [c])]
                       for c in a.colls}
         self.failures = 0
@@ -80,7 +109,13 @@ class Bench:
             algo = tool[5:]
         if tool == "auto-same":
             env["FABRICOLL_INTRA_PROVIDER"] = "same"
-        argv = [self.perf, "--coll", coll, "--algo", algo, "-c", "0"] + self.size_args()
+        sizes = self.size_args()
+        if tool == "calib":
+            # the communicator calibrates at creation; one tiny size is enough to create it. No
+            # calibration cache: each run measures the links as they are shaped now.
+            env.update({"FABRICOLL_LOG": "info", "FABRICOLL_CALIBRATION_CACHE": "0"})
+            sizes = ["-b", "16", "-e", "16", "-w", "1", "-n", "1"]
+        argv = [self.perf, "--coll", coll, "--algo", algo, "-c", "0"] + sizes
         envs = [dict(env, **launcher_env("torchrun", r, hosts_of, c.addr(1), self.port))
                 for r in range(len(hosts_of))]
         job = Job(c, hosts_of, argv, envs, self.logdir, name)
@@ -88,7 +123,25 @@ class Bench:
             print(f"bench: {name} failed (statuses {job.rcs()}); log {job.logs[0]}", flush=True)
             self.failures += 1
             return []
+        if tool == "calib":
+            return calibration_lines(job.text(0))
         return rows(job.text(0), "perf")
+
+    def calibrate(self, c, hosts_of, lname, delay):
+        """The --calibrate runs of one layout and delay: their lines to calibrations.jsonl."""
+        for rep in range(self.a.reps):
+            name = f"{lname}-{delay}-calib-{rep}"
+            got = self.run_ours(c, hosts_of, self.a.colls[0], "calib", name)
+            if got == []:
+                continue
+            if got is None:
+                print(f"bench: {name} logged no calibration line; log {self.logdir}/{name}.r0.log",
+                      flush=True)
+                self.failures += 1
+                continue
+            self.cals.write(json.dumps({"layout": lname, "delay": delay, "rate": self.a.rate,
+                                        "rep": rep, "line": got[0], "disturbed": got[1]}) + "\n")
+            self.cals.flush()
 
     def run_ompi(self, c, layout, coll, name):
         hosts = ",".join(f"{c.addr(h + 1)}:{n}" for h, n in enumerate(layout))
@@ -129,10 +182,15 @@ class Bench:
                 hosts_of = placement(layout)
                 for delay in self.a.delays:
                     c.reshape(self.a.rate, delay)
+                    if self.cals:
+                        self.calibrate(c, hosts_of, lname, delay)
                     for coll in self.a.colls:
-                        tools = ["auto"] + [f"algo:{x}" for x in self.algos[coll]]
-                        if lname == "2x2":
+                        tools = [] if self.a.no_auto else ["auto"]
+                        tools += [f"algo:{x}" for x in self.algos[coll]]
+                        if lname == "2x2" and not self.a.no_auto:
                             tools.append("auto-same")
+                        if not tools:
+                            continue
                         if self.a.mpi_bench:
                             tools.append("ompi")
                         key = {"layout": lname, "delay": delay, "coll": coll}
@@ -150,6 +208,8 @@ class Bench:
             finally:
                 c.down()
         self.out.close()
+        if self.cals:
+            self.cals.close()
         print(f"bench: {time.monotonic() - t0:.0f}s, {self.failures} failed runs")
         return 1 if self.failures else 0
 
@@ -170,10 +230,14 @@ def main():
     p.add_argument("--seconds", type=float, default=0.3)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--run-timeout", type=float, default=900)
+    p.add_argument("--algos", default="", help="only these forced algorithms (default all)")
+    p.add_argument("--no-auto", action="store_true", help="leave auto and auto-same out")
+    p.add_argument("--calibrate", action="store_true",
+                   help="log each layout's and delay's calibration to calibrations.jsonl")
     p.add_argument("--prefix", required=True)
     p.add_argument("--owner", required=True)
     a = p.parse_args()
-    for name in ("layouts", "delays", "colls"):
+    for name in ("layouts", "delays", "colls", "algos"):
         setattr(a, name, [x for x in getattr(a, name).split(",") if x])
     bad = [c for c in a.colls if c not in COLLS]
     if bad:
@@ -185,7 +249,11 @@ def main():
             p.error(f"--layouts: {lname!r} is not HOSTSxRANKS or N+N+...")
     if a.reps < 1:
         p.error("--reps must be at least 1")
-    return Bench(a).run()
+    try:
+        bench = Bench(a)
+    except ValueError as e:
+        p.error(str(e))
+    return bench.run()
 
 
 if __name__ == "__main__":

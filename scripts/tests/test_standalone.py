@@ -1,5 +1,5 @@
-"""The repository stands alone: no tracked file points outside it (a `shared` folder beside the
-checkout, which a clone does not have) or names an issue number (a reader does not have the
+"""The repository stands alone: no tracked file points outside it (a folder of common notes
+beside the checkout, which a clone does not have) or names an issue number (a reader does not have the
 issues: name the feature instead), and the benchmark scripts and their baselines name only
 scripts and sources the repository has. Run by scripts/test.sh's py-tests stage."""
 import os
@@ -9,10 +9,11 @@ import unittest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# Built from pieces, so that the patterns themselves do not match (the examples the first
-# test checks them on do: this file is not scanned).
-OUTSIDE = re.compile("|".join([r"\.\./" + "shared", r"(?<![\w./-])" + "shared/(?:docs|baselines|hooks)",
-                               "/work/" + "shared"]))
+# The outside folder's name, and every pattern and example below, are built from pieces, so
+# that this file names no path outside the repository (it is not scanned either).
+FOLDER = "sha" + "red"
+OUTSIDE = re.compile("|".join([r"\.\./" + FOLDER, r"(?<![\w./-])" + FOLDER + "/(?:docs|baselines|hooks)",
+                               "/work/" + FOLDER]))
 ISSUE = re.compile(r"\b[Ii]" + r"ssues?(?: +|-)(?:#|no\.? *)?[0-9]+\b|\b[Ii]" + r"ssue #[0-9]+")
 
 
@@ -50,15 +51,15 @@ NAMED = re.compile(r"(?:scripts|plugin-tests)/[\w./-]+\.(?:sh|py|c)\b|(?<![\w/.-
 
 class StandsAlone(unittest.TestCase):
     def test_the_patterns_catch_what_they_are_for(self):
-        for bad in ["see ../" + "shared/docs/x.md", "BASELINES=/work/" + "shared/baselines",
-                    "written from " + "shared/docs/nccl-abi.md"]:
+        for bad in ["see ../" + FOLDER + "/docs/x.md", "BASELINES=/work/" + FOLDER + "/baselines",
+                    "written from " + FOLDER + "/docs/nccl-abi.md"]:
             self.assertRegex(bad, OUTSIDE)
         for bad in ["I" + "ssue 32 item 3", "(i" + "ssue 29)", "i" + "ssues 3 and 4", "i" + "ssue #12",
                     "the i" + "ssue-33 additions"]:
             self.assertRegex(bad, ISSUE)
         self.assertEqual(NAMED.findall("(see run-mpi.sh) scripts/baselines/build.sh x.c"),
                          ["run-mpi.sh", "scripts/baselines/build.sh"])
-        for fine in ["docs/nccl-abi.md", "shared memory", "a " + "shared/ folder", "tis" + "sue 3"]:
+        for fine in ["docs/nccl-abi.md", "shared memory", "a " + FOLDER + "/ folder", "tis" + "sue 3"]:
             self.assertNotRegex(fine, OUTSIDE)
             self.assertNotRegex(fine, ISSUE)
 

@@ -31,6 +31,8 @@ mod tests;
 #[cfg(test)]
 mod tests_layouts;
 #[cfg(test)]
+mod tests_scale;
+#[cfg(test)]
 mod tests_varied;
 pub mod tree;
 pub mod varied;

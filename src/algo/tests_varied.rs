@@ -1,6 +1,6 @@
 //! The varied collectives (`varied`) for 1..=8 ranks and uneven counts with zeros, proven by
 //! the symbolic checker with the expected outputs computed here from the specs.
-use super::check::check_with;
+use super::check::{check_with, Ranks};
 use super::varied::{schedule, Block, Spec};
 use super::AlgoError;
 
@@ -33,17 +33,13 @@ fn blocks(counts: &[usize], spread: bool) -> Vec<Block> {
 }
 
 /// Build every rank of `specs` and check it against `want(rank, output element)`.
-fn prove(specs: &[Spec], want: &dyn Fn(usize, usize) -> Option<(usize, u64)>) {
+fn prove(specs: &[Spec], want: &dyn Fn(usize, usize) -> Option<(usize, Ranks)>) {
     let n = specs.len();
     let ranks: Vec<(usize, &Spec)> = specs.iter().enumerate().collect();
     let s = schedule(n, &ranks).unwrap_or_else(|e| panic!("{:?}: {e}", specs[0]));
     if let Err(e) = check_with(&s, &|r| specs[r].lens(r, n), want) {
         panic!("{specs:?}: {e}");
     }
-}
-
-fn all(n: usize) -> u64 {
-    (1u64 << n) - 1
 }
 
 #[test]
@@ -53,9 +49,9 @@ fn gather_scatter_and_barrier_are_correct_for_every_root() {
         for c in [0, 1, 5] {
             for root in 0..n {
                 let g = vec![Spec::Gather { count: c, root }; n];
-                prove(&g, &|r, j| (r == root).then(|| (j % c, 1 << (j / c))));
+                prove(&g, &|r, j| (r == root).then(|| (j % c, Ranks::One(j / c))));
                 let s = vec![Spec::Scatter { count: c, root }; n];
-                prove(&s, &|r, j| Some((r * c + j, 1 << root)));
+                prove(&s, &|r, j| Some((r * c + j, Ranks::One(root))));
             }
         }
     }
@@ -70,7 +66,7 @@ fn allgatherv_and_reducescatterv_are_correct_for_uneven_counts() {
                 let specs = vec![Spec::AllGatherV { blocks: bs.clone() }; n];
                 prove(&specs, &|_, j| {
                     let i = bs.iter().position(|b| b.0 <= j && j < b.0 + b.1)?;
-                    Some((j - bs[i].0, 1 << i))
+                    Some((j - bs[i].0, Ranks::One(i)))
                 });
             }
             let specs = vec![
@@ -80,7 +76,7 @@ fn allgatherv_and_reducescatterv_are_correct_for_uneven_counts() {
                 n
             ];
             let packed = blocks(&counts, false);
-            prove(&specs, &|r, j| Some((packed[r].0 + j, all(n))));
+            prove(&specs, &|r, j| Some((packed[r].0 + j, Ranks::All)));
         }
     }
 }
@@ -108,7 +104,7 @@ fn alltoallv_is_correct_for_uneven_counts() {
                 .collect();
             prove(&specs, &|r, j| {
                 let i = recv[r].iter().position(|b| b.0 <= j && j < b.0 + b.1)?;
-                Some((send[i][r].0 + j - recv[r][i].0, 1 << i))
+                Some((send[i][r].0 + j - recv[r][i].0, Ranks::One(i)))
             });
         }
     }

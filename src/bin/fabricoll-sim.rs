@@ -79,6 +79,10 @@ struct Args {
     /// Skip a schedule estimated to have more steps than this (memory: about 100 B a step).
     #[arg(long, default_value_t = 20_000_000)]
     max_steps: usize,
+    /// Write the plan of the one algorithm in --algos at --minbytes to FILE as a GOAL schedule
+    /// (LogGOPSim, ATLAHS) instead of the table; its options (slices, levels) are the table's.
+    #[arg(long, value_name = "FILE")]
+    goal: Option<std::path::PathBuf>,
 }
 
 /// Ranks per host.
@@ -148,9 +152,12 @@ fn main() -> ExitCode {
 fn model_of(args: &Args) -> Result<(Model, Vec<usize>), String> {
     if let Some(line) = &args.calibration {
         let (m, sizes) = sim::parse_calibration(line).map_err(|e| format!("--calibration: {e}"))?;
-        return Ok((m, sizes.unwrap_or_else(|| args.hosts.0.clone())));
+        return Ok((
+            m.with_slice(args.slice),
+            sizes.unwrap_or_else(|| args.hosts.0.clone()),
+        ));
     }
-    let mut m = Model::new(args.alpha_us, args.gbit / 8.0, args.gamma_gbps);
+    let mut m = Model::new(args.alpha_us, args.gbit / 8.0, args.gamma_gbps).with_slice(args.slice);
     m.inter_o_us = Some(args.o_us.unwrap_or(args.alpha_us / 2.0));
     m.intra.alpha_us = args.intra_alpha_us;
     m.intra.beta_us_per_byte = gbps_to_us_per_byte(args.intra_gbps);
@@ -195,6 +202,9 @@ fn run(args: &Args) -> Result<(), String> {
     if algos.is_empty() {
         return Err(format!("--algos: none implements {:?}", args.coll));
     }
+    if let Some(path) = &args.goal {
+        return export_goal(path, args, &algos, &model, hosts, &params, n);
+    }
     println!(
         "# fabricoll-sim: {:?} on {n} ranks, {} hosts of {} ranks; {}; contention {}, taper {}, \
          memory {}, slices of {} B",
@@ -229,11 +239,7 @@ fn run(args: &Args) -> Result<(), String> {
         let mut runs: Vec<Run> = Vec::new();
         let mut skipped: Vec<String> = Vec::new();
         for &a in &algos {
-            let opts = if matches!(a, Algorithm::Hier | Algorithm::Swizzle) {
-                model.levels_for(a, &p, args.elem, base)
-            } else {
-                model.eager_slicing(a, &p, args.elem, base)
-            };
+            let opts = options_for(a, &p, args, &model, hosts);
             match simulate_one(&p, a, opts, args, &params, per_host) {
                 Ok(Some(r)) => runs.push(r),
                 Ok(None) => skipped.push(a.to_string()),
@@ -315,6 +321,68 @@ fn run(args: &Args) -> Result<(), String> {
     println!(
         "# simulated in {:.2} s (one core)",
         started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The options the table gives `a` for `p` (the cost model's slicing, or levels for the
+/// two-level algorithms).
+fn options_for(a: Algorithm, p: &Problem, args: &Args, model: &Model, hosts: Hosts) -> Options {
+    let base = Options {
+        slice: (args.slice / args.elem).max(1),
+        hosts,
+        ..Options::default()
+    };
+    if matches!(a, Algorithm::Hier | Algorithm::Swizzle) {
+        model.levels_for(a, p, args.elem, base)
+    } else {
+        model.eager_slicing(a, p, args.elem, base)
+    }
+}
+
+/// `--goal`: one algorithm's plan at --minbytes, written as GOAL, and its simulated time.
+fn export_goal(
+    path: &std::path::Path,
+    args: &Args,
+    algos: &[Algorithm],
+    model: &Model,
+    hosts: Hosts,
+    params: &Params,
+    n: usize,
+) -> Result<(), String> {
+    let [a] = algos else {
+        return Err(format!(
+            "--algos: --goal writes one algorithm's plan; name one that implements {:?}",
+            args.coll
+        ));
+    };
+    let bytes = args.min_bytes.max(args.elem);
+    let p = problem(args.coll, n, bytes, args.elem);
+    let opts = options_for(*a, &p, args, model, hosts);
+    let s = algo::build(p, *a, &opts).map_err(|e| format!("{a}: {e}"))?;
+    let file =
+        std::fs::File::create(path).map_err(|e| format!("--goal {}: {e}", path.display()))?;
+    let mut w = std::io::BufWriter::new(file);
+    sim::write_goal(&s, args.elem, params, &mut w)
+        .and_then(|()| std::io::Write::flush(&mut w))
+        .map_err(|e| format!("--goal {}: {e}", path.display()))?;
+    let out = sim::simulate(&s, args.elem, hosts, params)?;
+    let run = Run {
+        algo: *a,
+        opts,
+        us: out.time_us,
+        steps: out.steps,
+        secs: 0.0,
+    };
+    println!(
+        "# wrote {}: {} {:?} on {n} ranks, {} B ({} elements), {} steps; simulated here {:.2} us",
+        path.display(),
+        name(&run),
+        args.coll,
+        cli::counts(args.coll, bytes, args.elem, n).0 * args.elem,
+        p.count,
+        out.steps,
+        out.time_us
     );
     Ok(())
 }

@@ -158,7 +158,8 @@ impl Comm {
             algo_warned: Default::default(),
             model: Model::from_config(cfg)
                 .with_eager(eager)
-                .with_intra_eager(intra_eager),
+                .with_intra_eager(intra_eager)
+                .with_slice(slice),
             choices: Mutex::new(FxHashMap::default()),
             aborted: AtomicBool::new(false),
             no_goodbye: AtomicBool::new(false),

@@ -138,7 +138,7 @@ enum Prep {
 }
 
 impl Comm {
-    fn schedule(
+    pub(super) fn schedule(
         &self,
         e: &mut Engine,
         p: Problem,

@@ -242,4 +242,22 @@ mod tests {
         let _ = x.fail(&t, &PEERS);
         assert!(t.posts.lock().contains(&'N'), "{:?}", t.posts.lock());
     }
+
+    #[test]
+    fn a_truncated_receive_makes_notices_whatever_its_tag_says() {
+        let (t, mut pool) = (Recorder::default(), BufPool::default());
+        let (mut x, i, _inp, _out) = posted(&t, &mut pool);
+        // 2.1's shm reports the receive's own tag: the signatures compare the same.
+        let own = coll_tag(0, 1, 0, x.sig);
+        let cut =
+            Error::InvalidUsage("a larger message arrived for a receive buffer of 8 bytes".into());
+        let e = x
+            .on_completion(Completion::failed(x.op_id(i), own, cut), &mut pool)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("do the ranks make the same call"), "{e}");
+        t.posts.lock().clear();
+        let _ = x.fail(&t, &PEERS);
+        assert!(t.posts.lock().contains(&'N'), "{:?}", t.posts.lock());
+    }
 }

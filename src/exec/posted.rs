@@ -184,8 +184,12 @@ impl Exec {
             Error::InvalidUsage(m) if m.contains("cancelled") => Error::Remote(
                 "the provider aborted the operation (connection to the peer lost)".into(),
             ),
-            // A peer sent more than this rank's schedule expects: the ranks disagree on the call.
+            // A peer sent more than this rank's schedule expects: the ranks disagree on the call,
+            // so the peers get notices (a peer waiting for this rank learns why), even where the
+            // provider reported the receive's tag and not the message's (2.1's shm), so that
+            // the signatures compared the same.
             Error::InvalidUsage(m) if m.contains("arrived for a receive buffer") => {
+                self.calls_differ.set(true);
                 Error::InvalidUsage(format!(
                     "{m}: do the ranks make the same call with the same count and type?"
                 ))

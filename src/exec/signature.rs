@@ -40,8 +40,9 @@ pub struct Signature {
     pub compress: Option<(Format, usize)>,
 }
 
-/// The algorithm a compressed collective's signature names: its exchanges are direct, each
-/// rank with every other (`coll` compressed).
+/// The algorithm a compressed collective's signature names, whichever algorithms run its
+/// exchanges (`coll` compressed): every rank chooses those alike, and a rank that compresses
+/// is told from one that does not by the format the signature carries.
 pub const COMPRESSED_ALGO: Algorithm = Algorithm::Mesh;
 
 /// Most roots tried when looking for the one argument that differs.

@@ -6,6 +6,7 @@
 use super::params::{Level, Params};
 use super::share::{LinkId, Links, TIME_EPS};
 use crate::algo::{Hosts, Op, Schedule};
+use rustc_hash::FxHashMap;
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
 
@@ -89,6 +90,11 @@ struct Sim<'a> {
     now: f64,
     done: usize,
     ready: VecDeque<u32>,
+    /// Per (sending rank, receiving rank) with a message on the wire: the messages of that
+    /// pair waiting behind it. A pair's messages go one after the other, as on the one ordered
+    /// connection (or shared-memory queue) the executor uses per pair, instead of sharing the
+    /// pair's links fairly and all finishing together.
+    pairs: FxHashMap<(u32, u32), VecDeque<u32>>,
 }
 
 /// Simulate `s` with elements of `elem` bytes on ranks placed by `hosts` (the layout the
@@ -148,6 +154,7 @@ impl<'a> Sim<'a> {
             now: 0.0,
             done: 0,
             ready: VecDeque::new(),
+            pairs: FxHashMap::default(),
         };
         sim.build_links(n, nhosts);
         // Dependents in compressed rows: count, then fill.
@@ -355,7 +362,17 @@ impl<'a> Sim<'a> {
             self.links.advance(t);
             self.now = self.now.max(t);
             finished.clear();
-            self.links.take_finished(t, &mut finished);
+            // A drained message's pair sends its next one at once, on the same links.
+            let (pairs, msgs, rank_of) = (&mut self.pairs, &self.msgs, &self.rank_of);
+            self.links.take_finished_then(t, &mut finished, |m| {
+                let msg = msgs[m as usize];
+                let pair = (rank_of[msg.send as usize], rank_of[msg.recv as usize]);
+                let next = pairs.get_mut(&pair).and_then(VecDeque::pop_front);
+                if next.is_none() {
+                    pairs.remove(&pair);
+                }
+                next.map(|n| (n, msgs[n as usize].bytes))
+            });
             for &m in &finished {
                 self.drained(m);
             }
@@ -435,12 +452,29 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// Message `m` is sent: on the wire now, or behind the message its pair has there.
     fn start_flow(&mut self, m: u32) {
         let msg = self.msgs[m as usize];
         if msg.bytes == 0.0 {
             self.drained(m);
             return;
         }
+        let pair = (
+            self.rank_of[msg.send as usize],
+            self.rank_of[msg.recv as usize],
+        );
+        match self.pairs.entry(pair) {
+            std::collections::hash_map::Entry::Occupied(mut q) => q.get_mut().push_back(m),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(VecDeque::new());
+                self.on_wire(m);
+            }
+        }
+    }
+
+    /// Message `m`'s bytes start crossing its links.
+    fn on_wire(&mut self, m: u32) {
+        let msg = self.msgs[m as usize];
         let (a, b) = (
             self.rank_of[msg.send as usize] as usize,
             self.rank_of[msg.recv as usize] as usize,
@@ -480,6 +514,7 @@ impl<'a> Sim<'a> {
     /// A message's last byte has left: the send completes, the message arrives `alpha` later.
     fn drained(&mut self, m: u32) {
         let msg = self.msgs[m as usize];
+        // (A pair's next message went on the wire as this one's last byte left: `run`.)
         self.complete(msg.send);
         let alpha = self.level(&msg).alpha_us;
         if alpha == 0.0 {

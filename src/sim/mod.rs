@@ -4,7 +4,8 @@
 //!
 //! What it models (docs/simulator.md gives the reasons and the limits):
 //! - every step of every rank, with its dependencies, as the schedule lists it: messages at the
-//!   size the schedule slices them, matched in program order per pair as the executor does;
+//!   size the schedule slices them, matched in program order per pair as the executor does,
+//!   and put on the wire one after the other per pair (one ordered connection or queue);
 //! - per message: the sending CPU's overhead `o` (a rank's CPU posts one message at a time),
 //!   the latency `alpha` from the last byte leaving to the message being usable, and its bytes
 //!   at `beta` per byte on the links it crosses;
@@ -21,10 +22,12 @@
 #![forbid(unsafe_code)]
 
 mod engine;
+mod goal;
 mod params;
 pub mod share;
 #[cfg(test)]
 mod tests;
 
 pub use engine::{simulate, Outcome};
+pub use goal::write_goal;
 pub use params::{parse_calibration, Level, Params};

@@ -233,22 +233,54 @@ impl Links {
 
     /// Remove the flows that end by `t` (within `TIME_EPS`), returning their tokens.
     pub fn take_finished(&mut self, t: f64, out: &mut Vec<u32>) {
+        self.take_finished_then(t, out, |_| None);
+    }
+
+    /// `take_finished`, where a finished flow may hand its place to a successor over the same
+    /// links: `next(token)` gives the successor's token and bytes (> 0), which starts at once
+    /// with the finished flow's share (a pair's messages one after the other). A class whose
+    /// every finished flow has a successor keeps its flow count, so no rate changes and nothing
+    /// is refilled: a queue of slices costs one event per slice, not a filling.
+    pub fn take_finished_then(
+        &mut self,
+        t: f64,
+        out: &mut Vec<u32>,
+        mut next: impl FnMut(u32) -> Option<(u32, f64)>,
+    ) {
         let limit = t + TIME_EPS * t.abs().max(1.0);
         while self.next_finish().is_some_and(|f| f <= limit) {
             let Some(Key(_, c, _)) = self.finishes.pop() else {
                 break;
             };
             let k = &mut self.classes[c as usize];
+            let mut ended = false;
             while let Some(&Key(target, token, _)) = k.flows.peek() {
                 if k.finish_of(target) > limit {
                     break;
                 }
                 k.flows.pop();
                 out.push(token);
-                self.alive -= 1;
+                match next(token) {
+                    Some((succ, bytes)) => k.flows.push(Key(target + bytes, succ, 0)),
+                    None => {
+                        self.alive -= 1;
+                        ended = true;
+                    }
+                }
+            }
+            k.version = k.version.wrapping_add(1);
+            if !ended {
+                // The same flows at the same rates: only its first finish moved.
+                let top = k
+                    .flows
+                    .peek()
+                    .map(|f| f.0)
+                    .expect("a successor took the place");
+                k.finish = k.finish_of(top);
+                self.finishes.push(Key(k.finish, c, k.version));
+                continue;
             }
             // Its next finish is pushed by the filling that its change calls for.
-            k.version = k.version.wrapping_add(1);
             k.finish = f64::INFINITY;
             let (links, hops) = (k.links, k.hops as usize);
             if k.flows.is_empty() {

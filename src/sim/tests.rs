@@ -132,3 +132,27 @@ fn unmatched_receive_is_refused() {
     let e = simulate(&s, 4, Hosts::ONE, &params).unwrap_err();
     assert!(e.contains("rank 1") && e.contains("receives from 0"), "{e}");
 }
+
+/// A pair's messages go one after the other (one ordered connection per pair), so a chain
+/// pipelines its slices: a 3-rank ring Broadcast of two slices takes three slice times (the
+/// first slice's two hops, the second's last hop overlapping the first's), not the four of
+/// two slices sharing the root's link fairly and both arriving late.
+#[test]
+fn a_chain_pipelines_its_slices() {
+    let m = Model::new(0.0, 1.0, 1.0);
+    let hosts = Hosts::blocks(3, 1);
+    let params = Params::from_model(&m, hosts);
+    // Two slices of 32768 elements (128 KiB).
+    let slice = 1 << 15;
+    let p = Problem::new(Collective::Broadcast, 3, 2 * slice);
+    let opts = Options {
+        hosts,
+        slice,
+        ..Options::default()
+    };
+    let s = algo::build(p, Algorithm::Ring, &opts).unwrap();
+    let t = simulate(&s, 4, hosts, &params).unwrap().time_us;
+    // The time of one slice on the model's link.
+    let one = (slice * 4) as f64 / 1e3;
+    assert!(t > 2.9 * one && t < 3.1 * one, "{t} us, a slice {one} us");
+}

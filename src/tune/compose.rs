@@ -14,7 +14,7 @@
 #![forbid(unsafe_code)]
 
 use super::levels::{Layout, Link, Net};
-use super::{eager_alphas, formula};
+use super::{chain_fill, eager_alphas, formula};
 use crate::algo::{self, Algorithm, Collective};
 
 /// Which level a part of a prediction ran on.
@@ -107,8 +107,39 @@ impl Net {
             big,
             (l.alpha_us, l.beta_us_per_byte, l.o_us, self.gamma),
         )?;
+        let fill = chain_fill(
+            algo,
+            coll,
+            n as f64,
+            big,
+            self.slice,
+            l.beta_us_per_byte,
+            self.gamma,
+        );
         let (extra, _) = eager_alphas(algo, coll, n, big, l.eager_bytes, self.serial);
-        Some(t + extra * l.alpha_us)
+        Some(t + fill + extra * l.alpha_us)
+    }
+
+    /// What the two-level AllGather's (and ReduceScatter's) intra-host phase costs beyond one
+    /// `intra` collective of the whole vector: the plan runs one per host of the vector's
+    /// blocks (`algo::hier`), at once, so the bytes are the same but each rank sends `x` times
+    /// the messages, each its CPU cost `o`.
+    fn per_host_copies(
+        &self,
+        intra: Algorithm,
+        coll: Collective,
+        x: usize,
+        y: usize,
+        big: f64,
+    ) -> f64 {
+        if x <= 1 || y <= 1 {
+            return 0.0;
+        }
+        let msgs: f64 = super::rounds(intra, coll, y, big / x as f64)
+            .iter()
+            .map(|&(count, per_round, _)| count * per_round)
+            .sum();
+        (x - 1) as f64 * msgs * self.intra.o_us
     }
 
     /// Hierarchical `intra` x `inter` for `coll` with a whole vector of `big` bytes.
@@ -134,10 +165,16 @@ impl Net {
             ],
             AllGather => vec![
                 (Inter, self.phase(net, inter, AllGather, x, share)?),
-                (Intra, i(AllGather)?),
+                (
+                    Intra,
+                    i(AllGather)? + self.per_host_copies(intra, AllGather, x, y, big),
+                ),
             ],
             ReduceScatter => vec![
-                (Intra, i(ReduceScatter)?),
+                (
+                    Intra,
+                    i(ReduceScatter)? + self.per_host_copies(intra, ReduceScatter, x, y, big),
+                ),
                 (Inter, self.phase(net, inter, ReduceScatter, x, share)?),
             ],
             Broadcast => vec![

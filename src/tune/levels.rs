@@ -68,6 +68,8 @@ pub(super) struct Net {
     pub gamma: f64,
     /// Ranks share CPUs: each message of a round pays its own handshake.
     pub serial: bool,
+    /// Bytes per slice of the pipelined schedules (`Model::slice_bytes`).
+    pub slice: f64,
 }
 
 /// Does `p` run on ranks of several hosts (so that the two-level model applies)?
@@ -226,12 +228,24 @@ impl Net {
                     + rounds * sl.rendezvous(msgs, m, self.serial)
             }
             (Ring, Broadcast | Reduce) => {
-                // A pipelined chain: each hop its own alpha, the bytes at the slower link.
+                // A pipelined chain: each hop its own alpha, the bytes at the slower link, and
+                // the pipeline's fill: the first slice crosses every hop but the slowest on
+                // its own (`chain_fill`).
                 let x = lay.x() as f64;
                 let hops = (x - 1.0) * self.inter.alpha_us + (nf - x) * self.intra.alpha_us;
                 let red = if coll == Reduce { big * g } else { 0.0 };
+                let s = big.min(self.slice);
+                let betas = (x - 1.0) * self.inter.beta_us_per_byte
+                    + (nf - x) * self.intra.beta_us_per_byte;
+                let fill_red = if coll == Reduce {
+                    (nf - 2.0).max(0.0) * s * g
+                } else {
+                    0.0
+                };
+                let fill = s * (betas - sl.beta_us_per_byte).max(0.0) + fill_red;
                 hops + big * sl.beta_us_per_byte
                     + red
+                    + fill
                     + (nf - 1.0) * sl.rendezvous(1.0, big, self.serial)
             }
             (Mesh, AllGather | AllToAll) => self.all_to_all_round(lay, c),

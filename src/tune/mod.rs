@@ -33,6 +33,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 mod compose;
+mod compressed;
 mod fit;
 mod levels;
 mod pick;
@@ -42,6 +43,7 @@ mod tests;
 #[cfg(test)]
 mod tests_levels;
 
+pub use compressed::{codec_elements, codec_us, CodecRate, CompressedPrice, Exchange, Shape};
 pub use fit::{fit, fit_link, quantize, LinkSamples};
 pub use levels::Link;
 pub use pick::MARGIN;
@@ -59,6 +61,9 @@ pub struct Model {
     /// trip, or are cut into slices of this size (`usize::MAX`: no rendezvous). Set from the
     /// provider (`transport::Caps::eager_bytes`).
     pub eager_bytes: usize,
+    /// Bytes per slice of the pipelined schedules (`transport::Caps::slice_bytes`): a chain
+    /// (ring Broadcast and Reduce) fills its pipeline one slice per hop (`chain_fill`).
+    pub slice_bytes: usize,
     /// Some machine runs more ranks than it has CPUs for (`coll::placement`): a handshake then
     /// waits for its peer to be scheduled, so the rendezvous of messages sent at once no
     /// longer overlap and each costs its own `RENDEZVOUS_ALPHAS` (`eager_alphas`).
@@ -72,6 +77,8 @@ pub struct Model {
     /// messages (mesh) look far slower than it is.
     pub inter_o_us: Option<f64>,
     logged: Arc<Mutex<HashSet<(Collective, u32)>>>,
+    /// The compressed calls' log lines given (`log_compressed`).
+    logged_compressed: Arc<Mutex<HashSet<(Shape, crate::compress::Format, u32)>>>,
 }
 
 impl PartialEq for Model {
@@ -102,10 +109,12 @@ impl Model {
                 cfg.gamma_gbps.is_some(),
             ],
             eager_bytes: usize::MAX,
+            slice_bytes: crate::transport::DEFAULT_SLICE_BYTES,
             shared_cpus: false,
             intra: Link::SHM,
             inter_o_us: None,
             logged: Arc::default(),
+            logged_compressed: Arc::default(),
         }
     }
 
@@ -172,6 +181,12 @@ impl Model {
         self
     }
 
+    /// This model for schedules sliced at `slice_bytes` (`slice_bytes`).
+    pub fn with_slice(mut self, slice_bytes: usize) -> Model {
+        self.slice_bytes = slice_bytes.max(1);
+        self
+    }
+
     /// This model for ranks some of which share CPUs (`shared_cpus`).
     pub fn with_shared_cpus(mut self, shared: bool) -> Model {
         self.shared_cpus = shared;
@@ -185,10 +200,12 @@ impl Model {
             gamma_us_per_byte: gbps_to_us_per_byte(gamma_gbps),
             fixed: [true; 3],
             eager_bytes: usize::MAX,
+            slice_bytes: crate::transport::DEFAULT_SLICE_BYTES,
             shared_cpus: false,
             intra: Link::SHM,
             inter_o_us: None,
             logged: Arc::default(),
+            logged_compressed: Arc::default(),
         }
     }
 
@@ -263,7 +280,8 @@ impl Model {
     /// cost `o`).
     fn alpha_beta(&self, algo: Algorithm, coll: Collective, n: f64, big: f64) -> Option<f64> {
         let (a, b, g) = (self.alpha_us, self.beta_us_per_byte, self.gamma_us_per_byte);
-        formula(algo, coll, n, big, (a, b, a / 2.0, g))
+        let fill = chain_fill(algo, coll, n, big, self.slice_bytes as f64, b, g);
+        formula(algo, coll, n, big, (a, b, a / 2.0, g)).map(|t| t + fill)
     }
 
     /// The algorithm with the smallest predicted time. On one host, the flat algorithms of
@@ -306,6 +324,28 @@ impl Model {
             );
         }
         (best, sliced)
+    }
+}
+
+/// What a chain (ring Broadcast and Reduce) adds to `formula`'s pipelined time for `n` ranks
+/// and `big` bytes cut into slices of `slice` bytes: the first slice crosses `n - 1` hops one
+/// after the other before the pipeline is full, so every hop but one costs a whole slice
+/// (reduced on the way for Reduce) on top of the bytes' own time. Without it the model priced
+/// a long chain as if its slices were infinitely thin, and picked it at sizes where the buffer
+/// is one or a few slices and a tree of log n hops is several times faster.
+pub(crate) fn chain_fill(
+    algo: Algorithm,
+    coll: Collective,
+    n: f64,
+    big: f64,
+    slice: f64,
+    b: f64,
+    g: f64,
+) -> f64 {
+    match (algo, coll) {
+        (Algorithm::Ring, Collective::Broadcast) => (n - 2.0).max(0.0) * big.min(slice) * b,
+        (Algorithm::Ring, Collective::Reduce) => (n - 2.0).max(0.0) * big.min(slice) * (b + g),
+        _ => 0.0,
     }
 }
 
@@ -414,7 +454,12 @@ const RENDEZVOUS_ALPHAS: f64 = 2.0;
 /// whole vector of `big` bytes: what decides between eager and rendezvous (`eager_alphas`).
 /// The messages of one round travel at once, so their handshakes overlap, but each extra slice
 /// of each of them is one more message for the sending CPU.
-fn rounds(algo: Algorithm, coll: Collective, nranks: usize, big: f64) -> Vec<(f64, f64, f64)> {
+pub(super) fn rounds(
+    algo: Algorithm,
+    coll: Collective,
+    nranks: usize,
+    big: f64,
+) -> Vec<(f64, f64, f64)> {
     let n = nranks as f64;
     let steps = nranks.ilog2();
     let clg = nranks.next_power_of_two().ilog2();

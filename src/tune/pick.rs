@@ -21,6 +21,7 @@ impl Model {
             inter: self.inter(),
             gamma: self.gamma_us_per_byte,
             serial: self.shared_cpus,
+            slice: self.slice_bytes as f64,
         }
     }
 

@@ -148,6 +148,28 @@ fn messages_up_to_four_eager_slices_are_sliced_not_rendezvoused() {
 }
 
 #[test]
+fn a_long_chain_pays_for_filling_its_pipeline() {
+    // 64 ranks, 1 MiB slices: a 2 MiB Broadcast is two slices, so the ring chain's first slice
+    // crosses 63 hops before the second follows; a tree's log2(64) = 6 hops win.
+    let m = Model::new(1.0, 12.5, 20.0).with_slice(1 << 20);
+    let bcast = |n: usize, bytes: usize| Problem::new(Collective::Broadcast, n, bytes / 4);
+    let time = |a: Algorithm, p: &Problem| m.predict(a, p, 4).unwrap();
+    let p = bcast(64, 2 << 20);
+    let (ring, tree) = (time(Algorithm::Ring, &p), time(Algorithm::Tree, &p));
+    assert!(ring > 2.0 * tree, "ring {ring} us, tree {tree} us");
+    assert_ne!(m.choose(&p, 4, Options::default()).0, Algorithm::Ring);
+    // The fill is one slice per hop: the same chain on thin slices costs less.
+    let thin = m.clone().with_slice(64 << 10);
+    assert!(thin.predict(Algorithm::Ring, &p, 4).unwrap() < ring);
+    // A short chain over many slices still beats the tree's log2(n) full copies.
+    let p = bcast(4, 64 << 20);
+    assert!(time(Algorithm::Ring, &p) < time(Algorithm::Tree, &p));
+    // Reduce pays the fill's reductions too.
+    let r = Problem::new(Collective::Reduce, 64, (2 << 20) / 4);
+    assert!(time(Algorithm::Ring, &r) > time(Algorithm::Ring, &bcast(64, 2 << 20)));
+}
+
+#[test]
 fn fit_recovers_parameters() {
     let (a, b, g) = (5.0, gbps_to_us_per_byte(3.0), gbps_to_us_per_byte(10.0));
     let n = 4;
@@ -218,4 +240,73 @@ fn fit_takes_beta_from_two_sizes_when_small_rounds_are_slow() {
     let (fa, fb, fg) = fit(n, 6.0 * a, &[], red, 16 << 10);
     assert_eq!((fa, fb), (a, 1e-7));
     assert!((fg - g).abs() / g < 1e-9);
+}
+
+/// The codec's work per rank: AllReduce quantizes its input and its segment's sum, adds every
+/// rank's codes of its segment and decodes the whole result; the price is linear in it, zero
+/// when off or alone, and the total adds the exchanges to it.
+#[test]
+fn compressed_price_counts_the_codec_work_and_the_exchanges() {
+    use crate::compress::Format;
+    use crate::tune::{codec_elements, codec_us, CompressedPrice, Exchange, Shape};
+    assert_eq!(
+        codec_elements(Shape::AllReduce, 4, 1000),
+        (1250, 1000, 1000)
+    );
+    assert_eq!(
+        codec_elements(Shape::AllReduce, 3, 1000),
+        (1334, 1002, 1000)
+    );
+    assert_eq!(
+        codec_elements(Shape::ReduceScatter, 4, 100),
+        (500, 400, 100)
+    );
+    assert_eq!(codec_elements(Shape::AllGather, 4, 100), (100, 0, 400));
+    assert_eq!(codec_us(Format::Off, Shape::AllReduce, 4, 1 << 20), 0.0);
+    assert_eq!(codec_us(Format::Int8, Shape::AllReduce, 1, 1 << 20), 0.0);
+    for f in Format::CODED {
+        let one = codec_us(f, Shape::AllReduce, 4, 1 << 20);
+        let two = codec_us(f, Shape::AllReduce, 4, 2 << 20);
+        assert!(
+            one > 0.0 && (two / one - 2.0).abs() < 1e-9,
+            "{f}: {one} {two}"
+        );
+    }
+    // fp16's accumulate is its slowest loop: it costs more than bf16 for the same work.
+    assert!(
+        codec_us(Format::Fp16, Shape::AllReduce, 4, 1 << 20)
+            > codec_us(Format::Bf16, Shape::AllReduce, 4, 1 << 20)
+    );
+    let x = |coll, us| Exchange {
+        coll,
+        bytes: 1024,
+        algo: Algorithm::Mesh,
+        us,
+    };
+    let mut p = CompressedPrice {
+        shape: Shape::AllReduce,
+        format: Format::Int8,
+        block: 256,
+        nranks: 4,
+        count: 4096,
+        elem: 4,
+        exchanges: vec![
+            x(Collective::AllToAll, Some(10.0)),
+            x(Collective::AllGather, Some(5.0)),
+        ],
+        codec_us: 2.5,
+    };
+    assert_eq!(p.total_us(), Some(17.5));
+    let text = p.describe();
+    for w in [
+        "16384 B",
+        "int8",
+        "AllToAll of 1024 B",
+        "codec 2.5 us",
+        "17.5 us",
+    ] {
+        assert!(text.contains(w), "{w}: {text}");
+    }
+    p.exchanges[1].us = None;
+    assert_eq!(p.total_us(), None);
 }

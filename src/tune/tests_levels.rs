@@ -289,3 +289,31 @@ fn medians_ignore_outliers_and_quantization_is_a_grid() {
     assert!((quantize(37.0) / 37.0 - 1.0).abs() < 0.045);
     assert_eq!(quantize(0.0), 0.0);
 }
+
+/// The two-level AllGather and ReduceScatter run their intra-host phase once per host of the
+/// vector's blocks: each rank sends `hosts` times the messages of one intra collective. On 64
+/// hosts that costs the same bytes but 63 times more messages more than on one host's worth,
+/// so a small AllGather's hier(rdh x rdh) costs more per host added, not only per round.
+#[test]
+fn a_hierarchy_pays_for_its_per_host_intra_phases() {
+    let m = two_level(1.0, 12.5);
+    let price = |x: usize, coll: Collective| {
+        let p = problem(coll, x * 8, 8 << 10);
+        m.candidates(&p, 4, &on(x, 8))
+            .into_iter()
+            .find(|c| {
+                c.algo == Algorithm::Hier && c.intra == Algorithm::Rdh && c.inter == Algorithm::Rdh
+            })
+            .map(|c| c.us)
+            .expect("hier(rdh x rdh) is priced")
+    };
+    for coll in [Collective::AllGather, Collective::ReduceScatter] {
+        let (few, many) = (price(8, coll), price(64, coll));
+        // rdh among 8 ranks sends log2(8) messages per rank; each added host adds as many,
+        // each at the intra level's `o`.
+        assert!(
+            many - few >= 56.0 * 3.0 * 0.5,
+            "{coll:?}: {few} us on 8 hosts, {many} on 64"
+        );
+    }
+}

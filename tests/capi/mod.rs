@@ -59,17 +59,24 @@ pub fn pair(test: &str, cfg: &fabricoll_config) -> Option<[usize; 2]> {
 
 /// `n` communicators (ranks 0 .. n) made with `cfg` as threads, or None (skipped) without shm.
 pub fn ranks(test: &str, cfg: &fabricoll_config, n: usize) -> Option<Vec<usize>> {
+    ranks_each(test, &vec![cfg; n])
+}
+
+/// One communicator per config (rank r made with `cfgs[r]`, the unique id with `cfgs[0]`) as
+/// threads, or None (skipped) without shm.
+pub fn ranks_each(test: &str, cfgs: &[&fabricoll_config]) -> Option<Vec<usize>> {
+    let n = cfgs.len();
     let mut id = fabricoll_unique_id { internal: [0; 128] };
     // SAFETY: both pointers are valid.
-    if unsafe { fabricoll_get_unique_id_config(&mut id, cfg) } != FABRICOLL_SUCCESS {
+    if unsafe { fabricoll_get_unique_id_config(&mut id, cfgs[0]) } != FABRICOLL_SUCCESS {
         skip(test, &format!("no unique id: {}", last_error()));
         return None;
     }
-    let cfg_addr = cfg as *const fabricoll_config as usize;
     let id_addr = &id as *const fabricoll_unique_id as usize;
     let made: Vec<std::result::Result<usize, String>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|r| {
+                let cfg_addr = cfgs[r] as *const fabricoll_config as usize;
                 s.spawn(move || {
                     let mut comm = std::ptr::null_mut();
                     // SAFETY: the id and the config outlive this scope; `comm` is writable.

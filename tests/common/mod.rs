@@ -103,3 +103,32 @@ pub fn net_pair(d: &nccl_net_fabricoll::plugin::net::Device) -> (u64, u64) {
     d.close_listen(listen).unwrap();
     (s.unwrap(), r.unwrap())
 }
+
+/// `b` as lower-case hex digits, two per byte: bytes on a command line or in the environment.
+#[allow(dead_code)] // not every test binary uses each helper
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The bytes `hex` wrote.
+#[allow(dead_code)] // not every test binary uses each helper
+pub fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// A command that runs this test binary's ignored test `name` alone, with its output
+/// uncaptured: the second process of a test that starts one.
+#[allow(dead_code)] // not every test binary uses each helper
+pub fn ignored_test(name: &str) -> std::process::Command {
+    let mut c = std::process::Command::new(std::env::current_exe().expect("test executable"));
+    c.args([
+        "--exact",
+        name,
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    c
+}

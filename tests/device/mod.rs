@@ -608,6 +608,16 @@ pub fn on_ranks(d: &Device, test: &str, n: usize, rank: impl Fn(usize, usize, &B
     destroy(&cs);
 }
 
+/// Asserts that no stream-ordered call of `cm` has failed.
+pub fn no_async_error(cm: *mut fabricoll_comm) {
+    let mut e = FABRICOLL_SUCCESS;
+    assert_eq!(
+        fabricoll_comm_get_async_error(cm, &mut e),
+        FABRICOLL_SUCCESS
+    );
+    assert_eq!(e, FABRICOLL_SUCCESS, "{}", last_error());
+}
+
 /// Each of 3 ranks sends on one stream and receives on another, both stream-ordered, every
 /// rank sending first: the two calls progress together (two slices per message, so a
 /// rendezvous), and each stream is released once its own call has ended.
@@ -628,12 +638,7 @@ pub fn two_streams(d: &Device, test: &str) {
         assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
         a.synchronize(WAIT).unwrap();
         b.synchronize(WAIT).unwrap();
-        let mut e = FABRICOLL_SUCCESS;
-        assert_eq!(
-            fabricoll_comm_get_async_error(cm, &mut e),
-            FABRICOLL_SUCCESS
-        );
-        assert_eq!(e, FABRICOLL_SUCCESS, "{}", last_error());
+        no_async_error(cm);
         ready.wait();
         let got = recv.read(&a, COUNT * 4);
         assert!(
@@ -684,6 +689,58 @@ pub fn host_after_nonblocking(d: &Device, test: &str) {
         assert!(
             got == Ty::F32.encode(&want.unwrap()),
             "rank {me}: wrong result"
+        );
+    });
+}
+
+/// A communicator whose first device call is non-blocking and whose next is stream-ordered,
+/// with rank 1 late (ranks as threads on one device, as the tests and a GPU shared by threads
+/// have them): rank 0's stream must not wait for the stream-ordered call's flag while rank 1
+/// still has to allocate its staging, since allocating page-locked memory and creating
+/// streams wait for every stream of the context, so rank 1 would wait for rank 0's stream,
+/// which waits for the call that needs rank 1 (a deadlock on a GPU; the emulated device
+/// fails the allocation, naming it). Rank 1 starts only once rank 0 has made its first call,
+/// and a little later, so that rank 0 is inside its stream-ordered call by then.
+pub fn nonblocking_then_stream_ordered(d: &Device, test: &str) {
+    let n = 2;
+    const COUNT: usize = 1000;
+    let first_made = std::sync::atomic::AtomicBool::new(false);
+    on_ranks(d, test, n, |me, c, ready| {
+        let s = d.create_stream().unwrap();
+        let (input, want) = expected(Coll::AllReduce, Op::Sum, n, me, COUNT);
+        let bytes = Ty::F32.encode(&input);
+        let mut a = Buf::new(d, &s, Place::Device, &bytes);
+        let mut b = Buf::new(d, &s, Place::Device, &bytes);
+        let (f32t, sum, cm) = (Ty::F32.c(), Op::Sum.c(), comm(c));
+        ready.wait();
+        if me == 1 {
+            let start = std::time::Instant::now();
+            while !first_made.load(std::sync::atomic::Ordering::SeqCst) {
+                assert!(start.elapsed() < WAIT, "rank 0 never made its first call");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let mut req = std::ptr::null_mut();
+        let p = a.ptr();
+        let st = fabricoll_iallreduce(p, p, COUNT, f32t, sum, cm, &mut req);
+        first_made.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(st, FABRICOLL_SUCCESS, "rank {me}: {}", last_error());
+        let q = b.ptr();
+        let st = fabricoll_allreduce_stream(q, q, COUNT, f32t, sum, cm, s.handle());
+        assert_eq!(st, FABRICOLL_SUCCESS, "rank {me}: {}", last_error());
+        assert_eq!(fabricoll_wait(req), FABRICOLL_SUCCESS, "{}", last_error());
+        s.synchronize(WAIT).unwrap();
+        no_async_error(cm);
+        ready.wait();
+        let want = Ty::F32.encode(&want.unwrap());
+        assert!(
+            a.read(&s, COUNT * 4) == want,
+            "rank {me}: non-blocking call"
+        );
+        assert!(
+            b.read(&s, COUNT * 4) == want,
+            "rank {me}: stream-ordered call"
         );
     });
 }

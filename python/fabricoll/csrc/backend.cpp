@@ -75,20 +75,22 @@ size_t bytes(const at::Tensor& t) { return t.numel() * t.element_size(); }
 
 }  // namespace
 
-Backend::Backend(c10::intrusive_ptr<c10d::Backend> full, fabricoll_comm* comm, int rank,
-                 int size)
+Backend::Backend(py::object full, fabricoll_comm* comm, int rank, int size)
     : c10d::Backend(rank, size), full_(std::move(full)), comm_(comm) {}
 
-void Backend::detach() { comm_.store(nullptr); }
+void Backend::detach() {
+  comm_.store(nullptr);
+  full_.release();
+}
 
 fabricoll_comm* Backend::fast_comm() const {
   return coalescing_.load(std::memory_order_relaxed) ? nullptr : comm_.load();
 }
 
-c10d::Backend& Backend::full(const char* op) const {
+PythonBackend& Backend::full(const char* op) {
   TORCH_CHECK(comm_.load() != nullptr, "fabricoll ", op,
               ": the communicator is shut down (shutdown or abort)");
-  return *full_;
+  return full_;
 }
 
 WorkPtr Backend::issued(int rc, fabricoll_request* req, c10d::OpType type, const char* op,
@@ -102,7 +104,8 @@ WorkPtr Backend::issued(int rc, fabricoll_request* req, c10d::OpType type, const
 }
 
 uint64_t Backend::getSequenceNumberForGroup() {
-  return seq_.load() + full("getSequenceNumberForGroup").getSequenceNumberForGroup();
+  return seq_.load() +
+         full("getSequenceNumberForGroup").number("_get_sequence_number_for_group");
 }
 
 // -- fast paths ------------------------------------------------------------------------
@@ -130,7 +133,7 @@ WorkPtr Backend::allreduce(std::vector<at::Tensor>& tensors, const c10d::Allredu
       return issued(rc, req, OpType::ALLREDUCE, "allreduce", "fabricoll_iallreduce", tensors, {t});
     }
   }
-  return full("allreduce").allreduce(tensors, opts);
+  return full("allreduce").work("allreduce", tensors, opts);
 }
 
 WorkPtr Backend::allgather_flat(at::Tensor& out, at::Tensor& in,
@@ -144,13 +147,15 @@ WorkPtr Backend::allgather_flat(at::Tensor& out, at::Tensor& in,
     return issued(rc, req, OpType::_ALLGATHER_BASE, "all_gather_into_tensor",
                   "fabricoll_iallgather", {out}, {out, in});
   }
-  return full("all_gather_into_tensor").all_gather_single(out, in, opts);
+  return full("all_gather_into_tensor").work("all_gather_single", out, in, opts);
 }
 
+#ifdef FABRICOLL_C10D_ALL_GATHER_SINGLE
 WorkPtr Backend::all_gather_single(at::Tensor& out, at::Tensor& in,
                                    const c10d::AllgatherOptions& opts) {
   return allgather_flat(out, in, opts);
 }
+#endif
 
 WorkPtr Backend::_allgather_base(at::Tensor& out, at::Tensor& in,
                                  const c10d::AllgatherOptions& opts) {
@@ -172,13 +177,15 @@ WorkPtr Backend::reduce_scatter_flat(at::Tensor& out, at::Tensor& in,
                     "fabricoll_ireducescatter", {out}, {out, in});
     }
   }
-  return full("reduce_scatter_tensor").reduce_scatter_single(out, in, opts);
+  return full("reduce_scatter_tensor").work("reduce_scatter_single", out, in, opts);
 }
 
+#ifdef FABRICOLL_C10D_REDUCE_SCATTER_SINGLE
 WorkPtr Backend::reduce_scatter_single(at::Tensor& out, at::Tensor& in,
                                        const c10d::ReduceScatterOptions& opts) {
   return reduce_scatter_flat(out, in, opts);
 }
+#endif
 
 WorkPtr Backend::_reduce_scatter_base(at::Tensor& out, at::Tensor& in,
                                       const c10d::ReduceScatterOptions& opts) {
@@ -195,13 +202,13 @@ WorkPtr Backend::broadcast(std::vector<at::Tensor>& tensors, const c10d::Broadca
                               comm, &req);
     return issued(rc, req, OpType::BROADCAST, "broadcast", "fabricoll_ibroadcast", tensors, {t});
   }
-  return full("broadcast").broadcast(tensors, opts);
+  return full("broadcast").work("broadcast", tensors, opts);
 }
 
 WorkPtr Backend::barrier(const c10d::BarrierOptions& opts) {
   fabricoll_comm* comm = fast_comm();
   if (comm == nullptr) {
-    return full("barrier").barrier(opts);
+    return full("barrier").work("barrier", opts);
   }
   fabricoll_request* req = nullptr;
   int rc = api().ibarrier(comm, &req);
@@ -229,12 +236,12 @@ WorkPtr Backend::p2p(bool send, std::vector<at::Tensor>& tensors, int peer, int 
 
 WorkPtr Backend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
   WorkPtr w = p2p(true, tensors, dst, tag);
-  return w ? w : full("send").send(tensors, dst, tag);
+  return w ? w : full("send").work("send", tensors, dst, tag);
 }
 
 WorkPtr Backend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
   WorkPtr w = p2p(false, tensors, src, tag);
-  return w ? w : full("recv").recv(tensors, src, tag);
+  return w ? w : full("recv").work("recv", tensors, src, tag);
 }
 
 WorkPtr Backend::gather_flat(at::Tensor& out, at::Tensor& in, const c10d::GatherOptions& opts) {
@@ -273,125 +280,136 @@ WorkPtr Backend::gather_flat(at::Tensor& out, at::Tensor& in, const c10d::Gather
                 std::move(finish));
 }
 
+#ifdef FABRICOLL_C10D_GATHER_SINGLE
 WorkPtr Backend::gather_single(at::Tensor& out, at::Tensor& in, const c10d::GatherOptions& opts) {
   return gather_flat(out, in, opts);
 }
+#endif
 
+#ifdef FABRICOLL_C10D_GATHER_INTO_TENSOR
 WorkPtr Backend::gather_into_tensor(at::Tensor& out, at::Tensor& in,
                                     const c10d::GatherOptions& opts) {
   return gather_flat(out, in, opts);
 }
+#endif
 
 // -- forwarded -------------------------------------------------------------------------
 
 WorkPtr Backend::allreduce_sparse(std::vector<at::Tensor>& t, const c10d::AllreduceOptions& o) {
-  return full("allreduce_sparse").allreduce_sparse(t, o);
+  return full("allreduce_sparse").work("allreduce_sparse", t, o);
 }
 
 WorkPtr Backend::allreduce_coalesced(std::vector<at::Tensor>& t,
                                      const c10d::AllreduceCoalescedOptions& o) {
-  return full("allreduce_coalesced").allreduce_coalesced(t, o);
+  return full("allreduce_coalesced").work("allreduce_coalesced", t, o);
 }
 
 WorkPtr Backend::reduce(std::vector<at::Tensor>& t, const c10d::ReduceOptions& o) {
-  return full("reduce").reduce(t, o);
+  return full("reduce").work("reduce", t, o);
 }
 
 WorkPtr Backend::allgather(std::vector<std::vector<at::Tensor>>& outs,
                            std::vector<at::Tensor>& ins, const c10d::AllgatherOptions& o) {
-  return full("allgather").allgather(outs, ins, o);
+  return full("allgather").work("allgather", outs, ins, o);
 }
 
 WorkPtr Backend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outs,
                                      std::vector<at::Tensor>& ins,
                                      const c10d::AllgatherOptions& o) {
-  return full("allgather_coalesced").allgather_coalesced(outs, ins, o);
+  return full("allgather_coalesced").work("allgather_coalesced", outs, ins, o);
 }
 
+#ifdef FABRICOLL_C10D_ALL_GATHER_SINGLE_COALESCED
 WorkPtr Backend::all_gather_single_coalesced(std::vector<at::Tensor>& outs,
                                              std::vector<at::Tensor>& ins,
                                              const c10d::AllgatherOptions& o) {
-  return full("all_gather_into_tensor_coalesced").all_gather_single_coalesced(outs, ins, o);
+  return allgather_into_tensor_coalesced(outs, ins, o);
 }
+#endif
 
 WorkPtr Backend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outs,
                                                  std::vector<at::Tensor>& ins,
                                                  const c10d::AllgatherOptions& o) {
-  return full("all_gather_into_tensor_coalesced").all_gather_single_coalesced(outs, ins, o);
+  return full("all_gather_into_tensor_coalesced")
+      .work("all_gather_single_coalesced", outs, ins, o);
 }
 
 WorkPtr Backend::gather(std::vector<std::vector<at::Tensor>>& outs, std::vector<at::Tensor>& ins,
                         const c10d::GatherOptions& o) {
-  return full("gather").gather(outs, ins, o);
+  return full("gather").work("gather", outs, ins, o);
 }
 
 WorkPtr Backend::scatter(std::vector<at::Tensor>& outs, std::vector<std::vector<at::Tensor>>& ins,
                          const c10d::ScatterOptions& o) {
-  return full("scatter").scatter(outs, ins, o);
+  return full("scatter").work("scatter", outs, ins, o);
 }
 
 WorkPtr Backend::reduce_scatter(std::vector<at::Tensor>& outs,
                                 std::vector<std::vector<at::Tensor>>& ins,
                                 const c10d::ReduceScatterOptions& o) {
-  return full("reduce_scatter").reduce_scatter(outs, ins, o);
+  return full("reduce_scatter").work("reduce_scatter", outs, ins, o);
 }
 
+#ifdef FABRICOLL_C10D_REDUCE_SCATTER_SINGLE_COALESCED
 WorkPtr Backend::reduce_scatter_single_coalesced(std::vector<at::Tensor>& outs,
                                                  std::vector<at::Tensor>& ins,
                                                  const c10d::ReduceScatterOptions& o) {
-  return full("reduce_scatter_tensor_coalesced").reduce_scatter_single_coalesced(outs, ins, o);
+  return reduce_scatter_tensor_coalesced(outs, ins, o);
 }
+#endif
 
 WorkPtr Backend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outs,
                                                  std::vector<at::Tensor>& ins,
                                                  const c10d::ReduceScatterOptions& o) {
-  return full("reduce_scatter_tensor_coalesced").reduce_scatter_single_coalesced(outs, ins, o);
+  return full("reduce_scatter_tensor_coalesced")
+      .work("reduce_scatter_single_coalesced", outs, ins, o);
 }
 
+#ifdef FABRICOLL_C10D_ALL_TO_ALL_SINGLE
 WorkPtr Backend::all_to_all_single(at::Tensor& out, at::Tensor& in,
                                    std::vector<int64_t>& out_splits,
                                    std::vector<int64_t>& in_splits,
                                    const c10d::AllToAllOptions& o) {
-  return full("all_to_all_single").all_to_all_single(out, in, out_splits, in_splits, o);
+  return alltoall_base(out, in, out_splits, in_splits, o);
 }
+#endif
 
 WorkPtr Backend::alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
                                std::vector<int64_t>& in_splits, const c10d::AllToAllOptions& o) {
-  return full("all_to_all_single").all_to_all_single(out, in, out_splits, in_splits, o);
+  return full("all_to_all_single").work("all_to_all_single", out, in, out_splits, in_splits, o);
 }
 
 WorkPtr Backend::alltoall(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
                           const c10d::AllToAllOptions& o) {
-  return full("alltoall").alltoall(outs, ins, o);
+  return full("alltoall").work("alltoall", outs, ins, o);
 }
 
 void Backend::monitoredBarrier(const c10d::BarrierOptions& o, bool wait_all_ranks) {
-  full("monitored_barrier").monitoredBarrier(o, wait_all_ranks);
+  full("monitored_barrier").call("monitored_barrier", o, wait_all_ranks);
 }
 
-
 WorkPtr Backend::recvAnysource(std::vector<at::Tensor>& t, int tag) {
-  return full("recv_anysource").recvAnysource(t, tag);
+  return full("recv_anysource").work("recv_anysource", t, tag);
 }
 
 void Backend::startCoalescing() {
-  full("start_coalescing").startCoalescing();
+  full("start_coalescing").call("start_coalescing");
   coalescing_.store(true);
 }
 
 WorkPtr Backend::endCoalescing() {
   coalescing_.store(false);
-  return full("end_coalescing").endCoalescing();
+  return full("end_coalescing").work("end_coalescing");
 }
 
 void Backend::abort() {
   // After shutdown there is nothing left to abort (as the Python backend: a no-op).
-  if (comm_.load() != nullptr) full_->abort();
+  if (comm_.load() != nullptr) full_.call("abort");
 }
 
 void Backend::shutdown() {
   if (comm_.exchange(nullptr) != nullptr) {
-    full_->shutdown();
+    full_.last_call("shutdown");
   }
 }
 

@@ -1,11 +1,18 @@
 // The compiled front of the torch backend: a c10d::Backend that runs the hot operations
 // (all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast, barrier, send and
 // recv on plain CPU tensors) straight through the C API, and forwards everything else to the Python
-// backend (fabricoll/_backend.py), which implements every operation and form.
+// backend (fabricoll/_backend.py, through forward.h), which implements every operation and form.
 //
 // Both sides use one communicator, owned by the Python backend; operations keep their
 // issue order on it whichever side starts them. Shutting down either side detaches this
 // one first, so that no call reaches a destroyed communicator.
+//
+// torch versions: the virtuals that every supported torch has (2.11's names: _allgather_base,
+// _reduce_scatter_base, alltoall_base, allgather_into_tensor_coalesced,
+// reduce_scatter_tensor_coalesced, ...) are always overridden; torch 2.15 routes its newer
+// names (all_gather_single, ...) to them by default. The newer names, and gather_into_tensor
+// (which 2.11 does not have at all), are overridden where the Backend.hpp compiled against
+// declares them: python/setup.py reads the header and defines FABRICOLL_C10D_<NAME> for each.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -17,15 +24,17 @@
 #include <vector>
 
 #include "api.h"
+#include "forward.h"
 
 namespace fabricoll_ext {
 
 class Backend : public c10d::Backend {
  public:
-  // `full`: the Python backend (owns `comm`, the communicator's handle).
-  Backend(c10::intrusive_ptr<c10d::Backend> full, fabricoll_comm* comm, int rank, int size);
+  // `full`: the Python backend (owns `comm`, the communicator's handle; the GIL is held).
+  Backend(py::object full, fabricoll_comm* comm, int rank, int size);
 
-  // Stop using the communicator (the Python backend calls it before destroying it).
+  // Stop using the communicator and the Python backend (which calls it before destroying
+  // the communicator).
   void detach();
 
   const std::string getBackendName() const override { return "fabricoll"; }
@@ -36,12 +45,16 @@ class Backend : public c10d::Backend {
   // The fast paths, each falling back to the Python backend for what it does not take.
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
+#ifdef FABRICOLL_C10D_ALL_GATHER_SINGLE
   c10::intrusive_ptr<c10d::Work> all_gather_single(at::Tensor& out, at::Tensor& in,
                                                    const c10d::AllgatherOptions& opts) override;
+#endif
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
                                                  const c10d::AllgatherOptions& opts) override;
+#ifdef FABRICOLL_C10D_REDUCE_SCATTER_SINGLE
   c10::intrusive_ptr<c10d::Work> reduce_scatter_single(
       at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& opts) override;
+#endif
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -51,11 +64,16 @@ class Backend : public c10d::Backend {
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
                                       int tag) override;
-  // torch's trampoline for Python backends never forwards these two: they run here always.
+  // torch 2.15's trampoline for Python backends never forwards these two, so they run here
+  // always (2.11 has no gather_into_tensor).
+#ifdef FABRICOLL_C10D_GATHER_SINGLE
   c10::intrusive_ptr<c10d::Work> gather_single(at::Tensor& out, at::Tensor& in,
                                                const c10d::GatherOptions& opts) override;
+#endif
+#ifdef FABRICOLL_C10D_GATHER_INTO_TENSOR
   c10::intrusive_ptr<c10d::Work> gather_into_tensor(at::Tensor& out, at::Tensor& in,
                                                     const c10d::GatherOptions& opts) override;
+#endif
 
   // Forwarded to the Python backend.
   c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
@@ -70,9 +88,11 @@ class Backend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
       std::vector<std::vector<at::Tensor>>& outs, std::vector<at::Tensor>& ins,
       const c10d::AllgatherOptions& opts) override;
+#ifdef FABRICOLL_C10D_ALL_GATHER_SINGLE_COALESCED
   c10::intrusive_ptr<c10d::Work> all_gather_single_coalesced(
       std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
       const c10d::AllgatherOptions& opts) override;
+#endif
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
       const c10d::AllgatherOptions& opts) override;
@@ -85,16 +105,20 @@ class Backend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outs,
                                                 std::vector<std::vector<at::Tensor>>& ins,
                                                 const c10d::ReduceScatterOptions& opts) override;
+#ifdef FABRICOLL_C10D_REDUCE_SCATTER_SINGLE_COALESCED
   c10::intrusive_ptr<c10d::Work> reduce_scatter_single_coalesced(
       std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
       const c10d::ReduceScatterOptions& opts) override;
+#endif
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
       const c10d::ReduceScatterOptions& opts) override;
+#ifdef FABRICOLL_C10D_ALL_TO_ALL_SINGLE
   c10::intrusive_ptr<c10d::Work> all_to_all_single(at::Tensor& out, at::Tensor& in,
                                                    std::vector<int64_t>& out_splits,
                                                    std::vector<int64_t>& in_splits,
                                                    const c10d::AllToAllOptions& opts) override;
+#endif
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in,
                                                std::vector<int64_t>& out_splits,
                                                std::vector<int64_t>& in_splits,
@@ -114,7 +138,7 @@ class Backend : public c10d::Backend {
   // The communicator for a fast path, or nullptr to fall back (coalescing, or detached).
   fabricoll_comm* fast_comm() const;
   // The Python backend, or an error naming `op` once shut down.
-  c10d::Backend& full(const char* op) const;
+  PythonBackend& full(const char* op);
   // Start a tagged send or receive of a plain tensor, or fall back (null) to Python.
   c10::intrusive_ptr<c10d::Work> p2p(bool send, std::vector<at::Tensor>& tensors, int peer,
                                      int tag);
@@ -136,7 +160,7 @@ class Backend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_flat(at::Tensor& out, at::Tensor& in,
                                                      const c10d::ReduceScatterOptions& opts);
 
-  c10::intrusive_ptr<c10d::Backend> full_;
+  PythonBackend full_;
   std::atomic<fabricoll_comm*> comm_;
   std::atomic<bool> coalescing_{false};
   std::atomic<uint64_t> seq_{0};

@@ -13,8 +13,12 @@
 //! whatever their order in the group.
 //!
 //! **Slots.** Every call holds a slot of its own while it runs (`pool`): the calls of a group
-//! all progress, however many. A stream-ordered call that found none free gets the next slot
-//! freed, before any call borrows one for more slices in flight.
+//! all progress, however many. A call takes it when it is made, a stream-ordered call too
+//! (before its stream has reached it), unless none is free or an earlier call still waits for
+//! one (`wants_slot`). A stream-ordered call that got none waits, and the calls waiting get
+//! the slots freed in call order, before any call borrows one for more slices in flight; a
+//! later call that may allocate allocates one rather than take a slot from them. So no slot
+//! that a waiting call needs is held by a later call, which could not end before it.
 //!
 //! **Stream-ordered calls** wait, before their first copy, for the event recorded on the
 //! caller's stream (the stream has reached the call). They end in any order but release
@@ -109,6 +113,9 @@ pub(super) struct Inflight {
     pub flag: Option<Flag>,
     /// The first failure of a stream-ordered call: later ones fail with it at once.
     pub error: Option<Error>,
+    /// Every rank has made its staging: the first stream-ordered call waited for them
+    /// (`Streams::join`) before its stream waited for anything.
+    pub joined: bool,
     /// The number of the last stream-ordered call submitted, and of the last released.
     pub seq: u32,
     released: u32,
@@ -142,6 +149,14 @@ impl Inflight {
     /// Whether a call is running.
     pub fn busy(&self) -> bool {
         self.entries.iter().any(Entry::running)
+    }
+
+    /// Whether a running call has no slot of its own yet: a call made now must not take a
+    /// free slot before it (the module doc).
+    pub fn wants_slot(&self) -> bool {
+        self.entries
+            .iter()
+            .any(|e| e.running() && e.pipe.own().is_none())
     }
 
     /// Whether a running call of `channel` has slices not started yet (a call of that channel
@@ -245,6 +260,8 @@ impl Inflight {
         }
         let mut moved = false;
         let mut failed = Vec::new();
+        // A call still waits for a slot of its own: no call borrows one.
+        let mut waiting = false;
         for (i, e) in self.entries.iter_mut().enumerate() {
             if !e.running() {
                 continue;
@@ -259,16 +276,14 @@ impl Inflight {
                     Err(err) => failed.push((i, err)),
                 }
             }
-            if e.gate.is_none() && e.pipe.own().is_none() {
-                if let Some(s) = pool.take(e.pipe.need()) {
-                    e.pipe.set_own(s);
+            // In call order: a call after one that found no slot does not take one before it.
+            if e.pipe.own().is_none() && !waiting {
+                match pool.take(e.pipe.need()) {
+                    Some(s) => e.pipe.set_own(s),
+                    None => waiting = true,
                 }
             }
         }
-        let waiting = self
-            .entries
-            .iter()
-            .any(|e| e.running() && e.gate.is_none() && e.pipe.own().is_none());
         let mut blocked: Vec<Channel> = Vec::new();
         for (i, e) in self.entries.iter_mut().enumerate() {
             if !e.running() || failed.iter().any(|f| f.0 == i) {

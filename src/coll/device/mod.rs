@@ -38,6 +38,12 @@ pub fn install(dev: Device) {
     *INSTALLED.write() = Some(dev);
 }
 
+/// Undoes `install`: calls on device buffers use the CUDA driver's devices again (a test that
+/// ran on the emulated device followed, in the same process, by one on a GPU).
+pub fn uninstall() {
+    *INSTALLED.write() = None;
+}
+
 /// The device of the calling thread, if any: the installed one, else the device of the CUDA
 /// context current on this thread (a thread that has made no CUDA call passes no device
 /// buffers, and a host-only process opens no context).

@@ -6,8 +6,16 @@
 //! any number of outstanding calls (a group's sends and receives) all progress; it borrows
 //! free slots for more slices in flight while nobody waits for one. A non-blocking, grouped or
 //! blocking call that finds no free slot that fits allocates one, in the caller's thread, of
-//! the size its slices need (`grow`); a stream-ordered call never allocates (it waits for a
-//! slot). Nothing is freed before the communicator is destroyed: allocating or freeing
+//! the size its slices need (`Slot::new`, then `add`); a stream-ordered call never allocates:
+//! it takes its slot when it is submitted, or waits for one.
+//!
+//! No call starves another: the calls progress in call order, so a slot that a waiting call
+//! needs must never be held by a later call, which cannot end before it. Hence a call takes a
+//! free slot only where no earlier call waits for one (else it allocates, or, stream-ordered,
+//! waits too), the waiting calls get the slots freed in call order, and no call borrows one
+//! while any waits (`inflight`). A waiting call only waits for earlier calls to end.
+//!
+//! Nothing is freed before the communicator is destroyed: allocating or freeing
 //! page-locked memory waits for the whole device on the CUDA driver, so doing either while a
 //! caller's stream waits for a stream-ordered call's flag would wait for that stream, which
 //! waits for the call (docs/device.md). A slot that a failed call may still have in use is
@@ -121,13 +129,16 @@ impl Pool {
     }
 
     /// Adds `slot` (made by `Slot::new` outside the communicator's locks), busy; its index.
-    pub fn add(&mut self, slot: Slot) -> Result<usize> {
+    /// Refused (at `MAX_SLOTS`), the slot comes back with the error, for the caller to free
+    /// once it has let go of the communicator's locks (freeing waits for the device).
+    pub fn add(&mut self, slot: Slot) -> std::result::Result<usize, Box<(Error, Slot)>> {
         if self.slots.iter().flatten().count() >= MAX_SLOTS {
-            return Err(Error::InvalidUsage(format!(
+            let e = Error::InvalidUsage(format!(
                 "{MAX_SLOTS} staging slots of page-locked memory are in use by this \
                  communicator's device calls, the most it holds: wait for some calls before \
                  starting more"
-            )));
+            ));
+            return Err(Box::new((e, slot)));
         }
         let i = match self.slots.iter().position(|s| s.is_none()) {
             Some(i) => {

@@ -67,35 +67,45 @@ impl Streams {
         Ok(id)
     }
 
-    /// Adds a call with a slot of its own (allocated in this thread where none is free).
+    /// Adds a call with a slot of its own: a free one, where no earlier call waits for one;
+    /// else one allocated in this thread (see `inflight`'s doc).
     fn add(&self, comm: &Arc<Comm>, call: DevCall) -> Result<u64> {
         let dev = call.device().clone();
         self.prepare(&dev, true)?;
         let mut pipe = Pipeline::new(comm, call, None)?;
         let need = pipe.need();
-        let free = self.pool(|p| Ok(p.take(need)))?;
+        let mut c = self.inner.calls.lock();
+        let wait_first = c.wants_slot();
+        let pool = staging(&mut c)?;
+        let free = if wait_first { None } else { pool.take(need) };
         let own = match free {
             Some(s) => s,
             None => {
                 // Outside the lock: allocating page-locked memory waits for the device's
                 // streams, which the worker may have to release meanwhile.
+                drop(c);
                 let slot = Slot::new(&dev, need)?;
-                self.pool(|p| p.add(slot))?
+                c = self.inner.calls.lock();
+                let added = match staging(&mut c) {
+                    Ok(pool) => pool.add(slot),
+                    Err(e) => Err(Box::new((e, slot))),
+                };
+                match added {
+                    Ok(i) => i,
+                    Err(refused) => {
+                        // Freed outside the lock, as it was allocated.
+                        drop(c);
+                        let (e, slot) = *refused;
+                        drop(slot);
+                        return Err(e);
+                    }
+                }
             }
         };
         pipe.set_own(own);
-        let mut c = self.inner.calls.lock();
         let id = c.next_id();
         c.push(Entry::new(id, pipe, None, End::Request(None)));
         Ok(id)
-    }
-
-    /// `f` on the staging (made by `prepare`).
-    fn pool<T>(&self, f: impl FnOnce(&mut Pool) -> Result<T>) -> Result<T> {
-        match self.inner.calls.lock().pool.as_mut() {
-            Some(p) => f(p),
-            None => Err(Error::Internal("the device staging is missing".into())),
-        }
     }
 
     /// Submits a stream-ordered call on the caller's stream `stream` and returns.
@@ -112,21 +122,17 @@ impl Streams {
         let dev = call.device().clone();
         // SAFETY: forwarded from this function's contract.
         let user: Stream = unsafe { dev.wrap_stream(stream) }?;
-        let prepared = {
+        let joined = {
             let c = self.inner.calls.lock();
             if let Some(e) = &c.error {
                 return Err(earlier(e));
             }
-            c.flag.is_some()
+            c.joined
         };
-        if !prepared && self.prepare(&dev, false)? {
-            // The first device use of the communicator allocated its page-locked memory. A
-            // peer sharing this device (ranks as threads of one process) may still have to
-            // allocate its own, and that waits for every stream of the device: so no rank's
-            // stream waits for a flag before every rank has allocated.
-            barrier(comm)?;
+        if !joined {
+            self.join(comm, &dev)?;
         }
-        let pipe = Pipeline::new(comm, call, None)?;
+        let mut pipe = Pipeline::new(comm, call, None)?;
         let mut c = self.inner.calls.lock();
         if let Some(e) = &c.error {
             return Err(earlier(e));
@@ -155,6 +161,12 @@ impl Streams {
             seq,
             stream: Some(user),
         };
+        // Its slot now, before later calls are made (else it waits for one: `inflight`).
+        if !c.wants_slot() {
+            if let Some(s) = c.pool.as_mut().and_then(|p| p.take(pipe.need())) {
+                pipe.set_own(s);
+            }
+        }
         c.push(Entry::new(id, pipe, Some(reached), end));
         drop(c);
         // Where the worker cannot start, the call is failed so that its stream is released.
@@ -166,11 +178,28 @@ impl Streams {
         Ok(())
     }
 
+    /// Before the communicator's first stream-ordered call enqueues its flag wait: this rank's
+    /// staging is made (if no earlier device call made it), and every rank has got here, so
+    /// every rank has made its own. Ranks that are threads of one process share the device's
+    /// context, where allocating page-locked memory and creating streams wait for every
+    /// stream: a rank still making its staging would wait for a peer's stream blocked on the
+    /// peer's flag, which waits for the call that needs the allocating rank. This holds
+    /// whatever the first device call was (a non-blocking one returns before a late peer has
+    /// made its staging). The barrier is a host call: device calls in flight ahead of it start
+    /// first (`settle`).
+    fn join(&self, comm: &Arc<Comm>, dev: &Device) -> Result<()> {
+        self.prepare(dev, false)?;
+        self.settle(comm, &Kind::Coll(Collective::AllReduce))?;
+        barrier(comm)?;
+        self.inner.calls.lock().joined = true;
+        Ok(())
+    }
+
     /// Allocates the communicator's page-locked memory on its first device use (its staging
-    /// slots and the stream-ordered calls' flag): whether it did. `replace`: a call that may
-    /// allocate renews staging of another device while no call is in flight; a
-    /// stream-ordered call allocates nothing else.
-    fn prepare(&self, dev: &Device, replace: bool) -> Result<bool> {
+    /// slots and the stream-ordered calls' flag). `replace`: a call that may allocate renews
+    /// staging of another device while no call is in flight (the next stream-ordered call then
+    /// joins the ranks again); a stream-ordered call allocates nothing else.
+    fn prepare(&self, dev: &Device, replace: bool) -> Result<()> {
         let fresh = {
             let c = self.inner.calls.lock();
             match c.pool.as_ref() {
@@ -196,8 +225,9 @@ impl Streams {
             let mut c = self.inner.calls.lock();
             c.pool = Some(pool);
             c.flag.get_or_insert(flag);
+            c.joined = false;
         }
-        Ok(fresh)
+        Ok(())
     }
 
     /// Starts the worker if it is not running, and wakes it.
@@ -337,6 +367,13 @@ impl Inner {
             }
         }
     }
+}
+
+/// The staging of `c` (made by `prepare`).
+fn staging(c: &mut Inflight) -> Result<&mut Pool> {
+    c.pool
+        .as_mut()
+        .ok_or_else(|| Error::Internal("the device staging is missing".into()))
 }
 
 /// Runs the callbacks and drops the released streams, outside the calls' lock.

@@ -1,6 +1,6 @@
 //! The reduction kernels on the driver: `device::kernels::source()` compiled by NVRTC (loaded
 //! at run time through cudarc) to machine code once per process and compute capability, loaded once per
-//! device context, launched on a stream.
+//! device and process (`super::Shared`), launched on a stream.
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -83,9 +83,10 @@ fn compile_cubin(cc: (i32, i32)) -> std::result::Result<Vec<u8>, String> {
     out
 }
 
-/// The kernels loaded in one context.
+/// The kernels loaded in one context, for the rest of the process (never unloaded: unloading
+/// waits for every stream of the context, as loading does).
 pub(super) struct Module {
-    module: sys::CUmodule,
+    _module: sys::CUmodule,
     functions: HashMap<String, sys::CUfunction>,
 }
 
@@ -118,7 +119,10 @@ impl Module {
             .map_err(|e| format!("kernel {name}: {e}"))?;
             functions.insert(name, f);
         }
-        Ok(Module { module, functions })
+        Ok(Module {
+            _module: module,
+            functions,
+        })
     }
 
     /// Enqueues `k` on `s`.
@@ -168,12 +172,5 @@ impl Module {
             },
             &format!("cuLaunchKernel ({name})"),
         )
-    }
-}
-
-impl Drop for Module {
-    fn drop(&mut self) {
-        // SAFETY: the module was loaded once and no launch uses it after its backend is gone.
-        let _ = unsafe { sys::cuModuleUnload(self.module) };
     }
 }

@@ -72,7 +72,21 @@ pub struct CudaBackend {
     c: Ctx,
     info: DeviceInfo,
     max_blocks: u32,
-    module: OnceLock<std::result::Result<kernels::Module, String>>,
+    /// What every backend of this device in the process shares (`Shared`).
+    shared: &'static Shared,
+}
+
+/// What is set up once per device and process, when the first backend of the device opens,
+/// and kept for the process's life: loading code or creating a stream waits for every stream
+/// of the context to drain, so doing either while some stream waits for a flag that the
+/// opening thread (or a rank on another thread) has yet to write would never return
+/// (docs/device.md). A communicator's first device call, or a second rank of the process
+/// opening the device, must therefore find everything here already made.
+struct Shared {
+    /// The reduction kernels, loaded in the primary context (or why they could not be).
+    module: std::result::Result<kernels::Module, String>,
+    /// Whether `cuStreamWaitValue32_v2` works (`try_mem_ops`).
+    stream_mem_ops: bool,
     /// A private stream for the stream-ordered allocator (`cuMemAllocAsync` /
     /// `cuMemFreeAsync`), where the device has memory pools; None: `cuMemAlloc` / `cuMemFree`.
     /// `cuMemFree` may wait for the whole device, so a free while some stream waits for a flag
@@ -125,74 +139,40 @@ impl CudaBackend {
             unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
             "cuDevicePrimaryCtxRetain",
         )?;
-        let mut sms = 0;
-        // SAFETY: `dev` is valid and `sms` a place for one int.
-        let _ = unsafe {
-            sys::cuDeviceGetAttribute(
-                &mut sms,
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                dev,
-            )
+        let sms = attribute(
+            dev,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        );
+        let c = Ctx { dev, ctx, compute };
+        let info = DeviceInfo {
+            kind: DeviceKind::Cuda,
+            ordinal,
+            name,
+            compute,
+            stream_mem_ops: true,
         };
-        let mut b = CudaBackend {
-            c: Ctx { dev, ctx, compute },
+        // SAFETY: `c` holds the retain taken above; `bind` makes it current.
+        let bind = unsafe { sys::cuCtxSetCurrent(c.ctx) };
+        let shared = match check(bind, "cuCtxSetCurrent").and_then(|_| Shared::get(&c, ordinal)) {
+            Ok(s) => s,
+            Err(e) => {
+                // SAFETY: balances the retain above (the backend is not built).
+                let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(dev) };
+                return Err(e);
+            }
+        };
+        let b = CudaBackend {
+            c,
             info: DeviceInfo {
-                kind: DeviceKind::Cuda,
-                ordinal,
-                name,
-                compute,
-                stream_mem_ops: true,
+                stream_mem_ops: shared.stream_mem_ops,
+                ..info
             },
             max_blocks: u32::try_from(sms.max(1) * 16).unwrap_or(1024),
-            module: OnceLock::new(),
-            mem_stream: None,
+            shared,
         };
         b.bind()?;
-        let mut pools = 0;
-        // SAFETY: `dev` is valid and `pools` a place for one int.
-        let _ = unsafe {
-            sys::cuDeviceGetAttribute(
-                &mut pools,
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
-                dev,
-            )
-        };
-        if pools != 0 {
-            b.mem_stream = Some(b.stream_create()?);
-        }
-        b.info.stream_mem_ops = b.try_mem_ops()?;
-        if !b.info.stream_mem_ops {
-            log::warn!(
-                "CUDA device {ordinal}: no stream memory operations; flag waits run as host \
-                 functions on the stream"
-            );
-        }
         Ok(b)
     }
-
-    /// Whether `cuStreamWaitValue32_v2` works here: one wait on a word that already holds the
-    /// value, on a scratch stream.
-    fn try_mem_ops(&self) -> Result<bool> {
-        let h = self.alloc_host(64)?;
-        // SAFETY: 64 fresh page-locked bytes; the word is written before any stream reads it.
-        unsafe { std::ptr::write_volatile(h.host.cast::<u32>(), 1) };
-        let s = self.stream_create()?;
-        // SAFETY: `s` is live and `h.device` is the device address of the word.
-        let r = unsafe { sys::cuStreamWaitValue32_v2(s.0 as sys::CUstream, h.device, 1, 0) };
-        // SAFETY: `s` is live; synchronising a stream whose only work is a satisfied wait.
-        let sync = unsafe { sys::cuStreamSynchronize(s.0 as sys::CUstream) };
-        // SAFETY: the stream is idle, then destroyed once; the word is no longer used.
-        unsafe {
-            self.stream_destroy(s);
-            self.free_host(h);
-        }
-        match r {
-            sys::CUresult::CUDA_SUCCESS => check(sync, "cuStreamSynchronize").map(|_| true),
-            sys::CUresult::CUDA_ERROR_NOT_SUPPORTED => Ok(false),
-            e => check(e, "cuStreamWaitValue32").map(|_| false),
-        }
-    }
-
     /// Runs `f` with the context current on this thread (pushed and popped if it was not):
     /// for frees and destroys, which may run on any thread.
     fn with_ctx<T>(&self, f: impl FnOnce() -> T) -> T {
@@ -211,22 +191,129 @@ impl CudaBackend {
     }
 
     fn module(&self) -> Result<&kernels::Module> {
-        self.module
-            .get_or_init(|| kernels::Module::load(&self.c))
+        self.shared
+            .module
             .as_ref()
             .map_err(|e| Error::InvalidUsage(format!("device reduction kernels: {e}")))
     }
 }
 
+impl Shared {
+    /// The device's shared set-up, made now if this is the process's first backend of it.
+    /// `c`'s context is current on this thread.
+    fn get(c: &Ctx, ordinal: i32) -> Result<&'static Shared> {
+        type Table = parking_lot::Mutex<std::collections::HashMap<i32, &'static Shared>>;
+        static TABLE: OnceLock<Table> = OnceLock::new();
+        let mut t = TABLE.get_or_init(Default::default).lock();
+        if let Some(s) = t.get(&ordinal) {
+            return Ok(s);
+        }
+        let mut keep: sys::CUcontext = std::ptr::null_mut();
+        check(
+            // SAFETY: `c.dev` is a device handle. This retain is never released: the module
+            // and the stream below live in the context for the rest of the process.
+            unsafe { sys::cuDevicePrimaryCtxRetain(&mut keep, c.dev) },
+            "cuDevicePrimaryCtxRetain",
+        )?;
+        let pools = attribute(
+            c.dev,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+        );
+        let mem_stream = if pools != 0 {
+            Some(raw_stream_create()?)
+        } else {
+            None
+        };
+        let stream_mem_ops = try_mem_ops()?;
+        if !stream_mem_ops {
+            log::warn!(
+                "CUDA device {ordinal}: no stream memory operations; flag waits run as host \
+                 functions on the stream"
+            );
+        }
+        let module = kernels::Module::load(c);
+        if let Err(e) = &module {
+            log::info!("CUDA device {ordinal}: no reduction kernels: {e}");
+        }
+        let s: &'static Shared = Box::leak(Box::new(Shared {
+            module,
+            stream_mem_ops,
+            mem_stream,
+        }));
+        t.insert(ordinal, s);
+        Ok(s)
+    }
+}
+
+// SAFETY: the stream handle may be used from any thread with the context; nothing else here
+// is tied to a thread.
+unsafe impl Send for Shared {}
+// SAFETY: as for Send; enqueueing on one stream from several threads is allowed.
+unsafe impl Sync for Shared {}
+
+/// Attribute `a` of device `dev` (0 where the driver does not say).
+fn attribute(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> i32 {
+    let mut v = 0;
+    // SAFETY: `dev` is a device handle the driver gave; `v` is a place for one int.
+    let _ = unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) };
+    v
+}
+
+/// A non-blocking stream in the current context.
+fn raw_stream_create() -> Result<RawStream> {
+    let mut s: sys::CUstream = std::ptr::null_mut();
+    check(
+        // SAFETY: a context is current; `s` is a place for the handle.
+        unsafe { sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
+        "cuStreamCreate",
+    )?;
+    Ok(RawStream(s as u64))
+}
+
+/// Whether `cuStreamWaitValue32_v2` works in the current context: one wait on a word that
+/// already holds the value, on a scratch stream.
+fn try_mem_ops() -> Result<bool> {
+    let mut host: *mut c_void = std::ptr::null_mut();
+    check(
+        // SAFETY: a context is current; 64 bytes, page-locked and mapped for the device.
+        unsafe {
+            sys::cuMemHostAlloc(
+                &mut host,
+                64,
+                sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP,
+            )
+        },
+        "cuMemHostAlloc",
+    )?;
+    let mut dev: sys::CUdeviceptr = 0;
+    // SAFETY: `host` was just allocated mapped; `dev` is a place for its device address.
+    let r = check(
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) },
+        "cuMemHostGetDevicePointer",
+    );
+    let s = r.and_then(|_| raw_stream_create());
+    let out = s.and_then(|s| {
+        // SAFETY: the word is written before any stream reads it.
+        unsafe { std::ptr::write_volatile(host.cast::<u32>(), 1) };
+        // SAFETY: `s` is live and `dev` the device address of the word.
+        let w = unsafe { sys::cuStreamWaitValue32_v2(stream(s), dev, 1, 0) };
+        // SAFETY: `s` is live; synchronising a stream whose only work is a satisfied wait.
+        let sync = unsafe { sys::cuStreamSynchronize(stream(s)) };
+        // SAFETY: the stream is idle; destroyed once.
+        let _ = unsafe { sys::cuStreamDestroy_v2(stream(s)) };
+        match w {
+            sys::CUresult::CUDA_SUCCESS => check(sync, "cuStreamSynchronize").map(|_| true),
+            sys::CUresult::CUDA_ERROR_NOT_SUPPORTED => Ok(false),
+            e => check(e, "cuStreamWaitValue32").map(|_| false),
+        }
+    });
+    // SAFETY: allocated above; no stream uses it any more.
+    let _ = unsafe { sys::cuMemFreeHost(host) };
+    out
+}
+
 impl Drop for CudaBackend {
     fn drop(&mut self) {
-        let module = self.module.take();
-        self.with_ctx(|| drop(module));
-        if let Some(s) = self.mem_stream.take() {
-            // SAFETY: the allocator's stream, destroyed once; every allocation is freed (each
-            // holds the backend alive), and destroying lets the pending frees complete.
-            unsafe { self.stream_destroy(s) };
-        }
         // SAFETY: balances the retain in `open`.
         let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.c.dev) };
     }
@@ -305,7 +392,7 @@ impl Backend for CudaBackend {
 
     fn alloc(&self, len: usize) -> Result<u64> {
         let mut p: sys::CUdeviceptr = 0;
-        let Some(ms) = self.mem_stream else {
+        let Some(ms) = self.shared.mem_stream else {
             // SAFETY: the context is current (checked by the caller); `p` is a valid place.
             check(unsafe { sys::cuMemAlloc_v2(&mut p, len) }, "cuMemAlloc")?;
             return Ok(p);
@@ -326,7 +413,7 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn free(&self, addr: u64, _len: usize) {
-        let r = match self.mem_stream {
+        let r = match self.shared.mem_stream {
             // SAFETY: the caller guarantees `addr` is ours (from cuMemAllocAsync) and unused.
             Some(ms) => self.with_ctx(|| unsafe { sys::cuMemFreeAsync(addr, stream(ms)) }),
             // SAFETY: the caller guarantees `addr` is ours (from cuMemAlloc) and unused.
@@ -400,14 +487,7 @@ impl Backend for CudaBackend {
     }
 
     fn stream_create(&self) -> Result<RawStream> {
-        let mut s: sys::CUstream = std::ptr::null_mut();
-        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-        check(
-            // SAFETY: the context is current; `s` is a valid place.
-            unsafe { sys::cuStreamCreate(&mut s, flags) },
-            "cuStreamCreate",
-        )?;
-        Ok(RawStream(s as u64))
+        raw_stream_create()
     }
 
     unsafe fn stream_adopt(&self, handle: u64) -> Result<RawStream> {

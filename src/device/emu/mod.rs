@@ -12,10 +12,16 @@
 //!   CUDA;
 //! - a stream that waits for a flag nobody writes: the stream fails after
 //!   `EmuConfig::flag_timeout` with an error naming the flag;
+//! - a call the CUDA driver makes wait for the whole context (allocating or freeing
+//!   page-locked memory, creating a stream, loading the kernels) while a stream waits for a
+//!   flag that the caller's side has yet to write: an error naming the driver call after half
+//!   the flag timeout, where a GPU would never return. The context is shared by every emulated
+//!   device of the ordinal in the process, as the primary context is (`context`);
 //! - a use of freed device memory, through a raw span: the engine reports it (freed ranges stay
 //!   reserved for a while, `memory`);
 //! - the legacy stream, pageable memory in an asynchronous copy, an event never recorded: the
 //!   seam's public layer refuses them for both implementations.
+mod context;
 mod engine;
 mod memory;
 
@@ -23,13 +29,14 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::backend::{
     Backend, DeviceInfo, DeviceKind, HostAlloc, Kernel, PtrKind, RawEvent, RawStream,
 };
 use super::Device;
 use crate::{Error, Result};
+use context::StreamTable;
 use engine::{Engine, EventState, Op, Worker};
 use memory::Mem;
 
@@ -44,6 +51,11 @@ pub struct EmuConfig {
     pub seed: Option<u64>,
     /// How long a stream waits for a flag (or an event) before it fails, naming the flag.
     pub flag_timeout: Duration,
+    /// Where the reduction kernels are loaded: false (the CUDA backend's way), when the
+    /// process opens its first device of the ordinal; true, at the first kernel launch on any
+    /// device of the ordinal, as the driver's lazy loading does for a module loaded late.
+    /// Either way loading waits for every stream of the context.
+    pub lazy_module: bool,
 }
 
 impl Default for EmuConfig {
@@ -53,6 +65,7 @@ impl Default for EmuConfig {
             max_delay: Duration::from_micros(200),
             seed: None,
             flag_timeout: Duration::from_secs(10),
+            lazy_module: false,
         }
     }
 }
@@ -76,12 +89,17 @@ pub struct EmuBackend {
     info: DeviceInfo,
     seed: u64,
     engine: Engine,
-    streams: Mutex<HashMap<u64, Arc<Worker>>>,
+    /// This device's streams; the context (`context`) holds the table weakly.
+    streams: Arc<StreamTable>,
     events: Mutex<HashMap<u64, Arc<EventState>>>,
 }
 
 impl Device {
     /// An emulated device (a test tool; see `device::emu`). The calling thread is bound to it.
+    /// The first device of an ordinal in the process loads the kernels (unless
+    /// `EmuConfig::lazy_module`), which waits for every stream of the context, as
+    /// `Device::cuda` does; it fails (`Timeout`, naming the call) where a stream of the
+    /// ordinal stays blocked past half the flag timeout.
     pub fn emulated(cfg: EmuConfig) -> Result<Device> {
         let seed = cfg.seed.unwrap_or_else(|| {
             std::time::SystemTime::now()
@@ -104,9 +122,13 @@ impl Device {
                 max_delay: cfg.max_delay,
                 flag_timeout: cfg.flag_timeout,
             },
-            streams: Mutex::new(HashMap::new()),
+            streams: Arc::default(),
             events: Mutex::new(HashMap::new()),
         };
+        context::join(cfg.ordinal, &b.streams);
+        if !cfg.lazy_module && !context::kernels_loaded(cfg.ordinal) {
+            b.load_kernels("when the process first opens the device")?;
+        }
         b.bind()?;
         Ok(Device::from_backend(Arc::new(b)))
     }
@@ -135,33 +157,22 @@ impl EmuBackend {
             .ok_or_else(|| Error::arg("event", format!("{:#x} is not a live event", e.0)))
     }
 
-    /// What the CUDA driver does for a call it makes device-wide (allocating or freeing
-    /// page-locked memory): wait until no stream of the device has work left, a flag wait
-    /// included. Where a stream waits for a flag that only this thread would write, a GPU never
-    /// returns; here the wait ends after half the flag timeout (before the stream itself
-    /// fails) with an error naming `call`.
+    /// What the CUDA driver does for a call it makes device-wide (`call`): wait until no
+    /// stream of the context (any emulated device of this ordinal in the process) has work
+    /// left; past half the flag timeout (before a blocked stream itself fails), an error naming
+    /// `call` (`context::wait_idle`).
     fn device_wide(&self, call: &str) -> Result<()> {
-        let start = Instant::now();
-        let limit = self.engine.flag_timeout / 2;
-        let mut nap = Duration::from_micros(1);
-        loop {
-            let workers: Vec<Arc<Worker>> = lock(&self.streams).values().cloned().collect();
-            let busy = workers.iter().filter(|w| !w.idle()).count();
-            if busy == 0 {
-                return Ok(());
-            }
-            if start.elapsed() >= limit {
-                return Err(Error::Timeout(format!(
-                    "emulated device {}: {call} waits for the whole device, as the CUDA driver \
-                     does, and {busy} stream(s) still had work after {} ms (one blocked on a \
-                     flag that the calling side has yet to write never finishes on a GPU: a \
-                     deadlock)",
-                    self.info.ordinal,
-                    limit.as_millis()
-                )));
-            }
-            nap = crate::device::stream::backoff(nap);
-        }
+        context::wait_idle(self.info.ordinal, self.engine.flag_timeout / 2, call)
+    }
+
+    /// Loads the reduction kernels in the context (`when` says why now): waits for the
+    /// context, as `cuModuleLoadData` does, then marks them loaded for the process.
+    fn load_kernels(&self, when: &str) -> Result<()> {
+        self.device_wide(&format!(
+            "cuModuleLoadData (loading the reduction kernels {when})"
+        ))?;
+        context::set_kernels_loaded(self.info.ordinal);
+        Ok(())
     }
 
     fn push(&self, s: RawStream, op: Op) -> Result<()> {
@@ -230,6 +241,7 @@ impl Backend for EmuBackend {
     }
 
     fn stream_create(&self) -> Result<RawStream> {
+        self.device_wide("cuStreamCreate (creating a stream)")?;
         let id = next_id();
         let w = Worker::spawn(
             self.engine.clone(),
@@ -268,6 +280,10 @@ impl Backend for EmuBackend {
     }
 
     unsafe fn launch(&self, s: RawStream, k: &Kernel) -> Result<()> {
+        self.worker(s)?;
+        if !context::kernels_loaded(self.info.ordinal) {
+            self.load_kernels("at their first launch (lazy loading)")?;
+        }
         self.push(s, Op::Kernel(*k))
     }
 

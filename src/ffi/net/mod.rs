@@ -413,18 +413,25 @@ pub(crate) unsafe extern "C" fn reg_mr_dmabuf(
     boundary("regMrDmaBuf", || {
         // SAFETY: NCCL passes a writable void* out-pointer.
         let out = unsafe { Out::new(mh, "mhandle") }?;
-        let p = plugin()?;
-        // SAFETY: NCCL keeps registered memory allocated until deregMr.
-        let r = unsafe { region(data, size, "data") }?;
-        out.set(ptr(Some(comm_device(p, comm)?.reg_mr_dmabuf(
-            h(comm),
-            r,
-            ty,
-            off,
-            fd,
-        )?)));
-        Ok(())
+        reg_mr_dmabuf_inner(plugin()?, comm, data, size, ty, (off, fd), &out)
     })
+}
+
+/// `reg_mr_inner` for a dma-buf (`dmabuf`: offset and fd).
+fn reg_mr_dmabuf_inner(
+    p: &Plugin,
+    comm: VoidP,
+    data: VoidP,
+    size: usize,
+    ty: c_int,
+    (off, fd): (u64, c_int),
+    out: &Out<VoidP>,
+) -> Result<()> {
+    // SAFETY: NCCL keeps registered memory allocated until deregMr.
+    let r = unsafe { region(data, size, "data") }?;
+    let mh = comm_device(p, comm)?.reg_mr_dmabuf(h(comm), r, ty, off, fd)?;
+    out.set(ptr(Some(mh)));
+    Ok(())
 }
 
 unsafe extern "C" fn dereg_mr(comm: VoidP, mh: VoidP) -> Res {

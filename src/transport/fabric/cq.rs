@@ -67,6 +67,14 @@ impl Inner {
                             soft.posted.retain(|r| r.op != ctx.op);
                         }
                     }
+                    Role::Padded => {
+                        // A byte in the pad: a longer message, truncated (its size unknown).
+                        out.push(match e.len {
+                            0 => Completion::done(ctx.op, 0, e.tag, None),
+                            _ => Completion::failed(ctx.op, e.tag, too_large(0, 0)),
+                        });
+                        continue;
+                    }
                     // A peek's answer was handled above, before its context was taken apart.
                     Role::User | Role::Peek => {}
                 }
@@ -135,14 +143,16 @@ impl Inner {
                     soft.posted.retain(|r| r.op != ctx.op);
                 }
             }
-            Role::User | Role::SmallSend => {}
+            Role::User | Role::SmallSend | Role::Padded => {}
         }
         // Some providers (shm) report a negative errno here: compare magnitudes.
         let err = e.err.abs();
         let status = if err == sys::FI_ECANCELED as c_int {
             Err(Error::InvalidUsage("operation cancelled".into()))
         } else if err == sys::FI_ETRUNC as c_int {
-            Err(too_large((ctx.len + e.olen) as u64, ctx.len))
+            // The provider's overflow counts past the buffer it was given (one byte if padded).
+            let given = ctx.len + usize::from(ctx.role == Role::Padded);
+            Err(too_large((given + e.olen) as u64, ctx.len))
         } else {
             Err(Error::from_errno(
                 e.err as i64,

@@ -473,6 +473,16 @@ fn discover_resolved(cfg: &Config, for_use: Use) -> Result<Discovery> {
             return Err(Error::System("fi_dupinfo returned NULL".into()));
         }
         let info = Info(dup);
+        // An FI_HMEM entry opens its domain only with FI_MR_HMEM in its mode (libfabric 2.x's
+        // shm checks it at fi_domain, though fi_getinfo may leave the bit out when the hints
+        // ask for other modes too); we register device memory before use, which is what the
+        // bit asks.
+        // SAFETY: dup is a complete fi_info we own; its domain attributes are allocated.
+        unsafe {
+            if (*dup).caps & sys::FI_HMEM != 0 {
+                (*(*dup).domain_attr).mr_mode |= sys::FI_MR_HMEM as c_int;
+            }
+        }
         // SAFETY: dup is a complete fi_info we own; its attribute pointers are valid.
         let (caps, nic, tag_format) = unsafe {
             let i = &*dup;

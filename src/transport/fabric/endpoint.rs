@@ -4,7 +4,7 @@
 use super::discovery::runtime_version;
 use super::fid::{scopeguard, DomainFids, MrFid};
 use super::shm::matching::{Soft, POOL_BUFS};
-use super::shm::{fastbox, watch, ShmPath};
+use super::shm::{fastbox, siblings, watch, ShmPath};
 use super::FI_ADDR_UNSPEC;
 use super::{check, claim, discovery::FabricDevice, strerror, sys, FabricTransport, Inner};
 use crate::error::{Error, Result};
@@ -12,6 +12,7 @@ use crate::transport::{Mr, Peer, Region};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use std::collections::{HashMap, VecDeque};
+use std::mem::ManuallyDrop;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 use std::sync::Arc;
@@ -123,11 +124,14 @@ impl FabricTransport {
         let tx_ep = sends_from(split, caps.mr_mode, ep, &caps.domain, || {
             endpoint(dom.domain, info, av, cq, false, " (sends)").map(|(tx, _)| tx)
         });
+        if let Some(n) = &shm_name {
+            siblings::opened(n);
+        }
         Ok(FabricTransport {
             caps,
             addr: name,
             wait_fd,
-            inner: Mutex::new(Inner {
+            inner: ManuallyDrop::new(Mutex::new(Inner {
                 ep,
                 tx_ep,
                 cq,
@@ -141,7 +145,7 @@ impl FabricTransport {
                 rma_order: VecDeque::new(),
                 shm: ShmPath::new(shm_name),
                 claims,
-            }),
+            })),
         })
         .and_then(|mut t: FabricTransport| {
             if !t.caps.inject_ok {
@@ -178,6 +182,19 @@ impl FabricTransport {
         if let Some(p) = g.peers.get(addr) {
             return Ok(Peer(*p));
         }
+        // An endpoint of this process (ranks as threads) that was dropped: the provider would
+        // map its region through a stale pointer (`siblings`).
+        let sibling = g
+            .shm
+            .name
+            .as_ref()
+            .and_then(|_| watch::endpoint_in_address(addr))
+            .filter(|n| watch::of_this_process(n));
+        if let Some(n) = sibling.as_deref().filter(|n| siblings::dropped(n)) {
+            return Err(Error::Remote(format!(
+                "the peer endpoint {n} of this process was closed (its communicator destroyed)"
+            )));
+        }
         let mut fi_addr: u64 = FI_ADDR_UNSPEC;
         // SAFETY: av is open; addr points at `addr.len()` readable bytes in the provider's format.
         let rc = unsafe {
@@ -202,6 +219,9 @@ impl FabricTransport {
             )));
         }
         g.peers.insert(addr.to_vec(), fi_addr);
+        if let (Some(me), Some(peer)) = (&g.shm.name, &sibling) {
+            siblings::link(me, peer);
+        }
         if g.shm.name.is_some() {
             if let Some(w) = watch::PeerWatch::of_address(addr) {
                 g.shm.watch.insert(fi_addr, w);

@@ -38,6 +38,7 @@ use shm::matching::SoftRecv;
 use shm::ShmPath;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CStr;
+use std::mem::ManuallyDrop;
 use std::os::raw::{c_int, c_void};
 use std::sync::Arc;
 use std::time::Duration;
@@ -118,6 +119,10 @@ enum Role {
     Peek,
     /// The receive of a message a peek found (`claim`).
     Claim,
+    /// The caller's zero-byte receive, posted with a one-byte buffer of ours: libfabric 2.1's
+    /// native TCP endpoint never completes a zero-byte receive that a longer message matches,
+    /// where it reports a one-byte one as truncated.
+    Padded,
 }
 
 /// The endpoint's state, behind the transport's lock.
@@ -172,7 +177,20 @@ pub struct FabricTransport {
     caps: Caps,
     addr: Vec<u8>,
     wait_fd: Option<c_int>,
-    inner: Mutex<Inner>,
+    /// Taken out only when the transport drops (an shm endpoint may be parked:
+    /// `shm::siblings`).
+    inner: ManuallyDrop<Mutex<Inner>>,
+}
+
+impl Drop for FabricTransport {
+    fn drop(&mut self) {
+        // SAFETY: `inner` is taken once, here, and the transport is not used afterwards.
+        let inner = unsafe { ManuallyDrop::take(&mut self.inner) }.into_inner();
+        match inner.shm.name.clone() {
+            Some(name) => shm::siblings::release(&name, Box::new(inner)),
+            None => drop(inner),
+        }
+    }
 }
 
 impl Inner {
@@ -240,13 +258,20 @@ impl Inner {
             owned,
             ..
         } = b;
+        let padded = len == 0 && owned.is_none() && role == Role::User && self.claims.is_some();
+        let (addr, owned, role, post_len) = if padded {
+            let pad = vec![0u8; 1];
+            (pad.as_ptr() as usize, Some(pad), Role::Padded, 1)
+        } else {
+            (addr, owned, role, len)
+        };
         let ctx = self.new_ctx(op, len, true, owned, role);
         // SAFETY: the buffer is valid until completion (Region's contract, or owned by ctx).
         let rc = unsafe {
             sys::fi_trecv(
                 self.ep,
                 addr as *mut c_void,
-                len,
+                post_len,
                 desc as *mut c_void,
                 FI_ADDR_UNSPEC,
                 tag,
@@ -458,7 +483,7 @@ impl Transport for FabricTransport {
             }
         }
         for (key, ctx) in g.ops.iter() {
-            if ctx.op == op && ctx.recv && ctx.role == Role::User {
+            if ctx.op == op && ctx.recv && matches!(ctx.role, Role::User | Role::Padded) {
                 // SAFETY: ep is open and *key is the context of an operation posted on it.
                 let rc = unsafe { sys::fi_cancel(g.ep as *mut sys::fid, *key as *mut c_void) };
                 if rc != 0 {

@@ -58,6 +58,11 @@ const KEY_NOTAVAIL: u64 = u64::MAX;
 /// addresses are virtual: unique in the process, so unique in every domain it opens.
 static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
 
+/// A key no other registration of this process requested (`NEXT_KEY`).
+pub(super) fn unique_key() -> u64 {
+    NEXT_KEY.fetch_add(1, Ordering::Relaxed)
+}
+
 /// Where addresses are offsets, the low bits of a key we choose hold the registration's base
 /// address: user addresses on x86-64 and aarch64 (4-level tables) are below 2^48.
 const BASE_BITS: u32 = 48;
@@ -69,7 +74,7 @@ static KEY_SERIAL: AtomicU64 = AtomicU64::new(0);
 
 /// How many keys a registration tries where the provider says a key is in use
 /// (`-FI_ENOKEY`) before it gives up.
-const KEY_TRIES: usize = 64;
+pub(super) const KEY_TRIES: usize = 64;
 
 /// What a domain grants when asked for RMA: its capability bits, `mr_mode`, key size and
 /// inject size (`probe` takes the endpoint's own).
@@ -171,7 +176,9 @@ pub(super) fn probe(info: *mut sys::fi_info, caps: &mut Caps) {
             (*(*info).tx_attr).inject_size,
         )
     };
-    let base = base & (sys::FI_TAGGED | sys::FI_MSG) as u64;
+    // FI_HMEM stays asked for: an endpoint that takes device memory must keep it, and the
+    // domain's FI_HMEM entry may ask a different mode (FI_MR_HMEM) than its host entry.
+    let base = base & (sys::FI_TAGGED as u64 | sys::FI_MSG as u64 | sys::FI_HMEM);
     let Some(o) = offer(&caps.provider, &caps.domain, addr_format, base) else {
         log::debug!("{} / {}: no RMA offered", caps.provider, caps.domain);
         return;
@@ -191,16 +198,23 @@ pub(super) fn probe(info: *mut sys::fi_info, caps: &mut Caps) {
         );
         return;
     };
+    // An FI_HMEM endpoint keeps FI_MR_HMEM (see `discovery`: fi_getinfo may leave it out of
+    // the mode it grants, and fi_domain then refuses the entry).
+    let mr_mode = if base & sys::FI_HMEM != 0 {
+        o.mr_mode | sys::FI_MR_HMEM as u64
+    } else {
+        o.mr_mode
+    };
     // SAFETY: as above; we only set bits and the mr_mode the provider granted for them.
     unsafe {
         let i = &mut *info;
         i.caps |= RMA_BITS;
         (*i.tx_attr).caps |= (sys::FI_RMA | sys::FI_READ | sys::FI_WRITE) as u64;
         (*i.rx_attr).caps |= (sys::FI_RMA | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE) as u64;
-        (*i.domain_attr).mr_mode = o.mr_mode as c_int;
+        (*i.domain_attr).mr_mode = mr_mode as c_int;
     }
-    caps.mr_mode = o.mr_mode;
-    caps.mr_local = o.mr_mode & sys::FI_MR_LOCAL as u64 != 0;
+    caps.mr_mode = mr_mode;
+    caps.mr_local = mr_mode & sys::FI_MR_LOCAL as u64 != 0;
     caps.rma_caps = Some(rma);
 }
 
@@ -299,7 +313,7 @@ impl FabricTransport {
                 )
             });
         }
-        let k = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
+        let k = unique_key();
         if rma.key_size < 8 && k >> (8 * rma.key_size) != 0 {
             return Err(Error::System(format!(
                 "{}: no registration key left ({}-byte keys)",

@@ -6,6 +6,10 @@ use super::{fastbox, peer_exited, ShmPath};
 use crate::error::{Error, Result};
 use crate::transport::{Caps, Peer};
 
+/// How many times `take_now` reads the completion queue for a message of a peer whose process
+/// has exited before it calls the message lost.
+const GONE_READS: usize = 16;
+
 impl ShmPath {
     /// `Transport::direct_bytes`: the fastbox, where both ends have one. Up to `soft.small`
     /// bytes that holds whichever way the peer sends (its frames and its provider messages of
@@ -113,10 +117,13 @@ impl Inner {
         };
         // What the peer sent through the provider before it exited is in the completion
         // queue, which the look above reads only every CQ_EVERY misses: read it before
-        // calling the message lost.
-        self.progress(caps)?;
-        if self.take_unexpected(tag, ignore, f)? {
-            return Ok(true);
+        // calling the message lost, several times, since the provider processes a bounded
+        // number of commands per read (and a message may take more than one).
+        for _ in 0..GONE_READS {
+            self.progress(caps)?;
+            if self.take_unexpected(tag, ignore, f)? {
+                return Ok(true);
+            }
         }
         Err(peer_exited(pid, " without sending the message"))
     }

@@ -6,12 +6,14 @@
 //! - `fastbox`: shared-memory rings that carry small messages between fastbox peers;
 //! - `cma` and `rndv`: large messages copied by their receiver out of the sender's memory;
 //! - `direct`: the direct channel (`Transport::send_now` / `take_now`) over the fastbox;
-//! - `watch`: unique names of shm regions, and the watch on peers' processes.
+//! - `watch`: unique names of shm regions, and the watch on peers' processes;
+//! - `siblings`: endpoints of this process that talk to each other, closed together.
 pub(crate) mod cma;
 mod direct;
 pub(crate) mod fastbox;
 pub(crate) mod matching;
 pub(crate) mod rndv;
+pub(crate) mod siblings;
 pub(crate) mod watch;
 
 use super::{check, sys, Inner, Role};

@@ -78,6 +78,11 @@ fn pid_of(name: &str) -> Option<i32> {
     name.strip_prefix(PREFIX)?.split('-').next()?.parse().ok()
 }
 
+/// Whether `name` (one of ours) names an endpoint of this process.
+pub(crate) fn of_this_process(name: &str) -> bool {
+    pid_of(name).is_some_and(|pid| pid > 0 && pid as u32 == std::process::id())
+}
+
 /// Our endpoint name inside a peer's shm address, if the address carries one.
 pub(crate) fn endpoint_in_address(addr: &[u8]) -> Option<String> {
     let s = String::from_utf8_lossy(addr);

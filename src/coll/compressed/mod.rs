@@ -24,15 +24,24 @@
 //! caller's call's signature with the format and block size (`exec::Signature::compress`):
 //! ranks whose calls or compression settings differ fail with an error naming the difference.
 //!
+//! Which algorithm runs an exchange: AllReduce, ReduceScatter and AllGather pad each rank's
+//! piece of codes to the largest (AllReduce's segments differ by at most a block; the others'
+//! are equal), so their exchanges are plain AllToAll and AllGather collectives of bytes, run by
+//! the call's forced algorithm where it implements the exchange's collective, else as an
+//! uncompressed AllToAll or AllGather of those bytes would be (the communicator's setting for
+//! that collective, else the cost model's choice, `Comm::choose`). The V collectives keep the
+//! varied exchanges (AllToAllV pairwise, AllGatherV direct): padding uneven counts to the
+//! largest could multiply the bytes. The price (`tune::CompressedPrice`: the exchanges at the
+//! codes' bytes plus the codec's work) is logged at info with the uncompressed call's.
+//!
 //! Which calls: the communicator's setting (`FABRICOLL_COMPRESS`, `fabricoll_config.compress`)
 //! compresses the calls it applies to and leaves the others as they are; a per-call setting
 //! (`Comm::run_with`, or this thread's `with_call_compression`) of a call it does not apply to
-//! is an error naming `compress`. Between hosts every level is compressed alike (the exchanges
-//! are flat).
-use super::call::algo_arg;
-use super::engine::Engine;
+//! is an error naming `compress`. Between hosts every level is compressed alike: the
+//! exchanges carry codes whichever algorithm runs them, shared memory included.
+use super::engine::{Engine, Planned};
 use super::{Call, Comm, Kind};
-use crate::algo::varied::{self, Spec, Varied};
+use crate::algo::varied::{Spec, Varied};
 use crate::algo::Collective;
 use crate::compress::{owner, Codec};
 use crate::config::Compression;
@@ -43,7 +52,8 @@ use crate::reduce::{DataType, RedOp};
 use crate::transport::{Region, Scratch};
 use std::cell::Cell;
 use std::ops::Range;
-use std::sync::Arc;
+
+mod plan;
 
 thread_local! {
     /// The compression of the calls this thread starts inside `with_call_compression`.
@@ -93,8 +103,14 @@ pub(super) struct Phased {
     /// Elements of each rank's segment: the owners' split (AllReduce), each rank's output
     /// (ReduceScatter) or input (AllGather), as ranges of a vector of all of them.
     segs: Vec<Range<usize>>,
-    /// Where each segment's codes lie when all are back to back.
+    /// Where each segment's codes lie in the exchanges' buffers: back to back (V collectives),
+    /// or at `r * stride` (`stride`).
     wire: Vec<Range<usize>>,
+    /// The bytes of every rank's piece where the exchanges are uniform (each piece padded to
+    /// the largest): then they are plain AllToAll and AllGather collectives of bytes.
+    stride: Option<usize>,
+    /// The exchanges' plans, in the order they run.
+    plans: Vec<Planned>,
     /// Where each segment lands in the caller's output, in elements.
     out_at: Vec<usize>,
     out: Region,
@@ -129,11 +145,33 @@ impl Phased {
         self.wire[self.rank].len()
     }
 
+    /// Bytes of each rank's piece in the exchanges: the stride, else this rank's codes.
+    fn slot(&self) -> usize {
+        self.stride.unwrap_or_else(|| self.own_wire())
+    }
+
+    /// Bytes of the buffer that holds every segment's codes.
+    fn total(&self) -> usize {
+        match self.stride {
+            Some(s) => s * self.nranks,
+            None => self.wire.last().map_or(0, |w| w.end),
+        }
+    }
+
+    /// Which exchanges run, in order.
+    fn stages(&self) -> &'static [Stage] {
+        match self.what {
+            What::AllReduce => &[Stage::ToOwners, Stage::Gather],
+            What::ReduceScatter => &[Stage::ToOwners],
+            What::AllGather => &[Stage::Gather],
+        }
+    }
+
     /// The owner's codes of its segment from every rank's codes of it.
     fn reduce_own(&self) -> Result<Vec<u8>> {
-        let (n, w) = (self.nranks, self.own_wire());
-        let got = &self.mine.bytes()[..n * w];
-        let parts: Vec<&[u8]> = (0..n).map(|r| &got[r * w..(r + 1) * w]).collect();
+        let (n, w, slot) = (self.nranks, self.own_wire(), self.slot());
+        let got = &self.mine.bytes()[..n * slot];
+        let parts: Vec<&[u8]> = (0..n).map(|r| &got[r * slot..r * slot + w]).collect();
         let len = self.segs[self.rank].len();
         owner::reduce_segment(&self.codec, &parts, len, self.avg.then_some(n))
     }
@@ -215,16 +253,23 @@ impl Comm {
         id: u32,
     ) -> Result<(Box<Exec>, Box<Phased>)> {
         let mut p = self.begin(call, codec, &mut e.pool)?;
-        p.seq = e.take_seqs(Phased::exchanges(p.what));
-        log::debug!(
-            "collective #{}: {:?} count {} compressed as {} in blocks of {}",
-            p.seq,
-            call.kind,
-            call.count,
-            codec.format,
-            codec.block
-        );
-        let x = self.exchange(&mut p, id, &mut e.pool);
+        let x = self.plan_exchanges(e, call, &mut p).and_then(|()| {
+            p.seq = e.take_seqs(Phased::exchanges(p.what));
+            log::debug!(
+                "collective #{}: {:?} count {} compressed as {} in blocks of {}, exchanges by {}",
+                p.seq,
+                call.kind,
+                call.count,
+                codec.format,
+                codec.block,
+                p.plans
+                    .iter()
+                    .map(|x| x.schedule.algo.name())
+                    .collect::<Vec<_>>()
+                    .join(" then ")
+            );
+            self.exchange(&mut p, id, &mut e.pool)
+        });
         match x {
             Ok(x) => {
                 e.note_talked(&x);
@@ -313,29 +358,24 @@ impl Comm {
         }
         // The whole input is read (converted) before anything is written: in place is safe.
         let x = inp.with(|b| to_f32(dtype, b));
-        let wire = owner::wire_ranges(&codec, &segs);
-        let total = wire.last().map_or(0, |w| w.end);
-        let own = wire[rank].len();
-        let (all, mine, stage) = match what {
-            What::AllGather => {
-                let mut mine = pool.take(own);
-                codec.quantize(&x, &mut mine.bytes_mut()[..own])?;
-                (pool.take(total), mine, Stage::Gather)
-            }
-            _ => {
-                let mut all = pool.take(total);
-                let b = all.bytes_mut();
-                for (s, w) in segs.iter().zip(&wire) {
-                    codec.quantize(&x[s.clone()], &mut b[w.clone()])?;
-                }
-                (all, pool.take(n * own), Stage::ToOwners)
-            }
+        let (wire, stride) = if matches!(call.kind, Kind::Coll(_)) {
+            let stride = segs
+                .iter()
+                .map(|s| codec.wire_len(s.len()))
+                .max()
+                .unwrap_or(0);
+            let wire = segs
+                .iter()
+                .enumerate()
+                .map(|(r, s)| r * stride..r * stride + codec.wire_len(s.len()))
+                .collect();
+            (wire, Some(stride))
+        } else {
+            (owner::wire_ranges(&codec, &segs), None)
         };
-        let mut sig = Signature::of(&problem, COMPRESSED_ALGO, dtype, call.op);
-        sig.compress = Some((codec.format, codec.block));
-        Ok(Phased {
+        let mut p = Phased {
             what,
-            stage,
+            stage: Stage::Gather,
             codec,
             dtype,
             avg: call.op == RedOp::Avg,
@@ -343,37 +383,56 @@ impl Comm {
             nranks: n,
             segs,
             wire,
+            stride,
+            plans: Vec::new(),
             out_at,
             out: call.recv,
-            all,
-            mine,
+            all: Scratch::new(0),
+            mine: Scratch::new(0),
             seq: 0,
-            sig,
-        })
+            sig: Signature::of(&problem, COMPRESSED_ALGO, dtype, call.op),
+        };
+        p.sig.compress = Some((codec.format, codec.block));
+        let (own, slot, total) = (p.own_wire(), p.slot(), p.total());
+        match what {
+            What::AllGather => {
+                p.mine = pool.take(slot);
+                let b = p.mine.bytes_mut();
+                codec.quantize(&x, &mut b[..own])?;
+                b[own..slot].fill(0);
+                p.all = pool.take(total);
+            }
+            _ => {
+                p.all = pool.take(total);
+                let b = p.all.bytes_mut();
+                // Padding between pieces goes over the wire: zeros, never decoded.
+                b[..total].fill(0);
+                for (s, w) in p.segs.iter().zip(&p.wire) {
+                    codec.quantize(&x[s.clone()], &mut b[w.clone()])?;
+                }
+                p.mine = pool.take(n * slot);
+                p.stage = Stage::ToOwners;
+            }
+        }
+        Ok(p)
     }
 
     /// The executor of `p`'s current exchange, as request `id`; takes its sequence number.
     fn exchange(&self, p: &mut Phased, id: u32, pool: &mut BufPool) -> Result<Box<Exec>> {
         let (n, rank) = (self.nranks, self.rank);
-        let blocks: Vec<(usize, usize)> = p.wire.iter().map(|w| (w.start, w.len())).collect();
-        let (own, total) = (p.own_wire(), p.wire.last().map_or(0, |w| w.end));
+        let (slot, total) = (p.slot(), p.total());
+        let at = p.stages().iter().position(|s| *s == p.stage).unwrap_or(0);
+        let planned = p.plans.get(at).cloned().ok_or_else(|| {
+            Error::Internal(format!("compressed call: no plan for {:?}", p.stage))
+        })?;
         // SAFETY: `p` owns both buffers until its call ends, and a failed call's buffers go to
         // the communicator's graveyard with its executor's, so neither region outlives them.
         let (all, mine) = unsafe { (p.all.region(), p.mine.region()) };
         let sub = |r: Region, len: usize| r.sub(0, len).expect("buffers fit their layout");
-        let (spec, inp, out) = match p.stage {
-            Stage::ToOwners => (
-                Spec::AllToAllV {
-                    send: blocks,
-                    recv: (0..n).map(|r| (r * own, own)).collect(),
-                },
-                sub(all, total),
-                sub(mine, n * own),
-            ),
-            Stage::Gather => (Spec::AllGatherV { blocks }, sub(mine, own), sub(all, total)),
+        let (inp, out) = match p.stage {
+            Stage::ToOwners => (sub(all, total), sub(mine, n * slot)),
+            Stage::Gather => (sub(mine, slot), sub(all, total)),
         };
-        let s = varied::schedule(n, &[(rank, &spec)]).map_err(algo_arg)?;
-        let planned = self.planned(Arc::new(s), 1)?;
         let seq = p.seq;
         p.seq = p.seq.wrapping_add(1);
         let args = Args {
@@ -410,7 +469,10 @@ impl Comm {
         match (p.stage, p.what) {
             (Stage::ToOwners, What::AllReduce) => {
                 let codes = p.reduce_own()?;
-                p.mine.bytes_mut()[..codes.len()].copy_from_slice(&codes);
+                let slot = p.slot();
+                let b = p.mine.bytes_mut();
+                b[..codes.len()].copy_from_slice(&codes);
+                b[codes.len()..slot].fill(0);
                 p.stage = Stage::Gather;
                 self.exchange(p, id, pool).map(Some)
             }

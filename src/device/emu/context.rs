@@ -1,0 +1,101 @@
+//! The emulated device's context: what every emulated device of one ordinal in the process
+//! shares, as every user of a CUDA device in a process shares its primary context (the CUDA
+//! runtime, torch, NCCL, and each `Device::cuda` of that ordinal, ranks as threads included).
+//!
+//! The CUDA driver makes some calls wait for every stream of the context to drain, under the
+//! context's lock: allocating and freeing page-locked memory, creating a stream, loading a
+//! module (and, under lazy loading, a kernel's first launch). So a stream of one rank waiting
+//! for a flag holds up another rank's allocation on another thread, whatever `Device` object
+//! each holds. Here each ordinal has one registry entry, kept for the process's life: the
+//! stream tables of its live devices (held weakly, so a dropped device leaves it) and whether
+//! its kernels are loaded. `wait_idle` is the driver's device-wide wait.
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use super::engine::Worker;
+use crate::{Error, Result};
+
+/// One emulated device's streams, by id.
+pub(super) type StreamTable = Mutex<HashMap<u64, Arc<Worker>>>;
+
+/// What the devices of one ordinal share.
+#[derive(Default)]
+struct Context {
+    /// The stream tables of the devices opened on this ordinal (dead ones pruned on use).
+    devices: Vec<Weak<StreamTable>>,
+    /// Whether the reduction kernels are loaded in the context (once per process, as
+    /// `cuda::Shared` loads them).
+    kernels_loaded: bool,
+}
+
+fn registry() -> std::sync::MutexGuard<'static, HashMap<i32, Context>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<i32, Context>>> = OnceLock::new();
+    // A poisoned lock still holds a consistent map: every update is one push or one store.
+    lock(REGISTRY.get_or_init(Default::default))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Adds a device's stream table to `ordinal`'s context.
+pub(super) fn join(ordinal: i32, streams: &Arc<StreamTable>) {
+    let mut r = registry();
+    let c = r.entry(ordinal).or_default();
+    c.devices.retain(|d| d.strong_count() > 0);
+    c.devices.push(Arc::downgrade(streams));
+}
+
+/// Whether `ordinal`'s kernels are loaded in the process.
+pub(super) fn kernels_loaded(ordinal: i32) -> bool {
+    registry().get(&ordinal).is_some_and(|c| c.kernels_loaded)
+}
+
+/// Records that `ordinal`'s kernels are loaded (for the rest of the process).
+pub(super) fn set_kernels_loaded(ordinal: i32) {
+    registry().entry(ordinal).or_default().kernels_loaded = true;
+}
+
+/// Every stream of `ordinal`'s context, whichever device made it.
+fn streams(ordinal: i32) -> Vec<Arc<Worker>> {
+    let tables: Vec<Arc<StreamTable>> = {
+        let mut r = registry();
+        let Some(c) = r.get_mut(&ordinal) else {
+            return Vec::new();
+        };
+        c.devices.retain(|d| d.strong_count() > 0);
+        c.devices.iter().filter_map(Weak::upgrade).collect()
+    };
+    tables
+        .iter()
+        .flat_map(|t| lock(t).values().cloned().collect::<Vec<_>>())
+        .collect()
+}
+
+/// What the CUDA driver does for a call it makes device-wide (`call`, named in the error):
+/// waits until no stream of `ordinal`'s context has work left, a flag wait included, whichever
+/// emulated device of the process made the stream. Where a stream waits for a flag that only
+/// the calling side would write, a GPU never returns; here the wait ends after `limit` with a
+/// `Timeout` naming `call`.
+pub(super) fn wait_idle(ordinal: i32, limit: Duration, call: &str) -> Result<()> {
+    let start = Instant::now();
+    let mut nap = Duration::from_micros(1);
+    loop {
+        let busy = streams(ordinal).iter().filter(|w| !w.idle()).count();
+        if busy == 0 {
+            return Ok(());
+        }
+        if start.elapsed() >= limit {
+            return Err(Error::Timeout(format!(
+                "emulated device {ordinal}: {call} waits for every stream of the context, as \
+                 the CUDA driver does, and {busy} stream(s) still had work after {} ms (the \
+                 context is shared by every device of ordinal {ordinal} in the process, ranks \
+                 on other threads included; a stream blocked on a flag that the calling side \
+                 has yet to write never finishes on a GPU: a deadlock)",
+                limit.as_millis()
+            )));
+        }
+        nap = crate::device::stream::backoff(nap);
+    }
+}
