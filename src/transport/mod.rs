@@ -212,6 +212,9 @@ pub struct Caps {
     /// crashes the reader, so ended communicators' endpoints close together
     /// (`coll::closer`).
     pub reads_local_peers: bool,
+    /// Endpoint addresses are socket addresses, each endpoint listening on its own port while
+    /// it is open (`net`, `tcp`): `Transport::peer_gone` can ask the address.
+    pub socket_addresses: bool,
     /// Nominal one-way latency of a message in microseconds (the net plugin's `latency`
     /// property); 0 where the provider is not one we know (NCCL's default).
     pub latency_us: f32,
@@ -253,6 +256,7 @@ impl Default for Caps {
             net_streams: 0,
             close_loses: false,
             reads_local_peers: false,
+            socket_addresses: false,
             latency_us: 0.0,
             intra: None,
         }
@@ -392,6 +396,13 @@ pub trait Transport: Send + Sync {
     fn recv_owned(&self, tag: u64, ignore: u64, len: usize, op: OpId) -> Result<()>;
     /// Cancel a posted receive; its completion (an error) still follows.
     fn cancel(&self, op: OpId);
+    /// Whether `peer`'s endpoint is known to be gone: its process exited (shm's peer watch) or
+    /// its address refuses connections (`Caps::socket_addresses`). May cost a connection
+    /// attempt (bounded), so asked only of a peer that looks stuck. False where nothing is
+    /// known.
+    fn peer_gone(&self, _peer: Peer) -> bool {
+        false
+    }
     /// Append finished operations to `out`; returns how many were added.
     fn poll(&self, out: &mut Vec<Completion>) -> Result<usize>;
     /// Sleep until a completion may be ready, at most `timeout`.
