@@ -15,7 +15,7 @@ use nccl_net_fabricoll::reduce::{DataType, RedOp};
 use nccl_net_fabricoll::testing::skip;
 use nccl_net_fabricoll::transport::{Region, Transport};
 use std::net::{IpAddr, Ipv4Addr};
-use std::process::{Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -239,6 +239,8 @@ fn ring_once(c: Arc<Comm>, round: usize) -> Option<String> {
 /// of all ranks. None where this process was not started as a rank.
 fn join() -> Option<(usize, usize, Config, Comm)> {
     std::env::var(CHILD).ok()?;
+    // FABRICOLL_LOG shows the ranks' logs in a failing test's output.
+    nccl_net_fabricoll::ffi::logging::init(None);
     let get = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} unset"));
     let rank: usize = get("GOODBYE_TEST_RANK").parse().unwrap();
     let nranks: usize = get("GOODBYE_TEST_NRANKS").parse().unwrap();
@@ -293,22 +295,14 @@ fn rank_process() {
     .unwrap();
 }
 
-/// `ranks` processes of the rank test `child` over `provider` with one fabric for every peer;
-/// every error they print.
-fn in_processes(test: &str, provider: &str, child: &str, ranks: usize) -> Option<Vec<String>> {
+/// `ranks` processes of the rank test `child` over `provider` with one fabric for every peer
+/// and a deadline of `deadline_ms`, their stdin piped (closed when dropped).
+fn spawn(provider: &str, child: &str, ranks: usize, deadline_ms: u32) -> Vec<Child> {
     let id = bootstrap::new_unique_id(IpAddr::V4(Ipv4Addr::LOCALHOST), Duration::from_secs(600))
         .unwrap();
-    let exe = std::env::current_exe().unwrap();
-    let kids: Vec<_> = (0..ranks)
+    (0..ranks)
         .map(|r| {
-            Command::new(&exe)
-                .args([
-                    "--exact",
-                    child,
-                    "--ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
+            common::ignored_test(child)
                 .env(CHILD, provider)
                 .env("GOODBYE_TEST_RANK", r.to_string())
                 .env("GOODBYE_TEST_NRANKS", ranks.to_string())
@@ -316,19 +310,35 @@ fn in_processes(test: &str, provider: &str, child: &str, ranks: usize) -> Option
                 .env("FABRICOLL_PROVIDER", provider)
                 .env("FABRICOLL_INTRA_PROVIDER", "same")
                 .env("FABRICOLL_DOMAIN", "lo")
-                .env("FABRICOLL_TIMEOUT_MS", DEADLINE_MS.to_string())
+                .env("FABRICOLL_TIMEOUT_MS", deadline_ms.to_string())
                 .env("FABRICOLL_ALPHA_US", "5")
                 .env("FABRICOLL_BETA_GBPS", "2")
                 .env("FABRICOLL_GAMMA_GBPS", "8")
                 .env_remove("FI_PROVIDER")
                 .env_remove("FABRICOLL_ALGO")
                 .env_remove("FABRICOLL_LOCAL_RANKS")
+                .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
                 .unwrap()
         })
-        .collect();
+        .collect()
+}
+
+/// Whether a rank's stderr says that the provider is missing here (then `test` is skipped).
+fn missing(test: &str, provider: &str, err: &str) -> bool {
+    let gone = err.contains("no libfabric device") || err.contains("no such provider here");
+    if gone {
+        skip(test, &format!("provider {provider} missing here: {err}"));
+    }
+    gone
+}
+
+/// `ranks` processes of the rank test `child` over `provider` with one fabric for every peer;
+/// every error they print.
+fn in_processes(test: &str, provider: &str, child: &str, ranks: usize) -> Option<Vec<String>> {
+    let kids = spawn(provider, child, ranks, DEADLINE_MS);
     let mut lost = Vec::new();
     for (r, kid) in kids.into_iter().enumerate() {
         let o = kid.wait_with_output().unwrap();
@@ -336,8 +346,7 @@ fn in_processes(test: &str, provider: &str, child: &str, ranks: usize) -> Option
             String::from_utf8_lossy(&o.stdout).into_owned(),
             String::from_utf8_lossy(&o.stderr).into_owned(),
         );
-        if err.contains("no libfabric device") || err.contains("no such provider here") {
-            skip(test, &format!("provider {provider} missing here: {err}"));
+        if missing(test, provider, &err) {
             return None;
         }
         assert!(o.status.success(), "{test}: rank {r} failed:\n{out}\n{err}");
@@ -403,5 +412,225 @@ fn a_process_that_destroys_and_exits_at_once_delivers_what_it_sent() {
     let test = "a_process_that_destroys_and_exits_at_once_delivers_what_it_sent";
     if let Some(lost) = in_processes(test, "net", "exit_process", 2) {
         assert!(lost.is_empty(), "{test}: {lost:?}");
+    }
+}
+
+/// A rank that only sends (send/recv, and tagged): rank 0's send to rank 1 completes and it
+/// destroys its communicator at once, while rank 1 waits for a message of rank 2's (sent a
+/// moment later), polling its endpoint all the while, and takes rank 0's only after it. Over
+/// net and tcp (ofi_rxm), plain and tagged.
+#[test]
+fn a_send_recv_only_pair_delivers_what_it_sent_over_net_and_tcp() {
+    let test = "a_send_recv_only_pair_delivers_what_it_sent_over_net_and_tcp";
+    // Not a deadline: how long rank 2 leaves rank 0 to destroy before it sends.
+    let late = Duration::from_millis(300);
+    for provider in ["net", "tcp"] {
+        for (i, tag) in [0u32, 7].into_iter().enumerate() {
+            let Some(comms) = ring(test, provider, 3, DEADLINE_MS) else {
+                return;
+            };
+            let kind = |send, peer| match tag {
+                0 if send => Kind::Send { peer },
+                0 => Kind::Recv { peer },
+                _ => Kind::Tagged { send, peer, tag },
+            };
+            let want = (0x5e4d_0000u32 + i as u32).to_le_bytes();
+            let mut comms = comms.into_iter();
+            let (c0, c1, c2) = (comms.next(), comms.next(), comms.next());
+            let (c0, c1, c2) = (c0.expect("3"), c1.expect("3"), c2.expect("3"));
+            let got = std::thread::scope(|s| {
+                s.spawn(move || {
+                    let mut x = want;
+                    c0.run(&p2p(kind(true, 1), &mut x)).unwrap();
+                    drop(c0);
+                });
+                s.spawn(move || {
+                    std::thread::sleep(late);
+                    let mut x = [2u8; 4];
+                    c2.run(&p2p(kind(true, 1), &mut x)).unwrap();
+                    drop(c2);
+                });
+                s.spawn(move || {
+                    let mut y = [0u8; 4];
+                    let mut x = [0u8; 4];
+                    let r = c1
+                        .run(&p2p(kind(false, 2), &mut y))
+                        .and_then(|()| c1.run(&p2p(kind(false, 0), &mut x)));
+                    drop(c1);
+                    r.map(|()| (x, y))
+                })
+                .join()
+                .unwrap()
+            });
+            match got {
+                Ok((x, y)) => {
+                    assert_eq!(y, [2u8; 4], "{test}: {provider} (tag {tag}): from rank 2");
+                    assert_eq!(x, want, "{test}: {provider} (tag {tag}): from rank 0");
+                }
+                Err(e) => panic!("{test}: {provider} (tag {tag}): {e}"),
+            }
+        }
+    }
+}
+
+/// The deadline of the process tests whose survivor must not wait for its failed peer: long,
+/// so that a wait for it shows.
+const LONG_DEADLINE_MS: u32 = 60_000;
+
+/// Rank `rank` of two sends its peer 4 bytes and receives 4 from it.
+fn exchange(c: &Comm, rank: usize) {
+    let mut out = [rank as u8; 4];
+    let mut inp = [9u8; 4];
+    let s = c
+        .start(&p2p(Kind::Send { peer: 1 - rank }, &mut out))
+        .unwrap();
+    let r = c
+        .start(&p2p(Kind::Recv { peer: 1 - rank }, &mut inp))
+        .unwrap();
+    c.wait(s).unwrap();
+    c.wait(r).unwrap();
+    assert_eq!(inp, [(1 - rank) as u8; 4]);
+}
+
+/// A rank process of two: both exchange a message; rank 1 aborts its communicator (as
+/// `fabricoll_comm_abort` does) and keeps it, endpoint open, until its stdin closes (the parent
+/// closes it once rank 0 has exited); rank 0 destroys its communicator and exits.
+#[test]
+#[ignore = "a rank of the process tests, which start it; alone it has nothing to run"]
+fn abort_process() {
+    let Some((rank, _, _, c)) = join() else {
+        return;
+    };
+    exchange(&c, rank);
+    if rank == 1 {
+        c.abort();
+        c.leave_aborted();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+            let _ = tx.send(());
+        });
+        let _ = rx.recv_timeout(Duration::from_millis(2 * LONG_DEADLINE_MS as u64));
+    }
+    drop(c);
+    println!("@@lost ");
+}
+
+/// A rank process of two: both exchange a message; rank 0 destroys its communicator and exits
+/// at once; rank 1 kills itself (SIGKILL) a moment later, after rank 0's goodbye reached it
+/// but before it said its own.
+#[test]
+#[ignore = "a rank of the process tests, which start it; alone it has nothing to run"]
+fn killed_process() {
+    killed(false);
+}
+
+/// As `killed_process`, but rank 1 kills itself at once and rank 0 destroys its communicator a
+/// moment later: rank 0's goodbye goes to a peer already dead.
+#[test]
+#[ignore = "a rank of the process tests, which start it; alone it has nothing to run"]
+fn killed_first_process() {
+    killed(true);
+}
+
+/// Rank 1's death before rank 0's destroy (`first`) or after it.
+fn killed(first: bool) {
+    let Some((rank, _, _, c)) = join() else {
+        return;
+    };
+    exchange(&c, rank);
+    // Not a deadline: how long the other rank has to move first.
+    let moment = Duration::from_millis(1000);
+    if rank == 1 {
+        if !first {
+            std::thread::sleep(moment);
+        }
+        // SAFETY: kill with this process's own id and a valid signal has no preconditions.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    } else if first {
+        std::thread::sleep(moment);
+    }
+    drop(c);
+    println!("@@lost ");
+}
+
+/// Wait for `kid` (at most `limit`, then kill it): how long it ran since `start`, its output
+/// and whether it exited with success. None where the provider is missing here.
+fn finish(
+    test: &str,
+    provider: &str,
+    kid: &mut Child,
+    start: Instant,
+    limit: Duration,
+) -> Option<(Duration, String, Option<i32>)> {
+    let status = loop {
+        if let Some(s) = kid.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > limit {
+            let _ = kid.kill();
+            break kid.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = start.elapsed();
+    let mut out = String::new();
+    let mut err = String::new();
+    use std::io::Read;
+    let _ = kid.stdout.take().unwrap().read_to_string(&mut out);
+    let _ = kid.stderr.take().unwrap().read_to_string(&mut err);
+    if missing(test, provider, &err) {
+        return None;
+    }
+    use std::os::unix::process::ExitStatusExt;
+    let text = format!("{status:?}\n{out}\n{err}");
+    Some((took, text, status.signal()))
+}
+
+/// The survivor of a failed peer (`child`: aborted or killed) exits well within the deadline:
+/// neither its destroy nor its exit waits for the goodbye that peer never says. Returns the
+/// peer's end (its output and signal).
+fn survivor_exits_promptly(test: &str, child: &str) -> Option<(String, Option<i32>)> {
+    let deadline = Duration::from_millis(LONG_DEADLINE_MS as u64);
+    let start = Instant::now();
+    let mut kids = spawn("net", child, 2, LONG_DEADLINE_MS);
+    let (took, text, signal) = finish(test, "net", &mut kids[0], start, 3 * deadline)?;
+    // rank 1 (the aborted one) waits for its stdin to close.
+    drop(kids[1].stdin.take());
+    let (_, peer, peer_signal) = finish(test, "net", &mut kids[1], start, 3 * deadline)?;
+    assert!(
+        signal.is_none() && text.contains("@@lost"),
+        "{test}: {child}: the survivor failed:\n{text}\npeer:\n{peer}"
+    );
+    assert!(
+        took < deadline / 2,
+        "{test}: {child}: the survivor took {took:?} to exit (deadline {deadline:?}): it waited for its failed peer:\n{text}"
+    );
+    Some((peer, peer_signal))
+}
+
+#[test]
+fn a_process_whose_peer_aborted_exits_promptly() {
+    let test = "a_process_whose_peer_aborted_exits_promptly";
+    if let Some((peer, signal)) = survivor_exits_promptly(test, "abort_process") {
+        assert!(
+            signal.is_none() && peer.contains("@@lost"),
+            "{test}: the aborting rank failed:\n{peer}"
+        );
+    }
+}
+
+/// Killed after the survivor's goodbye reached it, and before.
+#[test]
+fn a_peer_killed_with_sigkill_does_not_hold_the_survivors_exit() {
+    let test = "a_peer_killed_with_sigkill_does_not_hold_the_survivors_exit";
+    for child in ["killed_process", "killed_first_process"] {
+        if let Some((peer, signal)) = survivor_exits_promptly(test, child) {
+            assert_eq!(
+                signal,
+                Some(libc::SIGKILL),
+                "{test}: {child}: the peer was to kill itself:\n{peer}"
+            );
+        }
     }
 }

@@ -38,7 +38,7 @@ pub struct Comm {
     /// (`docs/performance.md`).
     pub(super) choices: Mutex<FxHashMap<ChoiceKey, (Algorithm, Options)>>,
     pub(super) aborted: AtomicBool,
-    /// End without the goodbye (`leave_without_goodbye`).
+    /// The communicator said its aborted goodbye, or ends without one (`leave_aborted`).
     pub(super) no_goodbye: AtomicBool,
     /// Which host each rank is on (`algo::Hosts`): learnt when the communicator is made.
     pub(super) hosts: Hosts,
@@ -270,11 +270,13 @@ impl Comm {
         }
     }
 
-    /// When dropped, close the endpoint at once, without the goodbye (`coll::goodbye`) that
-    /// keeps it open until the peers end theirs: as NCCL's `ncclCommAbort`, for a job that is
-    /// failing anyway.
-    pub fn leave_without_goodbye(&self) {
-        self.no_goodbye.store(true, Ordering::SeqCst);
+    /// Leave without waiting, as NCCL's `ncclCommAbort`, for a job that is failing anyway:
+    /// send every rank this one talked to a last goodbye that says it aborted (best effort, not
+    /// waited for: the peers then wait for nothing of this rank), and, when dropped, close the
+    /// endpoint at once instead of keeping it open until the peers end theirs
+    /// (`coll::goodbye`).
+    pub fn leave_aborted(&self) {
+        self.goodbye_aborted();
     }
 
     /// Fail once the communicator was aborted.

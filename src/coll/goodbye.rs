@@ -19,26 +19,85 @@
 //! direction), and that peer sends it only once it is ending itself, so by then it takes no
 //! more messages of ours: whatever it has not taken it no longer wants. Since every rank posts
 //! its receives before it sends, the last goodbye a rank sends meets a posted receive, never a
-//! place where its sender's close could drop it. A peer that never ends its communicator, or
-//! died without a trace, keeps the endpoint open until the deadline, and a warning names it;
-//! `Comm::leave_without_goodbye` (`fabricoll_comm_abort`, as NCCL's `ncclCommAbort`) ends
-//! without goodbye.
+//! place where its sender's close could drop it.
+//!
+//! Failed peers are not waited for, so that neither the closer nor process exit waits the
+//! deadline for a goodbye that never comes:
+//!
+//! - an aborted communicator (`Comm::leave_aborted`, `fabricoll_comm_abort`, as NCCL's
+//!   `ncclCommAbort`) waits for nothing, but sends each peer it talked to a goodbye marked
+//!   `ABORTED`, best effort: a peer that takes it stops waiting for that rank, and for its own
+//!   goodbye to it, which nobody reads;
+//! - a peer the transport reports gone (a goodbye to it fails: its process exited, so shm's
+//!   peer watch refuses it, or its endpoint is closed, so TCP refuses the connection) is not
+//!   waited for;
+//! - a peer whose goodbye is late is asked again, after `PROBE_FIRST`, then at doubling
+//!   intervals up to `PROBE_MAX`: the farewell sends it its goodbye once more, so that a peer
+//!   that died after our goodbye reached it (killed, or exited without destroy) shows as a
+//!   failed send; a live peer keeps the extra goodbyes unread, a few bytes each, until it
+//!   closes. Where our last goodbye to it has not gone out for `STALL` (a few bytes a live
+//!   connection takes at once; the native TCP endpoint of libfabric 1.17 keeps a send to a
+//!   peer whose connection ended queued for ever), the farewell asks the transport whether
+//!   the peer is gone (`Transport::peer_gone`: shm's peer watch, or whether the peer's
+//!   address still takes connections). So a dead peer is let go within about `PROBE_MAX`.
+//!
+//! A live peer that never ends its communicator, or one the transport cannot see fail (a host
+//! gone from the network, whose connection still takes bytes), keeps the endpoint open until
+//! the deadline, and a warning names it.
 use super::Comm;
 use crate::config::Timeout;
 use crate::exec::{goodbye_tag, Exec};
-use crate::transport::{Completion, Transport};
+use crate::transport::{Completion, Peer, Transport};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Bytes of a goodbye (the sender's rank, little-endian).
+/// Bytes of a goodbye (the sender's rank, and `ABORTED`, little-endian).
 const GOODBYE_BYTES: usize = 8;
 
-/// The operation id of the goodbye receive from rank `p` (`send` false) or of the goodbye sent
-/// to it: request id 0, which no request gets (`Engine::next_id` skips it), so that a late
-/// completion of a collective is never taken for a goodbye's.
-fn op(nranks: usize, p: usize, send: bool) -> u64 {
-    (if send { nranks + p } else { p }) as u64
+/// Bit of a goodbye's body: its sender aborted its communicator and waits for nothing.
+const ABORTED: u64 = 1 << 63;
+
+/// How long after the goodbyes a farewell first asks a silent peer again (see the module doc).
+const PROBE_FIRST: Duration = Duration::from_millis(500);
+
+/// The longest interval between two goodbyes to a silent peer.
+const PROBE_MAX: Duration = Duration::from_secs(4);
+
+/// How long a goodbye of ours may wait to go out before the farewell asks the transport
+/// whether its peer is gone: a few bytes that a live connection takes at once.
+const STALL: Duration = Duration::from_secs(1);
+
+/// What an operation of the goodbye is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// The receive of the peer's goodbye.
+    Recv,
+    /// Our goodbye to it.
+    Send,
+    /// Our goodbye to it once more (a probe).
+    Probe,
+}
+
+const KINDS: [Kind; 3] = [Kind::Recv, Kind::Send, Kind::Probe];
+
+/// The operation id of `kind` for rank `p`: request id 0, which no request gets
+/// (`Engine::next_id` skips it), so that a late completion of a collective is never taken for
+/// a goodbye's.
+fn op(nranks: usize, p: usize, kind: Kind) -> u64 {
+    let k = KINDS.iter().position(|&x| x == kind).expect("listed");
+    (k * nranks + p) as u64
+}
+
+/// The rank and kind of a goodbye's operation `op`, None for any other operation.
+fn of_op(nranks: usize, op: u64) -> Option<(usize, Kind)> {
+    let (id, k) = (Exec::exec_of(op), (op & u32::MAX as u64) as usize);
+    (id == 0 && k < KINDS.len() * nranks).then(|| (k % nranks, KINDS[k / nranks]))
+}
+
+/// The body of rank `rank`'s goodbye.
+fn body(rank: usize, flags: u64) -> Vec<u8> {
+    (rank as u64 | flags).to_le_bytes().to_vec()
 }
 
 /// The goodbyes of an ended communicator, in flight: its transport (the endpoint, which owns
@@ -46,11 +105,20 @@ fn op(nranks: usize, p: usize, send: bool) -> u64 {
 pub(super) struct Farewell {
     transport: Arc<dyn Transport>,
     rank: usize,
+    /// Every rank's endpoint on the transport.
+    peers: Vec<Peer>,
     talked: Vec<usize>,
     /// Per peer: its goodbye not yet in.
     waiting: Vec<bool>,
     /// Per peer: ours not yet sent.
     sending: Vec<bool>,
+    /// Per peer: a probe (our goodbye once more) in flight.
+    probing: Vec<bool>,
+    /// Per peer: when our goodbye or probe now in flight was sent.
+    sent_at: Vec<Instant>,
+    /// When silent peers are asked again next, and the interval after that.
+    probe_at: Instant,
+    probe_every: Duration,
     started: Instant,
     deadline: Instant,
     timeout: Timeout,
@@ -72,19 +140,22 @@ pub(super) enum Step {
 }
 
 impl Comm {
+    /// The ranks this one talked to (`Engine::talked`), itself left out.
+    fn talked(&self) -> Vec<usize> {
+        let e = self.engine.lock();
+        (0..self.nranks)
+            .filter(|&p| p != self.rank && e.talked[p])
+            .collect()
+    }
+
     /// Say goodbye to every rank this one talked to (see the module doc): the goodbyes in
     /// flight, or None where there is nothing to wait for (a transport that loses nothing on
-    /// close, `leave_without_goodbye`, no peer talked to, or nothing could be posted).
+    /// close, an aborted communicator, no peer talked to, or nothing could be posted).
     pub(super) fn goodbye(&self) -> Option<Farewell> {
         if !self.transport.caps().close_loses || self.no_goodbye.load(Ordering::SeqCst) {
             return None;
         }
-        let talked: Vec<usize> = {
-            let e = self.engine.lock();
-            (0..self.nranks)
-                .filter(|&p| p != self.rank && e.talked[p])
-                .collect()
-        };
+        let talked = self.talked();
         if talked.is_empty() {
             return None;
         }
@@ -94,17 +165,24 @@ impl Comm {
         let mut sending = vec![false; n];
         for &p in &talked {
             let tag = goodbye_tag(p);
-            waiting[p] = t.recv_owned(tag, 0, GOODBYE_BYTES, op(n, p, false)).is_ok();
+            waiting[p] = t
+                .recv_owned(tag, 0, GOODBYE_BYTES, op(n, p, Kind::Recv))
+                .is_ok();
         }
         for &p in &talked {
-            let body = (self.rank as u64).to_le_bytes().to_vec();
+            let body = body(self.rank, 0);
             sending[p] = t
-                .send_owned(self.peers[p], goodbye_tag(self.rank), body, op(n, p, true))
+                .send_owned(
+                    self.peers[p],
+                    goodbye_tag(self.rank),
+                    body,
+                    op(n, p, Kind::Send),
+                )
                 .is_ok();
             // A peer we cannot send to is gone: nothing of ours reaches it any more.
             if !sending[p] && waiting[p] {
                 waiting[p] = false;
-                t.cancel(op(n, p, false));
+                t.cancel(op(n, p, Kind::Recv));
             }
         }
         if !waiting.iter().chain(&sending).any(|&w| w) {
@@ -114,9 +192,14 @@ impl Comm {
         Some(Farewell {
             transport: self.transport.clone(),
             rank: self.rank,
+            peers: self.peers.clone(),
             talked,
             waiting,
             sending,
+            probing: vec![false; n],
+            sent_at: vec![started; n],
+            probe_at: started + PROBE_FIRST,
+            probe_every: PROBE_FIRST,
             started,
             deadline: started + self.timeout.limit,
             timeout: self.timeout,
@@ -124,6 +207,23 @@ impl Comm {
             over: false,
             read_in_place: self.transport.caps().reads_local_peers,
         })
+    }
+
+    /// The goodbye of an aborted communicator: marked `ABORTED`, to every rank this one talked
+    /// to, sent once and waited for by nobody (best effort: its completions, if the engine
+    /// polls them, belong to no request). Its later destroy says no other.
+    pub(super) fn goodbye_aborted(&self) {
+        if !self.transport.caps().close_loses || self.no_goodbye.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let n = self.nranks;
+        for p in self.talked() {
+            let body = body(self.rank, ABORTED);
+            let tag = goodbye_tag(self.rank);
+            let _ = self
+                .transport
+                .send_owned(self.peers[p], tag, body, op(n, p, Kind::Send));
+        }
     }
 }
 
@@ -144,19 +244,31 @@ impl Farewell {
         if self.over {
             return Step::Over;
         }
-        for c in &self.comps {
-            let (id, k) = (Exec::exec_of(c.op), (c.op & u32::MAX as u64) as usize);
-            if id != 0 || k >= 2 * n {
+        for i in 0..self.comps.len() {
+            let c = &self.comps[i];
+            let Some((p, kind)) = of_op(n, c.op) else {
                 continue; // a failed collective's late completion
+            };
+            let (ok, aborted) = (c.status.is_ok(), said_aborted(c));
+            match kind {
+                Kind::Recv => {
+                    self.waiting[p] = false;
+                    if aborted {
+                        // It reads nothing more: ours to it need not go out.
+                        log::debug!("rank {}: rank {p} aborted", self.rank);
+                        self.sending[p] = false;
+                    }
+                }
+                Kind::Send => self.sending[p] = false,
+                Kind::Probe => self.probing[p] = false,
             }
-            let (p, sent) = (k % n, k >= n);
-            if sent {
-                self.sending[p] = false;
-                // The peer's failure ends the wait for it too.
-                self.waiting[p] &= c.status.is_ok();
-            } else {
-                self.waiting[p] = false;
+            // A failed send: the peer is gone, so its goodbye will not come either.
+            if !ok && kind != Kind::Recv {
+                self.gone(p);
             }
+        }
+        if now >= self.probe_at {
+            self.probe(now);
         }
         let silent = self.silent();
         if silent.is_empty() {
@@ -170,7 +282,7 @@ impl Farewell {
         } else if now >= self.deadline {
             for &p in &silent {
                 if self.waiting[p] {
-                    self.transport.cancel(op(n, p, false));
+                    self.transport.cancel(op(n, p, Kind::Recv));
                 }
             }
             log::warn!(
@@ -208,10 +320,65 @@ impl Farewell {
         let _ = self.transport.wait(d);
     }
 
+    /// Rank `p` failed: wait for its goodbye, and for ours to it, no longer.
+    fn gone(&mut self, p: usize) {
+        if self.waiting[p] {
+            log::debug!("rank {}: rank {p} is gone", self.rank);
+            self.waiting[p] = false;
+            self.transport.cancel(op(self.waiting.len(), p, Kind::Recv));
+        }
+        self.sending[p] = false;
+    }
+
+    /// Ask each silent peer again (see the module doc): our goodbye once more where the last
+    /// one went out (a send that fails says the peer is gone), or, where the last one has not
+    /// gone out for `STALL`, the transport whether the peer is gone (`Transport::peer_gone`).
+    fn probe(&mut self, now: Instant) {
+        let n = self.waiting.len();
+        for p in 0..n {
+            // (Its goodbye in, ours may still be stuck: a peer that died since.)
+            if !self.waiting[p] && !self.sending[p] {
+                continue;
+            }
+            if self.sending[p] || self.probing[p] {
+                if now.duration_since(self.sent_at[p]) >= STALL
+                    && self.transport.peer_gone(self.peers[p])
+                {
+                    self.gone(p);
+                }
+                continue;
+            }
+            self.sent_at[p] = now;
+            let tag = goodbye_tag(self.rank);
+            let sent = self.transport.send_owned(
+                self.peers[p],
+                tag,
+                body(self.rank, 0),
+                op(n, p, Kind::Probe),
+            );
+            match sent {
+                Ok(()) => self.probing[p] = true,
+                Err(_) => self.gone(p),
+            }
+        }
+        self.probe_every = (self.probe_every * 2).min(PROBE_MAX);
+        self.probe_at = now + self.probe_every;
+    }
+
     /// The ranks whose goodbye has not come, or to which ours is not sent.
     fn silent(&self) -> Vec<usize> {
         (0..self.waiting.len())
             .filter(|&p| self.waiting[p] || self.sending[p])
             .collect()
     }
+}
+
+/// Whether the goodbye received in `c` says that its sender aborted.
+fn said_aborted(c: &Completion) -> bool {
+    let word = c.data.as_deref().and_then(|d| d.get(..8)).map(|b| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(b);
+        u64::from_le_bytes(w)
+    });
+    c.status.is_ok() && word.is_some_and(|w| w & ABORTED != 0)
 }
