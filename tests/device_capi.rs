@@ -30,12 +30,16 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The emulated device, installed once for the process.
+/// The emulated device, installed once for the process. Its ranks are threads sharing its
+/// context, whose streams all share its hardware queues: 32 of them, as scripts/gpu-tests.sh
+/// sets CUDA_DEVICE_MAX_CONNECTIONS for ranks as threads (docs/device-calls.md, "Hardware
+/// queues").
 fn dev() -> Device {
     static DEV: OnceLock<Device> = OnceLock::new();
     DEV.get_or_init(|| {
         let d = Device::emulated(EmuConfig {
             max_delay: Duration::from_micros(50),
+            queues: 32,
             ..EmuConfig::default()
         })
         .expect("emulated device");
