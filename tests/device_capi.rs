@@ -159,7 +159,7 @@ fn released(test: &str, end: impl FnOnce(&[usize]) -> Vec<usize>) {
     // call waits for every rank to have done so (docs/device-calls.md): made here, by both
     // ranks, before rank 0's call that its peer never joins.
     run_case(
-        &d,
+        std::slice::from_ref(&d),
         &cs,
         Coll::AllReduce,
         Ty::F32,
@@ -328,7 +328,7 @@ fn stream_ordered_calls_allocate_no_page_locked_memory_while_a_stream_waits() {
     };
     for count in [16, 300_000] {
         run_case(
-            &d,
+            std::slice::from_ref(&d),
             &cs,
             Coll::AllGather,
             Ty::F32,
