@@ -42,7 +42,6 @@ fn devices(n: usize, queues: usize) -> Vec<Device> {
 /// several slices (AllToAll's and ReduceScatter's blocks share a slot, so fewer elements give
 /// them several).
 #[test]
-#[ignore = "stalls until its deadline: the stream-ordered calls' copies run on the communicator's copy streams, behind the caller's flag wait on a shared queue"]
 fn stream_ordered_calls_of_several_slices_with_few_hardware_queues() {
     let test = "stream_ordered_calls_of_several_slices_with_few_hardware_queues";
     let n = 2;
@@ -63,7 +62,6 @@ fn stream_ordered_calls_of_several_slices_with_few_hardware_queues() {
 /// hardware queue), more than the staging slots can hold at once, with no host
 /// synchronisation between them; every result checked.
 #[test]
-#[ignore = "stalls until its deadline: the stream-ordered calls' copies run on the communicator's copy streams, behind the caller's flag wait on a shared queue"]
 fn stream_ordered_calls_back_to_back_with_one_hardware_queue() {
     let test = "stream_ordered_calls_back_to_back_with_one_hardware_queue";
     let n = 2;
