@@ -633,7 +633,8 @@ pub fn no_async_error(cm: *mut fabricoll_comm) {
 
 /// Each of 3 ranks sends on one stream and receives on another, both stream-ordered, every
 /// rank sending first: the two calls progress together (two slices per message, so a
-/// rendezvous), and each stream is released once its own call has ended.
+/// rendezvous, and as many as the receive's two slots: a third would wait for the send's
+/// release, docs/device-calls.md), and each stream is released once its own call has ended.
 pub fn two_streams(d: &Device, test: &str) {
     let n = 3;
     const COUNT: usize = 300_000;
