@@ -13,24 +13,29 @@
 //! whatever their order in the group.
 //!
 //! **Slots.** Every call holds a slot of its own while it runs (`pool`): the calls of a group
-//! all progress, however many. A call takes it when it is made, a stream-ordered call too
-//! (before its stream has reached it), unless none is free or an earlier call still waits for
-//! one (`wants_slot`). A stream-ordered call that got none waits, and the calls waiting get
-//! the slots freed in call order, before any call borrows one for more slices in flight; a
-//! later call that may allocate allocates one rather than take a slot from them. So no slot
-//! that a waiting call needs is held by a later call, which could not end before it.
+//! all progress, however many. A call takes it when it is made, before it is added here,
+//! unless none is free or a stream-ordered call waits at its submission for one
+//! (`wants_slot`): then a blocking, non-blocking or grouped call allocates one, and a
+//! stream-ordered call waits (`Streams::submit`: its copies are enqueued on its stream at
+//! submission, in its slots), stepping the calls here, which free slots as they end. While a
+//! submission waits, no call borrows a free slot for more slices in flight. The calls here
+//! are all earlier than the waiting one and end without it.
 //!
-//! **Stream-ordered calls** wait, before their first copy, for the event recorded on the
-//! caller's stream (the stream has reached the call). They end in any order but release
-//! their streams in call order: the flag holds the number of the last call released, and
-//! every stream waits for its own call's number or more.
+//! **Stream-ordered calls** have their whole copy schedule on the caller's stream (`staged`):
+//! each slice's collective starts once the stream has staged it (an event), and the stream's
+//! copy out of a slice waits for the communicator's flag to reach the slice's number. Each
+//! call numbers its slices at submission, after the earlier calls' (one flag per
+//! communicator, values only grow); the slices are released in that order as their
+//! collectives finish (`release`): the flag holds the number of the last slice released, and
+//! every wait is for its slice's number or more, so a slice released out of order would
+//! release the waits before it. A call ends when the stream has passed its last copy.
 //!
 //! **Deadline.** When none of the running calls moved for the communicator's timeout, they all
 //! fail with a `Timeout`; an abort fails them at the next step.
 use super::pool::Pool;
 use super::staged::Pipeline;
 use crate::coll::{Callback, Comm, Kind};
-use crate::device::{Event, Flag, Stream};
+use crate::device::{Flag, Stream};
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -66,9 +71,10 @@ pub(super) enum End {
     /// A request (of a blocking, non-blocking or grouped call): its result stays until `take`,
     /// or goes to the callback `notify` set.
     Request(Option<Callback>),
-    /// A stream-ordered call: release `stream` (dropped once the flag is written: dropping it
-    /// waits for its operations that hold memory, the flag wait, which the release ends).
-    Stream { seq: u32, stream: Option<Stream> },
+    /// A stream-ordered call whose slices are numbered from `first`: release `stream`
+    /// (dropped once the flag has released every slice: dropping it waits for its operations
+    /// that hold memory, which the releases end).
+    Stream { first: u32, stream: Option<Stream> },
 }
 
 /// What the caller of `advance` does once the lock is released: run a callback, or drop a
@@ -81,8 +87,6 @@ pub(super) enum Finish {
 pub(super) struct Entry {
     pub id: u64,
     channel: Channel,
-    /// A stream-ordered call: the event recorded on the caller's stream, until it completes.
-    gate: Option<Event>,
     pipe: Pipeline,
     /// None while running.
     result: Option<Result<()>>,
@@ -90,11 +94,10 @@ pub(super) struct Entry {
 }
 
 impl Entry {
-    pub fn new(id: u64, pipe: Pipeline, gate: Option<Event>, end: End) -> Entry {
+    pub fn new(id: u64, pipe: Pipeline, end: End) -> Entry {
         Entry {
             id,
             channel: Channel::of(&pipe.call().kind),
-            gate,
             pipe,
             result: None,
             end,
@@ -103,6 +106,16 @@ impl Entry {
 
     fn running(&self) -> bool {
         self.result.is_none()
+    }
+
+    /// A stream-ordered call's slice numbers, first and last.
+    fn seqs(&self) -> Option<(u32, u32)> {
+        match self.end {
+            End::Stream { first, .. } => {
+                Some((first, first.wrapping_add(self.pipe.len() as u32 - 1)))
+            }
+            End::Request(_) => None,
+        }
     }
 }
 
@@ -116,9 +129,11 @@ pub(super) struct Inflight {
     /// Every rank has made its staging: the first stream-ordered call waited for them
     /// (`Streams::join`) before its stream waited for anything.
     pub joined: bool,
-    /// The number of the last stream-ordered call submitted, and of the last released.
+    /// The number of the last stream-ordered slice submitted, and of the last released.
     pub seq: u32,
     released: u32,
+    /// Stream-ordered calls waiting at their submission for a free slot (`Streams::submit`).
+    pub slot_waiters: usize,
     entries: VecDeque<Entry>,
     next_id: u64,
     last_moved: Option<Instant>,
@@ -151,12 +166,10 @@ impl Inflight {
         self.entries.iter().any(Entry::running)
     }
 
-    /// Whether a running call has no slot of its own yet: a call made now must not take a
-    /// free slot before it (the module doc).
+    /// Whether a stream-ordered call waits at its submission for a slot: a call made now must
+    /// not take a free slot before it, and no call borrows one (the module doc).
     pub fn wants_slot(&self) -> bool {
-        self.entries
-            .iter()
-            .any(|e| e.running() && e.pipe.own().is_none())
+        self.slot_waiters > 0
     }
 
     /// Whether a running call of `channel` has slices not started yet (a call of that channel
@@ -211,8 +224,18 @@ impl Inflight {
             })
     }
 
-    /// One round over every running call: the gates of stream-ordered calls, slots for calls
-    /// without one, each call's step, the deadline; then the ended calls' releases. Whether
+    /// Adds call `e`, which failed as it was submitted (`err`; its stream may hold part of
+    /// its schedule), and releases what can be: what to do once the lock is released.
+    pub fn push_failed(&mut self, e: Entry, err: Error) -> Vec<Finish> {
+        self.push(e);
+        self.end(self.entries.len() - 1, Err(err));
+        let mut fin = Vec::new();
+        self.release(&mut fin);
+        fin
+    }
+
+    /// One round over every running call: slots for calls without one, each call's step, the
+    /// deadline; then the releases of stream-ordered slices and ended calls. Whether
     /// anything moved, and what to do once the lock is released.
     pub fn advance(&mut self, comm: &Comm) -> (bool, Vec<Finish>) {
         let mut fin = Vec::new();
@@ -260,43 +283,19 @@ impl Inflight {
         }
         let mut moved = false;
         let mut failed = Vec::new();
-        // A call still waits for a slot of its own: no call borrows one.
-        let mut waiting = false;
+        // A submission waits for a slot: no call borrows one.
+        let borrow = self.slot_waiters == 0;
+        let mut blocked: Vec<Channel> = Vec::new();
         for (i, e) in self.entries.iter_mut().enumerate() {
             if !e.running() {
                 continue;
             }
-            if let Some(g) = &e.gate {
-                match g.query() {
-                    Ok(true) => {
-                        e.gate = None;
-                        moved = true;
-                    }
-                    Ok(false) => {}
-                    Err(err) => failed.push((i, err)),
-                }
-            }
-            // In call order: a call after one that found no slot does not take one before it.
-            if e.pipe.own().is_none() && !waiting {
-                match pool.take(e.pipe.need()) {
-                    Some(s) => e.pipe.set_own(s),
-                    None => waiting = true,
-                }
-            }
-        }
-        let mut blocked: Vec<Channel> = Vec::new();
-        for (i, e) in self.entries.iter_mut().enumerate() {
-            if !e.running() || failed.iter().any(|f| f.0 == i) {
-                continue;
-            }
-            if e.gate.is_none() {
-                let may_start = !blocked.contains(&e.channel);
-                match e.pipe.step(comm, pool, may_start, !waiting) {
-                    Ok(m) => moved |= m,
-                    Err(err) => {
-                        failed.push((i, err));
-                        continue;
-                    }
+            let may_start = !blocked.contains(&e.channel);
+            match e.pipe.step(comm, pool, may_start, borrow) {
+                Ok(m) => moved |= m,
+                Err(err) => {
+                    failed.push((i, err));
+                    continue;
                 }
             }
             if !e.pipe.issued() {
@@ -340,9 +339,9 @@ impl Inflight {
                 }
             }
         }
-        let stream_err = match (&e.end, &r) {
-            (End::Stream { seq, .. }, Err(err)) => {
-                log::warn!("stream-ordered call {seq} failed: {err}");
+        let stream_err = match (e.seqs(), &r) {
+            (Some((first, last)), Err(err)) => {
+                log::warn!("stream-ordered call of slices {first} to {last} failed: {err}");
                 Some(err.clone())
             }
             _ => None,
@@ -359,28 +358,41 @@ impl Inflight {
         }
     }
 
-    /// Releases the streams of the ended stream-ordered calls that no running one precedes,
-    /// and hands over the ended requests that have a callback.
+    /// Releases the stream-ordered slices that no unfinished one precedes: every slice of an
+    /// ended call (failed ones included, so that their streams go on), and of the first running
+    /// one those whose collectives have finished, from its first; drops the streams of the
+    /// ended calls released, and hands over the ended requests that have a callback.
     fn release(&mut self, fin: &mut Vec<Finish>) {
         let mut upto = None;
         for e in &self.entries {
-            match (&e.end, e.running()) {
-                (End::Stream { seq, .. }, false) => upto = Some(*seq),
-                (End::Stream { .. }, true) => break,
-                _ => {}
+            let Some((first, last)) = e.seqs() else {
+                continue;
+            };
+            if !e.running() {
+                upto = Some(last);
+                continue;
             }
+            let done = e.pipe.collected() as u32;
+            if done > 0 {
+                upto = Some(first.wrapping_add(done - 1));
+            }
+            break;
         }
         if let (Some(seq), Some(flag)) = (upto, &self.flag) {
-            flag.set(seq);
-            self.released = seq;
+            if seq != self.released {
+                flag.set(seq);
+                self.released = seq;
+            }
         }
         let released = self.released;
         let mut keep = VecDeque::with_capacity(self.entries.len());
         for mut e in self.entries.drain(..) {
+            let last = e.seqs().map(|s| s.1);
             let gone = match &mut e.end {
-                // Released: ended, and its number at most the flag's (values only grow).
-                End::Stream { seq, stream }
-                    if e.result.is_some() && released.wrapping_sub(*seq) as i32 >= 0 =>
+                // Released: ended, and its last number at most the flag's (values only grow).
+                End::Stream { stream, .. }
+                    if e.result.is_some()
+                        && last.is_some_and(|l| released.wrapping_sub(l) as i32 >= 0) =>
                 {
                     fin.extend(stream.take().map(Finish::Drop));
                     true
@@ -412,10 +424,10 @@ impl Inflight {
 impl Entry {
     /// Why a call that made no progress within `timeout` failed.
     fn stalled(&self, timeout: &str) -> String {
-        match (&self.end, &self.gate) {
-            (End::Stream { seq, .. }, Some(_)) => {
-                format!("the stream did not reach stream-ordered call {seq} within {timeout}")
-            }
+        match self.seqs() {
+            Some((first, _)) if self.pipe.started() == 0 => format!(
+                "the stream did not reach stream-ordered call (slice {first}) within {timeout}"
+            ),
             _ => format!(
                 "a staged device call made no progress within {timeout} ({})",
                 self.pipe.progress()

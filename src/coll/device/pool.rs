@@ -1,5 +1,6 @@
-//! A communicator's staging memory: page-locked host slots and the two copy streams that every
-//! device call of the communicator shares.
+//! A communicator's staging memory: page-locked host slots, and the two copy streams that the
+//! communicator's blocking, non-blocking and grouped device calls share (a stream-ordered call
+//! copies on the caller's stream only).
 //!
 //! `SLOTS` full-size slots are allocated at the communicator's first device use and kept. A
 //! call in flight holds at least one slot for its whole life (its own slot, `take`), so that
@@ -7,13 +8,13 @@
 //! free slots for more slices in flight while nobody waits for one. A non-blocking, grouped or
 //! blocking call that finds no free slot that fits allocates one, in the caller's thread, of
 //! the size its slices need (`Slot::new`, then `add`); a stream-ordered call never allocates:
-//! it takes its slot when it is submitted, or waits for one.
+//! it takes one or two slots when it is submitted, or waits there for one to be freed.
 //!
 //! No call starves another: the calls progress in call order, so a slot that a waiting call
 //! needs must never be held by a later call, which cannot end before it. Hence a call takes a
-//! free slot only where no earlier call waits for one (else it allocates, or, stream-ordered,
-//! waits too), the waiting calls get the slots freed in call order, and no call borrows one
-//! while any waits (`inflight`). A waiting call only waits for earlier calls to end.
+//! free slot only where no stream-ordered call waits for one (else it allocates, or,
+//! stream-ordered, waits too), and no call borrows one while any waits (`inflight`). A waiting
+//! call only waits for earlier calls to end.
 //!
 //! Nothing is freed before the communicator is destroyed: allocating or freeing
 //! page-locked memory waits for the whole device on the CUDA driver, so doing either while a
