@@ -632,12 +632,13 @@ pub fn no_async_error(cm: *mut fabricoll_comm) {
 }
 
 /// Each of 3 ranks sends on one stream and receives on another, both stream-ordered, every
-/// rank sending first: the two calls progress together (two slices per message, so a
-/// rendezvous, and as many as the receive's two slots: a third would wait for the send's
-/// release, docs/device-calls.md), and each stream is released once its own call has ended.
+/// rank sending first: the two calls progress together (three slices per message, so a
+/// rendezvous, and more than a call's two slots: the receive's third slice reuses the slot of
+/// its first, released by its own collective, not after the send's), and each stream is
+/// released once its own call has ended.
 pub fn two_streams(d: &Device, test: &str) {
     let n = 3;
-    const COUNT: usize = 300_000;
+    const COUNT: usize = 700_001;
     on_ranks(d, test, n, |me, c, ready| {
         let (a, b) = (d.create_stream().unwrap(), d.create_stream().unwrap());
         let (input, want) = expected(Coll::SendRecv, Op::Sum, n, me, COUNT);

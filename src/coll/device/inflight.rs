@@ -23,19 +23,20 @@
 //!
 //! **Stream-ordered calls** have their whole copy schedule on the caller's stream (`staged`):
 //! each slice's collective starts once the stream has staged it (an event), and the stream's
-//! copy out of a slice waits for the communicator's flag to reach the slice's number. Each
-//! call numbers its slices at submission, after the earlier calls' (one flag per
-//! communicator, values only grow); the slices are released in that order as their
-//! collectives finish (`release`): the flag holds the number of the last slice released, and
-//! every wait is for its slice's number or more, so a slice released out of order would
-//! release the waits before it. A call ends when the stream has passed its last copy.
+//! copy out of a slice waits for its slot's flag to reach the number of that use of the slot
+//! (`pool::Slot::flag`, numbered at submission). A slot is one call's at a time, used slice
+//! after slice, so each slot's numbers are released in order, as the call's collectives finish
+//! (`release`); calls release their slices independently of each other, so a stream-ordered
+//! call never waits for another's collectives (a send and a receive on two streams, made
+//! send first on both ranks, both complete). A call ends when the stream has passed its last
+//! copy; a failed one releases every slice at once, so that its stream goes on.
 //!
 //! **Deadline.** When none of the running calls moved for the communicator's timeout, they all
 //! fail with a `Timeout`; an abort fails them at the next step.
 use super::pool::Pool;
 use super::staged::Pipeline;
 use crate::coll::{Callback, Comm, Kind};
-use crate::device::{Flag, Stream};
+use crate::device::Stream;
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -71,10 +72,9 @@ pub(super) enum End {
     /// A request (of a blocking, non-blocking or grouped call): its result stays until `take`,
     /// or goes to the callback `notify` set.
     Request(Option<Callback>),
-    /// A stream-ordered call whose slices are numbered from `first`: release `stream`
-    /// (dropped once the flag has released every slice: dropping it waits for its operations
-    /// that hold memory, which the releases end).
-    Stream { first: u32, stream: Option<Stream> },
+    /// A stream-ordered call on `stream` (dropped once the call has ended and released every
+    /// slice: dropping it waits for its operations that hold memory, which the releases end).
+    Stream { stream: Option<Stream> },
 }
 
 /// What the caller of `advance` does once the lock is released: run a callback, or drop a
@@ -108,30 +108,20 @@ impl Entry {
         self.result.is_none()
     }
 
-    /// A stream-ordered call's slice numbers, first and last.
-    fn seqs(&self) -> Option<(u32, u32)> {
-        match self.end {
-            End::Stream { first, .. } => {
-                Some((first, first.wrapping_add(self.pipe.len() as u32 - 1)))
-            }
-            End::Request(_) => None,
-        }
+    fn stream_ordered(&self) -> bool {
+        matches!(self.end, End::Stream { .. })
     }
 }
 
-/// The calls in flight, the slots, and the stream-ordered calls' flag and first error.
+/// The calls in flight, the slots, and the stream-ordered calls' first error.
 #[derive(Default)]
 pub(super) struct Inflight {
     pub pool: Option<Pool>,
-    pub flag: Option<Flag>,
     /// The first failure of a stream-ordered call: later ones fail with it at once.
     pub error: Option<Error>,
     /// Every rank has made its staging: the first stream-ordered call waited for them
     /// (`Streams::join`) before its stream waited for anything.
     pub joined: bool,
-    /// The number of the last stream-ordered slice submitted, and of the last released.
-    pub seq: u32,
-    released: u32,
     /// Stream-ordered calls waiting at their submission for a free slot (`Streams::submit`).
     pub slot_waiters: usize,
     entries: VecDeque<Entry>,
@@ -330,6 +320,9 @@ impl Inflight {
     fn end(&mut self, i: usize, r: Result<()>) {
         let e = &mut self.entries[i];
         if let Some(pool) = self.pool.as_mut() {
+            // Every slice of a stream-ordered call released before its slots may be leaked:
+            // its stream goes on (a failed call's outputs hold what its slots held).
+            e.pipe.release(pool, true);
             let own = e.pipe.own();
             for s in e.pipe.slots() {
                 if r.is_ok() || (Some(s) == own && !e.pipe.touched()) {
@@ -339,9 +332,9 @@ impl Inflight {
                 }
             }
         }
-        let stream_err = match (e.seqs(), &r) {
-            (Some((first, last)), Err(err)) => {
-                log::warn!("stream-ordered call of slices {first} to {last} failed: {err}");
+        let stream_err = match &r {
+            Err(err) if e.stream_ordered() => {
+                log::warn!("stream-ordered call {} failed: {err}", e.id);
                 Some(err.clone())
             }
             _ => None,
@@ -358,42 +351,19 @@ impl Inflight {
         }
     }
 
-    /// Releases the stream-ordered slices that no unfinished one precedes: every slice of an
-    /// ended call (failed ones included, so that their streams go on), and of the first running
-    /// one those whose collectives have finished, from its first; drops the streams of the
-    /// ended calls released, and hands over the ended requests that have a callback.
+    /// Releases the slices of running stream-ordered calls whose collectives have finished
+    /// (an ended call released all of its own, `end`); drops the streams of the ended
+    /// stream-ordered calls, and hands over the ended requests that have a callback.
     fn release(&mut self, fin: &mut Vec<Finish>) {
-        let mut upto = None;
-        for e in &self.entries {
-            let Some((first, last)) = e.seqs() else {
-                continue;
-            };
-            if !e.running() {
-                upto = Some(last);
-                continue;
-            }
-            let done = e.pipe.collected() as u32;
-            if done > 0 {
-                upto = Some(first.wrapping_add(done - 1));
-            }
-            break;
-        }
-        if let (Some(seq), Some(flag)) = (upto, &self.flag) {
-            if seq != self.released {
-                flag.set(seq);
-                self.released = seq;
+        if let Some(pool) = self.pool.as_ref() {
+            for e in self.entries.iter_mut().filter(|e| e.running()) {
+                e.pipe.release(pool, false);
             }
         }
-        let released = self.released;
         let mut keep = VecDeque::with_capacity(self.entries.len());
         for mut e in self.entries.drain(..) {
-            let last = e.seqs().map(|s| s.1);
             let gone = match &mut e.end {
-                // Released: ended, and its last number at most the flag's (values only grow).
-                End::Stream { stream, .. }
-                    if e.result.is_some()
-                        && last.is_some_and(|l| released.wrapping_sub(l) as i32 >= 0) =>
-                {
+                End::Stream { stream } if e.result.is_some() => {
                     fin.extend(stream.take().map(Finish::Drop));
                     true
                 }
@@ -424,14 +394,16 @@ impl Inflight {
 impl Entry {
     /// Why a call that made no progress within `timeout` failed.
     fn stalled(&self, timeout: &str) -> String {
-        match self.seqs() {
-            Some((first, _)) if self.pipe.started() == 0 => format!(
-                "the stream did not reach stream-ordered call (slice {first}) within {timeout}"
-            ),
-            _ => format!(
+        if self.stream_ordered() && self.pipe.started() == 0 {
+            format!(
+                "the stream did not reach stream-ordered call {} within {timeout}",
+                self.id
+            )
+        } else {
+            format!(
                 "a staged device call made no progress within {timeout} ({})",
                 self.pipe.progress()
-            ),
+            )
         }
     }
 }

@@ -21,7 +21,7 @@
 //! caller's stream waits for a stream-ordered call's flag would wait for that stream, which
 //! waits for the call (docs/device.md). A slot that a failed call may still have in use is
 //! leaked (`leak`), never freed.
-use crate::device::{Device, Event, HostBuffer, Stream};
+use crate::device::{Device, Event, Flag, HostBuffer, Stream};
 use crate::error::{Error, Result};
 
 /// Full-size slots allocated at the first device use: one copying in, one in its collective,
@@ -40,12 +40,20 @@ pub(super) const SLOT_BYTES: usize = 4 * SLICE_BYTES;
 pub(super) const MAX_SLOTS: usize = 256;
 
 /// One slot: page-locked input and output (None: not needed by the call it was made for),
-/// and the events recorded after copying in and out.
+/// the events recorded after copying in and out, and the flag that releases a stream-ordered
+/// call's copies out of it.
 pub(super) struct Slot {
     pub input: Option<HostBuffer>,
     pub output: Option<HostBuffer>,
     pub copied_in: Event,
     pub copied_out: Event,
+    /// A stream-ordered call's copy out of this slot waits for this word to reach the number
+    /// of its use of the slot (`uses`, counted when the call is submitted); the worker writes
+    /// the number when the slice's collective has finished. One stream-ordered call holds the
+    /// slot at a time and uses it slice after slice, so the numbers are written in order.
+    pub flag: Flag,
+    /// The number of the slot's last use by a stream-ordered call.
+    pub uses: u32,
 }
 
 impl Slot {
@@ -57,6 +65,8 @@ impl Slot {
             output: buf(need.1)?,
             copied_in: dev.create_event()?,
             copied_out: dev.create_event()?,
+            flag: dev.create_flag("fabricoll staging slot released")?,
+            uses: 0,
         })
     }
 
@@ -102,6 +112,10 @@ impl Pool {
         self.slots[i].as_ref().expect("a slot in use is not leaked")
     }
 
+    pub fn slot_mut(&mut self, i: usize) -> &mut Slot {
+        self.slots[i].as_mut().expect("a slot in use is not leaked")
+    }
+
     /// A free slot of at least `need` bytes, now busy.
     pub fn take(&mut self, need: (usize, usize)) -> Option<usize> {
         let i = (0..self.slots.len())
@@ -125,6 +139,8 @@ impl Pool {
         if let Some(s) = self.slots[i].take() {
             std::mem::forget(s.input);
             std::mem::forget(s.output);
+            // a stream may still wait on it (released past every use first, `inflight`)
+            std::mem::forget(s.flag);
         }
         self.busy[i] = true;
     }

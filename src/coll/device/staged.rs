@@ -12,8 +12,8 @@
 //! A stream-ordered call (`enqueue`) needs no stream but the caller's: at submission, its whole
 //! copy schedule goes on the caller's stream, slice by slice: the copy in (device to host, into
 //! one of the call's one or two slots, alternating), an event the worker polls (the slice is
-//! staged), a wait for the communicator's flag to reach the slice's number (the worker has
-//! finished its collective), and the copy out. So no operation of the call sits on another
+//! staged), a wait for its slot's flag to reach the number of this use of the slot (the worker
+//! has finished the slice's collective), and the copy out. So no operation of the call sits on another
 //! stream, behind the caller's flag wait on a shared hardware queue (docs/device-calls.md,
 //! "Hardware queues"). With two slots, the copies of one slice overlap the next one's
 //! collective. `step` then only starts each staged slice's collective and reports it done; the
@@ -28,7 +28,7 @@ use super::slices::{self, Piece, Slice};
 use super::DevCall;
 use crate::algo::varied::Varied;
 use crate::coll::{Call, Comm, Kind, Layout, RequestId};
-use crate::device::{Device, Event, Flag, HostBuffer, PtrKind, Span, Stream};
+use crate::device::{Device, Event, HostBuffer, PtrKind, Span, Stream};
 use crate::error::{Error, Result};
 use crate::transport::Region;
 use std::collections::VecDeque;
@@ -78,6 +78,11 @@ struct OnStream {
     /// Recorded after the last copy out: the stream has passed the call, its slots are idle.
     passed: Event,
     passed_seen: bool,
+    /// Per slice, the number of its use of its slot: its copy out waits for the slot's flag
+    /// to reach it.
+    marks: Vec<u32>,
+    /// How many slices, from the first, have been released (their slots' flags written).
+    released: usize,
 }
 
 /// One call's slices and where each is.
@@ -162,15 +167,15 @@ impl Pipeline {
 
     /// Enqueues the call's whole copy schedule on the caller's stream `user` (the module doc):
     /// slice i staged in `slots[i % slots.len()]` (one or two slots, busy in the pool, the
-    /// call's until it ends), `staged[i]` recorded after its copy in, a wait for `flag` to
-    /// reach `first + i` before its copy out, and `passed` recorded at the end. The slots are
-    /// the call's even where this fails part way: the stream may use them.
+    /// call's until it ends), `staged[i]` recorded after its copy in, a wait for that slot's
+    /// flag to reach the next number of its uses before its copy out, and `passed` recorded at
+    /// the end. The slots are the call's even where this fails part way: the stream may use
+    /// them.
     pub fn enqueue(
         &mut self,
-        pool: &Pool,
+        pool: &mut Pool,
         user: &Stream,
         slots: Vec<usize>,
-        (flag, first): (&Flag, u32),
         staged: Vec<Event>,
         passed: Event,
     ) -> Result<()> {
@@ -181,12 +186,22 @@ impl Pipeline {
                 staged.len()
             )));
         }
+        let marks = (0..n)
+            .map(|i| {
+                let s = pool.slot_mut(slots[i % k]);
+                s.uses = s.uses.wrapping_add(1);
+                s.uses
+            })
+            .collect();
+        let pool: &Pool = pool;
         self.own = Some(slots[0]);
         let os = self.on_stream.insert(OnStream {
             slots,
             staged,
             passed,
             passed_seen: false,
+            marks,
+            released: 0,
         });
         if [&self.input, &self.output]
             .iter()
@@ -211,17 +226,26 @@ impl Pipeline {
             if i + k - 1 < n {
                 stage_in(i + k - 1)?;
             }
-            user.wait_flag(flag, first.wrapping_add(i as u32))?;
+            user.wait_flag(&slot(i).flag, os.marks[i])?;
             let buf = slot(i).output.as_ref();
             copy_on(user, buf, &self.list[i].output, &self.output, false)?;
         }
         user.record(&os.passed)
     }
 
-    /// How many slices, from the first, have finished their collectives (a stream-ordered
-    /// call's slices are released in order as they do).
-    pub fn collected(&self) -> usize {
-        self.done
+    /// A stream-ordered call: releases the copies out of the slices whose collectives have
+    /// finished, in order (`all`: every slice, whether finished or not: the call failed, and its
+    /// stream must go on). Its slots must not be leaked yet.
+    pub fn release(&mut self, pool: &Pool, all: bool) {
+        let Some(os) = self.on_stream.as_mut() else {
+            return;
+        };
+        let upto = if all { os.marks.len() } else { self.done };
+        let k = os.slots.len();
+        for i in os.released..upto {
+            pool.slot(os.slots[i % k]).flag.set(os.marks[i]);
+        }
+        os.released = os.released.max(upto);
     }
 
     pub fn call(&self) -> &DevCall {

@@ -5,7 +5,7 @@
 //!
 //! A stream-ordered call returns at once, once it has a slot (`slots`): it enqueues its whole
 //! copy schedule on the caller's stream and no other (`staged`): per slice, the copy in, an
-//! event (staged), a wait for the communicator's flag to reach the slice's number, the copy out.
+//! event (staged), a wait for its slot's flag to reach the number of that use, the copy out.
 //! A call that fails releases its stream the same way; its error is kept (`error`), and every later
 //! stream-ordered call on the communicator fails with it at once. The worker starts at the
 //! first call that returns before it ends (non-blocking, grouped, stream-ordered, notified)
@@ -144,23 +144,14 @@ impl Streams {
             .collect::<Result<Vec<_>>>()?;
         let passed = dev.create_event()?;
         let (mut c, slots) = self.slots(comm, &dev, pipe.need(), n)?;
-        let first = c.seq.wrapping_add(1);
-        c.seq = c.seq.wrapping_add(n as u32);
-        let (Some(flag), Some(pool)) = (c.flag.clone(), c.pool.as_ref()) else {
+        let Some(pool) = c.pool.as_mut() else {
             return Err(Error::Internal(
                 "the stream-ordered calls' staging was not allocated".into(),
             ));
         };
-        let enqueued = pipe.enqueue(pool, &user, slots, (&flag, first), staged, passed);
+        let enqueued = pipe.enqueue(pool, &user, slots, staged, passed);
         let id = c.next_id();
-        let entry = Entry::new(
-            id,
-            pipe,
-            End::Stream {
-                first,
-                stream: Some(user),
-            },
-        );
+        let entry = Entry::new(id, pipe, End::Stream { stream: Some(user) });
         if let Err(e) = enqueued {
             // Part of its schedule may be on the stream: released in order like any failure.
             let fin = c.push_failed(entry, e.clone());
@@ -247,7 +238,7 @@ impl Streams {
     }
 
     /// Allocates the communicator's page-locked memory on its first device use (its staging
-    /// slots and the stream-ordered calls' flag). `replace`: a call that may allocate renews
+    /// slots, each with the flag that releases stream-ordered copies out of it). `replace`: a call that may allocate renews
     /// staging of another device while no call is in flight (the next stream-ordered call then
     /// joins the ranks again); a stream-ordered call allocates nothing else.
     fn prepare(&self, dev: &Device, replace: bool) -> Result<()> {
@@ -272,10 +263,8 @@ impl Streams {
         if fresh {
             // Outside the lock, as in `add`.
             let pool = Pool::new(dev)?;
-            let flag = dev.create_flag("fabricoll stream-ordered call done")?;
             let mut c = self.inner.calls.lock();
             c.pool = Some(pool);
-            c.flag.get_or_insert(flag);
             c.joined = false;
         }
         Ok(())
