@@ -7,6 +7,7 @@
 //! appends one line to it, so that the suite's summary counts the test as skipped, not passed.
 //! Tests that never apply on some machines on purpose are `#[ignore = "why"]` instead.
 use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 pub mod pattern;
 pub mod values;
@@ -86,11 +87,13 @@ extern "C" fn on_fatal_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *
     unsafe { libc::raise(sig) };
 }
 
-/// The TCP connections of this process in state ESTABLISHED, as (local port, remote port):
-/// the `/proc/self/net/tcp` and `tcp6` lines whose socket inode is one of our descriptors (both
-/// ends of a loopback connection count, since both are ours). Tests use it to see which
-/// fabric carried a peer's messages.
-pub fn tcp_connections() -> Vec<(u16, u16)> {
+/// The TCP connections of this process in state ESTABLISHED, as (local, remote) socket
+/// addresses: the `/proc/self/net/tcp` and `tcp6` lines whose socket inode is one of our
+/// descriptors (both ends of a loopback connection count, since both are ours). Tests use it to
+/// see which fabric carried a peer's messages; two connections are the same one seen from both
+/// ends only where both addresses match crosswise, ports alone are not enough (ranks bound to
+/// different addresses may use the same port numbers).
+pub fn tcp_connections() -> Vec<(SocketAddr, SocketAddr)> {
     let inodes: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
         .map(|d| {
             d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
@@ -101,7 +104,6 @@ pub fn tcp_connections() -> Vec<(u16, u16)> {
                 .collect()
         })
         .unwrap_or_default();
-    let port = |a: &str| u16::from_str_radix(a.rsplit(':').next().unwrap_or(""), 16).ok();
     let mut out = Vec::new();
     for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
         let text = std::fs::read_to_string(table).unwrap_or_default();
@@ -109,7 +111,7 @@ pub fn tcp_connections() -> Vec<(u16, u16)> {
             let f: Vec<&str> = line.split_whitespace().collect();
             // sl local remote state ... inode (the tenth field); 01: established.
             if f.len() > 9 && f[3] == "01" && inodes.contains(f[9]) {
-                if let (Some(l), Some(r)) = (port(f[1]), port(f[2])) {
+                if let (Some(l), Some(r)) = (proc_net_addr(f[1]), proc_net_addr(f[2])) {
                     out.push((l, r));
                 }
             }
@@ -118,8 +120,72 @@ pub fn tcp_connections() -> Vec<(u16, u16)> {
     out
 }
 
+/// Closes the sockets this process inherited from its parent, for a test's rank process to call
+/// first, before it opens any socket of its own. A parent that runs other tests on threads may
+/// hold sockets without close-on-exec when it starts a rank (libfabric 2.1's tcp provider makes
+/// some), and both ranks started then would list the same connection (`tcp_connections`) as
+/// if they had talked to each other.
+pub fn close_inherited_sockets() {
+    let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.filter_map(|e| {
+                let e = e.ok()?;
+                let fd: i32 = e.file_name().to_str()?.parse().ok()?;
+                let link = std::fs::read_link(e.path()).ok()?;
+                (fd > 2 && link.to_string_lossy().starts_with("socket:[")).then_some(fd)
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    for fd in fds {
+        // SAFETY: called before this process opened sockets of its own, so every socket
+        // descriptor here was inherited and nothing in this process uses it.
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// A `/proc/net/tcp{,6}` address, `ADDR:PORT` in hex: the address as the kernel stores it (IPv4
+/// one 32-bit word, IPv6 four, each in the host's byte order), the port big-endian as written.
+fn proc_net_addr(s: &str) -> Option<SocketAddr> {
+    let (addr, port) = s.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let word = |i: usize| -> Option<[u8; 4]> {
+        let w = u32::from_str_radix(addr.get(8 * i..8 * i + 8)?, 16).ok()?;
+        Some(w.to_ne_bytes())
+    };
+    let ip = match addr.len() {
+        8 => IpAddr::V4(Ipv4Addr::from(word(0)?)),
+        32 => {
+            let mut b = [0u8; 16];
+            for i in 0..4 {
+                b[4 * i..4 * i + 4].copy_from_slice(&word(i)?);
+            }
+            IpAddr::V6(Ipv6Addr::from(b))
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn proc_net_addresses_parse_as_the_kernel_writes_them() {
+        use std::net::SocketAddr;
+        // 127.0.0.1:8080 and [::1]:443 as /proc/net/tcp{,6} show them on little-endian hosts
+        if cfg!(target_endian = "little") {
+            let v4: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+            assert_eq!(super::proc_net_addr("0100007F:1F90"), Some(v4));
+            let v6: SocketAddr = "[::1]:443".parse().unwrap();
+            assert_eq!(
+                super::proc_net_addr("00000000000000000000000001000000:01BB"),
+                Some(v6)
+            );
+        }
+        assert_eq!(super::proc_net_addr("0100007F"), None);
+        assert_eq!(super::proc_net_addr("01007F:0050"), None);
+    }
+
     #[test]
     fn skip_fails_under_strict_mode_and_logs_otherwise() {
         // Runs the check in a child process, so that this process's environment stays as is.

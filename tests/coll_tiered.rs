@@ -14,7 +14,7 @@ use nccl_net_fabricoll::reduce::{DataType, RedOp};
 use nccl_net_fabricoll::testing::skip;
 use nccl_net_fabricoll::transport::fabric::{answers, native_tcp, Use};
 use nccl_net_fabricoll::transport::{Region, Transport};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -87,6 +87,8 @@ fn rank_process() {
     let Ok(mode) = std::env::var(CHILD) else {
         return; // not started as a rank
     };
+    // Only this rank's own connections may count (`run_ranks` reads them).
+    nccl_net_fabricoll::testing::close_inherited_sockets();
     let get = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} unset"));
     let rank: usize = get("TIERED_TEST_RANK").parse().unwrap();
     let nranks: usize = get("TIERED_TEST_NRANKS").parse().unwrap();
@@ -246,7 +248,7 @@ fn layout(test: &str, hosts: &[&str]) {
             assert_eq!(provs[q], want, "{test}: rank {r} reaches rank {q}");
         }
     }
-    let conns: Vec<Vec<(u16, u16)>> = outs
+    let conns: Vec<Vec<(SocketAddr, SocketAddr)>> = outs
         .iter()
         .map(|o| {
             field(o, "tcp")
@@ -265,8 +267,8 @@ fn layout(test: &str, hosts: &[&str]) {
                     .any(|&(l, r)| conns[b].iter().any(|&(l2, r2)| l == r2 && r == l2));
             if linked && hosts[a] == hosts[b] {
                 panic!(
-                    "{test}: ranks {a} and {b} of host {} talked over TCP",
-                    hosts[a]
+                    "{test}: ranks {a} and {b} of host {} talked over TCP ({:?} and {:?})",
+                    hosts[a], conns[a], conns[b]
                 );
             }
             between_hosts += linked as usize;

@@ -30,12 +30,16 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The emulated device, installed once for the process.
+/// The emulated device, installed once for the process. Its ranks are threads sharing its
+/// context, whose streams all share its hardware queues: 32 of them, as scripts/gpu-tests.sh
+/// sets CUDA_DEVICE_MAX_CONNECTIONS for ranks as threads (docs/device-calls.md, "Hardware
+/// queues").
 fn dev() -> Device {
     static DEV: OnceLock<Device> = OnceLock::new();
     DEV.get_or_init(|| {
         let d = Device::emulated(EmuConfig {
             max_delay: Duration::from_micros(50),
+            queues: 32,
             ..EmuConfig::default()
         })
         .expect("emulated device");
@@ -155,7 +159,7 @@ fn released(test: &str, end: impl FnOnce(&[usize]) -> Vec<usize>) {
     // call waits for every rank to have done so (docs/device-calls.md): made here, by both
     // ranks, before rank 0's call that its peer never joins.
     run_case(
-        &d,
+        std::slice::from_ref(&d),
         &cs,
         Coll::AllReduce,
         Ty::F32,
@@ -324,7 +328,7 @@ fn stream_ordered_calls_allocate_no_page_locked_memory_while_a_stream_waits() {
     };
     for count in [16, 300_000] {
         run_case(
-            &d,
+            std::slice::from_ref(&d),
             &cs,
             Coll::AllGather,
             Ty::F32,

@@ -487,3 +487,75 @@ fn emu_loading_the_kernels_waits_for_the_context() {
     run(false);
     run(true);
 }
+
+/// The context's hardware queues: with 2 queues, streams a, b, c are on queues 0, 1, 0. A flag
+/// wait on a holds back a copy enqueued after it on c (same queue), not one on b (another
+/// queue); once the flag is written, c's copy runs. A wait for an event holds its queue the
+/// same way. A context's number of queues is fixed while a device holds it, and must be 1 to
+/// 32.
+#[test]
+fn emu_a_wait_holds_back_the_streams_behind_it_on_its_hardware_queue() {
+    let o = ordinal();
+    let dev = Device::emulated(EmuConfig {
+        ordinal: o,
+        queues: 2,
+        ..EmuConfig::default()
+    })
+    .unwrap();
+    let (a, b, c) = (
+        dev.create_stream().unwrap(),
+        dev.create_stream().unwrap(),
+        dev.create_stream().unwrap(),
+    );
+    let n = 4096;
+    let src = dev.alloc(n).unwrap();
+    let bytes = device_checks::random_bytes(n, 9);
+    b.upload(&src.span(), &bytes, device_checks::T).unwrap();
+    let (db, dc) = (dev.alloc(n).unwrap(), dev.alloc(n).unwrap());
+    let f = dev.create_flag("queue-gate").unwrap();
+    let release = device_checks::Release(&f, 1);
+    a.wait_flag(&f, 1).unwrap();
+    c.copy(&dc.span(), &src.span()).unwrap();
+    b.copy(&db.span(), &src.span()).unwrap();
+    b.synchronize(device_checks::T)
+        .expect("b is on another queue");
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !c.query().unwrap(),
+        "c's copy ran past a's wait on its queue"
+    );
+    drop(release);
+    c.synchronize(device_checks::T).unwrap();
+    a.synchronize(device_checks::T).unwrap();
+    let mut got = vec![0u8; n];
+    c.download(&mut got, &dc.span(), device_checks::T).unwrap();
+    assert!(got == bytes, "c's copy");
+
+    // A wait for an event of b holds back c's copy too.
+    let g = dev.create_flag("event-gate").unwrap();
+    let release = device_checks::Release(&g, 1);
+    let ev = dev.create_event().unwrap();
+    b.wait_flag(&g, 1).unwrap();
+    b.record(&ev).unwrap();
+    a.wait_event(&ev).unwrap();
+    c.copy(&dc.span(), &src.span()).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!c.query().unwrap(), "c's copy ran past a's event wait");
+    drop(release);
+    c.synchronize(device_checks::T).unwrap();
+
+    let e = Device::emulated(EmuConfig {
+        ordinal: o,
+        queues: 8,
+        ..EmuConfig::default()
+    })
+    .expect_err("the context has 2 queues");
+    assert!(e.to_string().contains("'queues'"), "{e}");
+    let e = Device::emulated(EmuConfig {
+        ordinal: ordinal(),
+        queues: 33,
+        ..EmuConfig::default()
+    })
+    .expect_err("33 queues");
+    assert!(e.to_string().contains("1 to 32"), "{e}");
+}

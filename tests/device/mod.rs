@@ -3,6 +3,7 @@
 //! of every collective and send/recv, and the matrix that runs them on `n` ranks.
 #![allow(dead_code)] // not every test binary uses each helper
 use crate::capi::{comm, last_error, ranks, shm_config};
+use nccl_net_fabricoll::coll::device::install_on_thread;
 use nccl_net_fabricoll::device::{Device, DeviceBuffer, HostBuffer, Stream};
 use nccl_net_fabricoll::ffi::api::*;
 use std::os::raw::{c_int, c_void};
@@ -412,9 +413,11 @@ pub fn call(
 
 /// One case of the matrix on every rank (`comms`, threads): each rank's buffers at
 /// `places` (send, recv), the calls made in `mode`; panics with the case on a wrong result.
+/// `devs`: one device that every rank shares, or one per rank (rank r on `devs[r]`, installed
+/// for its thread with `install_on_thread`, as ranks that are processes each have their own).
 #[allow(clippy::too_many_arguments)]
 pub fn run_case(
-    dev: &Device,
+    devs: &[Device],
     comms: &[usize],
     coll: Coll,
     ty: Ty,
@@ -424,6 +427,10 @@ pub fn run_case(
     mode: Mode,
 ) {
     let n = comms.len();
+    assert!(
+        devs.len() == 1 || devs.len() == n,
+        "one device, or one per rank"
+    );
     let stream = mode == Mode::Stream;
     // Page-locked allocations and frees (pinned buffers, uploads and downloads) wait for every
     // stream of the device: no rank makes one while another's stream may wait for a call.
@@ -433,10 +440,14 @@ pub fn run_case(
             .iter()
             .enumerate()
             .map(|(me, &c)| {
-                let dev = dev.clone();
+                let dev = devs[me % devs.len()].clone();
+                let own = devs.len() > 1;
                 let step = &step;
                 sc.spawn(move || {
                     dev.bind().expect("bind");
+                    if own {
+                        install_on_thread(Some(dev.clone()));
+                    }
                     let s = dev.create_stream().expect("stream");
                     let (input, want) = expected(coll, op, n, me, count);
                     let mut send = Buf::new(&dev, &s, places.0, &ty.encode(&input));
@@ -505,6 +516,7 @@ pub fn destroy(cs: &[usize]) {
 /// placements that apply (pageable host buffers only blocking, page-locked ones only
 /// stream-ordered), counts 0, 1, 1000, and one call of several slices each.
 pub fn matrix(d: &Device, test: &str, n: usize, stream: bool) {
+    let ds = std::slice::from_ref(d);
     let mode = if stream { Mode::Stream } else { Mode::Blocking };
     let Some(cs) = ranks(test, &config(), n) else {
         return;
@@ -528,13 +540,13 @@ pub fn matrix(d: &Device, test: &str, n: usize, stream: bool) {
                     continue;
                 }
                 for count in [0, 1, 1000] {
-                    run_case(d, &cs, coll, ty, op, count, p, mode);
+                    run_case(ds, &cs, coll, ty, op, count, p, mode);
                 }
             }
         }
         // Several slices in flight (1 MiB per block each).
         let dd = (Place::Device, Place::Device);
-        run_case(d, &cs, coll, Ty::F32, Op::Sum, 700_001, dd, mode);
+        run_case(ds, &cs, coll, Ty::F32, Op::Sum, 700_001, dd, mode);
     }
     destroy(&cs);
 }
@@ -545,6 +557,7 @@ pub fn matrix(d: &Device, test: &str, n: usize, stream: bool) {
 /// on device buffers (a rendezvous on the fabric, so a send and a receive that both ranks
 /// start send first must progress together).
 pub fn matrix_modes(d: &Device, test: &str, n: usize, colls: &[Coll], modes: &[Mode], full: bool) {
+    let ds = std::slice::from_ref(d);
     let Some(cs) = ranks(test, &config(), n) else {
         return;
     };
@@ -569,10 +582,10 @@ pub fn matrix_modes(d: &Device, test: &str, n: usize, colls: &[Coll], modes: &[M
                         continue;
                     }
                     let (ty, op) = types[(i + j + count) % types.len()];
-                    run_case(d, &cs, coll, ty, op, count, p, mode);
+                    run_case(ds, &cs, coll, ty, op, count, p, mode);
                 }
             }
-            run_case(d, &cs, coll, Ty::F32, Op::Sum, 300_000, dd, mode);
+            run_case(ds, &cs, coll, Ty::F32, Op::Sum, 300_000, dd, mode);
         }
     }
     destroy(&cs);
@@ -619,11 +632,13 @@ pub fn no_async_error(cm: *mut fabricoll_comm) {
 }
 
 /// Each of 3 ranks sends on one stream and receives on another, both stream-ordered, every
-/// rank sending first: the two calls progress together (two slices per message, so a
-/// rendezvous), and each stream is released once its own call has ended.
+/// rank sending first: the two calls progress together (three slices per message, so a
+/// rendezvous, and more than a call's two slots: the receive's third slice reuses the slot of
+/// its first, released by its own collective, not after the send's), and each stream is
+/// released once its own call has ended.
 pub fn two_streams(d: &Device, test: &str) {
     let n = 3;
-    const COUNT: usize = 300_000;
+    const COUNT: usize = 700_001;
     on_ranks(d, test, n, |me, c, ready| {
         let (a, b) = (d.create_stream().unwrap(), d.create_stream().unwrap());
         let (input, want) = expected(Coll::SendRecv, Op::Sum, n, me, COUNT);

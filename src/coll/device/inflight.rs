@@ -13,24 +13,30 @@
 //! whatever their order in the group.
 //!
 //! **Slots.** Every call holds a slot of its own while it runs (`pool`): the calls of a group
-//! all progress, however many. A call takes it when it is made, a stream-ordered call too
-//! (before its stream has reached it), unless none is free or an earlier call still waits for
-//! one (`wants_slot`). A stream-ordered call that got none waits, and the calls waiting get
-//! the slots freed in call order, before any call borrows one for more slices in flight; a
-//! later call that may allocate allocates one rather than take a slot from them. So no slot
-//! that a waiting call needs is held by a later call, which could not end before it.
+//! all progress, however many. A call takes it when it is made, before it is added here,
+//! unless none is free or a stream-ordered call waits at its submission for one
+//! (`wants_slot`): then a blocking, non-blocking or grouped call allocates one, and a
+//! stream-ordered call waits (`Streams::submit`: its copies are enqueued on its stream at
+//! submission, in its slots), stepping the calls here, which free slots as they end. While a
+//! submission waits, no call borrows a free slot for more slices in flight. The calls here
+//! are all earlier than the waiting one and end without it.
 //!
-//! **Stream-ordered calls** wait, before their first copy, for the event recorded on the
-//! caller's stream (the stream has reached the call). They end in any order but release
-//! their streams in call order: the flag holds the number of the last call released, and
-//! every stream waits for its own call's number or more.
+//! **Stream-ordered calls** have their whole copy schedule on the caller's stream (`staged`):
+//! each slice's collective starts once the stream has staged it (an event), and the stream's
+//! copy out of a slice waits for its slot's flag to reach the number of that use of the slot
+//! (`pool::Slot::flag`, numbered at submission). A slot is one call's at a time, used slice
+//! after slice, so each slot's numbers are released in order, as the call's collectives finish
+//! (`release`); calls release their slices independently of each other, so a stream-ordered
+//! call never waits for another's collectives (a send and a receive on two streams, made
+//! send first on both ranks, both complete). A call ends when the stream has passed its last
+//! copy; a failed one releases every slice at once, so that its stream goes on.
 //!
 //! **Deadline.** When none of the running calls moved for the communicator's timeout, they all
 //! fail with a `Timeout`; an abort fails them at the next step.
 use super::pool::Pool;
 use super::staged::Pipeline;
 use crate::coll::{Callback, Comm, Kind};
-use crate::device::{Event, Flag, Stream};
+use crate::device::Stream;
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -66,9 +72,9 @@ pub(super) enum End {
     /// A request (of a blocking, non-blocking or grouped call): its result stays until `take`,
     /// or goes to the callback `notify` set.
     Request(Option<Callback>),
-    /// A stream-ordered call: release `stream` (dropped once the flag is written: dropping it
-    /// waits for its operations that hold memory, the flag wait, which the release ends).
-    Stream { seq: u32, stream: Option<Stream> },
+    /// A stream-ordered call on `stream` (dropped once the call has ended and released every
+    /// slice: dropping it waits for its operations that hold memory, which the releases end).
+    Stream { stream: Option<Stream> },
 }
 
 /// What the caller of `advance` does once the lock is released: run a callback, or drop a
@@ -81,8 +87,6 @@ pub(super) enum Finish {
 pub(super) struct Entry {
     pub id: u64,
     channel: Channel,
-    /// A stream-ordered call: the event recorded on the caller's stream, until it completes.
-    gate: Option<Event>,
     pipe: Pipeline,
     /// None while running.
     result: Option<Result<()>>,
@@ -90,11 +94,10 @@ pub(super) struct Entry {
 }
 
 impl Entry {
-    pub fn new(id: u64, pipe: Pipeline, gate: Option<Event>, end: End) -> Entry {
+    pub fn new(id: u64, pipe: Pipeline, end: End) -> Entry {
         Entry {
             id,
             channel: Channel::of(&pipe.call().kind),
-            gate,
             pipe,
             result: None,
             end,
@@ -104,21 +107,23 @@ impl Entry {
     fn running(&self) -> bool {
         self.result.is_none()
     }
+
+    fn stream_ordered(&self) -> bool {
+        matches!(self.end, End::Stream { .. })
+    }
 }
 
-/// The calls in flight, the slots, and the stream-ordered calls' flag and first error.
+/// The calls in flight, the slots, and the stream-ordered calls' first error.
 #[derive(Default)]
 pub(super) struct Inflight {
     pub pool: Option<Pool>,
-    pub flag: Option<Flag>,
     /// The first failure of a stream-ordered call: later ones fail with it at once.
     pub error: Option<Error>,
     /// Every rank has made its staging: the first stream-ordered call waited for them
     /// (`Streams::join`) before its stream waited for anything.
     pub joined: bool,
-    /// The number of the last stream-ordered call submitted, and of the last released.
-    pub seq: u32,
-    released: u32,
+    /// Stream-ordered calls waiting at their submission for a free slot (`Streams::submit`).
+    pub slot_waiters: usize,
     entries: VecDeque<Entry>,
     next_id: u64,
     last_moved: Option<Instant>,
@@ -151,12 +156,10 @@ impl Inflight {
         self.entries.iter().any(Entry::running)
     }
 
-    /// Whether a running call has no slot of its own yet: a call made now must not take a
-    /// free slot before it (the module doc).
+    /// Whether a stream-ordered call waits at its submission for a slot: a call made now must
+    /// not take a free slot before it, and no call borrows one (the module doc).
     pub fn wants_slot(&self) -> bool {
-        self.entries
-            .iter()
-            .any(|e| e.running() && e.pipe.own().is_none())
+        self.slot_waiters > 0
     }
 
     /// Whether a running call of `channel` has slices not started yet (a call of that channel
@@ -211,8 +214,18 @@ impl Inflight {
             })
     }
 
-    /// One round over every running call: the gates of stream-ordered calls, slots for calls
-    /// without one, each call's step, the deadline; then the ended calls' releases. Whether
+    /// Adds call `e`, which failed as it was submitted (`err`; its stream may hold part of
+    /// its schedule), and releases what can be: what to do once the lock is released.
+    pub fn push_failed(&mut self, e: Entry, err: Error) -> Vec<Finish> {
+        self.push(e);
+        self.end(self.entries.len() - 1, Err(err));
+        let mut fin = Vec::new();
+        self.release(&mut fin);
+        fin
+    }
+
+    /// One round over every running call: slots for calls without one, each call's step, the
+    /// deadline; then the releases of stream-ordered slices and ended calls. Whether
     /// anything moved, and what to do once the lock is released.
     pub fn advance(&mut self, comm: &Comm) -> (bool, Vec<Finish>) {
         let mut fin = Vec::new();
@@ -260,43 +273,19 @@ impl Inflight {
         }
         let mut moved = false;
         let mut failed = Vec::new();
-        // A call still waits for a slot of its own: no call borrows one.
-        let mut waiting = false;
+        // A submission waits for a slot: no call borrows one.
+        let borrow = self.slot_waiters == 0;
+        let mut blocked: Vec<Channel> = Vec::new();
         for (i, e) in self.entries.iter_mut().enumerate() {
             if !e.running() {
                 continue;
             }
-            if let Some(g) = &e.gate {
-                match g.query() {
-                    Ok(true) => {
-                        e.gate = None;
-                        moved = true;
-                    }
-                    Ok(false) => {}
-                    Err(err) => failed.push((i, err)),
-                }
-            }
-            // In call order: a call after one that found no slot does not take one before it.
-            if e.pipe.own().is_none() && !waiting {
-                match pool.take(e.pipe.need()) {
-                    Some(s) => e.pipe.set_own(s),
-                    None => waiting = true,
-                }
-            }
-        }
-        let mut blocked: Vec<Channel> = Vec::new();
-        for (i, e) in self.entries.iter_mut().enumerate() {
-            if !e.running() || failed.iter().any(|f| f.0 == i) {
-                continue;
-            }
-            if e.gate.is_none() {
-                let may_start = !blocked.contains(&e.channel);
-                match e.pipe.step(comm, pool, may_start, !waiting) {
-                    Ok(m) => moved |= m,
-                    Err(err) => {
-                        failed.push((i, err));
-                        continue;
-                    }
+            let may_start = !blocked.contains(&e.channel);
+            match e.pipe.step(comm, pool, may_start, borrow) {
+                Ok(m) => moved |= m,
+                Err(err) => {
+                    failed.push((i, err));
+                    continue;
                 }
             }
             if !e.pipe.issued() {
@@ -331,6 +320,9 @@ impl Inflight {
     fn end(&mut self, i: usize, r: Result<()>) {
         let e = &mut self.entries[i];
         if let Some(pool) = self.pool.as_mut() {
+            // Every slice of a stream-ordered call released before its slots may be leaked:
+            // its stream goes on (a failed call's outputs hold what its slots held).
+            e.pipe.release(pool, true);
             let own = e.pipe.own();
             for s in e.pipe.slots() {
                 if r.is_ok() || (Some(s) == own && !e.pipe.touched()) {
@@ -340,9 +332,9 @@ impl Inflight {
                 }
             }
         }
-        let stream_err = match (&e.end, &r) {
-            (End::Stream { seq, .. }, Err(err)) => {
-                log::warn!("stream-ordered call {seq} failed: {err}");
+        let stream_err = match &r {
+            Err(err) if e.stream_ordered() => {
+                log::warn!("stream-ordered call {} failed: {err}", e.id);
                 Some(err.clone())
             }
             _ => None,
@@ -359,29 +351,19 @@ impl Inflight {
         }
     }
 
-    /// Releases the streams of the ended stream-ordered calls that no running one precedes,
-    /// and hands over the ended requests that have a callback.
+    /// Releases the slices of running stream-ordered calls whose collectives have finished
+    /// (an ended call released all of its own, `end`); drops the streams of the ended
+    /// stream-ordered calls, and hands over the ended requests that have a callback.
     fn release(&mut self, fin: &mut Vec<Finish>) {
-        let mut upto = None;
-        for e in &self.entries {
-            match (&e.end, e.running()) {
-                (End::Stream { seq, .. }, false) => upto = Some(*seq),
-                (End::Stream { .. }, true) => break,
-                _ => {}
+        if let Some(pool) = self.pool.as_ref() {
+            for e in self.entries.iter_mut().filter(|e| e.running()) {
+                e.pipe.release(pool, false);
             }
         }
-        if let (Some(seq), Some(flag)) = (upto, &self.flag) {
-            flag.set(seq);
-            self.released = seq;
-        }
-        let released = self.released;
         let mut keep = VecDeque::with_capacity(self.entries.len());
         for mut e in self.entries.drain(..) {
             let gone = match &mut e.end {
-                // Released: ended, and its number at most the flag's (values only grow).
-                End::Stream { seq, stream }
-                    if e.result.is_some() && released.wrapping_sub(*seq) as i32 >= 0 =>
-                {
+                End::Stream { stream } if e.result.is_some() => {
                     fin.extend(stream.take().map(Finish::Drop));
                     true
                 }
@@ -412,14 +394,16 @@ impl Inflight {
 impl Entry {
     /// Why a call that made no progress within `timeout` failed.
     fn stalled(&self, timeout: &str) -> String {
-        match (&self.end, &self.gate) {
-            (End::Stream { seq, .. }, Some(_)) => {
-                format!("the stream did not reach stream-ordered call {seq} within {timeout}")
-            }
-            _ => format!(
+        if self.stream_ordered() && self.pipe.started() == 0 {
+            format!(
+                "the stream did not reach stream-ordered call {} within {timeout}",
+                self.id
+            )
+        } else {
+            format!(
                 "a staged device call made no progress within {timeout} ({})",
                 self.pipe.progress()
-            ),
+            )
         }
     }
 }

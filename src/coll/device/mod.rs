@@ -44,10 +44,26 @@ pub fn uninstall() {
     *INSTALLED.write() = None;
 }
 
-/// The device of the calling thread, if any: the installed one, else the device of the CUDA
-/// context current on this thread (a thread that has made no CUDA call passes no device
-/// buffers, and a host-only process opens no context).
+thread_local! {
+    /// The device a test installed for this thread only (`install_on_thread`).
+    static ON_THREAD: std::cell::RefCell<Option<Device>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Makes `dev` (None: none) the device of the calling thread's calls on device buffers, ahead
+/// of `install`'s and the CUDA driver's: a test tool, like `install`, for ranks as threads of
+/// one process that each have a device of their own, as ranks that are processes do (each
+/// emulated device ordinal is a context of its own).
+pub fn install_on_thread(dev: Option<Device>) {
+    ON_THREAD.with(|d| *d.borrow_mut() = dev);
+}
+
+/// The device of the calling thread, if any: the one installed for it or for the process,
+/// else the device of the CUDA context current on this thread (a thread that has made no
+/// CUDA call passes no device buffers, and a host-only process opens no context).
 pub fn installed() -> Option<Device> {
+    if let Some(d) = ON_THREAD.with(|d| d.borrow().clone()) {
+        return Some(d);
+    }
     if let Some(d) = INSTALLED.read().as_ref() {
         return Some(d.clone());
     }

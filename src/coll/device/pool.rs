@@ -1,5 +1,6 @@
-//! A communicator's staging memory: page-locked host slots and the two copy streams that every
-//! device call of the communicator shares.
+//! A communicator's staging memory: page-locked host slots, and the two copy streams that the
+//! communicator's blocking, non-blocking and grouped device calls share (a stream-ordered call
+//! copies on the caller's stream only).
 //!
 //! `SLOTS` full-size slots are allocated at the communicator's first device use and kept. A
 //! call in flight holds at least one slot for its whole life (its own slot, `take`), so that
@@ -7,20 +8,20 @@
 //! free slots for more slices in flight while nobody waits for one. A non-blocking, grouped or
 //! blocking call that finds no free slot that fits allocates one, in the caller's thread, of
 //! the size its slices need (`Slot::new`, then `add`); a stream-ordered call never allocates:
-//! it takes its slot when it is submitted, or waits for one.
+//! it takes one or two slots when it is submitted, or waits there for one to be freed.
 //!
 //! No call starves another: the calls progress in call order, so a slot that a waiting call
 //! needs must never be held by a later call, which cannot end before it. Hence a call takes a
-//! free slot only where no earlier call waits for one (else it allocates, or, stream-ordered,
-//! waits too), the waiting calls get the slots freed in call order, and no call borrows one
-//! while any waits (`inflight`). A waiting call only waits for earlier calls to end.
+//! free slot only where no stream-ordered call waits for one (else it allocates, or,
+//! stream-ordered, waits too), and no call borrows one while any waits (`inflight`). A waiting
+//! call only waits for earlier calls to end.
 //!
 //! Nothing is freed before the communicator is destroyed: allocating or freeing
 //! page-locked memory waits for the whole device on the CUDA driver, so doing either while a
 //! caller's stream waits for a stream-ordered call's flag would wait for that stream, which
 //! waits for the call (docs/device.md). A slot that a failed call may still have in use is
 //! leaked (`leak`), never freed.
-use crate::device::{Device, Event, HostBuffer, Stream};
+use crate::device::{Device, Event, Flag, HostBuffer, Stream};
 use crate::error::{Error, Result};
 
 /// Full-size slots allocated at the first device use: one copying in, one in its collective,
@@ -39,12 +40,20 @@ pub(super) const SLOT_BYTES: usize = 4 * SLICE_BYTES;
 pub(super) const MAX_SLOTS: usize = 256;
 
 /// One slot: page-locked input and output (None: not needed by the call it was made for),
-/// and the events recorded after copying in and out.
+/// the events recorded after copying in and out, and the flag that releases a stream-ordered
+/// call's copies out of it.
 pub(super) struct Slot {
     pub input: Option<HostBuffer>,
     pub output: Option<HostBuffer>,
     pub copied_in: Event,
     pub copied_out: Event,
+    /// A stream-ordered call's copy out of this slot waits for this word to reach the number
+    /// of its use of the slot (`uses`, counted when the call is submitted); the worker writes
+    /// the number when the slice's collective has finished. One stream-ordered call holds the
+    /// slot at a time and uses it slice after slice, so the numbers are written in order.
+    pub flag: Flag,
+    /// The number of the slot's last use by a stream-ordered call.
+    pub uses: u32,
 }
 
 impl Slot {
@@ -56,6 +65,8 @@ impl Slot {
             output: buf(need.1)?,
             copied_in: dev.create_event()?,
             copied_out: dev.create_event()?,
+            flag: dev.create_flag("fabricoll staging slot released")?,
+            uses: 0,
         })
     }
 
@@ -101,6 +112,10 @@ impl Pool {
         self.slots[i].as_ref().expect("a slot in use is not leaked")
     }
 
+    pub fn slot_mut(&mut self, i: usize) -> &mut Slot {
+        self.slots[i].as_mut().expect("a slot in use is not leaked")
+    }
+
     /// A free slot of at least `need` bytes, now busy.
     pub fn take(&mut self, need: (usize, usize)) -> Option<usize> {
         let i = (0..self.slots.len())
@@ -124,6 +139,8 @@ impl Pool {
         if let Some(s) = self.slots[i].take() {
             std::mem::forget(s.input);
             std::mem::forget(s.output);
+            // a stream may still wait on it (released past every use first, `inflight`)
+            std::mem::forget(s.flag);
         }
         self.busy[i] = true;
     }

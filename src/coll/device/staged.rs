@@ -9,6 +9,16 @@
 //! rank. Each slice's collective is bit-identical across ranks as every host collective is,
 //! so the whole call is too.
 //!
+//! A stream-ordered call (`enqueue`) needs no stream but the caller's: at submission, its whole
+//! copy schedule goes on the caller's stream, slice by slice: the copy in (device to host, into
+//! one of the call's one or two slots, alternating), an event the worker polls (the slice is
+//! staged), a wait for its slot's flag to reach the number of this use of the slot (the worker
+//! has finished the slice's collective), and the copy out. So no operation of the call sits on another
+//! stream, behind the caller's flag wait on a shared hardware queue (docs/device-calls.md,
+//! "Hardware queues"). With two slots, the copies of one slice overlap the next one's
+//! collective. `step` then only starts each staged slice's collective and reports it done; the
+//! releases are `inflight`'s.
+//!
 //! Reductions run on the host, on the staged slice: the slice is in host memory already, and a
 //! device kernel would need every received contribution copied back to the device first (one
 //! more crossing of the bus per contribution). A pageable host buffer of a mixed call is copied
@@ -53,6 +63,26 @@ enum State {
         recorded: bool,
     },
     Free,
+    /// A stream-ordered call's slice whose collective has finished (its copy out is the
+    /// stream's, once released).
+    Collected,
+}
+
+/// A stream-ordered call's schedule on the caller's stream, enqueued at submission.
+struct OnStream {
+    /// Its slots: slice i is staged in `slots[i % slots.len()]`.
+    slots: Vec<usize>,
+    /// Per slice, recorded after its copy in: the slice is staged (the first: the stream has
+    /// reached the call, so its inputs are written).
+    staged: Vec<Event>,
+    /// Recorded after the last copy out: the stream has passed the call, its slots are idle.
+    passed: Event,
+    passed_seen: bool,
+    /// Per slice, the number of its use of its slot: its copy out waits for the slot's flag
+    /// to reach it.
+    marks: Vec<u32>,
+    /// How many slices, from the first, have been released (their slots' flags written).
+    released: usize,
 }
 
 /// One call's slices and where each is.
@@ -69,6 +99,8 @@ pub(super) struct Pipeline {
     next_in: usize,
     next_start: usize,
     done: usize,
+    /// A stream-ordered call's schedule (None: the worker copies, on the pool's streams).
+    on_stream: Option<OnStream>,
 }
 
 impl Pipeline {
@@ -119,7 +151,101 @@ impl Pipeline {
             next_in: 0,
             next_start: 0,
             done: 0,
+            on_stream: None,
         })
+    }
+
+    /// How many slices the call has (at least one).
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// How many slices' collectives have started.
+    pub fn started(&self) -> usize {
+        self.next_start
+    }
+
+    /// Enqueues the call's whole copy schedule on the caller's stream `user` (the module doc):
+    /// slice i staged in `slots[i % slots.len()]` (one or two slots, busy in the pool, the
+    /// call's until it ends), `staged[i]` recorded after its copy in, a wait for that slot's
+    /// flag to reach the next number of its uses before its copy out, and `passed` recorded at
+    /// the end. The slots are the call's even where this fails part way: the stream may use
+    /// them.
+    pub fn enqueue(
+        &mut self,
+        pool: &mut Pool,
+        user: &Stream,
+        slots: Vec<usize>,
+        staged: Vec<Event>,
+        passed: Event,
+    ) -> Result<()> {
+        let (n, k) = (self.list.len(), slots.len());
+        if k == 0 || staged.len() != n {
+            return Err(Error::Internal(format!(
+                "a stream-ordered call of {n} slices given {k} slots and {} events",
+                staged.len()
+            )));
+        }
+        let marks = (0..n)
+            .map(|i| {
+                let s = pool.slot_mut(slots[i % k]);
+                s.uses = s.uses.wrapping_add(1);
+                s.uses
+            })
+            .collect();
+        let pool: &Pool = pool;
+        self.own = Some(slots[0]);
+        let os = self.on_stream.insert(OnStream {
+            slots,
+            staged,
+            passed,
+            passed_seen: false,
+            marks,
+            released: 0,
+        });
+        if [&self.input, &self.output]
+            .iter()
+            .any(|s| matches!(s, Side::Host(_)))
+        {
+            return Err(Error::Internal(
+                "pageable host memory in a stream-ordered call".into(),
+            ));
+        }
+        let slot = |i: usize| pool.slot(os.slots[i % k]);
+        let stage_in = |j: usize| -> Result<()> {
+            let buf = slot(j).input.as_ref();
+            copy_on(user, buf, &self.list[j].input, &self.input, true)?;
+            user.record(&os.staged[j])
+        };
+        // One slice staged ahead per extra slot: slice i + k - 1 goes in once the stream has
+        // passed the wait of slice i - 1, the last to use its slot.
+        for j in 0..(k - 1).min(n) {
+            stage_in(j)?;
+        }
+        for i in 0..n {
+            if i + k - 1 < n {
+                stage_in(i + k - 1)?;
+            }
+            user.wait_flag(&slot(i).flag, os.marks[i])?;
+            let buf = slot(i).output.as_ref();
+            copy_on(user, buf, &self.list[i].output, &self.output, false)?;
+        }
+        user.record(&os.passed)
+    }
+
+    /// A stream-ordered call: releases the copies out of the slices whose collectives have
+    /// finished, in order (`all`: every slice, whether finished or not: the call failed, and its
+    /// stream must go on). Its slots must not be leaked yet.
+    pub fn release(&mut self, pool: &Pool, all: bool) {
+        let Some(os) = self.on_stream.as_mut() else {
+            return;
+        };
+        let upto = if all { os.marks.len() } else { self.done };
+        let k = os.slots.len();
+        for i in os.released..upto {
+            pool.slot(os.slots[i % k]).flag.set(os.marks[i]);
+        }
+        os.released = os.released.max(upto);
     }
 
     pub fn call(&self) -> &DevCall {
@@ -150,17 +276,23 @@ impl Pipeline {
         format!("{} of {} slices done", self.done, self.list.len())
     }
 
+    /// Whether it has ended: every slice done (a stream-ordered call's: and the stream past
+    /// its last copy).
     pub fn finished(&self) -> bool {
-        self.done == self.list.len()
+        self.done == self.list.len() && self.on_stream.as_ref().is_none_or(|o| o.passed_seen)
     }
 
-    /// Whether a copy or collective of it may still use its slots.
+    /// Whether a copy or collective of it may still use its slots (a stream-ordered call's
+    /// copies are on the stream from its submission).
     pub fn touched(&self) -> bool {
-        !self.stages.is_empty()
+        !self.stages.is_empty() || self.on_stream.is_some()
     }
 
     /// The slots it holds: its own, and those of slices in flight.
     pub fn slots(&self) -> Vec<usize> {
+        if let Some(o) = &self.on_stream {
+            return o.slots.clone();
+        }
         let mut v: Vec<usize> = self.own.into_iter().collect();
         v.extend(
             self.stages
@@ -181,6 +313,9 @@ impl Pipeline {
         may_start: bool,
         borrow: bool,
     ) -> Result<bool> {
+        if self.on_stream.is_some() {
+            return self.step_stream(comm, pool, may_start);
+        }
         let Some(own) = self.own else {
             return Ok(false);
         };
@@ -247,6 +382,65 @@ impl Pipeline {
     }
 }
 
+impl Pipeline {
+    /// `step` of a stream-ordered call: starts the collective of each slice the stream has
+    /// staged, in order, where `may_start` and its slot is not in use by an earlier slice;
+    /// counts the slices whose collectives finished, from the first; notes when the stream
+    /// has passed the call.
+    fn step_stream(&mut self, comm: &Comm, pool: &mut Pool, may_start: bool) -> Result<bool> {
+        let Some(os) = self.on_stream.as_mut() else {
+            return Ok(false);
+        };
+        let k = os.slots.len();
+        let mut moved = false;
+        while may_start
+            && self.next_start < self.list.len()
+            && self.next_start - self.done < k
+            && os.staged[self.next_start].query()?
+        {
+            let i = self.next_start;
+            let slot = os.slots[i % k];
+            let c = slot_call(
+                &self.call,
+                pool.slot(slot),
+                &self.list[i],
+                &self.input,
+                &self.output,
+            );
+            self.stages.push_back(Stage {
+                slice: i,
+                slot,
+                state: State::Running {
+                    req: comm.start(&c)?,
+                },
+            });
+            self.next_start += 1;
+            moved = true;
+        }
+        for st in self.stages.iter_mut() {
+            if let State::Running { req } = st.state {
+                if comm.test(req)? {
+                    st.state = State::Collected;
+                    moved = true;
+                }
+            }
+        }
+        while self
+            .stages
+            .front()
+            .is_some_and(|st| matches!(st.state, State::Collected))
+        {
+            self.stages.pop_front();
+            self.done += 1;
+        }
+        if self.done == self.list.len() && !os.passed_seen && os.passed.query()? {
+            os.passed_seen = true;
+            moved = true;
+        }
+        Ok(moved)
+    }
+}
+
 /// The side of a buffer of `len` bytes at `addr` (0: NULL).
 fn side(dev: &Device, addr: u64, kind: Option<PtrKind>, len: usize, name: &str) -> Result<Side> {
     match kind {
@@ -271,6 +465,23 @@ fn copy(pool: &Pool, slot: &Slot, pieces: &[Piece], user: &Side, inward: bool) -
     } else {
         (slot.output.as_ref(), &pool.outbound, &slot.copied_out)
     };
+    let on_stream = copy_on(st, buf, pieces, user, inward)?;
+    if on_stream {
+        st.record(ev)?;
+    }
+    Ok(on_stream)
+}
+
+/// Copies `pieces` between the caller's side `user` and the slot's buffer `buf` (None: the
+/// call has no such side), into `buf` when `inward`: by the host for pageable memory (done on
+/// return), else enqueued on `st`. Whether anything was enqueued.
+fn copy_on(
+    st: &Stream,
+    buf: Option<&HostBuffer>,
+    pieces: &[Piece],
+    user: &Side,
+    inward: bool,
+) -> Result<bool> {
     let Some(buf) = buf else {
         return Ok(false);
     };
@@ -295,9 +506,6 @@ fn copy(pool: &Pool, slot: &Slot, pieces: &[Piece], user: &Side, inward: bool) -
             Ok(false)
         }
         Side::Stream(span) => {
-            if pieces.is_empty() {
-                return Ok(false);
-            }
             for p in pieces {
                 let u = span.slice(p.user..p.user + p.len)?;
                 let s = buf.slice(p.slot..p.slot + p.len)?;
@@ -307,8 +515,7 @@ fn copy(pool: &Pool, slot: &Slot, pieces: &[Piece], user: &Side, inward: bool) -
                     st.copy(&u, &s)?;
                 }
             }
-            st.record(ev)?;
-            Ok(true)
+            Ok(!pieces.is_empty())
         }
     }
 }

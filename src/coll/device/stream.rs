@@ -3,10 +3,10 @@
 //! (`submit`); the host calls' turn after them (`settle`); and the worker thread that advances
 //! the calls in flight while nobody waits for them (`inflight` holds the calls and the step).
 //!
-//! A stream-ordered call returns at once. On the caller's stream it enqueues a record of an
-//! event (the call waits for it before its first copy) and a wait for the communicator's flag
-//! to reach the call's number (later work on the stream waits for the call). A call that fails
-//! releases its stream the same way; its error is kept (`error`), and every later
+//! A stream-ordered call returns at once, once it has a slot (`slots`): it enqueues its whole
+//! copy schedule on the caller's stream and no other (`staged`): per slice, the copy in, an
+//! event (staged), a wait for its slot's flag to reach the number of that use, the copy out.
+//! A call that fails releases its stream the same way; its error is kept (`error`), and every later
 //! stream-ordered call on the communicator fails with it at once. The worker starts at the
 //! first call that returns before it ends (non-blocking, grouped, stream-ordered, notified)
 //! and stops when the communicator is destroyed (`shutdown`). docs/device-calls.md says why
@@ -21,16 +21,20 @@ use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, RedOp};
 use crate::transport::Region;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::os::raw::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The longest sleep of a waiter or the worker between rounds without progress (the copies
 /// and the fabric make progress without them, but the next slice waits for a step).
 const MAX_NAP: Duration = Duration::from_micros(200);
+
+/// The most slots a stream-ordered call takes: two, so that one slice's copies overlap the
+/// next one's collective, where two are free.
+const STREAM_SLOTS: usize = 2;
 
 /// Longest park of an idle worker: it re-checks the shutdown flag at least this often.
 const PARK: Duration = Duration::from_secs(1);
@@ -104,7 +108,7 @@ impl Streams {
         };
         pipe.set_own(own);
         let id = c.next_id();
-        c.push(Entry::new(id, pipe, None, End::Request(None)));
+        c.push(Entry::new(id, pipe, End::Request(None)));
         Ok(id)
     }
 
@@ -133,41 +137,29 @@ impl Streams {
             self.join(comm, &dev)?;
         }
         let mut pipe = Pipeline::new(comm, call, None)?;
-        let mut c = self.inner.calls.lock();
-        if let Some(e) = &c.error {
-            return Err(earlier(e));
-        }
-        let (Some(flag), Some(pool)) = (c.flag.clone(), c.pool.as_ref()) else {
+        let n = pipe.len();
+        // Its events, made before the calls' lock is taken.
+        let staged = (0..n)
+            .map(|_| dev.create_event())
+            .collect::<Result<Vec<_>>>()?;
+        let passed = dev.create_event()?;
+        let (mut c, slots) = self.slots(comm, &dev, pipe.need(), n)?;
+        let Some(pool) = c.pool.as_mut() else {
             return Err(Error::Internal(
                 "the stream-ordered calls' staging was not allocated".into(),
             ));
         };
-        if pool.device().ordinal() != dev.ordinal() || !pool.could_fit(pipe.need()) {
-            return Err(Error::InvalidUsage(format!(
-                "this communicator's device staging is on device {} or was given up after a \
-                 failed call (a stream-ordered call allocates none); a blocking call on device \
-                 {} renews it",
-                pool.device().ordinal(),
-                dev.ordinal()
-            )));
-        }
-        let seq = c.seq.wrapping_add(1);
-        let reached = dev.create_event()?;
-        user.record(&reached)?;
-        user.wait_flag(&flag, seq)?;
-        c.seq = seq;
+        let enqueued = pipe.enqueue(pool, &user, slots, staged, passed);
         let id = c.next_id();
-        let end = End::Stream {
-            seq,
-            stream: Some(user),
-        };
-        // Its slot now, before later calls are made (else it waits for one: `inflight`).
-        if !c.wants_slot() {
-            if let Some(s) = c.pool.as_mut().and_then(|p| p.take(pipe.need())) {
-                pipe.set_own(s);
-            }
+        let entry = Entry::new(id, pipe, End::Stream { stream: Some(user) });
+        if let Err(e) = enqueued {
+            // Part of its schedule may be on the stream: released in order like any failure.
+            let fin = c.push_failed(entry, e.clone());
+            drop(c);
+            finish(comm, fin);
+            return Err(e);
         }
-        c.push(Entry::new(id, pipe, Some(reached), end));
+        c.push(entry);
         drop(c);
         // Where the worker cannot start, the call is failed so that its stream is released.
         if let Err(e) = self.background(comm) {
@@ -176,6 +168,56 @@ impl Streams {
             return Err(e);
         }
         Ok(())
+    }
+
+    /// The slots of a stream-ordered call of `nslices` slices of `need` bytes, busy in the pool,
+    /// with the calls' lock: two where two are free (one copies while the other is in its
+    /// collective), else one, else it waits for one to be freed by the calls in flight (which
+    /// it steps meanwhile) until they have made no progress for the communicator's timeout. It
+    /// never allocates: page-locked allocation waits for every stream of the device, this
+    /// call's stream and its peers' included (docs/device-calls.md).
+    fn slots(
+        &self,
+        comm: &Comm,
+        dev: &Device,
+        need: (usize, usize),
+        nslices: usize,
+    ) -> Result<(MutexGuard<'_, Inflight>, Vec<usize>)> {
+        let mut since = Instant::now();
+        let mut nap = Duration::ZERO;
+        // Whether this call counts among the waiters (`Inflight::slot_waiters`).
+        let mut waiter = false;
+        loop {
+            let mut c = self.inner.calls.lock();
+            let r = try_slots(&mut c, dev, need, nslices, waiter);
+            if !matches!(r, Ok(None)) {
+                if waiter {
+                    c.slot_waiters -= 1;
+                }
+                return r.map(|got| (c, got.unwrap_or_default()));
+            }
+            if !waiter {
+                c.slot_waiters += 1;
+                waiter = true;
+            }
+            let (moved, fin) = c.advance(comm);
+            drop(c);
+            finish(comm, fin);
+            if moved {
+                since = Instant::now();
+                nap = Duration::ZERO;
+            } else if since.elapsed() > comm.timeout.limit {
+                self.inner.calls.lock().slot_waiters -= 1;
+                return Err(Error::Timeout(format!(
+                    "a stream-ordered call found no free staging slot, and the device calls in \
+                     flight that hold them made no progress within {} (a stream-ordered call \
+                     allocates none: it waits for one to be freed)",
+                    comm.timeout
+                )));
+            } else {
+                nap = crate::device::backoff_to(nap, MAX_NAP);
+            }
+        }
     }
 
     /// Before the communicator's first stream-ordered call enqueues its flag wait: this rank's
@@ -196,7 +238,7 @@ impl Streams {
     }
 
     /// Allocates the communicator's page-locked memory on its first device use (its staging
-    /// slots and the stream-ordered calls' flag). `replace`: a call that may allocate renews
+    /// slots, each with the flag that releases stream-ordered copies out of it). `replace`: a call that may allocate renews
     /// staging of another device while no call is in flight (the next stream-ordered call then
     /// joins the ranks again); a stream-ordered call allocates nothing else.
     fn prepare(&self, dev: &Device, replace: bool) -> Result<()> {
@@ -221,10 +263,8 @@ impl Streams {
         if fresh {
             // Outside the lock, as in `add`.
             let pool = Pool::new(dev)?;
-            let flag = dev.create_flag("fabricoll stream-ordered call done")?;
             let mut c = self.inner.calls.lock();
             c.pool = Some(pool);
-            c.flag.get_or_insert(flag);
             c.joined = false;
         }
         Ok(())
@@ -367,6 +407,42 @@ impl Inner {
             }
         }
     }
+}
+
+/// One try of `slots`: the slots taken (None: none free, or a waiter comes first where
+/// this call is not one, `waiter`).
+fn try_slots(
+    c: &mut Inflight,
+    dev: &Device,
+    need: (usize, usize),
+    nslices: usize,
+    waiter: bool,
+) -> Result<Option<Vec<usize>>> {
+    if let Some(e) = &c.error {
+        return Err(earlier(e));
+    }
+    let first = !waiter && c.wants_slot();
+    let pool = staging(c)?;
+    if pool.device().ordinal() != dev.ordinal() || !pool.could_fit(need) {
+        return Err(Error::InvalidUsage(format!(
+            "this communicator's device staging is on device {} or was given up after a \
+             failed call (a stream-ordered call allocates none); a blocking call on device \
+             {} renews it",
+            pool.device().ordinal(),
+            dev.ordinal()
+        )));
+    }
+    if first {
+        return Ok(None);
+    }
+    let mut got = Vec::new();
+    while got.len() < STREAM_SLOTS.min(nslices) {
+        match pool.take(need) {
+            Some(s) => got.push(s),
+            None => break,
+        }
+    }
+    Ok((!got.is_empty()).then_some(got))
 }
 
 /// The staging of `c` (made by `prepare`).

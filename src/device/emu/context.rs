@@ -8,12 +8,15 @@
 //! for a flag holds up another rank's allocation on another thread, whatever `Device` object
 //! each holds. Here each ordinal has one registry entry, kept for the process's life: the
 //! stream tables of its live devices (held weakly, so a dropped device leaves it) and whether
-//! its kernels are loaded. `wait_idle` is the driver's device-wide wait.
+//! its kernels are loaded. `wait_idle` is the driver's device-wide wait. The context also has
+//! the hardware queues its streams run on (`queue`), as many as the device that made it asked
+//! for.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use super::engine::Worker;
+use super::queue::{HwQueue, Queues};
 use crate::{Error, Result};
 
 /// One emulated device's streams, by id.
@@ -27,6 +30,8 @@ struct Context {
     /// Whether the reduction kernels are loaded in the context (once per process, as
     /// `cuda::Shared` loads them).
     kernels_loaded: bool,
+    /// The hardware queues (None until a device made the context).
+    queues: Option<Queues>,
 }
 
 fn registry() -> std::sync::MutexGuard<'static, HashMap<i32, Context>> {
@@ -39,12 +44,40 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Adds a device's stream table to `ordinal`'s context.
-pub(super) fn join(ordinal: i32, streams: &Arc<StreamTable>) {
+/// Adds a device's stream table to `ordinal`'s context, which has `queues` hardware queues:
+/// made so where no live device holds the context (the driver reads
+/// `CUDA_DEVICE_MAX_CONNECTIONS` when it makes a context), else an error naming `queues` where
+/// the context has another number.
+pub(super) fn join(ordinal: i32, streams: &Arc<StreamTable>, queues: usize) -> Result<()> {
     let mut r = registry();
     let c = r.entry(ordinal).or_default();
     c.devices.retain(|d| d.strong_count() > 0);
+    match &c.queues {
+        Some(q) if !c.devices.is_empty() && q.len() != queues => {
+            return Err(Error::arg(
+                "queues",
+                format!(
+                    "{queues} hardware queues, but emulated device {ordinal}'s context, made by \
+                     a device still open, has {} (a context's queues are fixed when it is made)",
+                    q.len()
+                ),
+            ));
+        }
+        Some(_) if !c.devices.is_empty() => {}
+        _ => c.queues = Some(Queues::new(queues)),
+    }
     c.devices.push(Arc::downgrade(streams));
+    Ok(())
+}
+
+/// The hardware queue of a stream created now on `ordinal` (round-robin).
+pub(super) fn assign_queue(ordinal: i32) -> Arc<HwQueue> {
+    registry()
+        .entry(ordinal)
+        .or_default()
+        .queues
+        .get_or_insert_with(|| Queues::new(1))
+        .assign()
 }
 
 /// Whether `ordinal`'s kernels are loaded in the process.

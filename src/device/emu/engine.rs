@@ -4,13 +4,17 @@
 //! asynchronously to the host. Copies and kernels reach device memory only through the
 //! engine's alias (`memory::Mem::translate`). An operation that fails (a fault, a flag wait
 //! past its deadline) makes the stream's error sticky, as a CUDA error is: later operations
-//! are skipped, events recorded after it report it.
+//! are skipped, events recorded after it report it. Each stream runs on one of its context's
+//! hardware queues (`queue`): an operation waits, before it starts, for every operation
+//! enqueued earlier on that queue by any stream to have started, and a wait starts only once
+//! it is satisfied.
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::memory::Mem;
+use super::queue::HwQueue;
 use crate::device::backend::Kernel;
 use crate::device::flag::reached;
 use crate::device::stream::backoff;
@@ -92,15 +96,26 @@ pub(super) enum Op {
     WriteValue { addr: u64, value: u32 },
 }
 
+impl Op {
+    /// Whether the operation is a wait, which starts (and lets its hardware queue go on) only
+    /// once satisfied.
+    fn waits(&self) -> bool {
+        matches!(self, Op::WaitValue { .. } | Op::WaitEvent(..))
+    }
+}
+
 /// The worker's queue and progress.
 pub(super) struct Worker {
     q: Mutex<Queue>,
     cv: Condvar,
+    /// The hardware queue the stream runs on.
+    hw: Arc<HwQueue>,
 }
 
 #[derive(Default)]
 struct Queue {
-    ops: VecDeque<Op>,
+    /// Operations with their tickets of the hardware queue.
+    ops: VecDeque<(u64, Op)>,
     enqueued: u64,
     done: u64,
     error: Option<Error>,
@@ -116,11 +131,18 @@ pub(super) struct Engine {
 }
 
 impl Worker {
-    /// A stream: a worker thread over `engine`, its delays drawn from `seed`.
-    pub(super) fn spawn(engine: Engine, seed: u64, name: String) -> Result<Arc<Worker>> {
+    /// A stream: a worker thread over `engine` on hardware queue `hw`, its delays drawn from
+    /// `seed`.
+    pub(super) fn spawn(
+        engine: Engine,
+        hw: Arc<HwQueue>,
+        seed: u64,
+        name: String,
+    ) -> Result<Arc<Worker>> {
         let w = Arc::new(Worker {
             q: Mutex::new(Queue::default()),
             cv: Condvar::new(),
+            hw,
         });
         let me = w.clone();
         std::thread::Builder::new()
@@ -136,7 +158,9 @@ impl Worker {
 
     pub(super) fn push(&self, op: Op) {
         let mut q = self.lock();
-        q.ops.push_back(op);
+        // Under the stream's lock: its tickets follow its order.
+        let ticket = self.hw.ticket();
+        q.ops.push_back((ticket, op));
         q.enqueued += 1;
         self.cv.notify_all();
     }
@@ -165,7 +189,7 @@ impl Worker {
     fn run(&self, engine: Engine, seed: u64) {
         let mut rng = seed | 1;
         loop {
-            let op = {
+            let (ticket, op) = {
                 let mut q = self.lock();
                 loop {
                     if let Some(op) = q.ops.pop_front() {
@@ -186,21 +210,51 @@ impl Worker {
                 let ns = engine.max_delay.as_nanos() as u64;
                 std::thread::sleep(Duration::from_nanos(rng % (ns + 1)));
             }
-            let result = match (&failed, op) {
-                (_, Op::Record(ev, gen)) => {
+            // A skipped operation takes no turn. Past the deadline (an earlier wait on the
+            // queue that never ends, where a GPU would hang), the stream fails, naming why.
+            let turn = match failed {
+                Some(_) => Ok(()),
+                None => self.turn(ticket, engine.flag_timeout),
+            };
+            let waits = op.waits() && failed.is_none() && turn.is_ok();
+            if !waits {
+                self.hw.start(ticket);
+            }
+            let result = match (failed.or(turn.err()), op) {
+                (failed, Op::Record(ev, gen)) => {
                     ev.complete(gen, failed.clone());
-                    Ok(())
+                    failed.map_or(Ok(()), Err)
                 }
-                (Some(_), _) => Ok(()),
+                (Some(e), _) => Err(e),
                 (None, op) => run_op(&engine, op),
             };
+            if waits {
+                self.hw.start(ticket);
+            }
             let mut q = self.lock();
             if let Err(e) = result {
-                log::warn!("emulated stream failed: {e}");
-                q.error = Some(e);
+                if q.error.is_none() {
+                    log::warn!("emulated stream failed: {e}");
+                    q.error = Some(e);
+                }
             }
             q.done += 1;
         }
+    }
+
+    /// Waits until every operation enqueued before `ticket` on the stream's hardware queue
+    /// has started, at most `limit`.
+    fn turn(&self, ticket: u64, limit: Duration) -> Result<()> {
+        if self.hw.wait_turn(ticket, limit) {
+            return Ok(());
+        }
+        Err(Error::Timeout(format!(
+            "emulated stream: an operation enqueued earlier on its hardware queue {} (by another \
+             stream of the context sharing the queue) did not start within {} ms: a wait at the \
+             head of a queue holds back every stream behind it",
+            self.hw.index(),
+            limit.as_millis()
+        )))
     }
 }
 

@@ -17,6 +17,9 @@
 //!   flag that the caller's side has yet to write: an error naming the driver call after half
 //!   the flag timeout, where a GPU would never return. The context is shared by every emulated
 //!   device of the ordinal in the process, as the primary context is (`context`);
+//! - a flag wait that holds back another stream's work: the context's streams share a few
+//!   hardware queues (`EmuConfig::queues`), and an operation starts only after every one
+//!   enqueued earlier on its queue has, a wait only once satisfied (`queue`);
 //! - a use of freed device memory, through a raw span: the engine reports it (freed ranges stay
 //!   reserved for a while, `memory`);
 //! - the legacy stream, pageable memory in an asynchronous copy, an event never recorded: the
@@ -24,6 +27,7 @@
 mod context;
 mod engine;
 mod memory;
+mod queue;
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -56,7 +60,20 @@ pub struct EmuConfig {
     /// device of the ordinal, as the driver's lazy loading does for a module loaded late.
     /// Either way loading waits for every stream of the context.
     pub lazy_module: bool,
+    /// The context's hardware work queues (`CUDA_DEVICE_MAX_CONNECTIONS`, 1 to 32), over which
+    /// its streams are spread round-robin as they are created (`queue`). Read when the first
+    /// live device of the ordinal makes the context, as the driver reads the variable when it
+    /// makes the context; a device opened on a live context must ask for the same number.
+    /// The default is the driver's, 8: what a process gets that does not set the variable,
+    /// so that code which meets the hazard of shared queues there fails here too. Tests of
+    /// ranks as threads of one process, whose streams all share one context, ask for 32, as
+    /// scripts/gpu-tests.sh sets the variable on the GPU.
+    pub queues: usize,
 }
+
+/// `CUDA_DEVICE_MAX_CONNECTIONS`' default and its largest value.
+const DEFAULT_QUEUES: usize = 8;
+const MAX_QUEUES: usize = 32;
 
 impl Default for EmuConfig {
     fn default() -> EmuConfig {
@@ -66,6 +83,7 @@ impl Default for EmuConfig {
             seed: None,
             flag_timeout: Duration::from_secs(10),
             lazy_module: false,
+            queues: DEFAULT_QUEUES,
         }
     }
 }
@@ -101,6 +119,16 @@ impl Device {
     /// `Device::cuda` does; it fails (`Timeout`, naming the call) where a stream of the
     /// ordinal stays blocked past half the flag timeout.
     pub fn emulated(cfg: EmuConfig) -> Result<Device> {
+        if !(1..=MAX_QUEUES).contains(&cfg.queues) {
+            return Err(Error::arg(
+                "queues",
+                format!(
+                    "{} hardware queues: a context has 1 to {MAX_QUEUES} (as \
+                     CUDA_DEVICE_MAX_CONNECTIONS)",
+                    cfg.queues
+                ),
+            ));
+        }
         let seed = cfg.seed.unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -125,7 +153,7 @@ impl Device {
             streams: Arc::default(),
             events: Mutex::new(HashMap::new()),
         };
-        context::join(cfg.ordinal, &b.streams);
+        context::join(cfg.ordinal, &b.streams, cfg.queues)?;
         if !cfg.lazy_module && !context::kernels_loaded(cfg.ordinal) {
             b.load_kernels("when the process first opens the device")?;
         }
@@ -245,6 +273,7 @@ impl Backend for EmuBackend {
         let id = next_id();
         let w = Worker::spawn(
             self.engine.clone(),
+            context::assign_queue(self.info.ordinal),
             self.seed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15),
             format!("emu-stream-{id:x}"),
         )?;

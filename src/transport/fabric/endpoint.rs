@@ -517,7 +517,7 @@ mod tests {
             .collect();
         crate::testing::tcp_connections()
             .iter()
-            .filter(|(l, r)| ports.contains(l) || ports.contains(r))
+            .filter(|(l, r)| ports.contains(&l.port()) || ports.contains(&r.port()))
             .count()
     }
 
