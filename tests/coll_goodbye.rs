@@ -6,7 +6,10 @@
 //! exits right after its destroy delivers what it sent (the exit waits for the closer,
 //! `coll::closer`). Destroy itself returns at once: a peer that never destroys keeps the ended
 //! communicator's endpoint open until the deadline only, and one thread that destroys several
-//! ranks' communicators one after another waits for none of their goodbyes.
+//! ranks' communicators one after another waits for none of their goodbyes. Failed peers are
+//! not waited for: a process whose peer aborted, or was killed (before or after its goodbye),
+//! exits well within the deadline, and a peer that closed without goodbye holds the endpoint
+//! briefly. Point-to-point calls (plain and tagged) mark their peer for the goodbye.
 use nccl_net_fabricoll::algo::Collective;
 use nccl_net_fabricoll::coll::bootstrap::{self, UniqueId};
 use nccl_net_fabricoll::coll::{Call, Comm, Kind};
@@ -632,5 +635,33 @@ fn a_peer_killed_with_sigkill_does_not_hold_the_survivors_exit() {
                 "{test}: {child}: the peer was to kill itself:\n{peer}"
             );
         }
+    }
+}
+
+/// A rank that posted a receive from a peer that never took part (a lone rank's request) marks
+/// that peer, but the peer, having talked to nobody, closes without goodbye: the farewell lets
+/// it go once its endpoint is seen closed, well before the deadline (it held the endpoint, and
+/// process exit, for the whole deadline). Over shm (a send into a closed endpoint's region
+/// succeeds) and net, ranks in this process.
+#[test]
+fn a_peer_closed_without_goodbye_holds_the_endpoint_briefly() {
+    let test = "a_peer_closed_without_goodbye_holds_the_endpoint_briefly";
+    let deadline = Duration::from_millis(LONG_DEADLINE_MS as u64);
+    for provider in ["shm", "net"] {
+        let Some(mut comms) = ring(test, provider, 2, LONG_DEADLINE_MS) else {
+            continue;
+        };
+        let silent = comms.pop().expect("two");
+        let lone = comms.pop().expect("two");
+        let mut x = [0u8; 4];
+        lone.start(&p2p(Kind::Recv { peer: 1 }, &mut x)).unwrap();
+        drop(silent);
+        let endpoint = Arc::downgrade(lone.transport());
+        drop(lone);
+        let closed = wait_closed(&[endpoint], deadline);
+        assert!(
+            closed < deadline / 2,
+            "{test}: {provider}: the endpoint stayed open {closed:?} for a peer that had closed (deadline {deadline:?})"
+        );
     }
 }

@@ -35,11 +35,14 @@
 //!   intervals up to `PROBE_MAX`: the farewell sends it its goodbye once more, so that a peer
 //!   that died after our goodbye reached it (killed, or exited without destroy) shows as a
 //!   failed send; a live peer keeps the extra goodbyes unread, a few bytes each, until it
-//!   closes. Where our last goodbye to it has not gone out for `STALL` (a few bytes a live
-//!   connection takes at once; the native TCP endpoint of libfabric 1.17 keeps a send to a
-//!   peer whose connection ended queued for ever), the farewell asks the transport whether
-//!   the peer is gone (`Transport::peer_gone`: shm's peer watch, or whether the peer's
-//!   address still takes connections). So a dead peer is let go within about `PROBE_MAX`.
+//!   closes. Each time, the farewell also asks the transport whether the peer is gone
+//!   (`Transport::peer_gone`: over shm its process exited or its endpoint closed, which a
+//!   send into its region does not show; over TCP, only where our last goodbye to it has not
+//!   gone out for `STALL`, a few bytes a live connection takes at once, whether its address
+//!   still takes connections: the native TCP endpoint of libfabric 1.17 keeps a send to a
+//!   peer whose connection ended queued for ever). So a dead peer, or one whose endpoint
+//!   closed without a goodbye to us (it never took our messages: a lone rank's collective),
+//!   is let go within about `PROBE_MAX`.
 //!
 //! A live peer that never ends its communicator, or one the transport cannot see fail (a host
 //! gone from the network, whose connection still takes bytes), keeps the endpoint open until
@@ -330,9 +333,10 @@ impl Farewell {
         self.sending[p] = false;
     }
 
-    /// Ask each silent peer again (see the module doc): our goodbye once more where the last
-    /// one went out (a send that fails says the peer is gone), or, where the last one has not
-    /// gone out for `STALL`, the transport whether the peer is gone (`Transport::peer_gone`).
+    /// Ask after each silent peer (see the module doc): the transport whether it is gone
+    /// (`Transport::peer_gone`, asking its address only where our last goodbye has not gone
+    /// out for `STALL`), and, where our last goodbye went out, our goodbye once more (a send
+    /// that fails says the peer is gone).
     fn probe(&mut self, now: Instant) {
         let n = self.waiting.len();
         for p in 0..n {
@@ -340,12 +344,13 @@ impl Farewell {
             if !self.waiting[p] && !self.sending[p] {
                 continue;
             }
-            if self.sending[p] || self.probing[p] {
-                if now.duration_since(self.sent_at[p]) >= STALL
-                    && self.transport.peer_gone(self.peers[p])
-                {
-                    self.gone(p);
-                }
+            let in_flight = self.sending[p] || self.probing[p];
+            let stuck = in_flight && now.duration_since(self.sent_at[p]) >= STALL;
+            if self.transport.peer_gone(self.peers[p], stuck) {
+                self.gone(p);
+                continue;
+            }
+            if in_flight {
                 continue;
             }
             self.sent_at[p] = now;

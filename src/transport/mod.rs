@@ -396,11 +396,12 @@ pub trait Transport: Send + Sync {
     fn recv_owned(&self, tag: u64, ignore: u64, len: usize, op: OpId) -> Result<()>;
     /// Cancel a posted receive; its completion (an error) still follows.
     fn cancel(&self, op: OpId);
-    /// Whether `peer`'s endpoint is known to be gone: its process exited (shm's peer watch) or
-    /// its address refuses connections (`Caps::socket_addresses`). May cost a connection
-    /// attempt (bounded), so asked only of a peer that looks stuck. False where nothing is
-    /// known.
-    fn peer_gone(&self, _peer: Peer) -> bool {
+    /// Whether `peer`'s endpoint is known to be gone: closed or its process exited (shm: the
+    /// peer watch, and the endpoint's region or, in this process, its registry), or, with
+    /// `ask_address`, its address refuses connections (`Caps::socket_addresses`: a
+    /// connection attempt, bounded, so asked only of a peer that looks stuck). False where
+    /// nothing is known.
+    fn peer_gone(&self, _peer: Peer, _ask_address: bool) -> bool {
         false
     }
     /// Append finished operations to `out`; returns how many were added.

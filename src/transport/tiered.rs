@@ -409,9 +409,9 @@ impl Transport for Tiered {
         Ok(())
     }
 
-    fn peer_gone(&self, peer: Peer) -> bool {
+    fn peer_gone(&self, peer: Peer, ask_address: bool) -> bool {
         let (t, p) = self.route(peer);
-        t.peer_gone(p)
+        t.peer_gone(p, ask_address)
     }
 
     fn direct_bytes(&self, peer: Peer) -> usize {

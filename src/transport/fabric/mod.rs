@@ -440,21 +440,24 @@ impl Transport for FabricTransport {
         g.post_recv(tag, ignore, b)
     }
 
-    fn peer_gone(&self, peer: Peer) -> bool {
+    fn peer_gone(&self, peer: Peer, ask_address: bool) -> bool {
         let addr = {
             let g = self.inner.lock();
             if g.shm.gone_pid(peer, true).is_some() {
                 return true;
-            }
-            if !self.caps.socket_addresses {
-                return false;
             }
             g.peers
                 .iter()
                 .find(|(_, &p)| p == peer.0)
                 .map(|(a, _)| a.clone())
         };
-        addr.is_some_and(|a| reach::refused(&a, REACH_WITHIN))
+        let Some(addr) = addr else {
+            return false;
+        };
+        if let Some(name) = shm::watch::endpoint_in_address(&addr) {
+            return shm::ended(&name);
+        }
+        ask_address && self.caps.socket_addresses && reach::refused(&addr, REACH_WITHIN)
     }
 
     fn send_owned(&self, peer: Peer, tag: u64, data: Vec<u8>, op: OpId) -> Result<()> {
