@@ -122,7 +122,6 @@ pub(super) fn abort_comm(p: *mut fabricoll_comm) -> Result<()> {
     let c = comm_of(p)?;
     c.aborted.store(true, Ordering::SeqCst);
     c.comm.abort();
-    c.comm.leave_aborted();
     Ok(())
 }
 
