@@ -70,19 +70,12 @@ impl EventState {
     }
 
     fn wait_gen(&self, gen: u64, deadline: Instant) -> bool {
-        let mut g = self.lock();
-        while g.done < gen {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            g = self
-                .cv
-                .wait_timeout(g, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        true
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (g, _) = self
+            .cv
+            .wait_timeout_while(self.lock(), left, |g| g.done < gen)
+            .unwrap_or_else(|p| p.into_inner());
+        g.done >= gen
     }
 }
 

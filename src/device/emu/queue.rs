@@ -12,7 +12,7 @@
 //! it started (`start`) before running it, or, for a wait, once the wait is satisfied.
 use std::collections::BTreeSet;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// One hardware queue.
 pub(super) struct HwQueue {
@@ -60,20 +60,11 @@ impl HwQueue {
     /// Waits until every operation enqueued on the queue before `ticket` has started, at most
     /// `limit`: whether they have.
     pub(super) fn wait_turn(&self, ticket: u64, limit: Duration) -> bool {
-        let deadline = Instant::now() + limit;
-        let mut t = self.lock();
-        while t.started < ticket {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            t = self
-                .cv
-                .wait_timeout(t, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        true
+        let (t, _) = self
+            .cv
+            .wait_timeout_while(self.lock(), limit, |t| t.started < ticket)
+            .unwrap_or_else(|p| p.into_inner());
+        t.started >= ticket
     }
 
     /// Marks `ticket` started (once per ticket).
