@@ -389,13 +389,20 @@ fabricoll_status fabricoll_comm_init_env(fabricoll_comm **comm);
 
 /*
  Free a communicator. Collectives still in flight on it are aborted and their requests freed.
+ Returns without waiting for the other ranks; what this rank sent still reaches them: its
+ endpoint stays open in the background until each rank it talked to has destroyed its own
+ communicator too, aborted it, or is gone (at most the communicator's timeout), and process
+ exit waits for that. After `fabricoll_comm_abort`, the endpoint closes at once.
  */
 fabricoll_status fabricoll_comm_destroy(fabricoll_comm *comm);
 
 /*
  Abort: collectives in flight fail (in-place inputs are restored where the communicator
  restores them, `fabricoll_config.inplace`, else undefined), later calls fail, and
- test / wait on any of its requests return FABRICOLL_INVALID_USAGE.
+ test / wait on any of its requests return FABRICOLL_INVALID_USAGE. The ranks it talked to
+ are told (best effort), so that their destroy and exit do not wait for it. Its destroy
+ closes the endpoint at once: messages of this rank that a peer had not yet taken may be
+ lost.
  */
 fabricoll_status fabricoll_comm_abort(fabricoll_comm *comm);
 

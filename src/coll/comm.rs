@@ -38,6 +38,8 @@ pub struct Comm {
     /// (`docs/performance.md`).
     pub(super) choices: Mutex<FxHashMap<ChoiceKey, (Algorithm, Options)>>,
     pub(super) aborted: AtomicBool,
+    /// The communicator said its aborted goodbye, or ends without one (`leave_aborted`).
+    pub(super) no_goodbye: AtomicBool,
     /// Which host each rank is on (`algo::Hosts`): learnt when the communicator is made.
     pub(super) hosts: Hosts,
     /// Bytes per slice of a pipelined schedule (`slice_bytes`).
@@ -160,6 +162,7 @@ impl Comm {
                 .with_slice(slice),
             choices: Mutex::new(FxHashMap::default()),
             aborted: AtomicBool::new(false),
+            no_goodbye: AtomicBool::new(false),
             hosts,
             slice,
             spin,
@@ -267,6 +270,15 @@ impl Comm {
         }
     }
 
+    /// Leave without waiting, as NCCL's `ncclCommAbort`, for a job that is failing anyway:
+    /// send every rank this one talked to a last goodbye that says it aborted (best effort, not
+    /// waited for: the peers then wait for nothing of this rank), and, when dropped, close the
+    /// endpoint at once instead of keeping it open until the peers end theirs
+    /// (`coll::goodbye`).
+    pub fn leave_aborted(&self) {
+        self.goodbye_aborted();
+    }
+
     /// Fail once the communicator was aborted.
     #[inline]
     pub(super) fn check_alive(&self) -> Result<()> {
@@ -360,20 +372,26 @@ impl Drop for Comm {
         self.end_notified();
         // Operations of failed collectives may still touch their memory: give them a moment
         // to drain, then leak what is left rather than free memory a provider may write.
-        let mut e = self.engine.lock();
-        let ids: Vec<u32> = e.phased.keys().copied().collect();
-        ids.into_iter().for_each(|id| e.bury_phased(id));
-        let deadline = Instant::now() + Duration::from_millis(100);
-        let mut comps = Vec::new();
-        while Instant::now() < deadline && !e.graveyard.is_empty() {
-            comps.clear();
-            if self.transport.poll(&mut comps).is_err() || comps.is_empty() {
-                break;
+        {
+            let mut e = self.engine.lock();
+            let ids: Vec<u32> = e.phased.keys().copied().collect();
+            ids.into_iter().for_each(|id| e.bury_phased(id));
+            let deadline = Instant::now() + Duration::from_millis(100);
+            let mut comps = Vec::new();
+            while Instant::now() < deadline && !e.graveyard.is_empty() {
+                comps.clear();
+                if self.transport.poll(&mut comps).is_err() || comps.is_empty() {
+                    break;
+                }
+            }
+            for s in e.graveyard.drain(..) {
+                s.leak();
             }
         }
-        for s in e.graveyard.drain(..) {
-            s.leak();
-        }
+        // What this rank sent must reach its peers before the endpoint closes: the endpoint
+        // lingers, open, in the closer until the goodbyes are done (after the drain above,
+        // whose polls would take the goodbyes' completions).
+        super::closer::linger(|| self.goodbye());
     }
 }
 

@@ -59,6 +59,9 @@ pub(super) struct Engine {
     pub(super) direct_runs: u64,
     /// Requests handed to `Comm::notify`, with their callbacks (`notify`).
     pub(super) notified: Notified,
+    /// The ranks this one exchanged messages with, or posted a receive from: its goodbye
+    /// goes to them (`goodbye`).
+    pub(super) talked: Vec<bool>,
     /// Compressed calls in progress (`compressed`), by request: the request's executor runs
     /// their current exchange.
     pub(super) phased: FxHashMap<u32, Box<Phased>>,
@@ -81,7 +84,15 @@ impl Engine {
             spare: None,
             direct_runs: 0,
             notified: Notified::default(),
+            talked: vec![false; nranks],
             phased: FxHashMap::default(),
+        }
+    }
+
+    /// Mark the ranks `x` exchanges messages with: the goodbye goes to them.
+    pub(super) fn note_talked(&mut self, x: &Exec) {
+        for &p in &x.plan().message_peers {
+            self.talked[p] = true;
         }
     }
 
@@ -254,6 +265,7 @@ impl Comm {
         };
         let id = e.new_id();
         let mut direct = false;
+        let reused = matches!(schedule, Some((Prep::Spare(_), ..)));
         let exec = match (schedule, call.kind) {
             (Some((prep, a, d)), _) => {
                 direct = d;
@@ -326,6 +338,10 @@ impl Comm {
                 )?
             }
         };
+        // A re-armed executor runs a plan whose peers were marked when it was new.
+        if !reused {
+            e.note_talked(&exec);
+        }
         Ok((exec, id, direct))
     }
 
@@ -389,6 +405,7 @@ impl Comm {
             };
             match self.step(&mut p, id, &mut e.pool) {
                 Ok(Some(x)) => {
+                    e.note_talked(&x);
                     e.execs.insert(id, ReqState::Running(x));
                     e.phased.insert(id, p);
                     moved = true;

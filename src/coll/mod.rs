@@ -5,6 +5,9 @@
 //!
 //! - `call`: one call (`Call`, `Kind`) and the checks of its arguments;
 //! - `comm`: the communicator, how it is made, split, aborted and dropped;
+//! - `goodbye`: what a communicator does before it closes, so that what it sent is not lost;
+//! - `closer`: the thread that keeps ended communicators' endpoints open until their goodbyes
+//!   are done (the lingering close);
 //! - `engine`: the request table and the per-call paths (prepare, progress, test, wait, run);
 //! - `notify`: notified requests and the progress thread that completes them;
 //! - `compressed`: compressed AllReduce, ReduceScatter and AllGather (codes on the wire);
@@ -20,10 +23,12 @@ pub mod bootstrap;
 mod calibrate;
 mod call;
 mod choice;
+mod closer;
 mod comm;
 mod compressed;
 pub mod device;
 mod engine;
+mod goodbye;
 pub mod launch;
 mod notify;
 pub mod placement;

@@ -39,7 +39,8 @@ pub use plan::Plan;
 pub use pool::{BufPool, POOL_LIMIT, STAGING_LIMIT};
 pub use signature::{Signature, COMPRESSED_ALGO, SIG_MASK};
 pub use tags::{
-    coll_tag, p2p_key, p2p_tag, Tags, MAX_IN_FLIGHT, MAX_MESSAGES_PER_PEER, MAX_RANKS, MAX_TAG,
+    coll_tag, goodbye_tag, p2p_key, p2p_tag, Tags, MAX_IN_FLIGHT, MAX_MESSAGES_PER_PEER, MAX_RANKS,
+    MAX_TAG,
 };
 
 use crate::algo::{Buf, Collective, Op, Schedule, Span};

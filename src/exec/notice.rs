@@ -12,8 +12,9 @@ use crate::error::{Error, Result};
 use crate::transport::{Completion, Peer, Transport};
 use std::time::{Duration, Instant};
 
-/// The message key of notices: one above the largest a schedule's messages use.
-pub(super) const NOTICE_KEY: usize = super::MAX_MESSAGES_PER_PEER;
+/// The message key of notices: the largest of the tag's field, above every schedule's keys and
+/// the goodbye's (`tags::goodbye_tag`).
+pub(super) const NOTICE_KEY: usize = super::MAX_MESSAGES_PER_PEER + 1;
 
 /// Bytes of a notice (its sender's signature bits, little-endian).
 const NOTICE_BYTES: usize = 8;

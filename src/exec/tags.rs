@@ -29,8 +29,18 @@ const SEQ_MASK: u64 = 0x3fff;
 pub const MAX_IN_FLIGHT: usize = 8192;
 
 /// Most messages one collective sends to (or receives from) one peer: the tag's message field
-/// holds 16 bits, and its largest value is kept for notices (`notice::NOTICE_KEY`).
-pub const MAX_MESSAGES_PER_PEER: usize = (1 << 16) - 1;
+/// holds 16 bits (keys 0 up to this count less one); its largest value is kept for notices
+/// (`notice::NOTICE_KEY`) and the one below for goodbyes (`GOODBYE_KEY`).
+pub const MAX_MESSAGES_PER_PEER: usize = (1 << 16) - 2;
+
+/// The message key of the goodbye a rank sends when its communicator ends (`goodbye_tag`).
+const GOODBYE_KEY: usize = MAX_MESSAGES_PER_PEER;
+
+/// The tag of rank `src`'s goodbye: a collective tag with a message key no schedule uses and
+/// no notice watch matches, so that it meets only the goodbye receive of its peer.
+pub fn goodbye_tag(src: usize) -> u64 {
+    coll_tag(0, src, GOODBYE_KEY, 0)
+}
 
 /// Wire tags of point-to-point messages: `kind:1 (0) | source rank:20 | key:42`, the key
 /// being `p2p_key` of the user's tag and the transfer's number among those of its pair and tag.
@@ -100,7 +110,10 @@ mod tests {
             }
         }
         const { assert!(MAX_IN_FLIGHT <= 0x3fff + 1) };
-        assert_eq!(MAX_MESSAGES_PER_PEER, 0xffff);
+        assert_eq!(MAX_MESSAGES_PER_PEER, 0xfffe);
+        // Schedules' keys (below MAX_MESSAGES_PER_PEER), goodbyes' and notices' differ.
+        assert_eq!((super::goodbye_tag(3) >> SIG_BITS) & 0xffff, 0xfffe);
+        assert_eq!(super::goodbye_tag(3), coll_tag(0, 3, 0xfffe, 0));
         for src in [0, 3, max_rank] {
             for seq in [0, 1, (1 << 42) - 1, u64::MAX] {
                 let t = p2p_tag(src, seq);

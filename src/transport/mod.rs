@@ -201,6 +201,20 @@ pub struct Caps {
     /// (`FABRICOLL_NET_STREAMS` overrides): 1 keeps one endpoint per comm; 0 where striping is
     /// not offered (providers without one connection per endpoint pair, such as shm).
     pub net_streams: usize,
+    /// Closing the endpoint may discard messages it sent that the peer has not taken yet,
+    /// though their sends completed (a completion means the buffer may be reused, not that
+    /// the peer has the message): the communicator says goodbye before it closes
+    /// (`coll::goodbye`). False for the in-process loopback, whose messages outlive it.
+    pub close_loses: bool,
+    /// An endpoint reads the messages of a peer endpoint of the same process in that
+    /// endpoint's own memory (shm maps such a peer's region by pointer, not by a mapping of
+    /// its own): closing an endpoint while another one here has yet to read its messages
+    /// crashes the reader, so ended communicators' endpoints close together
+    /// (`coll::closer`).
+    pub reads_local_peers: bool,
+    /// Endpoint addresses are socket addresses, each endpoint listening on its own port while
+    /// it is open (`net`, `tcp`): `Transport::peer_gone` can ask the address.
+    pub socket_addresses: bool,
     /// Nominal one-way latency of a message in microseconds (the net plugin's `latency`
     /// property); 0 where the provider is not one we know (NCCL's default).
     pub latency_us: f32,
@@ -240,6 +254,9 @@ impl Default for Caps {
             receiver_copies: false,
             direct_channel: false,
             net_streams: 0,
+            close_loses: false,
+            reads_local_peers: false,
+            socket_addresses: false,
             latency_us: 0.0,
             intra: None,
         }
@@ -379,6 +396,14 @@ pub trait Transport: Send + Sync {
     fn recv_owned(&self, tag: u64, ignore: u64, len: usize, op: OpId) -> Result<()>;
     /// Cancel a posted receive; its completion (an error) still follows.
     fn cancel(&self, op: OpId);
+    /// Whether `peer`'s endpoint is known to be gone: closed or its process exited (shm: the
+    /// peer watch, and the endpoint's region or, in this process, its registry), or, with
+    /// `ask_address`, its address refuses connections (`Caps::socket_addresses`: a
+    /// connection attempt, bounded, so asked only of a peer that looks stuck). False where
+    /// nothing is known.
+    fn peer_gone(&self, _peer: Peer, _ask_address: bool) -> bool {
+        false
+    }
     /// Append finished operations to `out`; returns how many were added.
     fn poll(&self, out: &mut Vec<Completion>) -> Result<usize>;
     /// Sleep until a completion may be ready, at most `timeout`.

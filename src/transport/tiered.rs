@@ -127,6 +127,10 @@ impl Tiered {
             direct_channel: i.direct_channel,
             mr_local: i.mr_local || e.mr_local,
             max_msg_size: i.max_msg_size.min(e.max_msg_size),
+            close_loses: i.close_loses || e.close_loses,
+            reads_local_peers: i.reads_local_peers || e.reads_local_peers,
+            // Each fabric answers `peer_gone` for its own peers.
+            socket_addresses: false,
             intra: Some(Arc::new(i.clone())),
             // RMA is not routed over two fabrics: the trait's defaults refuse it.
             rma_caps: None,
@@ -403,6 +407,11 @@ impl Transport for Tiered {
             _ => std::thread::yield_now(),
         }
         Ok(())
+    }
+
+    fn peer_gone(&self, peer: Peer, ask_address: bool) -> bool {
+        let (t, p) = self.route(peer);
+        t.peer_gone(p, ask_address)
     }
 
     fn direct_bytes(&self, peer: Peer) -> usize {

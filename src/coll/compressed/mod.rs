@@ -271,7 +271,10 @@ impl Comm {
             self.exchange(&mut p, id, &mut e.pool)
         });
         match x {
-            Ok(x) => Ok((x, Box::new(p))),
+            Ok(x) => {
+                e.note_talked(&x);
+                Ok((x, Box::new(p)))
+            }
             Err(err) => {
                 p.into_buffers().into_iter().for_each(|b| e.pool.put(b));
                 Err(err)

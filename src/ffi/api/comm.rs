@@ -113,6 +113,10 @@ pub extern "C" fn fabricoll_comm_init_env(comm: *mut *mut fabricoll_comm) -> fab
 }
 
 /// Free a communicator. Collectives still in flight on it are aborted and their requests freed.
+/// Returns without waiting for the other ranks; what this rank sent still reaches them: its
+/// endpoint stays open in the background until each rank it talked to has destroyed its own
+/// communicator too, aborted it, or is gone (at most the communicator's timeout), and process
+/// exit waits for that. After `fabricoll_comm_abort`, the endpoint closes at once.
 #[no_mangle]
 pub extern "C" fn fabricoll_comm_destroy(comm: *mut fabricoll_comm) -> fabricoll_status {
     boundary("fabricoll_comm_destroy", || destroy_comm(comm))
@@ -120,7 +124,10 @@ pub extern "C" fn fabricoll_comm_destroy(comm: *mut fabricoll_comm) -> fabricoll
 
 /// Abort: collectives in flight fail (in-place inputs are restored where the communicator
 /// restores them, `fabricoll_config.inplace`, else undefined), later calls fail, and
-/// test / wait on any of its requests return FABRICOLL_INVALID_USAGE.
+/// test / wait on any of its requests return FABRICOLL_INVALID_USAGE. The ranks it talked to
+/// are told (best effort), so that their destroy and exit do not wait for it. Its destroy
+/// closes the endpoint at once: messages of this rank that a peer had not yet taken may be
+/// lost.
 #[no_mangle]
 pub extern "C" fn fabricoll_comm_abort(comm: *mut fabricoll_comm) -> fabricoll_status {
     boundary("fabricoll_comm_abort", || abort_comm(comm))

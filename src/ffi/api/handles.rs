@@ -122,6 +122,7 @@ pub(super) fn abort_comm(p: *mut fabricoll_comm) -> Result<()> {
     let c = comm_of(p)?;
     c.aborted.store(true, Ordering::SeqCst);
     c.comm.abort();
+    c.comm.leave_aborted();
     Ok(())
 }
 

@@ -16,6 +16,7 @@ mod endpoint;
 mod fid;
 mod hmem;
 mod names;
+mod reach;
 mod rma;
 mod route;
 mod shm;
@@ -44,6 +45,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const FI_ADDR_UNSPEC: u64 = u64::MAX;
+
+/// How long `peer_gone` waits for a socket peer's answer to its connection attempt: a refusal
+/// comes within a round trip; a host that does not answer counts as not gone.
+const REACH_WITHIN: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// libfabric's message for an error code.
 fn strerror(rc: i64) -> String {
@@ -433,6 +438,26 @@ impl Transport for FabricTransport {
             device: mr.is_some_and(|m| m.device.is_some()),
         };
         g.post_recv(tag, ignore, b)
+    }
+
+    fn peer_gone(&self, peer: Peer, ask_address: bool) -> bool {
+        let addr = {
+            let g = self.inner.lock();
+            if g.shm.gone_pid(peer, true).is_some() {
+                return true;
+            }
+            g.peers
+                .iter()
+                .find(|(_, &p)| p == peer.0)
+                .map(|(a, _)| a.clone())
+        };
+        let Some(addr) = addr else {
+            return false;
+        };
+        if let Some(name) = shm::watch::endpoint_in_address(&addr) {
+            return shm::ended(&name);
+        }
+        ask_address && self.caps.socket_addresses && reach::refused(&addr, REACH_WITHIN)
     }
 
     fn send_owned(&self, peer: Peer, tag: u64, data: Vec<u8>, op: OpId) -> Result<()> {

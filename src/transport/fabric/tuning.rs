@@ -47,6 +47,12 @@ pub(super) fn apply(caps: &mut Caps) {
     // on an idle machine (docs/performance.md, "The net plugin against plain TCP streams").
     let sockets = matches!(caps.provider.split(';').next(), Some("net" | "tcp"));
     caps.net_streams = if sockets { SOCKET_NET_STREAMS } else { 0 };
+    caps.socket_addresses = sockets;
+    // The native TCP endpoint drops a connection's unmatched messages when its sender closes
+    // it, and shm keeps small unexpected messages in the sender's memory before 1.19: every
+    // provider is taken to lose what its peer has not yet taken.
+    caps.close_loses = true;
+    caps.reads_local_peers = shm;
     caps.latency_us = match caps.provider.split(';').next() {
         Some("shm") => 1.0,
         Some("efa") => 15.0,
@@ -121,6 +127,7 @@ mod tests {
         assert_eq!(shm.poll_window, DEFAULT_POLL_WINDOW);
         assert!(shm.receiver_copies);
         assert_eq!(shm.net_streams, 0, "shm is never striped");
+        assert!(shm.close_loses && shm.reads_local_peers && !shm.socket_addresses);
         assert_eq!(shm.latency_us, 1.0);
 
         let rxm = caps_of("tcp;ofi_rxm");
@@ -137,6 +144,7 @@ mod tests {
         assert_eq!(net.poll_window, DEFAULT_POLL_WINDOW);
         assert!(!net.receiver_copies);
         assert_eq!(net.net_streams, 1);
+        assert!(net.close_loses && !net.reads_local_peers && net.socket_addresses);
         assert_eq!(net.latency_us, 20.0);
 
         assert_eq!(caps_of("efa").latency_us, 15.0);

@@ -179,6 +179,16 @@ impl Inner {
     }
 }
 
+/// Whether the shm endpoint named `name` (one of ours) was closed: one of this process dropped
+/// (`siblings`), or another process's whose region is gone (the provider unlinks it when the
+/// endpoint closes; a killed process leaves it, but the peer watch sees that one exit).
+pub(crate) fn ended(name: &str) -> bool {
+    if watch::of_this_process(name) {
+        return siblings::dropped(name);
+    }
+    !std::path::Path::new("/dev/shm").join(name).exists()
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::testutil::*;
