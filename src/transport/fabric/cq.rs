@@ -39,6 +39,10 @@ impl Inner {
                     self.on_peeked(ctx, e.tag, e.len)?;
                     continue;
                 }
+                if ctx.role == Role::SettlePeek {
+                    self.on_settle_peeked(ctx, e.tag, e.len);
+                    continue;
+                }
                 let ctx = *ctx;
                 let mut owned = ctx.owned;
                 match ctx.role {
@@ -76,7 +80,7 @@ impl Inner {
                         continue;
                     }
                     // A peek's answer was handled above, before its context was taken apart.
-                    Role::User | Role::Peek => {}
+                    Role::User | Role::Peek | Role::SettlePeek => {}
                 }
                 let len = if ctx.recv { e.len } else { ctx.len };
                 let data = owned.map(|mut v| {
@@ -126,7 +130,8 @@ impl Inner {
             return Ok(());
         };
         match ctx.role {
-            Role::Swallow => return Ok(()),
+            // A settle's peek that found nothing (FI_ENOMSG), or failed: nothing to settle.
+            Role::Swallow | Role::SettlePeek => return Ok(()),
             Role::Peek | Role::Claim => return self.on_claim_error(ctx.role, e.err.abs()),
             Role::Pool => {
                 if e.err.abs() != sys::FI_ECANCELED as c_int {

@@ -124,6 +124,9 @@ enum Role {
     Peek,
     /// The receive of a message a peek found (`claim`).
     Claim,
+    /// A peek for a message that waits unexpected, while an shm endpoint settles before it
+    /// closes (`shm::siblings`): what it finds is received whole and dropped.
+    SettlePeek,
     /// The caller's zero-byte receive, posted with a one-byte buffer of ours: libfabric 2.1's
     /// native TCP endpoint never completes a zero-byte receive that a longer message matches,
     /// where it reports a one-byte one as truncated.

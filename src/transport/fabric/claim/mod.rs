@@ -236,7 +236,47 @@ impl Inner {
     /// Ask the provider for any message that waits for a receive (`FI_PEEK | FI_CLAIM`): the
     /// answer comes as the completion of a `Role::Peek` context.
     fn peek(&mut self) -> Result<()> {
-        let ctx = self.new_ctx(0, 0, true, None, Role::Peek);
+        let rc = self.post_peek(Role::Peek);
+        let c = self.claims.as_mut().expect("claims");
+        if rc == 0 {
+            c.peeking = true;
+            return Ok(());
+        }
+        // Busy: look again after another idle period.
+        c.idle_since = None;
+        if rc == -(sys::FI_EAGAIN as isize) {
+            return Ok(());
+        }
+        super::check("fi_trecvmsg (FI_PEEK)", rc as i64)
+    }
+
+    /// The answer to a peek: a message of `len` bytes with `tag` waits, now marked ours.
+    /// Receive it with `FI_CLAIM` on the same context (the provider knows the claim by it).
+    pub(super) fn on_peeked(&mut self, ctx: Box<OpCtx>, tag: u64, len: usize) -> Result<()> {
+        let c = self.claims.as_mut().expect("a peek implies claims");
+        c.peeking = false;
+        c.inflight = Some(tag);
+        let (p, rc) = self.post_claim(ctx, Role::Claim, tag, len);
+        if rc == 0 {
+            // Receives parked while the peek was out that do not match this message go on.
+            return self.flush_waiting();
+        }
+        self.ops.remove(&p);
+        // The provider holds the message for this context alone and no receive can match it
+        // now: losing it would fail a collective much later, at its deadline. Say so now.
+        Err(Error::System(format!(
+            "claiming a message of {len} bytes (tag {tag:#x}) that stopped its connection \
+             failed: {}",
+            super::strerror(rc as i64)
+        )))
+    }
+
+    /// Ask the provider for any message that waits for a receive (`FI_PEEK | FI_CLAIM`), with
+    /// a new context of `role`: the answer is that context's completion (the message's tag and
+    /// length; the provider marks the message with the context) or an `FI_ENOMSG` error entry.
+    /// Returns the provider's return code; a failed post leaves no context behind.
+    pub(super) fn post_peek(&mut self, role: Role) -> isize {
+        let ctx = self.new_ctx(0, 0, true, None, role);
         let msg = sys::fi_msg_tagged {
             msg_iov: ptr::null(),
             desc: ptr::null_mut(),
@@ -250,32 +290,30 @@ impl Inner {
         // SAFETY: ep is open; msg is valid for the call; ctx lives in `ops` until the answer
         // (a completion or an error entry) is read.
         let rc = unsafe { sys::fi_trecvmsg(self.ep, &msg, sys::FI_PEEK as u64 | sys::FI_CLAIM) };
-        let c = self.claims.as_mut().expect("claims");
-        if rc == 0 {
-            c.peeking = true;
-            return Ok(());
+        if rc != 0 {
+            self.ops.remove(&(ctx as usize));
         }
-        self.ops.remove(&(ctx as usize));
-        // Busy: look again after another idle period.
-        c.idle_since = None;
-        if rc == -(sys::FI_EAGAIN as isize) {
-            return Ok(());
-        }
-        super::check("fi_trecvmsg (FI_PEEK)", rc as i64)
+        rc
     }
 
-    /// The answer to a peek: a message of `len` bytes with `tag` waits, now marked ours.
-    /// Receive it with `FI_CLAIM` on the same context (the provider knows the claim by it).
-    pub(super) fn on_peeked(&mut self, mut ctx: Box<OpCtx>, tag: u64, len: usize) -> Result<()> {
-        let c = self.claims.as_mut().expect("a peek implies claims");
-        c.peeking = false;
-        c.inflight = Some(tag);
+    /// Receive the message of `len` bytes with `tag` that a peek marked with `ctx`, whole:
+    /// `FI_CLAIM` on the same context, into a buffer of the message's length that the context
+    /// owns. The context goes back into `ops` as `role` whatever the provider answers (the
+    /// caller decides what a failed post means). Returns its key and the provider's return
+    /// code.
+    pub(super) fn post_claim(
+        &mut self,
+        mut ctx: Box<OpCtx>,
+        role: Role,
+        tag: u64,
+        len: usize,
+    ) -> (usize, isize) {
         let mut buf = vec![0u8; len];
         let mut iov = sys::iovec {
             iov_base: buf.as_mut_ptr() as *mut c_void,
             iov_len: len,
         };
-        ctx.role = Role::Claim;
+        ctx.role = role;
         ctx.len = len;
         ctx.owned = Some(buf); // moving the Vec keeps its heap buffer where iov points
         let p = &mut *ctx as *mut OpCtx as *mut c_void;
@@ -291,20 +329,10 @@ impl Inner {
         };
         self.ops.insert(p as usize, ctx);
         // SAFETY: ep is open; the buffer is owned by the context, which stays in `ops` (at
-        // the address the peek marked the message with) until the claim's completion.
+        // the address the peek marked the message with) until its completion is read, or the
+        // caller removes it after a failed post, or the endpoint closes.
         let rc = unsafe { sys::fi_trecvmsg(self.ep, &msg, sys::FI_CLAIM) };
-        if rc == 0 {
-            // Receives parked while the peek was out that do not match this message go on.
-            return self.flush_waiting();
-        }
-        self.ops.remove(&(p as usize));
-        // The provider holds the message for this context alone and no receive can match it
-        // now: losing it would fail a collective much later, at its deadline. Say so now.
-        Err(Error::System(format!(
-            "claiming a message of {len} bytes (tag {tag:#x}) that stopped its connection \
-             failed: {}",
-            super::strerror(rc as i64)
-        )))
+        (p as usize, rc)
     }
 
     /// A claimed message arrived: to the first receive that waited for it, else kept. Then

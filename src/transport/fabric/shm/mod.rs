@@ -62,6 +62,8 @@ pub(crate) struct ShmPath {
     /// Peers whose hello (see `Inner::hello`) the provider refused with EAGAIN, sent again on
     /// poll.
     pub(crate) hellos: Vec<u64>,
+    /// Messages that settling (`siblings`) found waiting and received whole, to drop them.
+    pub(crate) settled: u64,
 }
 
 impl ShmPath {
@@ -86,6 +88,7 @@ impl ShmPath {
             refuse_cma: false,
             direct_misses: 0,
             hellos: Vec::new(),
+            settled: 0,
         }
     }
 

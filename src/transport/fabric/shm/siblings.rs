@@ -23,7 +23,7 @@
 //! nothing and dereferences the null mapping (`smr_progress_connreq`). An endpoint linked with
 //! siblings that also talked to other processes still settles, and keeps that risk where such
 //! a peer's first message was never read before it left.
-use super::super::{sys, Inner, Role, FI_ADDR_UNSPEC};
+use super::super::{sys, Inner, OpCtx, Role, FI_ADDR_UNSPEC};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::os::raw::c_void;
@@ -141,12 +141,93 @@ pub(crate) fn release(name: &str, state: Box<dyn Parked>) {
 /// keep sending.
 const SETTLE_MAX: usize = 4096;
 
+/// What one peek of `settle` found.
+enum Peeked {
+    /// A message, now being received whole (or already received) and dropped.
+    Message,
+    /// Nothing waits.
+    Nothing,
+    /// The provider takes no `FI_PEEK` here.
+    Unsupported,
+}
+
 impl Parked for Inner {
     /// Receive, into nothing, every tagged message that waits unexpected, so that closing the
     /// endpoint discards none (a discard writes into the sender's region).
+    ///
+    /// Each message is found with `FI_PEEK | FI_CLAIM` and received whole into a buffer of its
+    /// own length: a receive that truncates a waiting message kills the process inside 2.x's
+    /// shm (a saved message longer than its inline data: `smr_copy_saved` follows a null
+    /// pointer once the copy comes up short; `docs/providers.md`). Where the provider takes no
+    /// peek, zero-byte receives truncate the messages instead, as 1.17's shm allows.
     fn settle(&mut self) {
         let mut entries = std::mem::take(&mut self.entries);
         let mut sink = Vec::new();
+        for _ in 0..SETTLE_MAX {
+            match self.settle_peek(&mut entries, &mut sink) {
+                Peeked::Message => continue,
+                Peeked::Nothing => break,
+                Peeked::Unsupported => {
+                    self.settle_truncating(&mut entries, &mut sink);
+                    break;
+                }
+            }
+        }
+        self.entries = entries;
+    }
+}
+
+impl Inner {
+    /// Ask the provider for one message that waits unexpected; one found is claimed
+    /// (`on_settle_peeked`) while the completion queue is read here.
+    fn settle_peek(
+        &mut self,
+        entries: &mut [sys::fi_cq_tagged_entry],
+        sink: &mut Vec<crate::transport::Completion>,
+    ) -> Peeked {
+        let before = self.shm.settled;
+        let rc = self.post_peek(Role::SettlePeek);
+        if rc != 0 {
+            return if rc == -(sys::FI_EAGAIN as isize) {
+                Peeked::Nothing
+            } else {
+                Peeked::Unsupported
+            };
+        }
+        // The answer is written when the peek is posted; read it (and whatever else completes).
+        let _ = self.read_cq(entries, sink);
+        if self.shm.settled > before {
+            Peeked::Message
+        } else {
+            // No message (an `FI_ENOMSG` entry), or no answer yet: its context stays in `ops`
+            // until the endpoint closes.
+            Peeked::Nothing
+        }
+    }
+
+    /// A settle's peek found a message of `len` bytes with `tag`: receive it with `FI_CLAIM`
+    /// on the same context into a buffer of its own length, to be dropped. A message still
+    /// being copied in segments completes later or never (its sender gone); the buffer stays
+    /// with the context in `ops` until then or until the endpoint closes.
+    pub(in super::super) fn on_settle_peeked(&mut self, ctx: Box<OpCtx>, tag: u64, len: usize) {
+        self.shm.settled += 1;
+        // Kept in `ops` whatever the post returns: the provider marked the message with it.
+        let (_, rc) = self.post_claim(ctx, Role::Swallow, tag, len);
+        if rc != 0 {
+            log::debug!(
+                "settling: receiving a waiting message of {len} bytes failed: {}",
+                super::super::strerror(rc as i64)
+            );
+        }
+    }
+
+    /// Settle by zero-byte receives that match any waiting message, truncating it: for a
+    /// provider without `FI_PEEK`.
+    fn settle_truncating(
+        &mut self,
+        entries: &mut [sys::fi_cq_tagged_entry],
+        sink: &mut Vec<crate::transport::Completion>,
+    ) {
         for _ in 0..SETTLE_MAX {
             let ctx = self.new_ctx(0, 0, true, None, Role::Swallow);
             // SAFETY: a zero-byte receive matching any tag; ctx lives in `ops` until its
@@ -168,16 +249,15 @@ impl Parked for Inner {
                 break;
             }
             // A waiting message matches it at once (truncated: an error completion, swallowed).
-            let _ = self.read_cq(&mut entries, &mut sink);
+            let _ = self.read_cq(entries, sink);
             if self.ops.contains_key(&(ctx as usize)) {
                 // Nothing waits: withdraw it.
                 // SAFETY: ep is open and ctx is the context of a receive posted on it.
                 unsafe { sys::fi_cancel(self.ep as *mut sys::fid, ctx as *mut c_void) };
-                let _ = self.read_cq(&mut entries, &mut sink);
+                let _ = self.read_cq(entries, sink);
                 break;
             }
         }
-        self.entries = entries;
     }
 }
 
