@@ -21,10 +21,10 @@ const DEADLINE_MS: u32 = 3000;
 /// One rank's call: collective, count, type, op, root, per-call algorithm (None: the model's).
 type Sig = (Collective, usize, DataType, RedOp, usize, Option<Algorithm>);
 
-/// Two communicators over `transport` ("loopback", "shm", "net", or two fabrics, shm and
+/// `n` communicators over `transport` ("loopback", "shm", "net", or two fabrics, shm and
 /// net, with the ranks on two hosts ("tiered-inter") or one ("tiered-intra")), or None
 /// (skipped) where the provider is missing.
-fn pair(test: &str, transport: &str) -> Option<Vec<Arc<Comm>>> {
+fn group(test: &str, transport: &str, n: usize) -> Option<Vec<Arc<Comm>>> {
     let mut cfg: Config = match transport {
         "net" | "tiered-inter" | "tiered-intra" => {
             common::fixed_model_on(Some("net"), Some("lo"), DEADLINE_MS)
@@ -36,9 +36,16 @@ fn pair(test: &str, transport: &str) -> Option<Vec<Arc<Comm>>> {
         // Each provider between these ranks of one host (FABRICOLL_INTRA_PROVIDER=same).
         cfg.intra_provider = None;
     }
-    let cfgs: Vec<Config> = (0..2)
+    let cfgs: Vec<Config> = (0..n)
         .map(|r| Config {
-            host: Some(if transport == "tiered-inter" { r } else { 0 }.to_string()),
+            host: Some(
+                if transport == "tiered-inter" {
+                    r % 2
+                } else {
+                    0
+                }
+                .to_string(),
+            ),
             ..cfg.clone()
         })
         .collect();
@@ -46,11 +53,11 @@ fn pair(test: &str, transport: &str) -> Option<Vec<Arc<Comm>>> {
 }
 
 /// Run `calls[r]` on rank r at once; each rank's error text (or "OK").
-fn run(comms: &[Arc<Comm>], calls: [Sig; 2]) -> Vec<String> {
+fn run(comms: &[Arc<Comm>], calls: &[Sig]) -> Vec<String> {
     std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .iter()
-            .zip(calls)
+            .zip(calls.iter().copied())
             .map(|(comm, (coll, count, dtype, op, root, algo))| {
                 s.spawn(move || {
                     // Room for the largest layout (ReduceScatter's input holds nranks chunks).
@@ -135,12 +142,12 @@ fn cases(count: usize) -> Vec<([Sig; 2], [&'static str; 2])> {
 }
 
 fn check(test: &str, transport: &str, count: usize) {
-    let Some(comms) = pair(test, transport) else {
+    let Some(comms) = group(test, transport, 2) else {
         return;
     };
     for (calls, says) in cases(count) {
         let t = Instant::now();
-        let got = run(&comms, calls);
+        let got = run(&comms, &calls);
         let took = t.elapsed();
         assert!(
             took < Duration::from_millis(2 * DEADLINE_MS as u64 + 30_000),
@@ -205,4 +212,63 @@ fn mismatched_calls_fail_on_every_rank_over_two_fabrics() {
         check(test, transport, 1024);
         check(test, transport, 1 << 20);
     }
+}
+
+/// Broadcast from rank 0 against Reduce to rank 0 on every other rank, n = 3 to 5: a Reduce
+/// leaf only sends, so its part is over before it could see the other call. Every rank learns
+/// that the calls differ, once: in that call, or (a rank whose call returned success) from the
+/// late notice, which a later call reports (the next on the posted path; on the direct channel,
+/// which reads notices every 16th call, one of the next 16). None times out, and every other
+/// call succeeds.
+fn broadcast_against_reduce(test: &str, transport: &str) {
+    use Collective::*;
+    let f32_ = DataType::Float32;
+    for n in [3usize, 4, 5] {
+        let Some(comms) = group(test, transport, n) else {
+            return;
+        };
+        for count in [64usize, 1 << 16] {
+            let mut calls = vec![(Reduce, count, f32_, RedOp::Sum, 0, None); n];
+            calls[0].0 = Broadcast;
+            let first = run(&comms, &calls);
+            let fine = vec![(AllReduce, 16, f32_, RedOp::Sum, 0, None); n];
+            let later: Vec<Vec<String>> = (0..17).map(|_| run(&comms, &fine)).collect();
+            let case = format!("{transport}, {n} ranks, count {count}: {first:?} then {later:?}");
+            for r in 0..n {
+                let told: Vec<&String> =
+                    later.iter().map(|v| &v[r]).filter(|e| *e != "OK").collect();
+                if first[r] == "OK" {
+                    assert!(
+                        told.len() == 1
+                            && told[0].contains("returned success here, but rank")
+                            && told[0].contains("the ranks' calls differ"),
+                        "rank {r} should have been told once: {case}"
+                    );
+                } else {
+                    assert!(
+                        first[r].contains("the ranks' calls differ"),
+                        "rank {r}: {case}"
+                    );
+                    assert!(told.is_empty(), "rank {r} told twice: {case}");
+                }
+            }
+            assert!(later[16].iter().all(|e| e == "OK"), "{case}");
+        }
+    }
+}
+
+#[test]
+fn broadcast_against_reduce_fails_every_rank_over_loopback() {
+    let test = "broadcast_against_reduce_fails_every_rank_over_loopback";
+    broadcast_against_reduce(test, "loopback");
+}
+
+#[test]
+fn broadcast_against_reduce_fails_every_rank_over_net() {
+    broadcast_against_reduce("broadcast_against_reduce_fails_every_rank_over_net", "net");
+}
+
+#[test]
+fn broadcast_against_reduce_fails_every_rank_over_shm() {
+    broadcast_against_reduce("broadcast_against_reduce_fails_every_rank_over_shm", "shm");
 }

@@ -4,12 +4,15 @@
 use super::call::{algo_arg, Call, Kind, RequestId};
 use super::choice::ChoiceKey;
 use super::compressed::Phased;
+use super::late::{self, Late};
 use super::notify::Notified;
 use super::Comm;
 use crate::algo::{self, Algorithm, Options, Problem, Schedule};
 use crate::config::Compression;
 use crate::error::{Error, Result};
-use crate::exec::{p2p_key, Args, BufPool, Exec, Idle, Job, Plan, Tags, MAX_TAG};
+use crate::exec::{
+    is_notice, late_notice_of, p2p_key, Args, BufPool, Exec, Idle, Job, Plan, Tags, MAX_TAG,
+};
 use crate::transport::{Completion, Peer, Scratch, Transport};
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
@@ -65,6 +68,8 @@ pub(super) struct Engine {
     /// Compressed calls in progress (`compressed`), by request: the request's executor runs
     /// their current exchange.
     pub(super) phased: FxHashMap<u32, Box<Phased>>,
+    /// Late notices: calls that differed, learned after they returned here (`late`).
+    pub(super) late: Late,
 }
 
 impl Engine {
@@ -86,6 +91,7 @@ impl Engine {
             notified: Notified::default(),
             talked: vec![false; nranks],
             phased: FxHashMap::default(),
+            late: Late::default(),
         }
     }
 
@@ -352,6 +358,14 @@ impl Comm {
         t.poll(&mut comps)?;
         let mut moved = !comps.is_empty();
         for c in comps.drain(..) {
+            if c.op == late::OP {
+                self.on_late_notice(e, &c);
+                continue;
+            }
+            if is_notice(c.op) {
+                e.late.sent_one();
+                continue;
+            }
             let id = Exec::exec_of(c.op);
             let r = match e.execs.get_mut(&id) {
                 Some(ReqState::Running(x)) => x.on_completion(c, &mut e.pool),
@@ -369,6 +383,7 @@ impl Comm {
             pool,
             spare,
             phased,
+            late,
             ..
         } = &mut *e;
         for (id, st) in execs.iter_mut() {
@@ -382,6 +397,9 @@ impl Comm {
                 Ok(m) => {
                     moved |= m;
                     if x.is_finished() {
+                        if let Some(seq) = x.seq_bits() {
+                            late.succeeded(seq, x.signature());
+                        }
                         if let ReqState::Running(mut x) = std::mem::replace(st, ReqState::Done) {
                             // A compressed call's exchange: its plan is not reused.
                             if phased.contains_key(id) {
@@ -417,7 +435,44 @@ impl Comm {
                 }
             }
         }
+        e.late.arm(t);
         Ok(moved)
+    }
+
+    /// Before a failed call returns: progress until the notices this rank sent are out, for at
+    /// most `NOTICE_FLUSH` (`Late::sending`).
+    fn flush_notices(&self, e: &mut Engine) {
+        let until = std::time::Instant::now() + NOTICE_FLUSH;
+        while e.late.sending() && std::time::Instant::now() < until {
+            match self.progress(e) {
+                Ok(true) => {}
+                Ok(false) => {
+                    let _ = self.transport.wait(SLEEP_SLICE);
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// A late notice (or the cancelled receive of them): fail the collective it is about where
+    /// it runs here, else keep it for the next report (`late`).
+    fn on_late_notice(&self, e: &mut Engine, c: &Completion) {
+        e.late.disarm();
+        if c.status.is_err() {
+            return;
+        }
+        let (seq, from) = late_notice_of(c.tag);
+        let running = e.execs.iter().find_map(|(id, st)| match st {
+            ReqState::Running(x) if x.seq_bits() == Some(seq) => Some((*id, x.noticed(c.tag))),
+            _ => None,
+        });
+        match running {
+            Some((id, err)) => fail(e, &*self.transport, &self.peers, id, err),
+            None => {
+                let theirs = c.tag & crate::exec::SIG_MASK;
+                e.late.notice(seq, from, self.peers.len(), theirs);
+            }
+        }
     }
 
     /// Is the request done? Done and failed requests are released when reported.
@@ -441,12 +496,18 @@ impl Comm {
             Some(ReqState::Running(_)) => Ok((false, moved)),
             Some(ReqState::Done) => {
                 e.execs.remove(&id);
-                Ok((true, moved))
+                match e.late.take() {
+                    Some(err) => Err(err),
+                    None => Ok((true, moved)),
+                }
             }
-            Some(ReqState::Failed(_)) => match e.execs.remove(&id) {
-                Some(ReqState::Failed(err)) => Err(err),
-                _ => unreachable!(),
-            },
+            Some(ReqState::Failed(_)) => {
+                self.flush_notices(&mut e);
+                match e.execs.remove(&id) {
+                    Some(ReqState::Failed(err)) => Err(err),
+                    _ => unreachable!(),
+                }
+            }
             None => Err(Error::Internal("request vanished".into())),
         }
     }
@@ -495,6 +556,12 @@ impl Comm {
         }
         let (exec, id, direct) = self.prepare(call, &mut e)?;
         if direct && e.execs.is_empty() {
+            // The direct path reads no completion: every `LATE_POLL_EVERY` runs, read them
+            // first, for late notices (a poll on every run would cost the smallest calls a
+            // good part of their time).
+            if e.direct_runs % LATE_POLL_EVERY == 0 {
+                self.progress(&mut e)?;
+            }
             return self.run_direct(&mut e, exec);
         }
         e.execs.insert(id, ReqState::Running(exec));
@@ -511,20 +578,40 @@ impl Comm {
         e.direct_runs += 1;
         match exec.run_direct(t, &self.peers, &mut idle, &self.aborted) {
             Ok(()) => {
+                if let Some(seq) = exec.seq_bits() {
+                    e.late.succeeded(seq, exec.signature());
+                }
                 park(&mut e.spare, &mut e.pool, exec);
-                Ok(())
+                match e.late.take() {
+                    Some(err) => Err(err),
+                    None => Ok(()),
+                }
             }
             Err(err) => {
+                if let Some(seq) = exec.seq_bits() {
+                    e.late.failed(seq);
+                }
                 let err = exec.explain(err);
                 // Nothing was posted: the memory goes back to the pool, not the graveyard.
-                for b in exec.fail(t, &self.peers) {
+                let (keep, notices) = exec.fail_noting(t, &self.peers);
+                for b in keep {
                     e.pool.put(b);
                 }
+                e.late.sent(notices);
+                self.flush_notices(e);
                 Err(err)
             }
         }
     }
 }
+
+/// How often a blocking call on the direct path polls the transport first, so that late
+/// notices reach a communicator whose calls all run there (`late`).
+const LATE_POLL_EVERY: u64 = 16;
+
+/// Longest a failed call makes progress for its notices before it returns (`flush_notices`):
+/// the notices are a few bytes each, and a peer that cannot take them is gone.
+const NOTICE_FLUSH: Duration = Duration::from_secs(1);
 
 /// Longest single sleep of a waiter on the completion queue, so that it re-checks its request
 /// and the deadline even when the queue's wait object never signals.
@@ -553,8 +640,12 @@ fn park(spare: &mut Option<Box<Exec>>, pool: &mut BufPool, mut x: Box<Exec>) {
 /// still touch it.
 fn fail(e: &mut Engine, t: &dyn Transport, peers: &[Peer], id: u32, mut err: Error) {
     if let Some(ReqState::Running(x)) = e.execs.remove(&id) {
+        if let Some(seq) = x.seq_bits() {
+            e.late.failed(seq);
+        }
         err = x.explain(err);
-        let keep = x.fail(t, peers);
+        let (keep, notices) = x.fail_noting(t, peers);
+        e.late.sent(notices);
         e.graveyard.extend(keep);
     }
     e.bury_phased(id);

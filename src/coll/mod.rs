@@ -29,6 +29,7 @@ mod compressed;
 pub mod device;
 mod engine;
 mod goodbye;
+mod late;
 pub mod launch;
 mod notify;
 pub mod placement;

@@ -183,11 +183,19 @@ impl Exec {
 
     /// Give up: cancel posted receives, restore an in-place input (when restoring), and hand back the memory
     /// that operations may still touch (the caller keeps it until they drain, or leaks it).
-    pub fn fail(mut self, t: &dyn Transport, peers: &[Peer]) -> Vec<Scratch> {
+    pub fn fail(self, t: &dyn Transport, peers: &[Peer]) -> Vec<Scratch> {
+        self.fail_noting(t, peers).0
+    }
+
+    /// `fail`, and how many notices it sent (where this rank found that the calls differ:
+    /// their sends complete as this collective's operations, `notice::is_notice`).
+    pub fn fail_noting(mut self, t: &dyn Transport, peers: &[Peer]) -> (Vec<Scratch>, usize) {
         self.unwatch(t);
-        if self.calls_differ.get() {
-            self.send_notices(t, peers);
-        }
+        let notices = if self.calls_differ.get() {
+            self.send_notices(t, peers)
+        } else {
+            0
+        };
         for i in 0..self.state.len() {
             if self.state[i] == St::Posted && self.job.schedule.ranks[self.job.rank][i].op.is_recv()
             {
@@ -206,7 +214,7 @@ impl Exec {
         let mut keep: Vec<Scratch> = self.staging.drain(..).flatten().map(|(b, _)| b).collect();
         keep.push(std::mem::replace(&mut self.tmp, Scratch::new(0)));
         keep.extend(self.backup.take());
-        keep
+        (keep, notices)
     }
 
     /// One side of a point-to-point transfer of `count` elements, as a one-step schedule.

@@ -35,6 +35,7 @@ mod signature;
 mod tags;
 
 pub use idle::Idle;
+pub use notice::{is_notice, late_notice_of, late_watch};
 pub use plan::Plan;
 pub use pool::{BufPool, POOL_LIMIT, STAGING_LIMIT};
 pub use signature::{Signature, COMPRESSED_ALGO, SIG_MASK};

@@ -6,7 +6,7 @@
 //! a look into each peer's direct channel on the direct path. Nothing of this runs while
 //! collectives make progress.
 use super::signature::SIG_MASK;
-use super::tags::{coll_tag, SRC_MASK, SRC_SHIFT};
+use super::tags::{coll_tag, SEQ_MASK, SEQ_SHIFT, SRC_MASK, SRC_SHIFT};
 use super::{BufPool, Exec, St, Tags};
 use crate::error::{Error, Result};
 use crate::transport::{Completion, Peer, Transport};
@@ -14,7 +14,17 @@ use std::time::{Duration, Instant};
 
 /// The message key of notices: the largest of the tag's field, above every schedule's keys and
 /// the goodbye's (`tags::goodbye_tag`).
-pub(super) const NOTICE_KEY: usize = super::MAX_MESSAGES_PER_PEER + 1;
+pub(super) const NOTICE_KEY: usize = super::MAX_MESSAGES_PER_PEER + 2;
+
+/// The message key of late notices: the notice a rank that found the calls differ sends every
+/// other rank, for those whose part of the call ended before they could learn it
+/// (`coll::late`). Above every schedule's keys, below the goodbye's.
+pub(super) const LATE_KEY: usize = super::MAX_MESSAGES_PER_PEER;
+
+/// Whether `op` is a notice's send (`Exec::send_notices`).
+pub fn is_notice(op: crate::transport::OpId) -> bool {
+    (op & u32::MAX as u64) as usize == NOTICE_STEP
+}
 
 /// Bytes of a notice (its sender's signature bits, little-endian).
 const NOTICE_BYTES: usize = 8;
@@ -50,15 +60,33 @@ impl Exec {
         }
     }
 
-    /// Send every peer of the schedule a notice that the calls differ (best effort: the
-    /// collective has failed already).
-    pub(super) fn send_notices(&self, t: &dyn Transport, peers: &[Peer]) {
-        let Some(seq) = self.seq() else { return };
+    /// Send every peer of the schedule a notice that the calls differ, and every other rank a
+    /// late notice (best effort: the collective has failed already). A rank whose part of the
+    /// call was over before it could learn it (a Reduce's leaf, which only sends) hears of it
+    /// from the late notice (`coll::late`).
+    /// Returns how many notices went out (each completes as an operation of this collective,
+    /// step `NOTICE_STEP`).
+    pub(super) fn send_notices(&self, t: &dyn Transport, peers: &[Peer]) -> usize {
+        let Some(seq) = self.seq() else { return 0 };
+        let body = || self.sig.to_le_bytes().to_vec();
+        let op = self.op_id(NOTICE_STEP);
+        let mut sent = 0;
         let tag = coll_tag(seq, self.job.rank, NOTICE_KEY, self.sig);
         for &p in &self.plan.message_peers {
-            let body = self.sig.to_le_bytes().to_vec();
-            let _ = t.send_owned(peers[p], tag, body, self.op_id(NOTICE_STEP));
+            sent += usize::from(t.send_owned(peers[p], tag, body(), op).is_ok());
         }
+        let late = coll_tag(seq, self.job.rank, LATE_KEY, self.sig);
+        for (p, &peer) in peers.iter().enumerate() {
+            if p != self.job.rank {
+                sent += usize::from(t.send_owned(peer, late, body(), op).is_ok());
+            }
+        }
+        sent
+    }
+
+    /// The sequence number (its tag bits) of this collective, None for point-to-point.
+    pub fn seq_bits(&self) -> Option<u32> {
+        self.seq().map(|s| s & SEQ_MASK as u32)
     }
 
     /// Mark the watch due once the collective has stalled for `WATCH_AFTER`.
@@ -153,12 +181,29 @@ impl Exec {
         Ok(())
     }
 
-    /// The error for a notice tagged `tag`.
-    fn noticed(&self, tag: u64) -> Error {
+    /// The error for a notice (or late notice) tagged `tag`.
+    pub fn noticed(&self, tag: u64) -> Error {
         let n = self.job.schedule.problem.nranks;
         let from = ((tag & SRC_MASK) >> SRC_SHIFT) as usize;
         self.signature().mismatch(from, n, tag & SIG_MASK)
     }
+}
+
+/// The tag and ignore mask of a receive that takes every late notice, of any call from any
+/// rank.
+pub fn late_watch() -> (u64, u64) {
+    (
+        coll_tag(0, 0, LATE_KEY, 0),
+        (SEQ_MASK << SEQ_SHIFT) | SRC_MASK | SIG_MASK,
+    )
+}
+
+/// A late notice's sequence number (tag bits) and sender, from its tag.
+pub fn late_notice_of(tag: u64) -> (u32, usize) {
+    (
+        ((tag >> SEQ_SHIFT) & SEQ_MASK) as u32,
+        ((tag & SRC_MASK) >> SRC_SHIFT) as usize,
+    )
 }
 
 #[cfg(test)]

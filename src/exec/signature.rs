@@ -115,7 +115,8 @@ impl Signature {
         ))
     }
 
-    fn describe(&self) -> String {
+    /// The call in words: collective, count, type, algorithm, and op, root or compression.
+    pub fn describe(&self) -> String {
         let mut s = match self.shape {
             Some(v) => format!(
                 "{:?} of {} x {} in all (counts hash {:#x})",

@@ -11,7 +11,7 @@ use super::Exec;
 /// complete.
 pub fn coll_tag(seq: u32, src: usize, k: usize, sig: u64) -> u64 {
     (1u64 << 62)
-        | ((seq as u64 & SEQ_MASK) << 48)
+        | ((seq as u64 & SEQ_MASK) << SEQ_SHIFT)
         | ((src as u64 & 0xf_ffff) << SRC_SHIFT)
         | ((k as u64 & 0xffff) << SIG_BITS)
         | (sig & SIG_MASK)
@@ -23,18 +23,22 @@ pub(super) const SRC_MASK: u64 = 0xf_ffff << SRC_SHIFT;
 
 /// The sequence bits of a collective tag: collectives in flight on one communicator must
 /// number fewer than this, which `MAX_IN_FLIGHT` keeps them.
-const SEQ_MASK: u64 = 0x3fff;
+pub(super) const SEQ_MASK: u64 = 0x3fff;
+
+/// Where the sequence number sits in a collective tag.
+pub(super) const SEQ_SHIFT: u32 = 48;
 
 /// Most collectives one communicator may have in flight: tags repeat after `SEQ_MASK + 1`.
 pub const MAX_IN_FLIGHT: usize = 8192;
 
 /// Most messages one collective sends to (or receives from) one peer: the tag's message field
-/// holds 16 bits (keys 0 up to this count less one); its largest value is kept for notices
-/// (`notice::NOTICE_KEY`) and the one below for goodbyes (`GOODBYE_KEY`).
-pub const MAX_MESSAGES_PER_PEER: usize = (1 << 16) - 2;
+/// holds 16 bits (keys 0 up to this count less one); its three largest values are kept for
+/// notices (`notice::NOTICE_KEY`), goodbyes (`GOODBYE_KEY`) and late notices
+/// (`notice::LATE_KEY`).
+pub const MAX_MESSAGES_PER_PEER: usize = (1 << 16) - 3;
 
 /// The message key of the goodbye a rank sends when its communicator ends (`goodbye_tag`).
-const GOODBYE_KEY: usize = MAX_MESSAGES_PER_PEER;
+const GOODBYE_KEY: usize = MAX_MESSAGES_PER_PEER + 1;
 
 /// The tag of rank `src`'s goodbye: a collective tag with a message key no schedule uses and
 /// no notice watch matches, so that it meets only the goodbye receive of its peer.
@@ -110,8 +114,11 @@ mod tests {
             }
         }
         const { assert!(MAX_IN_FLIGHT <= 0x3fff + 1) };
-        assert_eq!(MAX_MESSAGES_PER_PEER, 0xfffe);
-        // Schedules' keys (below MAX_MESSAGES_PER_PEER), goodbyes' and notices' differ.
+        assert_eq!(MAX_MESSAGES_PER_PEER, 0xfffd);
+        // Schedules' keys (below MAX_MESSAGES_PER_PEER), late notices', goodbyes' and
+        // notices' differ.
+        assert_eq!(crate::exec::notice::LATE_KEY, 0xfffd);
+        assert_eq!(crate::exec::notice::NOTICE_KEY, 0xffff);
         assert_eq!((super::goodbye_tag(3) >> SIG_BITS) & 0xffff, 0xfffe);
         assert_eq!(super::goodbye_tag(3), coll_tag(0, 3, 0xfffe, 0));
         for src in [0, 3, max_rank] {
