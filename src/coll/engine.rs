@@ -559,7 +559,7 @@ impl Comm {
             // The direct path reads no completion: every `LATE_POLL_EVERY` runs, read them
             // first, for late notices (a poll on every run would cost the smallest calls a
             // good part of their time).
-            if e.direct_runs % LATE_POLL_EVERY == 0 {
+            if e.direct_runs.is_multiple_of(LATE_POLL_EVERY) {
                 self.progress(&mut e)?;
             }
             return self.run_direct(&mut e, exec);
