@@ -22,7 +22,7 @@
 # It first builds the tree (NEURON=0 scripts/build.sh; --no-build, or FABRICOLL_PERF naming
 # a built fabricoll-perf, skips that). Needs root, iptables and libnetfilter-queue-dev
 # (scripts/deps.sh --bench). The defaults (AllReduce, ReduceScatter and AllGather, 3
-# repetitions) take about 20 minutes on 2 CPUs; run it on an otherwise idle machine.
+# repetitions) take about 17 minutes on 2 CPUs; run it on an otherwise idle machine.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 target=${CARGO_TARGET_DIR:-target}
