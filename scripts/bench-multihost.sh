@@ -6,7 +6,7 @@
 #   scripts/bench-multihost.sh [--layouts 2x2,4x1,2x4] [--delays 0,100us,1ms] [--rate 1gbit]
 #       [--colls allreduce,allgather,reducescatter] [--min 16] [--max 64M] [--factor 4]
 #       [--seconds 0.3] [--reps 3] [--provider net] [--dir DIR]
-#       [--algos ring,rdh] [--no-auto] [--no-ompi] [--calibrate]
+#       [--algos ring,rdh] [--no-auto] [--no-ompi] [--calibrate] [--compress bf16,fp8e4m3,int8]
 #
 # Per layout (HOSTSxRANKS or N+N+...), delay and collective, each repetition runs, in a rotating
 # order: auto, every algorithm that implements the collective (forced), auto over one fabric
@@ -18,6 +18,9 @@
 # --algos keeps only the named forced algorithms, --no-auto leaves auto (and auto-same) out,
 # --no-ompi Open MPI; --calibrate logs each layout's and delay's calibration line to
 # DIR/calibrations.jsonl (short runs of auto with FABRICOLL_LOG=info; scripts/sim-validate.sh).
+# --compress FMTS times, instead of the tools above, auto uncompressed against auto with
+# `fabricoll-perf --compress FMT`, each format's pair back to back (no Open MPI), and prints
+# scripts/multihost/compress_summary.py's tables (scripts/bench-compress.sh runs it).
 #
 # Open MPI's side is mpi_coll_bench: MPI_BENCH names the binary, else it is built with
 # mpicc.openmpi from MPI_BENCH_SRC (default scripts/baselines/mpi_coll_bench.c) into
@@ -35,17 +38,20 @@ dir=""
 args=()
 delays="0,100us,1ms"
 no_ompi=0
+compress=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dir) dir=${2:?--dir needs a value}; shift 2 ;;
     --delays) delays=${2:?--delays needs a value}; args+=("$1" "$2"); shift 2 ;;
     --no-ompi) no_ompi=1; shift ;;
+    --compress)
+      compress=${2:?--compress needs a value}; no_ompi=1; args+=("$1" "$2"); shift 2 ;;
     --no-auto | --calibrate) args+=("$1"); shift ;;
     --layouts | --rate | --colls | --min | --max | --factor | --seconds | --reps | --provider | \
       --algos)
       [ $# -ge 2 ] || { echo "bench-multihost: $1 needs a value" >&2; exit 2; }
       args+=("$1" "$2"); shift 2 ;;
-    -h | --help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "bench-multihost: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -108,6 +114,10 @@ runner=$!
 wait "$runner"
 rc=$?
 runner=""
-python3 scripts/multihost/summary.py "$dir/samples.jsonl" | tee "$dir/summary.txt"
+if [ -n "$compress" ]; then
+  python3 scripts/multihost/compress_summary.py "$dir/samples.jsonl" | tee "$dir/summary.txt"
+else
+  python3 scripts/multihost/summary.py "$dir/samples.jsonl" | tee "$dir/summary.txt"
+fi
 echo "bench-multihost: $(($(date +%s) - t0))s; tables in $dir/summary.txt"
 exit "$rc"

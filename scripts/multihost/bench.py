@@ -6,6 +6,12 @@ repetition. Each run appends its rows to DIR/samples.jsonl:
   {"layout", "delay", "coll", "tool", "rep", "size", "time_us", "busbw"}
 (tool: auto, auto-same, algo:<name>, ompi). scripts/multihost/summary.py makes the tables.
 
+--compress FMTS (scripts/bench-compress.sh) runs instead, per repetition and format, auto
+uncompressed ("off") and auto with `fabricoll-perf --compress FMT` back to back, the pair's order
+and the formats' order turning from one repetition to the next; their rows add "rate", "pair"
+(the format the run is paired with) and, compressed, "error" (fabricoll-perf's error column).
+scripts/multihost/compress_summary.py makes those tables.
+
 --algos keeps only the named forced algorithms, --no-auto leaves auto and auto-same out, and
 --calibrate adds, per layout, delay and repetition, one short run of auto with FABRICOLL_LOG=info
 whose calibration line ("calibration on N ranks ...", rank 0's) goes to DIR/calibrations.jsonl:
@@ -26,6 +32,8 @@ from cluster import REPO, Cluster, Job, launcher_env, placement  # noqa: E402
 from coll_tests import implemented_pairs  # noqa: E402
 
 COLLS = ("allreduce", "allgather", "reducescatter")
+# fabricoll-perf --compress's formats (compress::NAMES without off)
+FORMATS = ("bf16", "fp16", "fp8e4m3", "fp8e5m2", "int8")
 # mpi_coll_bench rows: size count type redop iters time tmin algbw busbw #wrong
 # fabricoll-perf rows: size count type redop algo time algbw busbw #wrong
 COLUMNS = {"ompi": (5, 8), "perf": (5, 7)}
@@ -42,6 +50,31 @@ def rows(text, kind):
                 out.append((int(w[0]), float(w[ti]), float(w[bi])))
             except ValueError:
                 continue
+    return out
+
+
+def errors(text):
+    """{size: error} of the rows of `fabricoll-perf --compress` (the column after #wrong)."""
+    out = {}
+    for line in text.splitlines():
+        w = line.split()
+        if len(w) > 9 and w[0].isdigit():
+            try:
+                out[int(w[0])] = float(w[9])
+            except ValueError:
+                continue
+    return out
+
+
+def compress_order(formats, rep):
+    """The runs of one repetition of --compress: (tool, format paired with) for each format,
+    "off" and the format back to back; the formats' order turns with `rep`, and odd
+    repetitions run the compressed call of each pair first."""
+    k = rep % len(formats)
+    out = []
+    for fmt in formats[k:] + formats[:k]:
+        pair = [("off", fmt), (f"compress:{fmt}", fmt)]
+        out += pair[::-1] if rep % 2 else pair
     return out
 
 
@@ -90,11 +123,19 @@ class Bench:
         self.algos = {c: [x for x, cc in implemented_pairs(listing, algos, [c])]
                       for c in a.colls}
         self.failures = 0
+        self.last_errors = {}
 
-    def record(self, key, tool, rep, got):
+    def record(self, key, tool, rep, got, extra=None):
+        """Appends one run's rows; `extra` (a dict) adds "pair", and "error" per size."""
+        extra = extra or {}
+        errs = extra.get("error", {})
         for size, t, bw in got:
-            self.out.write(json.dumps(dict(key, tool=tool, rep=rep, size=size, time_us=t,
-                                           busbw=bw)) + "\n")
+            row = dict(key, tool=tool, rep=rep, size=size, time_us=t, busbw=bw)
+            if "pair" in extra:
+                row["pair"] = extra["pair"]
+            if size in errs:
+                row["error"] = errs[size]
+            self.out.write(json.dumps(row) + "\n")
         self.out.flush()
 
     def size_args(self):
@@ -110,6 +151,8 @@ class Bench:
         if tool == "auto-same":
             env["FABRICOLL_INTRA_PROVIDER"] = "same"
         sizes = self.size_args()
+        if tool.startswith("compress:"):
+            sizes += ["--compress", tool[9:]]
         if tool == "calib":
             # the communicator calibrates at creation; one tiny size is enough to create it. No
             # calibration cache: each run measures the links as they are shaped now.
@@ -125,6 +168,7 @@ class Bench:
             return []
         if tool == "calib":
             return calibration_lines(job.text(0))
+        self.last_errors = errors(job.text(0)) if tool.startswith("compress:") else {}
         return rows(job.text(0), "perf")
 
     def calibrate(self, c, hosts_of, lname, delay):
@@ -171,6 +215,21 @@ class Bench:
             return []
         return rows(text, "ompi")
 
+    def run_compress(self, c, hosts_of, lname, delay, t0):
+        """--compress: per collective and repetition, each format's pair of runs."""
+        for coll in self.a.colls:
+            key = {"layout": lname, "rate": self.a.rate, "delay": delay, "coll": coll}
+            for rep in range(self.a.reps):
+                for tool, fmt in compress_order(self.a.compress, rep):
+                    name = f"{lname}-{self.a.rate}-{delay}-{coll}-{tool.replace(':', '-')}-{rep}"
+                    if tool == "off":
+                        name += f"-{fmt}"
+                    got = self.run_ours(c, hosts_of, coll, tool, name)
+                    self.record(key, tool, rep, got, {"pair": fmt, "error": self.last_errors})
+            print(f"bench: {lname} rate {self.a.rate} delay {delay} {coll}: off and "
+                  f"{','.join(self.a.compress)} x {self.a.reps} reps, "
+                  f"{time.monotonic() - t0:.0f}s so far", flush=True)
+
     def run(self):
         t0 = time.monotonic()
         for li, lname in enumerate(self.a.layouts):
@@ -184,6 +243,9 @@ class Bench:
                     c.reshape(self.a.rate, delay)
                     if self.cals:
                         self.calibrate(c, hosts_of, lname, delay)
+                    if self.a.compress:
+                        self.run_compress(c, hosts_of, lname, delay, t0)
+                        continue
                     for coll in self.a.colls:
                         tools = [] if self.a.no_auto else ["auto"]
                         tools += [f"algo:{x}" for x in self.algos[coll]]
@@ -234,14 +296,19 @@ def main():
     p.add_argument("--no-auto", action="store_true", help="leave auto and auto-same out")
     p.add_argument("--calibrate", action="store_true",
                    help="log each layout's and delay's calibration to calibrations.jsonl")
+    p.add_argument("--compress", default="",
+                   help=f"compressed against uncompressed auto, these formats ({','.join(FORMATS)})")
     p.add_argument("--prefix", required=True)
     p.add_argument("--owner", required=True)
     a = p.parse_args()
-    for name in ("layouts", "delays", "colls", "algos"):
+    for name in ("layouts", "delays", "colls", "algos", "compress"):
         setattr(a, name, [x for x in getattr(a, name).split(",") if x])
     bad = [c for c in a.colls if c not in COLLS]
     if bad:
         p.error(f"--colls: {bad} not among {COLLS}")
+    bad = [f for f in a.compress if f not in FORMATS]
+    if bad:
+        p.error(f"--compress: {bad} not among {FORMATS}")
     for lname in a.layouts:
         try:
             layout_of(lname)

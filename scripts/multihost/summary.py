@@ -17,17 +17,23 @@ import sys
 from collections import defaultdict
 
 
-def load(path):
-    """{(layout, delay, coll): {size: {tool: [(time_us, busbw) per rep]}}}"""
-    data = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+def read_samples(path):
+    """The rows of a samples.jsonl, one dict each (blank lines skipped)."""
     with open(path, encoding="utf-8") as f:
         for line in f:
             line = line.strip()
-            if not line:
-                continue
-            s = json.loads(line)
-            data[(s["layout"], s["delay"], s["coll"])][s["size"]][s["tool"]].append(
-                (s["time_us"], s["busbw"]))
+            if line:
+                yield json.loads(line)
+
+
+def load(path):
+    """{(layout, delay, coll): {size: {tool: [(time_us, busbw) per rep]}}}"""
+    data = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for s in read_samples(path):
+        if "pair" in s:
+            continue  # bench.py --compress's rows: compress_summary.py's tables
+        data[(s["layout"], s["delay"], s["coll"])][s["size"]][s["tool"]].append(
+            (s["time_us"], s["busbw"]))
     return data
 
 

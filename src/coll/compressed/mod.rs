@@ -54,6 +54,8 @@ use std::cell::Cell;
 use std::ops::Range;
 
 mod plan;
+#[cfg(test)]
+mod tests;
 
 thread_local! {
     /// The compression of the calls this thread starts inside `with_call_compression`.
@@ -179,8 +181,6 @@ impl Phased {
     /// Decode segment `r`'s codes into the caller's output.
     fn decode(&self, r: usize, codes: &[u8]) -> Result<()> {
         let len = self.segs[r].len();
-        let mut v = vec![0f32; len];
-        owner::finish(&self.codec, codes, &mut v)?;
         let el = self.dtype.size();
         let dst = self.out.sub(self.out_at[r] * el, len * el).ok_or_else(|| {
             Error::arg(
@@ -188,8 +188,7 @@ impl Phased {
                 format!("{} bytes, the collective writes more", self.out.len()),
             )
         })?;
-        dst.with_mut(|d| from_f32(self.dtype, &v, d));
-        Ok(())
+        dst.with_mut(|d| into_f32(self.dtype, d, |v| owner::finish(&self.codec, codes, v)))
     }
 }
 
@@ -356,8 +355,6 @@ impl Comm {
                 ),
             ));
         }
-        // The whole input is read (converted) before anything is written: in place is safe.
-        let x = inp.with(|b| to_f32(dtype, b));
         let (wire, stride) = if matches!(call.kind, Kind::Coll(_)) {
             let stride = segs
                 .iter()
@@ -397,23 +394,39 @@ impl Comm {
         match what {
             What::AllGather => {
                 p.mine = pool.take(slot);
-                let b = p.mine.bytes_mut();
-                codec.quantize(&x, &mut b[..own])?;
-                b[own..slot].fill(0);
                 p.all = pool.take(total);
             }
             _ => {
                 p.all = pool.take(total);
-                let b = p.all.bytes_mut();
-                // Padding between pieces goes over the wire: zeros, never decoded.
-                b[..total].fill(0);
-                for (s, w) in p.segs.iter().zip(&p.wire) {
-                    codec.quantize(&x[s.clone()], &mut b[w.clone()])?;
-                }
                 p.mine = pool.take(n * slot);
                 p.stage = Stage::ToOwners;
             }
         }
+        // The whole input is quantized before anything is written: in place is safe.
+        inp.with(|b| {
+            with_f32(dtype, b, |x| -> Result<()> {
+                match what {
+                    What::AllGather => {
+                        let b = p.mine.bytes_mut();
+                        codec.quantize(x, &mut b[..own])?;
+                        b[own..slot].fill(0);
+                        Ok(())
+                    }
+                    _ => {
+                        let b = p.all.bytes_mut();
+                        let mut end = 0;
+                        for (s, w) in p.segs.iter().zip(&p.wire) {
+                            // Padding between pieces goes over the wire: zeros, never decoded.
+                            b[end..w.start].fill(0);
+                            codec.quantize(&x[s.clone()], &mut b[w.clone()])?;
+                            end = w.end;
+                        }
+                        b[end..total].fill(0);
+                        Ok(())
+                    }
+                }
+            })
+        })?;
         Ok(p)
     }
 
@@ -490,6 +503,37 @@ impl Comm {
             }
         }
     }
+}
+
+/// `f` of the f32 values of `b`, elements of `dtype` (float, bfloat16 or half): float data
+/// on a 4-byte boundary where it lies (the codec's work is then the only pass over the
+/// caller's buffer), anything else converted exactly into a vector first.
+fn with_f32<R>(dtype: DataType, b: &[u8], f: impl FnOnce(&[f32]) -> R) -> R {
+    if dtype == DataType::Float32 {
+        // SAFETY: every 4-byte pattern is a valid f32, and `align_to` puts in the middle slice
+        // only whole, aligned elements of the same memory, borrowed as `b` is.
+        let (head, mid, tail) = unsafe { b.align_to::<f32>() };
+        if head.is_empty() && tail.is_empty() {
+            return f(mid);
+        }
+    }
+    f(&to_f32(dtype, b))
+}
+
+/// `f` writing f32 values into `d`, elements of `dtype`: float data on a 4-byte boundary in
+/// place, anything else into a vector first, then rounded into `d` (`from_f32`).
+fn into_f32(dtype: DataType, d: &mut [u8], f: impl FnOnce(&mut [f32]) -> Result<()>) -> Result<()> {
+    if dtype == DataType::Float32 {
+        // SAFETY: as in `with_f32`; any f32 written is 4 valid bytes of `d`.
+        let (head, mid, tail) = unsafe { d.align_to_mut::<f32>() };
+        if head.is_empty() && tail.is_empty() {
+            return f(mid);
+        }
+    }
+    let mut v = vec![0f32; d.len() / dtype.size()];
+    f(&mut v)?;
+    from_f32(dtype, &v, d);
+    Ok(())
 }
 
 /// f32 values of `b`, elements of `dtype` (float, bfloat16 or half), converted exactly.

@@ -1,0 +1,83 @@
+//! The compressed call's views of the caller's buffers as f32: float data read and written
+//! where it lies when aligned, through a converted copy otherwise, with the same values.
+use super::{into_f32, with_f32};
+use crate::error::Result;
+use crate::reduce::conv::{bf16_to_f32, f32_to_bf16};
+use crate::reduce::DataType;
+
+/// `vals` as float bytes starting `off` bytes into a buffer (so unaligned where `off` is not a
+/// multiple of 4), and the range they occupy.
+fn float_bytes(vals: &[f32], off: usize) -> (Vec<u8>, std::ops::Range<usize>) {
+    let mut b = vec![0u8; off + vals.len() * 4 + 8];
+    let r = off..off + vals.len() * 4;
+    for (c, v) in b[r.clone()].chunks_exact_mut(4).zip(vals) {
+        c.copy_from_slice(&v.to_ne_bytes());
+    }
+    (b, r)
+}
+
+#[test]
+fn float_input_is_read_alike_aligned_or_not() {
+    let vals: Vec<f32> = (0..37).map(|i| i as f32 * -1.25 + 0.5).collect();
+    for off in 0..8 {
+        let (b, r) = float_bytes(&vals, off);
+        let got = with_f32(DataType::Float32, &b[r.clone()], |x| x.to_vec());
+        assert_eq!(got, vals, "offset {off}");
+        // aligned data is read in place: the slice handed over is the caller's memory
+        let here = with_f32(DataType::Float32, &b[r.clone()], |x| x.as_ptr() as usize);
+        assert_eq!(
+            here == b[r].as_ptr() as usize,
+            (b.as_ptr() as usize + off).is_multiple_of(4)
+        );
+    }
+}
+
+#[test]
+fn float_output_is_written_alike_aligned_or_not() {
+    let vals: Vec<f32> = (0..29).map(|i| i as f32 * 3.5 - 7.0).collect();
+    for off in 0..8 {
+        let (mut b, r) = float_bytes(&vec![0.0; vals.len()], off);
+        let before: Vec<u8> = b.clone();
+        into_f32(DataType::Float32, &mut b[r.clone()], |v| -> Result<()> {
+            v.copy_from_slice(&vals);
+            Ok(())
+        })
+        .unwrap();
+        let (want, _) = float_bytes(&vals, off);
+        assert_eq!(b[r.clone()], want[r.clone()], "offset {off}");
+        assert_eq!(
+            b[..r.start],
+            before[..r.start],
+            "bytes before, offset {off}"
+        );
+        assert_eq!(b[r.end..], before[r.end..], "bytes after, offset {off}");
+    }
+}
+
+#[test]
+fn bfloat16_goes_through_a_converted_copy() {
+    let vals: Vec<f32> = (0..16).map(|i| i as f32 * 0.75 - 3.0).collect();
+    let mut b: Vec<u8> = vals
+        .iter()
+        .flat_map(|v| f32_to_bf16(*v).to_ne_bytes())
+        .collect();
+    let got = with_f32(DataType::Bfloat16, &b, |x| x.to_vec());
+    assert_eq!(got, vals);
+    into_f32(DataType::Bfloat16, &mut b, |v| -> Result<()> {
+        v.iter_mut().for_each(|x| *x = 2.0);
+        Ok(())
+    })
+    .unwrap();
+    assert!(b
+        .chunks_exact(2)
+        .all(|c| bf16_to_f32(u16::from_ne_bytes([c[0], c[1]])) == 2.0));
+}
+
+#[test]
+fn an_error_of_the_writer_is_returned() {
+    let mut b = vec![0u8; 16];
+    let err = into_f32(DataType::Float32, &mut b, |_| {
+        Err(crate::error::Error::Internal("codec".into()))
+    });
+    assert!(err.is_err());
+}
