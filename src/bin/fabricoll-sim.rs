@@ -297,6 +297,7 @@ fn run(args: &Args) -> Result<(), String> {
             }
             tried[i] = Some(t);
         }
+        let shown = cli::counts(args.coll, bytes, args.elem, n).0 * args.elem;
         let mut runs: Vec<Run> = Vec::new();
         let mut skipped: Vec<String> = Vec::new();
         let mut slower: Vec<(String, f64, usize, f64)> = Vec::new();
@@ -311,6 +312,12 @@ fn run(args: &Args) -> Result<(), String> {
                     }
                     runs.push(r);
                 }
+                Tried::TooBig if is_auto(&cands[i]) => {
+                    worst.push(format!(
+                        "{shown} B: auto {label} not simulated (over --max-steps)"
+                    ));
+                    skipped.push(format!("{label} (auto)"));
+                }
                 Tried::TooBig => skipped.push(label),
                 Tried::Slower {
                     bound_us,
@@ -320,7 +327,6 @@ fn run(args: &Args) -> Result<(), String> {
             }
         }
         let best = (0..runs.len()).min_by(|&x, &y| runs[x].us.total_cmp(&runs[y].us));
-        let shown = cli::counts(args.coll, bytes, args.elem, n).0 * args.elem;
         for (i, r) in runs.iter().enumerate() {
             let algbw = shown as f64 / r.us / 1e3;
             let mut mark = String::new();
@@ -385,7 +391,9 @@ fn run(args: &Args) -> Result<(), String> {
     if worst.is_empty() {
         println!("# auto's pick is within 10 % of the simulator's best at every size");
     } else {
-        println!("# auto's pick more than 10 % slower than the simulator's best:");
+        println!(
+            "# auto's pick more than 10 % slower than the simulator's best (or not simulated):"
+        );
         for w in &worst {
             println!("#   {w}");
         }
