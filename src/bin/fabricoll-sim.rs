@@ -351,7 +351,7 @@ fn run(args: &Args) -> Result<(), String> {
         }
         for (label, bound_us, steps, secs) in &slower {
             println!(
-                "  {:>12} {:>12}  {:<20} {:>12} {:>10} {:>10} {:>10} {:>8.4}  bound over best",
+                "  {:>12} {:>12}  {:<20} {:>12} {:>10} {:>10} {:>10} {:>8.4}  bounded out",
                 shown,
                 p.count,
                 label,
