@@ -111,6 +111,7 @@ class SimCommandAndRows(unittest.TestCase):
                                   {65536, 262144, 1048576})
         self.assertEqual(argv[argv.index("--hosts") + 1], "2,2")
         self.assertEqual(argv[argv.index("--algos") + 1], "ring,rdh")
+        self.assertIn("--no-bound", argv)
         self.assertEqual(argv[argv.index("--gbit") + 1], "0.95")
         self.assertEqual(argv[argv.index("--intra-gbps") + 1], "3")
         self.assertEqual(argv[-6:], ["-b", "65536", "-e", "1048576", "-f", "4"])

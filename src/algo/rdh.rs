@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 use super::{AlgoResult, Algorithm, Buf, Builder, Collectives, Deps, Op, Options, Span};
+use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
 
 pub struct Rdh;
@@ -129,18 +130,20 @@ impl Tracker {
 pub(crate) struct Sched<'a> {
     pub b: &'a mut Builder,
     start: &'a Deps,
-    tr: Vec<Tracker>,
+    /// The trackers of the ranks this emitter has touched: a two-level plan runs one emitter
+    /// per group of a few ranks, many times, so a tracker for every rank of the communicator
+    /// per emitter would cost the communicator's size each time.
+    tr: FxHashMap<usize, Tracker>,
     /// Scratch of `op`, kept to save an allocation per step.
     deps: Vec<usize>,
 }
 
 impl<'a> Sched<'a> {
     pub fn new(b: &'a mut Builder, start: &'a Deps) -> Sched<'a> {
-        let n = b.nranks();
         Sched {
             b,
             start,
-            tr: vec![Tracker::default(); n],
+            tr: FxHashMap::default(),
             deps: Vec::new(),
         }
     }
@@ -152,7 +155,7 @@ impl<'a> Sched<'a> {
         deps.clear();
         deps.extend_from_slice(&self.start[rank]);
         deps.extend_from_slice(extra);
-        let t = &mut self.tr[rank];
+        let t = self.tr.entry(rank).or_default();
         for r in reads.iter().flatten() {
             t.deps(*r, false, &mut deps);
         }
@@ -161,7 +164,6 @@ impl<'a> Sched<'a> {
         }
         let id = self.b.push(rank, op, &deps);
         self.deps = deps;
-        let t = &mut self.tr[rank];
         for r in reads.into_iter().flatten() {
             t.record(r, id, false);
         }

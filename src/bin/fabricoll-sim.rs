@@ -5,7 +5,7 @@
 use clap::Parser;
 use nccl_net_fabricoll::algo::{self, Algorithm, Collective, Hosts, Options, Problem};
 use nccl_net_fabricoll::cli;
-use nccl_net_fabricoll::sim::{self, Params};
+use nccl_net_fabricoll::sim::{self, Bounded, Params};
 use nccl_net_fabricoll::transport::DEFAULT_SLICE_BYTES;
 use nccl_net_fabricoll::tune::{gbps_to_us_per_byte, Model};
 use std::process::ExitCode;
@@ -79,6 +79,10 @@ struct Args {
     /// Skip a schedule estimated to have more steps than this (memory: about 100 B a step).
     #[arg(long, default_value_t = 20_000_000)]
     max_steps: usize,
+    /// Simulate every schedule, even one whose lower bound (critical path, busiest CPU,
+    /// busiest link) shows it slower than the best simulated so far at its size.
+    #[arg(long)]
+    no_bound: bool,
     /// Write the plan of the one algorithm in --algos at --minbytes to FILE as a GOAL schedule
     /// (LogGOPSim, ATLAHS) instead of the table; its options (slices, levels) are the table's.
     #[arg(long, value_name = "FILE")]
@@ -106,6 +110,25 @@ struct Run {
     steps: usize,
     secs: f64,
 }
+
+/// What became of one candidate at one size.
+enum Tried {
+    Run(Run),
+    /// Estimated over `--max-steps`: not built.
+    TooBig,
+    /// Built, and its lower bound is over the best simulated time at its size (by more than
+    /// `BOUND_MARGIN`): it cannot be the best, so it was not simulated.
+    Slower {
+        bound_us: f64,
+        steps: usize,
+        secs: f64,
+    },
+}
+
+/// A candidate is left out only when its lower bound exceeds the best simulated time by this
+/// much: the event loop takes instants within `share::TIME_EPS` as one, so a simulated time may
+/// fall a hair under the exact bound.
+const BOUND_MARGIN: f64 = 1e-3;
 
 /// Steps of `algo`'s schedule for `p`, estimated from the same collective on 32 and 64 ranks
 /// in hosts of the same size (the growth between the two extrapolated), without building it.
@@ -236,32 +259,74 @@ fn run(args: &Args) -> Result<(), String> {
             hosts,
             ..Options::default()
         };
+        let (auto_algo, auto_opts) = model.choose(&p, args.elem, base);
+        // Auto's pick first (its time is needed whatever it is), then the others in the
+        // order of their predicted times, so that the best is usually simulated early and
+        // the bound leaves out the rest.
+        let mut cands: Vec<(Algorithm, Options, f64)> = algos
+            .iter()
+            .map(|&a| {
+                let opts = options_for(a, &p, args, &model, hosts);
+                let predicted = model.predict_on(a, &p, args.elem, &opts);
+                (a, opts, predicted.unwrap_or(f64::INFINITY))
+            })
+            .collect();
+        let is_auto = |c: &(Algorithm, Options, f64)| c.0 == auto_algo && c.1 == auto_opts;
+        if !cands.iter().any(is_auto) {
+            cands.push((auto_algo, auto_opts, f64::NEG_INFINITY));
+        }
+        let mut order: Vec<usize> = (0..cands.len()).collect();
+        order.sort_by(|&x, &y| {
+            let key = |i: usize| (!is_auto(&cands[i]), cands[i].2);
+            let (kx, ky) = (key(x), key(y));
+            kx.0.cmp(&ky.0).then(kx.1.total_cmp(&ky.1))
+        });
+        let mut tried: Vec<Option<Tried>> = (0..cands.len()).map(|_| None).collect();
+        let mut best_us = f64::INFINITY;
+        for &i in &order {
+            let (a, opts, _) = cands[i];
+            let cutoff = if is_auto(&cands[i]) || args.no_bound {
+                f64::INFINITY
+            } else {
+                best_us * (1.0 + BOUND_MARGIN)
+            };
+            let t = simulate_one(&p, a, opts, args, &params, per_host, cutoff)
+                .map_err(|e| format!("{a} at {bytes} B: {e}"))?;
+            if let Tried::Run(r) = &t {
+                best_us = best_us.min(r.us);
+            }
+            tried[i] = Some(t);
+        }
+        let shown = cli::counts(args.coll, bytes, args.elem, n).0 * args.elem;
         let mut runs: Vec<Run> = Vec::new();
         let mut skipped: Vec<String> = Vec::new();
-        for &a in &algos {
-            let opts = options_for(a, &p, args, &model, hosts);
-            match simulate_one(&p, a, opts, args, &params, per_host) {
-                Ok(Some(r)) => runs.push(r),
-                Ok(None) => skipped.push(a.to_string()),
-                Err(e) => return Err(format!("{a} at {bytes} B: {e}")),
+        let mut slower: Vec<(String, f64, usize, f64)> = Vec::new();
+        let mut auto = None;
+        for (i, t) in tried.into_iter().enumerate() {
+            let (a, opts, _) = cands[i];
+            let label = name(a, &opts);
+            match t.expect("every candidate is tried") {
+                Tried::Run(r) => {
+                    if is_auto(&cands[i]) {
+                        auto = Some(runs.len());
+                    }
+                    runs.push(r);
+                }
+                Tried::TooBig if is_auto(&cands[i]) => {
+                    worst.push(format!(
+                        "{shown} B: auto {label} not simulated (over --max-steps)"
+                    ));
+                    skipped.push(format!("{label} (auto)"));
+                }
+                Tried::TooBig => skipped.push(label),
+                Tried::Slower {
+                    bound_us,
+                    steps,
+                    secs,
+                } => slower.push((label, bound_us, steps, secs)),
             }
         }
-        let (auto_algo, auto_opts) = model.choose(&p, args.elem, base);
-        let auto = match runs
-            .iter()
-            .position(|r| r.algo == auto_algo && r.opts == auto_opts)
-        {
-            Some(i) => Some(i),
-            None => match simulate_one(&p, auto_algo, auto_opts, args, &params, per_host)? {
-                Some(r) => {
-                    runs.push(r);
-                    Some(runs.len() - 1)
-                }
-                None => None,
-            },
-        };
         let best = (0..runs.len()).min_by(|&x, &y| runs[x].us.total_cmp(&runs[y].us));
-        let shown = cli::counts(args.coll, bytes, args.elem, n).0 * args.elem;
         for (i, r) in runs.iter().enumerate() {
             let algbw = shown as f64 / r.us / 1e3;
             let mut mark = String::new();
@@ -275,13 +340,26 @@ fn run(args: &Args) -> Result<(), String> {
                 "  {:>12} {:>12}  {:<20} {:>12.2} {:>10.3} {:>10.3} {:>10} {:>8.4}  {}",
                 shown,
                 p.count,
-                name(r),
+                name(r.algo, &r.opts),
                 r.us,
                 algbw,
                 algbw * cli::bus_factor(args.coll, n),
                 r.steps,
                 r.secs,
                 mark.trim_end()
+            );
+        }
+        for (label, bound_us, steps, secs) in &slower {
+            println!(
+                "  {:>12} {:>12}  {:<20} {:>12} {:>10} {:>10} {:>10} {:>8.4}  bounded out",
+                shown,
+                p.count,
+                label,
+                format!(">{bound_us:.2}"),
+                "-",
+                "-",
+                steps,
+                secs
             );
         }
         if !skipped.is_empty() {
@@ -297,9 +375,9 @@ fn run(args: &Args) -> Result<(), String> {
             if slower > 0.10 {
                 worst.push(format!(
                     "{shown} B: auto {} {:.1} us, best {} {:.1} us (+{:.0} %)",
-                    name(&runs[a]),
+                    name(runs[a].algo, &runs[a].opts),
                     runs[a].us,
-                    name(&runs[b]),
+                    name(runs[b].algo, &runs[b].opts),
                     runs[b].us,
                     slower * 100.0
                 ));
@@ -313,7 +391,9 @@ fn run(args: &Args) -> Result<(), String> {
     if worst.is_empty() {
         println!("# auto's pick is within 10 % of the simulator's best at every size");
     } else {
-        println!("# auto's pick more than 10 % slower than the simulator's best:");
+        println!(
+            "# auto's pick more than 10 % slower than the simulator's best (or not simulated):"
+        );
         for w in &worst {
             println!("#   {w}");
         }
@@ -377,7 +457,7 @@ fn export_goal(
     println!(
         "# wrote {}: {} {:?} on {n} ranks, {} B ({} elements), {} steps; simulated here {:.2} us",
         path.display(),
-        name(&run),
+        name(run.algo, &run.opts),
         args.coll,
         cli::counts(args.coll, bytes, args.elem, n).0 * args.elem,
         p.count,
@@ -388,15 +468,16 @@ fn export_goal(
 }
 
 /// The name with its levels for hier and swizzle.
-fn name(r: &Run) -> String {
-    match r.algo {
-        Algorithm::Hier => format!("hier({}x{})", r.opts.intra, r.opts.inter),
-        Algorithm::Swizzle => format!("swizzle({})", r.opts.intra),
+fn name(a: Algorithm, opts: &Options) -> String {
+    match a {
+        Algorithm::Hier => format!("hier({}x{})", opts.intra, opts.inter),
+        Algorithm::Swizzle => format!("swizzle({})", opts.intra),
         a => a.to_string(),
     }
 }
 
-/// Build and simulate `a`'s schedule; None when it is estimated over `--max-steps`.
+/// Build and simulate `a`'s schedule, unless it is estimated over `--max-steps` or its lower
+/// bound exceeds `cutoff_us`.
 fn simulate_one(
     p: &Problem,
     a: Algorithm,
@@ -404,20 +485,30 @@ fn simulate_one(
     args: &Args,
     params: &Params,
     per_host: usize,
-) -> Result<Option<Run>, String> {
+    cutoff_us: f64,
+) -> Result<Tried, String> {
     let t0 = Instant::now();
     if let Some(est) = estimate_steps(p, a, &opts, per_host) {
         if est > args.max_steps as f64 {
-            return Ok(None);
+            return Ok(Tried::TooBig);
         }
     }
     let s = algo::build(*p, a, &opts).map_err(|e| e.to_string())?;
-    let out = sim::simulate(&s, args.elem, opts.hosts, params)?;
-    Ok(Some(Run {
-        algo: a,
-        opts,
-        us: out.time_us,
-        steps: out.steps,
-        secs: t0.elapsed().as_secs_f64(),
-    }))
+    let secs = || t0.elapsed().as_secs_f64();
+    Ok(
+        match sim::simulate_unless_slower(&s, args.elem, opts.hosts, params, cutoff_us)? {
+            Bounded::Simulated(out) => Tried::Run(Run {
+                algo: a,
+                opts,
+                us: out.time_us,
+                steps: out.steps,
+                secs: secs(),
+            }),
+            Bounded::Slower { bound_us, steps } => Tried::Slower {
+                bound_us,
+                steps,
+                secs: secs(),
+            },
+        },
+    )
 }

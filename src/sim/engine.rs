@@ -21,7 +21,7 @@ pub struct Outcome {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
+pub(super) enum Kind {
     Send,
     Recv,
     RecvReduce,
@@ -58,28 +58,28 @@ impl PartialOrd for At {
 
 /// One message: its bytes, its steps and the links it crosses.
 #[derive(Clone, Copy, Debug)]
-struct Msg {
-    bytes: f64,
-    send: u32,
-    recv: u32,
-    inter: bool,
+pub(super) struct Msg {
+    pub(super) bytes: f64,
+    pub(super) send: u32,
+    pub(super) recv: u32,
+    pub(super) inter: bool,
     arrived: bool,
 }
 
-struct Sim<'a> {
-    p: &'a Params,
-    rank_of: Vec<u32>,
-    kind: Vec<Kind>,
+pub(super) struct Sim<'a> {
+    pub(super) p: &'a Params,
+    pub(super) rank_of: Vec<u32>,
+    pub(super) kind: Vec<Kind>,
     /// Bytes of a step's CPU work (copy, reduce) or its message index (send, receive).
-    arg: Vec<f64>,
-    msg_of: Vec<u32>,
-    pending: Vec<u32>,
-    dep_start: Vec<u32>,
-    dependents: Vec<u32>,
+    pub(super) arg: Vec<f64>,
+    pub(super) msg_of: Vec<u32>,
+    pub(super) pending: Vec<u32>,
+    pub(super) dep_start: Vec<u32>,
+    pub(super) dependents: Vec<u32>,
     recv_ready: Vec<bool>,
-    msgs: Vec<Msg>,
+    pub(super) msgs: Vec<Msg>,
     cpu_free: Vec<f64>,
-    links: Links,
+    pub(super) links: Links,
     /// The links of a message from rank a to rank b: (a's, b's) per level, or the hosts'.
     rank_links: Vec<[LinkId; 4]>,
     host_links: Vec<[LinkId; 3]>,
@@ -100,24 +100,39 @@ struct Sim<'a> {
 /// Simulate `s` with elements of `elem` bytes on ranks placed by `hosts` (the layout the
 /// schedule was built for) and the machine `p`.
 pub fn simulate(s: &Schedule, elem: usize, hosts: Hosts, p: &Params) -> Result<Outcome, String> {
-    p.validate()?;
-    let n = s.ranks.len();
-    if !hosts.fits(n) {
-        return Err(format!(
-            "hosts: the layout names {} ranks, the schedule has {n}",
-            hosts.ranks()
-        ));
-    }
-    let mut sim = Sim::new(s, elem, hosts, p)?;
+    let mut sim = Sim::prepare(s, elem, hosts, p)?;
     sim.run()?;
-    Ok(Outcome {
-        time_us: sim.now,
-        messages: sim.msgs.len(),
-        steps: sim.kind.len(),
-    })
+    Ok(sim.outcome())
 }
 
 impl<'a> Sim<'a> {
+    /// `p` and `hosts` checked, the steps listed and the messages matched: ready to run.
+    pub(super) fn prepare(
+        s: &Schedule,
+        elem: usize,
+        hosts: Hosts,
+        p: &'a Params,
+    ) -> Result<Sim<'a>, String> {
+        p.validate()?;
+        let n = s.ranks.len();
+        if !hosts.fits(n) {
+            return Err(format!(
+                "hosts: the layout names {} ranks, the schedule has {n}",
+                hosts.ranks()
+            ));
+        }
+        Sim::new(s, elem, hosts, p)
+    }
+
+    /// What a finished run found.
+    pub(super) fn outcome(&self) -> Outcome {
+        Outcome {
+            time_us: self.now,
+            messages: self.msgs.len(),
+            steps: self.kind.len(),
+        }
+    }
+
     fn new(s: &Schedule, elem: usize, hosts: Hosts, p: &'a Params) -> Result<Sim<'a>, String> {
         let n = s.ranks.len();
         let total: usize = s.ranks.iter().map(Vec::len).sum();
@@ -327,7 +342,7 @@ impl<'a> Sim<'a> {
         self.heap.push(Reverse(At(t, self.seq, e)));
     }
 
-    fn level(&self, m: &Msg) -> Level {
+    pub(super) fn level(&self, m: &Msg) -> Level {
         if m.inter {
             self.p.inter
         } else {
@@ -342,7 +357,7 @@ impl<'a> Sim<'a> {
         start + dur
     }
 
-    fn run(&mut self) -> Result<(), String> {
+    pub(super) fn run(&mut self) -> Result<(), String> {
         for g in 0..self.kind.len() {
             if self.pending[g] == 0 {
                 self.ready.push_back(g as u32);
@@ -474,6 +489,12 @@ impl<'a> Sim<'a> {
 
     /// Message `m`'s bytes start crossing its links.
     fn on_wire(&mut self, m: u32) {
+        let (hops, k) = self.hops(m);
+        self.links.start(&hops[..k], self.msgs[m as usize].bytes, m);
+    }
+
+    /// The links message `m` crosses: the first `k` of the array.
+    pub(super) fn hops(&self, m: u32) -> ([LinkId; 3], usize) {
         let msg = self.msgs[m as usize];
         let (a, b) = (
             self.rank_of[msg.send as usize] as usize,
@@ -508,7 +529,7 @@ impl<'a> Sim<'a> {
                 2
             }
         };
-        self.links.start(&hops[..k], msg.bytes, m);
+        (hops, k)
     }
 
     /// A message's last byte has left: the send completes, the message arrives `alpha` later.

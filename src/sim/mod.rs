@@ -21,6 +21,7 @@
 //! executor's polling and sleeping, and any transport's own slicing below the schedule's.
 #![forbid(unsafe_code)]
 
+mod bound;
 mod engine;
 mod goal;
 mod params;
@@ -28,6 +29,7 @@ pub mod share;
 #[cfg(test)]
 mod tests;
 
+pub use bound::{lower_bound, simulate_unless_slower, Bounded};
 pub use engine::{simulate, Outcome};
 pub use goal::write_goal;
 pub use params::{parse_calibration, Level, Params};

@@ -105,7 +105,7 @@ pub struct Links {
     // Scratch of the filling, one entry per link or class, kept between fillings.
     left: Vec<f64>,
     count: Vec<u32>,
-    version: Vec<u32>,
+    heap_scratch: Vec<Key>,
     through: Vec<Vec<u32>>,
     seen_link: Vec<u32>,
     seen_class: Vec<u32>,
@@ -126,11 +126,25 @@ impl Links {
         self.cap.push(bytes_per_us);
         self.left.push(0.0);
         self.count.push(0);
-        self.version.push(0);
         self.through.push(Vec::new());
         self.on.push(Vec::new());
         self.seen_link.push(0);
         (self.cap.len() - 1) as LinkId
+    }
+
+    /// The links added so far.
+    pub fn len(&self) -> usize {
+        self.cap.len()
+    }
+
+    /// Whether no link has been added.
+    pub fn is_empty(&self) -> bool {
+        self.cap.is_empty()
+    }
+
+    /// Link `l`'s capacity, bytes per microsecond.
+    pub fn capacity(&self, l: LinkId) -> f64 {
+        self.cap[l as usize]
     }
 
     /// Active flows.
@@ -357,21 +371,29 @@ impl Links {
                 self.through[l as usize].push(c);
             }
         }
-        let mut heap: BinaryHeap<Key> = links
-            .iter()
-            .filter(|&&l| self.count[l as usize] > 0)
-            .map(|&l| {
-                let u = l as usize;
-                Key(self.left[u] / f64::from(self.count[u]), l, self.version[u])
-            })
-            .collect();
-        // A fresh stamp marks the links changed by one frozen link (0 is never a stamp).
-        self.stamp = self.stamp.wrapping_add(1).max(1);
-        let stamp = self.stamp;
-        let mut changed: Vec<usize> = Vec::new();
-        while let Some(Key(share, l, v)) = heap.pop() {
+        // Each link keyed by its fair share when pushed. A link's share only grows as the
+        // classes of other links freeze (they take at most its share each), so a key is a
+        // lower bound of its link's share: a popped link whose share has since grown goes
+        // back with the new one (once per pop, not once per change), and one whose key is
+        // current is the least share left.
+        let mut heap = BinaryHeap::from(std::mem::take(&mut self.heap_scratch));
+        heap.extend(
+            links
+                .iter()
+                .filter(|&&l| self.count[l as usize] > 0)
+                .map(|&l| {
+                    let u = l as usize;
+                    Key(self.left[u] / f64::from(self.count[u]), l, 0)
+                }),
+        );
+        while let Some(Key(key, l, _)) = heap.pop() {
             let u = l as usize;
-            if v != self.version[u] || self.count[u] == 0 {
+            if self.count[u] == 0 {
+                continue;
+            }
+            let share = self.left[u] / f64::from(self.count[u]);
+            if share > key {
+                heap.push(Key(share, l, 0));
                 continue;
             }
             for j in 0..self.through[u].len() {
@@ -390,23 +412,11 @@ impl Links {
                     }
                     self.left[o] = (self.left[o] - share * f64::from(n)).max(0.0);
                     self.count[o] -= n;
-                    if self.seen_link[o] != stamp {
-                        self.seen_link[o] = stamp;
-                        changed.push(o);
-                    }
                 }
             }
             self.count[u] = 0;
-            // Each link whose share moved goes back on the heap once, with its new share.
-            for o in changed.drain(..) {
-                self.seen_link[o] = 0;
-                self.version[o] = self.version[o].wrapping_add(1);
-                if self.count[o] > 0 {
-                    let s = self.left[o] / f64::from(self.count[o]);
-                    heap.push(Key(s, o as LinkId, self.version[o]));
-                }
-            }
         }
+        self.heap_scratch = heap.into_vec();
         for &c in &classes {
             let k = &mut self.classes[c as usize];
             let Some(&Key(target, _, _)) = k.flows.peek() else {

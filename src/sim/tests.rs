@@ -156,3 +156,105 @@ fn a_chain_pipelines_its_slices() {
     let one = (slice * 4) as f64 / 1e3;
     assert!(t > 2.9 * one && t < 3.1 * one, "{t} us, a slice {one} us");
 }
+
+/// The lower bound is one: never above the simulated time, for every algorithm and
+/// collective on layouts of one and several hosts, sliced or not, with contention off and on
+/// (a memory bus and a tapered core included), and close to it where one resource dominates
+/// (a one-shot mesh's bytes through the NICs).
+#[test]
+fn the_lower_bound_never_exceeds_the_simulated_time() {
+    let mut m = Model::new(3.0, 1.0, 4.0);
+    m.inter_o_us = Some(1.5);
+    m.intra.o_us = 0.3;
+    let layouts = [Hosts::ONE, Hosts::blocks(12, 4), Hosts::blocks(9, 3)];
+    let mut checked = 0;
+    for hosts in layouts {
+        let n = if hosts == Hosts::ONE {
+            7
+        } else {
+            hosts.ranks()
+        };
+        let off = Params::from_model(&m, hosts);
+        let on = Params {
+            contention: true,
+            mem_us_per_byte: Some(0.05),
+            taper: 2.0,
+            ..off
+        };
+        for coll in Collective::ALL {
+            for a in Algorithm::ALL {
+                if !algo::supports(a, coll) {
+                    continue;
+                }
+                for (count, slice) in [(5, 0), (3000, 0), (3000, 256)] {
+                    let p = Problem::new(coll, n, count);
+                    let opts = Options {
+                        hosts,
+                        slice,
+                        intra: Algorithm::Rdh,
+                        inter: Algorithm::Ring,
+                    };
+                    let Ok(s) = algo::build(p, a, &opts) else {
+                        continue;
+                    };
+                    for q in [&off, &on] {
+                        let t = simulate(&s, 4, hosts, q).unwrap().time_us;
+                        let b = lower_bound(&s, 4, hosts, q).unwrap();
+                        assert!(
+                            b > 0.0 && b <= t * (1.0 + 1e-9),
+                            "{a} {coll:?} on {n} ranks, count {count}, slice {slice}, \
+                             contention {}: bound {b} over simulated {t}",
+                            q.contention
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 300, "{checked}");
+    // Mesh1 on 2 hosts of 4 with 1 MiB each: 16 MiB leave each NIC; the bound is that.
+    let hosts = Hosts::blocks(8, 4);
+    let params = Params {
+        contention: true,
+        ..Params::from_model(&m, hosts)
+    };
+    let p = Problem::new(Collective::AllReduce, 8, 1 << 18);
+    let opts = Options {
+        hosts,
+        ..Options::default()
+    };
+    let s = algo::build(p, Algorithm::Mesh1, &opts).unwrap();
+    let t = simulate(&s, 4, hosts, &params).unwrap().time_us;
+    let b = lower_bound(&s, 4, hosts, &params).unwrap();
+    let nic = 16.0 * (1 << 20) as f64 * m.beta_us_per_byte;
+    assert!((b - nic).abs() < 1e-9 * nic && b > 0.9 * t, "{b} {nic} {t}");
+}
+
+/// `simulate_unless_slower` simulates when the bound is under the cutoff (the same outcome as
+/// `simulate`) and leaves the schedule out, with its bound, when it is over.
+#[test]
+fn a_schedule_bounded_above_the_cutoff_is_not_simulated() {
+    let m = Model::new(2.0, 1.0, 4.0);
+    let hosts = Hosts::blocks(8, 4);
+    let params = Params::from_model(&m, hosts);
+    let p = Problem::new(Collective::AllReduce, 8, 1 << 12);
+    let opts = Options {
+        hosts,
+        ..Options::default()
+    };
+    let s = algo::build(p, Algorithm::Ring, &opts).unwrap();
+    let full = simulate(&s, 4, hosts, &params).unwrap();
+    let b = lower_bound(&s, 4, hosts, &params).unwrap();
+    assert_eq!(
+        simulate_unless_slower(&s, 4, hosts, &params, b).unwrap(),
+        Bounded::Simulated(full.clone())
+    );
+    assert_eq!(
+        simulate_unless_slower(&s, 4, hosts, &params, b * 0.99).unwrap(),
+        Bounded::Slower {
+            bound_us: b,
+            steps: full.steps
+        }
+    );
+}
