@@ -45,10 +45,6 @@ skips=(
   no_dependency_handler_survives_the_load
   # the Neuron flavour is not built here (NEURON=0 in the build step)
   neuron_library_exports_only_neuron_tables
-  # known gaps on 2.1, open (docs/providers.md, "Known gaps on libfabric 2.1")
-  mismatched_calls_fail_on_every_rank_over_shm mismatched_calls_fail_on_every_rank_over_two_fabrics
-  broadcast_against_reduce_fails_every_rank_over_shm
-  ranks_asking_for_different_compression_fail_naming_compress
 )
 skip_args=()
 for t in "${skips[@]}"; do skip_args+=(--skip "$t"); done

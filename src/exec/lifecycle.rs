@@ -44,6 +44,7 @@ impl Exec {
             calls_differ: Default::default(),
             watch: Watch::Off,
             held: None,
+            foreign_at: None,
             posted_recvs: 0,
             finished: false,
             job,
@@ -92,6 +93,7 @@ impl Exec {
         self.calls_differ.set(false);
         self.watch = Watch::Off;
         self.held = None;
+        self.foreign_at = None;
         let inp = self.job.args.inp.sub(0, need_in).expect("checked");
         let out = self.job.args.out.sub(0, need_out).expect("checked");
         // Overlap of input and output: the steps may write over the input. Restoring, run on

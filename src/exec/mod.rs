@@ -133,6 +133,9 @@ pub struct Exec {
     watch: notice::Watch,
     /// An operation's failure held while a notice may explain it (`Exec::hold`).
     held: Option<(Error, Instant)>,
+    /// When this collective last looked for another call's messages (`notice`, where receives
+    /// match the signature exactly).
+    foreign_at: Option<Instant>,
     posted_recvs: usize,
     finished: bool,
 }

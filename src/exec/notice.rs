@@ -6,7 +6,7 @@
 //! a look into each peer's direct channel on the direct path. Nothing of this runs while
 //! collectives make progress.
 use super::signature::SIG_MASK;
-use super::tags::{coll_tag, SEQ_MASK, SEQ_SHIFT, SRC_MASK, SRC_SHIFT};
+use super::tags::{coll_tag, KEY_MASK, SEQ_MASK, SEQ_SHIFT, SRC_MASK, SRC_SHIFT};
 use super::{BufPool, Exec, St, Tags};
 use crate::error::{Error, Result};
 use crate::transport::{Completion, Peer, Transport};
@@ -161,6 +161,35 @@ impl Exec {
             Some((_, at)) if at.elapsed() >= HOLD => Err(self.held.take().expect("matched").0),
             _ => Ok(()),
         }
+    }
+
+    /// Where receives match the signature exactly (`Caps::truncation_crashes`), another
+    /// call's messages never meet them: while this collective is stalled, look, at most every
+    /// `WATCH_AFTER`, at the first message from each peer waiting in its sequence. One of
+    /// another call is taken and dropped, and fails the collective as its arrival would have.
+    pub(super) fn look_for_foreign(&mut self, t: &dyn Transport, peers: &[Peer]) -> Result<()> {
+        if self.finished || self.watch == Watch::Off {
+            return Ok(());
+        }
+        let Some(seq) = self.seq() else { return Ok(()) };
+        let now = Instant::now();
+        if self
+            .foreign_at
+            .is_some_and(|at| now.duration_since(at) < WATCH_AFTER)
+        {
+            return Ok(());
+        }
+        self.foreign_at = Some(now);
+        for &p in &self.plan.message_peers {
+            if !t.caps_to(peers[p]).truncation_crashes {
+                continue;
+            }
+            let tag = coll_tag(seq, p, 0, self.sig);
+            if let Some(theirs) = t.take_foreign(peers[p], tag, KEY_MASK | SIG_MASK, SIG_MASK)? {
+                return self.check_signature_bits(p, theirs);
+            }
+        }
+        Ok(())
     }
 
     /// Direct path: look for a notice from each peer when due.

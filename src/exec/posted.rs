@@ -58,6 +58,7 @@ impl Exec {
         self.ready = deferred;
         self.check_finished();
         self.tend_watch(t)?;
+        self.look_for_foreign(t, peers)?;
         Ok(progressed)
     }
 
@@ -112,7 +113,7 @@ impl Exec {
                 match t.recv_from(
                     peers[peer],
                     tag,
-                    self.sig_ignored(),
+                    self.recv_ignored(t, peers[peer]),
                     self.region(i, &dst),
                     None,
                     self.op_id(i),
@@ -139,7 +140,7 @@ impl Exec {
                 match t.recv_from(
                     peers[peer],
                     tag,
-                    self.sig_ignored(),
+                    self.recv_ignored(t, peers[peer]),
                     into,
                     None,
                     self.op_id(i),
@@ -234,6 +235,18 @@ impl Exec {
         match self.job.args.tags {
             Tags::Coll(_) => SIG_MASK,
             Tags::P2p(_) => 0,
+        }
+    }
+
+    /// The tag bits a posted receive ignores: `sig_ignored`, except where a receive that
+    /// another call's longer message matched would crash (`Caps::truncation_crashes`): there
+    /// receives match the signature exactly and the stalled collective looks for other calls'
+    /// messages (`look_for_foreign`).
+    fn recv_ignored(&self, t: &dyn Transport, peer: Peer) -> u64 {
+        if t.caps_to(peer).truncation_crashes {
+            0
+        } else {
+            self.sig_ignored()
         }
     }
 

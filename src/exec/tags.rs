@@ -17,6 +17,9 @@ pub fn coll_tag(seq: u32, src: usize, k: usize, sig: u64) -> u64 {
         | (sig & SIG_MASK)
 }
 
+/// The message key's bits in a collective tag.
+pub(super) const KEY_MASK: u64 = 0xffff << SIG_BITS;
+
 /// Where the source rank sits in a collective tag, and its bits there.
 pub(super) const SRC_SHIFT: u32 = 28;
 pub(super) const SRC_MASK: u64 = 0xf_ffff << SRC_SHIFT;

@@ -212,6 +212,11 @@ pub struct Caps {
     /// crashes the reader, so ended communicators' endpoints close together
     /// (`coll::closer`).
     pub reads_local_peers: bool,
+    /// A receive that a longer message matches kills the process or never completes
+    /// (libfabric 2.x's shm): a collective's receives then match its signature exactly, and
+    /// other calls' messages are found with `Transport::take_foreign`. Per fabric: see
+    /// `Transport::caps_to`.
+    pub truncation_crashes: bool,
     /// Endpoint addresses are socket addresses, each endpoint listening on its own port while
     /// it is open (`net`, `tcp`): `Transport::peer_gone` can ask the address.
     pub socket_addresses: bool,
@@ -256,6 +261,7 @@ impl Default for Caps {
             net_streams: 0,
             close_loses: false,
             reads_local_peers: false,
+            truncation_crashes: false,
             socket_addresses: false,
             latency_us: 0.0,
             intra: None,
@@ -431,6 +437,21 @@ pub trait Transport: Send + Sync {
         Err(Error::InvalidUsage(
             "this transport has no direct channel (direct_bytes is 0)".into(),
         ))
+    }
+
+    /// Where receives match a collective's signature exactly (`Caps::truncation_crashes`):
+    /// look at the first message from `peer` waiting unexpected whose tag equals `tag` on
+    /// every bit not set in `ignore`. One that differs from `tag` in a bit of `compare` (another
+    /// call's) is received whole and dropped, and its tag returned; None where it agrees, where
+    /// nothing waits, or where the transport has no such hazard.
+    fn take_foreign(
+        &self,
+        _peer: Peer,
+        _tag: u64,
+        _ignore: u64,
+        _compare: u64,
+    ) -> Result<Option<u64>> {
+        Ok(None)
     }
 
     /// Take the message from `peer` whose tag equals `tag` on every bit not set in `ignore`,

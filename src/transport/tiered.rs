@@ -434,6 +434,11 @@ impl Transport for Tiered {
         let (t, p) = self.route(peer);
         t.take_now(p, tag, ignore, f)
     }
+
+    fn take_foreign(&self, peer: Peer, tag: u64, ignore: u64, compare: u64) -> Result<Option<u64>> {
+        let (t, p) = self.route(peer);
+        t.take_foreign(p, tag, ignore, compare)
+    }
 }
 
 impl Tiered {

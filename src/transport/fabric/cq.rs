@@ -47,6 +47,10 @@ impl Inner {
                 let mut owned = ctx.owned;
                 match ctx.role {
                     Role::Swallow => continue,
+                    Role::Look => {
+                        self.shm.looked = Some((e.tag, e.len));
+                        continue;
+                    }
                     Role::Claim => {
                         let mut data = owned.unwrap_or_default();
                         data.truncate(e.len);
@@ -130,8 +134,8 @@ impl Inner {
             return Ok(());
         };
         match ctx.role {
-            // A settle's peek that found nothing (FI_ENOMSG), or failed: nothing to settle.
-            Role::Swallow | Role::SettlePeek => return Ok(()),
+            // A peek that found nothing (FI_ENOMSG), or failed: nothing to settle or look at.
+            Role::Swallow | Role::SettlePeek | Role::Look => return Ok(()),
             Role::Peek | Role::Claim => return self.on_claim_error(ctx.role, e.err.abs()),
             Role::Pool => {
                 if e.err.abs() != sys::FI_ECANCELED as c_int {

@@ -125,8 +125,12 @@ enum Role {
     /// The receive of a message a peek found (`claim`).
     Claim,
     /// A peek for a message that waits unexpected, while an shm endpoint settles before it
-    /// closes (`shm::siblings`): what it finds is received whole and dropped.
+    /// closes (`shm::siblings`), or for another call's message (`shm::foreign`): what it
+    /// finds is received whole and dropped.
     SettlePeek,
+    /// A peek that only looks at a waiting message (`shm::foreign`): its tag and length are
+    /// kept in `ShmPath::looked`.
+    Look,
     /// The caller's zero-byte receive, posted with a one-byte buffer of ours: libfabric 2.1's
     /// native TCP endpoint never completes a zero-byte receive that a longer message matches,
     /// where it reports a one-byte one as truncated.
@@ -546,6 +550,19 @@ impl Transport for FabricTransport {
         f: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
     ) -> Result<bool> {
         self.inner.lock().take_now(&self.caps, peer, tag, ignore, f)
+    }
+
+    fn take_foreign(
+        &self,
+        _peer: Peer,
+        tag: u64,
+        ignore: u64,
+        compare: u64,
+    ) -> Result<Option<u64>> {
+        if !self.caps.truncation_crashes {
+            return Ok(None);
+        }
+        self.inner.lock().take_foreign(tag, ignore, compare)
     }
 
     fn wait(&self, timeout: Duration) -> Result<()> {

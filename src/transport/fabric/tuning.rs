@@ -53,6 +53,8 @@ pub(super) fn apply(caps: &mut Caps) {
     // provider is taken to lose what its peer has not yet taken.
     caps.close_loses = true;
     caps.reads_local_peers = shm;
+    // Seen with 2.1; 1.17's shm reports truncation as an error completion.
+    caps.truncation_crashes = shm && super::discovery::runtime_code() >= 2 << 16;
     caps.latency_us = match caps.provider.split(';').next() {
         Some("shm") => 1.0,
         Some("efa") => 15.0,

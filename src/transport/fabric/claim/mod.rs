@@ -276,20 +276,26 @@ impl Inner {
     /// length; the provider marks the message with the context) or an `FI_ENOMSG` error entry.
     /// Returns the provider's return code; a failed post leaves no context behind.
     pub(super) fn post_peek(&mut self, role: Role) -> isize {
+        self.post_peek_for(role, 0, !0, sys::FI_PEEK as u64 | sys::FI_CLAIM)
+    }
+
+    /// `post_peek` for the messages whose tag equals `tag` on every bit not set in `ignore`,
+    /// with `flags` (`FI_PEEK`, with `FI_CLAIM` to mark the message found).
+    pub(super) fn post_peek_for(&mut self, role: Role, tag: u64, ignore: u64, flags: u64) -> isize {
         let ctx = self.new_ctx(0, 0, true, None, role);
         let msg = sys::fi_msg_tagged {
             msg_iov: ptr::null(),
             desc: ptr::null_mut(),
             iov_count: 0,
             addr: FI_ADDR_UNSPEC,
-            tag: 0,
-            ignore: !0,
+            tag,
+            ignore,
             context: ctx,
             data: 0,
         };
         // SAFETY: ep is open; msg is valid for the call; ctx lives in `ops` until the answer
         // (a completion or an error entry) is read.
-        let rc = unsafe { sys::fi_trecvmsg(self.ep, &msg, sys::FI_PEEK as u64 | sys::FI_CLAIM) };
+        let rc = unsafe { sys::fi_trecvmsg(self.ep, &msg, flags) };
         if rc != 0 {
             self.ops.remove(&(ctx as usize));
         }

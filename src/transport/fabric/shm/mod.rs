@@ -11,6 +11,7 @@
 pub(crate) mod cma;
 mod direct;
 pub(crate) mod fastbox;
+mod foreign;
 pub(crate) mod matching;
 pub(crate) mod rndv;
 pub(crate) mod siblings;
@@ -62,8 +63,11 @@ pub(crate) struct ShmPath {
     /// Peers whose hello (see `Inner::hello`) the provider refused with EAGAIN, sent again on
     /// poll.
     pub(crate) hellos: Vec<u64>,
-    /// Messages that settling (`siblings`) found waiting and received whole, to drop them.
+    /// Messages that settling (`siblings`) or the look for another call's messages
+    /// (`foreign`) found waiting and received whole, to drop them.
     pub(crate) settled: u64,
+    /// The answer to the last look (`foreign`): a waiting message's tag and length.
+    pub(crate) looked: Option<(u64, usize)>,
 }
 
 impl ShmPath {
@@ -89,6 +93,7 @@ impl ShmPath {
             direct_misses: 0,
             hellos: Vec::new(),
             settled: 0,
+            looked: None,
         }
     }
 
