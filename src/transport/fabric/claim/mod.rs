@@ -15,7 +15,8 @@
 //! with our own engines.
 //!
 //! So an endpoint of that provider takes such messages out itself. When a poll has found
-//! nothing to complete for `CLAIM_AFTER`, it asks the provider with `FI_PEEK | FI_CLAIM` for
+//! nothing to complete for `CLAIM_AFTER` (or, on an endpoint that keeps completing other
+//! operations, `CLAIM_EVERY` after it last looked), it asks the provider with `FI_PEEK | FI_CLAIM` for
 //! any message that waits for a receive (the answer is a completion with its tag and length,
 //! or `FI_ENOMSG`), receives it with `FI_CLAIM` into a buffer of its own, and asks again until
 //! nothing is left. The connection reads on as soon as its head is claimed. Claimed messages
@@ -24,8 +25,9 @@
 //! waits for it, so a message is never matched out of its order and no receive waits in the
 //! provider for a message that we hold.
 //!
-//! The cost is an extra copy of a claimed message, paid only after `CLAIM_AFTER` without any
-//! completion: a collective whose receives are posted in the order of its sends never pays it.
+//! The cost is an extra copy of a claimed message that waited for its receive when the endpoint
+//! looked: at most one look per `CLAIM_EVERY` on a busy endpoint, and after `CLAIM_AFTER`
+//! without any completion on an idle one.
 use super::shm::matching::{deliver, SoftDst, SoftRecv};
 use super::{sys, Inner, OpCtx, Role, FI_ADDR_UNSPEC};
 use crate::error::{Error, Result};
@@ -39,6 +41,11 @@ use std::time::{Duration, Instant};
 /// claims the messages that wait for a receive. A stopped connection then costs its receiver
 /// this long; a connection that is merely slow costs an extra copy of the claimed message.
 pub(super) const CLAIM_AFTER: Duration = Duration::from_millis(1);
+
+/// The longest an endpoint that keeps completing operations goes without looking: a connection
+/// stopped behind other peers' traffic would otherwise wait until the endpoint falls idle,
+/// which a busy collective, or a loop of short ones, may not do for a long time.
+pub(super) const CLAIM_EVERY: Duration = Duration::from_millis(10);
 
 /// Whether `provider`'s RDM endpoint stops a connection at an unexpected message: libfabric's
 /// native TCP endpoint (`net` in 1.17; named `tcp` from 1.18, where `tcp;ofi_rxm` is the
@@ -60,6 +67,8 @@ pub(super) struct Claims {
     peeking: bool,
     /// Since when polls have completed nothing (None: the last one completed something).
     idle_since: Option<Instant>,
+    /// When the last look (a peek) went out; None before the first.
+    looked_at: Option<Instant>,
     /// Messages claimed since the endpoint opened (tests, logs).
     pub(super) claimed: u64,
 }
@@ -102,22 +111,33 @@ impl Claims {
             || !self.waiting.is_empty()
     }
 
-    /// Note one poll: `completed` whether it completed anything. True when the endpoint has
-    /// been idle for `CLAIM_AFTER` and no peek or claim is in flight: time to look.
+    /// Note one poll: `completed` whether it completed anything. True when no peek or claim
+    /// is in flight and the endpoint has been idle for `CLAIM_AFTER`, or has not looked for
+    /// `CLAIM_EVERY`: time to look. (The clock costs little next to the provider's progress,
+    /// which reads its sockets.)
     fn idle_long(&mut self, completed: bool, now: impl FnOnce() -> Instant) -> bool {
         if completed {
             self.idle_since = None;
-            return false;
         }
         if self.peeking || self.inflight.is_some() {
             return false;
         }
+        let t = now();
+        if self
+            .looked_at
+            .is_none_or(|at| t.saturating_duration_since(at) >= CLAIM_EVERY)
+        {
+            return true;
+        }
+        if completed {
+            return false;
+        }
         match self.idle_since {
             None => {
-                self.idle_since = Some(now());
+                self.idle_since = Some(t);
                 false
             }
-            Some(t) => now().saturating_duration_since(t) >= CLAIM_AFTER,
+            Some(since) => t.saturating_duration_since(since) >= CLAIM_AFTER,
         }
     }
 }
@@ -240,6 +260,7 @@ impl Inner {
         let c = self.claims.as_mut().expect("claims");
         if rc == 0 {
             c.peeking = true;
+            c.looked_at = Some(Instant::now());
             return Ok(());
         }
         // Busy: look again after another idle period.

@@ -39,7 +39,11 @@ fn a_receive_waits_for_the_message_in_flight_it_matches_and_for_any_peek() {
 #[test]
 fn looking_waits_for_an_idle_period_without_a_peek_or_claim_in_flight() {
     let t0 = Instant::now();
-    let mut c = Claims::default();
+    // Looked at t0: `CLAIM_EVERY` is not due before the end of this test.
+    let mut c = Claims {
+        looked_at: Some(t0),
+        ..Default::default()
+    };
     assert!(
         !c.idle_long(false, || t0),
         "the first idle poll starts the clock"
@@ -58,6 +62,24 @@ fn looking_waits_for_an_idle_period_without_a_peek_or_claim_in_flight() {
     assert!(!c.idle_long(false, || t0 + CLAIM_AFTER * 9));
     c.inflight = None;
     assert!(c.idle_long(false, || t0 + CLAIM_AFTER * 9));
+}
+
+#[test]
+fn a_busy_endpoint_looks_every_claim_every() {
+    let t0 = Instant::now();
+    let mut c = Claims::default();
+    assert!(c.idle_long(true, || t0), "never looked: look");
+    c.looked_at = Some(t0);
+    assert!(!c.idle_long(true, || t0 + CLAIM_EVERY / 2), "looked lately");
+    assert!(
+        c.idle_long(true, || t0 + CLAIM_EVERY),
+        "completions keep coming, and it looks all the same"
+    );
+    c.peeking = true;
+    assert!(
+        !c.idle_long(true, || t0 + CLAIM_EVERY * 3),
+        "a peek is in flight"
+    );
 }
 
 #[test]
