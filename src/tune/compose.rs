@@ -14,7 +14,7 @@
 #![forbid(unsafe_code)]
 
 use super::levels::{Layout, Link, Net};
-use super::{chain_fill, eager_alphas, formula};
+use super::{eager_alphas, formula, pipeline_fill};
 use crate::algo::{self, Algorithm, Collective};
 
 /// Which level a part of a prediction ran on.
@@ -107,7 +107,7 @@ impl Net {
             big,
             (l.alpha_us, l.beta_us_per_byte, l.o_us, self.gamma),
         )?;
-        let fill = chain_fill(
+        let fill = pipeline_fill(
             algo,
             coll,
             n as f64,

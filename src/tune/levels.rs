@@ -230,7 +230,7 @@ impl Net {
             (Ring, Broadcast | Reduce) => {
                 // A pipelined chain: each hop its own alpha, the bytes at the slower link, and
                 // the pipeline's fill: the first slice crosses every hop but the slowest on
-                // its own (`chain_fill`).
+                // its own (`pipeline_fill`).
                 let x = lay.x() as f64;
                 let hops = (x - 1.0) * self.inter.alpha_us + (nf - x) * self.intra.alpha_us;
                 let red = if coll == Reduce { big * g } else { 0.0 };
@@ -331,24 +331,41 @@ impl Net {
 
     /// NCCL's binary tree (and the double tree, two of them each on half the data): each level
     /// of the tree pays the alpha of the links it uses, up and down; the pipelined bytes go at
-    /// the most loaded host link.
+    /// the most loaded host link, and each interior node reduces two children's partials (the
+    /// double tree's on half the data). The pipeline's fill is `pipeline_fill`'s, level by level:
+    /// the first slice climbs and descends each level at that level's link, two children
+    /// sharing their parent's side of it.
     fn btree(&self, algo: Algorithm, lay: &Layout, big: f64) -> f64 {
         let t = tree::btree(lay.n());
         let depth = depths(&t.parent);
         let levels = depth.iter().copied().max().unwrap_or(0);
+        let dbtree = algo == Algorithm::DbTree;
+        // A slice of each tree (the double tree's halves are sliced apart).
+        let s = if dbtree { big / 2.0 } else { big }.min(self.slice);
         let mut lat = 0.0;
+        let mut first = 0.0;
         for l in 1..=levels {
             let edges = (0..lay.n())
                 .filter(|&v| depth[v] == l)
                 .filter_map(|v| Some((v, t.parent[v]?)));
-            let (cross, _) = lay.crossing(edges);
+            let (cross, local) = lay.crossing(edges);
             let link = if cross > 0 { self.inter } else { self.intra };
-            lat += link.alpha_us
-                + if algo == Algorithm::DbTree {
-                    link.o_us
-                } else {
-                    0.0
-                };
+            lat += link.alpha_us + if dbtree { link.o_us } else { 0.0 };
+            let mut b = if local {
+                self.intra.beta_us_per_byte
+            } else {
+                0.0
+            };
+            if cross > 0 {
+                b = b.max(cross as f64 * self.inter.beta_us_per_byte);
+            }
+            // The root has one child: half the level's bytes and reductions.
+            let share = if l == 1 && t.children[0].len() < 2 {
+                0.5
+            } else {
+                1.0
+            };
+            first += share * s * (4.0 * b + 2.0 * self.gamma);
         }
         let edges = || (0..lay.n()).filter_map(|v| Some((v, t.parent[v]?)));
         let (up, local) = lay.crossing(edges());
@@ -362,15 +379,18 @@ impl Net {
         if cross > 0.0 {
             beta = beta.max(cross * self.inter.beta_us_per_byte);
         }
-        let (bytes, msg) = if algo == Algorithm::DbTree {
-            (2.0, big / 2.0)
+        let (bytes, reduced, msg) = if dbtree {
+            (2.0, 1.0, big / 2.0)
         } else {
-            (3.0, big)
+            (3.0, 2.0, big)
         };
+        let piped = |v: f64| bytes * v * beta + reduced * v * self.gamma;
+        // One slice's share of the pipelined time is in `piped(big)` already.
+        let fill = (first - piped(if dbtree { 2.0 * s } else { s })).max(0.0);
         let link = if cross > 0.0 { self.inter } else { self.intra };
         2.0 * lat
-            + bytes * big * beta
-            + big * self.gamma
+            + piped(big)
+            + fill
             + 2.0 * f64::from(levels as u32) * link.rendezvous(2.0, msg, self.serial)
     }
 

@@ -170,6 +170,43 @@ fn a_long_chain_pays_for_filling_its_pipeline() {
 }
 
 #[test]
+fn a_tree_pays_for_filling_its_pipeline_and_reducing_two_children() {
+    // 16 ranks: NCCL's binary tree has depth 4, its root one child. One slice climbs the
+    // levels (two children share the parent's ingress, 2 s b, and are reduced, 2 s g) and comes
+    // down (a parent sends to both children, 2 s b), the root's level half of that.
+    let (a, b, g) = (2.0, gbps_to_us_per_byte(10.0), gbps_to_us_per_byte(5.0));
+    let slice = 1 << 20;
+    let m = Model::new(a, 10.0, 5.0).with_slice(slice);
+    let ar = |bytes: usize| Problem::new(Collective::AllReduce, 16, bytes / 4);
+    let time = |x: Algorithm, p: &Problem| m.predict(x, p, 4).unwrap();
+    let level = |s: f64| 4.0 * s * b + 2.0 * s * g;
+    let s = slice as f64;
+    let close = |x: f64, y: f64| (x - y).abs() < 1e-9 * y;
+    // One slice: the fill is all of it but the alphas.
+    let t = time(Algorithm::Tree, &ar(slice));
+    assert!(close(t, 2.0 * 4.0 * a + 3.5 * level(s)), "tree {t} us");
+    // The double tree: a slice of half the buffer in each tree, `o` per level too.
+    let t = time(Algorithm::DbTree, &ar(slice));
+    assert!(
+        close(t, 2.0 * 4.0 * (a + a / 2.0) + 3.5 * level(s / 2.0)),
+        "dbtree {t} us"
+    );
+    // Many slices: the pipelined limit (the tree's interior nodes reduce two children's
+    // partials of the whole buffer) plus the same fill.
+    let big = 64.0 * s;
+    let fill = 3.5 * level(s) - (3.0 * s * b + 2.0 * s * g);
+    let t = time(Algorithm::Tree, &ar(64 * slice));
+    let piped = 2.0 * 4.0 * a + 3.0 * big * b + 2.0 * big * g;
+    assert!(close(t, piped + fill), "tree {t} us");
+    // Thinner slices fill sooner.
+    let thin = m.clone().with_slice(64 << 10);
+    assert!(
+        thin.predict(Algorithm::DbTree, &ar(64 * slice), 4).unwrap()
+            < time(Algorithm::DbTree, &ar(64 * slice))
+    );
+}
+
+#[test]
 fn fit_recovers_parameters() {
     let (a, b, g) = (5.0, gbps_to_us_per_byte(3.0), gbps_to_us_per_byte(10.0));
     let n = 4;
