@@ -441,7 +441,7 @@ class Stage:
             colls=["allreduce"], rate="1gbit", provider=prov, min="64K", max="4M", factor=4,
             seconds=0.3, reps=3, run_timeout=self.timeout, prefix=self.prefix,
             owner=os.environ.get("MH_OWNER") or str(os.getpid()), algos=["ring", "rdh", "mesh"],
-            no_auto=True, calibrate=True)
+            no_auto=True, calibrate=True, compress=[])
         t0 = time.monotonic()
         try:
             failed_runs = bench.Bench(a).run()
