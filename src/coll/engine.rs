@@ -397,9 +397,7 @@ impl Comm {
                 Ok(m) => {
                     moved |= m;
                     if x.is_finished() {
-                        if let Some(seq) = x.seq_bits() {
-                            late.succeeded(seq, x.signature());
-                        }
+                        late.succeeded(x);
                         if let ReqState::Running(mut x) = std::mem::replace(st, ReqState::Done) {
                             // A compressed call's exchange: its plan is not reused.
                             if phased.contains_key(id) {
@@ -578,9 +576,7 @@ impl Comm {
         e.direct_runs += 1;
         match exec.run_direct(t, &self.peers, &mut idle, &self.aborted) {
             Ok(()) => {
-                if let Some(seq) = exec.seq_bits() {
-                    e.late.succeeded(seq, exec.signature());
-                }
+                e.late.succeeded(&exec);
                 park(&mut e.spare, &mut e.pool, exec);
                 match e.late.take() {
                     Some(err) => Err(err),
@@ -588,9 +584,7 @@ impl Comm {
                 }
             }
             Err(err) => {
-                if let Some(seq) = exec.seq_bits() {
-                    e.late.failed(seq);
-                }
+                e.late.failed(&exec);
                 let err = exec.explain(err);
                 // Nothing was posted: the memory goes back to the pool, not the graveyard.
                 let (keep, notices) = exec.fail_noting(t, &self.peers);
@@ -640,9 +634,7 @@ fn park(spare: &mut Option<Box<Exec>>, pool: &mut BufPool, mut x: Box<Exec>) {
 /// still touch it.
 fn fail(e: &mut Engine, t: &dyn Transport, peers: &[Peer], id: u32, mut err: Error) {
     if let Some(ReqState::Running(x)) = e.execs.remove(&id) {
-        if let Some(seq) = x.seq_bits() {
-            e.late.failed(seq);
-        }
+        e.late.failed(&x);
         err = x.explain(err);
         let (keep, notices) = x.fail_noting(t, peers);
         e.late.sent(notices);

@@ -18,7 +18,7 @@
 //! Notices are read whenever the communicator polls its transport: every call on the posted
 //! path, and every 16th blocking call on the direct channel, which otherwise reads none.
 use crate::error::Error;
-use crate::exec::{late_watch, Signature};
+use crate::exec::{late_watch, Exec, Signature};
 use crate::transport::{OpId, Transport};
 use std::collections::VecDeque;
 
@@ -67,14 +67,18 @@ impl Late {
         self.armed = false;
     }
 
-    /// Collective `seq` (tag bits) failed here.
-    pub(super) fn failed(&mut self, seq: u32) {
-        push(&mut self.failed, seq);
+    /// `x` failed here (a transfer is not numbered: nothing to note).
+    pub(super) fn failed(&mut self, x: &Exec) {
+        if let Some(seq) = x.seq_bits() {
+            push(&mut self.failed, seq);
+        }
     }
 
-    /// Collective `seq` (tag bits) succeeded here, as `sig`.
-    pub(super) fn succeeded(&mut self, seq: u32, sig: Signature) {
-        push(&mut self.succeeded, (seq, sig));
+    /// `x` succeeded here.
+    pub(super) fn succeeded(&mut self, x: &Exec) {
+        if let Some(seq) = x.seq_bits() {
+            push(&mut self.succeeded, (seq, x.signature()));
+        }
     }
 
     /// A late notice about collective `seq` from rank `from`, whose call has signature bits
@@ -138,4 +142,64 @@ fn push<T>(q: &mut VecDeque<T>, x: T) {
         q.pop_front();
     }
     q.push_back(x);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{push, Late};
+    use crate::algo::{Algorithm, Collective, Problem};
+    use crate::exec::Signature;
+    use crate::reduce::{DataType, RedOp};
+
+    fn sig(coll: Collective) -> Signature {
+        let p = Problem::new(coll, 3, 64);
+        Signature::of(&p, Algorithm::Tree, DataType::Float32, RedOp::Sum)
+    }
+
+    #[test]
+    fn a_notice_about_a_call_that_succeeded_is_reported_once_naming_both_calls() {
+        let mut l = Late::default();
+        push(&mut l.succeeded, (5, sig(Collective::Reduce)));
+        let bcast = sig(Collective::Broadcast).bits();
+        l.notice(5, 0, 3, bcast);
+        // Another rank's notice about the same call says nothing more.
+        l.notice(5, 1, 3, sig(Collective::Reduce).bits());
+        let e = l.take().expect("kept for the next report").to_string();
+        assert!(e.contains("returned success here, but rank 0 found"), "{e}");
+        assert!(e.contains("rank 0 called Broadcast"), "{e}");
+        assert!(l.take().is_none(), "told once");
+    }
+
+    #[test]
+    fn a_notice_about_a_call_that_failed_here_is_dropped() {
+        let mut l = Late::default();
+        push(&mut l.failed, 7);
+        l.notice(7, 2, 3, 0x123);
+        assert!(l.take().is_none());
+    }
+
+    #[test]
+    fn a_finder_that_made_this_ranks_call_blames_another_rank() {
+        let mut l = Late::default();
+        let reduce = sig(Collective::Reduce);
+        push(&mut l.succeeded, (1, reduce));
+        l.notice(1, 2, 3, reduce.bits());
+        let e = l.take().expect("kept").to_string();
+        assert!(e.contains("this rank and rank 2 called Reduce"), "{e}");
+        // A call no longer remembered: the finder's signature bits stand for its call.
+        l.notice(9, 1, 3, 0x2a);
+        let e = l.take().expect("kept").to_string();
+        assert!(e.contains("rank 1's call has signature 0x02a"), "{e}");
+    }
+
+    #[test]
+    fn notices_in_flight_are_counted_out() {
+        let mut l = Late::default();
+        l.sent(2);
+        l.sent_one();
+        assert!(l.sending());
+        l.sent_one();
+        l.sent_one();
+        assert!(!l.sending(), "never below zero");
+    }
 }
