@@ -76,16 +76,29 @@ fn a_rank_that_destroys_first_leaves_its_sibling_ranks_running() {
     }
 }
 
+/// Two shm endpoints of this process with `cfg`, or None (the test skipped) without shm.
+fn two_endpoints(
+    test: &str,
+    cfg: &Config,
+) -> Option<(
+    Arc<dyn nccl_net_fabricoll::transport::Transport>,
+    Arc<dyn nccl_net_fabricoll::transport::Transport>,
+)> {
+    match (coll::open_endpoint(cfg), coll::open_endpoint(cfg)) {
+        (Ok(a), Ok(b)) => Some((a, b)),
+        (Err(e), _) | (_, Err(e)) => {
+            nccl_net_fabricoll::testing::skip(test, &format!("no shm endpoint ({e})"));
+            None
+        }
+    }
+}
+
 #[test]
 fn the_address_of_a_destroyed_sibling_is_refused_naming_it() {
     let test = "the_address_of_a_destroyed_sibling_is_refused_naming_it";
     let cfg = config(true);
-    let (a, b) = match (coll::open_endpoint(&cfg), coll::open_endpoint(&cfg)) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => {
-            nccl_net_fabricoll::testing::skip(test, &format!("no shm endpoint ({e})"));
-            return;
-        }
+    let Some((a, b)) = two_endpoints(test, &cfg) else {
+        return;
     };
     let gone = a.address();
     drop(a);
@@ -169,12 +182,8 @@ fn an_endpoint_with_no_sibling_closes_without_progress() {
 fn unreceived_messages_of_every_size_are_settled_at_close() {
     let test = "unreceived_messages_of_every_size_are_settled_at_close";
     let cfg = config(false);
-    let (a, b) = match (coll::open_endpoint(&cfg), coll::open_endpoint(&cfg)) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => {
-            nccl_net_fabricoll::testing::skip(test, &format!("no shm endpoint ({e})"));
-            return;
-        }
+    let Some((a, b)) = two_endpoints(test, &cfg) else {
+        return;
     };
     let to_b = a.insert_peer(&b.address()).expect("b's address");
     b.insert_peer(&a.address()).expect("a's address");
