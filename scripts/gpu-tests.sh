@@ -17,6 +17,7 @@
 #      timing table, the net
 #      plugin on device memory over shm (libfabric 2.1 with CUDA); then compute-sanitizer's
 #      memcheck over one kernel test (device_gpu's gpu_kernel_small);
+#      Each binary gets GPU_BIN_S [120] seconds, so that one hang leaves the later steps time.
 #   3. plugin-tests/nccl_torch.py: real NCCL over the plugin (CollNet on), every collective checked
 #      (GPU_NCCL_CHECK=0 skips it);
 #   4. scripts/torch/gpu-check.sh (GPU_TORCH=0 skips it): the compiled front built for the machine's
@@ -94,7 +95,8 @@ test_bin() { find "$rel/deps" -maxdepth 1 -type f -executable -name "$1-*" -prin
 for t in ${GPU_TEST_BINS:-cuda_probe device_gpu device_capi_gpu device_capi_killed plugin_gpu}; do
   bin=$(test_bin "$t")
   if [ -n "$bin" ]; then
-    step "$t" 240 "$bin" --include-ignored --nocapture --test-threads=1
+    # each case's start and end on stderr (FABRICOLL_TEST_TRACE): a hang's last lines name it
+    step "$t" "${GPU_BIN_S:-120}" env FABRICOLL_TEST_TRACE=1 "$bin" --include-ignored --nocapture --test-threads=1
   else
     say "== $t: missing (cargo test --release --no-run, then scripts/gpu-pack.sh)"
     failed=$((failed + 1))

@@ -461,22 +461,25 @@ pub fn run_case(
                     } else {
                         std::ptr::null_mut()
                     };
-                    step.wait();
-                    let sts = call(c, coll, ty, op, n, me, count, send.ptr(), rp, mode, handle);
                     let case = format!(
                         "{coll:?} {ty:?} {op:?} n={n} rank {me} count={count} {places:?} {mode:?}"
                     );
+                    trace(&case, "starts");
+                    step.wait();
+                    let sts = call(c, coll, ty, op, n, me, count, send.ptr(), rp, mode, handle);
                     let errors: Vec<String> = sts
                         .iter()
                         .filter(|&&st| st != FABRICOLL_SUCCESS)
                         .map(|st| format!("status {st:?}: {}", last_error()))
                         .collect();
+                    trace(&case, "returned");
                     let synced = (stream && errors.is_empty()).then(|| {
                         s.synchronize(WAIT)?;
                         let mut e = FABRICOLL_SUCCESS;
                         let got = fabricoll_comm_get_async_error(comm(c), &mut e);
                         Ok::<_, nccl_net_fabricoll::Error>((got, e, last_error()))
                     });
+                    trace(&case, &format!("called and synchronised: {errors:?}"));
                     // Asserted after the step, so that a failing rank does not leave the
                     // others waiting at it.
                     step.wait();
@@ -496,6 +499,17 @@ pub fn run_case(
             h.join().expect("rank panicked");
         }
     });
+}
+
+/// With `FABRICOLL_TEST_TRACE` set, prints where a rank is in a case (stderr, with the time):
+/// the last line of each rank names the case a hang is in.
+pub fn trace(case: &str, what: &str) {
+    if std::env::var_os("FABRICOLL_TEST_TRACE").is_some() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        eprintln!("[{}.{:06}] {case}: {what}", t.as_secs(), t.subsec_micros());
+    }
 }
 
 /// The tests' config: shm, with a timeout long enough for a loaded machine (the calls that are

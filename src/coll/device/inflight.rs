@@ -319,6 +319,7 @@ impl Inflight {
     /// communicator's, and fails the stream-ordered calls after it.
     fn end(&mut self, i: usize, r: Result<()>) {
         let e = &mut self.entries[i];
+        log::debug!("device call {} ended: {r:?} ({})", e.id, e.pipe.progress());
         if let Some(pool) = self.pool.as_mut() {
             // Every slice of a stream-ordered call released before its slots may be leaked:
             // its stream goes on (a failed call's outputs hold what its slots held).

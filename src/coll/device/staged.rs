@@ -39,8 +39,24 @@ enum Side {
     Absent,
     /// Pageable host memory at this address: copied by the host.
     Host(u64),
+    /// Page-locked host memory at this address: copied by the host too. A stream's copy
+    /// between two host buffers is synchronous with respect to the calling thread on CUDA (no
+    /// copy engine takes it): it would wait for the caller's stream to reach the copy, behind
+    /// the flag waits that the worker releases. A stream-ordered call's worker copies such a
+    /// side itself: in, once the stream has staged the slice; out, before it releases it.
+    Pinned(u64),
     /// Memory the streams copy.
     Stream(Span),
+}
+
+impl Side {
+    /// The side as the caller's stream copies it: page-locked host memory is the worker's.
+    fn on_stream(&self) -> &Side {
+        match self {
+            Side::Pinned(_) => &Side::Absent,
+            s => s,
+        }
+    }
 }
 
 /// A slice in flight, in slot `slot`.
@@ -194,6 +210,10 @@ impl Pipeline {
             })
             .collect();
         let pool: &Pool = pool;
+        log::debug!(
+            "stream-ordered {:?} of {n} slice(s): slots {slots:?}, flag marks {marks:?}",
+            self.call.kind
+        );
         self.own = Some(slots[0]);
         let os = self.on_stream.insert(OnStream {
             slots,
@@ -214,7 +234,7 @@ impl Pipeline {
         let slot = |i: usize| pool.slot(os.slots[i % k]);
         let stage_in = |j: usize| -> Result<()> {
             let buf = slot(j).input.as_ref();
-            copy_on(user, buf, &self.list[j].input, &self.input, true)?;
+            copy_on(user, buf, &self.list[j].input, self.input.on_stream(), true)?;
             user.record(&os.staged[j])
         };
         // One slice staged ahead per extra slot: slice i + k - 1 goes in once the stream has
@@ -228,7 +248,13 @@ impl Pipeline {
             }
             user.wait_flag(&slot(i).flag, os.marks[i])?;
             let buf = slot(i).output.as_ref();
-            copy_on(user, buf, &self.list[i].output, &self.output, false)?;
+            copy_on(
+                user,
+                buf,
+                &self.list[i].output,
+                self.output.on_stream(),
+                false,
+            )?;
         }
         user.record(&os.passed)
     }
@@ -243,6 +269,18 @@ impl Pipeline {
         let upto = if all { os.marks.len() } else { self.done };
         let k = os.slots.len();
         for i in os.released..upto {
+            if let (Side::Pinned(addr), false) = (&self.output, all) {
+                // The slice's collective has finished, and the stream waits for the flag below
+                // before anything later on it may read the output.
+                let slot = pool.slot(os.slots[i % k]);
+                host_copy(slot.output.as_ref(), &self.list[i].output, *addr, false);
+            }
+            log::debug!(
+                "stream-ordered slice {i}: slot {} flag set to {}{}",
+                os.slots[i % k],
+                os.marks[i],
+                if all { " (the call ended)" } else { "" }
+            );
             pool.slot(os.slots[i % k]).flag.set(os.marks[i]);
         }
         os.released = os.released.max(upto);
@@ -400,6 +438,20 @@ impl Pipeline {
         {
             let i = self.next_start;
             let slot = os.slots[i % k];
+            if let Side::Pinned(addr) = &self.input {
+                // The stream has reached the slice (its event above): the input is written,
+                // and the slot's previous slice is done with it.
+                host_copy(
+                    pool.slot(slot).input.as_ref(),
+                    &self.list[i].input,
+                    *addr,
+                    true,
+                );
+            }
+            log::debug!(
+                "rank {}: stream-ordered slice {i} staged in slot {slot}: its collective starts",
+                comm.rank
+            );
             let c = slot_call(
                 &self.call,
                 pool.slot(slot),
@@ -420,6 +472,11 @@ impl Pipeline {
         for st in self.stages.iter_mut() {
             if let State::Running { req } = st.state {
                 if comm.test(req)? {
+                    log::debug!(
+                        "rank {}: stream-ordered slice {}: collective done",
+                        comm.rank,
+                        st.slice
+                    );
                     st.state = State::Collected;
                     moved = true;
                 }
@@ -435,6 +492,10 @@ impl Pipeline {
         }
         if self.done == self.list.len() && !os.passed_seen && os.passed.query()? {
             os.passed_seen = true;
+            log::debug!(
+                "rank {}: the stream passed the stream-ordered call",
+                comm.rank
+            );
             moved = true;
         }
         Ok(moved)
@@ -447,6 +508,7 @@ fn side(dev: &Device, addr: u64, kind: Option<PtrKind>, len: usize, name: &str) 
         None => Ok(Side::Absent),
         Some(_) if len == 0 => Ok(Side::Absent),
         Some(PtrKind::Host) => Ok(Side::Host(addr)),
+        Some(PtrKind::PinnedHost) => Ok(Side::Pinned(addr)),
         // SAFETY: `DevCall::classify`'s caller promised the buffer valid for the call's
         // length until it completes, and the call completes only once every copy has.
         Some(_) => Ok(Side::Stream(unsafe {
@@ -487,22 +549,8 @@ fn copy_on(
     };
     match user {
         Side::Absent => Ok(false),
-        Side::Host(addr) => {
-            for p in pieces {
-                let u = (*addr + p.user as u64) as *mut u8;
-                // SAFETY: the slot is `buf.len()` >= p.slot + p.len bytes (the slice's need),
-                // idle (no stream or transport operation uses it now), and the caller's buffer
-                // is valid for the call's length (DevCall::classify's contract); the two are
-                // distinct allocations.
-                unsafe {
-                    let s = buf.as_ptr().add(p.slot);
-                    if inward {
-                        std::ptr::copy_nonoverlapping(u, s, p.len);
-                    } else {
-                        std::ptr::copy_nonoverlapping(s, u, p.len);
-                    }
-                }
-            }
+        Side::Host(addr) | Side::Pinned(addr) => {
+            host_copy(Some(buf), pieces, *addr, inward);
             Ok(false)
         }
         Side::Stream(span) => {
@@ -520,6 +568,29 @@ fn copy_on(
     }
 }
 
+/// Copies `pieces` between the caller's host memory at `addr` and the slot's buffer `buf`
+/// (None: the call has no such side) by the calling thread, into `buf` when `inward`.
+fn host_copy(buf: Option<&HostBuffer>, pieces: &[Piece], addr: u64, inward: bool) {
+    let Some(buf) = buf else {
+        return;
+    };
+    for p in pieces {
+        let u = (addr + p.user as u64) as *mut u8;
+        // SAFETY: the slot is `buf.len()` >= p.slot + p.len bytes (the slice's need), idle (no
+        // stream or transport operation uses it now), and the caller's buffer is valid for the
+        // call's length (DevCall::classify's contract) and, in a stream-ordered call, not in use
+        // by its stream now (the callers' ordering); the two are distinct allocations.
+        unsafe {
+            let s = buf.as_ptr().add(p.slot);
+            if inward {
+                std::ptr::copy_nonoverlapping(u, s, p.len);
+            } else {
+                std::ptr::copy_nonoverlapping(s, u, p.len);
+            }
+        }
+    }
+}
+
 /// A region over `v` (a slice's per-block counts, read by `Comm::start`).
 fn counts(v: &[usize]) -> Region {
     // SAFETY: the slice outlives the call's start, the only time its counts are read
@@ -533,7 +604,7 @@ fn slot_call(call: &DevCall, slot: &Slot, s: &Slice, input: &Side, output: &Side
     let region = |buf: Option<&HostBuffer>, side: &Side, lens: &[usize]| -> Region {
         let bytes = lens.iter().sum::<usize>() * elem;
         match (buf, side) {
-            (Some(b), Side::Host(_) | Side::Stream(_)) if bytes > 0 => {
+            (Some(b), Side::Host(_) | Side::Pinned(_) | Side::Stream(_)) if bytes > 0 => {
                 // SAFETY: the slot buffer outlives the collective: the pool keeps the slots
                 // until the communicator is destroyed, and leaks those of a failed call.
                 unsafe { Region::from_raw(b.as_ptr(), bytes) }

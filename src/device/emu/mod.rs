@@ -203,6 +203,31 @@ impl EmuBackend {
         Ok(())
     }
 
+    /// What the CUDA driver does for an asynchronous copy between two host buffers: it is
+    /// synchronous with respect to the host (no copy engine is involved), so the call returns
+    /// only once stream `w` has reached and done the copy. Where the stream waits for a flag
+    /// that the calling side writes later, a GPU never returns; here the wait ends after half
+    /// the flag timeout with a `Timeout` that says so.
+    fn host_to_host(&self, w: &Worker) -> Result<()> {
+        let limit = self.engine.flag_timeout / 2;
+        let start = std::time::Instant::now();
+        let mut nap = Duration::from_micros(1);
+        while !w.idle() {
+            if start.elapsed() >= limit {
+                return Err(Error::Timeout(format!(
+                    "emulated device {}: cuMemcpyAsync between two host buffers is synchronous \
+                     with respect to the host, as on CUDA, and its stream had not reached it \
+                     after {} ms (a stream blocked on a flag that the calling side has yet to \
+                     write never does on a GPU: a deadlock)",
+                    self.info.ordinal,
+                    limit.as_millis()
+                )));
+            }
+            nap = crate::device::stream::backoff(nap);
+        }
+        Ok(())
+    }
+
     fn push(&self, s: RawStream, op: Op) -> Result<()> {
         self.worker(s)?.push(op);
         Ok(())
@@ -305,7 +330,13 @@ impl Backend for EmuBackend {
     }
 
     unsafe fn copy(&self, s: RawStream, dst: u64, src: u64, len: usize) -> Result<()> {
-        self.push(s, Op::Copy { dst, src, len })
+        let w = self.worker(s)?;
+        w.push(Op::Copy { dst, src, len });
+        let host = |a: u64| matches!(self.mem().classify(a), PtrKind::Host | PtrKind::PinnedHost);
+        if len > 0 && host(dst) && host(src) {
+            self.host_to_host(&w)?;
+        }
+        Ok(())
     }
 
     unsafe fn launch(&self, s: RawStream, k: &Kernel) -> Result<()> {
