@@ -37,7 +37,7 @@ const _: () = {
     assert!(std::mem::size_of::<SgeV8>() == 24 && std::mem::size_of::<SgeV9>() == 24);
 };
 
-/// `getProperties`: the net plugin's device, host memory only (`collnet::props`).
+/// `getProperties`: the net plugin's device, device memory where it takes it (`collnet::props`).
 unsafe extern "C" fn get_properties<P: for<'a> From<&'a crate::plugin::DeviceProps>>(
     dev: c_int,
     props: *mut P,
@@ -360,7 +360,9 @@ unsafe extern "C" fn iflush(
         // SAFETY: NCCL passes a writable void* out-pointer.
         let out = unsafe { Out::new(req, "request") }?;
         out.set(std::ptr::null_mut());
-        // Host memory: nothing to flush; the request is complete at once (NULL).
+        // Nothing to flush; the request is complete at once (NULL). Host memory needs none,
+        // and a device buffer's results were written by a copy engine whose completion the
+        // operation's `test` waited for (no NIC wrote to the device).
         int_size(size, "size")?;
         collnet::check_comm(h(comm))
     })

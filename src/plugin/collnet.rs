@@ -6,6 +6,8 @@
 //! completes in one call, as NCCL requires. Operations start at once and advance whenever NCCL
 //! polls `test` (or starts another). AllGather and ReduceScatter take NCCL's windows: the
 //! global buffer is `nranks x bytesPerRank`, and one call covers `[windowOffset, +windowBytes)`.
+//! Device buffers, where the net device takes them, go through `collnet_device`.
+use super::collnet_device::{self as on_device, OnDevice};
 use super::handles::HandleTable;
 use super::{new_handle, Kind, Plugin, HANDLE_SIZE, NCCL_PTR_CUDA, NCCL_PTR_HOST};
 use crate::algo::{Collective, Problem};
@@ -24,12 +26,16 @@ const ADDR_OFF: usize = 8;
 /// A listening endpoint waiting for `connect`.
 struct ListenComm {
     transport: Arc<dyn Transport>,
+    /// The CollNet device's `ptrSupport`.
+    ptr_support: i32,
 }
 
-/// A collective comm: the communicator and its registrations.
+/// A collective comm: the communicator, its registrations, and its device calls (None: host
+/// memory only).
 pub struct CollComm {
-    comm: Comm,
+    comm: Arc<Comm>,
     mrs: Mutex<HashMap<u64, Region>>,
+    device: Option<OnDevice>,
 }
 
 /// Data to move once a request completes (scatter-gather parts beyond the first).
@@ -40,11 +46,18 @@ struct Scatter {
 
 struct Request {
     comm: Arc<CollComm>,
-    id: RequestId,
+    id: Op,
     bytes: usize,
     /// Staging that must live until completion (gathered send parts), or parts to fill.
     staging: Option<Scratch>,
     scatter: Option<Scatter>,
+}
+
+/// A request's operation: on the engine (host buffers), or a device call.
+#[derive(Clone, Copy)]
+enum Op {
+    Host(RequestId),
+    Device(u64),
 }
 
 #[derive(Default)]
@@ -97,7 +110,16 @@ pub fn listen(p: &Plugin, dev: i32) -> Result<([u8; HANDLE_SIZE], u64)> {
     h[4..6].copy_from_slice(&(addr.len() as u16).to_le_bytes());
     h[ADDR_OFF..ADDR_OFF + addr.len()].copy_from_slice(&addr);
     let id = new_handle(d.index, Kind::CollListen);
-    with(|t2| t2.listens.insert_at(id, ListenComm { transport: t }));
+    let ptr_support = d.collnet_props.ptr_support;
+    with(|t2| {
+        t2.listens.insert_at(
+            id,
+            ListenComm {
+                transport: t,
+                ptr_support,
+            },
+        )
+    });
     Ok((h, id))
 }
 
@@ -130,8 +152,12 @@ pub fn connect(
         .enumerate()
         .map(|(r, h)| parse_handle(h, r))
         .collect::<Result<Vec<_>>>()?;
-    let t = with(|t| t.listens.get(listen).map(|l| l.transport.clone()))
-        .ok_or_else(|| Error::arg("listenComm", "not an open CollNet listen comm"))?;
+    let (t, ptr_support) = with(|t| {
+        t.listens
+            .get(listen)
+            .map(|l| (l.transport.clone(), l.ptr_support))
+    })
+    .ok_or_else(|| Error::arg("listenComm", "not an open CollNet listen comm"))?;
     if addrs[rank] != t.address() {
         return Err(Error::arg(
             "handles",
@@ -139,7 +165,8 @@ pub fn connect(
         ));
     }
     let domain = t.caps().domain.clone();
-    let comm = Comm::new(rank, t, &addrs, cfg)?;
+    let comm = Arc::new(Comm::new(rank, t, &addrs, cfg)?);
+    let device = OnDevice::new(ptr_support)?;
     log::info!("CollNet comm connected: node {rank} of {} over {domain}; AllReduce/AllGather/ReduceScatter run on fabricoll's engines", addrs.len());
     let id = new_handle(super::handle_dev(listen), Kind::CollComm);
     with(|t| {
@@ -148,6 +175,7 @@ pub fn connect(
             Arc::new(CollComm {
                 comm,
                 mrs: Mutex::new(HashMap::new()),
+                device,
             }),
         )
     });
@@ -199,7 +227,10 @@ pub fn close_coll(id: u64) -> Result<()> {
             format!("{id:#x} is not an open collective comm"),
         )
     })?;
-    if c.comm.pending() > 0 {
+    if let Some(d) = &c.device {
+        c.comm.abort();
+        d.shutdown(&c.comm);
+    } else if c.comm.pending() > 0 {
         c.comm.abort();
     }
     if c.comm.had_failures() {
@@ -212,35 +243,39 @@ pub fn close_coll(id: u64) -> Result<()> {
     Ok(())
 }
 
-/// CollNet's properties of device `dev`: the net plugin's, with host memory only. CollNet
-/// reduces on the CPU, so NCCL must keep its CollNet buffers in host memory, whatever the net
-/// plugin takes. Borrowed from the device, which keeps them (`host_only`): the name pointer
-/// NCCL receives must outlive the call.
+/// CollNet's properties of device `dev`: the net plugin's, taking CUDA memory only where the
+/// net device does (`collnet_device`). Borrowed from the device, which keeps them (`props_of`):
+/// the name pointer NCCL receives must outlive the call.
 pub fn props(p: &Plugin, dev: i32) -> Result<&super::DeviceProps> {
     Ok(&p.device(dev)?.collnet_props)
 }
 
-/// `props` with host memory only: what CollNet advertises for a net device.
-pub fn host_only(props: &super::DeviceProps) -> super::DeviceProps {
+/// What CollNet advertises for a net device of `props`.
+pub fn props_of(props: &super::DeviceProps) -> super::DeviceProps {
     let mut props = props.clone();
-    props.ptr_support = NCCL_PTR_HOST;
+    props.ptr_support = on_device::ptr_support(props.ptr_support);
     props
 }
 
 pub fn reg_mr(id: u64, region: Region, ptr_type: i32) -> Result<u64> {
-    if ptr_type == NCCL_PTR_CUDA {
-        return Err(Error::arg(
-            "type",
-            "NCCL_PTR_CUDA: CollNet takes host memory only (its ptrSupport is NCCL_PTR_HOST)",
-        ));
-    }
-    if ptr_type != NCCL_PTR_HOST {
-        return Err(Error::arg(
-            "type",
-            format!("{ptr_type} is not NCCL_PTR_HOST (1)"),
-        ));
-    }
     let c = comm(id)?;
+    match ptr_type {
+        NCCL_PTR_HOST => {}
+        NCCL_PTR_CUDA if c.device.is_some() => {}
+        NCCL_PTR_CUDA => {
+            return Err(Error::arg(
+                "type",
+                "NCCL_PTR_CUDA: this CollNet device takes host memory only (its ptrSupport is \
+                 NCCL_PTR_HOST: the net device took no CUDA buffer)",
+            ))
+        }
+        _ => {
+            return Err(Error::arg(
+                "type",
+                format!("{ptr_type} is neither NCCL_PTR_HOST (1) nor NCCL_PTR_CUDA (2)"),
+            ))
+        }
+    }
     let h = new_handle(super::handle_dev(id), Kind::CollMr);
     c.mrs.lock().insert(h, region);
     Ok(h)
@@ -262,7 +297,38 @@ fn start(
     staging: Option<Scratch>,
     scatter: Option<Scatter>,
 ) -> Result<u64> {
-    let id = c.comm.start(&call)?;
+    let id = Op::Host(c.comm.start(&call)?);
+    request(c, id, bytes, staging, scatter)
+}
+
+/// Starts a device call on `c` where `p`'s buffers hold device memory: its request, or None
+/// (host memory only, or a comm without device calls).
+///
+/// # Safety
+/// NCCL keeps the buffers valid until `test` reports the request done.
+unsafe fn start_on_device(
+    c: &Arc<CollComm>,
+    p: &crate::coll::device::Parts,
+    spec: Option<&crate::algo::varied::Spec>,
+    bytes: usize,
+) -> Result<Option<u64>> {
+    let Some(d) = &c.device else {
+        return Ok(None);
+    };
+    // SAFETY: forwarded from this function's contract.
+    match unsafe { d.start(&c.comm, p, spec) }? {
+        Some(id) => request(c.clone(), Op::Device(id), bytes, None, None).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn request(
+    c: Arc<CollComm>,
+    id: Op,
+    bytes: usize,
+    staging: Option<Scratch>,
+    scatter: Option<Scatter>,
+) -> Result<u64> {
     let h = new_handle(0, Kind::CollRequest);
     with(|t| {
         t.requests.insert_at(
@@ -290,6 +356,11 @@ pub fn iallreduce(
     let (dt, op) = (dtype(dt)?, redop(op)?);
     let c = comm(id)?;
     check_max(count.checked_mul(dt.size()))?;
+    let p = on_device::allreduce(&send, &recv, count, dt, op);
+    // SAFETY: NCCL keeps both buffers valid until `test` reports the request done.
+    if let Some(h) = unsafe { start_on_device(&c, &p, None, count * dt.size()) }? {
+        return Ok(h);
+    }
     let call = Call {
         kind: coll::Kind::Coll(Collective::AllReduce),
         send,
@@ -378,6 +449,25 @@ pub fn iallgather(
             ),
         ));
     }
+    if let Some(d) = &c.device {
+        if parts.len() == 1 {
+            let (p, spec) = on_device::window(
+                Collective::AllGather,
+                &send,
+                &parts[0],
+                (n, count),
+                (woff, wlen),
+                DataType::Uint8,
+                RedOp::Sum,
+            );
+            // SAFETY: NCCL keeps the buffers valid until `test` reports the request done.
+            if let Some(h) = unsafe { start_on_device(&c, &p, Some(&spec), len) }? {
+                return Ok(h);
+            }
+        } else if d.any_on_device(std::iter::once(&send).chain(&parts))? {
+            return Err(on_device::several_parts("recvParts"));
+        }
+    }
     let (recv, scatter) = if parts.len() == 1 {
         (parts[0], None)
     } else {
@@ -445,6 +535,25 @@ pub fn ireducescatter(
             "their sizes do not add up to windowBytes",
         ));
     }
+    if let Some(d) = &c.device {
+        if parts.len() == 1 {
+            let (p, spec) = on_device::window(
+                Collective::ReduceScatter,
+                &parts[0],
+                &recv,
+                (n, count),
+                (woff, wlen),
+                dt,
+                op,
+            );
+            // SAFETY: NCCL keeps the buffers valid until `test` reports the request done.
+            if let Some(h) = unsafe { start_on_device(&c, &p, Some(&spec), mine) }? {
+                return Ok(h);
+            }
+        } else if d.any_on_device(std::iter::once(&recv).chain(&parts))? {
+            return Err(on_device::several_parts("sendParts"));
+        }
+    }
     let (send, staging) = if parts.len() == 1 {
         (parts[0], None)
     } else {
@@ -480,7 +589,13 @@ pub fn ireducescatter(
 pub fn test(req: u64) -> Result<Option<usize>> {
     let (c, id) = with(|t| t.requests.get(req).map(|r| (r.comm.clone(), r.id)))
         .ok_or_else(|| Error::arg("request", "not a pending CollNet request"))?;
-    let r = c.comm.test(id);
+    let r = match (id, &c.device) {
+        (Op::Host(id), _) => c.comm.test(id),
+        (Op::Device(id), Some(d)) => d.test(&c.comm, id),
+        (Op::Device(_), None) => Err(Error::Internal(
+            "a device request on a comm without device calls".into(),
+        )),
+    };
     if matches!(r, Ok(false)) {
         return Ok(None);
     }

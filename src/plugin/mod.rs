@@ -2,6 +2,7 @@
 //! listen/connect/accept state machines, requests, multi-request groups and the registration
 //! cache.
 pub mod collnet;
+pub mod collnet_device;
 pub mod gpu;
 pub mod handles;
 pub mod mr;

@@ -171,7 +171,7 @@ impl Device {
         flavour: Flavour,
         open: Opener,
     ) -> Device {
-        let collnet_props = super::collnet::host_only(&props);
+        let collnet_props = super::collnet::props_of(&props);
         Device {
             index,
             props,

@@ -112,6 +112,32 @@ impl Streams {
         Ok(id)
     }
 
+    /// Makes the communicator's staging on `dev` now, where no device call has made it: for a
+    /// caller that must never allocate page-locked memory later (`start_preallocated`).
+    pub fn prepare_staging(&self, dev: &Device) -> Result<()> {
+        self.prepare(dev, false)
+    }
+
+    /// `start` for a caller that must never allocate page-locked memory (NCCL's proxy thread,
+    /// while NCCL's kernels run and wait for the call: an allocation would wait for them): the
+    /// call waits for a free slot, as a stream-ordered call does, advancing the calls in
+    /// flight meanwhile, until they have made no progress for the communicator's timeout. The
+    /// staging must exist (`prepare_staging`).
+    pub fn start_preallocated(&self, comm: &Arc<Comm>, call: DevCall) -> Result<u64> {
+        let dev = call.device().clone();
+        let mut pipe = Pipeline::new(comm, call, None)?;
+        let (mut c, slots) = self.slots(comm, &dev, pipe.need(), 1)?;
+        let Some(&own) = slots.first() else {
+            return Err(Error::Internal("no staging slot was taken".into()));
+        };
+        pipe.set_own(own);
+        let id = c.next_id();
+        c.push(Entry::new(id, pipe, End::Request(None)));
+        drop(c);
+        self.background(comm)?;
+        Ok(id)
+    }
+
     /// Submits a stream-ordered call on the caller's stream `stream` and returns.
     ///
     /// # Safety
