@@ -239,6 +239,32 @@ fn collnet_reduces_and_gathers_device_buffers() {
             collnet::close_coll(id).unwrap();
         }
     }
+    // A device AllReduce whose peer never joins: closing the comm ends it (the request goes
+    // with the comm) at once, without a hang or a host access to the device buffers.
+    {
+        let f = LoopbackFabric::new();
+        let cfg = common::fixed_model(None, 10000);
+        let mut plugin = Plugin::loopback(&f, 1, &cfg);
+        let ids = comms(&mut plugin, 2, NCCL_PTR_HOST | NCCL_PTR_CUDA);
+        dev.bind().unwrap();
+        let b = dev.alloc(1 << 22).unwrap();
+        let q = collnet::iallreduce(
+            ids[0],
+            region_of(&b, 0, 1 << 22),
+            region_of(&b, 0, 1 << 22),
+            1 << 20,
+            7,
+            0,
+        )
+        .unwrap();
+        assert_eq!(collnet::test(q).unwrap(), None, "done without its peer");
+        let t = Instant::now();
+        for id in ids {
+            collnet::close_coll(id).unwrap();
+        }
+        assert!(t.elapsed() < WAIT, "closing took {:?}", t.elapsed());
+        assert!(collnet::test(q).is_err(), "the request outlived its comm");
+    }
     // A CollNet device that takes host memory only refuses NCCL_PTR_CUDA, naming why.
     let f = LoopbackFabric::new();
     let cfg = common::fixed_model(None, 10000);
