@@ -18,8 +18,9 @@
 #      plugin on device memory over shm (libfabric 2.1 with CUDA); then compute-sanitizer's
 #      memcheck over one kernel test (device_gpu's gpu_kernel_small);
 #      Each binary gets GPU_BIN_S [120] seconds, so that one hang leaves the later steps time.
-#   3. plugin-tests/nccl_torch.py: real NCCL over the plugin (CollNet on), every collective checked
-#      (GPU_NCCL_CHECK=0 skips it);
+#   3. plugin-tests/nccl_torch.py: real NCCL over the plugin (CollNet on), every collective checked,
+#      over the IP provider and, where shm is present, with NCCL's buffers in device memory
+#      (GDRDMA, CollNet on device buffers) (GPU_NCCL_CHECK=0 skips both);
 #   4. scripts/torch/gpu-check.sh (GPU_TORCH=0 skips it): the compiled front built for the machine's
 #      torch, the mixed group cpu:fabricoll,cuda:nccl with NCCL over our plugin;
 #   5. with GPU_BENCH=1, scripts/gpu-nccl.sh (tuner, CollNet, Socket, FABRICOLL_NET_STREAMS).
@@ -114,6 +115,10 @@ lib=$rel/libnccl-net-fabricoll.so
 ip=${providers%% *}
 if [ "${GPU_NCCL_CHECK:-1}" = 1 ]; then
   step "nccl-$ip-collnet" 240 python3 plugin-tests/nccl_torch.py --lib "$lib" --mps --provider "$ip" --collnet --timeout 220
+  # NCCL's buffers in device memory (GDRDMA channels required), CollNet on device buffers too
+  case " $providers " in
+    *" shm "*) step nccl-shm-gdr-collnet 180 python3 plugin-tests/nccl_torch.py --lib "$lib" --mps --provider shm --collnet --gdr on --timeout 160 ;;
+  esac
 fi
 if [ "${GPU_TORCH:-1}" = 1 ]; then
   step torch-mixed "${GPU_TORCH_S:-300}" env OUT="$out" scripts/torch/gpu-check.sh
