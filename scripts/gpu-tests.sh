@@ -16,7 +16,8 @@
 #      on device buffers (blocking, stream-ordered, non-blocking, grouped; a killed peer) and its
 #      timing table, the net
 #      plugin on device memory over shm (libfabric 2.1 with CUDA); then compute-sanitizer's
-#      memcheck over one kernel test (device_gpu's gpu_kernel_small);
+#      memcheck over one kernel test (device_gpu's gpu_kernel_small); fabricoll-perf --device cuda,
+#      blocking and --stream (GPU_PERF=0 skips it);
 #      Each binary gets GPU_BIN_S [120] seconds, so that one hang leaves the later steps time.
 #   3. plugin-tests/nccl_torch.py: real NCCL over the plugin (CollNet on), every collective checked,
 #      over the IP provider and, where shm is present, with NCCL's buffers in device memory
@@ -110,6 +111,14 @@ if [ -x "$sanitizer" ] && [ -n "$bin" ]; then
 else
   say "== memcheck: skipped (compute-sanitizer: $sanitizer, device_gpu binary: ${bin:-missing})"
   failed=$((failed + 1))
+fi
+# The C API's device path as a benchmark: 2 ranks as processes on GPU 0 over shm, blocking and
+# stream-ordered, each row checked (GPU_PERF=0 skips it).
+if [ "${GPU_PERF:-1}" = 1 ]; then
+  for mode in "" --stream; do
+    step "perf-device${mode:+-stream}" 120 env FABRICOLL_PROVIDER=shm "$rel/fabricoll-perf" --ranks 2 \
+      --device cuda $mode -b 8 -e 64M -f 8 -n 10 -w 2
+  done
 fi
 lib=$rel/libnccl-net-fabricoll.so
 ip=${providers%% *}

@@ -90,6 +90,15 @@ pub struct Args {
     #[arg(long = "compress-block", value_name = "K", default_value_t = DEFAULT_BLOCK,
           value_parser = block)]
     pub compress_block: usize,
+    /// Buffers in device memory: cuda (the local rank's device, local rank modulo the
+    /// devices), cuda:N, or emulated (a test tool: CI's stand-in for a GPU). The calls go
+    /// through the C API's device path: staged through page-locked host memory.
+    #[arg(long, value_name = "DEVICE", value_parser = super::device::parse)]
+    pub device: Option<super::device::Which>,
+    /// With --device: stream-ordered calls on one stream of each rank, the iterations
+    /// enqueued back to back and timed until the stream has passed the last.
+    #[arg(long)]
+    pub stream: bool,
 }
 
 fn format(s: &str) -> Result<Format, String> {
@@ -162,6 +171,14 @@ fn validate(a: &Args) -> Result<(), String> {
         return Err(
             "invalid arguments: -t needs -w >= 1 (the estimate) and 1 <= -m <= -n; see --help"
                 .to_string(),
+        );
+    }
+    if a.stream && a.device.is_none() {
+        return Err("invalid arguments: --stream needs --device; see --help".to_string());
+    }
+    if a.device.is_some() && a.compress.is_some() {
+        return Err(
+            "invalid arguments: --compress takes host buffers only (not --device)".to_string(),
         );
     }
     Ok(())

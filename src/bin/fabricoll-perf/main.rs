@@ -10,6 +10,7 @@
 //! this file runs one rank's sizes and prints the rows.
 mod args;
 mod check;
+mod device;
 mod fork;
 
 use args::{parse, Args, Average};
@@ -22,6 +23,7 @@ use nccl_net_fabricoll::config::{Compression, Config};
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
 use nccl_net_fabricoll::transport::{Region, Scratch};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The algorithm every row runs unless `auto`, and who forced it.
@@ -37,7 +39,29 @@ fn forced(a: &Args, cfg: &Config) -> String {
     }
 }
 
-fn run_rank(a: &Args, comm: &Comm, cfg: &Config, how: &Launch) -> Result<usize, String> {
+fn run_rank(a: &Args, comm: &Arc<Comm>, cfg: &Config, how: &Launch) -> Result<usize, String> {
+    let on_device = match a.device {
+        Some(which) => {
+            let local = how.local_rank.unwrap_or(comm.rank);
+            let wait = device::deadline(cfg.timeout);
+            Some(device::OnDevice::open(which, local, a.stream, wait)?)
+        }
+        None => None,
+    };
+    let r = rows(a, comm, cfg, how, on_device.as_ref());
+    if let Some(d) = &on_device {
+        d.close(comm);
+    }
+    r
+}
+
+fn rows(
+    a: &Args,
+    comm: &Arc<Comm>,
+    cfg: &Config,
+    how: &Launch,
+    on_device: Option<&device::OnDevice>,
+) -> Result<usize, String> {
     let n = comm.nranks;
     let el = a.dtype.size();
     // The timed calls' compression (None: the communicator's, FABRICOLL_COMPRESS).
@@ -63,6 +87,9 @@ fn run_rank(a: &Args, comm: &Comm, cfg: &Config, how: &Launch) -> Result<usize, 
             if a.in_place { "in place" } else { "out of place" }
         );
         println!("# launcher: {}", how.describe());
+        if let Some(d) = on_device {
+            println!("# buffers: device memory, rank 0 on {}", d.describe());
+        }
         let hosts = comm.hosts();
         if hosts.count() > 1 {
             let (mut within, mut between) = (None, None);
@@ -138,9 +165,14 @@ fn run_rank(a: &Args, comm: &Comm, cfg: &Config, how: &Launch) -> Result<usize, 
         let p = nccl_net_fabricoll::algo::Problem::new(a.coll, n, count).with_root(a.root);
         let in_len = p.in_len() * el;
         let out_len = p.out_len() * el;
-        // User buffers as a program's malloc gives them (the MPI benchmarks' are malloc'ed).
-        let send = Scratch::plain(in_len.max(out_len));
-        let recv = Scratch::plain(out_len);
+        // User buffers as a program's malloc gives them (the MPI benchmarks' are malloc'ed),
+        // or device memory (--device).
+        let send = Scratch::plain(if on_device.is_some() {
+            0
+        } else {
+            in_len.max(out_len)
+        });
+        let recv = Scratch::plain(if on_device.is_some() { 0 } else { out_len });
         let mut data = Vec::with_capacity(in_len);
         for i in 0..p.in_len() {
             enc(
@@ -149,23 +181,29 @@ fn run_rank(a: &Args, comm: &Comm, cfg: &Config, how: &Launch) -> Result<usize, 
                 &mut data,
             );
         }
+        // In place: the input sits where the output goes (NCCL's layout for every collective).
+        let in_off = match (a.in_place, a.coll) {
+            (true, Collective::AllGather) => comm.rank * count * el,
+            _ => 0,
+        };
         // SAFETY: `send` and `recv` live until the end of this iteration, after the last
         // collective on these regions has returned (an error ends the program).
         let (send_whole, recv_whole) = unsafe { (send.region(), recv.region()) };
-        let (sr, rr): (Region, Region) = if a.in_place {
-            // In place: the input sits where the output goes (NCCL's layout for every collective).
-            let off = match a.coll {
-                Collective::AllGather => comm.rank * count * el,
-                _ => 0,
-            };
+        let (sr, rr): (Region, Region) = if on_device.is_some() {
+            (Region::empty(), Region::empty())
+        } else if a.in_place {
             let base = send_whole;
-            let inp = base.sub(off, in_len).ok_or("in-place layout")?;
+            let inp = base.sub(in_off, in_len).ok_or("in-place layout")?;
             (
                 inp,
                 base.sub(0, out_len.max(in_len)).ok_or("in-place layout")?,
             )
         } else {
             (send_whole.sub(0, in_len).ok_or("layout")?, recv_whole)
+        };
+        let dbufs = match on_device {
+            Some(d) => Some((d.alloc(in_len.max(out_len))?, d.alloc(out_len)?)),
+            None => None,
         };
         let call = Call {
             kind: Kind::Coll(a.coll),
@@ -178,36 +216,64 @@ fn run_rank(a: &Args, comm: &Comm, cfg: &Config, how: &Launch) -> Result<usize, 
             algo: a.algo,
         };
         let (algo, _) = comm.choose(&p, el, a.algo).map_err(|e| e.to_string())?;
+        // One call (a device call: enqueued where stream-ordered, see `finish`).
         let run = |c: Option<Compression>| {
-            comm.run_with(&call, c)
-                .map_err(|e| format!("size {bytes}: {e}"))
+            match (on_device, &dbufs) {
+                (Some(d), Some((sb, rb))) => {
+                    let recv_at = if a.in_place { (sb, 0) } else { (rb, 0) };
+                    d.call(
+                        comm,
+                        Kind::Coll(a.coll),
+                        (sb, in_off),
+                        recv_at,
+                        count,
+                        (a.dtype, a.op),
+                        a.root,
+                        a.algo,
+                    )
+                }
+                _ => comm.run_with(&call, c).map_err(|e| e.to_string()),
+            }
+            .map_err(|e| format!("size {bytes}: {e}"))
         };
-        let output = || {
-            let out = if a.in_place {
-                rr.to_vec()
-            } else {
-                recv.bytes().to_vec()
+        // Waits for the calls made so far (stream-ordered device calls: their stream).
+        let finish = || on_device.map_or(Ok(()), |d| d.finish());
+        let input = || match (on_device, &dbufs) {
+            (Some(d), Some((sb, _))) => d.write(sb, in_off, &data),
+            _ => {
+                sr.write(&data);
+                Ok(())
+            }
+        };
+        let output = || -> Result<Vec<u8>, String> {
+            let out = match (on_device, &dbufs) {
+                (Some(d), Some((sb, rb))) => {
+                    d.read(if a.in_place { sb } else { rb }, 0, out_len)?
+                }
+                _ if a.in_place => rr.to_vec(),
+                _ => recv.bytes().to_vec(),
             };
-            out[..out_len.min(out.len())].to_vec()
+            Ok(out[..out_len.min(out.len())].to_vec())
         };
         let mut nwrong = 0;
         // Compressing: the uncompressed run is checked and is the error's reference.
         let plain = compressed.map(|_| Compression::OFF);
         if a.check || compressed.is_some() {
-            sr.write(&data);
+            input()?;
             run(plain)?;
+            finish()?;
             nwrong = if a.check {
-                wrong(a, comm, &output(), count)
+                wrong(a, comm, &output()?, count)
             } else {
                 0
             };
         }
         let mut error = 0.0;
         if compressed.is_some() {
-            let exact = output();
-            sr.write(&data);
+            let exact = output()?;
+            input()?;
             run(compressed)?;
-            let got = output();
+            let got = output()?;
             let (mut diff, mut amax) = (0f64, 0f64);
             for (u, c) in exact.chunks(el).zip(got.chunks(el)) {
                 let (u, c) = (dec(a.dtype, u), dec(a.dtype, c));
@@ -222,11 +288,12 @@ fn run_rank(a: &Args, comm: &Comm, cfg: &Config, how: &Launch) -> Result<usize, 
             let amax = all(comm, amax, RedOp::Max)?;
             error = if amax > 0.0 { diff / amax } else { diff };
         }
-        sr.write(&data);
+        input()?;
         let t0 = Instant::now();
         for _ in 0..a.warmup {
             run(compressed)?;
         }
+        finish()?;
         let iters = match a.time_target {
             // Every rank must run as many iterations: they agree on the slowest rank's estimate.
             Some(t) => {
@@ -243,6 +310,7 @@ fn run_rank(a: &Args, comm: &Comm, cfg: &Config, how: &Launch) -> Result<usize, 
         for _ in 0..iters {
             run(compressed)?;
         }
+        finish()?;
         let us = ranks_time(
             comm,
             t0.elapsed().as_secs_f64() * 1e6 / iters as f64,
@@ -374,7 +442,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             let comm = match how.init(&cfg) {
-                Ok(c) => c,
+                Ok(c) => Arc::new(c),
                 Err(e) => {
                     eprintln!("fabricoll-perf rank {rank}: {e}");
                     return ExitCode::from(1);

@@ -1,0 +1,99 @@
+//! `fabricoll-perf --device`: the benchmark on device buffers, here on the emulated device
+//! (whose memory the host cannot touch, so a host access to a buffer would kill a rank):
+//! every collective blocking and stream-ordered, in and out of place, each row checked
+//! (#wrong 0); and the flags' misuse refused with a message naming the flag. On a GPU,
+//! `--device cuda` runs the same (scripts/gpu-tests.sh).
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn perf(args: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fabricoll-perf"));
+    c.args(args)
+        .env_remove("FABRICOLL_RANK")
+        .env_remove("FABRICOLL_NRANKS")
+        .env("FABRICOLL_PROVIDER", "shm")
+        .env("FABRICOLL_TIMEOUT_MS", "60000");
+    let t = Instant::now();
+    let out = c.output().expect("fabricoll-perf runs");
+    // Not a deadline on the benchmark (its calls have the communicator's), a report of a hang.
+    assert!(
+        t.elapsed() < Duration::from_secs(600),
+        "fabricoll-perf {args:?} took {:?}",
+        t.elapsed()
+    );
+    out
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn every_collective_on_emulated_device_buffers_checks_out() {
+    let colls = [
+        "allreduce",
+        "allgather",
+        "reducescatter",
+        "broadcast",
+        "reduce",
+        "alltoall",
+    ];
+    for (i, coll) in colls.iter().enumerate() {
+        for stream in [false, true] {
+            let in_place = (i + stream as usize) % 2 == 1;
+            let ranks = if i % 2 == 0 { "2" } else { "3" };
+            let mut args = vec![
+                "--ranks", ranks, "--coll", coll, "--device", "emulated", "-b", "8", "-e", "2M",
+                "-f", "64", "-n", "2", "-w", "1", "-r", "1",
+            ];
+            if stream {
+                args.push("--stream");
+            }
+            if in_place {
+                args.push("--inplace");
+            }
+            let o = perf(&args);
+            let t = text(&o);
+            assert!(o.status.success(), "{args:?}:\n{t}");
+            assert!(
+                t.contains("# Out of bounds values : 0 OK"),
+                "{args:?}:\n{t}"
+            );
+            assert!(t.contains("# buffers: device memory"), "{args:?}:\n{t}");
+            let rows = t
+                .lines()
+                .filter(|l| !l.starts_with('#') && l.split_whitespace().count() >= 9)
+                .count();
+            // 8 B, 512 B, 32 KiB, 2 MiB (rounded to whole elements per rank).
+            assert_eq!(rows, 4, "{args:?}:\n{t}");
+        }
+    }
+}
+
+#[test]
+fn device_flags_misused_are_refused_naming_the_flag() {
+    let o = perf(&["--stream"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--stream needs --device"), "{}", text(&o));
+    let o = perf(&["--device", "gpu"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("not a device"), "{}", text(&o));
+    let o = perf(&["--device", "emulated", "--compress", "bf16"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--compress"), "{}", text(&o));
+}
+
+#[test]
+fn device_cuda_without_a_driver_says_so() {
+    if nccl_net_fabricoll::cuda::probe().driver().is_some() {
+        // A machine with a GPU runs the benchmark for real in scripts/gpu-tests.sh.
+        return;
+    }
+    let o = perf(&["--ranks", "2", "--device", "cuda", "-b", "8", "-e", "8"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("--device cuda"), "{}", text(&o));
+}
