@@ -61,9 +61,11 @@ fn pow2(k: i32) -> f32 {
     }
 }
 
-/// The constants of a branch-free fp8 encoder for finite inputs.
+/// The constants of a branch-free fp8 or fp16 encoder for finite inputs.
 #[derive(Clone, Copy)]
-struct Fp8 {
+struct Mini {
+    /// Right shift that moves f32's sign bit to the code's.
+    sign_shift: u32,
     /// 23 - mantissa bits.
     shift: u32,
     /// (127 - bias) << mantissa bits: the exponent re-bias, in code units.
@@ -76,19 +78,29 @@ struct Fp8 {
     magic: f32,
 }
 
-const E4M3: Fp8 = Fp8 {
+const E4M3: Mini = Mini {
+    sign_shift: 24,
     shift: 20,
     rebias: 120 << 3,
     max_bits: 0x43e0_0000,   // 448
     min_normal: 0x3c80_0000, // 2^-6
     magic: 16384.0,          // ulp 2^-9
 };
-const E5M2: Fp8 = Fp8 {
+const E5M2: Mini = Mini {
+    sign_shift: 24,
     shift: 21,
     rebias: 112 << 2,
     max_bits: 0x4760_0000,   // 57344
     min_normal: 0x3880_0000, // 2^-14
     magic: 128.0,            // ulp 2^-16
+};
+const F16: Mini = Mini {
+    sign_shift: 16,
+    shift: 13,
+    rebias: 112 << 10,
+    max_bits: 0x477f_e000,   // 65504
+    min_normal: 0x3880_0000, // 2^-14
+    magic: 0.5,              // ulp 2^-24
 };
 
 #[inline(always)]
@@ -97,18 +109,18 @@ fn sel(c: bool, a: u32, b: u32) -> u32 {
     (a & m) | (b & !m)
 }
 
-/// f32 -> fp8 code, round to nearest even, saturating; `y` finite.
+/// f32 -> fp8 or fp16 code, round to nearest even, saturating; `y` finite.
 #[inline(always)]
-fn fp8_encode(y: f32, c: Fp8) -> u8 {
+fn mini_encode(y: f32, c: Mini) -> u32 {
     let bits = y.to_bits();
-    let sign = (bits >> 24) & 0x80;
+    let sign = (bits & 0x8000_0000) >> c.sign_shift;
     let abs = (bits & 0x7fff_ffff).min(c.max_bits);
     let r = abs + (1 << (c.shift - 1)) - 1 + ((abs >> c.shift) & 1);
     let normal = (r >> c.shift).wrapping_sub(c.rebias);
     let sub = (f32::from_bits(abs) + c.magic)
         .to_bits()
         .wrapping_sub(c.magic.to_bits());
-    (sign | sel(abs < c.min_normal, sub, normal)) as u8
+    sign | sel(abs < c.min_normal, sub, normal)
 }
 
 /// f32 -> int8 code (-127..=127), round to nearest even; `|y| <= 127` up to rounding.
@@ -133,17 +145,17 @@ pub fn encode(f: Format, x: &[f32], mul: f32, out: &mut [u8]) {
         }
         Format::Fp16 => {
             for (v, o) in x.iter().zip(out.chunks_exact_mut(2)) {
-                o.copy_from_slice(&conv::f32_to_f16(*v * mul).to_le_bytes());
+                o.copy_from_slice(&(mini_encode(*v * mul, F16) as u16).to_le_bytes());
             }
         }
         Format::Fp8E4m3 => {
             for (v, o) in x.iter().zip(out.iter_mut()) {
-                *o = fp8_encode(*v * mul, E4M3);
+                *o = mini_encode(*v * mul, E4M3) as u8;
             }
         }
         Format::Fp8E5m2 => {
             for (v, o) in x.iter().zip(out.iter_mut()) {
-                *o = fp8_encode(*v * mul, E5M2);
+                *o = mini_encode(*v * mul, E5M2) as u8;
             }
         }
         Format::Int8 => {

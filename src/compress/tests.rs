@@ -236,9 +236,9 @@ fn extremes_saturate_and_specials_are_never_finite() {
 }
 
 #[test]
-fn fp8_encoder_matches_the_saturating_converter_everywhere() {
+fn fp8_and_fp16_encoders_match_the_converters_everywhere() {
     // Every finite f32 whose scaled value may reach the encoder (|y| <= max), in steps.
-    for f in [Format::Fp8E4m3, Format::Fp8E5m2] {
+    for f in [Format::Fp8E4m3, Format::Fp8E5m2, Format::Fp16] {
         let c = Codec::new(f, 1).unwrap();
         let mut bits = 0u32;
         while bits < 0x7f80_0000 {
@@ -247,7 +247,7 @@ fn fp8_encoder_matches_the_saturating_converter_everywhere() {
                 if y.abs() > f.max_code_value() {
                     continue;
                 }
-                let mut w = [0u8; 5];
+                let mut w = vec![0u8; c.wire_len(1)];
                 c.quantize(&[y], &mut w).unwrap();
                 let want = reference(&c, &[y]);
                 assert_eq!(&w[..], &want[..], "{f}: {y:e}");
