@@ -34,11 +34,11 @@ impl CodecRate {
     pub fn of(format: Format) -> CodecRate {
         let (q, d, a) = match format {
             Format::Off => (f64::INFINITY, f64::INFINITY, f64::INFINITY),
-            Format::Bf16 => (25.0, 35.0, 30.0),
-            Format::Fp16 => (10.0, 20.0, 5.0),
-            Format::Fp8E4m3 => (10.0, 11.0, 8.0),
-            Format::Fp8E5m2 => (10.0, 14.0, 8.0),
-            Format::Int8 => (18.0, 39.0, 19.0),
+            Format::Bf16 => (27.0, 36.0, 34.0),
+            Format::Fp16 => (13.0, 20.0, 19.0),
+            Format::Fp8E4m3 => (11.0, 14.0, 13.0),
+            Format::Fp8E5m2 => (11.0, 14.0, 13.0),
+            Format::Int8 => (19.0, 40.0, 36.0),
         };
         CodecRate {
             quantize_gbps: q,
