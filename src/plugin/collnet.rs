@@ -297,6 +297,11 @@ fn start(
     staging: Option<Scratch>,
     scatter: Option<Scatter>,
 ) -> Result<u64> {
+    if let Some(d) = &c.device {
+        // Device calls start their slices as they go: the host call starts after all of them,
+        // as on every rank (the C API's rule for a host call after device calls).
+        d.settle(&c.comm, &call.kind)?;
+    }
     let id = Op::Host(c.comm.start(&call)?);
     request(c, id, bytes, staging, scatter)
 }

@@ -102,6 +102,12 @@ impl OnDevice {
         Ok(false)
     }
 
+    /// Before a host call of `kind`: the device calls in flight start their last slices
+    /// first, so that the host call comes after them on every rank.
+    pub fn settle(&self, comm: &Comm, kind: &Kind) -> Result<()> {
+        self.streams.settle(comm, kind)
+    }
+
     /// Whether device request `id` has ended (then it is gone, and its error returned).
     pub fn test(&self, comm: &Comm, id: u64) -> Result<bool> {
         self.streams.test(comm, id)
