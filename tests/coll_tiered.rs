@@ -36,6 +36,26 @@ fn region(v: &mut [u8]) -> Region {
     unsafe { Region::from_raw(v.as_mut_ptr(), v.len()) }
 }
 
+/// A sum of `coll` over float data from `bufs.0` into `bufs.1`.
+fn float_call(
+    coll: Collective,
+    bufs: (&mut [u8], &mut [u8]),
+    count: usize,
+    root: usize,
+    algo: Option<Algorithm>,
+) -> Call {
+    Call {
+        kind: Kind::Coll(coll),
+        send: region(bufs.0),
+        recv: region(bufs.1),
+        count,
+        dtype: DataType::Float32,
+        op: RedOp::Sum,
+        root,
+        algo,
+    }
+}
+
 /// Run `coll` with `algo` (None: auto) on `count` floats; check this rank's result. False: a
 /// forced algorithm refused this layout of hosts (every rank refuses alike).
 fn check_one(c: &Comm, algo: Option<Algorithm>, coll: Collective, count: usize) -> bool {
@@ -45,16 +65,7 @@ fn check_one(c: &Comm, algo: Option<Algorithm>, coll: Collective, count: usize) 
         .flat_map(|i| value(r, i).to_le_bytes())
         .collect();
     let mut out = vec![0xeeu8; p.out_len() * 4];
-    let call = Call {
-        kind: Kind::Coll(coll),
-        send: region(&mut send),
-        recv: region(&mut out),
-        count,
-        dtype: DataType::Float32,
-        op: RedOp::Sum,
-        root,
-        algo,
-    };
+    let call = float_call(coll, (&mut send, &mut out), count, root, algo);
     let what = format!("{algo:?} {coll:?} n={n} count={count} rank {r}");
     match c.run(&call) {
         Ok(()) => {}
@@ -109,6 +120,10 @@ fn rank_process() {
         println!("@@done yes");
         return;
     }
+    if mode == "compress" {
+        compressed_rank(&c);
+        return;
+    }
     let mut refused = Vec::new();
     for coll in Collective::ALL {
         for count in [3, 5000] {
@@ -129,6 +144,45 @@ fn rank_process() {
     // No rank may exit (closing its sockets) before every rank has listed its connections: a
     // connection counts only when both ends list it as established.
     assert!(check_one(&c, None, Collective::AllReduce, 3));
+}
+
+/// A rank of `compressed_over_shm_and_net`: an AllReduce and an AllGather compressed as the
+/// environment says (FABRICOLL_COMPRESS); prints a digest of each result's bits and the largest
+/// error of the AllReduce against the exact sum.
+fn compressed_rank(c: &Comm) {
+    let (n, r) = (c.nranks, c.rank);
+    for coll in [Collective::AllReduce, Collective::AllGather] {
+        let count = 5001;
+        let p = algo::Problem::new(coll, n, count);
+        let x = |q: usize, i: usize| value(q, i) + 0.001 * (i % 97) as f32;
+        let mut send: Vec<u8> = (0..p.in_len())
+            .flat_map(|i| x(r, i).to_le_bytes())
+            .collect();
+        let mut out = vec![0u8; p.out_len() * 4];
+        let call = float_call(coll, (&mut send, &mut out), count, 0, None);
+        c.run(&call)
+            .unwrap_or_else(|e| panic!("rank {r} {coll:?}: {e}"));
+        let got: Vec<f32> = out
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let err = (0..p.out_len())
+            .map(|j| {
+                let exact: f64 = match coll {
+                    Collective::AllReduce => (0..n).map(|q| f64::from(x(q, j))).sum(),
+                    _ => f64::from(x(j / count, j % count)),
+                };
+                (f64::from(got[j]) - exact).abs()
+            })
+            .fold(0.0, f64::max);
+        // A digest of the bits (FNV-1a): the whole output would fill the pipe the test
+        // reads only once the rank has exited.
+        let digest = got.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
+            (h ^ u64::from(v.to_bits())).wrapping_mul(0x100_0000_01b3)
+        });
+        println!("@@{coll:?}-bits {digest:016x}");
+        println!("@@{coll:?}-err {err}");
+    }
 }
 
 /// What each rank process printed (its `@@` lines, by key), or None when net is missing.
@@ -291,6 +345,41 @@ fn three_uneven_interleaved_hosts() {
         "three_uneven_interleaved_hosts",
         &["a", "b", "a", "c", "a", "b"],
     );
+}
+
+/// Compressed calls on two interleaved hosts of two ranks over shm and net (the inter-host
+/// level alone compressed, docs/compression.md): every rank ends with the same bits, within
+/// int8's error of the exact result.
+#[test]
+fn compressed_over_shm_and_net() {
+    let test = "compressed_over_shm_and_net";
+    let envs: Vec<Vec<(&str, &str)>> = ["a", "b", "a", "b"]
+        .iter()
+        .map(|h| {
+            vec![
+                ("FABRICOLL_PROVIDER", "net"),
+                ("FABRICOLL_HOST", *h),
+                ("FABRICOLL_COMPRESS", "int8"),
+            ]
+        })
+        .collect();
+    let Some(outs) = run_ranks(test, "compress", &envs) else {
+        return;
+    };
+    for key in ["AllReduce", "AllGather"] {
+        let bits = field(&outs[0], &format!("{key}-bits"));
+        for (r, o) in outs.iter().enumerate() {
+            assert_eq!(
+                field(o, &format!("{key}-bits")),
+                bits,
+                "{test}: {key} rank {r}"
+            );
+            // int8: a step is 1/127 of a block's largest magnitude (sums below 25 here, each
+            // input below 6), and each element is quantized at most twice.
+            let err: f64 = field(o, &format!("{key}-err")).parse().unwrap();
+            assert!(err < 0.25, "{test}: {key} rank {r}: error {err}");
+        }
+    }
 }
 
 #[test]
