@@ -515,3 +515,52 @@ fn ranks_compressing_different_levels_fail_together() {
         "{errs:?}"
     );
 }
+
+/// Several non-blocking tiered calls in flight at once on every rank complete, waited for in
+/// reverse order, with the composition's bits; an abort fails a tiered call that a rank of
+/// the other host never joined, on the ranks that started it, without waiting for it.
+#[test]
+fn nonblocking_calls_in_flight_and_abort() {
+    let codec = Codec::new(Format::Fp8E5m2, 64).unwrap();
+    let (n, per, len) = (4, 2, 3000);
+    let cs = comms(n, per, codec, CompressLevels::Inter);
+    let x: Vec<Vec<f32>> = (0..n).map(|r| data(r as u64 + 40, len, r == 2)).collect();
+    let want = expected_tiered(Op::AllReduce, &codec, per, &x, len);
+    let got = common::on_every_rank(&cs, |rank, comm| {
+        let mut bufs: Vec<Vec<f32>> = (0..3).map(|_| x[rank].clone()).collect();
+        let ids: Vec<_> = bufs
+            .iter_mut()
+            .map(|b| {
+                // SAFETY: `bufs` outlives every request, all waited for below.
+                let r = unsafe { Region::from_raw(b.as_mut_ptr() as *mut u8, 4 * b.len()) };
+                comm.start(&common::call(Kind::Coll(Collective::AllReduce), r, r, len))
+                    .unwrap()
+            })
+            .collect();
+        for id in ids.into_iter().rev() {
+            comm.wait(id).unwrap();
+        }
+        bufs
+    });
+    for (rank, bufs) in got.iter().enumerate() {
+        for b in bufs {
+            assert_eq!(bits(b), bits(&want[rank]), "rank {rank}");
+        }
+    }
+    // Ranks 0 and 1 (host 0) start a call the other host never joins; each aborts.
+    let errs = common::on_every_rank(&cs[..2], |_, comm| {
+        let mut v = vec![1f32; 4096];
+        // SAFETY: `v` outlives the request, which fails below before `v` is dropped.
+        let r = unsafe { Region::from_raw(v.as_mut_ptr() as *mut u8, 4 * v.len()) };
+        let id = comm
+            .start(&common::call(Kind::Coll(Collective::AllReduce), r, r, 4096))
+            .unwrap();
+        // Let the host's exchange run, so that the lane's is the one waiting.
+        let _ = comm.test(id);
+        comm.abort();
+        comm.wait(id).unwrap_err().to_string()
+    });
+    for (rank, e) in errs.iter().enumerate() {
+        assert!(e.contains("aborted"), "rank {rank}: {e}");
+    }
+}
