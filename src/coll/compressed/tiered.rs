@@ -29,7 +29,8 @@
 //! communicator is split. Its messages carry the call's signature with the format and the
 //! algorithm `hier` (`TIERED_ALGO`): a rank that runs the call compressed on every level fails
 //! against one that runs this composition, naming the algorithm.
-use super::{decode_into, with_f32, What};
+use super::convert::{decode_into, with_f32};
+use super::What;
 use crate::algo::lanes::{self, Lanes, Pieces};
 use crate::algo::{Algorithm, Collective};
 use crate::coll::engine::{Engine, Planned};
