@@ -317,7 +317,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 /// 2 x 2, 2 x 3 and 3 x 2: every format x collective, uneven counts (a short last block),
-/// float and bfloat16 data, in place and out of place: the composition's bits on every rank,
+/// float, bfloat16 and half data, in place and out of place: the composition's bits on every rank,
 /// within the bound.
 #[test]
 fn tiered_layouts_give_the_composition_bits_within_the_bound() {
@@ -327,10 +327,10 @@ fn tiered_layouts_give_the_composition_bits_within_the_bound() {
             let codec = Codec::new(f, 32).unwrap();
             let cs = comms(n, per, codec, CompressLevels::Inter);
             for (oi, op) in OPS.into_iter().enumerate() {
-                let dt = if (fi + oi) % 3 == 2 {
-                    DataType::Bfloat16
-                } else {
-                    DataType::Float32
+                let dt = match (fi + oi) % 4 {
+                    2 => DataType::Bfloat16,
+                    3 => DataType::Float16,
+                    _ => DataType::Float32,
                 };
                 // Uneven: not a multiple of the block, of the ranks or of the hosts.
                 let len = match op {
@@ -562,5 +562,28 @@ fn nonblocking_calls_in_flight_and_abort() {
     });
     for (rank, e) in errs.iter().enumerate() {
         assert!(e.contains("aborted"), "rank {rank}: {e}");
+    }
+}
+
+/// Counts of 0, 1 and fewer blocks than lanes: some lanes and owners get nothing, and every
+/// rank still ends with the composition's bits.
+#[test]
+fn tiny_counts_leave_lanes_empty() {
+    let codec = Codec::new(Format::Bf16, 4).unwrap();
+    let (n, per) = (6, 3);
+    let cs = comms(n, per, codec, CompressLevels::Inter);
+    for per_rank in [0, 1, 5] {
+        for op in OPS {
+            let len = match op {
+                Op::ReduceScatter => n * per_rank,
+                _ => per_rank,
+            };
+            let x: Vec<Vec<f32>> = (0..n).map(|r| data(r as u64 + 90, len, false)).collect();
+            let want = expected_tiered(op, &codec, per, &x, count(op, n, len));
+            let got = run(&cs, op, DataType::Float32, &x, per_rank == 1);
+            for r in 0..n {
+                assert_eq!(bits(&got[r]), bits(&want[r]), "{op:?} {len}: rank {r}");
+            }
+        }
     }
 }
