@@ -5,7 +5,8 @@
 //! gives the right answer (2 hosts × 2 ranks; 3 + 2 + 1 ranks, hosts interleaved), the ranks of
 //! one host share no TCP connection while ranks of different hosts do, and ranks given
 //! different providers all fail at once, naming the rank, instead of hanging; with
-//! `FI_PROVIDER` hiding shm, the network serves every peer.
+//! `FI_PROVIDER` hiding shm, the network serves every peer; compressed calls on two interleaved
+//! hosts (the inter-host level alone compressed) give every rank the same bits.
 use nccl_net_fabricoll::algo::{self, Algorithm, Collective};
 use nccl_net_fabricoll::coll::bootstrap::{self, UniqueId};
 use nccl_net_fabricoll::coll::{self, Call, Comm, Kind};
