@@ -125,6 +125,17 @@ fn rank_process() {
         compressed_rank(&c);
         return;
     }
+    if mode == "compress_dies" {
+        if r_dies(rank, nranks) {
+            // Gone without a word: no destroy, no goodbye.
+            std::process::exit(0);
+        }
+        let started = Instant::now();
+        let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compressed_rank(&c)));
+        println!("@@failed {}", e.is_err());
+        println!("@@secs {}", started.elapsed().as_secs_f64());
+        return;
+    }
     let mut refused = Vec::new();
     for coll in Collective::ALL {
         for count in [3, 5000] {
@@ -184,6 +195,11 @@ fn compressed_rank(c: &Comm) {
         println!("@@{coll:?}-bits {digest:016x}");
         println!("@@{coll:?}-err {err}");
     }
+}
+
+/// The rank that leaves in `compressed_when_a_rank_dies`: the last.
+fn r_dies(rank: usize, nranks: usize) -> bool {
+    rank + 1 == nranks
 }
 
 /// What each rank process printed (its `@@` lines, by key), or None when net is missing.
@@ -348,23 +364,30 @@ fn three_uneven_interleaved_hosts() {
     );
 }
 
+/// The environments of 2 x 2 ranks on interleaved hosts over shm and net, compressing as
+/// int8, with `more`.
+fn compressed_envs<'a>(more: &[(&'a str, &'a str)]) -> Vec<Vec<(&'a str, &'a str)>> {
+    ["a", "b", "a", "b"]
+        .iter()
+        .map(|h| {
+            let mut v = vec![
+                ("FABRICOLL_PROVIDER", "net"),
+                ("FABRICOLL_HOST", *h),
+                ("FABRICOLL_COMPRESS", "int8"),
+            ];
+            v.extend_from_slice(more);
+            v
+        })
+        .collect()
+}
+
 /// Compressed calls on two interleaved hosts of two ranks over shm and net (the inter-host
 /// level alone compressed, docs/compression.md): every rank ends with the same bits, within
 /// int8's error of the exact result.
 #[test]
 fn compressed_over_shm_and_net() {
     let test = "compressed_over_shm_and_net";
-    let envs: Vec<Vec<(&str, &str)>> = ["a", "b", "a", "b"]
-        .iter()
-        .map(|h| {
-            vec![
-                ("FABRICOLL_PROVIDER", "net"),
-                ("FABRICOLL_HOST", *h),
-                ("FABRICOLL_COMPRESS", "int8"),
-            ]
-        })
-        .collect();
-    let Some(outs) = run_ranks(test, "compress", &envs) else {
+    let Some(outs) = run_ranks(test, "compress", &compressed_envs(&[])) else {
         return;
     };
     for key in ["AllReduce", "AllGather"] {
@@ -380,6 +403,25 @@ fn compressed_over_shm_and_net() {
             let err: f64 = field(o, &format!("{key}-err")).parse().unwrap();
             assert!(err < 0.25, "{test}: {key} rank {r}: error {err}");
         }
+    }
+}
+
+/// A rank that exits after joining, before a compressed call on two interleaved hosts of two
+/// ranks: every other rank's call fails instead of hanging, at the latest at the deadline.
+#[test]
+fn compressed_when_a_rank_dies() {
+    let test = "compressed_when_a_rank_dies";
+    // What a rank that never hears of the failure waits for: well inside the group's limit.
+    let envs = compressed_envs(&[("FABRICOLL_TIMEOUT_MS", "20000")]);
+    let Some(outs) = run_ranks(test, "compress_dies", &envs) else {
+        return;
+    };
+    for (r, o) in outs.iter().enumerate() {
+        if r_dies(r, outs.len()) {
+            continue;
+        }
+        assert_eq!(field(o, "failed"), "true", "{test}: rank {r}");
+        eprintln!("{test}: rank {r} failed after {} s", field(o, "secs"));
     }
 }
 
