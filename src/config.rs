@@ -10,7 +10,7 @@ mod timeout;
 mod vars;
 
 pub use algo::{AlgoSetting, Forced};
-pub use compress::Compression;
+pub use compress::{CompressLevels, Compression};
 pub use timeout::{Timeout, TimeoutSource};
 pub use vars::{Var, VARS};
 
@@ -47,6 +47,10 @@ pub struct Config {
     /// `FABRICOLL_COMPRESS` and `FABRICOLL_COMPRESS_BLOCK`: the wire format of compressed
     /// collectives (`coll` compressed; off by default).
     pub compress: Compression,
+    /// `FABRICOLL_COMPRESS_LEVELS`: on hosts of several ranks each, whether compressed
+    /// collectives compress the inter-host level only (shared memory in full precision) or
+    /// every level alike.
+    pub compress_levels: CompressLevels,
     pub alpha_us: Option<f64>,
     pub beta_gbps: Option<f64>,
     pub gamma_gbps: Option<f64>,
@@ -283,6 +287,7 @@ impl Config {
         Ok(Config {
             algo,
             compress: Compression::from_lookup(&get)?,
+            compress_levels: CompressLevels::from_lookup(&get)?,
             alpha_us,
             beta_gbps,
             gamma_gbps,

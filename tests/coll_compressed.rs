@@ -9,13 +9,13 @@ use nccl_net_fabricoll::algo::{self, Algorithm, Collective};
 use nccl_net_fabricoll::coll::{Call, Comm, Kind, Layout};
 use nccl_net_fabricoll::compress::{owner, Codec, Format};
 use nccl_net_fabricoll::config::{Compression, Config};
-use nccl_net_fabricoll::reduce::conv::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
 use nccl_net_fabricoll::transport::Region;
 use std::ops::Range;
 use std::sync::Arc;
 
 mod common;
+use common::typed::{decode, encode, held};
 
 const FORMATS: [Format; 5] = Format::CODED;
 
@@ -54,46 +54,6 @@ fn comms_within(n: usize, compress: Compression, timeout_ms: u32) -> Vec<Arc<Com
 /// Deterministic data: wide dynamic range on odd ranks, within +-10 on even ones.
 fn data(seed: u64, n: usize, wide: bool) -> Vec<f32> {
     nccl_net_fabricoll::testing::values::values(seed, n, wide.then_some(15))
-}
-
-/// `v` rounded to `dt` and back (the values a rank really holds).
-fn held(dt: DataType, v: &[f32]) -> Vec<f32> {
-    v.iter()
-        .map(|&x| match dt {
-            DataType::Bfloat16 => bf16_to_f32(f32_to_bf16(x)),
-            DataType::Float16 => f16_to_f32(f32_to_f16(x)),
-            _ => x,
-        })
-        .collect()
-}
-
-fn encode(dt: DataType, v: &[f32]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(v.len() * dt.size());
-    for &x in v {
-        match dt {
-            DataType::Bfloat16 => b.extend(f32_to_bf16(x).to_ne_bytes()),
-            DataType::Float16 => b.extend(f32_to_f16(x).to_ne_bytes()),
-            _ => b.extend(x.to_ne_bytes()),
-        }
-    }
-    b
-}
-
-fn decode(dt: DataType, b: &[u8]) -> Vec<f32> {
-    match dt {
-        DataType::Float32 => b
-            .chunks_exact(4)
-            .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
-            .collect(),
-        DataType::Bfloat16 => b
-            .chunks_exact(2)
-            .map(|c| bf16_to_f32(u16::from_ne_bytes(c.try_into().unwrap())))
-            .collect(),
-        _ => b
-            .chunks_exact(2)
-            .map(|c| f16_to_f32(u16::from_ne_bytes(c.try_into().unwrap())))
-            .collect(),
-    }
 }
 
 /// One case: the per-rank segment counts (owners' segments for AllReduce, outputs for
@@ -183,34 +143,20 @@ impl Case {
     /// Each rank's output and the per-element bound against the exact f64 result (of the held
     /// inputs): the bound of docs/compression.md from each block's largest magnitude.
     fn check_bound(&self, rank: usize, got: &[f32]) {
-        let (n, f, k) = (self.n(), self.codec.format, self.codec.block);
-        let (rel, abs) = f.error_terms();
+        let (n, f) = (self.n(), self.codec.format);
         let x: Vec<Vec<f64>> = self
             .inputs
             .iter()
             .map(|v| held(self.dt, v).into_iter().map(f64::from).collect())
             .collect();
-        // The largest scale of a block whose largest magnitude is `amax`.
-        let scale = |amax: f64| -> f64 {
-            match f {
-                Format::Bf16 => 1.0,
-                Format::Int8 => (amax / 127.0).max(2f64.powi(-126)) * (1.0 + 2f64.powi(-20)),
-                _ => (2.0 * amax / f64::from(f.max_code_value())).max(2f64.powi(-126)),
-            }
+        let bd = common::typed::Bound {
+            codec: self.codec,
+            dt: self.dt,
         };
-        let once = |v: f64, s: f64| rel * v.abs() + abs * s + 2f64.powi(-149);
-        // The output type's own rounding of the result.
-        let out_round = |v: f64| match self.dt {
-            DataType::Bfloat16 => 2f64.powi(-8) * v.abs() + 2f64.powi(-134),
-            DataType::Float16 => 2f64.powi(-11) * v.abs() + 2f64.powi(-25),
-            _ => 0.0,
-        };
-        let block_amax = |v: &[f64], seg: &Range<usize>, i: usize| -> f64 {
-            let b0 = seg.start + (i - seg.start) / k * k;
-            v[b0..(b0 + k).min(seg.end)]
-                .iter()
-                .fold(0f64, |m, y| m.max(y.abs()))
-        };
+        let scale = |amax: f64| bd.scale(amax);
+        let once = |v: f64, s: f64| bd.once(v, s);
+        let out_round = |v: f64| bd.out_round(v);
+        let block_amax = |v: &[f64], seg: &Range<usize>, i: usize| bd.block_amax(v, seg, i);
         match self.op {
             Op::AllGather | Op::AllGatherV => {
                 for r in 0..n {
@@ -283,22 +229,13 @@ fn owners_all(op: Op) -> bool {
 /// Run `case` on `comms` (blocking, each rank in its thread): each rank's output.
 fn run(comms: &[Arc<Comm>], case: &Case, per_call: Option<Compression>) -> Vec<Vec<f32>> {
     let n = comms.len();
-    std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .iter()
-            .enumerate()
-            .map(|(rank, comm)| {
-                s.spawn(move || {
-                    run_rank(comm, case, rank, per_call).unwrap_or_else(|e| {
-                        panic!(
-                            "{:?} {} {} n={n} rank {rank}: {e}",
-                            case.op, case.codec.format, case.dt
-                        )
-                    })
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    common::on_every_rank(comms, |rank, comm| {
+        run_rank(comm, case, rank, per_call).unwrap_or_else(|e| {
+            panic!(
+                "{:?} {} {} n={n} rank {rank}: {e}",
+                case.op, case.codec.format, case.dt
+            )
+        })
     })
 }
 
@@ -343,36 +280,19 @@ fn run_rank(
     };
     // In place: NCCL's layouts (AllGather's input is the rank's block of the output,
     // ReduceScatter's output the rank's block of the input).
-    let mut buf = vec![0u8; (out_len * el).max(input.len())];
-    let mut out = vec![0u8; out_len * el];
-    let (send, recv) = if case.in_place {
+    let in_place = case.in_place.then(|| {
         let off = match case.op {
             Op::AllGather | Op::AllGatherV => case.displs[rank] * el,
             _ => 0,
         };
-        buf[off..off + input.len()].copy_from_slice(&input);
         let roff = match case.op {
             Op::ReduceScatter | Op::ReduceScatterV => Case::segs(&case.counts)[rank].start * el,
             _ => 0,
         };
-        let p = buf.as_mut_ptr();
-        // SAFETY: `buf` outlives the blocking call; both regions lie within it.
-        unsafe {
-            (
-                Region::from_raw(p.add(off), input.len()),
-                Region::from_raw(p.add(roff), out_len * el),
-            )
-        }
-    } else {
-        buf[..input.len()].copy_from_slice(&input);
-        // SAFETY: both buffers outlive the blocking call.
-        unsafe {
-            (
-                Region::from_raw(buf.as_mut_ptr(), input.len()),
-                Region::from_raw(out.as_mut_ptr(), out_len * el),
-            )
-        }
-    };
+        (off, roff)
+    });
+    let b = common::typed::buffers(&input, out_len * el, in_place);
+    let (send, recv) = (b.send, b.recv);
     let call = Call {
         dtype: dt,
         op,
@@ -636,24 +556,7 @@ fn ranks_asking_for_different_compression_fail_naming_it() {
             let hs: Vec<_> = cs
                 .iter()
                 .zip(settings)
-                .map(|(comm, c)| {
-                    s.spawn(move || {
-                        let mut v = vec![1f32; 4096];
-                        let mut o = vec![0f32; 4096];
-                        // SAFETY: both buffers outlive the blocking call.
-                        let (a, b) = unsafe {
-                            (
-                                Region::from_raw(v.as_mut_ptr() as *mut u8, 4 * 4096),
-                                Region::from_raw(o.as_mut_ptr() as *mut u8, 4 * 4096),
-                            )
-                        };
-                        let call = common::call(Kind::Coll(Collective::AllReduce), a, b, 4096);
-                        match comm.run_with(&call, Some(c)) {
-                            Ok(()) => "OK".to_string(),
-                            Err(e) => e.to_string(),
-                        }
-                    })
-                })
+                .map(|(comm, c)| s.spawn(move || common::typed::ones_allreduce(comm, Some(c))))
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });

@@ -5,7 +5,8 @@
 //! gives the right answer (2 hosts × 2 ranks; 3 + 2 + 1 ranks, hosts interleaved), the ranks of
 //! one host share no TCP connection while ranks of different hosts do, and ranks given
 //! different providers all fail at once, naming the rank, instead of hanging; with
-//! `FI_PROVIDER` hiding shm, the network serves every peer.
+//! `FI_PROVIDER` hiding shm, the network serves every peer; compressed calls on two interleaved
+//! hosts (the inter-host level alone compressed) give every rank the same bits.
 use nccl_net_fabricoll::algo::{self, Algorithm, Collective};
 use nccl_net_fabricoll::coll::bootstrap::{self, UniqueId};
 use nccl_net_fabricoll::coll::{self, Call, Comm, Kind};
@@ -36,6 +37,26 @@ fn region(v: &mut [u8]) -> Region {
     unsafe { Region::from_raw(v.as_mut_ptr(), v.len()) }
 }
 
+/// A sum of `coll` over float data from `bufs.0` into `bufs.1`.
+fn float_call(
+    coll: Collective,
+    bufs: (&mut [u8], &mut [u8]),
+    count: usize,
+    root: usize,
+    algo: Option<Algorithm>,
+) -> Call {
+    Call {
+        kind: Kind::Coll(coll),
+        send: region(bufs.0),
+        recv: region(bufs.1),
+        count,
+        dtype: DataType::Float32,
+        op: RedOp::Sum,
+        root,
+        algo,
+    }
+}
+
 /// Run `coll` with `algo` (None: auto) on `count` floats; check this rank's result. False: a
 /// forced algorithm refused this layout of hosts (every rank refuses alike).
 fn check_one(c: &Comm, algo: Option<Algorithm>, coll: Collective, count: usize) -> bool {
@@ -45,16 +66,7 @@ fn check_one(c: &Comm, algo: Option<Algorithm>, coll: Collective, count: usize) 
         .flat_map(|i| value(r, i).to_le_bytes())
         .collect();
     let mut out = vec![0xeeu8; p.out_len() * 4];
-    let call = Call {
-        kind: Kind::Coll(coll),
-        send: region(&mut send),
-        recv: region(&mut out),
-        count,
-        dtype: DataType::Float32,
-        op: RedOp::Sum,
-        root,
-        algo,
-    };
+    let call = float_call(coll, (&mut send, &mut out), count, root, algo);
     let what = format!("{algo:?} {coll:?} n={n} count={count} rank {r}");
     match c.run(&call) {
         Ok(()) => {}
@@ -109,6 +121,21 @@ fn rank_process() {
         println!("@@done yes");
         return;
     }
+    if mode == "compress" {
+        compressed_rank(&c);
+        return;
+    }
+    if mode == "compress_dies" {
+        if r_dies(rank, nranks) {
+            // Gone without a word: no destroy, no goodbye.
+            std::process::exit(0);
+        }
+        let started = Instant::now();
+        let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compressed_rank(&c)));
+        println!("@@failed {}", e.is_err());
+        println!("@@secs {}", started.elapsed().as_secs_f64());
+        return;
+    }
     let mut refused = Vec::new();
     for coll in Collective::ALL {
         for count in [3, 5000] {
@@ -129,6 +156,50 @@ fn rank_process() {
     // No rank may exit (closing its sockets) before every rank has listed its connections: a
     // connection counts only when both ends list it as established.
     assert!(check_one(&c, None, Collective::AllReduce, 3));
+}
+
+/// A rank of `compressed_over_shm_and_net`: an AllReduce and an AllGather compressed as the
+/// environment says (FABRICOLL_COMPRESS); prints a digest of each result's bits and the largest
+/// error of the AllReduce against the exact sum.
+fn compressed_rank(c: &Comm) {
+    let (n, r) = (c.nranks, c.rank);
+    for coll in [Collective::AllReduce, Collective::AllGather] {
+        let count = 5001;
+        let p = algo::Problem::new(coll, n, count);
+        let x = |q: usize, i: usize| value(q, i) + 0.001 * (i % 97) as f32;
+        let mut send: Vec<u8> = (0..p.in_len())
+            .flat_map(|i| x(r, i).to_le_bytes())
+            .collect();
+        let mut out = vec![0u8; p.out_len() * 4];
+        let call = float_call(coll, (&mut send, &mut out), count, 0, None);
+        c.run(&call)
+            .unwrap_or_else(|e| panic!("rank {r} {coll:?}: {e}"));
+        let got: Vec<f32> = out
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let err = (0..p.out_len())
+            .map(|j| {
+                let exact: f64 = match coll {
+                    Collective::AllReduce => (0..n).map(|q| f64::from(x(q, j))).sum(),
+                    _ => f64::from(x(j / count, j % count)),
+                };
+                (f64::from(got[j]) - exact).abs()
+            })
+            .fold(0.0, f64::max);
+        // A digest of the bits (FNV-1a): the whole output would fill the pipe the test
+        // reads only once the rank has exited.
+        let digest = got.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
+            (h ^ u64::from(v.to_bits())).wrapping_mul(0x100_0000_01b3)
+        });
+        println!("@@{coll:?}-bits {digest:016x}");
+        println!("@@{coll:?}-err {err}");
+    }
+}
+
+/// The rank that leaves in `compressed_when_a_rank_dies`: the last.
+fn r_dies(rank: usize, nranks: usize) -> bool {
+    rank + 1 == nranks
 }
 
 /// What each rank process printed (its `@@` lines, by key), or None when net is missing.
@@ -291,6 +362,67 @@ fn three_uneven_interleaved_hosts() {
         "three_uneven_interleaved_hosts",
         &["a", "b", "a", "c", "a", "b"],
     );
+}
+
+/// The environments of 2 x 2 ranks on interleaved hosts over shm and net, compressing as
+/// int8, with `more`.
+fn compressed_envs<'a>(more: &[(&'a str, &'a str)]) -> Vec<Vec<(&'a str, &'a str)>> {
+    ["a", "b", "a", "b"]
+        .iter()
+        .map(|h| {
+            let mut v = vec![
+                ("FABRICOLL_PROVIDER", "net"),
+                ("FABRICOLL_HOST", *h),
+                ("FABRICOLL_COMPRESS", "int8"),
+            ];
+            v.extend_from_slice(more);
+            v
+        })
+        .collect()
+}
+
+/// Compressed calls on two interleaved hosts of two ranks over shm and net (the inter-host
+/// level alone compressed, docs/compression.md): every rank ends with the same bits, within
+/// int8's error of the exact result.
+#[test]
+fn compressed_over_shm_and_net() {
+    let test = "compressed_over_shm_and_net";
+    let Some(outs) = run_ranks(test, "compress", &compressed_envs(&[])) else {
+        return;
+    };
+    for key in ["AllReduce", "AllGather"] {
+        let bits = field(&outs[0], &format!("{key}-bits"));
+        for (r, o) in outs.iter().enumerate() {
+            assert_eq!(
+                field(o, &format!("{key}-bits")),
+                bits,
+                "{test}: {key} rank {r}"
+            );
+            // int8: a step is 1/127 of a block's largest magnitude (sums below 25 here, each
+            // input below 6), and each element is quantized at most twice.
+            let err: f64 = field(o, &format!("{key}-err")).parse().unwrap();
+            assert!(err < 0.25, "{test}: {key} rank {r}: error {err}");
+        }
+    }
+}
+
+/// A rank that exits after joining, before a compressed call on two interleaved hosts of two
+/// ranks: every other rank's call fails instead of hanging, at the latest at the deadline.
+#[test]
+fn compressed_when_a_rank_dies() {
+    let test = "compressed_when_a_rank_dies";
+    // What a rank that never hears of the failure waits for: well inside the group's limit.
+    let envs = compressed_envs(&[("FABRICOLL_TIMEOUT_MS", "20000")]);
+    let Some(outs) = run_ranks(test, "compress_dies", &envs) else {
+        return;
+    };
+    for (r, o) in outs.iter().enumerate() {
+        if r_dies(r, outs.len()) {
+            continue;
+        }
+        assert_eq!(field(o, "failed"), "true", "{test}: rank {r}");
+        eprintln!("{test}: rank {r} failed after {} s", field(o, "secs"));
+    }
 }
 
 #[test]

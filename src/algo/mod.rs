@@ -19,6 +19,7 @@ pub mod check;
 pub mod dbtree;
 pub mod hier;
 pub mod hosts;
+pub mod lanes;
 pub mod mesh;
 pub mod mesh1;
 pub mod pairwise;

@@ -125,7 +125,10 @@ impl Engine {
     }
 
     /// Refuse a collective while `MAX_IN_FLIGHT` are in flight: tags repeat after a few
-    /// thousand (`exec::MAX_IN_FLIGHT`; a compressed call counts twice, for its two exchanges).
+    /// thousand (`exec::MAX_IN_FLIGHT`). A compressed call counts twice (its executor and its
+    /// phased state) and takes at most four sequence numbers (the inter-host-only AllReduce's
+    /// four exchanges), so the calls in flight never take more than the `2 * MAX_IN_FLIGHT`
+    /// numbers a tag tells apart.
     fn check_room(&self) -> Result<()> {
         let n = self.execs.len() + self.phased.len();
         if n >= crate::exec::MAX_IN_FLIGHT {

@@ -60,6 +60,30 @@ impl Compression {
     }
 }
 
+/// Which levels of a communicator over several hosts compressed collectives compress
+/// (`FABRICOLL_COMPRESS_LEVELS`; docs/compression.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CompressLevels {
+    /// The inter-host level only, where every host holds the same number of ranks (at least
+    /// two): shared memory carries the data in full precision. Elsewhere every level.
+    #[default]
+    Inter,
+    /// Every level alike, shared memory included.
+    All,
+}
+
+impl CompressLevels {
+    /// The environment's setting: `FABRICOLL_COMPRESS_LEVELS` (`inter` or `all`).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<CompressLevels> {
+        const NAME: &str = "FABRICOLL_COMPRESS_LEVELS";
+        match get(NAME).map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+            None | Some("") | Some("inter") => Ok(CompressLevels::Inter),
+            Some("all") => Ok(CompressLevels::All),
+            Some(_) => Err(invalid(NAME, &get(NAME).unwrap_or_default(), "inter, all")),
+        }
+    }
+}
+
 /// The error of a bad value of `name`: an environment variable (`FABRICOLL_*`) as the other
 /// variables' errors say it, else an argument (a field of the C API's structs).
 fn invalid(name: &str, value: &str, accepted: &str) -> Error {
@@ -103,6 +127,36 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.codec(), Some(Codec::new(Format::Fp8E4m3, 64).unwrap()));
+    }
+
+    #[test]
+    fn levels_default_to_inter_and_name_the_variable_when_bad() {
+        let get = |v: &'static str| {
+            move |n: &str| (n == "FABRICOLL_COMPRESS_LEVELS").then(|| v.to_string())
+        };
+        assert_eq!(
+            CompressLevels::from_lookup(|_| None).unwrap(),
+            CompressLevels::Inter
+        );
+        assert_eq!(
+            CompressLevels::from_lookup(get("")).unwrap(),
+            CompressLevels::Inter
+        );
+        assert_eq!(
+            CompressLevels::from_lookup(get(" Inter ")).unwrap(),
+            CompressLevels::Inter
+        );
+        assert_eq!(
+            CompressLevels::from_lookup(get("ALL")).unwrap(),
+            CompressLevels::All
+        );
+        let e = CompressLevels::from_lookup(get("host"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("FABRICOLL_COMPRESS_LEVELS") && e.contains("inter, all"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -158,6 +158,12 @@ pub const VARS: &[Var] = &[
         meaning: "elements per scale of FABRICOLL_COMPRESS's codes (fabricoll_config.compress_block overrides)",
     },
     Var {
+        name: "FABRICOLL_COMPRESS_LEVELS",
+        accepted: "inter, all",
+        default: "inter",
+        meaning: "engines: on hosts that each hold the same number (at least two) of ranks, compressed collectives compress only the inter-host level and keep shared memory in full precision (inter), or compress every level alike (all); elsewhere every level is compressed; every rank must set the same (docs/compression.md)",
+    },
+    Var {
         name: "FABRICOLL_CALIBRATION_CACHE",
         accepted: "a directory, or 0",
         default: "$XDG_CACHE_HOME/fabricoll, else ~/.cache/fabricoll",

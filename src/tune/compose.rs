@@ -85,7 +85,7 @@ pub(super) fn flats() -> impl Iterator<Item = Algorithm> {
 impl Net {
     /// One phase: `algo` running `coll` on `n` ranks over `link` with a whole vector of `big`
     /// bytes (nothing on one rank); None if `algo` does not implement `coll`.
-    fn phase(
+    pub(super) fn phase(
         &self,
         link: Link,
         algo: Algorithm,

@@ -3,6 +3,12 @@
 //! the codec's work on the caller's CPU at a rate per format. The codec's work is the same
 //! whichever algorithm runs an exchange, so it does not change which one is chosen; it is what
 //! tells, next to the uncompressed call's price, whether compression pays on this link.
+//!
+//! On hosts that each hold the same number of ranks the call compresses the inter-host level
+//! only (`coll::compressed`, docs/compression.md): its exchanges inside a host carry the data
+//! in full precision and are priced on shared memory's link at the data's bytes, those of a
+//! lane carry codes and are priced on the network's link, shared by the host's lanes, at the
+//! codes' bytes; the codec works on a host's share of the data only (`codec_elements_tiered`).
 #![forbid(unsafe_code)]
 
 use super::Model;
@@ -63,15 +69,69 @@ pub fn codec_elements(shape: Shape, nranks: usize, count: usize) -> (usize, usiz
     }
 }
 
+/// `codec_elements` of the inter-host-only composition on `hosts` hosts of `per_host` ranks:
+/// AllReduce quantizes its lane's slice of the host's sum (`ceil(count / per_host)`) and its
+/// segment of the lane's sum (`ceil(slice / hosts)`), adds the hosts' codes of that segment
+/// and decodes the slice; ReduceScatter quantizes the host's sums of its lane's `hosts` blocks
+/// and its own block's sum, adds `hosts` blocks and decodes its own; AllGather quantizes its
+/// input and decodes its lane's `hosts` blocks.
+pub fn codec_elements_tiered(
+    shape: Shape,
+    hosts: usize,
+    per_host: usize,
+    count: usize,
+) -> (usize, usize, usize) {
+    let (x, y) = (hosts.max(1), per_host.max(1));
+    match shape {
+        Shape::AllReduce => {
+            let slice = count.div_ceil(y);
+            let seg = slice.div_ceil(x);
+            (slice + seg, x * seg, slice)
+        }
+        Shape::ReduceScatter => (x * count + count, x * count, count),
+        Shape::AllGather => (count, 0, x * count),
+    }
+}
+
 /// Microseconds of the codec's work of one rank (`codec_elements` at `CodecRate::of`).
 pub fn codec_us(format: Format, shape: Shape, nranks: usize, count: usize) -> f64 {
-    if format == Format::Off || nranks <= 1 {
+    if nranks <= 1 {
+        return 0.0;
+    }
+    elements_us(format, codec_elements(shape, nranks, count))
+}
+
+/// `codec_us` of the inter-host-only composition (`codec_elements_tiered`).
+pub fn codec_us_tiered(
+    format: Format,
+    shape: Shape,
+    hosts: usize,
+    per_host: usize,
+    count: usize,
+) -> f64 {
+    if hosts <= 1 {
+        return 0.0;
+    }
+    elements_us(format, codec_elements_tiered(shape, hosts, per_host, count))
+}
+
+/// Microseconds to quantize, add and dequantize `(q, a, d)` elements in `format`.
+fn elements_us(format: Format, (q, a, d): (usize, usize, usize)) -> f64 {
+    if format == Format::Off {
         return 0.0;
     }
     let r = CodecRate::of(format);
-    let (q, a, d) = codec_elements(shape, nranks, count);
     let us = |elems: usize, gbps: f64| (elems * 4) as f64 / (gbps * 1e3);
     us(q, r.quantize_gbps) + us(a, r.accumulate_gbps) + us(d, r.dequantize_gbps)
+}
+
+/// The level an exchange of the inter-host-only composition runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tier {
+    /// Among the ranks of one host, the data in full precision (shared memory).
+    Host,
+    /// Among the ranks of one lane (one per host), codes (the network).
+    Lane,
 }
 
 /// One exchange of a compressed call: an AllToAll or AllGather of `bytes` per rank's piece,
@@ -82,6 +142,9 @@ pub struct Exchange {
     pub bytes: usize,
     pub algo: Algorithm,
     pub us: Option<f64>,
+    /// The level of the inter-host-only composition it runs on (None: the whole
+    /// communicator, every level carrying codes).
+    pub level: Option<Tier>,
 }
 
 /// A compressed call's price: its exchanges and the codec's work.
@@ -96,6 +159,9 @@ pub struct CompressedPrice {
     pub elem: usize,
     pub exchanges: Vec<Exchange>,
     pub codec_us: f64,
+    /// The inter-host-only composition's hosts and ranks per host (None: every level
+    /// compressed alike).
+    pub tiers: Option<(usize, usize)>,
 }
 
 impl CompressedPrice {
@@ -117,13 +183,33 @@ impl CompressedPrice {
             .map(|x| {
                 let t =
                     x.us.map_or("unpriced".to_string(), |t| format!("{t:.1} us"));
-                format!("{:?} of {} B per rank with {} {t}", x.coll, x.bytes, x.algo)
+                let level = match x.level {
+                    None => "",
+                    Some(Tier::Host) => "host ",
+                    Some(Tier::Lane) => "lane ",
+                };
+                format!(
+                    "{level}{:?} of {} B per rank with {} {t}",
+                    x.coll, x.bytes, x.algo
+                )
             })
             .collect();
         let r = CodecRate::of(self.format);
-        let (q, a, d) = codec_elements(self.shape, self.nranks, self.count);
+        let ((q, a, d), how) = match self.tiers {
+            Some((x, y)) => (
+                codec_elements_tiered(self.shape, x, y, self.count),
+                format!(
+                    " inter-host level only ({x} hosts x {y} ranks; shared memory in full \
+                     precision)"
+                ),
+            ),
+            None => (
+                codec_elements(self.shape, self.nranks, self.count),
+                " every level".to_string(),
+            ),
+        };
         format!(
-            "compressed {:?} of {} B on {} ranks as {} in blocks of {}: {}; codec {:.1} us \
+            "compressed {:?} of {} B on {} ranks as {} in blocks of {}{how}: {}; codec {:.1} us \
              (quantize {q} at {} GB/s, accumulate {a} at {} GB/s, dequantize {d} at {} GB/s, \
              elements per rank); predicted {}",
             self.shape,
@@ -143,6 +229,27 @@ impl CompressedPrice {
 }
 
 impl Model {
+    /// Predicted microseconds of one exchange of the inter-host-only composition: `coll` run
+    /// by `algo` among `ranks` ranks of the level `tier`, each rank's piece `piece` bytes.
+    /// A host's exchange runs on shared memory's link; a lane's on the network's, whose link
+    /// the `lanes` lanes of a host share (they run at once).
+    pub fn tier_exchange_us(
+        &self,
+        tier: Tier,
+        coll: Collective,
+        algo: Algorithm,
+        ranks: usize,
+        piece: usize,
+        lanes: usize,
+    ) -> Option<f64> {
+        let net = self.net();
+        let link = match tier {
+            Tier::Host => net.intra,
+            Tier::Lane => net.inter.shared(lanes as f64),
+        };
+        net.phase(link, algo, coll, ranks, (ranks * piece) as f64)
+    }
+
     /// Log `price` at info, once per shape, format and power-of-two size class, with the
     /// uncompressed call's choice and prediction where given.
     pub fn log_compressed(&self, price: &CompressedPrice, uncompressed: Option<(Algorithm, f64)>) {
@@ -150,7 +257,7 @@ impl Model {
             return;
         }
         let class = (price.count * price.elem).max(1).ilog2();
-        let key = (price.shape, price.format, class);
+        let key = (price.shape, price.format, class, price.tiers.is_some());
         if !self.logged_compressed.lock().insert(key) {
             return;
         }

@@ -43,7 +43,10 @@ mod tests;
 #[cfg(test)]
 mod tests_levels;
 
-pub use compressed::{codec_elements, codec_us, CodecRate, CompressedPrice, Exchange, Shape};
+pub use compressed::{
+    codec_elements, codec_elements_tiered, codec_us, codec_us_tiered, CodecRate, CompressedPrice,
+    Exchange, Shape, Tier,
+};
 pub use fit::{fit, fit_link, quantize, LinkSamples};
 pub use levels::Link;
 pub use pick::MARGIN;
@@ -79,8 +82,12 @@ pub struct Model {
     pub inter_o_us: Option<f64>,
     logged: Arc<Mutex<HashSet<(Collective, u32)>>>,
     /// The compressed calls' log lines given (`log_compressed`).
-    logged_compressed: Arc<Mutex<HashSet<(Shape, crate::compress::Format, u32)>>>,
+    logged_compressed: Arc<Mutex<HashSet<CompressedLogKey>>>,
 }
+
+/// What a compressed call's log line is given once for: shape, format, power-of-two size
+/// class, and whether the inter-host level alone was compressed.
+type CompressedLogKey = (Shape, crate::compress::Format, u32, bool);
 
 impl PartialEq for Model {
     fn eq(&self, o: &Model) -> bool {

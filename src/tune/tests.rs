@@ -279,13 +279,32 @@ fn fit_takes_beta_from_two_sizes_when_small_rounds_are_slow() {
     assert!((fg - g).abs() / g < 1e-9);
 }
 
+/// An int8 AllReduce of 4096 floats on 4 ranks with `exchanges`, `codec_us` and `tiers`.
+fn int8_price(
+    exchanges: Vec<crate::tune::Exchange>,
+    codec_us: f64,
+    tiers: Option<(usize, usize)>,
+) -> crate::tune::CompressedPrice {
+    crate::tune::CompressedPrice {
+        shape: crate::tune::Shape::AllReduce,
+        format: crate::compress::Format::Int8,
+        block: 256,
+        nranks: 4,
+        count: 4096,
+        elem: 4,
+        exchanges,
+        codec_us,
+        tiers,
+    }
+}
+
 /// The codec's work per rank: AllReduce quantizes its input and its segment's sum, adds every
 /// rank's codes of its segment and decodes the whole result; the price is linear in it, zero
 /// when off or alone, and the total adds the exchanges to it.
 #[test]
 fn compressed_price_counts_the_codec_work_and_the_exchanges() {
     use crate::compress::Format;
-    use crate::tune::{codec_elements, codec_us, CompressedPrice, Exchange, Shape};
+    use crate::tune::{codec_elements, codec_us, Exchange, Shape};
     assert_eq!(
         codec_elements(Shape::AllReduce, 4, 1000),
         (1250, 1000, 1000)
@@ -319,20 +338,16 @@ fn compressed_price_counts_the_codec_work_and_the_exchanges() {
         bytes: 1024,
         algo: Algorithm::Mesh,
         us,
+        level: None,
     };
-    let mut p = CompressedPrice {
-        shape: Shape::AllReduce,
-        format: Format::Int8,
-        block: 256,
-        nranks: 4,
-        count: 4096,
-        elem: 4,
-        exchanges: vec![
+    let mut p = int8_price(
+        vec![
             x(Collective::AllToAll, Some(10.0)),
             x(Collective::AllGather, Some(5.0)),
         ],
-        codec_us: 2.5,
-    };
+        2.5,
+        None,
+    );
     assert_eq!(p.total_us(), Some(17.5));
     let text = p.describe();
     for w in [
@@ -346,4 +361,82 @@ fn compressed_price_counts_the_codec_work_and_the_exchanges() {
     }
     p.exchanges[1].us = None;
     assert_eq!(p.total_us(), None);
+}
+
+/// The inter-host-only composition: the codec works on a host's share of the data, a lane's
+/// exchange of codes is priced on the network (its link shared by the host's lanes) and a
+/// host's exchange of full-precision data on shared memory, and the log line says which
+/// composition ran.
+#[test]
+fn tiered_compressed_price_prices_codes_on_the_network_only() {
+    use crate::compress::Format;
+    use crate::tune::{codec_elements_tiered, codec_us, codec_us_tiered, Exchange, Shape, Tier};
+    // 2 hosts x 2 ranks, AllReduce of 1000: slice 500, segment 250.
+    assert_eq!(
+        codec_elements_tiered(Shape::AllReduce, 2, 2, 1000),
+        (750, 500, 500)
+    );
+    assert_eq!(
+        codec_elements_tiered(Shape::ReduceScatter, 3, 2, 100),
+        (400, 300, 100)
+    );
+    assert_eq!(
+        codec_elements_tiered(Shape::AllGather, 2, 3, 100),
+        (100, 0, 200)
+    );
+    // Less codec work than every level compressed, and none on one host.
+    assert!(
+        codec_us_tiered(Format::Int8, Shape::AllReduce, 2, 2, 1 << 20)
+            < codec_us(Format::Int8, Shape::AllReduce, 4, 1 << 20)
+    );
+    assert_eq!(
+        codec_us_tiered(Format::Int8, Shape::AllReduce, 1, 4, 1 << 20),
+        0.0
+    );
+    let m = Model::new(10.0, 1.0, 10.0);
+    let lane = |bytes, lanes| {
+        m.tier_exchange_us(
+            Tier::Lane,
+            Collective::AllToAll,
+            Algorithm::Pairwise,
+            2,
+            bytes,
+            lanes,
+        )
+        .unwrap()
+    };
+    let host = |bytes| {
+        m.tier_exchange_us(
+            Tier::Host,
+            Collective::AllToAll,
+            Algorithm::Pairwise,
+            2,
+            bytes,
+            1,
+        )
+        .unwrap()
+    };
+    // Fewer bytes (codes) cost less; lanes sharing the link cost more; shared memory is faster
+    // than the network for the same bytes.
+    assert!(lane(1 << 18, 2) < lane(1 << 20, 2));
+    assert!(lane(1 << 20, 1) < lane(1 << 20, 2));
+    assert!(host(1 << 20) < lane(1 << 20, 1));
+    let p = int8_price(
+        vec![Exchange {
+            coll: Collective::AllToAll,
+            bytes: 1024,
+            algo: Algorithm::Pairwise,
+            us: Some(1.0),
+            level: Some(Tier::Lane),
+        }],
+        1.0,
+        Some((2, 2)),
+    );
+    let text = p.describe();
+    for w in [
+        "inter-host level only (2 hosts x 2 ranks",
+        "lane AllToAll of 1024 B",
+    ] {
+        assert!(text.contains(w), "{w}: {text}");
+    }
 }

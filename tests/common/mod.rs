@@ -4,6 +4,8 @@ use nccl_net_fabricoll::config::Config;
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
 use nccl_net_fabricoll::transport::Region;
 
+pub mod typed;
+
 /// A configuration with a fixed cost model (alpha 5 us, beta 2 GB/s, gamma 8 GB/s: nothing to
 /// calibrate), a deadline of `timeout_ms`, and `provider` where given.
 #[allow(dead_code)] // not every test binary uses each helper
@@ -131,4 +133,23 @@ pub fn ignored_test(name: &str) -> std::process::Command {
         "--test-threads=1",
     ]);
     c
+}
+
+/// `f(rank, comm)` on every rank of `comms` at once, a thread each: the results in rank order.
+#[allow(dead_code)] // not every test binary uses each helper
+pub fn on_every_rank<T: Send>(
+    comms: &[std::sync::Arc<nccl_net_fabricoll::coll::Comm>],
+    f: impl Fn(usize, &nccl_net_fabricoll::coll::Comm) -> T + Sync,
+) -> Vec<T> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                let f = &f;
+                s.spawn(move || f(rank, comm))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
 }

@@ -37,8 +37,14 @@
 //! Which calls: the communicator's setting (`FABRICOLL_COMPRESS`, `fabricoll_config.compress`)
 //! compresses the calls it applies to and leaves the others as they are; a per-call setting
 //! (`Comm::run_with`, or this thread's `with_call_compression`) of a call it does not apply to
-//! is an error naming `compress`. Between hosts every level is compressed alike: the
-//! exchanges carry codes whichever algorithm runs them, shared memory included.
+//! is an error naming `compress`.
+//!
+//! Levels: on hosts that each hold the same number (at least two) of ranks, a uniform call
+//! compresses the inter-host level only (`tiered`): shared memory carries the data in full
+//! precision, and only the exchanges among the ranks of a lane (one per host) carry codes.
+//! Elsewhere (one host, hosts of different sizes, the V collectives) and with
+//! `FABRICOLL_COMPRESS_LEVELS=all` every level is compressed alike: the exchanges carry codes
+//! whichever algorithm runs them, shared memory included.
 use super::engine::{Engine, Planned};
 use super::{Call, Comm, Kind};
 use crate::algo::varied::{Spec, Varied};
@@ -47,15 +53,18 @@ use crate::compress::{owner, Codec};
 use crate::config::Compression;
 use crate::error::{Error, Result};
 use crate::exec::{Args, BufPool, Exec, Job, Signature, Tags, COMPRESSED_ALGO};
-use crate::reduce::conv::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use crate::reduce::{DataType, RedOp};
 use crate::transport::{Region, Scratch};
 use std::cell::Cell;
 use std::ops::Range;
 
+mod convert;
 mod plan;
 #[cfg(test)]
 mod tests;
+mod tiered;
+
+use convert::{decode_into, with_f32};
 
 thread_local! {
     /// The compression of the calls this thread starts inside `with_call_compression`.
@@ -92,9 +101,27 @@ enum Stage {
     Gather,
 }
 
-/// A compressed call in progress: its arithmetic's layout and the buffers its exchanges run
-/// on, owned until the call ends (on failure they go to the graveyard with the executor's).
-pub(super) struct Phased {
+/// A compressed call in progress, as the engine's table holds it: every level compressed
+/// alike (`Flat`), or the inter-host level only (`tiered::Tiered`).
+pub(super) enum Phased {
+    Flat(Flat),
+    Tiered(tiered::Tiered),
+}
+
+impl Phased {
+    /// The buffers, for the pool (done) or the graveyard (failed).
+    pub(super) fn into_buffers(self) -> Vec<Scratch> {
+        match self {
+            Phased::Flat(f) => f.into_buffers().into(),
+            Phased::Tiered(t) => t.into_buffers(),
+        }
+    }
+}
+
+/// A compressed call in progress that compresses every level alike: its arithmetic's layout
+/// and the buffers its exchanges run on, owned until the call ends (on failure they go to the
+/// graveyard with the executor's).
+pub(super) struct Flat {
     what: What,
     stage: Stage,
     codec: Codec,
@@ -127,7 +154,7 @@ pub(super) struct Phased {
     sig: Signature,
 }
 
-impl Phased {
+impl Flat {
     /// The buffers, for the pool (done) or the graveyard (failed).
     pub(super) fn into_buffers(self) -> [Scratch; 2] {
         [self.all, self.mine]
@@ -180,15 +207,13 @@ impl Phased {
 
     /// Decode segment `r`'s codes into the caller's output.
     fn decode(&self, r: usize, codes: &[u8]) -> Result<()> {
-        let len = self.segs[r].len();
-        let el = self.dtype.size();
-        let dst = self.out.sub(self.out_at[r] * el, len * el).ok_or_else(|| {
-            Error::arg(
-                "recvbuff",
-                format!("{} bytes, the collective writes more", self.out.len()),
-            )
-        })?;
-        dst.with_mut(|d| into_f32(self.dtype, d, |v| owner::finish(&self.codec, codes, v)))
+        decode_into(
+            &self.codec,
+            self.dtype,
+            self.out,
+            self.out_at[r]..self.out_at[r] + self.segs[r].len(),
+            codes,
+        )
     }
 }
 
@@ -251,9 +276,13 @@ impl Comm {
         codec: Codec,
         id: u32,
     ) -> Result<(Box<Exec>, Box<Phased>)> {
+        if let Some(lanes) = self.tiers(call) {
+            let (x, t) = self.start_tiered(e, call, codec, lanes, id)?;
+            return Ok((x, Box::new(Phased::Tiered(t))));
+        }
         let mut p = self.begin(call, codec, &mut e.pool)?;
         let x = self.plan_exchanges(e, call, &mut p).and_then(|()| {
-            p.seq = e.take_seqs(Phased::exchanges(p.what));
+            p.seq = e.take_seqs(Flat::exchanges(p.what));
             log::debug!(
                 "collective #{}: {:?} count {} compressed as {} in blocks of {}, exchanges by {}",
                 p.seq,
@@ -272,7 +301,7 @@ impl Comm {
         match x {
             Ok(x) => {
                 e.note_talked(&x);
-                Ok((x, Box::new(p)))
+                Ok((x, Box::new(Phased::Flat(p))))
             }
             Err(err) => {
                 p.into_buffers().into_iter().for_each(|b| e.pool.put(b));
@@ -282,7 +311,7 @@ impl Comm {
     }
 
     /// The layout of a compressed `call`, its input quantized into the first exchange's buffer.
-    fn begin(&self, call: &Call, codec: Codec, pool: &mut BufPool) -> Result<Phased> {
+    fn begin(&self, call: &Call, codec: Codec, pool: &mut BufPool) -> Result<Flat> {
         let (n, rank, dtype) = (self.nranks, self.rank, call.dtype);
         let (what, problem, counts, out_at, in_elems) = match call.kind {
             Kind::Coll(coll) => {
@@ -370,7 +399,7 @@ impl Comm {
         } else {
             (owner::wire_ranges(&codec, &segs), None)
         };
-        let mut p = Phased {
+        let mut p = Flat {
             what,
             stage: Stage::Gather,
             codec,
@@ -431,8 +460,8 @@ impl Comm {
     }
 
     /// The executor of `p`'s current exchange, as request `id`; takes its sequence number.
-    fn exchange(&self, p: &mut Phased, id: u32, pool: &mut BufPool) -> Result<Box<Exec>> {
-        let (n, rank) = (self.nranks, self.rank);
+    fn exchange(&self, p: &mut Flat, id: u32, pool: &mut BufPool) -> Result<Box<Exec>> {
+        let n = self.nranks;
         let (slot, total) = (p.slot(), p.total());
         let at = p.stages().iter().position(|s| *s == p.stage).unwrap_or(0);
         let planned = p.plans.get(at).cloned().ok_or_else(|| {
@@ -448,6 +477,20 @@ impl Comm {
         };
         let seq = p.seq;
         p.seq = p.seq.wrapping_add(1);
+        self.byte_exchange(planned, (inp, out), seq, p.sig, id, pool)
+    }
+
+    /// The executor, as request `id`, of the exchange `planned` of bytes from `io.0` into
+    /// `io.1` with sequence number `seq`, its messages carrying `sig`.
+    fn byte_exchange(
+        &self,
+        planned: Planned,
+        (inp, out): (Region, Region),
+        seq: u32,
+        sig: Signature,
+        id: u32,
+        pool: &mut BufPool,
+    ) -> Result<Box<Exec>> {
         let args = Args {
             dtype: DataType::Uint8,
             op: RedOp::Sum,
@@ -457,12 +500,12 @@ impl Comm {
             timeout: self.timeout,
             sends_first: self.sends_first(),
             restore: false,
-            signature: Some(p.sig),
+            signature: Some(sig),
         };
         Exec::new(
             Job {
                 schedule: planned.schedule,
-                rank,
+                rank: self.rank,
                 args,
             },
             planned.plan,
@@ -479,6 +522,14 @@ impl Comm {
         id: u32,
         pool: &mut BufPool,
     ) -> Result<Option<Box<Exec>>> {
+        match p {
+            Phased::Flat(f) => self.step_flat(f, id, pool),
+            Phased::Tiered(t) => self.step_tiered(t, id, pool),
+        }
+    }
+
+    /// `step` of a call that compresses every level.
+    fn step_flat(&self, p: &mut Flat, id: u32, pool: &mut BufPool) -> Result<Option<Box<Exec>>> {
         match (p.stage, p.what) {
             (Stage::ToOwners, What::AllReduce) => {
                 let codes = p.reduce_own()?;
@@ -500,76 +551,6 @@ impl Comm {
                     p.decode(r, &all[w.clone()])?;
                 }
                 Ok(None)
-            }
-        }
-    }
-}
-
-/// `f` of the f32 values of `b`, elements of `dtype` (float, bfloat16 or half): float data
-/// on a 4-byte boundary where it lies (the codec's work is then the only pass over the
-/// caller's buffer), anything else converted exactly into a vector first.
-fn with_f32<R>(dtype: DataType, b: &[u8], f: impl FnOnce(&[f32]) -> R) -> R {
-    if dtype == DataType::Float32 {
-        // SAFETY: every 4-byte pattern is a valid f32, and `align_to` puts in the middle slice
-        // only whole, aligned elements of the same memory, borrowed as `b` is.
-        let (head, mid, tail) = unsafe { b.align_to::<f32>() };
-        if head.is_empty() && tail.is_empty() {
-            return f(mid);
-        }
-    }
-    f(&to_f32(dtype, b))
-}
-
-/// `f` writing f32 values into `d`, elements of `dtype`: float data on a 4-byte boundary in
-/// place, anything else into a vector first, then rounded into `d` (`from_f32`).
-fn into_f32(dtype: DataType, d: &mut [u8], f: impl FnOnce(&mut [f32]) -> Result<()>) -> Result<()> {
-    if dtype == DataType::Float32 {
-        // SAFETY: as in `with_f32`; any f32 written is 4 valid bytes of `d`.
-        let (head, mid, tail) = unsafe { d.align_to_mut::<f32>() };
-        if head.is_empty() && tail.is_empty() {
-            return f(mid);
-        }
-    }
-    let mut v = vec![0f32; d.len() / dtype.size()];
-    f(&mut v)?;
-    from_f32(dtype, &v, d);
-    Ok(())
-}
-
-/// f32 values of `b`, elements of `dtype` (float, bfloat16 or half), converted exactly.
-fn to_f32(dtype: DataType, b: &[u8]) -> Vec<f32> {
-    match dtype {
-        DataType::Float32 => b
-            .chunks_exact(4)
-            .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        DataType::Bfloat16 => b
-            .chunks_exact(2)
-            .map(|c| bf16_to_f32(u16::from_ne_bytes([c[0], c[1]])))
-            .collect(),
-        _ => b
-            .chunks_exact(2)
-            .map(|c| f16_to_f32(u16::from_ne_bytes([c[0], c[1]])))
-            .collect(),
-    }
-}
-
-/// `v` as elements of `dtype` into `d` (bfloat16 and half rounded to nearest even).
-fn from_f32(dtype: DataType, v: &[f32], d: &mut [u8]) {
-    match dtype {
-        DataType::Float32 => {
-            for (o, x) in d.chunks_exact_mut(4).zip(v) {
-                o.copy_from_slice(&x.to_ne_bytes());
-            }
-        }
-        DataType::Bfloat16 => {
-            for (o, x) in d.chunks_exact_mut(2).zip(v) {
-                o.copy_from_slice(&f32_to_bf16(*x).to_ne_bytes());
-            }
-        }
-        _ => {
-            for (o, x) in d.chunks_exact_mut(2).zip(v) {
-                o.copy_from_slice(&f32_to_f16(*x).to_ne_bytes());
             }
         }
     }

@@ -1,7 +1,7 @@
 //! A compressed call's exchanges: which algorithm runs each (the call's forced one where it
 //! implements the exchange's collective, else as an uncompressed exchange of those bytes would),
 //! their plans, and the call's price (`tune::CompressedPrice`), logged at info.
-use super::{Phased, Stage, What};
+use super::{Flat, Stage, What};
 use crate::algo::varied::{self, Spec};
 use crate::algo::{self, Collective, Problem};
 use crate::coll::call::algo_arg;
@@ -41,6 +41,9 @@ impl Comm {
         codec: Codec,
     ) -> Result<Vec<(Collective, algo::Algorithm)>> {
         let n = self.nranks;
+        if let Some(lanes) = self.tiers(call) {
+            return Ok(super::tiered::exchange_algos(call, &lanes));
+        }
         let Kind::Coll(own) = call.kind else {
             return Err(Error::arg(
                 "kind",
@@ -67,7 +70,7 @@ impl Comm {
     }
 
     /// The plans of `p`'s exchanges (`p.plans`), and the call's price logged at info.
-    pub(super) fn plan_exchanges(&self, e: &mut Engine, call: &Call, p: &mut Phased) -> Result<()> {
+    pub(super) fn plan_exchanges(&self, e: &mut Engine, call: &Call, p: &mut Flat) -> Result<()> {
         let n = self.nranks;
         let mut exchanges = Vec::new();
         for &stage in p.stages() {
@@ -109,6 +112,7 @@ impl Comm {
                 bytes: x.1,
                 algo: x.0,
                 us: x.2,
+                level: None,
             });
         }
         if log::log_enabled!(log::Level::Info) {
@@ -118,7 +122,7 @@ impl Comm {
     }
 
     /// Log the price of `p` (its `exchanges` and the codec) with the uncompressed call's.
-    fn log_price(&self, call: &Call, p: &Phased, exchanges: Vec<Exchange>) {
+    fn log_price(&self, call: &Call, p: &Flat, exchanges: Vec<Exchange>) {
         let n = self.nranks;
         let (shape, count) = match p.what {
             What::AllReduce => (Shape::AllReduce, p.segs.last().map_or(0, |s| s.end)),
@@ -140,15 +144,22 @@ impl Comm {
             elem: p.dtype.size(),
             codec_us: tune::codec_us(p.codec.format, shape, n, count),
             exchanges,
+            tiers: None,
         };
+        self.model
+            .log_compressed(&price, self.uncompressed_price(call));
+    }
+
+    /// The algorithm the uncompressed `call` would run and its prediction (None: a varied
+    /// call, or no prediction), for the compressed call's log line.
+    pub(super) fn uncompressed_price(&self, call: &Call) -> Option<(algo::Algorithm, f64)> {
         let elem = call.dtype.size();
-        let plain = match call.kind {
-            Kind::Coll(coll) => call.problem(coll, n).ok().and_then(|prob| {
+        match call.kind {
+            Kind::Coll(coll) => call.problem(coll, self.nranks).ok().and_then(|prob| {
                 let (a, o) = self.choose(&prob, elem, call.algo).ok()?;
                 Some((a, self.model.predict_on(a, &prob, elem, &o)?))
             }),
             _ => None,
-        };
-        self.model.log_compressed(&price, plain);
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! The compressed call's views of the caller's buffers as f32: float data read and written
 //! where it lies when aligned, through a converted copy otherwise, with the same values.
-use super::{into_f32, with_f32};
+use super::convert::{into_f32, with_f32};
 use crate::error::Result;
 use crate::reduce::conv::{bf16_to_f32, f32_to_bf16};
 use crate::reduce::DataType;
