@@ -1,6 +1,10 @@
 //! The event loop: every rank's steps run when their dependencies have completed; sends post on
 //! the rank's CPU and become flows on the links (`share`), receives complete `alpha` after
-//! their message's last byte, reductions and copies take the rank's CPU.
+//! their message's last byte, reductions and copies take the rank's CPU. A rank's CPU does one
+//! thing at a time and, when it comes free, posts its waiting sends before it starts waiting
+//! reductions and copies, as the executor posts every ready step after each batch of
+//! completions it reduces: a node of a sliced tree or chain forwards a finished slice before
+//! it reduces the next one.
 #![forbid(unsafe_code)]
 
 use super::params::{Level, Params};
@@ -31,10 +35,9 @@ pub(super) enum Kind {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Event {
-    /// A step (global index) completed.
-    Done(u32),
-    /// A message's flow starts (its CPU posted it).
-    Start(u32),
+    /// A rank's CPU finished its work (global index of the step to complete; `u32::MAX` for
+    /// a send's post, which completes when its bytes have left).
+    Free(u32, u32),
     /// A message is usable by its receiver.
     Arrive(u32),
 }
@@ -78,7 +81,13 @@ pub(super) struct Sim<'a> {
     pub(super) dependents: Vec<u32>,
     recv_ready: Vec<bool>,
     pub(super) msgs: Vec<Msg>,
-    cpu_free: Vec<f64>,
+    /// Per rank: whether its CPU is busy, the sends waiting to be posted and the reductions
+    /// and copies waiting to run (step, duration), in the order they became ready.
+    busy: Vec<bool>,
+    posts: Vec<VecDeque<u32>>,
+    work: Vec<VecDeque<(u32, f64)>>,
+    /// Ranks whose CPU got work since the last dispatch.
+    queued: Vec<u32>,
     pub(super) links: Links,
     /// The links of a message from rank a to rank b: (a's, b's) per level, or the hosts'.
     rank_links: Vec<[LinkId; 4]>,
@@ -158,7 +167,10 @@ impl<'a> Sim<'a> {
             dependents: Vec::new(),
             recv_ready: vec![false; total],
             msgs: Vec::new(),
-            cpu_free: vec![0.0; n],
+            busy: vec![false; n],
+            posts: vec![VecDeque::new(); n],
+            work: vec![VecDeque::new(); n],
+            queued: Vec::new(),
             links: Links::new(),
             rank_links: Vec::with_capacity(n),
             host_links: Vec::with_capacity(nhosts),
@@ -350,11 +362,40 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Run `dur` of CPU work on `rank` as soon as its CPU is free; returns when it ends.
-    fn cpu(&mut self, rank: u32, dur: f64) -> f64 {
-        let start = self.cpu_free[rank as usize].max(self.now);
-        self.cpu_free[rank as usize] = start + dur;
-        start + dur
+    /// Queue `dur` of CPU work for step `g` (a reduction or copy) on `rank`.
+    fn cpu(&mut self, rank: u32, g: u32, dur: f64) {
+        self.work[rank as usize].push_back((g, dur));
+        self.queued.push(rank);
+    }
+
+    /// Start the next piece of work on every idle CPU that has some: a waiting send's post
+    /// first (its bytes start to flow as it starts), else the oldest reduction or copy.
+    fn dispatch(&mut self) {
+        while let Some(rank) = self.queued.pop() {
+            let r = rank as usize;
+            if self.busy[r] {
+                continue;
+            }
+            if let Some(g) = self.posts[r].pop_front() {
+                let m = self.msg_of[g as usize];
+                let o = self.level(&self.msgs[m as usize]).o_us;
+                self.busy[r] = true;
+                self.push(self.now + o, Event::Free(rank, u32::MAX));
+                self.start_flow(m);
+            } else if let Some((g, dur)) = self.work[r].pop_front() {
+                self.busy[r] = true;
+                self.push(self.now + dur, Event::Free(rank, g));
+            }
+        }
+    }
+
+    /// `rank`'s CPU finished its work: complete its step, if any, and run what waits.
+    fn freed(&mut self, rank: u32, g: u32) {
+        self.busy[rank as usize] = false;
+        self.queued.push(rank);
+        if g != u32::MAX {
+            self.complete(g);
+        }
     }
 
     pub(super) fn run(&mut self) -> Result<(), String> {
@@ -399,8 +440,7 @@ impl<'a> Sim<'a> {
                 self.heap.pop();
                 self.now = self.now.max(when);
                 match e {
-                    Event::Done(g) => self.complete(g),
-                    Event::Start(m) => self.start_flow(m),
+                    Event::Free(rank, g) => self.freed(rank, g),
                     Event::Arrive(m) => self.arrive(m),
                 }
                 self.drain_ready();
@@ -424,25 +464,26 @@ impl<'a> Sim<'a> {
 
     /// Steps whose dependencies have all completed.
     fn drain_ready(&mut self) {
+        loop {
+            self.make_ready();
+            if self.queued.is_empty() {
+                break;
+            }
+            self.dispatch();
+        }
+    }
+
+    /// Hand each step whose dependencies completed to its CPU, its receive or its end.
+    fn make_ready(&mut self) {
         while let Some(g) = self.ready.pop_front() {
             let gi = g as usize;
             let rank = self.rank_of[gi];
             match self.kind[gi] {
                 Kind::Nop => self.complete(g),
-                Kind::Cpu => {
-                    let end = self.cpu(rank, self.arg[gi]);
-                    self.push(end, Event::Done(g));
-                }
+                Kind::Cpu => self.cpu(rank, g, self.arg[gi]),
                 Kind::Send => {
-                    let m = self.msg_of[gi];
-                    let o = self.level(&self.msgs[m as usize]).o_us;
-                    let start = self.cpu_free[rank as usize].max(self.now);
-                    self.cpu(rank, o);
-                    if start > self.now {
-                        self.push(start, Event::Start(m));
-                    } else {
-                        self.start_flow(m);
-                    }
+                    self.posts[rank as usize].push_back(g);
+                    self.queued.push(rank);
                 }
                 Kind::Recv | Kind::RecvReduce => {
                     self.recv_ready[gi] = true;
@@ -558,8 +599,7 @@ impl<'a> Sim<'a> {
         let gi = g as usize;
         if self.kind[gi] == Kind::RecvReduce {
             let dur = self.arg[gi] * self.p.gamma_us_per_byte;
-            let end = self.cpu(self.rank_of[gi], dur);
-            self.push(end, Event::Done(g));
+            self.cpu(self.rank_of[gi], g, dur);
         } else {
             self.complete(g);
         }

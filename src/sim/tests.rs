@@ -14,7 +14,8 @@ fn exact(a: Algorithm, c: Collective, n: usize) -> bool {
         (Rdh, AllReduce | AllGather | ReduceScatter) | (Rd, AllReduce) | (Tree, Reduce) => {
             n.is_power_of_two()
         }
-        (Ring | Tree, Broadcast) | (Ring, Reduce) | (Pairwise, AllToAll) => n == 2,
+        (Ring, Broadcast | Reduce) => true,
+        (Tree, Broadcast) | (Pairwise, AllToAll) => n == 2,
         _ => false,
     }
 }
@@ -25,7 +26,8 @@ fn exact(a: Algorithm, c: Collective, n: usize) -> bool {
 /// made exact moves into `exact`). The differences are docs/simulator.md's table.
 #[test]
 fn no_contention_reproduces_the_closed_form() {
-    let m = Model::new(10.0, 2.0, 8.0);
+    // The plans are unsliced (`Options::default()`): so is the model's pipeline.
+    let m = Model::new(10.0, 2.0, 8.0).with_slice(usize::MAX);
     let params = Params::from_model(&m, Hosts::ONE);
     let mut priced = 0;
     for coll in Collective::ALL {
@@ -262,9 +264,10 @@ fn a_schedule_bounded_above_the_cutoff_is_not_simulated() {
 /// A binary tree's AllReduce is priced with its pipeline's fill (`tune::pipeline_fill`): on one
 /// host without contention, the model's `tree` and `dbtree` are the simulator's within 5 %
 /// where the buffer is one slice per tree (the fill is then all of the time but the alphas;
-/// without it the model was 2 to 12 times under), and no more than half again under at 4 and
-/// 32 slices (the simulator's rank reduces the next slices before it posts the sends that take
-/// a slice down, which the pipelined limit does not see).
+/// without it the model was 2 to 12 times under), and at 4 and 32 slices no more than a tenth
+/// under nor a third over: the pipelined limit charges a node's receives and its reductions one
+/// after the other (`3 B b + 2 B g`), where the simulator's node receives the next slices while
+/// it reduces one.
 #[test]
 fn the_trees_pipeline_fill_is_priced() {
     let slice = 1usize << 20;
@@ -276,7 +279,7 @@ fn the_trees_pipeline_fill_is_priced() {
     };
     for n in [8usize, 64, 512] {
         for a in [Algorithm::Tree, Algorithm::DbTree] {
-            for (mib, lo, hi) in [(1usize, 0.95, 1.05), (4, 0.9, 1.5), (32, 0.9, 1.5)] {
+            for (mib, lo, hi) in [(1usize, 0.95, 1.05), (4, 0.75, 1.1), (32, 0.75, 1.1)] {
                 let p = Problem::new(Collective::AllReduce, n, mib << 18);
                 let f = m.predict(a, &p, 4).unwrap();
                 let s = algo::build(p, a, &opts).unwrap();

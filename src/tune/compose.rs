@@ -113,8 +113,7 @@ impl Net {
             n as f64,
             big,
             self.slice,
-            l.beta_us_per_byte,
-            self.gamma,
+            (l.alpha_us, l.beta_us_per_byte, l.o_us, self.gamma),
         );
         let (extra, _) = eager_alphas(algo, coll, n, big, l.eager_bytes, self.serial);
         Some(t + fill + extra * l.alpha_us)

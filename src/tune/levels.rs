@@ -14,7 +14,7 @@
 //!   bytes the most loaded host link.
 #![forbid(unsafe_code)]
 
-use super::{formula, RENDEZVOUS_ALPHAS};
+use super::{binomial_piped, formula, ring_overlap, Round, RENDEZVOUS_ALPHAS};
 use crate::algo::{rdh, tree, Algorithm, Collective, Options, Problem};
 
 /// One level's link: alpha (us), beta (us per byte), the sending CPU's cost per message (us)
@@ -224,7 +224,13 @@ impl Net {
                 } else {
                     (2.0, c / 2.0)
                 };
+                let overlap = if coll == AllGather {
+                    0.0
+                } else {
+                    ring_overlap(algo, nf, big, self.slice, ring_link(sl))
+                };
                 formula(algo, coll, nf, big, ring_link(sl))?
+                    + overlap
                     + rounds * sl.rendezvous(msgs, m, self.serial)
             }
             (Ring, Broadcast | Reduce) => {
@@ -242,7 +248,13 @@ impl Net {
                 } else {
                     0.0
                 };
-                let fill = s * (betas - sl.beta_us_per_byte).max(0.0) + fill_red;
+                // Past the first slice, Reduce receives the next slice while it reduces one.
+                let overlap = if coll == Reduce {
+                    (big - s) * sl.beta_us_per_byte.min(g)
+                } else {
+                    0.0
+                };
+                let fill = s * (betas - sl.beta_us_per_byte).max(0.0) + fill_red - overlap;
                 hops + big * sl.beta_us_per_byte
                     + red
                     + fill
@@ -394,11 +406,13 @@ impl Net {
             + 2.0 * f64::from(levels as u32) * link.rendezvous(2.0, msg, self.serial)
     }
 
-    /// Binomial Broadcast / Reduce from `root`: one round per distance, each at the level it
-    /// crosses with as many of a host's ranks sending across as the round has.
+    /// Binomial Broadcast / Reduce from `root` in slices (`binomial_piped`): one round per
+    /// distance, each at the level it crosses with as many of a host's ranks sending across as
+    /// the round has.
     fn binomial(&self, coll: Collective, lay: &Layout, big: f64, root: usize) -> f64 {
         let n = lay.n();
-        let mut t = 0.0;
+        let s = big.min(self.slice);
+        let mut rounds = Vec::new();
         let mut bit = 1;
         while bit < n {
             // Relative members v with lowest set bit `bit` hang under v - bit.
@@ -409,13 +423,17 @@ impl Net {
                 Collective::Reduce => edges.map(|(a, b)| (b, a)).collect(),
                 _ => edges.collect(),
             };
-            t += self.step(big, lay.crossing(pairs.into_iter()));
-            if coll == Collective::Reduce {
-                t += big * self.gamma;
-            }
+            let crossing = lay.crossing(pairs.into_iter());
+            let alpha = self.step(0.0, crossing);
+            rounds.push(Round {
+                inter: crossing.0 > 0,
+                alpha,
+                whole: self.step(big, crossing) - alpha,
+                slice: self.step(s, crossing) - alpha,
+            });
             bit <<= 1;
         }
-        t
+        binomial_piped(coll, &rounds, big, s, self.gamma)
     }
 }
 

@@ -37,6 +37,7 @@ mod compressed;
 mod fit;
 mod levels;
 mod pick;
+mod pipeline;
 mod steady;
 #[cfg(test)]
 mod tests;
@@ -50,6 +51,7 @@ pub use compressed::{
 pub use fit::{fit, fit_link, quantize, LinkSamples};
 pub use levels::Link;
 pub use pick::MARGIN;
+use pipeline::{binomial_piped, pipeline_fill, ring_overlap, Round};
 pub use steady::{steady, Steady, OUTLIER};
 
 /// Measured or configured link parameters (microseconds, microseconds per byte).
@@ -288,7 +290,14 @@ impl Model {
     /// cost `o`).
     fn alpha_beta(&self, algo: Algorithm, coll: Collective, n: f64, big: f64) -> Option<f64> {
         let (a, b, g) = (self.alpha_us, self.beta_us_per_byte, self.gamma_us_per_byte);
-        let fill = pipeline_fill(algo, coll, n, big, self.slice_bytes as f64, b, g);
+        let fill = pipeline_fill(
+            algo,
+            coll,
+            n,
+            big,
+            self.slice_bytes as f64,
+            (a, b, a / 2.0, g),
+        );
         formula(algo, coll, n, big, (a, b, a / 2.0, g)).map(|t| t + fill)
     }
 
@@ -332,47 +341,6 @@ impl Model {
             );
         }
         (best, sliced)
-    }
-}
-
-/// What a pipelined plan adds to `formula`'s pipelined limit for `n` ranks and `big` bytes cut
-/// into slices of `slice` bytes: the time its first slice takes to fill the pipeline, less that
-/// slice's share of the limit. Without it the model priced long chains and deep trees as if
-/// their slices were infinitely thin, and picked them at sizes where the buffer is a few slices.
-/// - A chain (ring Broadcast and Reduce): the first slice crosses `n - 1` hops one after the
-///   other, so every hop but one costs a whole slice (reduced on the way for Reduce) on top of
-///   the bytes' own time; a tree of log n hops can be several times faster.
-/// - A binary tree's AllReduce (`tree`, and `dbtree`'s two trees of half the buffer each) of
-///   depth `d = ceil(log2 n)`: the first slice `s` climbs every level, where a parent receives
-///   its two children's slices over its one ingress (`2 s b`) and reduces both (`2 s g`), then
-///   comes down every level, where a parent sends it to both children over its one egress
-///   (`2 s b`). The root has one child, so its level costs half: the first slice is done after
-///   `(d - 1/2) (4 s b + 2 s g)` and the alphas `formula` counts, of which one slice's share
-///   of the limit (`3 s b + 2 s g` for one tree, `4 s b + 2 s g` for a slice of each of the
-///   two) is in `formula` already.
-pub(crate) fn pipeline_fill(
-    algo: Algorithm,
-    coll: Collective,
-    n: f64,
-    big: f64,
-    slice: f64,
-    b: f64,
-    g: f64,
-) -> f64 {
-    let depth = n.log2().ceil();
-    let tree = |s: f64, share: f64| ((depth - 0.5) * s * (4.0 * b + 2.0 * g) - share).max(0.0);
-    match (algo, coll) {
-        (Algorithm::Ring, Collective::Broadcast) => (n - 2.0).max(0.0) * big.min(slice) * b,
-        (Algorithm::Ring, Collective::Reduce) => (n - 2.0).max(0.0) * big.min(slice) * (b + g),
-        (Algorithm::Tree, Collective::AllReduce) => {
-            let s = big.min(slice);
-            tree(s, s * (3.0 * b + 2.0 * g))
-        }
-        (Algorithm::DbTree, Collective::AllReduce) => {
-            let s = (big / 2.0).min(slice);
-            tree(s, s * (4.0 * b + 2.0 * g))
-        }
-        _ => 0.0,
     }
 }
 

@@ -1,0 +1,161 @@
+//! What slicing does to the formulas: a pipelined plan's fill (chains, binary trees), the
+//! binomial trees' slices running through their rounds, and a reducing ring's pieces
+//! overlapping one's reduction with the next one's bytes. `formula` is each plan unsliced; these
+//! give the difference a plan's slices make, so that an unsliced plan keeps its formula.
+#![forbid(unsafe_code)]
+
+use super::formula;
+use crate::algo::{Algorithm, Collective};
+
+/// What a pipelined plan adds to `formula`'s pipelined limit for `n` ranks and `big` bytes cut
+/// into slices of `slice` bytes, on a link of alpha `a`, beta `b` and per-message cost `o`,
+/// reductions at `g`: the time its first slice takes to fill the pipeline, less that
+/// slice's share of the limit. Without it the model priced long chains and deep trees as if
+/// their slices were infinitely thin, and picked them at sizes where the buffer is a few slices.
+/// - A chain (ring Broadcast and Reduce): the first slice crosses `n - 1` hops one after the
+///   other, so every hop but one costs a whole slice (reduced on the way for Reduce) on top of
+///   the bytes' own time; a tree of log n hops can be several times faster. Reduce's later
+///   slices arrive while the one before is reduced, so they cost the slower of `b` and `g`
+///   where `formula` (exact unsliced) charges both.
+/// - A binary tree's AllReduce (`tree`, and `dbtree`'s two trees of half the buffer each) of
+///   depth `d = ceil(log2 n)`: the first slice `s` climbs every level, where a parent receives
+///   its two children's slices over its one ingress (`2 s b`) and reduces both (`2 s g`), then
+///   comes down every level, where a parent sends it to both children over its one egress
+///   (`2 s b`). The root has one child, so its level costs half: the first slice is done after
+///   `(d - 1/2) (4 s b + 2 s g)` and the alphas `formula` counts, of which one slice's share
+///   of the limit (`3 s b + 2 s g` for one tree, `4 s b + 2 s g` for a slice of each of the
+///   two) is in `formula` already.
+/// - A binomial tree (`tree` Broadcast and Reduce) of depth `d = ceil(log2 n)`, for which
+///   `formula` charges `d` whole-buffer hops one after the other, is priced as its slices run
+///   (`binomial_piped`); what is returned is the difference, which for Reduce is negative once
+///   the buffer is several slices: the levels overlap.
+pub(crate) fn pipeline_fill(
+    algo: Algorithm,
+    coll: Collective,
+    n: f64,
+    big: f64,
+    slice: f64,
+    (a, b, o, g): (f64, f64, f64, f64),
+) -> f64 {
+    let depth = n.log2().ceil();
+    let tree = |s: f64, share: f64| ((depth - 0.5) * s * (4.0 * b + 2.0 * g) - share).max(0.0);
+    match (algo, coll) {
+        (Algorithm::Ring, Collective::Broadcast) => (n - 2.0).max(0.0) * big.min(slice) * b,
+        (Algorithm::Ring, Collective::Reduce) => {
+            // The next slice's bytes come in while a rank reduces this one: past the first
+            // slice the chain runs at the slower of the two, not their sum.
+            let s = big.min(slice);
+            (n - 2.0).max(0.0) * s * (b + g) - (big - s) * b.min(g)
+        }
+        (Algorithm::Tree, Collective::AllReduce) => {
+            let s = big.min(slice);
+            tree(s, s * (3.0 * b + 2.0 * g))
+        }
+        (Algorithm::DbTree, Collective::AllReduce) => {
+            let s = (big / 2.0).min(slice);
+            tree(s, s * (4.0 * b + 2.0 * g))
+        }
+        (
+            Algorithm::Ring | Algorithm::BidirRing,
+            Collective::AllReduce | Collective::ReduceScatter,
+        ) => ring_overlap(algo, n, big, slice, (a, b, o, g)),
+        (Algorithm::Tree, Collective::Broadcast | Collective::Reduce) => {
+            let rounds: Vec<Round> = (0..depth as usize)
+                .map(|_| Round {
+                    inter: false,
+                    alpha: a,
+                    whole: big * b,
+                    slice: big.min(slice) * b,
+                })
+                .collect();
+            let unpiped = formula(algo, coll, n, big, (a, b, 0.0, g)).unwrap_or(0.0);
+            binomial_piped(coll, &rounds, big, big.min(slice), g) - unpiped
+        }
+        _ => 0.0,
+    }
+}
+
+/// What a reducing ring's `n - 1` rounds (ReduceScatter, and AllReduce's first half) gain
+/// over `formula`, which charges each round's chunk `c = big / n` its bytes and then its
+/// reduction. The chunk goes in pieces: slices, and for `bidir_ring` the two rings' halves,
+/// which run independently. A piece is forwarded once it is reduced, so while one piece is
+/// reduced the next one's bytes flow, in this round or the next: the rounds take the longer of
+/// one piece's hop and reduction in every round (`formula`'s figure, unsliced) and the first
+/// piece's hop followed by every round's chunk at the slower of the rank's link and CPU.
+/// Nothing for an unsliced ring.
+pub(crate) fn ring_overlap(
+    algo: Algorithm,
+    n: f64,
+    big: f64,
+    slice: f64,
+    (a, b, o, g): (f64, f64, f64, f64),
+) -> f64 {
+    let c = big / n;
+    let (lat, piece) = if algo == Algorithm::BidirRing {
+        (a + o, (c / 2.0).min(slice))
+    } else {
+        (a, c.min(slice))
+    };
+    let rounds = n - 1.0;
+    let chained = rounds * (lat + piece * (b + g));
+    let streamed = lat + piece * b.min(g) + rounds * c * b.max(g);
+    chained.max(streamed) - rounds * (lat + c * (b + g))
+}
+
+/// One round of a binomial tree (distance `2^r` for round r): whether it crosses hosts, its
+/// alpha, and its bytes' time for the whole buffer and for one slice on its link (shared as
+/// the round shares it).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Round {
+    pub inter: bool,
+    pub alpha: f64,
+    pub whole: f64,
+    pub slice: f64,
+}
+
+/// A binomial Broadcast or Reduce of `big` bytes in slices of `s`, its rounds from the
+/// nearest partner (round 0) to the farthest, reductions at `g` per byte. The plan sends every
+/// slice as soon as it is there (and reduces every slice as soon as it is in), so:
+/// - Broadcast: the root streams the buffer to its `d` children at once, sharing its links:
+///   the child of round i has all of it once the root's link of that round has carried every
+///   round's buffer sent over it; its last slice then goes down the biggest subtree, each node
+///   again sharing its link among its own children of that kind (round j's child of a node
+///   shares with the node's rounds up to j). The slowest of those paths. Unsliced on one level
+///   that is `d a + d (d + 1) / 2 B b`: the root's sends share its link, then its children's.
+/// - Reduce: the slowest of the first slice's climb through every round (a whole-buffer hop
+///   and reduction each when unsliced: `formula`'s figure), the root reducing `d` buffers
+///   after its nearest child's first slice is in, and the root's busiest link carrying its
+///   children's buffers before it reduces the last slice.
+pub(crate) fn binomial_piped(coll: Collective, rounds: &[Round], big: f64, s: f64, g: f64) -> f64 {
+    let d = rounds.len();
+    if d == 0 {
+        return 0.0;
+    }
+    let carried = |inter: bool| -> f64 {
+        rounds
+            .iter()
+            .filter(|r| r.inter == inter)
+            .map(|r| r.whole)
+            .sum()
+    };
+    match coll {
+        Collective::Reduce => {
+            let climb: f64 = rounds.iter().map(|r| r.alpha + r.slice + s * g).sum();
+            let first = rounds[0].alpha + rounds[0].slice;
+            let cpu = first + d as f64 * big * g;
+            let link = rounds[0].alpha + carried(false).max(carried(true)) + s * g;
+            climb.max(cpu).max(link)
+        }
+        _ => {
+            let mut worst: f64 = 0.0;
+            // The last slice's descent below round i's child: through rounds i-1, ..., 0.
+            let mut below = 0.0;
+            for (i, r) in rounds.iter().enumerate() {
+                worst = worst.max(r.alpha + carried(r.inter) + below);
+                let same = rounds[..=i].iter().filter(|q| q.inter == r.inter).count();
+                below += r.alpha + same as f64 * r.slice;
+            }
+            worst
+        }
+    }
+}
