@@ -4,7 +4,7 @@
 //! the error paths of the direct runner end within the deadline, on abort and on a mismatch,
 //! restoring an in-place input. Skipped where shm has no fastbox (libfabric 1.19 and later
 //! match tags in the provider).
-use nccl_net_fabricoll::algo::Collective;
+use nccl_net_fabricoll::algo::{Algorithm, Collective};
 use nccl_net_fabricoll::coll::{self, Call, Comm, Kind};
 use nccl_net_fabricoll::config::Config;
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
@@ -146,7 +146,13 @@ fn small_blocking_collectives_run_direct_and_agree_with_ranks_on_the_general_pat
                 s.spawn(move || {
                     let (mut data, want) = case(Collective::AllReduce, n, count, r);
                     let x = region(&mut data);
-                    comm.run(&call(Collective::AllReduce, x, x, count)).unwrap();
+                    // The ring, whose chunks (64 KiB / n) are over the fastbox's 16 KiB
+                    // whatever auto would pick (others cut 64 KiB finer).
+                    let ring = Call {
+                        algo: Some(Algorithm::Ring),
+                        ..call(Collective::AllReduce, x, x, count)
+                    };
+                    comm.run(&ring).unwrap();
                     assert_eq!(data, want);
                     let (mut data, want) = case(Collective::AllReduce, n, 3, r);
                     let x = region(&mut data);

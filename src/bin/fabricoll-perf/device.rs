@@ -60,7 +60,13 @@ impl OnDevice {
     ) -> Result<OnDevice, String> {
         let dev = match which {
             Which::Emulated => {
-                let d = Device::emulated(EmuConfig::default()).map_err(|e| e.to_string())?;
+                // Its streams fail a flag wait after `flag_timeout`: no sooner than the
+                // benchmark's own waits (a busy machine delays the ranks that write the flags).
+                let cfg = EmuConfig {
+                    flag_timeout: wait.limit.max(EmuConfig::default().flag_timeout),
+                    ..EmuConfig::default()
+                };
+                let d = Device::emulated(cfg).map_err(|e| e.to_string())?;
                 install(d.clone());
                 d
             }
