@@ -559,3 +559,35 @@ fn emu_a_wait_holds_back_the_streams_behind_it_on_its_hardware_queue() {
     .expect_err("33 queues");
     assert!(e.to_string().contains("1 to 32"), "{e}");
 }
+
+#[test]
+fn emu_copy_between_host_buffers_waits_for_its_stream() {
+    // As on CUDA, a copy between two page-locked buffers returns only once its stream has done
+    // it: behind a flag wait, at once after the flag is written, and, where nobody writes the
+    // flag, never on a GPU: here a timeout naming the copy.
+    let dev = Device::emulated(EmuConfig {
+        ordinal: ordinal(),
+        flag_timeout: Duration::from_millis(600),
+        ..EmuConfig::default()
+    })
+    .unwrap();
+    dev.bind().unwrap();
+    // Page-locked memory first: allocating it waits for the device's streams.
+    let (a, b) = (dev.alloc_host(64).unwrap(), dev.alloc_host(64).unwrap());
+    let s = dev.create_stream().unwrap();
+    let flag = dev.create_flag("test gate").unwrap();
+    s.wait_flag(&flag, 1).unwrap();
+    let e = s
+        .copy(&b.span(), &a.span())
+        .expect_err("a copy behind a closed gate");
+    assert!(
+        matches!(e, Error::Timeout(_)) && e.to_string().contains("two host buffers"),
+        "{e}"
+    );
+    flag.set(1);
+    s.synchronize(device_checks::T).unwrap_or(());
+    let s2 = dev.create_stream().unwrap();
+    s2.wait_flag(&flag, 1).unwrap();
+    s2.copy(&b.span(), &a.span()).expect("the gate is open");
+    s2.synchronize(device_checks::T).unwrap();
+}

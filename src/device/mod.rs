@@ -91,6 +91,15 @@ impl Device {
         self.backend.check_current()
     }
 
+    /// `bind` where the device's context is not current on this thread yet (as NCCL's and
+    /// torch's threads set their device: the primary context on CUDA).
+    pub fn make_current(&self) -> Result<()> {
+        if self.check_current().is_err() {
+            self.bind()?;
+        }
+        Ok(())
+    }
+
     /// `len` bytes of device memory.
     pub fn alloc(&self, len: usize) -> Result<DeviceBuffer> {
         DeviceBuffer::new(self, len)

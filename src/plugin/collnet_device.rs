@@ -51,10 +51,7 @@ impl OnDevice {
                     .into(),
             )
         })?;
-        if dev.check_current().is_err() {
-            // As `DevCall::classify` does: the primary context (CUDA), or the emulated device's.
-            dev.bind()?;
-        }
+        dev.make_current()?;
         let streams = Streams::default();
         streams.prepare_staging(&dev)?;
         log::info!(
@@ -206,6 +203,12 @@ mod tests {
         assert_eq!(ptr_support(NCCL_PTR_HOST | 4), NCCL_PTR_HOST);
         // Host-only devices stage nothing.
         assert!(OnDevice::new(NCCL_PTR_HOST).unwrap().is_none());
+        // CUDA memory offered without a device current on the connecting thread (the library's
+        // unit tests install none, and have no CUDA context): connect fails, saying why.
+        match OnDevice::new(NCCL_PTR_HOST | NCCL_PTR_CUDA) {
+            Err(e) => assert!(e.to_string().contains("no current CUDA context"), "{e}"),
+            Ok(_) => panic!("staged without a device"),
+        }
     }
 
     #[test]

@@ -268,9 +268,7 @@ impl Inflight {
                 "device calls in flight without their staging".into(),
             ));
         };
-        if pool.device().check_current().is_err() {
-            pool.device().bind()?;
-        }
+        pool.device().make_current()?;
         let mut moved = false;
         let mut failed = Vec::new();
         // A submission waits for a slot: no call borrows one.

@@ -133,11 +133,7 @@ impl DevCall {
             }
             return Ok(None);
         };
-        if dev.check_current().is_err() {
-            // As NCCL sets its device for the calling thread: the primary context (CUDA), or
-            // the emulated device's.
-            dev.bind()?;
-        }
+        dev.make_current()?;
         let kind = |ptr: *const c_void, name: &str| -> Result<Option<PtrKind>> {
             if ptr.is_null() {
                 return Ok(None);

@@ -112,23 +112,31 @@ fn streams(ordinal: i32) -> Vec<Arc<Worker>> {
 /// the calling side would write, a GPU never returns; here the wait ends after `limit` with a
 /// `Timeout` naming `call`.
 pub(super) fn wait_idle(ordinal: i32, limit: Duration, call: &str) -> Result<()> {
+    let busy = || streams(ordinal).iter().filter(|w| !w.idle()).count();
+    if wait_until(limit, || busy() == 0) {
+        return Ok(());
+    }
+    Err(Error::Timeout(format!(
+        "emulated device {ordinal}: {call} waits for every stream of the context, as the CUDA \
+         driver does, and {} stream(s) still had work after {} ms (the context is shared by \
+         every device of ordinal {ordinal} in the process, ranks on other threads included; a \
+         stream blocked on a flag that the calling side has yet to write never finishes on a \
+         GPU: a deadlock)",
+        busy(),
+        limit.as_millis()
+    )))
+}
+
+/// Polls `done` with a growing nap until it holds (true) or `limit` has passed (false): how the
+/// emulated driver calls that wait for streams wait.
+pub(super) fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
     let mut nap = Duration::from_micros(1);
-    loop {
-        let busy = streams(ordinal).iter().filter(|w| !w.idle()).count();
-        if busy == 0 {
-            return Ok(());
-        }
+    while !done() {
         if start.elapsed() >= limit {
-            return Err(Error::Timeout(format!(
-                "emulated device {ordinal}: {call} waits for every stream of the context, as \
-                 the CUDA driver does, and {busy} stream(s) still had work after {} ms (the \
-                 context is shared by every device of ordinal {ordinal} in the process, ranks \
-                 on other threads included; a stream blocked on a flag that the calling side \
-                 has yet to write never finishes on a GPU: a deadlock)",
-                limit.as_millis()
-            )));
+            return false;
         }
         nap = crate::device::stream::backoff(nap);
     }
+    true
 }

@@ -210,22 +210,17 @@ impl EmuBackend {
     /// the flag timeout with a `Timeout` that says so.
     fn host_to_host(&self, w: &Worker) -> Result<()> {
         let limit = self.engine.flag_timeout / 2;
-        let start = std::time::Instant::now();
-        let mut nap = Duration::from_micros(1);
-        while !w.idle() {
-            if start.elapsed() >= limit {
-                return Err(Error::Timeout(format!(
-                    "emulated device {}: cuMemcpyAsync between two host buffers is synchronous \
-                     with respect to the host, as on CUDA, and its stream had not reached it \
-                     after {} ms (a stream blocked on a flag that the calling side has yet to \
-                     write never does on a GPU: a deadlock)",
-                    self.info.ordinal,
-                    limit.as_millis()
-                )));
-            }
-            nap = crate::device::stream::backoff(nap);
+        if context::wait_until(limit, || w.idle()) {
+            return Ok(());
         }
-        Ok(())
+        Err(Error::Timeout(format!(
+            "emulated device {}: cuMemcpyAsync between two host buffers is synchronous with \
+             respect to the host, as on CUDA, and its stream had not reached it after {} ms (a \
+             stream blocked on a flag that the calling side has yet to write never does on a \
+             GPU: a deadlock)",
+            self.info.ordinal,
+            limit.as_millis()
+        )))
     }
 
     fn push(&self, s: RawStream, op: Op) -> Result<()> {
