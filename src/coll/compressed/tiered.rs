@@ -101,7 +101,7 @@ impl Stage {
 
 /// The exchanges of a tiered call of `call`'s collective, in order, as
 /// `Comm::exchange_algos` reports them.
-pub(super) fn exchange_algos(call: &Call, _lanes: &Lanes) -> Vec<(Collective, Algorithm)> {
+pub(super) fn exchange_algos(call: &Call) -> Vec<(Collective, Algorithm)> {
     let what = match call.kind {
         Kind::Coll(Collective::AllReduce) => What::AllReduce,
         Kind::Coll(Collective::ReduceScatter) => What::ReduceScatter,
