@@ -17,7 +17,12 @@
 # `exec` gives each host its own hostname PREFIX-h<i> (a UTS namespace), as a real host has.
 #
 # Shaping: RATE (tc syntax: 1gbit, 100mbit; 0 = unlimited, the default) is a tbf on both
-# directions of every host link. DELAY (500us, 1ms; 0 = none, the default) is added once per
+# directions of every host link: the switch's port toward a host holds about 5 ms of traffic and
+# drops what overflows it, as a switch does; the host's own egress holds 8 MiB (more at rates
+# past 13 Gbit/s), because a real host does not drop its own packets: its NIC back-pressures the
+# stack. (With a 5 ms queue there too, a host sending to several peers at once dropped its own
+# outgoing ACKs; a lost window update stalls its TCP connection until the persist timer's probe,
+# at least 200 ms.) DELAY (500us, 1ms; 0 = none, the default) is added once per
 # packet on the receiving host by an NFQUEUE delayer (this kernel has no netem): the program
 # named by FABRICOLL_NFQ_DELAY, default target/multihost/nfq-delay, built from
 # scripts/multihost/nfq-delay.c by scripts/bench-multihost.sh; it needs iptables.
@@ -79,7 +84,7 @@ nics_of() {
 }
 
 apply_shaping() {
-  local us burst limit h i n
+  local us burst limit host_limit h i n
   us=$(delay_us "$DELAY")
   [ "$us" != bad ] || die "-d DELAY: '$DELAY' is not a delay (500us, 1ms, 0)"
   mkdir -p "$STATE"
@@ -95,8 +100,9 @@ apply_shaping() {
       ip netns exec "$SW" tc qdisc del dev "h${i}${n#ccl}" root 2>/dev/null
       if [ "$RATE" != 0 ]; then
         # burst: at least 128 KiB so that GSO packets pass whole; queue: about 5 ms of traffic
-        read -r burst limit < <(tc_sizes "$RATE") || die "-r RATE: '$RATE' is not a rate (1gbit, 100mbit)"
-        ip netns exec "$h" tc qdisc add dev "$n" root tbf rate "$RATE" burst "$burst" limit "$limit" ||
+        read -r burst limit host_limit < <(tc_sizes "$RATE") ||
+          die "-r RATE: '$RATE' is not a rate (1gbit, 100mbit)"
+        ip netns exec "$h" tc qdisc add dev "$n" root tbf rate "$RATE" burst "$burst" limit "$host_limit" ||
           die "tbf on $h/$n failed (rate '$RATE')"
         ip netns exec "$SW" tc qdisc add dev "h${i}${n#ccl}" root tbf rate "$RATE" burst "$burst" limit "$limit" ||
           die "tbf on $SW/h${i}${n#ccl} failed"
@@ -117,7 +123,8 @@ apply_shaping() {
   printf 'RATE=%s\nDELAY=%s\n' "$RATE" "$DELAY" >"$STATE/shape"
 }
 
-# tc_sizes RATE -> "BURST LIMIT" in bytes
+# tc_sizes RATE -> "BURST LIMIT HOST_LIMIT" in bytes: the bucket, the switch port's queue and the
+# host's own egress queue
 tc_sizes() {
   awk -v r="$1" 'BEGIN{ s = tolower(r); m = 1
     if (s ~ /gbit$/) { sub(/gbit$/, "", s); m = 1e9 } else if (s ~ /mbit$/) { sub(/mbit$/, "", s); m = 1e6 }
@@ -125,7 +132,8 @@ tc_sizes() {
     if (s !~ /^[0-9.]+$/ || s == 0) exit 1
     b = s * m; burst = b / 8 / 1000; if (burst < 131072) burst = 131072
     limit = b / 8 * 0.005; if (limit < 4 * burst) limit = 4 * burst
-    printf "%d %d\n", burst, limit }'
+    host = 8 * 1048576; if (host < limit) host = limit
+    printf "%d %d %d\n", burst, limit, host }'
 }
 
 # down_prefix P: removes cluster P (its processes, namespaces and state); idempotent
