@@ -14,7 +14,7 @@ fn exact(a: Algorithm, c: Collective, n: usize) -> bool {
         (Rdh, AllReduce | AllGather | ReduceScatter) | (Rd, AllReduce) | (Tree, Reduce) => {
             n.is_power_of_two()
         }
-        (Ring, Broadcast | Reduce) => true,
+        (Ring, Broadcast | Reduce) | (Mesh, Reduce) => true,
         (Tree, Broadcast) | (Pairwise, AllToAll) => n == 2,
         _ => false,
     }
@@ -174,12 +174,32 @@ fn a_receiver_handles_its_messages_one_at_a_time() {
     let s = algo::build(p, Algorithm::Mesh, &Options::default()).unwrap();
     let t = simulate(&s, 4, Hosts::ONE, &params).unwrap().time_us;
     assert!((t - 18.0).abs() < 1e-9, "{t}");
+    // The formula prices the same (the first message's handling inside its alpha).
+    let f = m.predict(Algorithm::Mesh, &p, 4).unwrap();
+    assert!((f - 18.0).abs() < 1e-9, "{f}");
     // A rank's posts go first: a mesh AllGather of 4 B per rank on 3 ranks posts its two
     // sends (0 to 4 us) before it handles the two messages it received meanwhile (4 to 8).
     let p = Problem::new(Collective::AllGather, 3, 1);
     let s = algo::build(p, Algorithm::Mesh, &Options::default()).unwrap();
     let t = simulate(&s, 4, Hosts::ONE, &params).unwrap().time_us;
     assert!((t - 8.0).abs() < 1e-9, "{t}");
+}
+
+/// `bidir_ring`'s rounds on one host are CPU-bound where each round's two posts, two handled
+/// receives and reductions take longer than its bytes: 4 ranks, 4000 B, 1 GB/s, reductions at
+/// 0.5 GB/s, alpha 1, o 0.5 us: 3 rounds of 4 us, as the model prices it (`tune::ring_overlap`).
+#[test]
+fn a_cpu_bound_bidirectional_ring_is_priced() {
+    let m = Model::new(1.0, 1.0, 0.5);
+    let params = Params::from_model(&m, Hosts::ONE);
+    let p = Problem::new(Collective::ReduceScatter, 4, 250);
+    let s = algo::build(p, Algorithm::BidirRing, &Options::default()).unwrap();
+    let t = simulate(&s, 4, Hosts::ONE, &params).unwrap().time_us;
+    let f = m.predict(Algorithm::BidirRing, &p, 4).unwrap();
+    assert!(
+        (t - 12.0).abs() < 1e-9 && (f - 12.0).abs() < 1e-9,
+        "{t} {f}"
+    );
 }
 
 /// The lower bound is one: never above the simulated time, for every algorithm and

@@ -14,7 +14,7 @@
 //!   bytes the most loaded host link.
 #![forbid(unsafe_code)]
 
-use super::{binomial_piped, formula, ring_overlap, Round, RENDEZVOUS_ALPHAS};
+use super::{binomial_piped, exchange, formula, ring_overlap, Round, RENDEZVOUS_ALPHAS};
 use crate::algo::{rdh, tree, Algorithm, Collective, Options, Problem};
 
 /// One level's link: alpha (us), beta (us per byte), the sending CPU's cost per message (us)
@@ -158,7 +158,9 @@ impl Net {
     }
 
     /// One round in which every member sends a message of `m` bytes to every other member:
-    /// the slowest host, its link carrying its ranks' remote messages, plus each message's CPU cost.
+    /// the slowest host, its link carrying its ranks' remote messages, and each rank's CPU
+    /// posting its messages and handling as many received (`exchange`: the posts overlap the
+    /// bytes, the handling follows).
     fn all_to_all_round(&self, lay: &Layout, m: f64) -> f64 {
         let n = lay.n() as f64;
         lay.sizes
@@ -176,7 +178,8 @@ impl Net {
                 } else {
                     0.0
                 };
-                net.max(shm) + (s - 1.0) * self.intra.o_us + remote * self.inter.o_us
+                let cpu = (s - 1.0) * self.intra.o_us + remote * self.inter.o_us;
+                exchange(net.max(shm), 1.0, cpu)
             })
             .fold(0.0, f64::max)
     }
@@ -271,7 +274,12 @@ impl Net {
                     + remote * big * self.inter.beta_us_per_byte
                     + self.inter.rendezvous(remote, big, self.serial);
                 let shm = self.intra.alpha_us + (s - 1.0) * big * self.intra.beta_us_per_byte;
-                let red = if coll == Reduce { f * big * g } else { 0.0 };
+                // Reduce: the root reduces the n-1 whole buffers it received, in member order.
+                let red = if coll == Reduce {
+                    (nf - 1.0) * big * g
+                } else {
+                    0.0
+                };
                 net.max(shm) + (s - 1.0) * self.intra.o_us + remote * self.inter.o_us + red
             }
             (Pairwise, AllToAll) => {
