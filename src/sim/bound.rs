@@ -5,7 +5,8 @@
 //! - the critical path, every step as early as its dependencies allow, every message alone on
 //!   its links (its bytes at the slowest of their capacities, then `alpha`), with no CPU
 //!   waiting for another task of its rank;
-//! - per rank, the CPU's work: `o` per send, every reduction and copy (one task at a time);
+//! - per rank, the CPU's work: `o` per send, the handling of every message it receives
+//!   (`take_cost`), every reduction and copy (one task at a time);
 //! - per link, the bytes that cross it over its capacity.
 #![forbid(unsafe_code)]
 
@@ -97,6 +98,7 @@ impl Sim<'_> {
                     let msg = self.msgs[m as usize];
                     let level = self.level(&msg);
                     cpu[rank] += level.o_us;
+                    cpu[self.rank_of[msg.recv as usize] as usize] += self.take_cost(&msg);
                     let (hops, k) = self.hops(m);
                     let mut slowest = f64::INFINITY;
                     for &l in &hops[..k] {

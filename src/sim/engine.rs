@@ -5,6 +5,13 @@
 //! reductions and copies, as the executor posts every ready step after each batch of
 //! completions it reduces: a node of a sliced tree or chain forwards a finished slice before
 //! it reduces the next one.
+//!
+//! A received message costs its receiver's CPU `o` too (`take`): the executor's polling thread
+//! reads each completion and runs the provider's receive path for it (matching, the copy out of
+//! the wire's or the shared-memory queue's buffer), one message at a time. That work is the last
+//! `o` of the message's `alpha` (alpha is half a ping-pong, receiver's handling included), so a
+//! message whose receiver is idle completes at `alpha` after its last byte as before; one whose
+//! receiver is busy (posting, reducing, handling other messages) waits for it.
 #![forbid(unsafe_code)]
 
 use super::params::{Level, Params};
@@ -33,13 +40,25 @@ pub(super) enum Kind {
     Nop,
 }
 
+/// A piece of a rank's CPU work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Job {
+    /// A send's post (the send completes when its bytes have left).
+    Post,
+    /// A reduction or copy: its step completes.
+    Step(u32),
+    /// The handling of a received message (its index): it arrives.
+    Take(u32),
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Event {
-    /// A rank's CPU finished its work (global index of the step to complete; `u32::MAX` for
-    /// a send's post, which completes when its bytes have left).
-    Free(u32, u32),
+    /// A rank's CPU finished a piece of work.
+    Free(u32, Job),
     /// A message is usable by its receiver.
     Arrive(u32),
+    /// A message's bytes are in at its receiver, whose CPU must handle it (`take`).
+    Incoming(u32),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -81,11 +100,12 @@ pub(super) struct Sim<'a> {
     pub(super) dependents: Vec<u32>,
     recv_ready: Vec<bool>,
     pub(super) msgs: Vec<Msg>,
-    /// Per rank: whether its CPU is busy, the sends waiting to be posted and the reductions
-    /// and copies waiting to run (step, duration), in the order they became ready.
+    /// Per rank: whether its CPU is busy, the sends waiting to be posted and the reductions,
+    /// copies and received messages waiting to be handled (with their durations), in the order
+    /// they became ready.
     busy: Vec<bool>,
     posts: Vec<VecDeque<u32>>,
-    work: Vec<VecDeque<(u32, f64)>>,
+    work: Vec<VecDeque<(Job, f64)>>,
     /// Ranks whose CPU got work since the last dispatch.
     queued: Vec<u32>,
     pub(super) links: Links,
@@ -362,10 +382,17 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Queue `dur` of CPU work for step `g` (a reduction or copy) on `rank`.
-    fn cpu(&mut self, rank: u32, g: u32, dur: f64) {
-        self.work[rank as usize].push_back((g, dur));
+    /// Queue `dur` of CPU work `job` on `rank`.
+    fn cpu(&mut self, rank: u32, job: Job, dur: f64) {
+        self.work[rank as usize].push_back((job, dur));
         self.queued.push(rank);
+    }
+
+    /// The receiver's CPU cost of message `m`: its level's `o`, at most the level's `alpha`,
+    /// of which it is a part (`take`).
+    pub(super) fn take_cost(&self, m: &Msg) -> f64 {
+        let l = self.level(m);
+        l.o_us.min(l.alpha_us)
     }
 
     /// Start the next piece of work on every idle CPU that has some: a waiting send's post
@@ -380,22 +407,37 @@ impl<'a> Sim<'a> {
                 let m = self.msg_of[g as usize];
                 let o = self.level(&self.msgs[m as usize]).o_us;
                 self.busy[r] = true;
-                self.push(self.now + o, Event::Free(rank, u32::MAX));
+                self.push(self.now + o, Event::Free(rank, Job::Post));
                 self.start_flow(m);
-            } else if let Some((g, dur)) = self.work[r].pop_front() {
+            } else if let Some((job, dur)) = self.work[r].pop_front() {
                 self.busy[r] = true;
-                self.push(self.now + dur, Event::Free(rank, g));
+                self.push(self.now + dur, Event::Free(rank, job));
             }
         }
     }
 
-    /// `rank`'s CPU finished its work: complete its step, if any, and run what waits.
-    fn freed(&mut self, rank: u32, g: u32) {
+    /// `rank`'s CPU finished a piece of work: complete its step or take its message, and run
+    /// what waits.
+    fn freed(&mut self, rank: u32, job: Job) {
+        match job {
+            Job::Post => {}
+            Job::Step(g) => self.complete(g),
+            Job::Take(m) => {
+                let r = self.msgs[m as usize].recv;
+                let ri = r as usize;
+                if self.recv_ready[ri] && self.kind[ri] == Kind::RecvReduce {
+                    // The executor reduces a completed receive as it handles it, before it
+                    // posts what became ready (`exec` posted, `on_completion`).
+                    self.msgs[m as usize].arrived = true;
+                    let dur = self.arg[ri] * self.p.gamma_us_per_byte;
+                    self.push(self.now + dur, Event::Free(rank, Job::Step(r)));
+                    return;
+                }
+                self.arrive(m);
+            }
+        }
         self.busy[rank as usize] = false;
         self.queued.push(rank);
-        if g != u32::MAX {
-            self.complete(g);
-        }
     }
 
     pub(super) fn run(&mut self) -> Result<(), String> {
@@ -440,8 +482,9 @@ impl<'a> Sim<'a> {
                 self.heap.pop();
                 self.now = self.now.max(when);
                 match e {
-                    Event::Free(rank, g) => self.freed(rank, g),
+                    Event::Free(rank, job) => self.freed(rank, job),
                     Event::Arrive(m) => self.arrive(m),
+                    Event::Incoming(m) => self.take(m),
                 }
                 self.drain_ready();
             }
@@ -480,7 +523,7 @@ impl<'a> Sim<'a> {
             let rank = self.rank_of[gi];
             match self.kind[gi] {
                 Kind::Nop => self.complete(g),
-                Kind::Cpu => self.cpu(rank, g, self.arg[gi]),
+                Kind::Cpu => self.cpu(rank, Job::Step(g), self.arg[gi]),
                 Kind::Send => {
                     self.posts[rank as usize].push_back(g);
                     self.queued.push(rank);
@@ -573,17 +616,34 @@ impl<'a> Sim<'a> {
         (hops, k)
     }
 
-    /// A message's last byte has left: the send completes, the message arrives `alpha` later.
+    /// A message's last byte has left: the send completes, the message arrives `alpha` later,
+    /// the last `take_cost` of which its receiver's CPU spends on it (`take`).
     fn drained(&mut self, m: u32) {
         let msg = self.msgs[m as usize];
         // (A pair's next message went on the wire as this one's last byte left: `run`.)
         self.complete(msg.send);
         let alpha = self.level(&msg).alpha_us;
-        if alpha == 0.0 {
+        let take = self.take_cost(&msg);
+        if take > 0.0 {
+            let at = self.now + alpha - take;
+            if at > self.now {
+                self.push(at, Event::Incoming(m));
+            } else {
+                self.take(m);
+            }
+        } else if alpha == 0.0 {
             self.arrive(m);
         } else {
             self.push(self.now + alpha, Event::Arrive(m));
         }
+    }
+
+    /// Message `m` is in at its receiver: its CPU handles it (`take_cost`) once the work queued
+    /// before it is done, and it arrives then (`freed`).
+    fn take(&mut self, m: u32) {
+        let msg = self.msgs[m as usize];
+        let dur = self.take_cost(&msg);
+        self.cpu(self.rank_of[msg.recv as usize], Job::Take(m), dur);
     }
 
     fn arrive(&mut self, m: u32) {
@@ -599,7 +659,7 @@ impl<'a> Sim<'a> {
         let gi = g as usize;
         if self.kind[gi] == Kind::RecvReduce {
             let dur = self.arg[gi] * self.p.gamma_us_per_byte;
-            self.cpu(self.rank_of[gi], g, dur);
+            self.cpu(self.rank_of[gi], Job::Step(g), dur);
         } else {
             self.complete(g);
         }

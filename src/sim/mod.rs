@@ -7,8 +7,9 @@
 //!   size the schedule slices them, matched in program order per pair as the executor does,
 //!   and put on the wire one after the other per pair (one ordered connection or queue);
 //! - per message: the sending CPU's overhead `o` (a rank's CPU posts one message at a time),
-//!   the latency `alpha` from the last byte leaving to the message being usable, and its bytes
-//!   at `beta` per byte on the links it crosses;
+//!   the latency `alpha` from the last byte leaving to the message being usable, the last `o`
+//!   of which is the receiving CPU's handling of it (one message at a time, in turn with the
+//!   rank's other work), and its bytes at `beta` per byte on the links it crosses;
 //! - reductions at `gamma` per byte and copies at `copy` per byte on the rank's CPU, one task
 //!   at a time in the order they become ready;
 //! - links shared max-min fairly among the flows crossing them (`share`): without contention
@@ -17,8 +18,8 @@
 //!   duplex), its memory bandwidth (`mem_us_per_byte`) for the messages inside it, and
 //!   inter-host flows cross a core of `hosts x NIC / taper` capacity.
 //!
-//! Not modelled: rendezvous handshakes (messages are eager), receiver-side overhead, the
-//! executor's polling and sleeping, and any transport's own slicing below the schedule's.
+//! Not modelled: rendezvous handshakes (messages are eager), the executor's polling and
+//! sleeping, and any transport's own slicing below the schedule's.
 #![forbid(unsafe_code)]
 
 mod bound;

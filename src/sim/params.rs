@@ -6,8 +6,8 @@
 use crate::algo::Hosts;
 use crate::tune::{gbps_to_us_per_byte, Model};
 
-/// One level's link: latency (us), per-byte cost (us per byte) and the sending CPU's cost per
-/// message (us).
+/// One level's link: latency (us), per-byte cost (us per byte) and a CPU's cost per message
+/// (us), the sender's and the receiver's each (LogGP's `o`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Level {
     pub alpha_us: f64,

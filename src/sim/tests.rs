@@ -14,7 +14,7 @@ fn exact(a: Algorithm, c: Collective, n: usize) -> bool {
         (Rdh, AllReduce | AllGather | ReduceScatter) | (Rd, AllReduce) | (Tree, Reduce) => {
             n.is_power_of_two()
         }
-        (Ring, Broadcast | Reduce) => true,
+        (Ring, Broadcast | Reduce) | (Mesh, Reduce) => true,
         (Tree, Broadcast) | (Pairwise, AllToAll) => n == 2,
         _ => false,
     }
@@ -157,6 +157,49 @@ fn a_chain_pipelines_its_slices() {
     // The time of one slice on the model's link.
     let one = (slice * 4) as f64 / 1e3;
     assert!(t > 2.9 * one && t < 3.1 * one, "{t} us, a slice {one} us");
+}
+
+/// A received message costs its receiver's CPU `o`, the last part of its `alpha`: a mesh
+/// Reduce's root, whose 4 messages come in together, handles them one at a time. 5 ranks of
+/// 1000 B, 1 GB/s links and reductions (1 us each), alpha 4 us, o 2 us: the root's ingress
+/// carries 4000 B by 4 us; it handles the first message from 6 to 8 (the end of its alpha),
+/// the others by 14, then reduces the 4 buffers in member order by 18. Without a receiver's
+/// cost it was 12 (all four usable at 8).
+#[test]
+fn a_receiver_handles_its_messages_one_at_a_time() {
+    let m = Model::new(4.0, 1.0, 1.0).with_slice(usize::MAX);
+    let params = Params::from_model(&m, Hosts::ONE);
+    assert_eq!(params.inter.o_us, 2.0);
+    let p = Problem::new(Collective::Reduce, 5, 250);
+    let s = algo::build(p, Algorithm::Mesh, &Options::default()).unwrap();
+    let t = simulate(&s, 4, Hosts::ONE, &params).unwrap().time_us;
+    assert!((t - 18.0).abs() < 1e-9, "{t}");
+    // The formula prices the same (the first message's handling inside its alpha).
+    let f = m.predict(Algorithm::Mesh, &p, 4).unwrap();
+    assert!((f - 18.0).abs() < 1e-9, "{f}");
+    // A rank's posts go first: a mesh AllGather of 4 B per rank on 3 ranks posts its two
+    // sends (0 to 4 us) before it handles the two messages it received meanwhile (4 to 8).
+    let p = Problem::new(Collective::AllGather, 3, 1);
+    let s = algo::build(p, Algorithm::Mesh, &Options::default()).unwrap();
+    let t = simulate(&s, 4, Hosts::ONE, &params).unwrap().time_us;
+    assert!((t - 8.0).abs() < 1e-9, "{t}");
+}
+
+/// `bidir_ring`'s rounds on one host are CPU-bound where each round's two posts, two handled
+/// receives and reductions take longer than its bytes: 4 ranks, 4000 B, 1 GB/s, reductions at
+/// 0.5 GB/s, alpha 1, o 0.5 us: 3 rounds of 4 us, as the model prices it (`tune::ring_overlap`).
+#[test]
+fn a_cpu_bound_bidirectional_ring_is_priced() {
+    let m = Model::new(1.0, 1.0, 0.5);
+    let params = Params::from_model(&m, Hosts::ONE);
+    let p = Problem::new(Collective::ReduceScatter, 4, 250);
+    let s = algo::build(p, Algorithm::BidirRing, &Options::default()).unwrap();
+    let t = simulate(&s, 4, Hosts::ONE, &params).unwrap().time_us;
+    let f = m.predict(Algorithm::BidirRing, &p, 4).unwrap();
+    assert!(
+        (t - 12.0).abs() < 1e-9 && (f - 12.0).abs() < 1e-9,
+        "{t} {f}"
+    );
 }
 
 /// The lower bound is one: never above the simulated time, for every algorithm and

@@ -122,7 +122,7 @@ impl Net {
     /// What the two-level AllGather's (and ReduceScatter's) intra-host phase costs beyond one
     /// `intra` collective of the whole vector: the plan runs one per host of the vector's
     /// blocks (`algo::hier`), at once, so the bytes are the same but each rank sends `x` times
-    /// the messages, each its CPU cost `o`.
+    /// the messages and receives as many, each its CPU cost `o` at either end.
     fn per_host_copies(
         &self,
         intra: Algorithm,
@@ -138,7 +138,7 @@ impl Net {
             .iter()
             .map(|&(count, per_round, _)| count * per_round)
             .sum();
-        (x - 1) as f64 * msgs * self.intra.o_us
+        2.0 * (x - 1) as f64 * msgs * self.intra.o_us
     }
 
     /// Hierarchical `intra` x `inter` for `coll` with a whole vector of `big` bytes.
@@ -228,9 +228,16 @@ impl Net {
         } else {
             0.0
         };
+        // In each overlapped round a rank's CPU posts the local phase's messages and the one
+        // across, and handles as many received, `o` each at its level.
+        let msgs: f64 = super::rounds(intra, coll, y, big / x)
+            .iter()
+            .map(|&(count, per_round, _)| count * per_round)
+            .sum();
+        let cpu = 2.0 * (msgs * self.intra.o_us + e.o_us);
         let mut p = Priced::flat(
             Algorithm::Swizzle,
-            local + (x - 1.0) * local.max(send) + red,
+            local + (x - 1.0) * local.max(send).max(cpu) + red,
         );
         p.intra = intra;
         p.nparts = 2;

@@ -8,13 +8,14 @@
 //!   hop's own alpha;
 //! - rd, rdh: each exchange step is priced from its pairs (the long-distance steps have all
 //!   of a host's ranks crossing at once);
-//! - mesh, mesh1, pairwise, bruck: of each rank's traffic the share (n-s)/(n-1) goes to other
+//! - mesh, mesh1, pairwise: of each rank's traffic the share (n-s)/(n-1) goes to other
 //!   hosts, and the s ranks of a host share its link;
+//! - bruck: each round is priced from its pairs, as rdh's;
 //! - trees: each level of the tree pays the alpha of the links it uses, and the pipelined
 //!   bytes the most loaded host link.
 #![forbid(unsafe_code)]
 
-use super::{binomial_piped, formula, ring_overlap, Round, RENDEZVOUS_ALPHAS};
+use super::{binomial_piped, exchange, formula, ring_overlap, Round, RENDEZVOUS_ALPHAS};
 use crate::algo::{rdh, tree, Algorithm, Collective, Options, Problem};
 
 /// One level's link: alpha (us), beta (us per byte), the sending CPU's cost per message (us)
@@ -158,7 +159,9 @@ impl Net {
     }
 
     /// One round in which every member sends a message of `m` bytes to every other member:
-    /// the slowest host, its link carrying its ranks' remote messages, plus each message's CPU cost.
+    /// the slowest host, its link carrying its ranks' remote messages, and each rank's CPU
+    /// posting its messages and handling as many received (`exchange`: the posts overlap the
+    /// bytes, the handling follows).
     fn all_to_all_round(&self, lay: &Layout, m: f64) -> f64 {
         let n = lay.n() as f64;
         lay.sizes
@@ -176,7 +179,8 @@ impl Net {
                 } else {
                     0.0
                 };
-                net.max(shm) + (s - 1.0) * self.intra.o_us + remote * self.inter.o_us
+                let cpu = (s - 1.0) * self.intra.o_us + remote * self.inter.o_us;
+                exchange(net.max(shm), 1.0, cpu)
             })
             .fold(0.0, f64::max)
     }
@@ -213,7 +217,6 @@ impl Net {
         let f = (nf - 1.0) / nf;
         let g = self.gamma;
         let c = big / nf;
-        let clg = f64::from(n.next_power_of_two().ilog2());
         let sl = self.slower();
         let ring_link = |l: Link| (l.alpha_us, l.beta_us_per_byte, l.o_us, g);
         let t = match (algo, coll) {
@@ -271,15 +274,19 @@ impl Net {
                     + remote * big * self.inter.beta_us_per_byte
                     + self.inter.rendezvous(remote, big, self.serial);
                 let shm = self.intra.alpha_us + (s - 1.0) * big * self.intra.beta_us_per_byte;
-                let red = if coll == Reduce { f * big * g } else { 0.0 };
+                // Reduce: the root reduces the n-1 whole buffers it received, in member order.
+                let red = if coll == Reduce {
+                    (nf - 1.0) * big * g
+                } else {
+                    0.0
+                };
                 net.max(shm) + (s - 1.0) * self.intra.o_us + remote * self.inter.o_us + red
             }
             (Pairwise, AllToAll) => {
                 (nf - 1.0) * (sl.alpha_us + sl.rendezvous(1.0, c, self.serial))
                     + self.spread(lay, f * big)
             }
-            (Bruck, AllGather) => clg * sl.alpha_us + self.spread(lay, f * big + big / 4.0),
-            (Bruck, AllToAll) => clg * sl.alpha_us + self.spread(lay, big / 2.0 * clg + big / 2.0),
+            (Bruck, AllGather | AllToAll) => self.bruck(coll, lay, big),
             (Rd, AllReduce) => self.rd(lay, big),
             (Rdh, _) => self.rdh(coll, lay, big)?,
             (Tree | DbTree, AllReduce) => self.btree(algo, lay, big),
@@ -287,6 +294,36 @@ impl Net {
             _ => return None,
         };
         Some(t)
+    }
+
+    /// Bruck: round k sends to the member 2^k away (AllGather: behind, its first
+    /// min(2^k, n-2^k) blocks; AllToAll: ahead, the blocks whose slot has bit k set), each round
+    /// priced from its pairs as rdh's are: the near rounds stay mostly inside a host, the far
+    /// ones have every rank of a host crossing at once. Plus the one-level formula's extra
+    /// (`formula`: a quarter of the vector for AllGather, half for AllToAll) spread as before.
+    fn bruck(&self, coll: Collective, lay: &Layout, big: f64) -> f64 {
+        let n = lay.n();
+        let c = big / n as f64;
+        let mut t = 0.0;
+        let mut d = 1;
+        while d < n {
+            let (blocks, pairs): (usize, Vec<(usize, usize)>) = if coll == Collective::AllGather {
+                (d.min(n - d), (0..n).map(|v| (v, (v + n - d) % n)).collect())
+            } else {
+                (
+                    (0..n).filter(|j| j & d != 0).count(),
+                    (0..n).map(|v| (v, (v + d) % n)).collect(),
+                )
+            };
+            t += self.step(blocks as f64 * c, lay.crossing(pairs.into_iter()));
+            d <<= 1;
+        }
+        let extra = if coll == Collective::AllGather {
+            big / 4.0
+        } else {
+            big / 2.0
+        };
+        t + self.spread(lay, extra)
     }
 
     /// Recursive doubling: the fold, log2 P exchanges of the whole buffer, the unfold.

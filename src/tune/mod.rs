@@ -370,13 +370,17 @@ pub(crate) fn formula(
         (BidirRing, AllReduce) => 2.0 * (n - 1.0) * (a + o) + 2.0 * f * big * b + f * big * g,
         (BidirRing, AllGather) => (n - 1.0) * (a + o) + f * big * b,
         (BidirRing, ReduceScatter) => (n - 1.0) * (a + o) + f * big * b + f * big * g,
-        (Mesh, AllReduce) => 2.0 * a + 2.0 * (n - 1.0) * o + 2.0 * f * big * b + f * big * g,
-        (Mesh, AllGather) => a + (n - 1.0) * o + f * big * b,
-        (Mesh, ReduceScatter) => a + (n - 1.0) * o + f * big * b + f * big * g,
+        // Every rank sends n-1 messages and receives n-1 (`exchange`); the AllReduce twice.
+        (Mesh, AllReduce) => 2.0 * exchange(a + f * big * b, n - 1.0, o) + f * big * g,
+        (Mesh, AllGather | AllToAll) => exchange(a + f * big * b, n - 1.0, o),
+        (Mesh, ReduceScatter) => exchange(a + f * big * b, n - 1.0, o) + f * big * g,
+        // The root sends n-1 messages at `o` each; every other rank receives one.
         (Mesh, Broadcast) => a + (n - 1.0) * o + (n - 1.0) * big * b,
-        (Mesh, Reduce) => a + (n - 1.0) * o + (n - 1.0) * big * b + f * big * g,
-        (Mesh, AllToAll) => a + (n - 1.0) * o + f * big * b,
-        (Mesh1, AllReduce) => a + (n - 1.0) * o + (n - 1.0) * big * (b + g),
+        // Every rank sends the root its buffer; they share the root's ingress and come in
+        // together, the root handles each (`o`; the first one's is the last part of its
+        // alpha), then reduces the n-1 whole buffers in member order.
+        (Mesh, Reduce) => a + (n - 2.0) * o + (n - 1.0) * big * (b + g),
+        (Mesh1, AllReduce) => exchange(a + (n - 1.0) * big * b, n - 1.0, o) + (n - 1.0) * big * g,
         (Rdh, AllReduce) => {
             (2.0 * lg.floor() + 2.0 * fold) * a
                 + (2.0 * f + 2.0 * fold) * big * b
@@ -399,6 +403,16 @@ pub(crate) fn formula(
         _ => return None,
     };
     Some(t)
+}
+
+/// One round in which every rank sends `msgs` messages and receives as many, the transfer
+/// (alpha and the bytes through the busiest link) taking `wire`: a rank's CPU posts its
+/// sends (`o` each) while their bytes flow, and handles each message it receives (`o` each,
+/// the receiver's part of LogGP's overhead). The messages share its ingress, so they come in
+/// together at the end of the transfer, and their handling follows the later of the posts
+/// and the transfer.
+pub(crate) fn exchange(wire: f64, msgs: f64, o: f64) -> f64 {
+    wire.max(msgs * o) + msgs * o
 }
 
 /// Total bytes of `p`'s "whole vector": the AllReduce, Broadcast or Reduce buffer, N times the

@@ -81,8 +81,11 @@ pub(crate) fn pipeline_fill(
 /// which run independently. A piece is forwarded once it is reduced, so while one piece is
 /// reduced the next one's bytes flow, in this round or the next: the rounds take the longer of
 /// one piece's hop and reduction in every round (`formula`'s figure, unsliced) and the first
-/// piece's hop followed by every round's chunk at the slower of the rank's link and CPU.
-/// Nothing for an unsliced ring.
+/// piece's hop followed by every round's chunk at the slower of the rank's link and reduction,
+/// and the rank's CPU busy from its first post to its last reduction: per round it reduces the
+/// chunk and, per piece, posts one message and handles one received (`o` at either end), so
+/// `bidir_ring`'s two pieces a round can make its rounds CPU-bound. Nothing for an unsliced
+/// ring where alpha covers both ends' `o`, as a calibrated one does.
 pub(crate) fn ring_overlap(
     algo: Algorithm,
     n: f64,
@@ -96,9 +99,14 @@ pub(crate) fn ring_overlap(
     } else {
         (a, c.min(slice))
     };
+    if piece <= 0.0 {
+        return 0.0;
+    }
+    let pieces = (c / piece).ceil();
     let rounds = n - 1.0;
     let chained = rounds * (lat + piece * (b + g));
-    let streamed = lat + piece * b.min(g) + rounds * c * b.max(g);
+    let cpu = rounds * (c * g + pieces * 2.0 * o);
+    let streamed = (lat + piece * b.min(g) + rounds * c * b.max(g)).max(cpu);
     chained.max(streamed) - rounds * (lat + c * (b + g))
 }
 

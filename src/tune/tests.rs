@@ -449,3 +449,52 @@ fn tiered_compressed_price_prices_codes_on_the_network_only() {
         assert!(text.contains(w), "{w}: {text}");
     }
 }
+
+/// A mesh round (`exchange`): every rank posts its n-1 sends while their bytes flow, then
+/// handles the n-1 messages it received, `o` each. 8 ranks, alpha 1 us, o 0.5 us: small,
+/// the CPU's 3.5 us of posts and 3.5 us of handling; large, the transfer then the handling.
+#[test]
+fn a_mesh_round_posts_its_sends_and_handles_its_receives() {
+    let (a, b, o, g) = (1.0, 1e-4, 0.5, 1e-4);
+    let ag = |big: f64| {
+        formula(
+            Algorithm::Mesh,
+            Collective::AllGather,
+            8.0,
+            big,
+            (a, b, o, g),
+        )
+    };
+    let close = |x: f64, y: f64| (x - y).abs() < 1e-9 * y;
+    assert!(close(ag(8.0).unwrap(), 7.0));
+    let big = 8e6;
+    assert!(close(ag(big).unwrap(), a + 7.0 / 8.0 * big * b + 3.5));
+    // Mesh1 AllReduce sends whole buffers: the same round, then n-1 reductions.
+    let t = formula(
+        Algorithm::Mesh1,
+        Collective::AllReduce,
+        8.0,
+        8.0,
+        (a, b, o, g),
+    )
+    .unwrap();
+    assert!(close(t, 7.0 + 7.0 * 8.0 * g), "{t}");
+    // Reduce: the root handles n-1 messages, the first within its alpha, and reduces the
+    // n-1 whole buffers it received.
+    let t = formula(Algorithm::Mesh, Collective::Reduce, 8.0, 1e3, (a, b, o, g)).unwrap();
+    assert!(close(t, a + 6.0 * o + 7.0 * 1e3 * (b + g)), "{t}");
+}
+
+/// A reducing ring's rounds are no faster than its CPU: per piece one post and one handled
+/// receive (`o` each) and the chunk's reduction. 4 ranks, 4000 B (chunks of 1000, bidir_ring's
+/// halves 500), 1 GB/s, reductions at 0.5 GB/s, alpha 1 us, o 0.5: a round's CPU is
+/// 2 + 2 us against 1 us of bytes, busy from the first post: 3 x 4 = 12 us, where the unsliced
+/// formula charges each round its alpha, `o`, bytes and reduction one after the other
+/// (3 x 1.5 + 3 + 6 = 13.5). The simulator gives the same (`sim/tests.rs`).
+#[test]
+fn a_bidirectional_ring_is_bound_by_its_cpu() {
+    let m = Model::new(1.0, 1.0, 0.5);
+    let p = Problem::new(Collective::ReduceScatter, 4, 250);
+    let t = m.predict(Algorithm::BidirRing, &p, 4).unwrap();
+    assert!((t - 12.0).abs() < 1e-9, "{t}");
+}

@@ -317,3 +317,37 @@ fn a_hierarchy_pays_for_its_per_host_intra_phases() {
         );
     }
 }
+
+/// Bruck's rounds are priced from their pairs: on 2 hosts of 2 an AllToAll of 1000 B blocks
+/// sends 2000 B a round; round 1 has one rank of each host crossing (network 10 + 2 us, against
+/// shared memory's 1.4), round 2 both (10 + 4 us); then the formula's extra half block per peer
+/// spread over the ranks' links (2 x 2000 x 2/3 B through each NIC, 2.67 us): 28.67 us.
+#[test]
+fn bruck_rounds_are_priced_from_their_pairs() {
+    let mut m = two_level(10.0, 1.0);
+    m.eager_bytes = usize::MAX;
+    let p = Problem::new(Collective::AllToAll, 4, 250);
+    let lay = layout(&p, &on(2, 2));
+    let t = m
+        .net()
+        .flat(Algorithm::Bruck, Collective::AllToAll, &lay, 4000.0, 0)
+        .unwrap();
+    let want = 12.0 + 14.0 + 2.0 * 2000.0 * 2.0 / 3.0 * 1e-3;
+    assert!((t - want).abs() < 1e-9, "{t} us, by hand {want}");
+}
+
+/// The swizzle's overlapped rounds are no faster than the CPU's work in them: on 2 hosts of 4
+/// a tiny ReduceScatter's round posts rdh's 2 messages inside the host (0.5 us each) and one
+/// across (5 us) and handles as many: 12 us, beside the 2 us local phase that comes first.
+#[test]
+fn a_swizzle_round_is_no_faster_than_its_cpu() {
+    let m = two_level(1.0, 1.0);
+    let p = problem(Collective::ReduceScatter, 8, 32);
+    let lay = layout(&p, &on(2, 4));
+    let t = m
+        .net()
+        .swizzle(Collective::ReduceScatter, &lay, 32.0, Algorithm::Rdh)
+        .unwrap()
+        .us;
+    assert!((t - 14.0).abs() < 0.01, "{t}");
+}
