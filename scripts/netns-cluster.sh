@@ -99,7 +99,8 @@ apply_shaping() {
       ip netns exec "$h" tc qdisc del dev "$n" root 2>/dev/null
       ip netns exec "$SW" tc qdisc del dev "h${i}${n#ccl}" root 2>/dev/null
       if [ "$RATE" != 0 ]; then
-        # burst: at least 128 KiB so that GSO packets pass whole; queue: about 5 ms of traffic
+        # burst: at least 128 KiB so that GSO packets pass whole; queues: the host's own egress
+        # 8 MiB, the switch port toward it about 5 ms of traffic (see the header)
         read -r burst limit host_limit < <(tc_sizes "$RATE") ||
           die "-r RATE: '$RATE' is not a rate (1gbit, 100mbit)"
         ip netns exec "$h" tc qdisc add dev "$n" root tbf rate "$RATE" burst "$burst" limit "$host_limit" ||
