@@ -80,10 +80,11 @@ def summary(a, runs):
     med = {m: statistics.median(statistics.median(r["step_s"]) for r in rs)
            for m, rs in runs.items() if rs}
     anchor = a.modes[0]
+    first = next((rs[0] for rs in runs.values() if rs), {})
     lines = [f"# DDP training, {a.layout} at {a.rate} with {a.delay} delay, "
-             f"{runs[next(iter(med))][0]['ranks'] if med else '?'} ranks; MLP "
+             f"{first.get('ranks', '?')} ranks; MLP "
              f"{a.inputs}-{'-'.join([str(a.width)] * a.depth)}-10 "
-             f"({runs[next(iter(med))][0]['params'] if med else '?'} parameters), batch {a.batch} "
+             f"({first.get('params', '?')} parameters), batch {a.batch} "
              f"per rank, {a.steps} steps ({a.warmup} untimed), {a.reps} repetitions",
              f"# x: {anchor}'s step time over the mode's; loss vs off: final held-out loss "
              f"over the uncompressed fabricoll run's, minus 1",
