@@ -160,11 +160,11 @@ fn a_chain_pipelines_its_slices() {
 }
 
 /// A received message costs its receiver's CPU `o`, the last part of its `alpha`: a mesh
-/// Reduce's root, whose 4 messages come in together, handles them one at a time. 5 ranks of
-/// 1000 B, 1 GB/s links and reductions (1 us each), alpha 4 us, o 2 us: the root's ingress
-/// carries 4000 B by 4 us; it handles the first message from 6 to 8 (the end of its alpha),
-/// the others by 14, then reduces the 4 buffers in member order by 18. Without a receiver's
-/// cost it was 12 (all four usable at 8).
+/// Reduce's root, whose 4 messages come in together, handles them one at a time. On 5 ranks
+/// with alpha `a`, `o = a / 2` (the model's default) and each buffer's bytes and reduction
+/// `a / 4`: the root's ingress carries the 4 buffers by `a`; it handles the first message from
+/// `1.5 a` to `2 a` (the end of its alpha), the others by `3.5 a`, then reduces the 4 buffers in
+/// member order by `4.5 a`. Without a receiver's cost it was `3 a` (all four usable at `2 a`).
 #[test]
 fn a_receiver_handles_its_messages_one_at_a_time() {
     let m = Model::new(4.0, 1.0, 1.0).with_slice(usize::MAX);
@@ -177,8 +177,8 @@ fn a_receiver_handles_its_messages_one_at_a_time() {
     // The formula prices the same (the first message's handling inside its alpha).
     let f = m.predict(Algorithm::Mesh, &p, 4).unwrap();
     assert!((f - 18.0).abs() < 1e-9, "{f}");
-    // A rank's posts go first: a mesh AllGather of 4 B per rank on 3 ranks posts its two
-    // sends (0 to 4 us) before it handles the two messages it received meanwhile (4 to 8).
+    // A rank's posts go first: a tiny mesh AllGather on 3 ranks posts its two sends (`o`
+    // each: until `a`) before it handles the two messages it received meanwhile (until `2 a`).
     let p = Problem::new(Collective::AllGather, 3, 1);
     let s = algo::build(p, Algorithm::Mesh, &Options::default()).unwrap();
     let t = simulate(&s, 4, Hosts::ONE, &params).unwrap().time_us;
@@ -186,8 +186,9 @@ fn a_receiver_handles_its_messages_one_at_a_time() {
 }
 
 /// `bidir_ring`'s rounds on one host are CPU-bound where each round's two posts, two handled
-/// receives and reductions take longer than its bytes: 4 ranks, 4000 B, 1 GB/s, reductions at
-/// 0.5 GB/s, alpha 1, o 0.5 us: 3 rounds of 4 us, as the model prices it (`tune::ring_overlap`).
+/// receives and reductions take longer than its bytes: on 4 ranks with alpha `a`, `o = a / 2`,
+/// each half chunk's bytes `a / 2` and its reduction `a`, a round's CPU work is `4 a`: 3 rounds,
+/// `12 a`, as the model prices it (`tune::ring_overlap`).
 #[test]
 fn a_cpu_bound_bidirectional_ring_is_priced() {
     let m = Model::new(1.0, 1.0, 0.5);

@@ -451,8 +451,8 @@ fn tiered_compressed_price_prices_codes_on_the_network_only() {
 }
 
 /// A mesh round (`exchange`): every rank posts its n-1 sends while their bytes flow, then
-/// handles the n-1 messages it received, `o` each. 8 ranks, alpha 1 us, o 0.5 us: small,
-/// the CPU's 3.5 us of posts and 3.5 us of handling; large, the transfer then the handling.
+/// handles the n-1 messages it received, `o` each. On 8 ranks: small, the CPU's `7 o` of posts
+/// and `7 o` of handling; large, the transfer then the handling.
 #[test]
 fn a_mesh_round_posts_its_sends_and_handles_its_receives() {
     let (a, b, o, g) = (1.0, 1e-4, 0.5, 1e-4);
@@ -486,11 +486,12 @@ fn a_mesh_round_posts_its_sends_and_handles_its_receives() {
 }
 
 /// A reducing ring's rounds are no faster than its CPU: per piece one post and one handled
-/// receive (`o` each) and the chunk's reduction. 4 ranks, 4000 B (chunks of 1000, bidir_ring's
-/// halves 500), 1 GB/s, reductions at 0.5 GB/s, alpha 1 us, o 0.5: a round's CPU is
-/// 2 + 2 us against 1 us of bytes, busy from the first post: 3 x 4 = 12 us, where the unsliced
-/// formula charges each round its alpha, `o`, bytes and reduction one after the other
-/// (3 x 1.5 + 3 + 6 = 13.5). The simulator gives the same (`sim/tests.rs`).
+/// receive (`o` each) and the chunk's reduction. On 4 ranks with alpha `a`, `o = a / 2`, each
+/// of `bidir_ring`'s half chunks `a / 2` on the link and `a` to reduce: a round's CPU is
+/// `2 a` of posts and handling plus `2 a` of reductions against `a` of bytes, busy from the
+/// first post: `3 x 4 a = 12 a`, where the unsliced formula charges each round its alpha, `o`,
+/// bytes and reduction one after the other (`13.5 a`). The simulator gives the same
+/// (`sim/tests.rs`).
 #[test]
 fn a_bidirectional_ring_is_bound_by_its_cpu() {
     let m = Model::new(1.0, 1.0, 0.5);

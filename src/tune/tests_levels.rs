@@ -318,10 +318,11 @@ fn a_hierarchy_pays_for_its_per_host_intra_phases() {
     }
 }
 
-/// Bruck's rounds are priced from their pairs: on 2 hosts of 2 an AllToAll of 1000 B blocks
-/// sends 2000 B a round; round 1 has one rank of each host crossing (network 10 + 2 us, against
-/// shared memory's 1.4), round 2 both (10 + 4 us); then the formula's extra half block per peer
-/// spread over the ranks' links (2 x 2000 x 2/3 B through each NIC, 2.67 us): 28.67 us.
+/// Bruck's rounds are priced from their pairs: on 2 hosts of 2 an AllToAll sends two blocks a
+/// round; in round 1 one rank of each host crosses the network (its alpha plus the two blocks'
+/// bytes, slower than shared memory's pair), in round 2 both do (the NIC carries twice the
+/// bytes); then the formula's extra half block per peer, spread over the ranks' links (2/3 of
+/// two rounds' bytes through each NIC).
 #[test]
 fn bruck_rounds_are_priced_from_their_pairs() {
     let mut m = two_level(10.0, 1.0);
@@ -337,8 +338,9 @@ fn bruck_rounds_are_priced_from_their_pairs() {
 }
 
 /// The swizzle's overlapped rounds are no faster than the CPU's work in them: on 2 hosts of 4
-/// a tiny ReduceScatter's round posts rdh's 2 messages inside the host (0.5 us each) and one
-/// across (5 us) and handles as many: 12 us, beside the 2 us local phase that comes first.
+/// a tiny ReduceScatter's round posts rdh's 2 messages inside the host and one across (each at
+/// its level's `o`) and handles as many, which takes longer than the round's bytes; the local
+/// phase comes first.
 #[test]
 fn a_swizzle_round_is_no_faster_than_its_cpu() {
     let m = two_level(1.0, 1.0);
