@@ -649,6 +649,11 @@ fabricoll_status fabricoll_gather(const void *sendbuf, void *recvbuf, size_t sen
 fabricoll_status fabricoll_igather(const void *sendbuf, void *recvbuf, size_t sendcount, int datatype, int root, fabricoll_comm *comm, fabricoll_request **request);
 
 /*
+ Stream-ordered fabricoll_gather: returns at once; runs after the work already on `stream` (a CUstream; never the legacy NULL stream), and later work on `stream` waits for it. The buffers may be device memory or page-locked host memory and must stay valid until the stream has passed the call. A failure after the return releases the stream and is reported by fabricoll_comm_get_async_error.
+ */
+fabricoll_status fabricoll_gather_stream(const void *sendbuf, void *recvbuf, size_t sendcount, int datatype, int root, fabricoll_comm *comm, void *stream);
+
+/*
  Block i (recvcount elements) of the root's sendbuf (nranks x recvcount; read on the root only, may be NULL elsewhere) lands in rank i's recvbuf.
  */
 fabricoll_status fabricoll_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, int datatype, int root, fabricoll_comm *comm);
@@ -657,6 +662,11 @@ fabricoll_status fabricoll_scatter(const void *sendbuf, void *recvbuf, size_t re
  Non-blocking fabricoll_scatter: `*request` completes through fabricoll_test / fabricoll_wait.
  */
 fabricoll_status fabricoll_iscatter(const void *sendbuf, void *recvbuf, size_t recvcount, int datatype, int root, fabricoll_comm *comm, fabricoll_request **request);
+
+/*
+ Stream-ordered fabricoll_scatter: returns at once; runs after the work already on `stream` (a CUstream; never the legacy NULL stream), and later work on `stream` waits for it. The buffers may be device memory or page-locked host memory and must stay valid until the stream has passed the call. A failure after the return releases the stream and is reported by fabricoll_comm_get_async_error.
+ */
+fabricoll_status fabricoll_scatter_stream(const void *sendbuf, void *recvbuf, size_t recvcount, int datatype, int root, fabricoll_comm *comm, void *stream);
 
 /*
  Completes once every rank has called it.
@@ -679,6 +689,11 @@ fabricoll_status fabricoll_allgatherv(const void *sendbuf, size_t sendcount, voi
 fabricoll_status fabricoll_iallgatherv(const void *sendbuf, size_t sendcount, void *recvbuf, const size_t *recvcounts, const size_t *displs, int datatype, fabricoll_comm *comm, fabricoll_request **request);
 
 /*
+ Stream-ordered fabricoll_allgatherv: returns at once; runs after the work already on `stream` (a CUstream; never the legacy NULL stream), and later work on `stream` waits for it. The buffers may be device memory or page-locked host memory and must stay valid until the stream has passed the call. A failure after the return releases the stream and is reported by fabricoll_comm_get_async_error.
+ */
+fabricoll_status fabricoll_allgatherv_stream(const void *sendbuf, size_t sendcount, void *recvbuf, const size_t *recvcounts, const size_t *displs, int datatype, fabricoll_comm *comm, void *stream);
+
+/*
  recvbuf (recvcounts[rank] elements) = block `rank` of the reduction of every rank's sendbuf, whose blocks are recvcounts[0..nranks] packed. recvcounts (the same on every rank) must not be NULL; it is read before the call returns.
  */
 fabricoll_status fabricoll_reducescatterv(const void *sendbuf, void *recvbuf, const size_t *recvcounts, int datatype, int op, fabricoll_comm *comm);
@@ -687,6 +702,11 @@ fabricoll_status fabricoll_reducescatterv(const void *sendbuf, void *recvbuf, co
  Non-blocking fabricoll_reducescatterv: `*request` completes through fabricoll_test / fabricoll_wait.
  */
 fabricoll_status fabricoll_ireducescatterv(const void *sendbuf, void *recvbuf, const size_t *recvcounts, int datatype, int op, fabricoll_comm *comm, fabricoll_request **request);
+
+/*
+ Stream-ordered fabricoll_reducescatterv: returns at once; runs after the work already on `stream` (a CUstream; never the legacy NULL stream), and later work on `stream` waits for it. The buffers may be device memory or page-locked host memory and must stay valid until the stream has passed the call. A failure after the return releases the stream and is reported by fabricoll_comm_get_async_error.
+ */
+fabricoll_status fabricoll_reducescatterv_stream(const void *sendbuf, void *recvbuf, const size_t *recvcounts, int datatype, int op, fabricoll_comm *comm, void *stream);
 
 /*
  sendbuf + sdispls[j] (sendcounts[j] elements) goes to rank j, landing at its recvbuf + rdispls[i] (recvcounts[i]) for this rank i. The counts arrays must not be NULL; a NULL displacements array packs its blocks in rank order. The arrays are read before the call returns.
@@ -709,6 +729,11 @@ fabricoll_status fabricoll_send_tagged(const void *buf, size_t count, int dataty
 fabricoll_status fabricoll_isend_tagged(const void *buf, size_t count, int datatype, int peer, int tag, fabricoll_comm *comm, fabricoll_request **request);
 
 /*
+ Stream-ordered fabricoll_send_tagged: returns at once; runs after the work already on `stream` (a CUstream; never the legacy NULL stream), and later work on `stream` waits for it. The buffers may be device memory or page-locked host memory and must stay valid until the stream has passed the call. A failure after the return releases the stream and is reported by fabricoll_comm_get_async_error.
+ */
+fabricoll_status fabricoll_send_tagged_stream(const void *buf, size_t count, int datatype, int peer, int tag, fabricoll_comm *comm, void *stream);
+
+/*
  Receive count elements from `peer` with `tag` (fabricoll_recv is tag 0).
  */
 fabricoll_status fabricoll_recv_tagged(void *buf, size_t count, int datatype, int peer, int tag, fabricoll_comm *comm);
@@ -717,6 +742,11 @@ fabricoll_status fabricoll_recv_tagged(void *buf, size_t count, int datatype, in
  Non-blocking fabricoll_recv_tagged: `*request` completes through fabricoll_test / fabricoll_wait.
  */
 fabricoll_status fabricoll_irecv_tagged(void *buf, size_t count, int datatype, int peer, int tag, fabricoll_comm *comm, fabricoll_request **request);
+
+/*
+ Stream-ordered fabricoll_recv_tagged: returns at once; runs after the work already on `stream` (a CUstream; never the legacy NULL stream), and later work on `stream` waits for it. The buffers may be device memory or page-locked host memory and must stay valid until the stream has passed the call. A failure after the return releases the stream and is reported by fabricoll_comm_get_async_error.
+ */
+fabricoll_status fabricoll_recv_tagged_stream(void *buf, size_t count, int datatype, int peer, int tag, fabricoll_comm *comm, void *stream);
 
 #ifdef __cplusplus
 }  // extern "C"

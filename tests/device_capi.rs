@@ -358,14 +358,15 @@ fn every_call_nonblocking_and_grouped_three_ranks() {
     nonblocking_and_grouped("every_call_nonblocking_and_grouped_three_ranks", 3);
 }
 
-/// The calls that only the blocking matrix above lacks: tagged, gather, scatter and the
-/// uneven counts, blocking.
+/// The calls that only the matrices above lack: tagged, gather, scatter and the uneven
+/// counts, blocking and stream-ordered.
 #[test]
-fn tagged_rooted_and_uneven_calls_blocking() {
+fn tagged_rooted_and_uneven_calls_blocking_and_stream_ordered() {
     let _serial = serial();
-    let test = "tagged_rooted_and_uneven_calls_blocking";
+    let test = "tagged_rooted_and_uneven_calls_blocking_and_stream_ordered";
+    let modes = [Mode::Blocking, Mode::Stream];
     for n in [2, 3] {
-        matrix_modes(&dev(), test, n, &ALL_COLLS[7..], &[Mode::Blocking], true);
+        matrix_modes(&dev(), test, n, &ALL_COLLS[7..], &modes, true);
     }
 }
 

@@ -77,12 +77,13 @@ fn gpu_every_call_nonblocking_and_grouped() {
 
 #[test]
 #[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
-fn gpu_tagged_rooted_and_uneven_calls_blocking() {
+fn gpu_tagged_rooted_and_uneven_calls_blocking_and_stream_ordered() {
     let _serial = serial();
     let d = gpu();
+    let modes = [Mode::Blocking, Mode::Stream];
     for n in [2, 3] {
-        let test = "gpu_tagged_rooted_and_uneven_calls_blocking";
-        matrix_modes(&d, test, n, &ALL_COLLS[7..], &[Mode::Blocking], true);
+        let test = "gpu_tagged_rooted_and_uneven_calls_blocking_and_stream_ordered";
+        matrix_modes(&d, test, n, &ALL_COLLS[7..], &modes, true);
     }
 }
 

@@ -113,14 +113,9 @@ pub const ALL_COLLS: [Coll; 12] = [
     Coll::ReduceScatterV,
 ];
 
-/// The calls that have a stream-ordered form.
+/// The calls of the full matrix (every type, place and count): the collectives and untagged
+/// send/recv. The others run in `matrix_modes`. Every call has a stream-ordered form.
 pub const COLLS: &[Coll] = ALL_COLLS.split_at(7).0;
-
-impl Coll {
-    pub fn has_stream(self) -> bool {
-        COLLS.contains(&self)
-    }
-}
 
 /// How the calls are made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -306,13 +301,6 @@ pub fn call(
                     Mode::Stream => $stream,
                 }
             };
-            ($blocking:expr, $nb:expr) => {
-                pick!(
-                    $blocking,
-                    $nb,
-                    panic!("{coll:?} has no stream-ordered form")
-                )
-            };
         }
         let st = match (coll, which) {
             (Coll::AllReduce, _) => pick!(
@@ -357,30 +345,36 @@ pub fn call(
             ),
             (Coll::Tagged, 0) => pick!(
                 fabricoll_send_tagged(send, count, dt, to, 7, cm),
-                fabricoll_isend_tagged(send, count, dt, to, 7, cm, r)
+                fabricoll_isend_tagged(send, count, dt, to, 7, cm, r),
+                fabricoll_send_tagged_stream(send, count, dt, to, 7, cm, s)
             ),
             (Coll::Tagged, _) => pick!(
                 fabricoll_recv_tagged(recv, count, dt, from, 7, cm),
-                fabricoll_irecv_tagged(recv, count, dt, from, 7, cm, r)
+                fabricoll_irecv_tagged(recv, count, dt, from, 7, cm, r),
+                fabricoll_recv_tagged_stream(recv, count, dt, from, 7, cm, s)
             ),
             (Coll::Gather, _) => pick!(
                 fabricoll_gather(send, recv, count, dt, root, cm),
-                fabricoll_igather(send, recv, count, dt, root, cm, r)
+                fabricoll_igather(send, recv, count, dt, root, cm, r),
+                fabricoll_gather_stream(send, recv, count, dt, root, cm, s)
             ),
             (Coll::Scatter, _) => pick!(
                 fabricoll_scatter(send, recv, count, dt, root, cm),
-                fabricoll_iscatter(send, recv, count, dt, root, cm, r)
+                fabricoll_iscatter(send, recv, count, dt, root, cm, r),
+                fabricoll_scatter_stream(send, recv, count, dt, root, cm, s)
             ),
             (Coll::AllGatherV, _) => {
                 let mine = counts[me];
                 pick!(
                     fabricoll_allgatherv(send, mine, recv, cp, std::ptr::null(), dt, cm),
-                    fabricoll_iallgatherv(send, mine, recv, cp, std::ptr::null(), dt, cm, r)
+                    fabricoll_iallgatherv(send, mine, recv, cp, std::ptr::null(), dt, cm, r),
+                    fabricoll_allgatherv_stream(send, mine, recv, cp, std::ptr::null(), dt, cm, s)
                 )
             }
             (Coll::ReduceScatterV, _) => pick!(
                 fabricoll_reducescatterv(send, recv, cp, dt, o, cm),
-                fabricoll_ireducescatterv(send, recv, cp, dt, o, cm, r)
+                fabricoll_ireducescatterv(send, recv, cp, dt, o, cm, r),
+                fabricoll_reducescatterv_stream(send, recv, cp, dt, o, cm, s)
             ),
         };
         if !req.is_null() {
@@ -584,9 +578,6 @@ pub fn matrix_modes(d: &Device, test: &str, n: usize, colls: &[Coll], modes: &[M
     ];
     for (i, &coll) in colls.iter().enumerate() {
         for &mode in modes {
-            if mode == Mode::Stream && !coll.has_stream() {
-                continue;
-            }
             for (j, &p) in places.iter().enumerate() {
                 if (mode == Mode::Stream || !full) && p != dd {
                     continue;

@@ -203,8 +203,9 @@ pub(super) trait ToCall {
     fn call(&self, comm: &Comm) -> Result<Call>;
 
     /// The call as a device call, when one of its buffers is device memory (None: the host
-    /// path). Only the calls of this file take device buffers; the others refuse them.
-    fn device(&self, comm: &Comm) -> Result<Option<DevCall>>;
+    /// path), or, for a stream-ordered call (`stream`), always: pageable host memory is then
+    /// an error naming the argument (`DevCall::classify`).
+    fn device(&self, comm: &Comm, stream: bool) -> Result<Option<DevCall>>;
 }
 
 impl ToCall for Args {
@@ -212,9 +213,9 @@ impl ToCall for Args {
         Args::call(self, comm)
     }
 
-    fn device(&self, comm: &Comm) -> Result<Option<DevCall>> {
+    fn device(&self, comm: &Comm, stream: bool) -> Result<Option<DevCall>> {
         // SAFETY: the caller's buffers are valid for the documented lengths until completion.
-        unsafe { DevCall::classify(&self.parts(comm)?, false) }
+        unsafe { DevCall::classify(&self.parts(comm)?, stream) }
     }
 }
 
@@ -231,7 +232,7 @@ pub(super) fn blocking(
 /// host path once the communicator's device calls before it have started their slices.
 fn run(comm: *mut fabricoll_comm, a: &impl ToCall) -> Result<()> {
     let c = comm_of(comm)?;
-    if let Some(d) = a.device(&c.comm)? {
+    if let Some(d) = a.device(&c.comm, false)? {
         return run_device(c, d);
     }
     let call = a.call(&c.comm)?;
@@ -243,20 +244,18 @@ fn run(comm: *mut fabricoll_comm, a: &impl ToCall) -> Result<()> {
 pub(super) fn stream_ordered(
     what: &'static str,
     comm: *mut fabricoll_comm,
-    a: Args,
+    a: impl ToCall,
     stream: *mut c_void,
 ) -> fabricoll_status {
     boundary(what, || {
         let c = comm_of(comm)?;
         no_group("a stream-ordered call")?;
+        let Some(d) = a.device(&c.comm, true)? else {
+            return Err(Error::Internal("a stream-ordered call on no device".into()));
+        };
         // SAFETY: the buffers are valid until the stream has passed the call, and `stream` is
         // a live stream of the device (or a reserved handle, refused), as documented.
-        unsafe {
-            match DevCall::classify(&a.parts(&c.comm)?, true)? {
-                Some(d) => c.streams.submit(&c.comm, d, stream),
-                None => Err(Error::Internal("a stream-ordered call on no device".into())),
-            }
-        }
+        unsafe { c.streams.submit(&c.comm, d, stream) }
     })
 }
 
@@ -278,7 +277,7 @@ fn start(
     let req = out(request, "request")?;
     req.set(std::ptr::null_mut());
     let c = comm_of(comm)?;
-    if let Some(d) = a.device(&c.comm)? {
+    if let Some(d) = a.device(&c.comm, false)? {
         let id = c.streams.start(&c.comm, d)?;
         req.set(register_device_request(c, id));
         return Ok(());

@@ -57,12 +57,12 @@ c_exports! {
     ) => Args::p2p(false, buf, count, datatype, peer);
 
     /// Every rank's sendbuf (sendcount elements) lands in rank order in the root's recvbuf (nranks x sendcount; written on the root only, may be NULL elsewhere).
-    fn fabricoll_gather, fabricoll_igather(
+    fn fabricoll_gather, fabricoll_igather, fabricoll_gather_stream(
         sendbuf: *const c_void, recvbuf: *mut c_void, sendcount: usize, datatype: c_int, root: c_int,
     ) => VArgs::rooted(false, sendbuf, recvbuf, sendcount, datatype, root);
 
     /// Block i (recvcount elements) of the root's sendbuf (nranks x recvcount; read on the root only, may be NULL elsewhere) lands in rank i's recvbuf.
-    fn fabricoll_scatter, fabricoll_iscatter(
+    fn fabricoll_scatter, fabricoll_iscatter, fabricoll_scatter_stream(
         sendbuf: *const c_void, recvbuf: *mut c_void, recvcount: usize, datatype: c_int, root: c_int,
     ) => VArgs::rooted(true, sendbuf, recvbuf, recvcount, datatype, root);
 
@@ -71,13 +71,13 @@ c_exports! {
         => VArgs::new(Varied::Barrier, std::ptr::null(), std::ptr::null_mut(), 0);
 
     /// recvbuf + displs[i] (recvcounts[i] elements) = rank i's sendbuf; sendcount must equal recvcounts[rank]. recvcounts (nranks values, the same on every rank) must not be NULL; displs NULL packs the blocks in rank order. The arrays are read before the call returns.
-    fn fabricoll_allgatherv, fabricoll_iallgatherv(
+    fn fabricoll_allgatherv, fabricoll_iallgatherv, fabricoll_allgatherv_stream(
         sendbuf: *const c_void, sendcount: usize, recvbuf: *mut c_void, recvcounts: *const usize,
         displs: *const usize, datatype: c_int,
     ) => VArgs::allgatherv(sendbuf, sendcount, recvbuf, recvcounts, displs, datatype);
 
     /// recvbuf (recvcounts[rank] elements) = block `rank` of the reduction of every rank's sendbuf, whose blocks are recvcounts[0..nranks] packed. recvcounts (the same on every rank) must not be NULL; it is read before the call returns.
-    fn fabricoll_reducescatterv, fabricoll_ireducescatterv(
+    fn fabricoll_reducescatterv, fabricoll_ireducescatterv, fabricoll_reducescatterv_stream(
         sendbuf: *const c_void, recvbuf: *mut c_void, recvcounts: *const usize, datatype: c_int,
         op: c_int,
     ) => VArgs::reducescatterv(sendbuf, recvbuf, recvcounts, datatype, op);
@@ -89,12 +89,12 @@ c_exports! {
     ) => VArgs::alltoallv([sendcounts, sdispls, recvcounts, rdispls], sendbuf, recvbuf, datatype);
 
     /// Send count elements to `peer` with `tag` (0 ..= FABRICOLL_MAX_TAG), matched in order with its receives of that tag from this rank (fabricoll_send is tag 0).
-    fn fabricoll_send_tagged, fabricoll_isend_tagged(
+    fn fabricoll_send_tagged, fabricoll_isend_tagged, fabricoll_send_tagged_stream(
         buf: *const c_void, count: usize, datatype: c_int, peer: c_int, tag: c_int,
     ) => Tagged { send: true, buf: buf as *mut c_void, count, datatype, peer, tag };
 
     /// Receive count elements from `peer` with `tag` (fabricoll_recv is tag 0).
-    fn fabricoll_recv_tagged, fabricoll_irecv_tagged(
+    fn fabricoll_recv_tagged, fabricoll_irecv_tagged, fabricoll_recv_tagged_stream(
         buf: *mut c_void, count: usize, datatype: c_int, peer: c_int, tag: c_int,
     ) => Tagged { send: false, buf, count, datatype, peer, tag };
 }

@@ -121,11 +121,11 @@ impl VArgs {
 }
 
 impl ToCall for VArgs {
-    fn device(&self, comm: &Comm) -> Result<Option<DevCall>> {
+    fn device(&self, comm: &Comm, stream: bool) -> Result<Option<DevCall>> {
         let call = ToCall::call(self, comm)?;
         // SAFETY: the caller's buffers are valid for the lengths its counts give until the
         // call completes.
-        let Some(d) = (unsafe { DevCall::classify(&parts(&call, self.send, self.recv), false) })?
+        let Some(d) = (unsafe { DevCall::classify(&parts(&call, self.send, self.recv), stream) })?
         else {
             return Ok(None);
         };
@@ -227,7 +227,7 @@ pub(super) struct Tagged {
 }
 
 impl ToCall for Tagged {
-    fn device(&self, comm: &Comm) -> Result<Option<DevCall>> {
+    fn device(&self, comm: &Comm, stream: bool) -> Result<Option<DevCall>> {
         let call = ToCall::call(self, comm)?;
         let (s, r) = if self.send {
             (self.buf as *const c_void, std::ptr::null_mut())
@@ -235,7 +235,7 @@ impl ToCall for Tagged {
             (std::ptr::null(), self.buf)
         };
         // SAFETY: the caller's buffer is valid for count elements until the call completes.
-        unsafe { DevCall::classify(&parts(&call, s, r), false) }
+        unsafe { DevCall::classify(&parts(&call, s, r), stream) }
     }
 
     fn call(&self, _comm: &Comm) -> Result<Call> {
