@@ -125,7 +125,8 @@ def torch_extension():
     ext = CppExtension(
         "fabricoll._c10d",
         sources=[os.path.join(csrc, f)
-                 for f in ("api.cpp", "work.cpp", "forward.cpp", "backend.cpp", "module.cpp")],
+                 for f in ("api.cpp", "convert.cpp", "work.cpp", "stream_work.cpp", "forward.cpp",
+                           "backend.cpp", "backend_cuda.cpp", "module.cpp")],
         include_dirs=[os.path.join(REPO, "include")],
         extra_compile_args=["-O2", "-g0", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
                             "-Wno-unused-parameter", *features],

@@ -23,7 +23,8 @@
 #      over the IP provider and, where shm is present, with NCCL's buffers in device memory
 #      (GDRDMA, CollNet on device buffers) (GPU_NCCL_CHECK=0 skips both);
 #   4. scripts/torch/gpu-check.sh (GPU_TORCH=0 skips it): the compiled front built for the machine's
-#      torch, the mixed group cpu:fabricoll,cuda:nccl with NCCL over our plugin;
+#      torch, the mixed group cpu:fabricoll,cuda:nccl with NCCL over our plugin, then CUDA
+#      tensors on fabricoll (tests.gpu_cuda);
 #   5. with GPU_BENCH=1, scripts/gpu-nccl.sh (tuner, CollNet, Socket, FABRICOLL_NET_STREAMS).
 # Output: $OUT (or target/gpu-tests)/gpu-tests.log; the exit status is the number of failed steps.
 set -uo pipefail

@@ -44,6 +44,12 @@ _STRIDED = torch.strided
 _SUM = ReduceOp.SUM
 _SUM_DIRECT = {dt: reduction("allreduce", dt, _SUM) for dt in DIRECT}
 _DONE = Done([])
+# What runs on CUDA tensors (the compiled front, in stream order), for the errors of the rest.
+_CUDA_FORMS = ("; on CUDA tensors the compiled front (fabricoll._c10d) runs all_reduce, "
+               "all_gather_into_tensor, reduce_scatter_tensor, broadcast, reduce, "
+               "gather_into_tensor, all_to_all_single with equal splits, all_gather and "
+               "reduce_scatter of one tensor, send and recv, one tensor per call, outside "
+               "coalescing blocks")
 
 
 def _IALLREDUCE(*args):
@@ -193,7 +199,8 @@ class FabricollBackend(_C10dBackend if STANDALONE else object):
             raise Unsupported(f"fabricoll {opname}: expects one tensor per call, got {len(tensors)}")
         t = tensors[0]
         if t.device.type != "cpu":
-            raise Unsupported(f"fabricoll {opname}: CPU tensors only, got one on {t.device}")
+            raise Unsupported(f"fabricoll {opname}: CPU tensors only, got one on {t.device}"
+                              + (_CUDA_FORMS if t.device.type == "cuda" else ""))
         if t.is_sparse:
             raise Unsupported(f"fabricoll {opname}: sparse tensors are not supported")
         return t

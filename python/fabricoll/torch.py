@@ -1,8 +1,8 @@
-"""torch.distributed backend ``"fabricoll"`` for CPU tensors.
+"""torch.distributed backend ``"fabricoll"`` for CPU and CUDA tensors.
 
 ``import fabricoll.torch`` registers it; then::
 
-    dist.init_process_group("fabricoll")                 # every CPU collective on fabricoll
+    dist.init_process_group("fabricoll")                 # CPU and CUDA tensors on fabricoll
     dist.init_process_group("cpu:fabricoll,cuda:nccl")   # CPU tensors here, CUDA on NCCL
     dist.new_group(ranks, backend="fabricoll")
     init_device_mesh("cpu", (2, 2))                      # once fabricoll is the default
@@ -24,10 +24,19 @@ Two implementations: ``fabricoll._c10d``, a compiled ``c10d::Backend`` (fabricol
 all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast, barrier,
 gather_into_tensor, send and recv on plain CPU tensors through the C API without Python, and
 hands every other operation and form to the Python backend (:mod:`fabricoll._backend`), which
-implements them all. It is used when it was built for this torch (``python/setup.py`` builds it
-when torch is importable); ``FABRICOLL_TORCH_EXT`` = ``0`` runs the Python backend alone, ``1``
+implements them all on CPU tensors. It is used when it was built for this torch
+(``python/setup.py`` builds it when torch is importable); ``FABRICOLL_TORCH_EXT`` = ``0`` runs the Python backend alone, ``1``
 requires the compiled front (an error when it does not load), unset: the compiled front where
 it loads.
+
+CUDA tensors run on the compiled front only, each operation one stream-ordered call of the C
+API on torch's current stream (a side stream bridged by events when that is the legacy default
+stream): all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast, reduce,
+gather_into_tensor, all_to_all_single (equal splits), all_gather and reduce_scatter (lists
+for one tensor), send and recv. The call returns once
+enqueued; ``wait()`` makes the current stream wait (the host does not block, as with NCCL),
+futures are completed on the device at once, and ``barrier`` first waits on the host for the
+CUDA operations issued before it. Other forms on CUDA tensors raise an error naming them.
 
 torch versions: 2.15 (what the tests are written against) and 2.11. On 2.11 torch's c10d
 Backend cannot be subclassed in Python, so the Python backend cannot run alone there: the
@@ -105,7 +114,7 @@ def _create(dist_opts, backend_options):
     if _compiled is None:
         return backend
     _compiled.attach(_capi.lib().path)
-    front = _compiled.FabricollBackend(backend, comm, rank, size)
+    front = _compiled.FabricollBackend(backend, comm, rank, size, timeout.total_seconds())
     backend._front = front  # detached before the communicator is destroyed
     return front
 
@@ -113,7 +122,7 @@ def _create(dist_opts, backend_options):
 def register():
     """Register the backend with torch.distributed (done at import; idempotent)."""
     if NAME.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu"])
+        dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
 
 
 register()

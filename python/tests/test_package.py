@@ -124,5 +124,35 @@ class Attach(unittest.TestCase):
                       "loaded in this process", r.stdout)
 
 
+
+_DEVICES = r"""
+import os, sys, torch, torch.distributed as dist
+import fabricoll.torch  # noqa: F401
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1")
+assert dist.Backend.backend_capability["fabricoll"] == ["cpu", "cuda"], dist.Backend.backend_capability
+dist.init_process_group("fabricoll")
+pg = dist.group.WORLD
+names = [type(pg._get_backend(torch.device(d))).__name__ for d in ("cpu", "cuda")]
+print("backends", *names)
+t = torch.ones(3)
+dist.all_reduce(t)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+class Devices(unittest.TestCase):
+    """"fabricoll" registers for CPU and CUDA tensors: one backend serves both devices of a
+    group (the CUDA operations themselves run on the GPU machine, tests/gpu_cuda.py), and a
+    CPU-only group is unchanged by it."""
+
+    def test_one_backend_for_cpu_and_cuda(self):
+        env = dict(os.environ, PYTHONPATH=harness.PY_DIR)
+        r = subprocess.run([sys.executable, "-c", _DEVICES, str(free_port())], env=env,
+                           capture_output=True, text=True, timeout=120, check=False)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("backends FabricollBackend FabricollBackend", r.stdout)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# scripts/torch/gpu-check.sh - the torch backend beside NCCL on a machine with a GPU: the mixed
-# group "cpu:fabricoll,cuda:nccl" (tests.test_ops.Mixed), with the compiled front built for that
+# scripts/torch/gpu-check.sh - the torch backend on a machine with a GPU: the mixed group
+# "cpu:fabricoll,cuda:nccl" (tests.test_ops.Mixed), with the compiled front built for that
 # machine's torch and NCCL carrying its CUDA tensors over our net plugin (every rank its own NCCL
-# host, NCCL_NET=fabricoll: NCCL fails rather than fall back if it cannot load the plugin).
+# host, NCCL_NET=fabricoll: NCCL fails rather than fall back if it cannot load the plugin); then
+# CUDA tensors on fabricoll itself (tests.gpu_cuda: "fabricoll" for CPU and CUDA tensors).
 # Uses the machine's python3 (with torch) and the built library (FABRICOLL_GPU_RELEASE, set by
 # scripts/gpu-tests.sh, else target/release). Output: $OUT (or target/) /gpu-check.log.
 # When the compiled front does not build, it says so and still runs the test (on the Python
@@ -32,6 +33,8 @@ export PYTHONPATH=$PWD/python FABRICOLL_LIB=$lib
   export FABRICOLL_MIXED_PROVIDER=${FABRICOLL_MIXED_PROVIDER:-shm}
   export FABRICOLL_MIXED_NCCL_HOSTS=1 NCCL_NET_PLUGIN=$lib NCCL_NET=fabricoll NCCL_DEBUG=WARN
   (cd python && FABRICOLL_TEST_STRICT=1 timeout 300 python3 -m tests.run --no-suite tests.test_ops.Mixed) || rc=1
+  # CUDA tensors on fabricoll itself: the compiled front's stream-ordered operations
+  (cd python && FABRICOLL_TEST_STRICT=1 timeout 300 python3 -m tests.run --no-suite tests.gpu_cuda) || rc=1
   echo "gpu-check: exit $rc"
   exit $rc
 } 2>&1 | tee "$out/gpu-check.log"

@@ -52,6 +52,16 @@ void attach(const std::string& path) {
     resolve(handle, "fabricoll_isend_tagged", a.isend_tagged);
     resolve(handle, "fabricoll_irecv_tagged", a.irecv_tagged);
     resolve(handle, "fabricoll_wait", a.wait);
+    resolve(handle, "fabricoll_allreduce_stream", a.allreduce_stream);
+    resolve(handle, "fabricoll_allgather_stream", a.allgather_stream);
+    resolve(handle, "fabricoll_reducescatter_stream", a.reducescatter_stream);
+    resolve(handle, "fabricoll_broadcast_stream", a.broadcast_stream);
+    resolve(handle, "fabricoll_reduce_stream", a.reduce_stream);
+    resolve(handle, "fabricoll_alltoall_stream", a.alltoall_stream);
+    resolve(handle, "fabricoll_gather_stream", a.gather_stream);
+    resolve(handle, "fabricoll_send_tagged_stream", a.send_tagged_stream);
+    resolve(handle, "fabricoll_recv_tagged_stream", a.recv_tagged_stream);
+    resolve(handle, "fabricoll_comm_get_async_error", a.comm_get_async_error);
     resolve(handle, "fabricoll_request_notify", a.request_notify);
     resolve(handle, "fabricoll_last_error", a.last_error);
     resolve(handle, "fabricoll_status_string", a.status_string);

@@ -20,6 +20,17 @@ struct Api {
   decltype(&fabricoll_isend_tagged) isend_tagged;
   decltype(&fabricoll_irecv_tagged) irecv_tagged;
   decltype(&fabricoll_wait) wait;
+  // The stream-ordered calls, for CUDA tensors (stream_work.h).
+  decltype(&fabricoll_allreduce_stream) allreduce_stream;
+  decltype(&fabricoll_allgather_stream) allgather_stream;
+  decltype(&fabricoll_reducescatter_stream) reducescatter_stream;
+  decltype(&fabricoll_broadcast_stream) broadcast_stream;
+  decltype(&fabricoll_reduce_stream) reduce_stream;
+  decltype(&fabricoll_alltoall_stream) alltoall_stream;
+  decltype(&fabricoll_gather_stream) gather_stream;
+  decltype(&fabricoll_send_tagged_stream) send_tagged_stream;
+  decltype(&fabricoll_recv_tagged_stream) recv_tagged_stream;
+  decltype(&fabricoll_comm_get_async_error) comm_get_async_error;
   decltype(&fabricoll_request_notify) request_notify;
   decltype(&fabricoll_last_error) last_error;
   decltype(&fabricoll_status_string) status_string;

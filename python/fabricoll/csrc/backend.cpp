@@ -3,6 +3,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "convert.h"
 #include "work.h"
 
 namespace fabricoll_ext {
@@ -11,72 +12,11 @@ namespace {
 using c10d::OpType;
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
-// A tensor the engines can use as it is: dense, contiguous CPU memory without lazy
-// conjugate or negative bits.
-bool plain(const at::Tensor& t) {
-  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() &&
-         !t.is_conj() && !t.is_neg();
-}
-
-// The engine datatype a tensor dtype reduces in directly (fabricoll/_dtypes.py's DIRECT).
-std::optional<int> engine_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return FABRICOLL_FLOAT32;
-    case at::kDouble: return FABRICOLL_FLOAT64;
-    case at::kHalf: return FABRICOLL_FLOAT16;
-    case at::kBFloat16: return FABRICOLL_BFLOAT16;
-    case at::kChar: return FABRICOLL_INT8;
-    case at::kByte: return FABRICOLL_UINT8;
-    case at::kInt: return FABRICOLL_INT32;
-    case at::kLong: return FABRICOLL_INT64;
-    case at::kUInt32: return FABRICOLL_UINT32;
-    case at::kUInt64: return FABRICOLL_UINT64;
-    case at::kFloat8_e4m3fn: return FABRICOLL_FP8_E4M3;
-    case at::kFloat8_e5m2: return FABRICOLL_FP8_E5M2;
-    default: return std::nullopt;
-  }
-}
-
-bool floating(int dtype) {
-  switch (dtype) {
-    case FABRICOLL_FLOAT32:
-    case FABRICOLL_FLOAT64:
-    case FABRICOLL_FLOAT16:
-    case FABRICOLL_BFLOAT16:
-    case FABRICOLL_FP8_E4M3:
-    case FABRICOLL_FP8_E5M2: return true;
-    default: return false;
-  }
-}
-
-// The engine op for `op` on `dtype`, where it maps directly (bitwise ops on integers
-// only; PREMUL_SUM and the rest go to the Python backend, which also words the errors).
-std::optional<int> engine_op(const c10d::ReduceOp& op, int dtype) {
-  using R = c10d::ReduceOp::RedOpType;
-  switch (op.op_) {
-    case R::SUM: return FABRICOLL_SUM;
-    case R::AVG: return FABRICOLL_AVG;
-    case R::PRODUCT: return FABRICOLL_PROD;
-    case R::MIN: return FABRICOLL_MIN;
-    case R::MAX: return FABRICOLL_MAX;
-    case R::BAND: return floating(dtype) ? std::nullopt : std::optional<int>(FABRICOLL_BAND);
-    case R::BOR: return floating(dtype) ? std::nullopt : std::optional<int>(FABRICOLL_BOR);
-    case R::BXOR: return floating(dtype) ? std::nullopt : std::optional<int>(FABRICOLL_BXOR);
-    default: return std::nullopt;
-  }
-}
-
-// Throw torch's DistBackendError for a failed start.
-[[noreturn]] void fail(const char* op, const char* function, int status) {
-  C10_THROW_ERROR(DistBackendError, failure(op, function, status));
-}
-
-size_t bytes(const at::Tensor& t) { return t.numel() * t.element_size(); }
-
 }  // namespace
 
-Backend::Backend(py::object full, fabricoll_comm* comm, int rank, int size)
-    : c10d::Backend(rank, size), full_(std::move(full)), comm_(comm) {}
+Backend::Backend(py::object full, fabricoll_comm* comm, int rank, int size,
+                 std::chrono::milliseconds timeout)
+    : c10d::Backend(rank, size), full_(std::move(full)), comm_(comm), timeout_(timeout) {}
 
 void Backend::detach() {
   comm_.store(nullptr);
@@ -111,6 +51,7 @@ uint64_t Backend::getSequenceNumberForGroup() {
 // -- fast paths ------------------------------------------------------------------------
 
 WorkPtr Backend::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  if (on_cuda(tensors)) return cuda_allreduce(tensors, opts);
   fabricoll_comm* comm = fast_comm();
   if (comm != nullptr && tensors.size() == 1 && plain(tensors[0])) {
     at::Tensor& t = tensors[0];
@@ -138,6 +79,7 @@ WorkPtr Backend::allreduce(std::vector<at::Tensor>& tensors, const c10d::Allredu
 
 WorkPtr Backend::allgather_flat(at::Tensor& out, at::Tensor& in,
                                 const c10d::AllgatherOptions& opts) {
+  if (on_cuda(out) || on_cuda(in)) return cuda_allgather(out, in);
   fabricoll_comm* comm = fast_comm();
   if (comm != nullptr && plain(out) && plain(in) && out.scalar_type() == in.scalar_type() &&
       bytes(out) == bytes(in) * static_cast<size_t>(size_)) {
@@ -164,6 +106,7 @@ WorkPtr Backend::_allgather_base(at::Tensor& out, at::Tensor& in,
 
 WorkPtr Backend::reduce_scatter_flat(at::Tensor& out, at::Tensor& in,
                                      const c10d::ReduceScatterOptions& opts) {
+  if (on_cuda(out) || on_cuda(in)) return cuda_reduce_scatter(out, in, opts);
   fabricoll_comm* comm = fast_comm();
   if (comm != nullptr && plain(out) && plain(in) && out.scalar_type() == in.scalar_type() &&
       in.numel() == out.numel() * size_) {
@@ -193,6 +136,7 @@ WorkPtr Backend::_reduce_scatter_base(at::Tensor& out, at::Tensor& in,
 }
 
 WorkPtr Backend::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  if (on_cuda(tensors)) return cuda_broadcast(tensors, opts);
   fabricoll_comm* comm = fast_comm();
   if (comm != nullptr && tensors.size() == 1 && plain(tensors[0]) && opts.rootTensor == 0) {
     at::Tensor& t = tensors[0];
@@ -206,6 +150,8 @@ WorkPtr Backend::broadcast(std::vector<at::Tensor>& tensors, const c10d::Broadca
 }
 
 WorkPtr Backend::barrier(const c10d::BarrierOptions& opts) {
+  // As NCCL's barrier: the operations on CUDA tensors issued so far have completed first.
+  streams_.drain("barrier", timeout_);
   fabricoll_comm* comm = fast_comm();
   if (comm == nullptr) {
     return full("barrier").work("barrier", opts);
@@ -235,17 +181,20 @@ WorkPtr Backend::p2p(bool send, std::vector<at::Tensor>& tensors, int peer, int 
 }
 
 WorkPtr Backend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  if (on_cuda(tensors)) return cuda_p2p(true, tensors, dst, tag);
   WorkPtr w = p2p(true, tensors, dst, tag);
   return w ? w : full("send").work("send", tensors, dst, tag);
 }
 
 WorkPtr Backend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  if (on_cuda(tensors)) return cuda_p2p(false, tensors, src, tag);
   WorkPtr w = p2p(false, tensors, src, tag);
   return w ? w : full("recv").work("recv", tensors, src, tag);
 }
 
 WorkPtr Backend::gather_flat(at::Tensor& out, at::Tensor& in, const c10d::GatherOptions& opts) {
   const char* name = "gather_into_tensor";
+  if (on_cuda(out) || on_cuda(in)) return cuda_gather(out, in, opts);
   fabricoll_comm* comm = comm_.load();
   TORCH_CHECK(comm != nullptr, "fabricoll ", name,
               ": the communicator is shut down (shutdown or abort)");
@@ -305,11 +254,13 @@ WorkPtr Backend::allreduce_coalesced(std::vector<at::Tensor>& t,
 }
 
 WorkPtr Backend::reduce(std::vector<at::Tensor>& t, const c10d::ReduceOptions& o) {
+  if (on_cuda(t)) return cuda_reduce(t, o);
   return full("reduce").work("reduce", t, o);
 }
 
 WorkPtr Backend::allgather(std::vector<std::vector<at::Tensor>>& outs,
                            std::vector<at::Tensor>& ins, const c10d::AllgatherOptions& o) {
+  if (on_cuda(ins) || (!outs.empty() && on_cuda(outs[0]))) return cuda_allgather_list(outs, ins);
   return full("allgather").work("allgather", outs, ins, o);
 }
 
@@ -347,6 +298,9 @@ WorkPtr Backend::scatter(std::vector<at::Tensor>& outs, std::vector<std::vector<
 WorkPtr Backend::reduce_scatter(std::vector<at::Tensor>& outs,
                                 std::vector<std::vector<at::Tensor>>& ins,
                                 const c10d::ReduceScatterOptions& o) {
+  if (on_cuda(outs) || (!ins.empty() && on_cuda(ins[0]))) {
+    return cuda_reduce_scatter_list(outs, ins, o);
+  }
   return full("reduce_scatter").work("reduce_scatter", outs, ins, o);
 }
 
@@ -376,6 +330,7 @@ WorkPtr Backend::all_to_all_single(at::Tensor& out, at::Tensor& in,
 
 WorkPtr Backend::alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
                                std::vector<int64_t>& in_splits, const c10d::AllToAllOptions& o) {
+  if (on_cuda(out) || on_cuda(in)) return cuda_alltoall(out, in, out_splits, in_splits);
   return full("all_to_all_single").work("all_to_all_single", out, in, out_splits, in_splits, o);
 }
 

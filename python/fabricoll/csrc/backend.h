@@ -1,7 +1,11 @@
 // The compiled front of the torch backend: a c10d::Backend that runs the hot operations
 // (all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast, barrier, send and
 // recv on plain CPU tensors) straight through the C API, and forwards everything else to the Python
-// backend (fabricoll/_backend.py, through forward.h), which implements every operation and form.
+// backend (fabricoll/_backend.py, through forward.h), which implements every operation and form
+// on CPU tensors. On CUDA tensors (backend_cuda.cpp) the same operations, and reduce,
+// gather_into_tensor, all_to_all_single with equal splits and the one-tensor list forms of
+// all_gather and reduce_scatter, run in stream order on torch's current stream
+// (stream_work.h); the other forms fail, naming themselves.
 //
 // Both sides use one communicator, owned by the Python backend; operations keep their
 // issue order on it whichever side starts them. Shutting down either side detaches this
@@ -25,13 +29,16 @@
 
 #include "api.h"
 #include "forward.h"
+#include "stream_work.h"
 
 namespace fabricoll_ext {
 
 class Backend : public c10d::Backend {
  public:
   // `full`: the Python backend (owns `comm`, the communicator's handle; the GIL is held).
-  Backend(py::object full, fabricoll_comm* comm, int rank, int size);
+  // `timeout`: the group's, for the host waits of this side (a barrier after CUDA work).
+  Backend(py::object full, fabricoll_comm* comm, int rank, int size,
+          std::chrono::milliseconds timeout);
 
   // Stop using the communicator and the Python backend (which calls it before destroying
   // the communicator).
@@ -160,8 +167,47 @@ class Backend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_flat(at::Tensor& out, at::Tensor& in,
                                                      const c10d::ReduceScatterOptions& opts);
 
+  // -- CUDA tensors (backend_cuda.cpp) --
+  // Whether `t`, or any of `tensors`, is a CUDA tensor (the operation then takes the CUDA
+  // path).
+  static bool on_cuda(const at::Tensor& t) { return t.defined() && t.device().is_cuda(); }
+  static bool on_cuda(const std::vector<at::Tensor>& tensors);
+  // Run `call(comm, stream)`, one stream-ordered C call named `function`, for `op` on
+  // `device` (see Launch), with `used` the tensors it reads or writes, then `after` on the
+  // current stream; its Work yields `result`. Raises naming `op` when it does not start.
+  template <typename Call>
+  c10::intrusive_ptr<c10d::Work> stream_op(c10d::OpType type, const char* op,
+                                           const char* function, c10::Device device,
+                                           std::vector<at::Tensor> used,
+                                           std::vector<at::Tensor> result, Call call,
+                                           std::function<void()> after = nullptr,
+                                           bool collective = true);
+  c10::intrusive_ptr<c10d::Work> cuda_allreduce(std::vector<at::Tensor>& tensors,
+                                                const c10d::AllreduceOptions& opts);
+  c10::intrusive_ptr<c10d::Work> cuda_allgather(at::Tensor& out, at::Tensor& in);
+  c10::intrusive_ptr<c10d::Work> cuda_allgather_list(std::vector<std::vector<at::Tensor>>& outs,
+                                                     std::vector<at::Tensor>& ins);
+  c10::intrusive_ptr<c10d::Work> cuda_reduce_scatter_list(
+      std::vector<at::Tensor>& outs, std::vector<std::vector<at::Tensor>>& ins,
+      const c10d::ReduceScatterOptions& opts);
+  c10::intrusive_ptr<c10d::Work> cuda_reduce_scatter(at::Tensor& out, at::Tensor& in,
+                                                     const c10d::ReduceScatterOptions& opts);
+  c10::intrusive_ptr<c10d::Work> cuda_broadcast(std::vector<at::Tensor>& tensors,
+                                                const c10d::BroadcastOptions& opts);
+  c10::intrusive_ptr<c10d::Work> cuda_reduce(std::vector<at::Tensor>& tensors,
+                                             const c10d::ReduceOptions& opts);
+  c10::intrusive_ptr<c10d::Work> cuda_gather(at::Tensor& out, at::Tensor& in,
+                                             const c10d::GatherOptions& opts);
+  c10::intrusive_ptr<c10d::Work> cuda_alltoall(at::Tensor& out, at::Tensor& in,
+                                               const std::vector<int64_t>& out_splits,
+                                               const std::vector<int64_t>& in_splits);
+  c10::intrusive_ptr<c10d::Work> cuda_p2p(bool send, std::vector<at::Tensor>& tensors,
+                                          int peer, int tag);
+
   PythonBackend full_;
   std::atomic<fabricoll_comm*> comm_;
+  std::chrono::milliseconds timeout_;
+  StreamOrder streams_;
   std::atomic<bool> coalescing_{false};
   std::atomic<uint64_t> seq_{0};
 };

@@ -25,14 +25,18 @@ PYBIND11_MODULE(_c10d, m) {
       },
       py::arg("op"), "PREMUL_SUM's factor (a float or a 1-element tensor), else None.");
   py::class_<Backend, c10d::Backend, c10::intrusive_ptr<Backend>>(m, "FabricollBackend")
-      .def(py::init([](py::object full, uintptr_t comm, int rank, int size) {
+      .def(py::init([](py::object full, uintptr_t comm, int rank, int size, double timeout_s) {
              TORCH_CHECK(!full.is_none(), "fabricoll._c10d.FabricollBackend: full is None");
              TORCH_CHECK(comm != 0, "fabricoll._c10d.FabricollBackend: comm is NULL");
+             TORCH_CHECK(timeout_s > 0, "fabricoll._c10d.FabricollBackend: timeout_s is ",
+                         timeout_s, ", not positive");
+             auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
              return c10::make_intrusive<Backend>(std::move(full),
                                                  reinterpret_cast<fabricoll_comm*>(comm), rank,
-                                                 size);
+                                                 size, timeout);
            }),
-           py::arg("full"), py::arg("comm"), py::arg("rank"), py::arg("size"))
+           py::arg("full"), py::arg("comm"), py::arg("rank"), py::arg("size"),
+           py::arg("timeout_s"))
       .def("_detach", &Backend::detach, py::call_guard<py::gil_scoped_release>(),
            "Stop using the communicator and `full` (its owner is about to destroy the "
            "communicator).");
