@@ -6,8 +6,8 @@
 //! after a non-blocking one with a rank late to its staging, and more non-blocking calls than
 //! staging slots after a stream-ordered one; 1,000 stream-ordered calls between kernels with
 //! no host synchronisation; abort and a destroyed peer during a stream-ordered call (a killed
-//! peer process: `device_capi_killed`); and the misuse errors. Not tested here: the direct path
-//! (no build registers device memory yet).
+//! peer process: `device_capi_killed`); compressed calls on device buffers; and the misuse
+//! errors. Not tested here: the direct path (no build registers device memory yet).
 use capi::{comm, last_error, ranks};
 use device::*;
 use nccl_net_fabricoll::coll::device::install;
@@ -462,6 +462,111 @@ fn stream_ordered_around_nonblocking(test: &str, nonblocking: usize) {
         for (i, b) in bufs.iter_mut().enumerate() {
             let ok = b.read(&s, COUNT * 4) == want;
             assert!(ok, "{nonblocking} non-blocking: rank {me} call {i}");
+        }
+    });
+}
+
+/// A communicator that compresses (`fabricoll_config.compress`, bf16) compresses its device
+/// calls too, blocking and stream-ordered, slice by slice: each element's result depends on
+/// the elements alone in bf16 (no block scale: every contribution rounded once, summed in f32
+/// in rank order, the sum rounded once), so a device call of several slices must give the
+/// host call's bits exactly, and those differ from the uncompressed sum.
+#[test]
+fn compressed_calls_on_device_buffers_give_the_host_calls_bits() {
+    let _serial = serial();
+    let d = dev();
+    let mut cfg = config();
+    cfg.compress = fabricoll_compress::FABRICOLL_COMPRESS_BF16 as _;
+    let (n, count) = (3, 700_001);
+    let inputs: Vec<Vec<f32>> = (0..n)
+        .map(|r| nccl_net_fabricoll::testing::values::values(11 + r as u64, count, None))
+        .collect();
+    let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_ne_bytes()).collect() };
+    let test = "compressed_calls_on_device_buffers_give_the_host_calls_bits";
+    on_ranks_with(&d, test, &cfg, n, |me, c, ready| {
+        let (cm, f32t, sum) = (comm(c), Ty::F32.c(), Op::Sum.c());
+        let s = d.create_stream().unwrap();
+        let input = bytes(&inputs[me]);
+        // The host calls: the reference.
+        let mut host = vec![0f32; count];
+        let st = fabricoll_allreduce(
+            input.as_ptr().cast(),
+            host.as_mut_ptr().cast(),
+            count,
+            f32t,
+            sum,
+            cm,
+        );
+        assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
+        let plain: Vec<f32> = (0..count)
+            .map(|i| inputs.iter().fold(0f32, |a, v| a + v[i]))
+            .collect();
+        let differ = host
+            .iter()
+            .zip(&plain)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert!(
+            differ > count / 2,
+            "rank {me}: the host call was not compressed ({differ} elements differ)"
+        );
+        let block = count / n;
+        let mut host_rs = vec![0f32; block];
+        let st = fabricoll_reducescatter(
+            input.as_ptr().cast(),
+            host_rs.as_mut_ptr().cast(),
+            block,
+            f32t,
+            sum,
+            cm,
+        );
+        assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
+        let mut host_ag = vec![0f32; block * n];
+        let st = fabricoll_allgather(
+            input.as_ptr().cast(),
+            host_ag.as_mut_ptr().cast(),
+            block,
+            f32t,
+            cm,
+        );
+        assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
+        // The same calls on device buffers, blocking then stream-ordered.
+        let mut x = Buf::new(&d, &s, Place::Device, &input);
+        for stream in [false, true] {
+            let mut y = Buf::new(&d, &s, Place::Device, &vec![0u8; count * 4]);
+            let mut z = Buf::new(&d, &s, Place::Device, &vec![0u8; block * 4]);
+            let mut w = Buf::new(&d, &s, Place::Device, &vec![0u8; block * n * 4]);
+            ready.wait();
+            let sts = if stream {
+                let h = s.handle();
+                [
+                    fabricoll_allreduce_stream(x.ptr(), y.ptr(), count, f32t, sum, cm, h),
+                    fabricoll_reducescatter_stream(x.ptr(), z.ptr(), block, f32t, sum, cm, h),
+                    fabricoll_allgather_stream(x.ptr(), w.ptr(), block, f32t, cm, h),
+                ]
+            } else {
+                [
+                    fabricoll_allreduce(x.ptr(), y.ptr(), count, f32t, sum, cm),
+                    fabricoll_reducescatter(x.ptr(), z.ptr(), block, f32t, sum, cm),
+                    fabricoll_allgather(x.ptr(), w.ptr(), block, f32t, cm),
+                ]
+            };
+            assert_eq!(sts, [FABRICOLL_SUCCESS; 3], "{}", last_error());
+            s.synchronize(WAIT).unwrap();
+            no_async_error(cm);
+            let what = if stream { "stream-ordered" } else { "blocking" };
+            assert!(
+                y.read(&s, count * 4) == bytes(&host),
+                "rank {me}: {what} allreduce"
+            );
+            assert!(
+                z.read(&s, block * 4) == bytes(&host_rs),
+                "rank {me}: {what} reducescatter"
+            );
+            assert!(
+                w.read(&s, block * n * 4) == bytes(&host_ag),
+                "rank {me}: {what} allgather"
+            );
         }
     });
 }

@@ -114,7 +114,10 @@ def _create(dist_opts, backend_options):
     if _compiled is None:
         return backend
     _compiled.attach(_capi.lib().path)
-    front = _compiled.FabricollBackend(backend, comm, rank, size, timeout.total_seconds())
+    # the front's own host waits (a barrier after CUDA work) take the group's timeout, or
+    # torch's default one where the group has none
+    wait_s = timeout.total_seconds() if timeout is not None else 1800.0
+    front = _compiled.FabricollBackend(backend, comm, rank, size, wait_s)
     backend._front = front  # detached before the communicator is destroyed
     return front
 

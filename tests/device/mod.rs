@@ -610,7 +610,18 @@ pub fn four_and_five(d: &Device, test: &str) {
 /// Runs `rank(me, comm, barrier)` on `n` ranks (threads, each with the device bound), then
 /// destroys the communicators.
 pub fn on_ranks(d: &Device, test: &str, n: usize, rank: impl Fn(usize, usize, &Barrier) + Sync) {
-    let Some(cs) = ranks(test, &config(), n) else {
+    on_ranks_with(d, test, &config(), n, rank)
+}
+
+/// `on_ranks` with the communicators made from `cfg`.
+pub fn on_ranks_with(
+    d: &Device,
+    test: &str,
+    cfg: &fabricoll_config,
+    n: usize,
+    rank: impl Fn(usize, usize, &Barrier) + Sync,
+) {
+    let Some(cs) = ranks(test, cfg, n) else {
         return;
     };
     let ready = Barrier::new(n);
