@@ -7,10 +7,15 @@
 //! - ReduceScatter: intra ReduceScatter (Y, B) + inter ReduceScatter (X, B/L), B the input;
 //! - Broadcast: inter (X, B, one group) + intra (Y, B); Reduce the reverse.
 //!
+//! The AllGather's and ReduceScatter's intra phase runs one intra collective per host of the
+//! vector's blocks, all at once: the longer of one collective of B and the rank's CPU work.
+//!
 //! The node-swizzled ReduceScatter runs X steps, each an intra ReduceScatter of the part
-//! destined for one host (B/X) overlapped with sending the previous part's reduced slice (B/n
-//! per rank, Y ranks of a host sending at once to one other host): `t_rs + (X-1) max(t_rs,
-//! t_send)`, then the X slices are reduced; its mirror AllGather likewise without reductions.
+//! destined for one host (B/X), then sends that part's reduced slice (B/n per rank, Y ranks of
+//! a host sending at once to one other host); the rank's CPU posts, handles and reduces the
+//! slices across between the local phases' steps: `t_rs + max((X-1) (t_rs + t_cpu), (X-1)
+//! t_wire + alpha)`, then the slices are reduced; its mirror AllGather likewise without
+//! reductions.
 #![forbid(unsafe_code)]
 
 use super::levels::{Layout, Link, Net};
@@ -119,26 +124,52 @@ impl Net {
         Some(t + fill + extra * l.alpha_us)
     }
 
-    /// What the two-level AllGather's (and ReduceScatter's) intra-host phase costs beyond one
-    /// `intra` collective of the whole vector: the plan runs one per host of the vector's
-    /// blocks (`algo::hier`), at once, so the bytes are the same but each rank sends `x` times
-    /// the messages and receives as many, each its CPU cost `o` at either end.
-    fn per_host_copies(
+    /// The two-level AllGather's (and ReduceScatter's) intra-host phase: the plan runs one
+    /// `intra` collective per host of the vector's blocks (`algo::hier`), all at once, so the
+    /// bytes are those of one collective of the whole vector (`single`), but each rank sends
+    /// `x` times the messages and receives as many, each its CPU cost `o` at either end. The
+    /// collectives fill each other's waits (alphas, bytes), so the phase takes the longer of
+    /// `single` and the rank's CPU work: the `2 x` messages per message of one collective and
+    /// the ReduceScatter's reductions of `(y-1)/y` of the vector.
+    fn per_host_phase(
         &self,
         intra: Algorithm,
         coll: Collective,
-        x: usize,
-        y: usize,
+        (x, y): (usize, usize),
         big: f64,
+        single: f64,
     ) -> f64 {
         if x <= 1 || y <= 1 {
-            return 0.0;
+            return single;
         }
         let msgs: f64 = super::rounds(intra, coll, y, big / x as f64)
             .iter()
             .map(|&(count, per_round, _)| count * per_round)
             .sum();
-        2.0 * (x - 1) as f64 * msgs * self.intra.o_us
+        let red = if coll == Collective::ReduceScatter {
+            (y - 1) as f64 / y as f64 * big * self.gamma
+        } else {
+            0.0
+        };
+        single.max(2.0 * x as f64 * msgs * self.intra.o_us + red)
+    }
+
+    /// What the two-level AllGather's inter-host `rdh` costs beyond `phase`: a lane's blocks
+    /// lie apart in the output (one per host, `y` blocks apart), so its doubling round `s`
+    /// sends `2^s` messages, one per block (`algo::rdh`, a piece per unit), where `formula`
+    /// counts one. The rank posts them while their bytes flow and handles as many received,
+    /// one of them inside the round's alpha: the round takes `max(2^s o, bytes) + (2^s - 1) o`
+    /// beyond its alpha, `bytes` the round's share of the lane's vector `share` over `link`.
+    fn strided_doubling(&self, link: Link, x: usize, share: f64) -> f64 {
+        let p = 1usize << x.ilog2();
+        let o = link.o_us;
+        (0..p.trailing_zeros())
+            .map(|s| {
+                let k = f64::from(1u32 << s);
+                let bytes = share * k / x as f64 * link.beta_us_per_byte;
+                (k * o - bytes).max(0.0) + (k - 1.0) * o
+            })
+            .sum()
     }
 
     /// Hierarchical `intra` x `inter` for `coll` with a whole vector of `big` bytes.
@@ -162,17 +193,27 @@ impl Net {
                 (Inter, self.phase(net, inter, AllReduce, x, share)?),
                 (Intra, i(AllGather)?),
             ],
-            AllGather => vec![
-                (Inter, self.phase(net, inter, AllGather, x, share)?),
-                (
-                    Intra,
-                    i(AllGather)? + self.per_host_copies(intra, AllGather, x, y, big),
-                ),
-            ],
+            AllGather => {
+                let strided = if inter == Algorithm::Rdh && y > 1 {
+                    self.strided_doubling(net, x, share)
+                } else {
+                    0.0
+                };
+                vec![
+                    (
+                        Inter,
+                        self.phase(net, inter, AllGather, x, share)? + strided,
+                    ),
+                    (
+                        Intra,
+                        self.per_host_phase(intra, AllGather, (x, y), big, i(AllGather)?),
+                    ),
+                ]
+            }
             ReduceScatter => vec![
                 (
                     Intra,
-                    i(ReduceScatter)? + self.per_host_copies(intra, ReduceScatter, x, y, big),
+                    self.per_host_phase(intra, ReduceScatter, (x, y), big, i(ReduceScatter)?),
                 ),
                 (Inter, self.phase(net, inter, ReduceScatter, x, share)?),
             ],
@@ -220,29 +261,35 @@ impl Net {
         let slice = big / lay.n() as f64;
         let local = self.phase(self.intra, intra, coll, y, big / x)?;
         let e = &self.inter;
-        let send = e.alpha_us
-            + y as f64 * slice * e.beta_us_per_byte
-            + e.rendezvous(1.0, slice, self.serial);
+        // One part's slices leave a host on its link one after the other.
+        let wire = y as f64 * slice * e.beta_us_per_byte + e.rendezvous(1.0, slice, self.serial);
+        // ReduceScatter: each partial that lands is reduced into the accumulator.
         let red = if coll == Collective::ReduceScatter {
-            (x - 1.0) * slice * self.gamma
+            slice * self.gamma
         } else {
             0.0
         };
-        // In each overlapped round a rank's CPU posts the local phase's messages and the one
-        // across, and handles as many received, `o` each at its level.
+        // The local phases run one after the other on each rank, and its CPU also posts the
+        // part it sends across and handles (and reduces) the one it receives, `o` each at the
+        // network's level: that work falls between the local phases' steps and delays them
+        // (AllGather: the network's messages are ready first and handled first, then the
+        // parts' local phases follow in a row). No round is faster than its CPU's work, the
+        // local phase's messages posted and handled at their level's `o`.
         let msgs: f64 = super::rounds(intra, coll, y, big / x)
             .iter()
             .map(|&(count, per_round, _)| count * per_round)
             .sum();
-        let cpu = 2.0 * (msgs * self.intra.o_us + e.o_us);
-        let mut p = Priced::flat(
-            Algorithm::Swizzle,
-            local + (x - 1.0) * local.max(send).max(cpu) + red,
-        );
+        let across = 2.0 * e.o_us + red;
+        let cpu = 2.0 * msgs * self.intra.o_us + across;
+        let chained = (x - 1.0) * (local + across).max(cpu);
+        // Or the network: the parts leave in a row, the last lands `alpha` later and is reduced.
+        let net = (x - 1.0) * wire + e.alpha_us + red;
+        let total = local + chained.max(net) + red;
+        let mut p = Priced::flat(Algorithm::Swizzle, total);
         p.intra = intra;
         p.nparts = 2;
         p.parts[0] = (Level::Intra, x * local);
-        p.parts[1] = (Level::Inter, (x - 1.0) * send);
+        p.parts[1] = (Level::Inter, net);
         Some(p)
     }
 }

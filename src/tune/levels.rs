@@ -8,9 +8,11 @@
 //!   hop's own alpha;
 //! - rd, rdh: each exchange step is priced from its pairs (the long-distance steps have all
 //!   of a host's ranks crossing at once);
-//! - mesh, mesh1, pairwise: of each rank's traffic the share (n-s)/(n-1) goes to other
-//!   hosts, and the s ranks of a host share its link;
-//! - bruck: each round is priced from its pairs, as rdh's;
+//! - mesh, mesh1: of each rank's traffic the share (n-s)/(n-1) goes to other hosts, and the s
+//!   ranks of a host share its link;
+//! - pairwise: the same bytes, its window of steps in flight, or its CPU, whichever is slowest;
+//! - bruck: each round is priced from its pairs, as rdh's, and the rounds of a host's ranks
+//!   overlap on its link;
 //! - trees: each level of the tree pays the alpha of the links it uses, and the pipelined
 //!   bytes the most loaded host link.
 #![forbid(unsafe_code)]
@@ -282,10 +284,7 @@ impl Net {
                 };
                 net.max(shm) + (s - 1.0) * self.intra.o_us + remote * self.inter.o_us + red
             }
-            (Pairwise, AllToAll) => {
-                (nf - 1.0) * (sl.alpha_us + sl.rendezvous(1.0, c, self.serial))
-                    + self.spread(lay, f * big)
-            }
+            (Pairwise, AllToAll) => self.pairwise(lay, big),
             (Bruck, AllGather | AllToAll) => self.bruck(coll, lay, big),
             (Rd, AllReduce) => self.rd(lay, big),
             (Rdh, _) => self.rdh(coll, lay, big)?,
@@ -297,14 +296,18 @@ impl Net {
     }
 
     /// Bruck: round k sends to the member 2^k away (AllGather: behind, its first
-    /// min(2^k, n-2^k) blocks; AllToAll: ahead, the blocks whose slot has bit k set), each round
-    /// priced from its pairs as rdh's are: the near rounds stay mostly inside a host, the far
-    /// ones have every rank of a host crossing at once. Plus the one-level formula's extra
-    /// (`formula`: a quarter of the vector for AllGather, half for AllToAll) spread as before.
+    /// min(2^k, n-2^k) blocks; AllToAll: ahead, the blocks whose slot has bit k set). A rank's
+    /// rounds follow one another, each its alpha and its bytes; but a host's ranks do not enter
+    /// a round together (its last rank's partner is on the next host from the first round on,
+    /// the others' later), so while one waits out its alpha the others' bytes use the NIC: the
+    /// rounds take the longer of one rank's chain of rounds (each alone on its links) and the
+    /// busiest NIC's bytes of every round, one alpha after them. Plus the one-level formula's
+    /// extra (`formula`: a quarter of the vector for AllGather, half for AllToAll) spread as
+    /// before.
     fn bruck(&self, coll: Collective, lay: &Layout, big: f64) -> f64 {
         let n = lay.n();
         let c = big / n as f64;
-        let mut t = 0.0;
+        let (mut chain, mut nic) = (0.0, 0.0);
         let mut d = 1;
         while d < n {
             let (blocks, pairs): (usize, Vec<(usize, usize)>) = if coll == Collective::AllGather {
@@ -315,7 +318,15 @@ impl Net {
                     (0..n).map(|v| (v, (v + d) % n)).collect(),
                 )
             };
-            t += self.step(blocks as f64 * c, lay.crossing(pairs.into_iter()));
+            let m = blocks as f64 * c;
+            let (cross, local) = lay.crossing(pairs.into_iter());
+            chain += self.step(m, (cross.min(1), local));
+            nic += cross as f64 * m * self.inter.beta_us_per_byte
+                + if cross > 0 {
+                    self.inter.rendezvous(1.0, m, self.serial)
+                } else {
+                    0.0
+                };
             d <<= 1;
         }
         let extra = if coll == Collective::AllGather {
@@ -323,7 +334,31 @@ impl Net {
         } else {
             big / 2.0
         };
-        t + self.spread(lay, extra)
+        chain.max(nic + self.inter.alpha_us) + self.spread(lay, extra)
+    }
+
+    /// Pairwise exchange: step k sends to the member k ahead and receives from the one k
+    /// behind, `algo::pairwise::WINDOW` steps in flight, so a rank's steps wait for one
+    /// another only a window apart. The longest of that chain of alphas, the rank's CPU
+    /// (each of its n-1 messages posted and handled at its level's `o`) and the slowest
+    /// host's bytes (`spread`) one alpha after them.
+    fn pairwise(&self, lay: &Layout, big: f64) -> f64 {
+        let nf = lay.n() as f64;
+        let c = big / nf;
+        let sl = self.slower();
+        let window = crate::algo::pairwise::WINDOW as f64;
+        let chain =
+            ((nf - 1.0) / window).ceil() * (sl.alpha_us + sl.rendezvous(1.0, c, self.serial));
+        let cpu = lay
+            .sizes
+            .iter()
+            .map(|&s| {
+                let s = s as f64;
+                2.0 * ((s - 1.0) * self.intra.o_us + (nf - s) * self.inter.o_us)
+            })
+            .fold(0.0, f64::max);
+        let bytes = self.spread(lay, (nf - 1.0) / nf * big) + sl.alpha_us;
+        chain.max(cpu).max(bytes)
     }
 
     /// Recursive doubling: the fold, log2 P exchanges of the whole buffer, the unfold.

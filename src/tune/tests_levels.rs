@@ -318,23 +318,116 @@ fn a_hierarchy_pays_for_its_per_host_intra_phases() {
     }
 }
 
+/// `algo`'s AllToAll of a `big`-byte buffer per rank on 2 hosts of 2, as the flat model prices it.
+fn all_to_all_on_2x2(m: &Model, algo: Algorithm, big: f64) -> f64 {
+    let p = Problem::new(Collective::AllToAll, 4, big as usize / 16);
+    let lay = layout(&p, &on(2, 2));
+    m.net()
+        .flat(algo, Collective::AllToAll, &lay, big, 0)
+        .unwrap()
+}
+
 /// Bruck's rounds are priced from their pairs: on 2 hosts of 2 an AllToAll sends two blocks a
 /// round; in round 1 one rank of each host crosses the network (its alpha plus the two blocks'
-/// bytes, slower than shared memory's pair), in round 2 both do (the NIC carries twice the
-/// bytes); then the formula's extra half block per peer, spread over the ranks' links (2/3 of
-/// two rounds' bytes through each NIC).
+/// bytes, slower than shared memory's pair), in round 2 both do, but not together: the rank
+/// whose first round stayed inside the host enters the second early, so a rank's chain is two
+/// rounds each alone on the NIC. That chain, or where the bytes dominate, the NIC's three
+/// rounds' shares of two blocks each and one alpha after them; then the formula's extra half
+/// block per peer, spread over the ranks' links (2/3 of two rounds' bytes through each NIC).
 #[test]
 fn bruck_rounds_are_priced_from_their_pairs() {
     let mut m = two_level(10.0, 1.0);
     m.eager_bytes = usize::MAX;
-    let p = Problem::new(Collective::AllToAll, 4, 250);
-    let lay = layout(&p, &on(2, 2));
-    let t = m
-        .net()
-        .flat(Algorithm::Bruck, Collective::AllToAll, &lay, 4000.0, 0)
-        .unwrap();
-    let want = 12.0 + 14.0 + 2.0 * 2000.0 * 2.0 / 3.0 * 1e-3;
+    let b = 1e-3;
+    for (big, want) in [
+        // Blocks of big/4: the chain, 2 (alpha + 2 blocks b).
+        (4000.0, 2.0 * (10.0 + 2000.0 * b)),
+        // The NIC: 3 x 2 blocks b + alpha.
+        (40000.0, 3.0 * 20000.0 * b + 10.0),
+    ] {
+        let t = all_to_all_on_2x2(&m, Algorithm::Bruck, big);
+        let want = want + 2.0 * big / 2.0 * 2.0 / 3.0 * b;
+        assert!((t - want).abs() < 1e-9, "{big} B: {t} us, by hand {want}");
+    }
+}
+
+/// Pairwise keeps `WINDOW` exchanges in flight, so on 2 hosts of 2 its three steps wait for
+/// one another once (one network alpha); a rank posts and handles its one message inside the
+/// host and two across, `o` each at its level; its host's NIC carries 2/3 of both ranks'
+/// (n-1)/n of the buffer, then one alpha. The slowest of the three.
+#[test]
+fn pairwise_is_its_cpu_or_its_bytes() {
+    let m = two_level(10.0, 1.0);
+    let b = 1e-3;
+    let cpu = 2.0 * (0.5 + 2.0 * 5.0);
+    for (big, want) in [
+        (4000.0, cpu),
+        (40000.0, 2.0 * 0.75 * 40000.0 * 2.0 / 3.0 * b + 10.0),
+    ] {
+        let t = all_to_all_on_2x2(&m, Algorithm::Pairwise, big);
+        assert!((t - want).abs() < 1e-9, "{big} B: {t} us, by hand {want}");
+    }
+}
+
+/// The swizzle's local phases run in a row, and between their steps each rank's CPU posts the
+/// part it sends across and handles and reduces the one it receives (`2 o` at the network's
+/// level and a slice's reduction): on 4 hosts of 4, rdh inside, a small ReduceScatter's rounds
+/// are each a local phase and that work; a larger one's parts leave a host one after the
+/// other, the last one alpha later, and is reduced twice (the last partial, then the host's
+/// own).
+#[test]
+fn a_swizzles_local_phases_wait_for_its_cpu_or_its_network() {
+    let m = two_level(10.0, 1.0);
+    let (bi, be, g, oe) = (2e-4, 1e-3, 1.25e-4, 5.0);
+    let price = |big: f64, x: usize| {
+        let p = problem(Collective::ReduceScatter, x * 4, big as usize);
+        let lay = layout(&p, &on(x, 4));
+        m.net()
+            .swizzle(Collective::ReduceScatter, &lay, big, Algorithm::Rdh)
+            .unwrap()
+            .us
+    };
+    // rdh among 4 ranks on a part of big/x: 2 alphas, 3/4 of it through the link and reduced.
+    let local = |part: f64| 2.0 + 0.75 * part * (bi + g);
+    let (big, x) = (6400.0, 4);
+    let slice = big / 16.0;
+    let want = local(big / 4.0) + 3.0 * (local(big / 4.0) + 2.0 * oe + slice * g) + slice * g;
+    let t = price(big, x);
     assert!((t - want).abs() < 1e-9, "{t} us, by hand {want}");
+    let (big, x) = (32000.0, 2);
+    let slice = big / 8.0;
+    let want = local(big / 2.0) + 4.0 * slice * be + 10.0 + 2.0 * slice * g;
+    let t = price(big, x);
+    assert!((t - want).abs() < 1e-9, "{t} us, by hand {want}");
+}
+
+/// The two-level ReduceScatter's intra-host phase runs one rdh per host of the vector's
+/// blocks, all at once: on 8 hosts of 8 it takes the longer of one rdh of the whole vector
+/// (3 alphas, 7/8 of it through the link and reduced) and the rank's CPU work (8 hosts' 3
+/// messages, each posted and handled at `o`, and the reductions of 7/8 of the vector).
+#[test]
+fn a_hierarchys_per_host_phases_take_the_longer_of_their_bytes_and_their_cpu() {
+    let m = two_level(1.0, 12.5);
+    let (bi, g) = (2e-4, 1.25e-4);
+    for big in [65536.0, 1048576.0] {
+        let p = problem(Collective::ReduceScatter, 64, big as usize);
+        let intra = m
+            .candidates(&p, 4, &on(8, 8))
+            .into_iter()
+            .find(|c| {
+                c.algo == Algorithm::Hier && c.intra == Algorithm::Rdh && c.inter == Algorithm::Rdh
+            })
+            .expect("hier(rdh x rdh) is priced")
+            .parts[0]
+            .1;
+        let single: f64 = 3.0 + 0.875 * big * (bi + g);
+        let cpu = 2.0 * 8.0 * 3.0 * 0.5 + 0.875 * big * g;
+        let want = single.max(cpu);
+        assert!(
+            (intra - want).abs() < 1e-9,
+            "{big} B: {intra} us, by hand {want}"
+        );
+    }
 }
 
 /// The swizzle's overlapped rounds are no faster than the CPU's work in them: on 2 hosts of 4
