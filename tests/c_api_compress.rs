@@ -22,7 +22,7 @@ const ALLGATHER: c_int = fabricoll_coll::FABRICOLL_COLL_ALLGATHER as c_int;
 const BROADCAST: c_int = fabricoll_coll::FABRICOLL_COLL_BROADCAST as c_int;
 
 /// Every coded format, as the C enum and as the codec's format (for the bound).
-const FORMATS: [(c_int, Format); 5] = [
+const FORMATS: [(c_int, Format); 6] = [
     (
         fabricoll_compress::FABRICOLL_COMPRESS_BF16 as c_int,
         Format::Bf16,
@@ -42,6 +42,10 @@ const FORMATS: [(c_int, Format); 5] = [
     (
         fabricoll_compress::FABRICOLL_COMPRESS_INT8 as c_int,
         Format::Int8,
+    ),
+    (
+        fabricoll_compress::FABRICOLL_COMPRESS_INT4 as c_int,
+        Format::Int4,
     ),
 ];
 
@@ -144,7 +148,9 @@ fn input(r: usize, count: usize, seed: u64) -> Vec<f32> {
 fn scale(f: Format, amax: f64) -> f64 {
     match f {
         Format::Bf16 => 1.0,
-        Format::Int8 => (amax / 127.0).max(2f64.powi(-126)) * (1.0 + 2f64.powi(-20)),
+        Format::Int8 | Format::Int4 => {
+            (amax / f64::from(f.max_code_value())).max(2f64.powi(-126)) * (1.0 + 2f64.powi(-20))
+        }
         _ => (2.0 * amax / f64::from(f.max_code_value())).max(2f64.powi(-126)),
     }
 }

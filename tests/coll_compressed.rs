@@ -17,7 +17,7 @@ use std::sync::Arc;
 mod common;
 use common::typed::{decode, encode, held};
 
-const FORMATS: [Format; 5] = Format::CODED;
+const FORMATS: [Format; 6] = Format::CODED;
 
 /// The collectives tested.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -39,8 +39,8 @@ class Options:
       ``FABRICOLL_INPLACE_RESTORE`` is set) and False leave it undefined on failure, as gloo
       and NCCL do, and run without the copy;
     - ``compress``: the wire format of the group's compressed collectives
-      (``FABRICOLL_COMPRESS``): ``"off"``, ``"bf16"``, ``"fp16"``, ``"fp8e4m3"``, ``"fp8e5m2"``
-      or ``"int8"``. all_reduce (sum, avg, premul_sum), reduce_scatter and all_gather of
+      (``FABRICOLL_COMPRESS``): ``"off"``, ``"bf16"``, ``"fp16"``, ``"fp8e4m3"``, ``"fp8e5m2"``,
+      ``"int8"`` or ``"int4"``. all_reduce (sum, avg, premul_sum), reduce_scatter and all_gather of
       float32, bfloat16 and float16 tensors then send block-scaled codes, so DDP's and FSDP2's
       gradients and parameters travel compressed; every other operation and type is sent as
       it is. Every rank of the group must pass the same. Error bounds: docs/compression.md;

@@ -81,7 +81,7 @@ INPLACE_UNDEFINED = 2  # undefined, as MPI, NCCL and gloo (no copy)
 # fabricoll_compress: the wire format of compressed collectives (FABRICOLL_COMPRESS's names;
 # docs/compression.md). DEFAULT (0) defers to the environment.
 COMPRESS_DEFAULT = 0
-COMPRESS = {"off": 1, "bf16": 2, "fp16": 3, "fp8e4m3": 4, "fp8e5m2": 5, "int8": 6}
+COMPRESS = {"off": 1, "bf16": 2, "fp16": 3, "fp8e4m3": 4, "fp8e5m2": 5, "int8": 6, "int4": 7}
 
 # fabricoll_config.compress_block's range (0: FABRICOLL_COMPRESS_BLOCK, else 256).
 MAX_COMPRESS_BLOCK = 1 << 20

@@ -27,9 +27,9 @@ pub fn scales(f: Format, amax: u32) -> Option<(f32, f32)> {
     let a = f32::from_bits(amax);
     match f {
         Format::Off | Format::Bf16 => Some((1.0, 1.0)),
-        Format::Int8 => {
+        Format::Int8 | Format::Int4 => {
             // At least the smallest normal, so that 1 / s stays finite.
-            let s = (a / 127.0).max(f32::MIN_POSITIVE);
+            let s = (a / f.max_code_value()).max(f32::MIN_POSITIVE);
             Some((s, 1.0 / s))
         }
         Format::Fp16 | Format::Fp8E4m3 | Format::Fp8E5m2 => {
@@ -133,7 +133,20 @@ fn int8_encode(y: f32) -> u8 {
     (y + MAGIC).to_bits() as u8
 }
 
-/// Writes the codes of `x` (multiplied by `mul`) into `out` (`x.len() * code_size` bytes).
+/// f32 -> int4 code (-7..=7, in the low nibble, two's complement), round to nearest even;
+/// `|y| <= 7` up to rounding (as `int8_encode`, whose low nibble it is).
+#[inline(always)]
+fn int4_encode(y: f32) -> u8 {
+    int8_encode(y) & 0x0f
+}
+
+/// The value of an int4 code (the low nibble of `c`).
+#[inline(always)]
+fn int4_value(c: u8) -> f32 {
+    f32::from(((c << 4) as i8) >> 4)
+}
+
+/// Writes the codes of `x` (multiplied by `mul`) into `out` (`codes_len(x.len())` bytes).
 #[inline(always)]
 pub fn encode(f: Format, x: &[f32], mul: f32, out: &mut [u8]) {
     match f {
@@ -163,6 +176,17 @@ pub fn encode(f: Format, x: &[f32], mul: f32, out: &mut [u8]) {
                 *o = int8_encode(*v * mul);
             }
         }
+        // Element 2j in the low nibble of byte j, element 2j + 1 in the high one.
+        Format::Int4 => {
+            let pairs = x.chunks_exact(2);
+            let tail = pairs.remainder();
+            for (p, o) in pairs.zip(out.iter_mut()) {
+                *o = int4_encode(p[0] * mul) | (int4_encode(p[1] * mul) << 4);
+            }
+            if let [v] = tail {
+                out[x.len() / 2] = int4_encode(*v * mul);
+            }
+        }
     }
 }
 
@@ -184,6 +208,7 @@ fn decode_one(f: Format, c: &[u8]) -> f32 {
         Format::Fp8E4m3 => fp8::e4m3_to_f32(c[0]),
         Format::Fp8E5m2 => fp8::e5m2_to_f32(c[0]),
         Format::Int8 => f32::from(c[0] as i8),
+        Format::Int4 => int4_value(c[0]),
     }
 }
 
@@ -210,6 +235,16 @@ fn decode_with(f: Format, codes: &[u8], scale: f32, out: &mut [f32], op: impl Fn
         Format::Fp8E4m3 => each!(1, Format::Fp8E4m3),
         Format::Fp8E5m2 => each!(1, Format::Fp8E5m2),
         Format::Int8 => each!(1, Format::Int8),
+        Format::Int4 => {
+            let mut pairs = out.chunks_exact_mut(2);
+            for (c, o) in codes.iter().zip(&mut pairs) {
+                op(&mut o[0], int4_value(*c) * scale);
+                op(&mut o[1], int4_value(*c >> 4) * scale);
+            }
+            if let [o] = pairs.into_remainder() {
+                op(o, int4_value(codes[codes.len() - 1]) * scale);
+            }
+        }
     }
 }
 

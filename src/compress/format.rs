@@ -19,28 +19,32 @@ pub enum Format {
     Fp8E5m2,
     /// Symmetric int8 codes (-127..=127) with an f32 scale `amax / 127` per block.
     Int8,
+    /// Symmetric int4 codes (-7..=7), two per byte, with an f32 scale `amax / 7` per block.
+    Int4,
 }
 
 /// The accepted names, in the order the error message lists them.
-pub const NAMES: &str = "off, bf16, fp16, fp8e4m3, fp8e5m2, int8";
+pub const NAMES: &str = "off, bf16, fp16, fp8e4m3, fp8e5m2, int8, int4";
 
 impl Format {
-    pub const ALL: [Format; 6] = [
+    pub const ALL: [Format; 7] = [
         Format::Off,
         Format::Bf16,
         Format::Fp16,
         Format::Fp8E4m3,
         Format::Fp8E5m2,
         Format::Int8,
+        Format::Int4,
     ];
 
     /// The formats that send codes (all but `Off`).
-    pub const CODED: [Format; 5] = [
+    pub const CODED: [Format; 6] = [
         Format::Bf16,
         Format::Fp16,
         Format::Fp8E4m3,
         Format::Fp8E5m2,
         Format::Int8,
+        Format::Int4,
     ];
 
     /// The format named `s` (`FABRICOLL_COMPRESS`'s values), or None.
@@ -56,6 +60,7 @@ impl Format {
             Format::Fp8E4m3 => "fp8e4m3",
             Format::Fp8E5m2 => "fp8e5m2",
             Format::Int8 => "int8",
+            Format::Int4 => "int4",
         }
     }
 
@@ -68,16 +73,24 @@ impl Format {
             Format::Fp8E4m3 => 3,
             Format::Fp8E5m2 => 4,
             Format::Int8 => 5,
+            Format::Int4 => 6,
         }
     }
 
-    /// Bytes per element code (0 for `Off`, which has no codes).
-    pub fn code_size(self) -> usize {
+    /// Bits per element code (0 for `Off`, which has no codes).
+    pub fn code_bits(self) -> usize {
         match self {
             Format::Off => 0,
-            Format::Bf16 | Format::Fp16 => 2,
-            Format::Fp8E4m3 | Format::Fp8E5m2 | Format::Int8 => 1,
+            Format::Bf16 | Format::Fp16 => 16,
+            Format::Fp8E4m3 | Format::Fp8E5m2 | Format::Int8 => 8,
+            Format::Int4 => 4,
         }
+    }
+
+    /// Bytes of the codes of a block of `n` elements: int4's two codes per byte, the last
+    /// byte of an odd block half used (its high nibble zero).
+    pub fn codes_len(self, n: usize) -> usize {
+        (n * self.code_bits()).div_ceil(8)
     }
 
     /// Whether each block carries an f32 scale.
@@ -94,6 +107,7 @@ impl Format {
             Format::Fp8E4m3 => 448.0,
             Format::Fp8E5m2 => 57344.0,
             Format::Int8 => 127.0,
+            Format::Int4 => 7.0,
         }
     }
 
@@ -112,6 +126,8 @@ impl Format {
             Format::Fp8E5m2 => (2f64.powi(-3), 2f64.powi(-17)),
             // x * (1/s) is within 2^-22 of x/s (|x/s| <= 127); q * s rounds once more.
             Format::Int8 => (2f64.powi(-24), 0.5 + 2f64.powi(-16)),
+            // The same with |x/s| <= 7.
+            Format::Int4 => (2f64.powi(-24), 0.5 + 2f64.powi(-16)),
         }
     }
 }

@@ -4,8 +4,10 @@
 //! # Wire layout (version [`WIRE_VERSION`])
 //! A buffer of `n` elements is cut into blocks of `K` elements (the last may be shorter), each
 //! stored as `[scale: f32 little-endian][K codes]`, blocks back to back; bf16 blocks have no
-//! scale. Codes: bf16 and fp16 as little-endian u16, fp8 and int8 as one byte. The value of
-//! element `i` of a block is `decode(code_i) * scale` (bf16: `decode(code_i)`).
+//! scale. Codes: bf16 and fp16 as little-endian u16, fp8 and int8 as one byte, int4 two per byte
+//! (element 2j in the low nibble of the block's byte j; an odd block's last byte has a zero high
+//! nibble). The value of element `i` of a block is `decode(code_i) * scale` (bf16:
+//! `decode(code_i)`).
 //!
 //! # Special values
 //! A block holding NaN or an infinity gets the marker scale NaN and zero codes: every element
@@ -38,7 +40,7 @@ pub use format::{Format, NAMES};
 use crate::error::{Error, Result};
 
 /// The wire layout's version. Raise it with any change to the layout or the encoders.
-pub const WIRE_VERSION: u32 = 1;
+pub const WIRE_VERSION: u32 = 2;
 
 /// The default block size (elements per scale).
 pub const DEFAULT_BLOCK: usize = 256;
@@ -76,7 +78,17 @@ impl Codec {
 
     /// Bytes on the wire for `n` elements.
     pub fn wire_len(&self, n: usize) -> usize {
-        n * self.format.code_size() + n.div_ceil(self.block) * self.header()
+        let (full, rest) = (n / self.block, n % self.block);
+        let mut len = full * self.block_len(self.block);
+        if rest > 0 {
+            len += self.block_len(rest);
+        }
+        len
+    }
+
+    /// Bytes of one block of `n` elements: its header and codes.
+    pub fn block_len(&self, n: usize) -> usize {
+        self.header() + self.format.codes_len(n)
     }
 
     fn check(&self, n: usize, wire: usize, arg: &'static str) -> Result<()> {
@@ -110,10 +122,10 @@ impl Codec {
     /// `quantize` after the length check.
     #[inline(always)]
     fn quantize_blocks(&self, src: &[f32], dst: &mut [u8]) {
-        let (f, h, w) = (self.format, self.header(), self.format.code_size());
+        let (f, h) = (self.format, self.header());
         let mut off = 0;
         for x in src.chunks(self.block) {
-            let out = &mut dst[off..off + h + x.len() * w];
+            let out = &mut dst[off..off + self.block_len(x.len())];
             off += out.len();
             if h == 0 {
                 block::encode(f, x, 1.0, out);
@@ -137,10 +149,10 @@ impl Codec {
     /// (lengths checked).
     #[inline(always)]
     fn blocks(&self, src: &[u8], out: &mut [f32], each: impl Fn(Format, &[u8], f32, &mut [f32])) {
-        let (h, w) = (self.header(), self.format.code_size());
+        let h = self.header();
         let mut off = 0;
         for o in out.chunks_mut(self.block) {
-            let b = &src[off..off + h + o.len() * w];
+            let b = &src[off..off + self.block_len(o.len())];
             off += b.len();
             let scale = if h == 0 {
                 1.0

@@ -6,7 +6,7 @@ use super::owner::{contribute, finish, reduce_segment, segments, wire_ranges};
 use super::{Codec, Format};
 use std::ops::Range;
 
-const FORMATS: [Format; 5] = Format::CODED;
+const FORMATS: [Format; 6] = Format::CODED;
 
 fn data(seed: u64, n: usize, wide: bool) -> Vec<f32> {
     crate::testing::values::values(seed, n, wide.then_some(20))
@@ -17,7 +17,7 @@ fn scale_at(c: &Codec, codes: &[u8], j: usize) -> f64 {
     if !c.format.scaled() {
         return 1.0;
     }
-    let at = (j / c.block) * (4 + c.block * c.format.code_size());
+    let at = (j / c.block) * c.block_len(c.block);
     f64::from(f32::from_le_bytes(codes[at..at + 4].try_into().unwrap()))
 }
 

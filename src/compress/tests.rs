@@ -18,13 +18,7 @@ impl Rng {
     }
 }
 
-const SCALED: [Format; 5] = [
-    Format::Bf16,
-    Format::Fp16,
-    Format::Fp8E4m3,
-    Format::Fp8E5m2,
-    Format::Int8,
-];
+const SCALED: [Format; 6] = Format::CODED;
 
 /// The reference encoding of one block: (scale, codes), the scale found by searching k.
 fn reference_block(f: Format, x: &[f32]) -> (Option<f32>, Vec<u8>) {
@@ -36,11 +30,11 @@ fn reference_block(f: Format, x: &[f32]) -> (Option<f32>, Vec<u8>) {
         return (None, codes);
     }
     if x.iter().any(|v| !v.is_finite()) {
-        return (Some(f32::NAN), vec![0; x.len() * f.code_size()]);
+        return (Some(f32::NAN), vec![0; f.codes_len(x.len())]);
     }
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let (scale, mul) = if f == Format::Int8 {
-        let s = (amax / 127.0).max(f32::MIN_POSITIVE);
+    let (scale, mul) = if matches!(f, Format::Int8 | Format::Int4) {
+        let s = (amax / f.max_code_value()).max(f32::MIN_POSITIVE);
         (s, 1.0 / s)
     } else {
         let m = f64::from(f.max_code_value());
@@ -50,6 +44,18 @@ fn reference_block(f: Format, x: &[f32]) -> (Option<f32>, Vec<u8>) {
         }
         (2f64.powi(-k) as f32, 2f64.powi(k) as f32)
     };
+    if f == Format::Int4 {
+        // Two codes per byte, element 2j low: the integers rounded and clamped to -7..=7.
+        let q: Vec<u8> = x
+            .iter()
+            .map(|v| ((v * mul).round_ties_even().clamp(-7.0, 7.0) as i32 as u8) & 0x0f)
+            .collect();
+        let codes = q
+            .chunks(2)
+            .map(|p| p[0] | p.get(1).map_or(0, |h| h << 4))
+            .collect();
+        return (Some(scale), codes);
+    }
     let codes = x
         .iter()
         .flat_map(|v| {
@@ -77,8 +83,18 @@ fn reference(c: &Codec, x: &[f32]) -> Vec<u8> {
     out
 }
 
+/// Element `j`'s code among a block's `codes`: its bytes (int4: its nibble, in the low bits).
+fn code_of(f: Format, codes: &[u8], j: usize) -> Vec<u8> {
+    if f == Format::Int4 {
+        return vec![(codes[j / 2] >> (4 * (j % 2))) & 0x0f];
+    }
+    let w = f.code_bits() / 8;
+    codes[j * w..(j + 1) * w].to_vec()
+}
+
 fn reference_decode(f: Format, code: &[u8], scale: f32) -> f32 {
     let v = match f {
+        Format::Int4 => f32::from(((code[0] << 4) as i8) >> 4),
         Format::Bf16 => return conv::bf16_to_f32(u16::from_le_bytes([code[0], code[1]])),
         Format::Fp16 => conv::f16_to_f32(u16::from_le_bytes([code[0], code[1]])),
         Format::Fp8E4m3 => fp8::e4m3_to_f32(code[0]),
@@ -103,7 +119,7 @@ fn check(x: &[f32], block: usize, what: &str) {
         let (rel, abs) = f.error_terms();
         let h = if f.scaled() { 4 } else { 0 };
         for (bi, xb) in x.chunks(block).enumerate() {
-            let base = bi * (h + block * f.code_size());
+            let base = bi * c.block_len(block);
             let scale = if h == 4 {
                 f32::from_le_bytes(wire[base..base + 4].try_into().unwrap())
             } else {
@@ -112,9 +128,8 @@ fn check(x: &[f32], block: usize, what: &str) {
             let special = xb.iter().any(|v| !v.is_finite());
             for (j, v) in xb.iter().enumerate() {
                 let i = bi * block + j;
-                let w = f.code_size();
-                let want =
-                    reference_decode(f, &wire[base + h + j * w..base + h + (j + 1) * w], scale);
+                let codes = &wire[base + h..base + c.block_len(xb.len())];
+                let want = reference_decode(f, &code_of(f, codes, j), scale);
                 assert_eq!(back[i].to_bits(), want.to_bits(), "{what}: {f}: decode {i}");
                 let sum = before[i] + want;
                 assert_eq!(

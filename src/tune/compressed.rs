@@ -45,6 +45,7 @@ impl CodecRate {
             Format::Fp8E4m3 => (11.0, 14.0, 13.0),
             Format::Fp8E5m2 => (11.0, 14.0, 13.0),
             Format::Int8 => (19.0, 40.0, 36.0),
+            Format::Int4 => (16.0, 21.0, 16.0),
         };
         CodecRate {
             quantize_gbps: q,

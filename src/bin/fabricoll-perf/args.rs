@@ -80,7 +80,7 @@ pub struct Args {
     /// rank's (2) or the slowest rank's (3) mean per iteration.
     #[arg(short = 'a', long = "average", default_value = "1", value_parser = average)]
     pub average: Average,
-    /// Compress the timed calls: off bf16 fp16 fp8e4m3 fp8e5m2 int8 (allreduce with sum or
+    /// Compress the timed calls: off bf16 fp16 fp8e4m3 fp8e5m2 int8 int4 (allreduce with sum or
     /// avg, reducescatter, allgather; float, half, bfloat16). An `error` column gives the
     /// largest difference from the uncompressed result over the largest magnitude of that
     /// result; -c checks the uncompressed run.

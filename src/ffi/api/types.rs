@@ -132,6 +132,7 @@ pub enum fabricoll_compress {
     FABRICOLL_COMPRESS_FP8E4M3 = 4,
     FABRICOLL_COMPRESS_FP8E5M2 = 5,
     FABRICOLL_COMPRESS_INT8 = 6,
+    FABRICOLL_COMPRESS_INT4 = 7,
 }
 
 /// A `fabricoll_compress` value: the format, `None` for DEFAULT; an error naming `name`.
@@ -145,6 +146,7 @@ pub(super) fn compress(v: c_int, name: &str) -> Result<Option<crate::compress::F
     const E4M3: c_int = C::FABRICOLL_COMPRESS_FP8E4M3 as c_int;
     const E5M2: c_int = C::FABRICOLL_COMPRESS_FP8E5M2 as c_int;
     const INT8: c_int = C::FABRICOLL_COMPRESS_INT8 as c_int;
+    const INT4: c_int = C::FABRICOLL_COMPRESS_INT4 as c_int;
     Ok(Some(match v {
         DEFAULT => return Ok(None),
         OFF => Format::Off,
@@ -153,10 +155,11 @@ pub(super) fn compress(v: c_int, name: &str) -> Result<Option<crate::compress::F
         E4M3 => Format::Fp8E4m3,
         E5M2 => Format::Fp8E5m2,
         INT8 => Format::Int8,
+        INT4 => Format::Int4,
         _ => {
             return Err(Error::arg(
                 name,
-                format!("{v} is not a fabricoll_compress (0..=6)"),
+                format!("{v} is not a fabricoll_compress (0..=7)"),
             ))
         }
     }))
