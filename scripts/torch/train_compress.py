@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "scripts", "multihost"))
 from cluster import Cluster, Job, launcher_env, placement  # noqa: E402  pylint: disable=wrong-import-position
 
-FORMATS = ("bf16", "fp16", "fp8e4m3", "fp8e5m2", "int8")
+FORMATS = ("bf16", "fp16", "fp8e4m3", "fp8e5m2", "int8", "int4")
 MODES = ("off", "gloo", "gloo-bf16") + FORMATS
 
 

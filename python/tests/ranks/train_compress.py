@@ -3,7 +3,7 @@ classes a fixed random teacher network gives its inputs), its gradients averaged
 these exchanges (``args["mode"]``):
 
 - ``off``: fabricoll, uncompressed;
-- a format (``bf16``, ``fp16``, ``fp8e4m3``, ``fp8e5m2``, ``int8``): fabricoll with
+- a format (``bf16``, ``fp16``, ``fp8e4m3``, ``fp8e5m2``, ``int8``, ``int4``): fabricoll with
   ``Options(compress=FMT)``, so DDP's bucket all_reduce travels compressed;
 - ``gloo``: gloo, uncompressed;
 - ``gloo-bf16``: gloo with PyTorch's own ``bf16_compress_hook`` (what users have today).
@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-FORMATS = ("bf16", "fp16", "fp8e4m3", "fp8e5m2", "int8")
+FORMATS = ("bf16", "fp16", "fp8e4m3", "fp8e5m2", "int8", "int4")
 MODES = ("off", "gloo", "gloo-bf16") + FORMATS
 CLASSES = 10
 
