@@ -25,7 +25,9 @@
 #   4. scripts/torch/gpu-check.sh (GPU_TORCH=0 skips it): the compiled front built for the machine's
 #      torch, the mixed group cpu:fabricoll,cuda:nccl with NCCL over our plugin, then CUDA
 #      tensors on fabricoll (tests.gpu_cuda);
-#   5. with GPU_BENCH=1, scripts/gpu-nccl.sh (tuner, CollNet, Socket, FABRICOLL_NET_STREAMS).
+#   5. with GPU_BENCH=1, scripts/torch/bench_cuda.py (CUDA tensors: fabricoll against gloo and
+#      copying to the host), then scripts/gpu-nccl.sh (tuner, CollNet, Socket,
+#      FABRICOLL_NET_STREAMS).
 # Output: $OUT (or target/gpu-tests)/gpu-tests.log; the exit status is the number of failed steps.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -134,6 +136,10 @@ if [ "${GPU_TORCH:-1}" = 1 ]; then
   step torch-mixed "${GPU_TORCH_S:-300}" env OUT="$out" scripts/torch/gpu-check.sh
 fi
 if [ "${GPU_BENCH:-0}" = 1 ]; then
+  # CUDA tensors on the torch backend against gloo and copying to the host (needs the compiled
+  # front that torch-mixed built)
+  [ "${GPU_TORCH:-1}" = 1 ] && step torch-cuda-bench 150 env FABRICOLL_LIB="$PWD/$lib" \
+    FABRICOLL_TORCH_EXT=1 python3 scripts/torch/bench_cuda.py --ranks 2 --reps 2 --iters 10
   step gpu-nccl "${GPU_BENCH_S:-600}" env OUT="$out/nccl" scripts/gpu-nccl.sh
 fi
 say "gpu-tests: $failed step(s) failed; log: $log"
