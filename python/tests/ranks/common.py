@@ -41,6 +41,17 @@ def init(timeout_s=60, backend=None):
     return dist.get_rank(), dist.get_world_size(), gloo
 
 
+def init_cuda(timeout_s=60):
+    """Default group = the backend under test, for CPU and CUDA tensors, every rank on CUDA
+    device rank % device_count; returns (rank, world size, device, gloo group)."""
+    import_backend()
+    dist.init_process_group(BACKEND, timeout=datetime.timedelta(seconds=timeout_s))
+    rank = dist.get_rank()
+    dev = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    return rank, dist.get_world_size(), dev, dist.new_group(backend="gloo")
+
+
 class Checks:
     """Named checks of one rank: each is ok, unsupported (a clear error) or failed."""
 

@@ -4,7 +4,6 @@ current stream), through gloo on the same tensors, and through fabricoll on CPU 
 copies to and from the device around it (what a CPU-only backend makes a user do). The three
 alternate per size and repetition; each time is the slowest rank's median of `iters` calls,
 each call timed from its start to the device being idle again."""
-import datetime
 import time
 
 import torch
@@ -16,12 +15,7 @@ WAYS = ("fabricoll", "gloo", "copy+cpu")
 
 
 def run(args):
-    common.import_backend()
-    dist.init_process_group(common.BACKEND, timeout=datetime.timedelta(seconds=120))
-    rank, ws = dist.get_rank(), dist.get_world_size()
-    dev = torch.device("cuda", rank % torch.cuda.device_count())
-    torch.cuda.set_device(dev)
-    gloo = dist.new_group(backend="gloo")
+    _, ws, dev, gloo = common.init_cuda(120)
     sizes = args.get("sizes", [1 << k for k in range(12, 27, 2)])
     iters, reps = args.get("iters", 20), args.get("reps", 3)
     out = {w: {} for w in WAYS}

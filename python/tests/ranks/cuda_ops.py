@@ -3,8 +3,6 @@ is "fabricoll" for CPU and CUDA tensors, every rank on device rank % device_coun
 compares with what every rank can compute itself from every rank's input (common.gen), and
 reads results back only after more work on the stream, so that stream order is what is tested.
 """
-import datetime
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -13,12 +11,7 @@ from tests.ranks import common
 
 
 def run(args):  # pylint: disable=too-many-locals,too-many-statements
-    common.import_backend()
-    dist.init_process_group(common.BACKEND, timeout=datetime.timedelta(seconds=60))
-    rank, ws = dist.get_rank(), dist.get_world_size()
-    dev = torch.device("cuda", rank % torch.cuda.device_count())
-    torch.cuda.set_device(dev)
-    cpu = dist.new_group(backend="gloo")
+    rank, ws, dev, cpu = common.init_cuda(60)
     ck = common.Checks(sync_group=cpu)
     inputs = lambda dt, n, seed, kind="normal": [common.gen(dt, (n,), r, seed, kind)  # noqa: E731
                                                  for r in range(ws)]
