@@ -33,7 +33,7 @@ from coll_tests import implemented_pairs  # noqa: E402
 
 COLLS = ("allreduce", "allgather", "reducescatter")
 # fabricoll-perf --compress's formats (compress::NAMES without off)
-FORMATS = ("bf16", "fp16", "fp8e4m3", "fp8e5m2", "int8")
+FORMATS = ("bf16", "fp16", "fp8e4m3", "fp8e5m2", "int8", "int4")
 # mpi_coll_bench rows: size count type redop iters time tmin algbw busbw #wrong
 # fabricoll-perf rows: size count type redop algo time algbw busbw #wrong
 COLUMNS = {"ompi": (5, 8), "perf": (5, 7)}

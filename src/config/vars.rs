@@ -147,7 +147,7 @@ pub const VARS: &[Var] = &[
     },
     Var {
         name: "FABRICOLL_COMPRESS",
-        accepted: "off, bf16, fp16, fp8e4m3, fp8e5m2, int8",
+        accepted: "off, bf16, fp16, fp8e4m3, fp8e5m2, int8, int4",
         default: "off",
         meaning: "engines: AllReduce (sum, avg), ReduceScatter and AllGather of f32, bf16 and f16 send block-scaled codes of this format (docs/compression.md); every rank must set the same (fabricoll_config.compress overrides)",
     },
