@@ -7,6 +7,9 @@
 //! - ReduceScatter: intra ReduceScatter (Y, B) + inter ReduceScatter (X, B/L), B the input;
 //! - Broadcast: inter (X, B, one group) + intra (Y, B); Reduce the reverse.
 //!
+//! The AllReduce's lanes run their inter phase together, or apart where its intra phase ends
+//! at different times on a host's ranks (`Net::lanes`).
+//!
 //! The AllGather's and ReduceScatter's intra phase runs one intra collective per host of the
 //! vector's blocks, all at once: the longer of one collective of B and the rank's CPU work.
 //!
@@ -172,6 +175,56 @@ impl Net {
             .sum()
     }
 
+    /// The AllReduce's inter-host phase, after its intra-host ReduceScatter: `lanes` lanes of
+    /// `x` members each run `inter` on `share` bytes (a rank's part), sharing every host's
+    /// link. Where the intra phase ends at one time on every rank of a host (rdh, the rings:
+    /// the same rounds on every rank), the lanes run their rounds together: each round an
+    /// alpha and the lanes' bytes at a `lanes`-th of the link (`phase` on the shared link).
+    /// Where it ends at different times (`ends_apart`) and the lanes run `rdh`, a lane that
+    /// enters first runs its large first rounds ahead of the others and stays ahead: while
+    /// one waits out its alpha, the others' bytes use the link (as Bruck's rounds,
+    /// `levels::Net::bruck`). The phase is then the longer of one lane's chain (alone on the
+    /// link) and every lane's bytes and reductions (the shared link without alphas) one alpha
+    /// after them, if that is shorter. Other inter algorithms stay priced together: a ring's
+    /// lanes, whose steps are all alike, stay near step.
+    fn lanes(
+        &self,
+        intra: Algorithm,
+        inter: Algorithm,
+        coll: Collective,
+        (x, lanes): (usize, usize),
+        share: f64,
+    ) -> Option<f64> {
+        let net = self.inter.shared(lanes as f64);
+        let together = self.phase(net, inter, coll, x, share)?;
+        if !self.ends_apart(intra, lanes, share) || inter != Algorithm::Rdh || x <= 1 {
+            return Some(together);
+        }
+        let chain = self.phase(self.inter, inter, coll, x, share)?;
+        let unlatched = Link {
+            alpha_us: 0.0,
+            ..net
+        };
+        let bytes = self.phase(unlatched, inter, coll, x, share)? + net.alpha_us;
+        Some(together.min(chain.max(bytes)))
+    }
+
+    /// Does the intra-host ReduceScatter by `intra` among `y` ranks, each keeping a part of
+    /// `part` bytes, end at different times on a host's ranks? A `mesh` rank reduces its
+    /// peers' parts in member order, and each part leaves at a different place in its
+    /// sender's order. Where a part's reduction is quicker than the gap between two parts'
+    /// arrivals (the rank posts one and handles one, `o` each, and the part's bytes come in
+    /// through its link) every rank ends one reduction after its last part; where it is
+    /// slower the reductions queue from the first part in member order on, and a rank whose
+    /// first part came early ends early. The other algorithms run the same rounds on every
+    /// rank.
+    fn ends_apart(&self, intra: Algorithm, y: usize, part: f64) -> bool {
+        let l = &self.intra;
+        intra == Algorithm::Mesh
+            && y > 1
+            && part * self.gamma > 2.0 * l.o_us + part * l.beta_us_per_byte
+    }
+
     /// Hierarchical `intra` x `inter` for `coll` with a whole vector of `big` bytes.
     pub fn hier(
         &self,
@@ -190,7 +243,10 @@ impl Net {
         let parts: Vec<(Level, f64)> = match coll {
             AllReduce => vec![
                 (Intra, i(ReduceScatter)?),
-                (Inter, self.phase(net, inter, AllReduce, x, share)?),
+                (
+                    Inter,
+                    self.lanes(intra, inter, AllReduce, (x, groups), share)?,
+                ),
                 (Intra, i(AllGather)?),
             ],
             AllGather => {

@@ -446,3 +446,56 @@ fn a_swizzle_round_is_no_faster_than_its_cpu() {
         .us;
     assert!((t - 14.0).abs() < 0.01, "{t}");
 }
+
+/// The two-level AllReduce's lanes on 4 hosts of 4: each of the 4 lanes all-reduces a
+/// quarter of the vector (`s`) by rdh among 4 hosts, the 4 lanes sharing each host's link.
+/// Together, each round pays its alpha and the lanes' bytes at a quarter of the link:
+/// `2 a + 2 (3/4) s (4 b) + (3/4) s g` beyond rdh's two rounds' alphas, `4 a` in all. After a
+/// `mesh` ReduceScatter whose part's reduction `s g` outlasts the gap between two parts'
+/// arrivals (`2 o + s b_intra`), the lanes enter apart and their alphas overlap the others'
+/// bytes: the longer of one lane alone (`4 a + 2 (3/4) s b + (3/4) s g`) and every lane's
+/// bytes and reductions plus one alpha (`2 (3/4) s (4 b) + (3/4) s g + a`). After an rdh
+/// ReduceScatter, or with parts too small, together.
+#[test]
+fn lanes_that_enter_apart_overlap_their_alphas_with_each_others_bytes() {
+    let (a, b, g, bi, oi) = (10.0, 1e-3, 5e-4, 2e-4, 0.5);
+    let m = Model::new(a, 1.0, 2.0).with_intra(Link {
+        alpha_us: 1.0,
+        beta_us_per_byte: bi,
+        o_us: oi,
+        eager_bytes: usize::MAX,
+    });
+    let inter = |big: f64, intra: Algorithm| {
+        let p = problem(Collective::AllReduce, 16, big as usize);
+        m.candidates(&p, 4, &on(4, 4))
+            .into_iter()
+            .find(|c| c.algo == Algorithm::Hier && c.intra == intra && c.inter == Algorithm::Rdh)
+            .expect("hier(intra x rdh) is priced")
+            .parts[1]
+            .1
+    };
+    let together = |s: f64| 4.0 * a + 2.0 * 0.75 * s * 4.0 * b + 0.75 * s * g;
+    let alone = |s: f64| 4.0 * a + 2.0 * 0.75 * s * b + 0.75 * s * g;
+    let bytes = |s: f64| 2.0 * 0.75 * s * 4.0 * b + 0.75 * s * g + a;
+    for (big, intra, apart) in [
+        (64000.0, Algorithm::Mesh, true),
+        (64000.0, Algorithm::Rdh, false),
+        (64000.0, Algorithm::Ring, false),
+        (8000.0, Algorithm::Mesh, false),
+    ] {
+        let s = big / 4.0;
+        assert_eq!(s * g > 2.0 * oi + s * bi, big > 10000.0);
+        let want = if apart {
+            alone(s).max(bytes(s)).min(together(s))
+        } else {
+            together(s)
+        };
+        let t = inter(big, intra);
+        assert!(
+            (t - want).abs() < 1e-9,
+            "{big} B after {intra}: {t} us, by hand {want}"
+        );
+    }
+    // Apart, the bytes are the longer here: 96 + 6 + 10 against the 142 together.
+    assert!((inter(64000.0, Algorithm::Mesh) - 112.0).abs() < 1e-9);
+}
