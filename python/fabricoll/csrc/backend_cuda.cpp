@@ -127,8 +127,7 @@ WorkPtr Backend::stream_op(OpType type, const char* op, const char* function, c1
               ": the communicator is shut down (shutdown or abort)");
   TORCH_CHECK(!coalescing_.load(), "fabricoll ", op,
               ": CUDA tensors are not supported in a coalescing block");
-  c10::Stream side = streams_.side(device);
-  Launch at(device, &side);
+  Launch at(device, [&] { return streams_.side(device); });
   record_on(at.stream(), used);
   int rc = call(comm, at.handle());
   at.finish();

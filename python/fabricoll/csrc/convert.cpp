@@ -61,4 +61,12 @@ void fail(const char* op, const char* function, int status) {
 
 size_t bytes(const at::Tensor& t) { return t.numel() * t.element_size(); }
 
+std::exception_ptr backend_error(const std::string& msg) {
+  try {
+    C10_THROW_ERROR(DistBackendError, msg);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
 }  // namespace fabricoll_ext

@@ -1,10 +1,12 @@
-// Tensors, dtypes and reduction ops as the C API takes them, shared by the compiled front's
-// host (backend.cpp) and CUDA (backend_cuda.cpp) paths.
+// Tensors, dtypes and reduction ops as the C API takes them, and its errors as torch's, shared
+// by the compiled front's Works and its host (backend.cpp) and CUDA (backend_cuda.cpp) paths.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <exception>
 #include <optional>
+#include <string>
 
 #include "api.h"
 
@@ -28,5 +30,8 @@ std::optional<int> engine_op(const c10d::ReduceOp& op, int dtype);
 [[noreturn]] void fail(const char* op, const char* function, int status);
 
 size_t bytes(const at::Tensor& t);
+
+// torch's DistBackendError (torch.distributed.DistBackendError in Python) carrying `msg`.
+std::exception_ptr backend_error(const std::string& msg);
 
 }  // namespace fabricoll_ext

@@ -1,6 +1,8 @@
 // The Work of the operations on CUDA tensors (see stream_work.h).
 #include "stream_work.h"
 
+#include "convert.h"
+
 #include <ATen/core/ivalue_inl.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
@@ -14,25 +16,16 @@ c10::Stream current_of(c10::Device device) {
   return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
 }
 
-// torch's DistBackendError carrying `msg`, as an exception_ptr.
-std::exception_ptr backend_error(const std::string& msg) {
-  try {
-    C10_THROW_ERROR(DistBackendError, msg);
-  } catch (...) {
-    return std::current_exception();
-  }
-}
-
 }  // namespace
 
 bool reserved(const c10::Stream& stream) {
   return reinterpret_cast<uintptr_t>(stream.native_handle()) <= 2;
 }
 
-Launch::Launch(c10::Device device, const c10::Stream* side)
+Launch::Launch(c10::Device device, const std::function<c10::Stream()>& side)
     : guard_(device), current_(current_of(device)), run_(current_) {
-  if (side != nullptr && reserved(current_)) {
-    run_ = *side;
+  if (reserved(current_)) {
+    run_ = side();
     c10::Event ready(device.type());
     ready.record(current_);
     ready.block(run_);

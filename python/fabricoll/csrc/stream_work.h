@@ -22,6 +22,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -39,7 +40,8 @@ namespace fabricoll_ext {
 // it is enqueued (finish()), so that the order on the current stream is the same.
 class Launch {
  public:
-  Launch(c10::Device device, const c10::Stream* side);
+  // `side` gives the device's side stream, asked for only where one is needed.
+  Launch(c10::Device device, const std::function<c10::Stream()>& side);
   // The stream the operation runs on, and its CUstream.
   const c10::Stream& stream() const { return run_; }
   void* handle() const { return run_.native_handle(); }

@@ -1,21 +1,14 @@
 // The compiled backend's Work (see work.h).
 #include "work.h"
 
+#include "convert.h"
+
 #include <c10/util/Exception.h>
 
 namespace fabricoll_ext {
 namespace {
 
 using State = Op::State;
-
-// torch's DistBackendError (torch.distributed.DistBackendError in Python) carrying `msg`.
-std::exception_ptr backend_error(const std::string& msg) {
-  try {
-    C10_THROW_ERROR(DistBackendError, msg);
-  } catch (...) {
-    return std::current_exception();
-  }
-}
 
 // fabricoll_callback: `user_data` is a heap std::shared_ptr<Op>, one per handed-over
 // request. Runs in the progress thread (or in the notifying thread when the request had
