@@ -14,6 +14,7 @@ use nccl_net_fabricoll::coll::device::install;
 use nccl_net_fabricoll::device::{Device, EmuConfig};
 use nccl_net_fabricoll::ffi::api::*;
 use std::os::raw::c_void;
+use std::ptr::null;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -261,6 +262,50 @@ fn misuse_gets_a_clear_error() {
         "{}",
         last_error()
     );
+    // The same refusal from every other form that takes a stream, naming its argument: each
+    // is refused before it joins a call, so the peer need not take part.
+    let sh = s.handle();
+    let counts = [4usize; 2];
+    let cp = counts.as_ptr();
+    type Call<'a> = Box<dyn Fn() -> fabricoll_status + 'a>;
+    let refused: [(&str, &str, Call); 6] = [
+        (
+            "gather",
+            "recvbuf",
+            Box::new(|| fabricoll_gather_stream(dp, hp, 4, f32t, 0, c, sh)),
+        ),
+        (
+            "scatter",
+            "sendbuf",
+            Box::new(|| fabricoll_scatter_stream(hp, dp, 4, f32t, 0, c, sh)),
+        ),
+        (
+            "allgatherv",
+            "recvbuf",
+            Box::new(|| fabricoll_allgatherv_stream(dp, 4, hp, cp, null(), f32t, c, sh)),
+        ),
+        (
+            "reducescatterv",
+            "sendbuf",
+            Box::new(|| fabricoll_reducescatterv_stream(hp, dp, cp, f32t, sum, c, sh)),
+        ),
+        (
+            "send_tagged",
+            "buf",
+            Box::new(|| fabricoll_send_tagged_stream(hp, 4, f32t, 1, 7, c, sh)),
+        ),
+        (
+            "recv_tagged",
+            "buf",
+            Box::new(|| fabricoll_recv_tagged_stream(hp, 4, f32t, 1, 7, c, sh)),
+        ),
+    ];
+    for (call, arg, f) in refused {
+        assert_eq!(f(), FABRICOLL_INVALID_ARGUMENT, "{call}");
+        let e = last_error();
+        let named = format!("argument '{arg}'");
+        assert!(e.contains(&named) && e.contains("pageable"), "{call}: {e}");
+    }
     // The legacy and per-thread default streams.
     for h in [0usize, 1, 2] {
         let st = fabricoll_allreduce_stream(dp, dp, 16, f32t, sum, c, h as *mut c_void);
@@ -268,10 +313,7 @@ fn misuse_gets_a_clear_error() {
         assert!(last_error().contains("stream"), "{}", last_error());
     }
     // Device memory to alltoallv, which takes host memory only.
-    let counts = [4usize; 2];
-    let cp = counts.as_ptr();
-    let null = std::ptr::null();
-    let st = fabricoll_alltoallv(hp, cp, null, dp, cp, null, f32t, c);
+    let st = fabricoll_alltoallv(hp, cp, null(), dp, cp, null(), f32t, c);
     assert_eq!(st, FABRICOLL_INVALID_ARGUMENT);
     assert!(
         last_error().contains("recvbuf") && last_error().contains("alltoallv"),
@@ -568,5 +610,94 @@ fn compressed_calls_on_device_buffers_give_the_host_calls_bits() {
                 "rank {me}: {what} allgather"
             );
         }
+    });
+}
+
+/// A call's own compression (`fabricoll_collective_options`) on device buffers of a
+/// communicator that compresses nothing: every slice of the call runs with it, blocking and
+/// non-blocking (whose slices the worker starts, on its own thread), so the result is the
+/// host call's bits under the same option, which differ from the uncompressed sum. A format
+/// on a device call it does not apply to is refused when the call is made, naming `compress`.
+#[test]
+fn a_calls_own_compression_applies_to_every_slice_of_a_device_call() {
+    let _serial = serial();
+    let d = dev();
+    let (n, count) = (2, 700_001);
+    let inputs: Vec<Vec<f32>> = (0..n)
+        .map(|r| nccl_net_fabricoll::testing::values::values(31 + r as u64, count, None))
+        .collect();
+    let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_ne_bytes()).collect() };
+    let test = "a_calls_own_compression_applies_to_every_slice_of_a_device_call";
+    on_ranks_with(&d, test, &config(), n, |me, c, ready| {
+        let cm = comm(c);
+        let s = d.create_stream().unwrap();
+        let mut o = std::mem::MaybeUninit::<fabricoll_call_options>::uninit();
+        let size = std::mem::size_of::<fabricoll_call_options>();
+        // SAFETY: `o` is writable for `size` bytes.
+        let st = unsafe { fabricoll_call_options_init_size(o.as_mut_ptr(), size) };
+        assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
+        // SAFETY: fabricoll_call_options_init_size wrote every field.
+        let mut o = unsafe { o.assume_init() };
+        o.compress = fabricoll_compress::FABRICOLL_COMPRESS_BF16 as _;
+        let allreduce = |send: *const c_void, recv: *mut c_void| fabricoll_call {
+            coll: fabricoll_coll::FABRICOLL_COLL_ALLREDUCE as _,
+            sendbuf: send,
+            recvbuf: recv,
+            count,
+            datatype: Ty::F32.c(),
+            op: Op::Sum.c(),
+            root: 0,
+            algo: 0,
+        };
+        let run = |call: &fabricoll_call, nonblocking: bool| -> fabricoll_status {
+            if !nonblocking {
+                // SAFETY: the call's buffers outlive the blocking call; the options are whole.
+                return unsafe { fabricoll_collective_options(call, &o, cm, std::ptr::null_mut()) };
+            }
+            let mut req = std::ptr::null_mut();
+            // SAFETY: as above; the buffers outlive the wait below.
+            let st = unsafe { fabricoll_collective_options(call, &o, cm, &mut req) };
+            if st != FABRICOLL_SUCCESS {
+                return st;
+            }
+            fabricoll_wait(req)
+        };
+        let input = bytes(&inputs[me]);
+        let mut host = vec![0f32; count];
+        let st = run(
+            &allreduce(input.as_ptr().cast(), host.as_mut_ptr().cast()),
+            false,
+        );
+        assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
+        let plain: Vec<f32> = (0..count)
+            .map(|i| inputs.iter().fold(0f32, |a, v| a + v[i]))
+            .collect();
+        let differ = (0..count)
+            .filter(|&i| host[i].to_bits() != plain[i].to_bits())
+            .count();
+        assert!(
+            differ > count / 2,
+            "rank {me}: the host call was not compressed"
+        );
+        let mut x = Buf::new(&d, &s, Place::Device, &input);
+        for nonblocking in [false, true] {
+            let mut y = Buf::new(&d, &s, Place::Device, &vec![0u8; count * 4]);
+            ready.wait();
+            let st = run(&allreduce(x.ptr(), y.ptr()), nonblocking);
+            assert_eq!(st, FABRICOLL_SUCCESS, "{}", last_error());
+            no_async_error(cm);
+            assert!(
+                y.read(&s, count * 4) == bytes(&host),
+                "rank {me}: nonblocking {nonblocking}"
+            );
+        }
+        // Broadcast is not compressed: refused at once, naming the option, on every rank.
+        let mut y = Buf::new(&d, &s, Place::Device, &[0u8; 64]);
+        let mut b = allreduce(x.ptr(), y.ptr());
+        b.coll = fabricoll_coll::FABRICOLL_COLL_BROADCAST as _;
+        b.count = 16;
+        assert_eq!(run(&b, false), FABRICOLL_INVALID_ARGUMENT);
+        assert!(last_error().contains("'compress'"), "{}", last_error());
+        no_async_error(cm);
     });
 }

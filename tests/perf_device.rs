@@ -1,7 +1,8 @@
 //! `fabricoll-perf --device`: the benchmark on device buffers, here on the emulated device
 //! (whose memory the host cannot touch, so a host access to a buffer would kill a rank):
 //! every collective blocking and stream-ordered, in and out of place, each row checked
-//! (#wrong 0); and the flags' misuse refused with a message naming the flag. On a GPU,
+//! (#wrong 0); compressed calls on device buffers; and the flags' misuse refused with a
+//! message naming the flag. On a GPU,
 //! `--device cuda` runs the same (scripts/gpu-tests.sh).
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -86,9 +87,62 @@ fn device_flags_misused_are_refused_naming_the_flag() {
     let o = perf(&["--device", "gpu"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("not a device"), "{}", text(&o));
-    let o = perf(&["--device", "emulated", "--compress", "bf16"]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("--compress"), "{}", text(&o));
+}
+
+/// Each row's size and `error` column (the last) of a `--compress` run.
+fn errors(o: &Output) -> Vec<(u64, String)> {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let size = w.first()?.parse::<u64>().ok()?;
+            (w.len() >= 10).then(|| (size, w[w.len() - 1].to_string()))
+        })
+        .collect()
+}
+
+/// `--compress` on device buffers: the device calls' slices run with the call's own format
+/// (the communicator compresses nothing), so every row reports the host run's error against
+/// the uncompressed result, to the digit, and that error is not zero.
+#[test]
+fn compressed_calls_on_emulated_device_buffers_match_the_host_runs() {
+    for coll in ["allreduce", "reducescatter", "allgather"] {
+        let base = [
+            "--ranks",
+            "3",
+            "--coll",
+            coll,
+            "--compress",
+            "int8",
+            "-b",
+            "1K",
+            "-e",
+            "4M",
+            "-f",
+            "64",
+            "-n",
+            "2",
+            "-w",
+            "1",
+        ];
+        let host = perf(&base);
+        assert!(host.status.success(), "{coll}:\n{}", text(&host));
+        let want = errors(&host);
+        assert_eq!(want.len(), 3, "{coll}:\n{}", text(&host));
+        for (_, e) in &want {
+            let e: f64 = e.parse().unwrap();
+            assert!(e > 0.0 && e < 0.01, "{coll}: error {e}\n{}", text(&host));
+        }
+        for extra in [
+            &["--device", "emulated"][..],
+            &["--device", "emulated", "--stream"],
+        ] {
+            let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+            let o = perf(&args);
+            assert!(o.status.success(), "{args:?}:\n{}", text(&o));
+            assert_eq!(errors(&o), want, "{args:?}:\n{}", text(&o));
+        }
+    }
 }
 
 #[test]

@@ -176,11 +176,6 @@ fn validate(a: &Args) -> Result<(), String> {
     if a.stream && a.device.is_none() {
         return Err("invalid arguments: --stream needs --device; see --help".to_string());
     }
-    if a.device.is_some() && a.compress.is_some() {
-        return Err(
-            "invalid arguments: --compress takes host buffers only (not --device)".to_string(),
-        );
-    }
     Ok(())
 }
 

@@ -6,7 +6,7 @@
 use nccl_net_fabricoll::algo::Algorithm;
 use nccl_net_fabricoll::coll::device::{install, DevCall, Parts, Streams};
 use nccl_net_fabricoll::coll::{Comm, Kind};
-use nccl_net_fabricoll::config::Timeout;
+use nccl_net_fabricoll::config::{Compression, Timeout};
 use nccl_net_fabricoll::device::{Device, DeviceBuffer, EmuConfig, Stream};
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
 use std::os::raw::c_void;
@@ -147,7 +147,8 @@ impl OnDevice {
     }
 
     /// Runs (blocking) or enqueues (stream-ordered) one call of `kind` from byte `send_off` of
-    /// `send` to byte `recv_off` of `recv`.
+    /// `send` to byte `recv_off` of `recv`, with `compress` of its own (None: the
+    /// communicator's).
     #[allow(clippy::too_many_arguments)]
     pub fn call(
         &self,
@@ -159,6 +160,7 @@ impl OnDevice {
         (dtype, op): (DataType, RedOp),
         root: usize,
         algo: Option<Algorithm>,
+        compress: Option<Compression>,
     ) -> Result<(), String> {
         let parts = Parts {
             kind,
@@ -175,6 +177,10 @@ impl OnDevice {
         let call = unsafe { DevCall::classify(&parts, self.stream_ordered) }
             .map_err(|e| e.to_string())?
             .ok_or("the buffers are not device memory")?;
+        let call = match compress {
+            Some(c) => call.with_compression(c),
+            None => call,
+        };
         if self.stream_ordered {
             // SAFETY: the stream is this rank's own and outlives every call (`finish` waits
             // for it before the buffers go).

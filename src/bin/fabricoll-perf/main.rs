@@ -230,6 +230,7 @@ fn rows(
                         (a.dtype, a.op),
                         a.root,
                         a.algo,
+                        c,
                     )
                 }
                 _ => comm.run_with(&call, c).map_err(|e| e.to_string()),

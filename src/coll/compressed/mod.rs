@@ -84,6 +84,11 @@ pub fn with_call_compression<R>(c: Compression, f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// This thread's per-call compression (`with_call_compression`), None outside one.
+pub(crate) fn call_compression() -> Option<Compression> {
+    CALL.with(Cell::get)
+}
+
 /// What a compressed call does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum What {
@@ -254,16 +259,34 @@ impl Comm {
         per_call: Option<Compression>,
     ) -> Result<Option<Codec>> {
         let explicit = per_call.or_else(|| CALL.with(Cell::get));
-        let Some(codec) = explicit.unwrap_or(self.compress).codec() else {
-            return Ok(None);
+        Ok(self
+            .settled_compression(call.kind, call.dtype, call.op, explicit)?
+            .codec())
+    }
+
+    /// The compression a call of `kind` on `dtype` with `op` runs with, settled when the call
+    /// is made: `per_call` where given (an error naming `compress` where it does not apply),
+    /// else the communicator's where it applies, else off. For calls whose collectives start
+    /// later and maybe on another thread (the device calls' slices), which pass it as their
+    /// per-call setting.
+    pub(crate) fn settled_compression(
+        &self,
+        kind: Kind,
+        dtype: DataType,
+        op: RedOp,
+        per_call: Option<Compression>,
+    ) -> Result<Compression> {
+        let c = per_call.unwrap_or(self.compress);
+        let Some(codec) = c.codec() else {
+            return Ok(Compression::OFF);
         };
-        match applies(call.kind, call.dtype, call.op) {
-            Ok(()) => Ok(Some(codec)),
-            Err(why) if explicit.is_some() => Err(Error::arg(
+        match applies(kind, dtype, op) {
+            Ok(()) => Ok(c),
+            Err(why) if per_call.is_some() => Err(Error::arg(
                 "compress",
                 format!("{} does not apply to {why}", codec.format),
             )),
-            Err(_) => Ok(None),
+            Err(_) => Ok(Compression::OFF),
         }
     }
 

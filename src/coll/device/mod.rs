@@ -19,6 +19,7 @@ pub use stream::Streams;
 use super::{Kind, Layout};
 use crate::algo::varied::Spec;
 use crate::algo::Algorithm;
+use crate::config::Compression;
 use crate::device::{Device, PtrKind};
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, RedOp};
@@ -96,6 +97,9 @@ pub struct DevCall {
     kinds: [Option<PtrKind>; 2],
     /// The blocks of a varied collective (None: a uniform call, cut by its kind and count).
     blocks: Option<slices::Blocks>,
+    /// The call's own compression (the C API's per-call option, read when the call is made:
+    /// its slices start later, maybe on the worker); None: the communicator's.
+    compress: Option<Compression>,
     dev: Device,
 }
 
@@ -162,9 +166,19 @@ impl DevCall {
                 k => Ok(Some(k)),
             }
         };
+        // Point-to-point calls take one buffer, `buf` in the C API.
+        let p2p = matches!(
+            p.kind,
+            Kind::Send { .. } | Kind::Recv { .. } | Kind::Tagged { .. }
+        );
+        let (send_name, recv_name) = if p2p {
+            ("buf", "buf")
+        } else {
+            ("sendbuf", "recvbuf")
+        };
         let kinds = [
-            kind(p.send, "sendbuf")?,
-            kind(p.recv as *const c_void, "recvbuf")?,
+            kind(p.send, send_name)?,
+            kind(p.recv as *const c_void, recv_name)?,
         ];
         let on_device = kinds
             .iter()
@@ -184,8 +198,16 @@ impl DevCall {
             algo: p.algo,
             kinds,
             blocks: None,
+            compress: super::compressed::call_compression(),
             dev,
         }))
+    }
+
+    /// The call with compression `c` of its own, as a per-call option (Rust callers; the C
+    /// API's per-call option is read by `classify`).
+    pub fn with_compression(mut self, c: Compression) -> DevCall {
+        self.compress = Some(c);
+        self
     }
 
     /// The call as a varied collective (Gather, Scatter, AllGatherV, ReduceScatterV) of rank

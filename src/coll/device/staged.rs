@@ -28,6 +28,7 @@ use super::slices::{self, Piece, Slice};
 use super::DevCall;
 use crate::algo::varied::Varied;
 use crate::coll::{Call, Comm, Kind, Layout, RequestId};
+use crate::config::Compression;
 use crate::device::{Device, Event, HostBuffer, PtrKind, Span, Stream};
 use crate::error::{Error, Result};
 use crate::transport::Region;
@@ -104,6 +105,8 @@ struct OnStream {
 /// One call's slices and where each is.
 pub(super) struct Pipeline {
     call: DevCall,
+    /// The compression every slice's collective runs with, settled when the call was made.
+    compress: Compression,
     list: Vec<Slice>,
     input: Side,
     output: Side,
@@ -156,8 +159,10 @@ impl Pipeline {
                 need.0.max(need.1)
             )));
         }
+        let compress = comm.settled_compression(call.kind, call.dtype, call.op, call.compress)?;
         Ok(Pipeline {
             call,
+            compress,
             list,
             input,
             output,
@@ -390,7 +395,7 @@ impl Pipeline {
                     let s = &self.list[st.slice];
                     let c = slot_call(&self.call, slot, s, &self.input, &self.output);
                     st.state = State::Running {
-                        req: comm.start(&c)?,
+                        req: comm.start_with(&c, Some(self.compress))?,
                     };
                     self.next_start += 1;
                     moved = true;
@@ -463,7 +468,7 @@ impl Pipeline {
                 slice: i,
                 slot,
                 state: State::Running {
-                    req: comm.start(&c)?,
+                    req: comm.start_with(&c, Some(self.compress))?,
                 },
             });
             self.next_start += 1;
