@@ -1,7 +1,8 @@
 //! The C API on device buffers on the real GPU (CUDA device 0, through the driver): the same
 //! matrices as `device_capi` with ranks as threads sharing the GPU (blocking, stream-ordered,
 //! non-blocking and grouped, every call, 2 to 5 ranks), stream-ordered sends and receives on
-//! two streams, host calls after non-blocking device calls, and a timing table of the
+//! two streams, host calls after non-blocking device calls, compressed calls on device
+//! buffers (the communicator's format and a call's own), and a timing table of the
 //! 2-rank stream-ordered device allreduce against the caller copying to the host and calling
 //! the host API. Run by scripts/gpu-tests.sh (`--ignored`).
 use capi::{comm, last_error, ranks};
@@ -92,6 +93,16 @@ fn gpu_tagged_rooted_and_uneven_calls_blocking_and_stream_ordered() {
 fn gpu_every_call_every_mode_four_and_five_ranks() {
     let _serial = serial();
     four_and_five(&gpu(), "gpu_every_call_every_mode_four_and_five_ranks");
+}
+
+#[test]
+#[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
+fn gpu_compressed_calls_on_device_buffers_give_the_host_calls_bits() {
+    let _serial = serial();
+    let test = "gpu_compressed_calls_on_device_buffers_give_the_host_calls_bits";
+    device::compressed::like_the_host_calls(&gpu(), test);
+    let test = "gpu_a_calls_own_compression_applies_to_every_slice_of_a_device_call";
+    device::compressed::own_compression_on_every_slice(&gpu(), test);
 }
 
 #[test]

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use fabricoll_status::*;
 
+pub mod compressed;
+
 /// How long a test waits for a stream.
 pub const WAIT: Duration = Duration::from_secs(20);
 
