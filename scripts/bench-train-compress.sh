@@ -8,7 +8,8 @@
 #       [other options of scripts/torch/train_compress.py: --width, --depth, --batch, ...]
 #
 # Each mode is a job of its own on the same hosts (scripts/netns-cluster.sh), the modes' order
-# turning from one repetition to the next. The table (DIR/summary.txt; default DIR
+# turning from one repetition to the next. The caller's FABRICOLL_* variables (FABRICOLL_LOG=info
+# shows each compressed call's exchanges and prediction) reach every rank. The table (DIR/summary.txt; default DIR
 # $CARGO_TARGET_DIR/bench-train-compress/<date>-<time>) gives per mode the median step time,
 # x (the first mode's step time over the mode's), the final loss on held-out data and its
 # difference from the uncompressed run, and checks the targets: a compressed format's step at

@@ -55,6 +55,9 @@ def run_mode(a, c, hosts_of, mode, rep, port):
               "FABRICOLL_PROVIDER": "net", "GLOO_SOCKET_IFNAME": "ccl0",
               "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
               "FABRICOLL_TIMEOUT_MS": str(a.run_timeout * 1000)}
+    # The caller's own settings (FABRICOLL_LOG, FABRICOLL_ALGO, ...) reach the ranks too.
+    common.update({k: v for k, v in os.environ.items()
+                   if k.startswith("FABRICOLL_") and k not in common})
     envs = [dict(common, **launcher_env("torchrun", r, hosts_of, c.addr(1), port))
             for r in range(len(hosts_of))]
     t0 = time.monotonic()
