@@ -31,6 +31,8 @@
 # runs of 16 B..64 MiB per layout and delay) takes an estimated 3 to 4 hours on 2 CPUs; a subset
 #   scripts/bench-multihost.sh --layouts 2x2 --delays 0 --colls allreduce --max 64K --reps 1
 # takes under a minute. Run it on an otherwise idle machine: the ranks share its CPUs.
+# The caller's FABRICOLL_* variables reach fabricoll's ranks (FABRICOLL_LOG=info logs each
+# compressed call's exchanges; FABRICOLL_ALGO=alltoall:pairwise sets their algorithm).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 target=${CARGO_TARGET_DIR:-target}

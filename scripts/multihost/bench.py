@@ -145,6 +145,9 @@ class Bench:
     def run_ours(self, c, hosts_of, coll, tool, name):
         self.port += 2
         env = {"FABRICOLL_PROVIDER": self.a.provider, "FABRICOLL_TIMEOUT_MS": "60000"}
+        # The caller's own settings (FABRICOLL_LOG, FABRICOLL_ALGO, ...) reach the ranks too.
+        env.update({k: v for k, v in os.environ.items()
+                    if k.startswith("FABRICOLL_") and k not in env})
         algo = "auto"
         if tool.startswith("algo:"):
             algo = tool[5:]
