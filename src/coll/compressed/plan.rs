@@ -41,8 +41,8 @@ impl Comm {
         codec: Codec,
     ) -> Result<Vec<(Collective, algo::Algorithm)>> {
         let n = self.nranks;
-        if self.tiers(call).is_some() {
-            return Ok(super::tiered::exchange_algos(call));
+        if let Some(lanes) = self.tiers(call) {
+            return Ok(super::tiered::exchange_algos(call, &lanes));
         }
         let Kind::Coll(own) = call.kind else {
             return Err(Error::arg(
