@@ -698,11 +698,18 @@ fn ranks_compressing_different_levels_fail_together() {
 
 /// Several non-blocking tiered calls in flight at once on every rank complete, waited for in
 /// reverse order, with the composition's bits; an abort fails a tiered call that a rank of
-/// the other host never joined, on the ranks that started it, without waiting for it.
+/// another host never joined, on the ranks that started it, without waiting for it. On 2 x 2
+/// and on 2 + 2 + 1 (an extra rank on each of the first two hosts).
 #[test]
 fn nonblocking_calls_in_flight_and_abort() {
+    for n in [4, 5] {
+        nonblocking_on(n);
+    }
+}
+
+fn nonblocking_on(n: usize) {
     let codec = Codec::new(Format::Fp8E5m2, 64).unwrap();
-    let (n, per, len) = (4, 2, 3000);
+    let (per, len) = (2, 3000);
     let cs = comms(n, per, codec, CompressLevels::Inter);
     let x: Vec<Vec<f32>> = (0..n).map(|r| data(r as u64 + 40, len, r == 2)).collect();
     let want = expected_tiered(
@@ -728,7 +735,7 @@ fn nonblocking_calls_in_flight_and_abort() {
     });
     for (rank, bufs) in got.iter().enumerate() {
         for b in bufs {
-            assert_eq!(bits(b), bits(&want[rank]), "rank {rank}");
+            assert_eq!(bits(b), bits(&want[rank]), "{n} ranks: rank {rank}");
         }
     }
     // Ranks 0 and 1 (host 0) start a call the other host never joins; each aborts.
@@ -745,7 +752,7 @@ fn nonblocking_calls_in_flight_and_abort() {
         comm.wait(id).unwrap_err().to_string()
     });
     for (rank, e) in errs.iter().enumerate() {
-        assert!(e.contains("aborted"), "rank {rank}: {e}");
+        assert!(e.contains("aborted"), "{n} ranks: rank {rank}: {e}");
     }
 }
 

@@ -386,7 +386,6 @@ impl Comm {
         let out = sub(t.out, out_len);
         let inp = sub(call.send, t.lay.in_elems() * el);
         let what = t.lay.what;
-        let mut exchanges = Vec::new();
         for &stage in Stage::of(what, t.lay.l.uneven()) {
             let (i, o) = match (stage, what) {
                 (Stage::HostReduce, _) => (inp, pieces),
@@ -401,25 +400,31 @@ impl Comm {
             let s = lanes::exchange(n, rank, &group, &p)
                 .map_err(|err| Error::Internal(format!("tiered {stage:?}: {err}")))?;
             let planned = self.planned(Arc::new(s), 1)?;
-            let (ranks, piece) = t.lay.priced(stage);
-            let us = self.model.tier_exchange_us(
-                stage.tier(),
-                stage.coll(),
-                stage.algo(),
-                ranks,
-                piece,
-                t.lay.l.width(),
-            );
-            exchanges.push(Exchange {
-                coll: stage.coll(),
-                bytes: piece,
-                algo: stage.algo(),
-                us,
-                level: Some(stage.tier()),
-            });
             t.stages.push((stage, planned, i, o));
         }
         if log::log_enabled!(log::Level::Info) {
+            let exchanges = t
+                .stages
+                .iter()
+                .map(|&(stage, ..)| {
+                    let (ranks, piece) = t.lay.priced(stage);
+                    let us = self.model.tier_exchange_us(
+                        stage.tier(),
+                        stage.coll(),
+                        stage.algo(),
+                        ranks,
+                        piece,
+                        t.lay.l.width(),
+                    );
+                    Exchange {
+                        coll: stage.coll(),
+                        bytes: piece,
+                        algo: stage.algo(),
+                        us,
+                        level: Some(stage.tier()),
+                    }
+                })
+                .collect();
             let shape = match what {
                 What::AllReduce => Shape::AllReduce,
                 What::ReduceScatter => Shape::ReduceScatter,

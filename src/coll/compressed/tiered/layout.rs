@@ -180,12 +180,10 @@ impl Layout {
         self.lanes[k].last().map_or(0, |s| s.wire.end)
     }
 
-    /// The indices in lane `k` of host `g`'s segments.
+    /// The indices in lane `k` of host `g`'s segments (a lane's are in host order).
     pub fn owned(&self, k: usize, g: usize) -> Range<usize> {
         let segs = &self.lanes[k];
-        let a = segs.iter().position(|s| s.host == g).unwrap_or(segs.len());
-        let b = segs[a..].iter().take_while(|s| s.host == g).count();
-        a..a + b
+        segs.partition_point(|s| s.host < g)..segs.partition_point(|s| s.host <= g)
     }
 
     /// Where host `g`'s codes of lane `k` lie in the lane's buffer of codes.
@@ -388,5 +386,100 @@ impl Layout {
                 (l.host.clone(), p)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::Hosts;
+    use crate::compress::Format;
+
+    /// Every rank's layout of `what` on hosts `labels`: rank r's segment `blocks[r]`.
+    fn layouts(what: What, labels: &[usize], count: usize) -> Vec<Layout> {
+        let codec = Codec::new(Format::Int8, 4).unwrap();
+        let n = labels.len();
+        let hosts = Hosts::from_labels(labels);
+        let blocks: Vec<(usize, usize)> = (0..n).map(|r| (r * count, count + r % 3)).collect();
+        let blocks: Vec<(usize, usize)> = blocks
+            .iter()
+            .scan(0, |at, &(_, c)| {
+                *at += c;
+                Some((*at - c, c))
+            })
+            .collect();
+        (0..n)
+            .map(|r| {
+                let l = Lanes::of(hosts, n, r).unwrap();
+                match what {
+                    What::AllReduce => Layout::all_reduce(&codec, l, count, 4),
+                    _ => Layout::per_rank(what, &codec, l, &blocks, 4),
+                }
+            })
+            .collect()
+    }
+
+    /// What every member sends every other matches, piece by piece, what that one receives
+    /// from it, in every exchange of every collective, on hosts of equal and different sizes.
+    #[test]
+    fn every_piece_sent_is_received_alike() {
+        for labels in [
+            &[0, 0, 1, 1][..],
+            &[0, 0, 1, 1, 2],
+            &[0, 0, 0, 1, 2, 2],
+            &[0, 1, 0, 2, 1, 0],
+        ] {
+            for what in [What::AllReduce, What::ReduceScatter, What::AllGather] {
+                let all = layouts(what, labels, 9);
+                let uneven = all[0].l.uneven();
+                for &stage in Stage::of(what, uneven) {
+                    let plans: Vec<_> = all.iter().map(|l| l.pieces(stage)).collect();
+                    for (r, (group, p)) in plans.iter().enumerate() {
+                        let i = group.iter().position(|&x| x == r).unwrap();
+                        for (m, &peer) in group.iter().enumerate() {
+                            let (pg, pp) = &plans[peer];
+                            let Some(pi) = pg.iter().position(|&x| x == r) else {
+                                assert!(p.send[m].is_empty() || peer == r);
+                                continue;
+                            };
+                            let lens = |v: &[(usize, usize)]| -> Vec<usize> {
+                                v.iter().map(|p| p.1).collect()
+                            };
+                            if peer != r {
+                                assert_eq!(
+                                    lens(&p.send[m]),
+                                    lens(&pp.recv[pi]),
+                                    "{labels:?} {what:?} {stage:?}: {r} to {peer}"
+                                );
+                            } else {
+                                assert_eq!(lens(&p.send[i]), lens(&p.recv[i]));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// 3 + 2 ranks: two lanes, rank 2 extra (lane 0). Its ReduceScatter output is owned by rank
+    /// 0, which sums and owns two segments; the price takes the largest host and pieces.
+    #[test]
+    fn an_extra_rank_is_owned_by_its_hosts_lane_rank() {
+        let all = layouts(What::ReduceScatter, &[0, 0, 0, 1, 1], 8);
+        let ranks: Vec<Vec<usize>> = all[0]
+            .lanes
+            .iter()
+            .map(|l| l.iter().map(|s| s.rank).collect())
+            .collect();
+        assert_eq!(ranks, vec![vec![0, 2, 3], vec![1, 4]]);
+        assert_eq!(all[0].owned(0, 0), 0..2);
+        let handed: Vec<usize> = all[0].handed().map(|h| h.0).collect();
+        assert_eq!(handed, vec![2]);
+        assert!(all[2].l.extra() && all[2].handed().next().is_none());
+        // Rank 0 sums lane 0's three segments (8 + 10 + 8 elements) from three host ranks.
+        assert_eq!(all[0].buffers()[0], 3 * 26 * 4);
+        assert_eq!(all[0].priced(Stage::HostReduce), (3, 26 * 4));
+        assert_eq!(all[0].priced(Stage::HostGather), (3, 10 * 4));
+        assert_eq!(all[0].priced(Stage::LaneToOwners).0, 2);
     }
 }
