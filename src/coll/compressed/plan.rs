@@ -33,8 +33,9 @@ impl Comm {
     }
 
     /// The collective and algorithm of each exchange of the uniform collective `call`
-    /// (AllReduce, ReduceScatter, AllGather) compressed with `codec`, in the order they run:
-    /// what `fabricoll-perf` prints and the tests check.
+    /// (AllReduce, ReduceScatter, AllGather; a V collective too where the inter-host level
+    /// alone is compressed) compressed with `codec`, in the order they run: what
+    /// `fabricoll-perf` prints and the tests check.
     pub fn exchange_algos(
         &self,
         call: &Call,
