@@ -6,7 +6,7 @@
 //! NaN and infinities never come out finite; large finite values stay finite.
 use nccl_net_fabricoll::algo::varied::Varied;
 use nccl_net_fabricoll::algo::{self, Algorithm, Collective};
-use nccl_net_fabricoll::coll::{Call, Comm, Kind, Layout};
+use nccl_net_fabricoll::coll::{Call, Comm, Kind};
 use nccl_net_fabricoll::compress::{owner, Codec, Format};
 use nccl_net_fabricoll::config::{Compression, Config};
 use nccl_net_fabricoll::reduce::{DataType, RedOp};
@@ -245,7 +245,6 @@ fn run_rank(
     rank: usize,
     per_call: Option<Compression>,
 ) -> nccl_net_fabricoll::error::Result<Vec<f32>> {
-    let n = comm.nranks;
     let (dt, el) = (case.dt, case.dt.size());
     let input = encode(dt, &case.inputs[rank]);
     let out_len = case.out_len(rank);
@@ -256,20 +255,13 @@ fn run_rank(
         Op::ReduceScatter => (Kind::Coll(Collective::ReduceScatter), case.counts[0]),
         Op::AllGather => (Kind::Coll(Collective::AllGather), case.counts[0]),
         Op::ReduceScatterV | Op::AllGatherV => {
-            let w = std::mem::size_of::<usize>();
             let coll = if case.op == Op::AllGatherV {
                 Varied::AllGatherV
             } else {
                 Varied::ReduceScatterV
             };
-            let mut l = Layout::new(coll);
             // SAFETY: both arrays outlive the blocking call, which reads them when it starts.
-            unsafe {
-                l.counts = Region::from_raw(counts_v.as_ptr() as *mut u8, n * w);
-                if coll == Varied::AllGatherV {
-                    l.displs = Region::from_raw(displs_v.as_ptr() as *mut u8, n * w);
-                }
-            }
+            let l = unsafe { common::typed::varied_layout(coll, &counts_v, &displs_v) };
             (Kind::Varied(l), case.counts[rank])
         }
     };

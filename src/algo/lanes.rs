@@ -1,10 +1,11 @@
-//! The two levels of a communicator whose hosts each hold the same number of ranks, as a
-//! composed call sees them: a rank's host (its ranks, in rank order) and its lane (the rank of
-//! each host with the same local index, in host order); and the exchange of byte pieces among
-//! one such group of ranks, the other ranks taking no part (no messages to them, not even
-//! empty ones), so that a phase inside a host never touches the network and a phase of a lane
-//! crosses it only between the lane's ranks. `coll::compressed` builds its inter-host-only
-//! composition on these (docs/compression.md).
+//! The two levels of a communicator over several hosts, as a composed call sees them: a rank's
+//! host (its ranks, in rank order) and its lane (the rank of each host with the same local
+//! index, in host order), with as many lanes as the smallest host has ranks (the other ranks
+//! of bigger hosts are *extra*: they take part in their host's exchanges only); and the
+//! exchange of byte pieces among one such group of ranks, the other ranks taking no part (no
+//! messages to them, not even empty ones), so that a phase inside a host never touches the
+//! network and a phase of a lane crosses it only between the lane's ranks.
+//! `coll::compressed` builds its inter-host-only composition on these (docs/compression.md).
 #![forbid(unsafe_code)]
 
 use super::{AlgoError, AlgoResult, Algorithm, Buf, Builder, Collective, Hosts, Problem, Schedule};
@@ -15,44 +16,50 @@ use super::{Op, Span};
 pub struct Lanes {
     /// The ranks of this rank's host, in rank order.
     pub host: Vec<usize>,
-    /// The ranks of this rank's lane: host g's rank with this rank's local index, host by host.
+    /// The ranks of this rank's lane: host g's rank with this rank's local index, host by
+    /// host; for an extra rank, the lane of local index `local % lanes.len()` (the one it
+    /// hands its data to).
     pub lane: Vec<usize>,
     /// Every lane: `lanes[k][g]` is host g's rank of local index k.
     pub lanes: Vec<Vec<usize>>,
-    /// This rank's index in `host` (its local index, its lane's number).
+    /// Every host's ranks, in rank order.
+    pub members: Vec<Vec<usize>>,
+    /// This rank's index in `host` (its local index; its lane's number unless extra).
     pub local: usize,
-    /// This rank's index in `lane` (its host's number).
+    /// Its host's number (its index in `lane`).
     pub at: usize,
 }
 
 impl Lanes {
-    /// The host and lane of `rank` of `n` when the ranks span at least two hosts with the same
-    /// number (at least two) of ranks each; None otherwise (one host, one rank per host, or
-    /// hosts of different sizes).
+    /// The host and lane of `rank` of `n` when the ranks span at least two hosts and some host
+    /// holds at least two ranks; None otherwise (one host, or one rank per host). The lanes
+    /// are as many as the smallest host's ranks.
     pub fn of(hosts: Hosts, n: usize, rank: usize) -> Option<Lanes> {
         if hosts.is_one() || !hosts.fits(n) || rank >= n {
             return None;
         }
         let members = hosts.members(n);
-        let per = hosts.even(n)?;
-        if members.len() < 2 || per < 2 {
+        let width = members.iter().map(Vec::len).min()?;
+        let widest = members.iter().map(Vec::len).max()?;
+        if members.len() < 2 || widest < 2 || width == 0 {
             return None;
         }
         let h = hosts.host_of(rank);
         let local = members[h].iter().position(|&r| r == rank)?;
-        let lanes: Vec<Vec<usize>> = (0..per)
+        let lanes: Vec<Vec<usize>> = (0..width)
             .map(|k| members.iter().map(|m| m[k]).collect())
             .collect();
         Some(Lanes {
             host: members[h].clone(),
-            lane: lanes[local].clone(),
+            lane: lanes[local % width].clone(),
             lanes,
+            members,
             local,
             at: h,
         })
     }
 
-    /// Ranks per host.
+    /// Ranks of this rank's host.
     pub fn per_host(&self) -> usize {
         self.host.len()
     }
@@ -60,6 +67,38 @@ impl Lanes {
     /// Hosts.
     pub fn hosts(&self) -> usize {
         self.lane.len()
+    }
+
+    /// Lanes: the smallest host's ranks.
+    pub fn width(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// Is this rank extra (past the lanes: its host's exchanges only)?
+    pub fn extra(&self) -> bool {
+        self.local >= self.width()
+    }
+
+    /// Does some host hold extra ranks (are the hosts of different sizes)?
+    pub fn uneven(&self) -> bool {
+        self.members.iter().any(|m| m.len() > self.width())
+    }
+
+    /// Ranks per host, host by host.
+    pub fn sizes(&self) -> Vec<usize> {
+        self.members.iter().map(Vec::len).collect()
+    }
+
+    /// The host and local index of every rank of the communicator.
+    pub fn places(&self) -> Vec<(usize, usize)> {
+        let n = self.members.iter().map(Vec::len).sum();
+        let mut p = vec![(0, 0); n];
+        for (g, m) in self.members.iter().enumerate() {
+            for (j, &r) in m.iter().enumerate() {
+                p[r] = (g, j);
+            }
+        }
+        p
     }
 }
 
@@ -142,8 +181,18 @@ mod tests {
             (vec![2, 3], vec![1, 3, 5])
         );
         assert_eq!((l.per_host(), l.hosts()), (2, 3));
-        // Uneven hosts, one host, one rank per host: no lanes.
-        assert_eq!(Lanes::of(Hosts::blocks(5, 2), 5, 0), None);
+        // Hosts of 1, 3 and 2 ranks: one lane, ranks 2, 3 and 5 extra.
+        let h = Hosts::from_labels(&[0, 1, 1, 1, 2, 2]);
+        let l = Lanes::of(h, 6, 3).unwrap();
+        assert_eq!(l.lanes, vec![vec![0, 1, 4]]);
+        assert_eq!((l.local, l.at, l.width(), l.extra()), (2, 1, 1, true));
+        assert_eq!(l.lane, vec![0, 1, 4]);
+        assert!(l.uneven() && !Lanes::of(h, 6, 4).unwrap().extra());
+        assert_eq!(l.sizes(), vec![1, 3, 2]);
+        assert_eq!(l.places()[5], (2, 1));
+        // 2 + 2 + 1: one lane too.
+        assert_eq!(Lanes::of(Hosts::blocks(5, 2), 5, 0).unwrap().width(), 1);
+        // One host, one rank per host: no lanes.
         assert_eq!(Lanes::of(Hosts::ONE, 4, 0), None);
         assert_eq!(Lanes::of(Hosts::blocks(3, 1), 3, 0), None);
     }

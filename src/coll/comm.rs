@@ -56,8 +56,6 @@ pub struct Comm {
     pub(super) compress: crate::config::Compression,
     /// Which levels compressed calls compress (`Config::compress_levels`; `compressed`).
     pub(super) compress_levels: crate::config::CompressLevels,
-    /// The fall back to compressing every level on hosts of different sizes was logged.
-    pub(super) tier_fallback_logged: AtomicBool,
     /// Where one-host calibrations outlive the process (`Config::calibration_dir`).
     pub(super) calibration_dir: Option<std::path::PathBuf>,
 }
@@ -175,7 +173,6 @@ impl Comm {
             restore: cfg.inplace_restore,
             compress: cfg.compress,
             compress_levels: cfg.compress_levels,
-            tier_fallback_logged: AtomicBool::new(false),
             calibration_dir: cfg.calibration_dir.clone(),
         };
         Ok(comm)

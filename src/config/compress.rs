@@ -64,8 +64,8 @@ impl Compression {
 /// (`FABRICOLL_COMPRESS_LEVELS`; docs/compression.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum CompressLevels {
-    /// The inter-host level only, where every host holds the same number of ranks (at least
-    /// two): shared memory carries the data in full precision. Elsewhere every level.
+    /// The inter-host level only, on several hosts of which some hold two ranks or more (any
+    /// sizes): shared memory carries the data in full precision. Elsewhere every level.
     #[default]
     Inter,
     /// Every level alike, shared memory included.

@@ -161,7 +161,7 @@ pub const VARS: &[Var] = &[
         name: "FABRICOLL_COMPRESS_LEVELS",
         accepted: "inter, all",
         default: "inter",
-        meaning: "engines: on hosts that each hold the same number (at least two) of ranks, compressed collectives compress only the inter-host level and keep shared memory in full precision (inter), or compress every level alike (all); elsewhere every level is compressed; every rank must set the same (docs/compression.md)",
+        meaning: "engines: on several hosts, some with two ranks or more, compressed collectives compress only the inter-host level and keep shared memory in full precision (inter), or compress every level alike (all); on one host or one rank per host every level is compressed; every rank must set the same (docs/compression.md)",
     },
     Var {
         name: "FABRICOLL_CALIBRATION_CACHE",

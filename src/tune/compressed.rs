@@ -4,11 +4,11 @@
 //! whichever algorithm runs an exchange, so it does not change which one is chosen; it is what
 //! tells, next to the uncompressed call's price, whether compression pays on this link.
 //!
-//! On hosts that each hold the same number of ranks the call compresses the inter-host level
-//! only (`coll::compressed`, docs/compression.md): its exchanges inside a host carry the data
-//! in full precision and are priced on shared memory's link at the data's bytes, those of a
-//! lane carry codes and are priced on the network's link, shared by the host's lanes, at the
-//! codes' bytes; the codec works on a host's share of the data only (`codec_elements_tiered`).
+//! On several hosts the call compresses the inter-host level only (`coll::compressed`,
+//! docs/compression.md): its exchanges inside a host carry the data in full precision and are
+//! priced on shared memory's link at the data's bytes, those of a lane carry codes and are
+//! priced on the network's link, shared by the host's lanes, at the codes' bytes; the codec
+//! works on a host's share of the data only (`codec_elements_tiered`).
 #![forbid(unsafe_code)]
 
 use super::Model;
@@ -70,27 +70,32 @@ pub fn codec_elements(shape: Shape, nranks: usize, count: usize) -> (usize, usiz
     }
 }
 
-/// `codec_elements` of the inter-host-only composition on `hosts` hosts of `per_host` ranks:
-/// AllReduce quantizes its lane's slice of the host's sum (`ceil(count / per_host)`) and its
-/// segment of the lane's sum (`ceil(slice / hosts)`), adds the hosts' codes of that segment
-/// and decodes the slice; ReduceScatter quantizes the host's sums of its lane's `hosts` blocks
-/// and its own block's sum, adds `hosts` blocks and decodes its own; AllGather quantizes its
-/// input and decodes its lane's `hosts` blocks.
-pub fn codec_elements_tiered(
-    shape: Shape,
-    hosts: usize,
-    per_host: usize,
-    count: usize,
-) -> (usize, usize, usize) {
-    let (x, y) = (hosts.max(1), per_host.max(1));
+/// `codec_elements` of the inter-host-only composition on hosts of `sizes` ranks, for its
+/// busiest rank (a lane's rank; L lanes, the smallest host's ranks, over H hosts): AllReduce
+/// quantizes its lane's slice of the host's sum (`ceil(count / L)`) and its segment of the
+/// lane's sum (`ceil(slice / H)`), adds the hosts' codes of that segment and decodes the slice;
+/// ReduceScatter quantizes the host's sums of its lane's blocks (one per rank of the lane's
+/// local indices on every host: `sum_h ceil(s_h / L)`, H on hosts of equal size) and the
+/// blocks it owns (its own and its host's extra ranks': `ceil(max_h s_h / L)`), adds H codes of
+/// each owned block and decodes them; AllGather quantizes its input and decodes its lane's
+/// blocks.
+pub fn codec_elements_tiered(shape: Shape, sizes: &[usize], count: usize) -> (usize, usize, usize) {
+    let x = sizes.len().max(1);
+    let y = sizes.iter().copied().min().unwrap_or(1).max(1);
+    let lane: usize = sizes.iter().map(|s| s.div_ceil(y)).sum::<usize>().max(1);
+    let owned = sizes.iter().copied().max().unwrap_or(1).div_ceil(y).max(1);
     match shape {
         Shape::AllReduce => {
             let slice = count.div_ceil(y);
             let seg = slice.div_ceil(x);
             (slice + seg, x * seg, slice)
         }
-        Shape::ReduceScatter => (x * count + count, x * count, count),
-        Shape::AllGather => (count, 0, x * count),
+        Shape::ReduceScatter => (
+            lane * count + owned * count,
+            x * owned * count,
+            owned * count,
+        ),
+        Shape::AllGather => (count, 0, lane * count),
     }
 }
 
@@ -102,18 +107,13 @@ pub fn codec_us(format: Format, shape: Shape, nranks: usize, count: usize) -> f6
     elements_us(format, codec_elements(shape, nranks, count))
 }
 
-/// `codec_us` of the inter-host-only composition (`codec_elements_tiered`).
-pub fn codec_us_tiered(
-    format: Format,
-    shape: Shape,
-    hosts: usize,
-    per_host: usize,
-    count: usize,
-) -> f64 {
-    if hosts <= 1 {
+/// `codec_us` of the inter-host-only composition on hosts of `sizes` ranks
+/// (`codec_elements_tiered`).
+pub fn codec_us_tiered(format: Format, shape: Shape, sizes: &[usize], count: usize) -> f64 {
+    if sizes.len() <= 1 {
         return 0.0;
     }
-    elements_us(format, codec_elements_tiered(shape, hosts, per_host, count))
+    elements_us(format, codec_elements_tiered(shape, sizes, count))
 }
 
 /// Microseconds to quantize, add and dequantize `(q, a, d)` elements in `format`.
@@ -160,9 +160,9 @@ pub struct CompressedPrice {
     pub elem: usize,
     pub exchanges: Vec<Exchange>,
     pub codec_us: f64,
-    /// The inter-host-only composition's hosts and ranks per host (None: every level
+    /// The inter-host-only composition's ranks per host, host by host (None: every level
     /// compressed alike).
-    pub tiers: Option<(usize, usize)>,
+    pub tiers: Option<Vec<usize>>,
 }
 
 impl CompressedPrice {
@@ -196,14 +196,20 @@ impl CompressedPrice {
             })
             .collect();
         let r = CodecRate::of(self.format);
-        let ((q, a, d), how) = match self.tiers {
-            Some((x, y)) => (
-                codec_elements_tiered(self.shape, x, y, self.count),
-                format!(
-                    " inter-host level only ({x} hosts x {y} ranks; shared memory in full \
-                     precision)"
-                ),
-            ),
+        let ((q, a, d), how) = match &self.tiers {
+            Some(sizes) => {
+                let (x, y) = (sizes.len(), sizes.iter().copied().min().unwrap_or(0));
+                let hosts = if sizes.iter().all(|&s| s == y) {
+                    format!("{x} hosts x {y} ranks")
+                } else {
+                    let s = if y == 1 { "" } else { "s" };
+                    format!("{x} hosts of {sizes:?} ranks, {y} lane{s}")
+                };
+                (
+                    codec_elements_tiered(self.shape, sizes, self.count),
+                    format!(" inter-host level only ({hosts}; shared memory in full precision)"),
+                )
+            }
             None => (
                 codec_elements(self.shape, self.nranks, self.count),
                 " every level".to_string(),

@@ -292,7 +292,7 @@ fn fit_takes_beta_from_two_sizes_when_small_rounds_are_slow() {
 fn int8_price(
     exchanges: Vec<crate::tune::Exchange>,
     codec_us: f64,
-    tiers: Option<(usize, usize)>,
+    tiers: Option<Vec<usize>>,
 ) -> crate::tune::CompressedPrice {
     crate::tune::CompressedPrice {
         shape: crate::tune::Shape::AllReduce,
@@ -382,24 +382,39 @@ fn tiered_compressed_price_prices_codes_on_the_network_only() {
     use crate::tune::{codec_elements_tiered, codec_us, codec_us_tiered, Exchange, Shape, Tier};
     // 2 hosts x 2 ranks, AllReduce of 1000: slice 500, segment 250.
     assert_eq!(
-        codec_elements_tiered(Shape::AllReduce, 2, 2, 1000),
+        codec_elements_tiered(Shape::AllReduce, &[2, 2], 1000),
         (750, 500, 500)
     );
     assert_eq!(
-        codec_elements_tiered(Shape::ReduceScatter, 3, 2, 100),
+        codec_elements_tiered(Shape::ReduceScatter, &[2, 2, 2], 100),
         (400, 300, 100)
     );
     assert_eq!(
-        codec_elements_tiered(Shape::AllGather, 2, 3, 100),
+        codec_elements_tiered(Shape::AllGather, &[3, 3], 100),
         (100, 0, 200)
+    );
+    // Hosts of 3 + 2 ranks: two lanes, rank 2 extra. AllReduce as on 2 x 2; lane 0's rank of
+    // the first host sums and owns two blocks (its own and the extra's) of ReduceScatter, and
+    // its lane holds three blocks (AllGather decodes them).
+    assert_eq!(
+        codec_elements_tiered(Shape::AllReduce, &[3, 2], 1000),
+        (750, 500, 500)
+    );
+    assert_eq!(
+        codec_elements_tiered(Shape::ReduceScatter, &[3, 2], 100),
+        (500, 400, 200)
+    );
+    assert_eq!(
+        codec_elements_tiered(Shape::AllGather, &[3, 2], 100),
+        (100, 0, 300)
     );
     // Less codec work than every level compressed, and none on one host.
     assert!(
-        codec_us_tiered(Format::Int8, Shape::AllReduce, 2, 2, 1 << 20)
+        codec_us_tiered(Format::Int8, Shape::AllReduce, &[2, 2], 1 << 20)
             < codec_us(Format::Int8, Shape::AllReduce, 4, 1 << 20)
     );
     assert_eq!(
-        codec_us_tiered(Format::Int8, Shape::AllReduce, 1, 4, 1 << 20),
+        codec_us_tiered(Format::Int8, Shape::AllReduce, &[4], 1 << 20),
         0.0
     );
     let m = Model::new(10.0, 1.0, 10.0);
@@ -439,7 +454,7 @@ fn tiered_compressed_price_prices_codes_on_the_network_only() {
             level: Some(Tier::Lane),
         }],
         1.0,
-        Some((2, 2)),
+        Some(vec![2, 2]),
     );
     let text = p.describe();
     for w in [
@@ -448,6 +463,15 @@ fn tiered_compressed_price_prices_codes_on_the_network_only() {
     ] {
         assert!(text.contains(w), "{w}: {text}");
     }
+    let uneven = crate::tune::CompressedPrice {
+        tiers: Some(vec![2, 2, 1]),
+        ..p
+    };
+    let text = uneven.describe();
+    assert!(
+        text.contains("inter-host level only (3 hosts of [2, 2, 1] ranks, 1 lane;"),
+        "{text}"
+    );
 }
 
 /// A mesh round (`exchange`): every rank posts its n-1 sends while their bytes flow, then

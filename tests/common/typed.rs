@@ -153,3 +153,25 @@ impl Bound {
             .fold(0f64, |m, y| m.max(y.abs()))
     }
 }
+
+/// The layout of a ReduceScatterV (`counts`) or AllGatherV (`counts`, `displs`) call.
+///
+/// # Safety
+/// `counts` and `displs` must outlive every call that reads the layout.
+pub unsafe fn varied_layout(
+    coll: nccl_net_fabricoll::algo::varied::Varied,
+    counts: &[usize],
+    displs: &[usize],
+) -> nccl_net_fabricoll::coll::Layout {
+    use nccl_net_fabricoll::algo::varied::Varied;
+    use nccl_net_fabricoll::transport::Region;
+    let mut l = nccl_net_fabricoll::coll::Layout::new(coll);
+    // SAFETY: the caller keeps both arrays alive while the layout is read.
+    unsafe {
+        l.counts = Region::from_raw(counts.as_ptr() as *mut u8, std::mem::size_of_val(counts));
+        if coll == Varied::AllGatherV {
+            l.displs = Region::from_raw(displs.as_ptr() as *mut u8, std::mem::size_of_val(displs));
+        }
+    }
+    l
+}

@@ -39,12 +39,12 @@
 //! (`Comm::run_with`, or this thread's `with_call_compression`) of a call it does not apply to
 //! is an error naming `compress`.
 //!
-//! Levels: on hosts that each hold the same number (at least two) of ranks, a uniform call
-//! compresses the inter-host level only (`tiered`): shared memory carries the data in full
-//! precision, and only the exchanges among the ranks of a lane (one per host) carry codes.
-//! Elsewhere (one host, hosts of different sizes, the V collectives) and with
-//! `FABRICOLL_COMPRESS_LEVELS=all` every level is compressed alike: the exchanges carry codes
-//! whichever algorithm runs them, shared memory included.
+//! Levels: on several hosts, some holding two ranks or more (of equal or different sizes), a
+//! call compresses the inter-host level only (`tiered`), the V collectives too: shared memory
+//! carries the data in full precision, and only the exchanges among the ranks of a lane (one
+//! per host) carry codes. Elsewhere (one host, one rank per host, an AllGatherV whose blocks
+//! overlap) and with `FABRICOLL_COMPRESS_LEVELS=all` every level is compressed alike: the
+//! exchanges carry codes whichever algorithm runs them, shared memory included.
 use super::engine::{Engine, Planned};
 use super::{Call, Comm, Kind};
 use crate::algo::varied::{Spec, Varied};

@@ -33,16 +33,17 @@ impl Comm {
     }
 
     /// The collective and algorithm of each exchange of the uniform collective `call`
-    /// (AllReduce, ReduceScatter, AllGather) compressed with `codec`, in the order they run:
-    /// what `fabricoll-perf` prints and the tests check.
+    /// (AllReduce, ReduceScatter, AllGather; a V collective too where the inter-host level
+    /// alone is compressed) compressed with `codec`, in the order they run: what
+    /// `fabricoll-perf` prints and the tests check.
     pub fn exchange_algos(
         &self,
         call: &Call,
         codec: Codec,
     ) -> Result<Vec<(Collective, algo::Algorithm)>> {
         let n = self.nranks;
-        if self.tiers(call).is_some() {
-            return Ok(super::tiered::exchange_algos(call));
+        if let Some(lanes) = self.tiers(call) {
+            return Ok(super::tiered::exchange_algos(call, &lanes));
         }
         let Kind::Coll(own) = call.kind else {
             return Err(Error::arg(
