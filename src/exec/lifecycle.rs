@@ -45,6 +45,7 @@ impl Exec {
             watch: Watch::Off,
             held: None,
             foreign_at: None,
+            gone: Default::default(),
             posted_recvs: 0,
             finished: false,
             job,
@@ -94,6 +95,7 @@ impl Exec {
         self.watch = Watch::Off;
         self.held = None;
         self.foreign_at = None;
+        self.gone.reset();
         let inp = self.job.args.inp.sub(0, need_in).expect("checked");
         let out = self.job.args.out.sub(0, need_out).expect("checked");
         // Overlap of input and output: the steps may write over the input. Restoring, run on

@@ -1,0 +1,215 @@
+//! Noticing a peer that went away. No completion says that a peer is gone: a message sent
+//! before its process exited completed (it lies in the peer's fastbox ring, or the provider
+//! took it), and a receive posted for a message that process would have sent waits for ever.
+//! So a collective (or transfer) that has made no progress for `WATCH_AFTER` asks the
+//! transport, at most every `LOOK_EVERY`, whether each peer it has an operation in flight
+//! with is gone (`Transport::peer_gone`: over shm its process exited or its endpoint closed);
+//! once it has made none for `ASK_AFTER`, at most every `ASK_EVERY` it also asks the peers'
+//! addresses (a bounded connection attempt: a socket peer whose endpoint closed refuses it).
+//!
+//! A peer seen gone fails the call only if the operation with it is still in flight
+//! `CONFIRM` later: what the peer sent before it exited may still wait in our queues, unread
+//! at the look, and the engine polls the transport many times in between. Only operations in
+//! flight count: a peer that finished its part and left may have sent what a receive of ours,
+//! not yet posted, will take from our queues.
+use super::notice::WATCH_AFTER;
+use super::{Exec, St};
+use crate::error::{Error, Result};
+use crate::transport::{Peer, Transport};
+use std::time::{Duration, Instant};
+
+/// How often a stalled call asks whether the peers it waits for are gone.
+const LOOK_EVERY: Duration = Duration::from_millis(20);
+
+/// How long a peer seen gone must keep an operation of the call in flight before the call
+/// fails (see the module doc).
+const CONFIRM: Duration = Duration::from_millis(50);
+
+/// How long a call makes no progress before it asks its peers' addresses too.
+const ASK_AFTER: Duration = Duration::from_secs(1);
+
+/// The interval between two askings of the addresses.
+const ASK_EVERY: Duration = Duration::from_secs(2);
+
+/// A call's looks for gone peers.
+#[derive(Debug, Default)]
+pub(super) struct Looks {
+    /// The last look, and the last that asked the addresses.
+    looked_at: Option<Instant>,
+    asked_at: Option<Instant>,
+    /// Peers seen gone (rank, when first seen) with operations still in flight.
+    seen: Vec<(usize, Instant)>,
+}
+
+impl Looks {
+    /// Forget the looks of a previous call.
+    pub(super) fn reset(&mut self) {
+        self.looked_at = None;
+        self.asked_at = None;
+        self.seen.clear();
+    }
+}
+
+impl Exec {
+    /// The ranks this call has an operation in flight with, each once, in order.
+    fn in_flight_peers(&self) -> Vec<usize> {
+        let steps = &self.job.schedule.ranks[self.job.rank];
+        let mut v: Vec<usize> = steps
+            .iter()
+            .zip(&self.state)
+            .filter(|(_, s)| **s == St::Posted)
+            .filter_map(|(step, _)| step.op.peer())
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Fail the call where a peer it waits for is gone (see the module doc). Cheap when the
+    /// call moves: one clock reading at most every `LOOK_EVERY`, none while it moves.
+    pub(super) fn look_for_gone(&mut self, t: &dyn Transport, peers: &[Peer]) -> Result<()> {
+        if self.finished || self.moved {
+            return Ok(());
+        }
+        let Some(last) = self.last else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        let stalled = now.saturating_duration_since(last);
+        if stalled < WATCH_AFTER
+            || self
+                .gone
+                .looked_at
+                .is_some_and(|at| now.saturating_duration_since(at) < LOOK_EVERY)
+        {
+            return Ok(());
+        }
+        self.gone.looked_at = Some(now);
+        let ask = stalled >= ASK_AFTER
+            && self
+                .gone
+                .asked_at
+                .is_none_or(|at| now.saturating_duration_since(at) >= ASK_EVERY);
+        if ask {
+            self.gone.asked_at = Some(now);
+        }
+        let waited = self.in_flight_peers();
+        self.gone.seen.retain(|(p, _)| waited.contains(p));
+        for p in waited {
+            match self.gone.seen.iter().find(|(q, _)| *q == p) {
+                Some(&(_, at)) if now.saturating_duration_since(at) >= CONFIRM => {
+                    return Err(self.gone_error(p, stalled));
+                }
+                Some(_) => {}
+                None if t.peer_gone(peers[p], ask) => self.gone.seen.push((p, now)),
+                None => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The error of a call whose peer `p` is gone.
+    fn gone_error(&self, p: usize, stalled: Duration) -> Error {
+        Error::Remote(format!(
+            "{:?}: rank {p} is gone (its process exited or its endpoint closed) while this rank \
+             waited for it for {stalled:.1?}: {} of {} steps done",
+            self.job.args.tags,
+            self.done,
+            self.state.len()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ASK_AFTER, CONFIRM, LOOK_EVERY};
+    use crate::exec::recorder::{ring_rank0, Recorder, PEERS};
+    use crate::exec::{BufPool, Exec, St};
+    use crate::transport::{Peer, Scratch};
+    use std::time::{Duration, Instant};
+
+    /// Rank 0 of a 2-rank ring AllReduce advanced once on `t` (its first receive from rank 1
+    /// posted), made to look stalled for `for_`.
+    fn stalled(t: &Recorder, pool: &mut BufPool, for_: Duration) -> (Box<Exec>, Scratch, Scratch) {
+        let (mut x, inp, out) = ring_rank0(t, pool);
+        assert_eq!(x.in_flight_peers(), [1], "a receive from rank 1 in flight");
+        x.moved = false;
+        x.last = Some(Instant::now() - for_);
+        (x, inp, out)
+    }
+
+    /// A transport that says rank 1 (`PEERS[1]`) is gone.
+    fn one_gone() -> Recorder {
+        Recorder {
+            gone: vec![PEERS[1]],
+            ..Default::default()
+        }
+    }
+
+    /// Longer than a look's interval and the confirmation.
+    fn a_while() -> Duration {
+        CONFIRM.max(LOOK_EVERY) + Duration::from_millis(5)
+    }
+
+    #[test]
+    fn a_peer_gone_while_an_operation_with_it_is_in_flight_fails_the_call_once_confirmed() {
+        let (t, mut pool) = (one_gone(), BufPool::default());
+        let (mut x, _inp, _out) = stalled(&t, &mut pool, Duration::from_millis(100));
+        // Seen gone: not failed yet, what it sent before it left may still be unread.
+        x.look_for_gone(&t, &PEERS).expect("seen, not confirmed");
+        assert_eq!(*t.asked.lock(), [(Peer(1), false)], "no address asked yet");
+        std::thread::sleep(a_while());
+        let e = x.look_for_gone(&t, &PEERS).unwrap_err().to_string();
+        assert!(e.contains("rank 1 is gone"), "{e}");
+        assert_eq!(
+            t.asked.lock().len(),
+            1,
+            "a peer seen gone is not asked again"
+        );
+        let _ = x.fail(&t, &PEERS);
+    }
+
+    #[test]
+    fn a_call_that_moves_or_waits_on_live_peers_only_is_not_failed() {
+        let (t, mut pool) = (one_gone(), BufPool::default());
+        // Gone, but the call moves: nobody is asked.
+        let (mut x, _i, _o) = stalled(&t, &mut pool, Duration::from_millis(100));
+        x.moved = true;
+        x.look_for_gone(&t, &PEERS).unwrap();
+        assert!(t.asked.lock().is_empty());
+        // Stalled for less than the watch's delay: nobody is asked either.
+        x.moved = false;
+        x.last = Some(Instant::now());
+        x.look_for_gone(&t, &PEERS).unwrap();
+        assert!(t.asked.lock().is_empty());
+        let _ = x.fail(&t, &PEERS);
+        // Stalled long, the peer alive: the addresses asked from `ASK_AFTER` on, no failure.
+        let live = Recorder::default();
+        let (mut x, _i, _o) = stalled(&live, &mut pool, ASK_AFTER + Duration::from_millis(1));
+        for _ in 0..3 {
+            x.look_for_gone(&live, &PEERS).expect("alive");
+            std::thread::sleep(LOOK_EVERY + Duration::from_millis(5));
+        }
+        let asked = live.asked.lock().clone();
+        assert_eq!(asked.len(), 3, "one question per look: {asked:?}");
+        assert_eq!(asked[0], (Peer(1), true), "the first look asks the address");
+        assert!(!asked[1].1 && !asked[2].1, "then not again soon: {asked:?}");
+        let _ = x.fail(&live, &PEERS);
+    }
+
+    #[test]
+    fn a_gone_peer_without_an_operation_in_flight_is_not_waited_for() {
+        let (t, mut pool) = (one_gone(), BufPool::default());
+        let (mut x, _i, _o) = stalled(&t, &mut pool, Duration::from_millis(100));
+        // Nothing in flight: the peer may have left after sending what we will take.
+        for s in x.state.iter_mut() {
+            if *s == St::Posted {
+                *s = St::Waiting;
+            }
+        }
+        x.look_for_gone(&t, &PEERS).unwrap();
+        std::thread::sleep(a_while());
+        x.look_for_gone(&t, &PEERS).unwrap();
+        assert!(t.asked.lock().is_empty(), "nobody to ask about");
+    }
+}
