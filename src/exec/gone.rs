@@ -34,6 +34,9 @@ const ASK_EVERY: Duration = Duration::from_secs(2);
 /// A call's looks for gone peers.
 #[derive(Debug, Default)]
 pub(super) struct Looks {
+    /// The last progress before the call stalled, once the deadline's clock found it stalled
+    /// for `WATCH_AFTER` (`Exec::check_deadline`); None while it moves.
+    stalled_since: Option<Instant>,
     /// The last look, and the last that asked the addresses.
     looked_at: Option<Instant>,
     asked_at: Option<Instant>,
@@ -44,9 +47,24 @@ pub(super) struct Looks {
 impl Looks {
     /// Forget the looks of a previous call.
     pub(super) fn reset(&mut self) {
+        self.stalled_since = None;
         self.looked_at = None;
         self.asked_at = None;
         self.seen.clear();
+    }
+}
+
+impl Looks {
+    /// The deadline's clock, read at `now`, found no progress since `last`.
+    pub(super) fn no_progress(&mut self, last: Instant, now: Instant) {
+        if now.saturating_duration_since(last) >= WATCH_AFTER {
+            self.stalled_since = Some(last);
+        }
+    }
+
+    /// The call moved.
+    pub(super) fn progress(&mut self) {
+        self.stalled_since = None;
     }
 }
 
@@ -65,22 +83,21 @@ impl Exec {
         v
     }
 
-    /// Fail the call where a peer it waits for is gone (see the module doc). Cheap when the
-    /// call moves: one clock reading at most every `LOOK_EVERY`, none while it moves.
+    /// Fail the call where a peer it waits for is gone (see the module doc). Nothing but two
+    /// flags is read until the deadline's clock finds the call stalled.
     pub(super) fn look_for_gone(&mut self, t: &dyn Transport, peers: &[Peer]) -> Result<()> {
         if self.finished || self.moved {
             return Ok(());
         }
-        let Some(last) = self.last else {
+        let Some(last) = self.gone.stalled_since else {
             return Ok(());
         };
         let now = Instant::now();
         let stalled = now.saturating_duration_since(last);
-        if stalled < WATCH_AFTER
-            || self
-                .gone
-                .looked_at
-                .is_some_and(|at| now.saturating_duration_since(at) < LOOK_EVERY)
+        if self
+            .gone
+            .looked_at
+            .is_some_and(|at| now.saturating_duration_since(at) < LOOK_EVERY)
         {
             return Ok(());
         }
@@ -134,7 +151,8 @@ mod tests {
         let (mut x, inp, out) = ring_rank0(t, pool);
         assert_eq!(x.in_flight_peers(), [1], "a receive from rank 1 in flight");
         x.moved = false;
-        x.last = Some(Instant::now() - for_);
+        let now = Instant::now();
+        x.gone.no_progress(now - for_, now);
         (x, inp, out)
     }
 
@@ -177,9 +195,12 @@ mod tests {
         x.moved = true;
         x.look_for_gone(&t, &PEERS).unwrap();
         assert!(t.asked.lock().is_empty());
-        // Stalled for less than the watch's delay: nobody is asked either.
+        // Moved since, or stalled for less than the watch's delay: nobody is asked either.
         x.moved = false;
-        x.last = Some(Instant::now());
+        x.gone.progress();
+        x.look_for_gone(&t, &PEERS).unwrap();
+        let now = Instant::now();
+        x.gone.no_progress(now, now);
         x.look_for_gone(&t, &PEERS).unwrap();
         assert!(t.asked.lock().is_empty());
         let _ = x.fail(&t, &PEERS);
