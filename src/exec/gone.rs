@@ -31,6 +31,10 @@ const ASK_AFTER: Duration = Duration::from_secs(1);
 /// The interval between two askings of the addresses.
 const ASK_EVERY: Duration = Duration::from_secs(2);
 
+/// The most addresses one asking asks (the next asking goes on with the next peers): a host
+/// that does not answer holds each attempt for its bound, in the thread that polls.
+const ASK_PEERS: usize = 4;
+
 /// A call's looks for gone peers.
 #[derive(Debug, Default)]
 pub(super) struct Looks {
@@ -40,6 +44,8 @@ pub(super) struct Looks {
     /// The last look, and the last that asked the addresses.
     looked_at: Option<Instant>,
     asked_at: Option<Instant>,
+    /// Where in the peers in flight the next asking of addresses starts.
+    ask_from: usize,
     /// Peers seen gone (rank, when first seen) with operations still in flight.
     seen: Vec<(usize, Instant)>,
 }
@@ -50,6 +56,7 @@ impl Looks {
         self.stalled_since = None;
         self.looked_at = None;
         self.asked_at = None;
+        self.ask_from = 0;
         self.seen.clear();
     }
 }
@@ -110,15 +117,28 @@ impl Exec {
         if ask {
             self.gone.asked_at = Some(now);
         }
-        let waited = self.in_flight_peers();
+        let mut waited = self.in_flight_peers();
         self.gone.seen.retain(|(p, _)| waited.contains(p));
+        if waited.is_empty() {
+            return Ok(());
+        }
+        // The addresses asked this time: the first `ASK_PEERS` from where the last asking
+        // stopped.
+        let from = self.gone.ask_from % waited.len();
+        waited.rotate_left(from);
+        let mut asks = if ask { ASK_PEERS } else { 0 };
+        if ask {
+            self.gone.ask_from = from + ASK_PEERS;
+        }
         for p in waited {
+            let ask_this = asks > 0;
+            asks = asks.saturating_sub(1);
             match self.gone.seen.iter().find(|(q, _)| *q == p) {
                 Some(&(_, at)) if now.saturating_duration_since(at) >= CONFIRM => {
                     return Err(self.gone_error(p, stalled));
                 }
                 Some(_) => {}
-                None if t.peer_gone(peers[p], ask) => self.gone.seen.push((p, now)),
+                None if t.peer_gone(peers[p], ask_this) => self.gone.seen.push((p, now)),
                 None => {}
             }
         }
@@ -216,6 +236,53 @@ mod tests {
         assert_eq!(asked[0], (Peer(1), true), "the first look asks the address");
         assert!(!asked[1].1 && !asked[2].1, "then not again soon: {asked:?}");
         let _ = x.fail(&live, &PEERS);
+    }
+
+    #[test]
+    fn one_asking_asks_a_few_addresses_and_the_next_goes_on_with_the_others() {
+        use crate::algo::{self, Algorithm, Collective, Options, Problem};
+        use crate::exec::recorder::rank0_job;
+        use crate::exec::Plan;
+        use std::sync::Arc;
+        // Rank 0 of a 7-rank mesh AllToAll: a message in flight with each of the 6 others.
+        let n = 7;
+        let p = Problem::new(Collective::AllToAll, n, 16);
+        let schedule = Arc::new(algo::build(p, Algorithm::Mesh, &Options::default()).unwrap());
+        let plan = Arc::new(Plan::new(&schedule, 0, 4).unwrap());
+        let (inp, out) = (Scratch::new(n * 64), Scratch::new(n * 64));
+        let mut pool = BufPool::default();
+        let t = Recorder::default();
+        let peers: Vec<Peer> = (0..n as u64).map(Peer).collect();
+        let mut x = Exec::new(rank0_job(schedule, &inp, &out, false), plan, 1, &mut pool).unwrap();
+        x.advance(&t, &peers, &mut pool).unwrap();
+        assert_eq!(x.in_flight_peers(), [1, 2, 3, 4, 5, 6]);
+        x.moved = false;
+        let now = Instant::now();
+        x.gone.no_progress(now - ASK_AFTER, now);
+        let mut addressed = Vec::new();
+        for _ in 0..2 {
+            t.asked.lock().clear();
+            x.gone.asked_at = None;
+            x.gone.looked_at = None;
+            x.look_for_gone(&t, &peers).expect("alive");
+            let asked = t.asked.lock().clone();
+            assert_eq!(
+                asked.len(),
+                n - 1,
+                "every peer in flight looked at: {asked:?}"
+            );
+            let a: Vec<u64> = asked.iter().filter(|q| q.1).map(|q| q.0 .0).collect();
+            assert_eq!(a.len(), super::ASK_PEERS, "{asked:?}");
+            addressed.extend(a);
+        }
+        addressed.sort_unstable();
+        addressed.dedup();
+        assert_eq!(
+            addressed,
+            [1, 2, 3, 4, 5, 6],
+            "two askings cover the six peers"
+        );
+        let _ = x.fail(&t, &peers);
     }
 
     #[test]
