@@ -12,8 +12,18 @@
 //! at the look, and the engine polls the transport many times in between. Only operations in
 //! flight count: a peer that finished its part and left may have sent what a receive of ours,
 //! not yet posted, will take from our queues.
-use super::notice::WATCH_AFTER;
-use super::{Exec, St};
+//!
+//! The ranks that wait for a live rank whose call failed so would otherwise wait for the
+//! deadline (a ring's ranks not next to the dead one). So a call that fails over a gone rank
+//! sends each peer of its schedule a notice saying so (the body `GONE_NOTICE` with the gone
+//! rank), twice: under `notice`'s message key, which a stalled call of the same number takes
+//! (on the direct path too), and as a late notice, which the communicator takes whatever call
+//! it runs (`coll::late`: the peer may have finished its part and started the next call, which
+//! waits for this rank). A call told so fails too, naming both ranks, and tells its own peers
+//! in turn; a communicator told so fails every collective it runs (each needs every rank).
+use super::notice::{LATE_KEY, NOTICE_KEY, NOTICE_STEP, WATCH_AFTER};
+use super::tags::{coll_tag, SEQ_MASK, SEQ_SHIFT, SRC_MASK, SRC_SHIFT};
+use super::{Exec, St, Tags};
 use crate::error::{Error, Result};
 use crate::transport::{Peer, Transport};
 use std::time::{Duration, Instant};
@@ -35,6 +45,17 @@ const ASK_EVERY: Duration = Duration::from_secs(2);
 /// that does not answer holds each attempt for its bound, in the thread that polls.
 const ASK_PEERS: usize = 4;
 
+/// Bit of a notice's body: its sender's call failed because the rank in the low bits is gone
+/// (without it, a notice says that the calls differ).
+const GONE_NOTICE: u64 = 1 << 63;
+
+/// Whether a notice's body says that its sender failed over a gone rank.
+pub fn is_gone_notice(body: &[u8]) -> bool {
+    body.get(..8)
+        .and_then(|b| b.try_into().ok())
+        .is_some_and(|b| u64::from_le_bytes(b) & GONE_NOTICE != 0)
+}
+
 /// A call's looks for gone peers.
 #[derive(Debug, Default)]
 pub(super) struct Looks {
@@ -48,6 +69,8 @@ pub(super) struct Looks {
     ask_from: usize,
     /// Peers seen gone (rank, when first seen) with operations still in flight.
     seen: Vec<(usize, Instant)>,
+    /// The gone rank this call failed over, which `fail` tells the peers of.
+    pub(super) failed_over: Option<usize>,
 }
 
 impl Looks {
@@ -58,6 +81,7 @@ impl Looks {
         self.asked_at = None;
         self.ask_from = 0;
         self.seen.clear();
+        self.failed_over = None;
     }
 }
 
@@ -135,6 +159,7 @@ impl Exec {
             asks = asks.saturating_sub(1);
             match self.gone.seen.iter().find(|(q, _)| *q == p) {
                 Some(&(_, at)) if now.saturating_duration_since(at) >= CONFIRM => {
+                    self.gone.failed_over = Some(p);
                     return Err(self.gone_error(p, stalled));
                 }
                 Some(_) => {}
@@ -143,6 +168,55 @@ impl Exec {
             }
         }
         Ok(())
+    }
+
+    /// Tell each peer of the schedule that this call failed over a gone rank (best effort).
+    /// Returns how many notices went out (each completes as an operation of this call, step
+    /// `NOTICE_STEP`).
+    pub(super) fn send_gone_notices(&self, t: &dyn Transport, peers: &[Peer]) -> usize {
+        let (Some(gone), Tags::Coll(seq)) = (self.gone.failed_over, self.job.args.tags) else {
+            return 0;
+        };
+        let body = (GONE_NOTICE | gone as u64).to_le_bytes();
+        let op = self.op_id(NOTICE_STEP);
+        let mut sent = 0;
+        for key in [NOTICE_KEY, LATE_KEY] {
+            let tag = coll_tag(seq, self.job.rank, key, self.sig);
+            for &p in self.plan.message_peers.iter().filter(|&&p| p != gone) {
+                sent += usize::from(t.send_owned(peers[p], tag, body.to_vec(), op).is_ok());
+            }
+        }
+        sent
+    }
+
+    /// A late notice (tag `tag`, body `body`) that a rank is gone, taken by the communicator
+    /// while this collective runs: the error it fails with (and passes on, see `fail`).
+    pub fn told_gone(&mut self, tag: u64, body: &[u8]) -> Option<Error> {
+        if !self.is_collective() {
+            return None;
+        }
+        let (e, gone) = self.gone_notice(tag, body)?;
+        self.gone.failed_over = Some(gone);
+        Some(e)
+    }
+
+    /// A notice (tagged `tag`, its body `body`) that says its sender failed over a gone rank:
+    /// the error this call fails with, and that rank. None for a notice that the calls differ.
+    pub(super) fn gone_notice(&self, tag: u64, body: &[u8]) -> Option<(Error, usize)> {
+        let b = u64::from_le_bytes(body.get(..8)?.try_into().ok()?);
+        if b & GONE_NOTICE == 0 {
+            return None;
+        }
+        let n = self.job.schedule.problem.nranks;
+        let gone = usize::try_from(b & !GONE_NOTICE).ok().filter(|&g| g < n)?;
+        let from = ((tag & SRC_MASK) >> SRC_SHIFT) as usize;
+        let seq = (tag >> SEQ_SHIFT) & SEQ_MASK;
+        let e = Error::Remote(format!(
+            "{:?}: rank {from} failed (in collective {seq} of the tag sequence) because rank \
+             {gone} is gone (its process exited or its endpoint closed)",
+            self.job.args.tags
+        ));
+        Some((e, gone))
     }
 
     /// The error of a call whose peer `p` is gone.
@@ -283,6 +357,51 @@ mod tests {
             "two askings cover the six peers"
         );
         let _ = x.fail(&t, &peers);
+    }
+
+    #[test]
+    fn a_call_failed_over_a_gone_rank_tells_its_peers_and_a_peer_told_fails_and_passes_it_on() {
+        use super::super::notice::{NOTICE_KEY, WATCH_STEP};
+        use crate::algo::{self, Algorithm, Collective, Options, Problem};
+        use crate::exec::recorder::rank0_job;
+        use crate::exec::tags::coll_tag;
+        use crate::exec::Plan;
+        use crate::transport::Completion;
+        use std::sync::Arc;
+        let (t, mut pool) = (one_gone(), BufPool::default());
+        let (mut x, _i, _o) = stalled(&t, &mut pool, Duration::from_millis(100));
+        x.look_for_gone(&t, &PEERS).unwrap();
+        std::thread::sleep(a_while());
+        assert!(x.look_for_gone(&t, &PEERS).is_err());
+        // Its only peer is the gone one: nobody to tell.
+        assert_eq!(x.send_gone_notices(&t, &PEERS), 0);
+        let _ = x.fail(&t, &PEERS);
+        // Rank 0 of a 3-rank ring, told by rank 1 that rank 2 is gone: fails naming both, and
+        // tells its own peers but the gone one (rank 1) in turn.
+        let p = Problem::new(Collective::AllReduce, 3, 1024);
+        let schedule = Arc::new(algo::build(p, Algorithm::Ring, &Options::default()).unwrap());
+        let plan = Arc::new(Plan::new(&schedule, 0, 4).unwrap());
+        let (inp, out) = (Scratch::new(4096), Scratch::new(4096));
+        let live = Recorder::default();
+        let peers = [Peer(0), Peer(1), Peer(2)];
+        let mut x = Exec::new(rank0_job(schedule, &inp, &out, false), plan, 1, &mut pool).unwrap();
+        x.advance(&live, &peers, &mut pool).unwrap();
+        let body = (super::GONE_NOTICE | 2).to_le_bytes().to_vec();
+        let tag = coll_tag(0, 1, NOTICE_KEY, x.sig);
+        let told = Completion::done(x.op_id(WATCH_STEP), 8, tag, Some(body));
+        let e = x.on_completion(told, &mut pool).unwrap_err().to_string();
+        assert!(
+            e.contains("rank 1 failed (in collective 0") && e.contains("rank 2 is gone"),
+            "{e}"
+        );
+        live.posts.lock().clear();
+        let (_, notices) = x.fail_noting(&live, &peers);
+        assert_eq!(
+            notices,
+            2,
+            "a notice and a late notice: {:?}",
+            live.posts.lock()
+        );
     }
 
     #[test]

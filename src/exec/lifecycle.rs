@@ -191,14 +191,15 @@ impl Exec {
         self.fail_noting(t, peers).0
     }
 
-    /// `fail`, and how many notices it sent (where this rank found that the calls differ:
+    /// `fail`, and how many notices it sent (where this rank found that the calls differ, or
+    /// failed over a gone rank, `gone`:
     /// their sends complete as this collective's operations, `notice::is_notice`).
     pub fn fail_noting(mut self, t: &dyn Transport, peers: &[Peer]) -> (Vec<Scratch>, usize) {
         self.unwatch(t);
         let notices = if self.calls_differ.get() {
             self.send_notices(t, peers)
         } else {
-            0
+            self.send_gone_notices(t, peers)
         };
         for i in 0..self.state.len() {
             if self.state[i] == St::Posted && self.job.schedule.ranks[self.job.rank][i].op.is_recv()

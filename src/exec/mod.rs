@@ -35,6 +35,7 @@ mod recorder;
 mod signature;
 mod tags;
 
+pub use gone::is_gone_notice;
 pub use idle::Idle;
 pub use notice::{is_notice, late_notice_of, late_watch};
 pub use plan::Plan;

@@ -120,12 +120,16 @@ impl Exec {
         self.watch = Watch::Off;
     }
 
-    /// General path: the watching receive completed. A notice fails the collective; a
-    /// cancelled watch says nothing.
+    /// General path: the watching receive completed. A notice fails the collective (one that
+    /// a rank is gone, `gone`, is passed on by `fail`); a cancelled watch says nothing.
     pub(super) fn on_watch(&mut self, c: &Completion) -> Result<()> {
         self.watch = Watch::Off;
         if c.status.is_err() {
             return Ok(());
+        }
+        if let Some((e, gone)) = c.data.as_deref().and_then(|b| self.gone_notice(c.tag, b)) {
+            self.gone.failed_over = Some(gone);
+            return Err(e);
         }
         Err(self.noticed(c.tag))
     }
@@ -200,12 +204,11 @@ impl Exec {
         }
         for &p in &self.plan.message_peers {
             let tag = coll_tag(seq, p, NOTICE_KEY, 0);
-            t.take_now(
-                peers[p],
-                tag,
-                SIG_MASK,
-                &mut |tag, _| Err(self.noticed(tag)),
-            )?;
+            t.take_now(peers[p], tag, SIG_MASK, &mut |tag, body| {
+                Err(self
+                    .gone_notice(tag, body)
+                    .map_or_else(|| self.noticed(tag), |(e, _)| e))
+            })?;
         }
         Ok(())
     }
