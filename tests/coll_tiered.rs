@@ -132,8 +132,16 @@ fn rank_process() {
         }
         let started = Instant::now();
         let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compressed_rank(&c)));
-        println!("@@failed {}", e.is_err());
         println!("@@secs {}", started.elapsed().as_secs_f64());
+        println!("@@failed {}", e.is_err());
+        if let Err(p) = e {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            println!("@@error {}", msg.replace('\n', " "));
+        }
         return;
     }
     let mut refused = Vec::new();
@@ -423,21 +431,46 @@ fn compressed_on(test: &str, hosts: &[&str]) {
 }
 
 /// A rank that exits after joining, before a compressed call on two interleaved hosts of two
-/// ranks: every other rank's call fails instead of hanging, at the latest at the deadline.
+/// ranks: every other rank's call fails well before the deadline, having found a peer gone
+/// (`exec` asks the transport about the peers a stalled call waits for). Its shm partner sees
+/// its process gone: the composition's first message to it, a slice of the data, mostly went
+/// into its ring before it exited, so only the receive from it shows it. Its lane partner over
+/// net sees its address refuse connections. The fourth rank waits for the shm partner's codes
+/// in the lane stage: that rank's call failed, and it left (its process ends after its
+/// failure here), so its address refuses too; a rank whose call failed and that stays would
+/// hold it until the deadline.
 #[test]
 fn compressed_when_a_rank_dies() {
     let test = "compressed_when_a_rank_dies";
-    // What a rank that never hears of the failure waits for: well inside the group's limit.
-    let envs = compressed_envs(&["a", "b", "a", "b"], &[("FABRICOLL_TIMEOUT_MS", "20000")]);
+    // Long, so that failing well inside it says the failure came from noticing the dead
+    // rank, even on a busy machine; well inside the group's limit.
+    let deadline = Duration::from_secs(60);
+    let ms = deadline.as_millis().to_string();
+    let envs = compressed_envs(&["a", "b", "a", "b"], &[("FABRICOLL_TIMEOUT_MS", &ms)]);
     let Some(outs) = run_ranks(test, "compress_dies", &envs) else {
         return;
     };
+    let n = outs.len();
+    let dead = n - 1;
+    assert!(r_dies(dead, n));
     for (r, o) in outs.iter().enumerate() {
-        if r_dies(r, outs.len()) {
+        if r == dead {
             continue;
         }
         assert_eq!(field(o, "failed"), "true", "{test}: rank {r}");
-        eprintln!("{test}: rank {r} failed after {} s", field(o, "secs"));
+        let secs: f64 = field(o, "secs").parse().unwrap();
+        let e = field(o, "error");
+        eprintln!("{test}: rank {r} failed after {secs} s: {e}");
+        // A peer gone: noticed while waiting for it (naming its rank), or refused a send
+        // posted after its process exited (naming its pid).
+        assert!(
+            e.contains(" is gone (") || e.contains("has exited"),
+            "{test}: rank {r}: {e}"
+        );
+        assert!(
+            secs < deadline.as_secs_f64() / 3.0,
+            "{test}: rank {r} failed only after {secs} s of a {deadline:?} deadline: {e}"
+        );
     }
 }
 

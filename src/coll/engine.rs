@@ -11,7 +11,8 @@ use crate::algo::{self, Algorithm, Options, Problem, Schedule};
 use crate::config::Compression;
 use crate::error::{Error, Result};
 use crate::exec::{
-    is_notice, late_notice_of, p2p_key, Args, BufPool, Exec, Idle, Job, Plan, Tags, MAX_TAG,
+    is_gone_notice, is_notice, late_notice_of, p2p_key, Args, BufPool, Exec, Idle, Job, Plan, Tags,
+    MAX_TAG,
 };
 use crate::transport::{Completion, Peer, Scratch, Transport};
 use rustc_hash::FxHashMap;
@@ -456,10 +457,25 @@ impl Comm {
     }
 
     /// A late notice (or the cancelled receive of them): fail the collective it is about where
-    /// it runs here, else keep it for the next report (`late`).
+    /// it runs here, else keep it for the next report (`late`). One that a rank is gone fails
+    /// every collective running here (`exec::gone`), and is dropped where none runs.
     fn on_late_notice(&self, e: &mut Engine, c: &Completion) {
         e.late.disarm();
         if c.status.is_err() {
+            return;
+        }
+        if let Some(body) = c.data.as_deref().filter(|b| is_gone_notice(b)) {
+            let told: Vec<(u32, Error)> = e
+                .execs
+                .iter_mut()
+                .filter_map(|(id, st)| match st {
+                    ReqState::Running(x) => x.told_gone(c.tag, body).map(|err| (*id, err)),
+                    _ => None,
+                })
+                .collect();
+            for (id, err) in told {
+                fail(e, &*self.transport, &self.peers, id, err);
+            }
             return;
         }
         let (seq, from) = late_notice_of(c.tag);

@@ -75,9 +75,11 @@ impl Exec {
         let last = *self.last.get_or_insert(now);
         if std::mem::take(&mut self.moved) {
             self.last = Some(now);
+            self.gone.progress();
             return Ok(());
         }
         self.stalled(now.duration_since(last));
+        self.gone.no_progress(last, now);
         if now.duration_since(last) > self.job.args.timeout.limit {
             return Err(Error::Timeout(format!(
                 "{:?} made no progress for {}: {} of {} steps done; is every rank alive and making the same call (collective, count, type, op, root)?",

@@ -45,6 +45,7 @@ impl Exec {
             watch: Watch::Off,
             held: None,
             foreign_at: None,
+            gone: Default::default(),
             posted_recvs: 0,
             finished: false,
             job,
@@ -94,6 +95,7 @@ impl Exec {
         self.watch = Watch::Off;
         self.held = None;
         self.foreign_at = None;
+        self.gone.reset();
         let inp = self.job.args.inp.sub(0, need_in).expect("checked");
         let out = self.job.args.out.sub(0, need_out).expect("checked");
         // Overlap of input and output: the steps may write over the input. Restoring, run on
@@ -189,14 +191,15 @@ impl Exec {
         self.fail_noting(t, peers).0
     }
 
-    /// `fail`, and how many notices it sent (where this rank found that the calls differ:
+    /// `fail`, and how many notices it sent (where this rank found that the calls differ, or
+    /// failed over a gone rank, `gone`:
     /// their sends complete as this collective's operations, `notice::is_notice`).
     pub fn fail_noting(mut self, t: &dyn Transport, peers: &[Peer]) -> (Vec<Scratch>, usize) {
         self.unwatch(t);
         let notices = if self.calls_differ.get() {
             self.send_notices(t, peers)
         } else {
-            0
+            self.send_gone_notices(t, peers)
         };
         for i in 0..self.state.len() {
             if self.state[i] == St::Posted && self.job.schedule.ranks[self.job.rank][i].op.is_recv()

@@ -15,12 +15,13 @@
 //!
 //! By concern: `pool` (the buffer pool and its limits, and the one place exec makes a
 //! region), `tags` (wire tags), `plan` (what is precomputed per schedule and rank), `idle`
-//! (the idle policy and the deadline), `posted` (the posted state machine), `direct` (the
-//! direct executor) and `lifecycle` (making, rearming, retiring and failing an executor).
+//! (the idle policy and the deadline), `posted` (the posted state machine), `gone` (noticing
+//! a peer that went away), `direct` (the direct executor) and `lifecycle` (making, rearming, retiring and failing an executor).
 //! This file holds the executor's state and the step work both executors share.
 #![deny(unsafe_code)]
 
 mod direct;
+mod gone;
 mod idle;
 mod inplace;
 mod lifecycle;
@@ -34,6 +35,7 @@ mod recorder;
 mod signature;
 mod tags;
 
+pub use gone::is_gone_notice;
 pub use idle::Idle;
 pub use notice::{is_notice, late_notice_of, late_watch};
 pub use plan::Plan;
@@ -136,6 +138,8 @@ pub struct Exec {
     /// When this collective last looked for another call's messages (`notice`, where receives
     /// match the signature exactly).
     foreign_at: Option<Instant>,
+    /// The looks for peers that went away while the call waited for them (`gone`).
+    gone: gone::Looks,
     posted_recvs: usize,
     finished: bool,
 }

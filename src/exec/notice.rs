@@ -120,12 +120,16 @@ impl Exec {
         self.watch = Watch::Off;
     }
 
-    /// General path: the watching receive completed. A notice fails the collective; a
-    /// cancelled watch says nothing.
+    /// General path: the watching receive completed. A notice fails the collective (one that
+    /// a rank is gone, `gone`, is passed on by `fail`); a cancelled watch says nothing.
     pub(super) fn on_watch(&mut self, c: &Completion) -> Result<()> {
         self.watch = Watch::Off;
         if c.status.is_err() {
             return Ok(());
+        }
+        if let Some((e, gone)) = c.data.as_deref().and_then(|b| self.gone_notice(c.tag, b)) {
+            self.gone.failed_over = Some(gone);
+            return Err(e);
         }
         Err(self.noticed(c.tag))
     }
@@ -200,12 +204,11 @@ impl Exec {
         }
         for &p in &self.plan.message_peers {
             let tag = coll_tag(seq, p, NOTICE_KEY, 0);
-            t.take_now(
-                peers[p],
-                tag,
-                SIG_MASK,
-                &mut |tag, _| Err(self.noticed(tag)),
-            )?;
+            t.take_now(peers[p], tag, SIG_MASK, &mut |tag, body| {
+                Err(self
+                    .gone_notice(tag, body)
+                    .map_or_else(|| self.noticed(tag), |(e, _)| e))
+            })?;
         }
         Ok(())
     }
@@ -238,26 +241,18 @@ pub fn late_notice_of(tag: u64) -> (u32, usize) {
 #[cfg(test)]
 mod tests {
     use super::{NOTICE_KEY, WATCH_STEP};
-    use crate::algo::{self, Algorithm, Collective, Options, Problem};
+    use crate::algo::{Algorithm, Collective, Problem};
     use crate::error::Error;
-    use crate::exec::recorder::{rank0_job, Recorder};
+    use crate::exec::recorder::{ring_rank0, Recorder, PEERS};
     use crate::exec::tags::coll_tag;
-    use crate::exec::{BufPool, Exec, Plan, St};
-    use crate::transport::{Completion, Peer, Scratch};
-    use std::sync::Arc;
+    use crate::exec::{BufPool, Exec, St};
+    use crate::transport::{Completion, Scratch};
     use std::time::Duration;
-
-    const PEERS: [Peer; 2] = [Peer(0), Peer(1)];
 
     /// Rank 0 of a 2-rank ring AllReduce of 1024 floats, advanced once on a `Recorder`, and the
     /// index of a receive it posted.
     fn posted(t: &Recorder, pool: &mut BufPool) -> (Box<Exec>, usize, Scratch, Scratch) {
-        let p = Problem::new(Collective::AllReduce, 2, 1024);
-        let schedule = Arc::new(algo::build(p, Algorithm::Ring, &Options::default()).unwrap());
-        let plan = Arc::new(Plan::new(&schedule, 0, 4).unwrap());
-        let (inp, out) = (Scratch::new(4096), Scratch::new(4096));
-        let mut x = Exec::new(rank0_job(schedule, &inp, &out, false), plan, 1, pool).unwrap();
-        x.advance(t, &PEERS, pool).unwrap();
+        let (x, inp, out) = ring_rank0(t, pool);
         let i = (0..x.state.len())
             .find(|&i| x.state[i] == St::Posted && x.job.schedule.ranks[0][i].op.is_recv())
             .expect("a posted receive");

@@ -59,6 +59,7 @@ impl Exec {
         self.check_finished();
         self.tend_watch(t)?;
         self.look_for_foreign(t, peers)?;
+        self.look_for_gone(t, peers)?;
         Ok(progressed)
     }
 

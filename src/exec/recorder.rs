@@ -1,9 +1,9 @@
 //! A test transport that records the order of posts and answers the direct channel, and the
 //! job the executor's tests run on it.
 
-use crate::algo;
+use crate::algo::{self, Algorithm, Collective, Options, Problem};
 use crate::error::{Error, Result};
-use crate::exec::{Args, Job, Tags};
+use crate::exec::{Args, BufPool, Exec, Job, Plan, Tags};
 use crate::reduce::{DataType, RedOp};
 use crate::transport::{Caps, Completion, Mr, OpId, Peer, Posted, Region, Scratch, Transport};
 use parking_lot::Mutex;
@@ -14,7 +14,8 @@ use std::time::Duration;
 /// and `R` for sends and receives, `N` for owned sends (notices), `W` for owned receives (the
 /// watch), `C` for cancellations, `T` for direct takes.
 /// Its direct channel takes every message and delivers `reply` to every `take_now`; each
-/// `send_now` records what `watch` holds at that moment.
+/// `send_now` records what `watch` holds at that moment. `peer_gone` says yes of the peers in
+/// `gone` and records whether each question asked the address.
 #[derive(Default)]
 pub(super) struct Recorder {
     pub(super) caps: Caps,
@@ -22,6 +23,8 @@ pub(super) struct Recorder {
     pub(super) reply: Vec<u8>,
     pub(super) watch: Option<Region>,
     pub(super) seen: Mutex<Vec<Vec<u8>>>,
+    pub(super) gone: Vec<Peer>,
+    pub(super) asked: Mutex<Vec<(Peer, bool)>>,
 }
 
 impl Transport for Recorder {
@@ -61,6 +64,10 @@ impl Transport for Recorder {
     }
     fn wait(&self, _: Duration) -> Result<()> {
         Ok(())
+    }
+    fn peer_gone(&self, peer: Peer, ask_address: bool) -> bool {
+        self.asked.lock().push((peer, ask_address));
+        self.gone.contains(&peer)
     }
     fn direct_bytes(&self, _: Peer) -> usize {
         1 << 20
@@ -108,4 +115,18 @@ pub(super) fn rank0_job(
             signature: None,
         },
     }
+}
+
+/// The peers of the executor tests' 2-rank schedules.
+pub(super) const PEERS: [Peer; 2] = [Peer(0), Peer(1)];
+
+/// Rank 0 of a 2-rank ring AllReduce of 1024 floats, advanced once on `t`, and its buffers.
+pub(super) fn ring_rank0(t: &Recorder, pool: &mut BufPool) -> (Box<Exec>, Scratch, Scratch) {
+    let p = Problem::new(Collective::AllReduce, 2, 1024);
+    let schedule = Arc::new(algo::build(p, Algorithm::Ring, &Options::default()).unwrap());
+    let plan = Arc::new(Plan::new(&schedule, 0, 4).unwrap());
+    let (inp, out) = (Scratch::new(4096), Scratch::new(4096));
+    let mut x = Exec::new(rank0_job(schedule, &inp, &out, false), plan, 1, pool).unwrap();
+    x.advance(t, &PEERS, pool).unwrap();
+    (x, inp, out)
 }
