@@ -67,8 +67,19 @@ if [ ! -f "$tarball" ]; then
     -o APT::Sandbox::User=root)
   log "fetching libfabric_$version.orig.tar.xz from Debian's source archive"
   apt-get "${opts[@]}" update -q >/dev/null
-  (cd "$work" && apt-get "${opts[@]}" source --download-only "libfabric=$version*" >/dev/null 2>&1 || true)
-  [ -f "$work/libfabric_$version.orig.tar.xz" ] || { log "could not fetch libfabric_$version.orig.tar.xz"; exit 1; }
+  # apt-get source wants the package's exact version (an upload may add a suffix, 2.1.0-1.1):
+  # the first one whose upstream part is $version, and the tarball's SHA-256 as Sources lists it.
+  deb_version=$(apt-cache "${opts[@]}" showsrc libfabric 2>/dev/null |
+    awk -v v="$version" '$1 == "Version:" && index($2, v "-") == 1 { print $2; exit }')
+  [ -n "$deb_version" ] || { log "Debian's source archive lists no libfabric $version"; exit 1; }
+  sha=$(apt-cache "${opts[@]}" showsrc "libfabric=$deb_version" 2>/dev/null |
+    awk -v f="libfabric_$version.orig.tar.xz" '$1 ~ /^[0-9a-f]{64}$/ && $3 == f { print $1; exit }')
+  # The .dsc may be gone from the mirror while the tarball is not: only the tarball counts.
+  (cd "$work" && apt-get "${opts[@]}" source --download-only "libfabric=$deb_version" >/dev/null 2>&1 || true)
+  [ -f "$work/libfabric_$version.orig.tar.xz" ] || { log "could not fetch libfabric_$version.orig.tar.xz ($deb_version)"; exit 1; }
+  if [ -n "$sha" ] && ! echo "$sha  $work/libfabric_$version.orig.tar.xz" | sha256sum -c --quiet -; then
+    log "libfabric_$version.orig.tar.xz does not match the SHA-256 Debian lists"; exit 1
+  fi
   mv "$work/libfabric_$version.orig.tar.xz" "$tarball"
 fi
 tar -C "$work" -xJf "$tarball"
