@@ -16,7 +16,8 @@
 //! By concern: `pool` (the buffer pool and its limits, and the one place exec makes a
 //! region), `tags` (wire tags), `plan` (what is precomputed per schedule and rank), `idle`
 //! (the idle policy and the deadline), `posted` (the posted state machine), `gone` (noticing
-//! a peer that went away), `direct` (the direct executor) and `lifecycle` (making, rearming, retiring and failing an executor).
+//! a peer that went away), `direct` (the direct executor) and `lifecycle` (making, rearming,
+//! retiring and failing an executor).
 //! This file holds the executor's state and the step work both executors share.
 #![deny(unsafe_code)]
 
