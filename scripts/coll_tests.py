@@ -37,6 +37,7 @@ Environment (defaults in brackets):
   COLL_PROVIDERS [tcp shm net]  COLL_RANKS [4 3 2 5 8]  COLL_FULL [0]
   COLL_ALGOS [every algorithm and auto]  COLL_COLLS [every collective]
   COLL_RUN_TIMEOUT [90]        seconds per fabricoll-perf run
+  COLL_JOBS [2]                cases run at once
   COLL_LIB_TIMEOUT_MS [20000]  FABRICOLL_TIMEOUT_MS of the ranks (a lost peer becomes an error)
   COLL_DEADLINE [0]            if > 0: cases not started after this many seconds are NOT RUN
                                (counted as failed, so an incomplete run never passes)
@@ -154,6 +155,7 @@ def main():
     run_timeout = float(os.environ.get("COLL_RUN_TIMEOUT", "90"))
     lib_timeout_ms = os.environ.get("COLL_LIB_TIMEOUT_MS", "20000")
     deadline = float(os.environ.get("COLL_DEADLINE", "0"))
+    jobs = max(1, int(os.environ.get("COLL_JOBS", "2")))
     for exe in (perf, info):
         if not os.access(exe, os.X_OK):
             print(f"coll-tests: {exe} not found: run scripts/build.sh (or set FABRICOLL_PERF)",
@@ -202,7 +204,7 @@ def main():
     failed_list = []
     big_done = set()
     bad_pairs = set()
-    t_start = time.monotonic()
+    cases = []  # (tag, desc, args, envs, name, pair), in the order they start
     for r in ranks_list:
         for algo, coll in todo:
             if algo == "hier" and r % 2:
@@ -218,11 +220,6 @@ def main():
                     else:
                         print(f"SKIP {tag:<34} {why}")
                         skipped += 1
-                    continue
-                if deadline > 0 and time.monotonic() - t_start >= deadline:
-                    print(f"FAIL {tag:<34} NOT RUN: COLL_DEADLINE={deadline:g}s reached")
-                    failed += 1
-                    failed_list.append(f"{tag} (not run)")
                     continue
                 envs = {"FABRICOLL_PROVIDER": prov, "FABRICOLL_TIMEOUT_MS": lib_timeout_ms}
                 if is_ip(prov):
@@ -261,66 +258,106 @@ def main():
                                      "FABRICOLL_GAMMA_GBPS"], model))
                     desc += " model " + "/".join(model)
                 run_i += 1
-                name = f"{prov}-r{r}-{algo}-{coll}"
-                ok, why, secs, log = run_case(perf, args, envs, logdir, name, run_timeout)
-                if ok:
-                    print(f"PASS {tag:<34} {desc:<52} {secs:5.1f}s", flush=True)
-                    passed += 1
-                    continue
-                print(f"FAIL {tag:<34} {desc:<52} {secs:5.1f}s  ({why})")
-                env_s = " ".join(f"{k}={v}" for k, v in envs.items())
-                print(f"     reproduce: env {env_s} {perf} {' '.join(args)}")
-                for line in tail(log):
-                    print(f"     | {line}")
-                print(f"     log: {log}", flush=True)
+                cases.append((tag, desc, args, envs, f"{prov}-r{r}-{algo}-{coll}", (algo, coll)))
+
+    # Up to `jobs` cases at once: a case is mostly its ranks' start, spent waiting (libfabric's
+    # initialisation), so two overlap well even on two CPUs; cases of one job never share a
+    # port or a shared-memory name (each forks its own ranks under its own unique id).
+    t_start = time.monotonic()
+    running = []
+    while cases or running:
+        while cases and len(running) < jobs:
+            tag, desc, args, envs, name, pair = cases.pop(0)
+            if deadline > 0 and time.monotonic() - t_start >= deadline:
+                print(f"FAIL {tag:<34} NOT RUN: COLL_DEADLINE={deadline:g}s reached")
                 failed += 1
-                failed_list.append(f"{tag} ({desc}): {why}")
-                bad_pairs.add((algo, coll))
+                failed_list.append(f"{tag} (not run)")
+                continue
+            running.append((tag, desc, args, envs, pair,
+                            Case(perf, args, envs, logdir, name, run_timeout)))
+        still = []
+        for tag, desc, args, envs, pair, case in running:
+            if not case.ended():
+                still.append((tag, desc, args, envs, pair, case))
+                continue
+            ok, why, secs, log = case.result()
+            if ok:
+                print(f"PASS {tag:<34} {desc:<52} {secs:5.1f}s", flush=True)
+                passed += 1
+                continue
+            print(f"FAIL {tag:<34} {desc:<52} {secs:5.1f}s  ({why})")
+            env_s = " ".join(f"{k}={v}" for k, v in envs.items())
+            print(f"     reproduce: env {env_s} {perf} {' '.join(args)}")
+            for line in tail(log):
+                print(f"     | {line}")
+            print(f"     log: {log}", flush=True)
+            failed += 1
+            failed_list.append(f"{tag} ({desc}): {why}")
+            bad_pairs.add(pair)
+        running = still
+        if running:
+            time.sleep(0.02)
 
     if failed_list:
         print("\nfailed runs:")
         for t in failed_list:
             print(f"  {t}")
-    print(f"coll-tests: elapsed {time.monotonic() - t_start:.0f}s; logs in {logdir}")
+    print(f"coll-tests: elapsed {time.monotonic() - t_start:.0f}s ({jobs} cases at once); "
+          f"logs in {logdir}")
     print(f"coll-tests: {len(todo) - len(bad_pairs)} of {len(todo)} algorithm x collective pairs "
           f"passed in every case, over {' '.join(providers)} at {len(ranks_list)} rank counts")
     print(f"coll-tests: {passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
 
 
-def run_case(perf, args, envs, logdir, name, run_timeout):
-    """Runs one case; (passed, why not, seconds, log path)."""
-    log = os.path.join(logdir, name + ".log")
-    env = {k: v for k, v in os.environ.items() if k not in CLEARED}
-    env.update(envs)
-    t0 = time.monotonic()
-    with open(log, "w", encoding="utf-8") as out:
-        out.write(f"# env: {' '.join(f'{k}={v}' for k, v in envs.items())}\n")
-        out.write(f"# cmd: {perf} {' '.join(args)}\n")
-        out.flush()
-        # Its own process group, so that a timeout ends the forked ranks too.
-        proc = subprocess.Popen([perf] + args, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+class Case:
+    """One case's fabricoll-perf run, started at once; `ended` polls it, `result` reads it."""
+
+    def __init__(self, perf, args, envs, logdir, name, run_timeout):
+        self.log = os.path.join(logdir, name + ".log")
+        self.run_timeout = run_timeout
+        env = {k: v for k, v in os.environ.items() if k not in CLEARED}
+        env.update(envs)
+        self.t0 = time.monotonic()
+        with open(self.log, "w", encoding="utf-8") as out:
+            out.write(f"# env: {' '.join(f'{k}={v}' for k, v in envs.items())}\n")
+            out.write(f"# cmd: {perf} {' '.join(args)}\n")
+            out.flush()
+            # Its own process group, so that a timeout ends the forked ranks too.
+            self.proc = subprocess.Popen([perf] + args, env=env, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.rc = None
+        self.timed_out = False
+        self.secs = 0.0
+
+    def ended(self):
+        """True once the run exited, or was killed at its timeout."""
+        if self.proc.poll() is None:
+            if time.monotonic() - self.t0 < self.run_timeout:
+                return False
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+            self.timed_out = True
+        self.rc = None if self.timed_out else self.proc.returncode
+        self.secs = time.monotonic() - self.t0
+        return True
+
+    def result(self):
+        """(passed, why not, seconds, log path) of an ended case."""
         try:
-            rc = proc.wait(timeout=run_timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            rc = None
-    secs = time.monotonic() - t0
-    try:
-        with open(log, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        text = ""
-    lines = text.splitlines()
-    checked = "# Out of bounds values : 0 OK" in lines
-    if rc == 0 and checked:
-        return True, "", secs, log
-    why = f"TIMEOUT after {run_timeout:g}s" if rc is None else f"exit {rc}"
-    if any(ln.startswith("# Out of bounds values : ") and not ln.endswith(" 0 OK") for ln in lines):
-        why += ", wrong elements"
-    return False, why, secs, log
+            with open(self.log, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            text = ""
+        lines = text.splitlines()
+        checked = "# Out of bounds values : 0 OK" in lines
+        if self.rc == 0 and checked:
+            return True, "", self.secs, self.log
+        why = f"TIMEOUT after {self.run_timeout:g}s" if self.timed_out else f"exit {self.rc}"
+        if any(ln.startswith("# Out of bounds values : ") and not ln.endswith(" 0 OK")
+               for ln in lines):
+            why += ", wrong elements"
+        return False, why, self.secs, self.log
 
 
 if __name__ == "__main__":

@@ -30,8 +30,9 @@ Last line: `multihost-tests: N passed, N failed, N skipped`; exit status non-zer
 
 Environment: MH_PREFIX (cluster name prefix, from multihost-tests.sh), MH_FULL [0],
 MH_CHECKS [matrix intra kill mismatch launcher nics simval], MH_PROVIDERS [net tcp],
-MH_RUN_TIMEOUT [60] seconds per run, FABRICOLL_PERF / FABRICOLL_INFO / FABRICOLL_SIM
-[target/release/...], FABRICOLL_TEST_STRICT (1: a check that cannot run fails),
+MH_RUN_TIMEOUT [60] seconds per run, MH_JOBS [2] matrix runs at once, FABRICOLL_PERF /
+FABRICOLL_INFO / FABRICOLL_SIM [target/release/...], FABRICOLL_TEST_STRICT (1: a check that
+cannot run fails),
 MH_LOGDIR [$CARGO_TARGET_DIR/multihost-tests/<date>-<pid>].
 """
 import argparse
@@ -89,6 +90,7 @@ class Stage:
             "FABRICOLL_INFO", os.path.join(os.path.dirname(self.perf), "fabricoll-info")))
         self.prefix = os.environ.get("MH_PREFIX", f"fcn{os.getpid()}")
         self.timeout = float(os.environ.get("MH_RUN_TIMEOUT", "60"))
+        self.jobs = max(1, int(os.environ.get("MH_JOBS", "2")))
         self.logdir = os.environ.get("MH_LOGDIR") or os.path.join(
             target, "multihost-tests", f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
         os.makedirs(self.logdir, exist_ok=True)
@@ -161,7 +163,10 @@ class Stage:
         """Runs a job that must pass: every rank exits 0, rank 0 found no wrong element, and
         every process was one rank of this job."""
         job, _ = self.start(c, hosts_of, argv, name, common, **kw)
-        done = job.wait(self.timeout)
+        return self.verdict(job, job.wait(self.timeout), tag, detail, wait_for)
+
+    def verdict(self, job, done, tag, detail, wait_for=None):
+        """Reports an ended job that must pass (see run_ok); True when it did."""
         secs = time.monotonic() - job.t0
         why = ""
         if not done:
@@ -176,6 +181,31 @@ class Stage:
             why += waiting(wait_for)
         self.result(not why, tag, detail, secs, job, why)
         return not why
+
+    def run_all_ok(self, c, runs):
+        """run_ok for each of `runs` (hosts_of, argv, name, common, tag, detail), up to
+        self.jobs at once on cluster `c`: a run is mostly its ranks' start, spent waiting, so
+        two overlap well even on two CPUs. The runs' ports differ (next_port), and each job's
+        ranks meet under their own port, so two jobs on one host never mix."""
+        todo, running = list(runs), []
+        while todo or running:
+            while todo and len(running) < self.jobs:
+                hosts_of, argv, name, common, tag, detail = todo.pop(0)
+                job, _ = self.start(c, hosts_of, argv, name, common)
+                running.append((job, tag, detail))
+            still = []
+            for job, tag, detail in running:
+                if job.poll():
+                    job.close()
+                    self.verdict(job, True, tag, detail, "two-fabric")
+                elif time.monotonic() - job.t0 >= self.timeout:
+                    job.kill()
+                    self.verdict(job, False, tag, detail, "two-fabric")
+                else:
+                    still.append((job, tag, detail))
+            running = still
+            if running:
+                time.sleep(0.02)
 
     # ---- matrix ----------------------------------------------------------------------------
     def matrix(self, providers):
@@ -194,6 +224,7 @@ class Stage:
             c = self.cluster(len(layout))
             try:
                 hosts_of = placement(layout)
+                runs = []
                 for pi, (algo, coll) in enumerate(todo):
                     provs = providers if full or lname == "2x2" else \
                         [providers[(pi + li) % len(providers)]]
@@ -205,9 +236,9 @@ class Stage:
                         argv = self.perf_args(coll, algo, f=f)
                         if coll in ("broadcast", "reduce"):
                             argv += ["-r", str((pi + li) % len(hosts_of))]
-                        self.run_ok(c, hosts_of, argv, f"{lname}-{prov}-{algo}-{coll}", common,
-                                    f"matrix {lname} {prov} {algo}/{coll}", f"-f {f}",
-                                    wait_for="two-fabric")
+                        runs.append((hosts_of, argv, f"{lname}-{prov}-{algo}-{coll}", common,
+                                     f"matrix {lname} {prov} {algo}/{coll}", f"-f {f}"))
+                self.run_all_ok(c, runs)
                 if lname == "2x2":
                     # one fabric for every peer (today's behaviour, kept on request)
                     for algo, coll in (("ring", "allreduce"), ("hier", "allreduce"),
