@@ -81,3 +81,54 @@ fn an_error_of_the_writer_is_returned() {
     });
     assert!(err.is_err());
 }
+
+/// A call's chunks: whole blocks of every segment, about the chunk's bytes of the call's
+/// largest side each, at most `MAX_CHUNKS`; one chunk where the setting is 0 or the call
+/// small.
+#[test]
+fn chunks_are_whole_blocks_and_few() {
+    use super::flat::{chunk_elems, chunk_parts, MAX_CHUNKS};
+    use crate::compress::{Codec, Format};
+    let codec = Codec::new(Format::Int8, 256).unwrap();
+    let counts = vec![1 << 20; 4];
+    // 4 MiB of f32 over 4 segments: 256 Ki elements of each per chunk, 4 chunks.
+    assert_eq!(chunk_elems(&codec, &counts, 4, 4 << 20), 1 << 18);
+    assert_eq!(chunk_elems(&codec, &counts, 4, 0), 1 << 20);
+    assert_eq!(chunk_elems(&codec, &[1000, 1000], 4, 4 << 20), 1000);
+    for (counts, el, chunk, block) in [
+        (vec![100_000, 99_999, 0], 2, 1, 7),
+        (vec![5, 3_000_000], 4, 12_345, 256),
+        (vec![1; 8], 4, 1, 16),
+    ] {
+        let codec = Codec::new(Format::Fp8E4m3, block).unwrap();
+        let per = chunk_elems(&codec, &counts, el, chunk);
+        let longest = *counts.iter().max().unwrap();
+        assert!(per == longest || per.is_multiple_of(block), "{per} {block}");
+        let m = longest.div_ceil(per);
+        assert!((1..=MAX_CHUNKS).contains(&m), "{m} chunks");
+        // The chunks cover every segment once, in order.
+        for (r, &c) in counts.iter().enumerate() {
+            let mut at = 0;
+            for k in 0..m {
+                let p = &chunk_parts(&counts, per, k)[r];
+                assert_eq!(p.start, at);
+                at = p.end;
+            }
+            assert_eq!(at, c);
+        }
+    }
+}
+
+/// The measured rates are positive and finite, and measured once (their speed is not
+/// asserted).
+#[test]
+fn codec_rates_are_measured_once() {
+    use super::rate::measured_rate;
+    for f in crate::compress::Format::CODED {
+        let r = measured_rate(f);
+        for g in [r.quantize_gbps, r.dequantize_gbps, r.accumulate_gbps] {
+            assert!(g.is_finite() && g > 0.0, "{f}: {r:?}");
+        }
+        assert_eq!(measured_rate(f), r, "{f}: measured once");
+    }
+}
