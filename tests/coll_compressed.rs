@@ -45,8 +45,20 @@ fn comms(n: usize, compress: Compression) -> Vec<Arc<Comm>> {
 
 /// `comms` with the deadline `timeout_ms`.
 fn comms_within(n: usize, compress: Compression, timeout_ms: u32) -> Vec<Arc<Comm>> {
+    comms_with(n, compress, timeout_ms, None)
+}
+
+/// `comms_within` whose compressed calls are cut into chunks of about `chunk` bytes
+/// (`FABRICOLL_COMPRESS_CHUNK`; 0: one chunk; None: the default).
+fn comms_with(
+    n: usize,
+    compress: Compression,
+    timeout_ms: u32,
+    chunk: Option<usize>,
+) -> Vec<Arc<Comm>> {
     let mut cfg = common::fixed_model(None, timeout_ms);
     cfg.compress = compress;
+    cfg.compress_chunk = chunk;
     let cfgs: Vec<Config> = (0..n).map(|_| cfg.clone()).collect();
     common::comms_in_process("coll_compressed", "loopback", &cfgs).expect("loopback")
 }
@@ -503,13 +515,20 @@ fn calls_compression_cannot_apply_to() {
 }
 
 /// Ranks asking for different formats or block sizes in one call fail together, each with an
-/// error naming the setting that differs.
+/// error naming the setting that differs, one chunk or pipelined (the ranks' cuts differ
+/// where their blocks do).
 #[test]
 fn ranks_asking_for_different_compression_fail_naming_it() {
+    for chunk in [None, Some(1)] {
+        different_compression_fails_naming_it(chunk);
+    }
+}
+
+fn different_compression_fails_naming_it(chunk: Option<usize>) {
     let n = 2;
     // As tests/coll_mismatch.rs: a rank that learns nothing of the other call fails at the
     // deadline, and the test would then report that rank's error.
-    let cs = comms_within(n, Compression::OFF, 10_000);
+    let cs = comms_with(n, Compression::OFF, 10_000, chunk);
     let fp8 = Compression {
         format: Format::Fp8E4m3,
         block: 256,
@@ -555,22 +574,28 @@ fn ranks_asking_for_different_compression_fail_naming_it() {
         for (rank, e) in errs.iter().enumerate() {
             assert!(
                 e.contains("the ranks' calls differ") && e.contains(said[rank]),
-                "{settings:?}: rank {rank}: {e}"
+                "{settings:?} chunk {chunk:?}: rank {rank}: {e}"
             );
         }
     }
 }
 
 /// Non-blocking compressed calls, several in flight at once, complete with the same bits as
-/// blocking ones.
+/// blocking ones, one chunk each or pipelined.
 #[test]
 fn several_nonblocking_compressed_calls_in_flight() {
+    for chunk in [None, Some(1)] {
+        nonblocking_calls_in_flight(chunk);
+    }
+}
+
+fn nonblocking_calls_in_flight(chunk: Option<usize>) {
     let n = 4;
     let c = Compression {
         format: Format::Fp8E5m2,
         block: 64,
     };
-    let cs = comms(n, c);
+    let cs = comms_with(n, c, 60_000, chunk);
     let k = case(
         Op::AllReduce,
         DataType::Float32,
@@ -662,14 +687,9 @@ fn a_forced_algorithm_runs_the_exchanges_it_implements() {
     }
 }
 
-/// `comms` whose compressed calls are cut into chunks of about `chunk` bytes
-/// (`FABRICOLL_COMPRESS_CHUNK`; 0: one chunk).
+/// `comms` whose compressed calls are cut into chunks of about `chunk` bytes.
 fn comms_chunked(n: usize, compress: Compression, chunk: usize) -> Vec<Arc<Comm>> {
-    let mut cfg = common::fixed_model(None, 60_000);
-    cfg.compress = compress;
-    cfg.compress_chunk = Some(chunk);
-    let cfgs: Vec<Config> = (0..n).map(|_| cfg.clone()).collect();
-    common::comms_in_process("coll_compressed", "loopback", &cfgs).expect("loopback")
+    comms_with(n, compress, 60_000, Some(chunk))
 }
 
 /// A pipelined call (chunks of one block of every segment, or as few more as the most chunks

@@ -48,6 +48,9 @@ pub(in crate::coll) struct Flat {
     pub(super) finished: usize,
     /// The first exchange's sequence number; exchange i of `order` takes `seq + i`.
     pub(super) seq: u32,
+    /// The sequence numbers the call takes (`chunk_cut`'s chunks' exchanges, at least
+    /// `order`'s).
+    pub(super) seqs: usize,
     pub(super) sig: Signature,
 }
 
@@ -113,22 +116,27 @@ impl Flat {
     }
 }
 
-/// Elements of each segment per chunk for segments of `counts` elements of `el` bytes over
-/// `n` ranks, about `chunk_bytes` of the call's largest side (AllReduce's and ReduceScatter's
-/// input, AllGather's output) per chunk: whole blocks, at most `MAX_CHUNKS` chunks, one
-/// chunk where `chunk_bytes` is 0. Only what every rank knows alike goes in.
-pub(super) fn chunk_elems(codec: &Codec, counts: &[usize], el: usize, chunk_bytes: usize) -> usize {
-    let longest = counts.iter().copied().max().unwrap_or(0).max(1);
-    if chunk_bytes == 0 {
-        return longest;
-    }
-    let k = codec.block;
-    let want = chunk_bytes / (counts.len().max(1) * el.max(1));
-    let mut per = (want / k).max(1).saturating_mul(k);
-    if longest.div_ceil(per) > MAX_CHUNKS {
-        per = longest.div_ceil(MAX_CHUNKS).div_ceil(k) * k;
-    }
-    per.min(longest)
+/// The cut of a call whose segments hold `counts` elements of `el` bytes: the elements of each
+/// segment per chunk, and the chunks the call takes sequence numbers for. The second, m, comes
+/// from the call's bytes alone (the sum of `counts`: AllReduce's and ReduceScatter's input,
+/// AllGather's output), one chunk per `chunk_bytes` (at least one, at most `MAX_CHUNKS`; one
+/// where `chunk_bytes` is 0), so that ranks whose block sizes differ still number the calls
+/// after this one alike; the first is the longest segment over m, rounded up to whole blocks,
+/// so the call runs at most m chunks.
+pub(super) fn chunk_cut(
+    codec: &Codec,
+    counts: &[usize],
+    el: usize,
+    chunk_bytes: usize,
+) -> (usize, usize) {
+    let bytes = counts.iter().sum::<usize>().saturating_mul(el);
+    let m = match chunk_bytes {
+        0 => 1,
+        c => bytes.div_ceil(c).clamp(1, MAX_CHUNKS),
+    };
+    let longest = counts.iter().copied().max().unwrap_or(0);
+    let per = longest.div_ceil(m).max(1).div_ceil(codec.block) * codec.block;
+    (per, m)
 }
 
 /// Chunk `k`'s elements of segments of `counts` elements, `per` of each.
@@ -244,7 +252,7 @@ impl Comm {
             ));
         }
         let uniform = matches!(call.kind, Kind::Coll(_));
-        let per = chunk_elems(&codec, &counts, el, self.compress_chunk);
+        let (per, reserved) = chunk_cut(&codec, &counts, el, self.compress_chunk);
         let m = counts
             .iter()
             .copied()
@@ -321,6 +329,7 @@ impl Comm {
             started: 0,
             finished: 0,
             seq: 0,
+            seqs: reserved * if what == What::AllReduce { 2 } else { 1 },
             sig,
         })
     }

@@ -135,7 +135,7 @@ impl Phased {
     /// The sequence numbers the call took (`Engine::check_room`).
     pub(super) fn seqs(&self) -> usize {
         match self {
-            Phased::Flat(f) => f.order.len(),
+            Phased::Flat(f) => f.seqs,
             Phased::Tiered(_) => 4,
         }
     }
@@ -234,7 +234,7 @@ impl Comm {
         let mut p = self.begin(call, codec)?;
         p.init_work();
         let x = self.plan_exchanges(e, call, &mut p).and_then(|()| {
-            p.seq = e.take_seqs(p.order.len() as u32);
+            p.seq = e.take_seqs(p.seqs as u32);
             log::debug!(
                 "collective #{}: {:?} count {} compressed as {} in blocks of {}, {} chunk(s), exchanges by {}",
                 p.seq,

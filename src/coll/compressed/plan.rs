@@ -1,7 +1,7 @@
 //! A compressed call's exchanges: which algorithm runs each (the call's forced one where it
 //! implements the exchange's collective, else as an uncompressed exchange of those bytes would),
 //! their plans, and the call's price (`tune::CompressedPrice`), logged at info.
-use super::flat::{chunk_elems, chunk_parts, chunk_wire, Flat};
+use super::flat::{chunk_cut, chunk_parts, chunk_wire, Flat};
 use super::{Stage, What};
 use crate::algo::varied::{self, Spec};
 use crate::algo::{self, Collective, Problem};
@@ -65,7 +65,7 @@ impl Comm {
             c => return Err(Error::arg("coll", format!("{c:?} is not compressed"))),
         };
         // The first chunk's, the largest: every chunk's exchanges run alike.
-        let per = chunk_elems(&codec, &counts, call.dtype.size(), self.compress_chunk);
+        let (per, _) = chunk_cut(&codec, &counts, call.dtype.size(), self.compress_chunk);
         let (_, stride) = chunk_wire(&codec, &chunk_parts(&counts, per, 0), true);
         let stride = stride.unwrap_or(0);
         colls
