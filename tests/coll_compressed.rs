@@ -641,6 +641,47 @@ fn nonblocking_calls_in_flight(chunk: Option<usize>) {
                 .all(|(x, y)| x.to_bits() == y.to_bits()));
         }
     }
+    // Ranks 0 and 1 start a call the others never join; each aborts it in flight.
+    let errs = common::on_every_rank(&cs[..2], |_, comm| {
+        let mut v = vec![1f32; 3000];
+        // SAFETY: `v` outlives the request, which fails below before `v` is dropped.
+        let r = unsafe { Region::from_raw(v.as_mut_ptr() as *mut u8, 4 * v.len()) };
+        let id = comm
+            .start(&common::call(
+                Kind::Coll(Collective::AllReduce),
+                r,
+                r,
+                v.len(),
+            ))
+            .unwrap();
+        for _ in 0..10 {
+            let _ = comm.test(id);
+        }
+        comm.abort();
+        comm.wait(id).unwrap_err().to_string()
+    });
+    for (rank, e) in errs.iter().enumerate() {
+        assert!(e.contains("aborted"), "chunk {chunk:?}: rank {rank}: {e}");
+    }
+}
+
+/// A pipelined call whose partner never comes fails at the deadline, naming it, as one chunk
+/// does (the deadline is what this tests).
+#[test]
+fn a_pipelined_call_alone_fails_at_the_deadline() {
+    let c = Compression {
+        format: Format::Int8,
+        block: 16,
+    };
+    for chunk in [0, 1] {
+        let cs = comms_with(2, c, 500, Some(chunk));
+        let mut v = vec![1f32; 3000];
+        // SAFETY: `v` outlives the blocking call.
+        let r = unsafe { Region::from_raw(v.as_mut_ptr() as *mut u8, 4 * v.len()) };
+        let call = common::call(Kind::Coll(Collective::AllReduce), r, r, v.len());
+        let e = cs[0].run(&call).unwrap_err().to_string();
+        assert!(e.contains("timeout"), "chunk {chunk}: {e}");
+    }
 }
 
 /// A forced algorithm runs each exchange it implements (AllToAll: mesh, bruck, pairwise;
