@@ -774,9 +774,9 @@ fn pipelined_calls_give_the_bits_of_one_chunk() {
     }
 }
 
-/// An AllReduce whose output overlaps its input shifted by one element (not NCCL's in place)
-/// gives, pipelined, the bits of the same call out of place: a chunk's output must not reach
-/// a later chunk's input.
+/// An AllReduce whose output overlaps its input shifted (not NCCL's in place; by part of an
+/// element, one element, or several chunks, past those quantized ahead) gives, pipelined, the
+/// bits of the same call out of place: a chunk's output must not reach a later chunk's input.
 #[test]
 fn a_pipelined_call_whose_output_overlaps_its_input_reads_the_input_first() {
     let (n, count) = (3usize, 3000usize);
@@ -790,7 +790,7 @@ fn a_pipelined_call_whose_output_overlaps_its_input_reads_the_input_first() {
         common::on_every_rank(&comms, |rank, comm| {
             let bytes: Vec<u8> = inputs[rank].iter().flat_map(|x| x.to_ne_bytes()).collect();
             let len = count * 4;
-            let mut buf = vec![0u8; len + 4];
+            let mut buf = vec![0u8; len + 1024];
             let mut out = vec![0u8; len];
             buf[..len].copy_from_slice(&bytes);
             let p = buf.as_mut_ptr();
@@ -810,7 +810,7 @@ fn a_pipelined_call_whose_output_overlaps_its_input_reads_the_input_first() {
         })
     };
     let apart = results(None);
-    for shift in [4, 2] {
+    for shift in [2, 4, 800] {
         assert_eq!(
             results(Some(shift)),
             apart,
