@@ -51,6 +51,9 @@ pub struct Config {
     /// collectives compress the inter-host level only (shared memory in full precision) or
     /// every level alike.
     pub compress_levels: CompressLevels,
+    /// `FABRICOLL_COMPRESS_CHUNK`: bytes of a compressed call's data per chunk of its
+    /// pipeline (None: `compress::DEFAULT_CHUNK`; 0: one chunk, not pipelined).
+    pub compress_chunk: Option<usize>,
     pub alpha_us: Option<f64>,
     pub beta_gbps: Option<f64>,
     pub gamma_gbps: Option<f64>,
@@ -288,6 +291,10 @@ impl Config {
             algo,
             compress: Compression::from_lookup(&get)?,
             compress_levels: CompressLevels::from_lookup(&get)?,
+            compress_chunk: match nonempty("FABRICOLL_COMPRESS_CHUNK") {
+                None => None,
+                Some(v) => Some(int("FABRICOLL_COMPRESS_CHUNK", &v, 0, 1 << 40)? as usize),
+            },
             alpha_us,
             beta_gbps,
             gamma_gbps,

@@ -45,8 +45,20 @@ fn comms(n: usize, compress: Compression) -> Vec<Arc<Comm>> {
 
 /// `comms` with the deadline `timeout_ms`.
 fn comms_within(n: usize, compress: Compression, timeout_ms: u32) -> Vec<Arc<Comm>> {
+    comms_with(n, compress, timeout_ms, None)
+}
+
+/// `comms_within` whose compressed calls are cut into chunks of about `chunk` bytes
+/// (`FABRICOLL_COMPRESS_CHUNK`; 0: one chunk; None: the default).
+fn comms_with(
+    n: usize,
+    compress: Compression,
+    timeout_ms: u32,
+    chunk: Option<usize>,
+) -> Vec<Arc<Comm>> {
     let mut cfg = common::fixed_model(None, timeout_ms);
     cfg.compress = compress;
+    cfg.compress_chunk = chunk;
     let cfgs: Vec<Config> = (0..n).map(|_| cfg.clone()).collect();
     common::comms_in_process("coll_compressed", "loopback", &cfgs).expect("loopback")
 }
@@ -503,13 +515,20 @@ fn calls_compression_cannot_apply_to() {
 }
 
 /// Ranks asking for different formats or block sizes in one call fail together, each with an
-/// error naming the setting that differs.
+/// error naming the setting that differs, one chunk or pipelined (the ranks' cuts differ
+/// where their blocks do).
 #[test]
 fn ranks_asking_for_different_compression_fail_naming_it() {
+    for chunk in [None, Some(1)] {
+        different_compression_fails_naming_it(chunk);
+    }
+}
+
+fn different_compression_fails_naming_it(chunk: Option<usize>) {
     let n = 2;
     // As tests/coll_mismatch.rs: a rank that learns nothing of the other call fails at the
     // deadline, and the test would then report that rank's error.
-    let cs = comms_within(n, Compression::OFF, 10_000);
+    let cs = comms_with(n, Compression::OFF, 10_000, chunk);
     let fp8 = Compression {
         format: Format::Fp8E4m3,
         block: 256,
@@ -555,22 +574,28 @@ fn ranks_asking_for_different_compression_fail_naming_it() {
         for (rank, e) in errs.iter().enumerate() {
             assert!(
                 e.contains("the ranks' calls differ") && e.contains(said[rank]),
-                "{settings:?}: rank {rank}: {e}"
+                "{settings:?} chunk {chunk:?}: rank {rank}: {e}"
             );
         }
     }
 }
 
 /// Non-blocking compressed calls, several in flight at once, complete with the same bits as
-/// blocking ones.
+/// blocking ones, one chunk each or pipelined.
 #[test]
 fn several_nonblocking_compressed_calls_in_flight() {
+    for chunk in [None, Some(1)] {
+        nonblocking_calls_in_flight(chunk);
+    }
+}
+
+fn nonblocking_calls_in_flight(chunk: Option<usize>) {
     let n = 4;
     let c = Compression {
         format: Format::Fp8E5m2,
         block: 64,
     };
-    let cs = comms(n, c);
+    let cs = comms_with(n, c, 60_000, chunk);
     let k = case(
         Op::AllReduce,
         DataType::Float32,
@@ -616,6 +641,47 @@ fn several_nonblocking_compressed_calls_in_flight() {
                 .all(|(x, y)| x.to_bits() == y.to_bits()));
         }
     }
+    // Ranks 0 and 1 start a call the others never join; each aborts it in flight.
+    let errs = common::on_every_rank(&cs[..2], |_, comm| {
+        let mut v = vec![1f32; 3000];
+        // SAFETY: `v` outlives the request, which fails below before `v` is dropped.
+        let r = unsafe { Region::from_raw(v.as_mut_ptr() as *mut u8, 4 * v.len()) };
+        let id = comm
+            .start(&common::call(
+                Kind::Coll(Collective::AllReduce),
+                r,
+                r,
+                v.len(),
+            ))
+            .unwrap();
+        for _ in 0..10 {
+            let _ = comm.test(id);
+        }
+        comm.abort();
+        comm.wait(id).unwrap_err().to_string()
+    });
+    for (rank, e) in errs.iter().enumerate() {
+        assert!(e.contains("aborted"), "chunk {chunk:?}: rank {rank}: {e}");
+    }
+}
+
+/// A pipelined call whose partner never comes fails at the deadline, naming it, as one chunk
+/// does (the deadline is what this tests).
+#[test]
+fn a_pipelined_call_alone_fails_at_the_deadline() {
+    let c = Compression {
+        format: Format::Int8,
+        block: 16,
+    };
+    for chunk in [0, 1] {
+        let cs = comms_with(2, c, 500, Some(chunk));
+        let mut v = vec![1f32; 3000];
+        // SAFETY: `v` outlives the blocking call.
+        let r = unsafe { Region::from_raw(v.as_mut_ptr() as *mut u8, 4 * v.len()) };
+        let call = common::call(Kind::Coll(Collective::AllReduce), r, r, v.len());
+        let e = cs[0].run(&call).unwrap_err().to_string();
+        assert!(e.contains("timeout"), "chunk {chunk}: {e}");
+    }
 }
 
 /// A forced algorithm runs each exchange it implements (AllToAll: mesh, bruck, pairwise;
@@ -659,5 +725,96 @@ fn a_forced_algorithm_runs_the_exchanges_it_implements() {
             k.algo = Some(a);
             check(&cs, &k, None);
         }
+    }
+}
+
+/// `comms` whose compressed calls are cut into chunks of about `chunk` bytes.
+fn comms_chunked(n: usize, compress: Compression, chunk: usize) -> Vec<Arc<Comm>> {
+    comms_with(n, compress, 60_000, Some(chunk))
+}
+
+/// A pipelined call (chunks of one block of every segment, or as few more as the most chunks
+/// a call takes allow) gives the bits of one chunk on every rank, and the owner arithmetic's:
+/// every format x collective, f32, bf16 and f16, in place and out of place, uneven counts.
+#[test]
+fn pipelined_calls_give_the_bits_of_one_chunk() {
+    let dts = [DataType::Float32, DataType::Bfloat16, DataType::Float16];
+    let mut seed = 1000u64;
+    for (n, block) in [(2, 16), (3, 7), (4, 256)] {
+        for f in FORMATS {
+            let c = Compression { format: f, block };
+            let codec = Codec::new(f, block).unwrap();
+            let (piped, whole) = (comms_chunked(n, c, 1), comms_chunked(n, c, 0));
+            for op in OPS {
+                seed += 1;
+                let dt = dts[(seed as usize) % 3];
+                let total = [1000, 5000, 64 * n + 3][(seed as usize) % 3];
+                let case = case(op, dt, codec, n, total, seed);
+                let (a, b) = (run(&piped, &case, None), run(&whole, &case, None));
+                let want = case.expected();
+                for rank in 0..n {
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    let what = format!(
+                        "{op:?} {f} {dt} n={n} in_place={} rank {rank}",
+                        case.in_place
+                    );
+                    assert_eq!(
+                        bits(&a[rank]),
+                        bits(&b[rank]),
+                        "{what}: pipelined vs one chunk"
+                    );
+                    assert_eq!(
+                        bits(&a[rank]),
+                        bits(&want[rank]),
+                        "{what}: owner arithmetic"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// An AllReduce whose output overlaps its input shifted (not NCCL's in place; by part of an
+/// element, one element, or several chunks, past those quantized ahead) gives, pipelined, the
+/// bits of the same call out of place: a chunk's output must not reach a later chunk's input.
+#[test]
+fn a_pipelined_call_whose_output_overlaps_its_input_reads_the_input_first() {
+    let (n, count) = (3usize, 3000usize);
+    let c = Compression {
+        format: Format::Int8,
+        block: 16,
+    };
+    let comms = comms_chunked(n, c, 1);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| data(77 + r as u64, count, r == 1)).collect();
+    let results = |shift: Option<usize>| {
+        common::on_every_rank(&comms, |rank, comm| {
+            let bytes: Vec<u8> = inputs[rank].iter().flat_map(|x| x.to_ne_bytes()).collect();
+            let len = count * 4;
+            let mut buf = vec![0u8; len + 1024];
+            let mut out = vec![0u8; len];
+            buf[..len].copy_from_slice(&bytes);
+            let p = buf.as_mut_ptr();
+            // SAFETY: both regions lie within `buf` or `out`, which outlive the blocking call.
+            let (send, recv) = unsafe {
+                match shift {
+                    Some(s) => (Region::from_raw(p, len), Region::from_raw(p.add(s), len)),
+                    None => (
+                        Region::from_raw(p, len),
+                        Region::from_raw(out.as_mut_ptr(), len),
+                    ),
+                }
+            };
+            let call = common::call(Kind::Coll(Collective::AllReduce), send, recv, count);
+            comm.run(&call).unwrap();
+            recv.to_vec()
+        })
+    };
+    let apart = results(None);
+    for shift in [2, 4, 800] {
+        assert_eq!(
+            results(Some(shift)),
+            apart,
+            "output {shift} bytes past the input"
+        );
     }
 }

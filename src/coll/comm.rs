@@ -56,6 +56,9 @@ pub struct Comm {
     pub(super) compress: crate::config::Compression,
     /// Which levels compressed calls compress (`Config::compress_levels`; `compressed`).
     pub(super) compress_levels: crate::config::CompressLevels,
+    /// Bytes of a compressed call's data per chunk of its pipeline, 0 for one chunk
+    /// (`Config::compress_chunk`; `compressed`).
+    pub(super) compress_chunk: usize,
     /// Where one-host calibrations outlive the process (`Config::calibration_dir`).
     pub(super) calibration_dir: Option<std::path::PathBuf>,
 }
@@ -173,6 +176,7 @@ impl Comm {
             restore: cfg.inplace_restore,
             compress: cfg.compress,
             compress_levels: cfg.compress_levels,
+            compress_chunk: cfg.compress_chunk.unwrap_or(crate::compress::DEFAULT_CHUNK),
             calibration_dir: cfg.calibration_dir.clone(),
         };
         Ok(comm)

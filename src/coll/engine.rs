@@ -126,12 +126,18 @@ impl Engine {
     }
 
     /// Refuse a collective while `MAX_IN_FLIGHT` are in flight: tags repeat after a few
-    /// thousand (`exec::MAX_IN_FLIGHT`). A compressed call counts twice (its executor and its
-    /// phased state) and takes at most four sequence numbers (the inter-host-only AllReduce's
-    /// four exchanges), so the calls in flight never take more than the `2 * MAX_IN_FLIGHT`
-    /// numbers a tag tells apart.
+    /// thousand (`exec::MAX_IN_FLIGHT`). A compressed call counts as one for its executor and
+    /// one for every two sequence numbers past the first two it took (at least one: the
+    /// inter-host-only AllReduce's four exchanges count two, a pipelined call's chunks more),
+    /// so the calls in flight never take more than the `2 * MAX_IN_FLIGHT` numbers a tag
+    /// tells apart.
     fn check_room(&self) -> Result<()> {
-        let n = self.execs.len() + self.phased.len();
+        let n = self.execs.len()
+            + self
+                .phased
+                .values()
+                .map(|p| (p.seqs().div_ceil(2)).saturating_sub(1).max(1))
+                .sum::<usize>();
         if n >= crate::exec::MAX_IN_FLIGHT {
             return Err(Error::InvalidUsage(format!(
                 "{n} operations are in flight on this communicator, the most it takes: wait for some before starting more"
@@ -417,6 +423,26 @@ impl Comm {
             }
         }
         for (id, err) in failed {
+            fail(e, t, &self.peers, id, err);
+        }
+        // The codec's work of pipelined compressed calls, a piece each, while their
+        // exchanges run (`compressed`).
+        let Engine {
+            execs,
+            pool,
+            phased,
+            ..
+        } = &mut *e;
+        let mut broke = Vec::new();
+        for (id, p) in phased.iter_mut() {
+            if matches!(execs.get(id), Some(ReqState::Running(_))) {
+                match p.work(pool) {
+                    Ok(w) => moved |= w,
+                    Err(err) => broke.push((*id, err)),
+                }
+            }
+        }
+        for (id, err) in broke {
             fail(e, t, &self.peers, id, err);
         }
         for id in stepped {

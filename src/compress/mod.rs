@@ -29,6 +29,7 @@ mod format;
 pub mod owner;
 #[cfg(test)]
 mod owner_tests;
+mod rate;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod simd;
@@ -36,6 +37,7 @@ mod simd;
 mod tests;
 
 pub use format::{Format, NAMES};
+pub use rate::rates;
 
 use crate::error::{Error, Result};
 
@@ -44,6 +46,10 @@ pub const WIRE_VERSION: u32 = 2;
 
 /// The default block size (elements per scale).
 pub const DEFAULT_BLOCK: usize = 256;
+
+/// Bytes of a compressed call's data per chunk of its pipeline by default
+/// (`FABRICOLL_COMPRESS_CHUNK`).
+pub const DEFAULT_CHUNK: usize = 4 << 20;
 
 /// The largest block size accepted.
 pub const MAX_BLOCK: usize = 1 << 20;

@@ -164,6 +164,12 @@ pub const VARS: &[Var] = &[
         meaning: "engines: on several hosts, some with two ranks or more, compressed collectives compress only the inter-host level and keep shared memory in full precision (inter), or compress every level alike (all); on one host or one rank per host every level is compressed; every rank must set the same (docs/compression.md)",
     },
     Var {
+        name: "FABRICOLL_COMPRESS_CHUNK",
+        accepted: "bytes, 0..=2^40",
+        default: "4194304",
+        meaning: "engines: a compressed call of more data is cut into chunks of about this many bytes (whole blocks), pipelined so that the codec overlaps the exchanges (0: one chunk); every rank must set the same",
+    },
+    Var {
         name: "FABRICOLL_CALIBRATION_CACHE",
         accepted: "a directory, or 0",
         default: "$XDG_CACHE_HOME/fabricoll, else ~/.cache/fabricoll",

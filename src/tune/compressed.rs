@@ -24,10 +24,11 @@ pub enum Shape {
 }
 
 /// The codec's rates on one core, in GB/s of f32 data: quantize, dequantize, and dequantize
-/// while adding into f32 (the owner's sum). Constants per format, taken (rounded down) from the
-/// measurement of `fabricoll-codec` that docs/compression.md ("Speed") records: the rate is a
-/// property of the loops and the core, not of the link, so nothing is calibrated per
-/// communicator.
+/// while adding into f32 (the owner's sum). Measured once per process and format on this
+/// machine (`coll::compressed`'s `measured_rate`: a few milliseconds of the codec's loops),
+/// else constants per format (`of`), taken (rounded down) from the measurement of `fabricoll-codec` that
+/// docs/compression.md ("Speed") records: the rate is a property of the loops and the core,
+/// not of the link, so nothing is calibrated per communicator.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CodecRate {
     pub quantize_gbps: f64,
@@ -52,6 +53,14 @@ impl CodecRate {
             dequantize_gbps: d,
             accumulate_gbps: a,
         }
+    }
+}
+
+impl CodecRate {
+    /// Microseconds to quantize, add and dequantize `(q, a, d)` elements at these rates.
+    pub fn us(&self, (q, a, d): (usize, usize, usize)) -> f64 {
+        let us = |elems: usize, gbps: f64| (elems * 4) as f64 / (gbps * 1e3);
+        us(q, self.quantize_gbps) + us(a, self.accumulate_gbps) + us(d, self.dequantize_gbps)
     }
 }
 
@@ -116,14 +125,13 @@ pub fn codec_us_tiered(format: Format, shape: Shape, sizes: &[usize], count: usi
     elements_us(format, codec_elements_tiered(shape, sizes, count))
 }
 
-/// Microseconds to quantize, add and dequantize `(q, a, d)` elements in `format`.
-fn elements_us(format: Format, (q, a, d): (usize, usize, usize)) -> f64 {
+/// Microseconds to quantize, add and dequantize `(q, a, d)` elements in `format` at
+/// `CodecRate::of`'s constants.
+fn elements_us(format: Format, work: (usize, usize, usize)) -> f64 {
     if format == Format::Off {
         return 0.0;
     }
-    let r = CodecRate::of(format);
-    let us = |elems: usize, gbps: f64| (elems * 4) as f64 / (gbps * 1e3);
-    us(q, r.quantize_gbps) + us(a, r.accumulate_gbps) + us(d, r.dequantize_gbps)
+    CodecRate::of(format).us(work)
 }
 
 /// The level an exchange of the inter-host-only composition runs on.
@@ -158,22 +166,32 @@ pub struct CompressedPrice {
     /// NCCL's count and the data's element size (the bytes the call would send uncompressed).
     pub count: usize,
     pub elem: usize,
+    /// The exchanges of one chunk (the first, the largest); every chunk runs them alike.
     pub exchanges: Vec<Exchange>,
+    /// The codec's work of the whole call, at `rate`.
     pub codec_us: f64,
+    pub rate: CodecRate,
+    /// The chunks the call is cut into (`coll::compressed`'s pipeline; 1: not pipelined).
+    pub chunks: usize,
     /// The inter-host-only composition's ranks per host, host by host (None: every level
     /// compressed alike).
     pub tiers: Option<Vec<usize>>,
 }
 
 impl CompressedPrice {
-    /// The predicted time: the exchanges one after another, then the codec (None when an
-    /// exchange has no prediction).
+    /// The predicted time (None when an exchange has no prediction): one chunk, the
+    /// exchanges one after another, then the codec; pipelined (several chunks), every chunk's
+    /// exchanges and the codec's work overlap, so the larger of the two, plus one chunk's
+    /// share of the codec that stands alone (the first chunk's quantizing, the last one's
+    /// decoding).
     pub fn total_us(&self) -> Option<f64> {
-        self.exchanges
-            .iter()
-            .map(|x| x.us)
-            .sum::<Option<f64>>()
-            .map(|t| t + self.codec_us)
+        let m = self.chunks.max(1);
+        let wire = self.exchanges.iter().map(|x| x.us).sum::<Option<f64>>()? * m as f64;
+        Some(if m == 1 {
+            wire + self.codec_us
+        } else {
+            wire.max(self.codec_us) + self.codec_us / m as f64
+        })
     }
 
     /// The log line's text (without the uncompressed comparison).
@@ -195,7 +213,7 @@ impl CompressedPrice {
                 )
             })
             .collect();
-        let r = CodecRate::of(self.format);
+        let r = self.rate;
         let ((q, a, d), how) = match &self.tiers {
             Some(sizes) => {
                 let (x, y) = (sizes.len(), sizes.iter().copied().min().unwrap_or(0));
@@ -215,10 +233,18 @@ impl CompressedPrice {
                 " every level".to_string(),
             ),
         };
+        let pipe = if self.chunks > 1 {
+            format!(
+                " pipelined in {} chunks (the codec overlaps the exchanges), each",
+                self.chunks
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "compressed {:?} of {} B on {} ranks as {} in blocks of {}{how}: {}; codec {:.1} us \
-             (quantize {q} at {} GB/s, accumulate {a} at {} GB/s, dequantize {d} at {} GB/s, \
-             elements per rank); predicted {}",
+            "compressed {:?} of {} B on {} ranks as {} in blocks of {}{how}{pipe}: {}; codec \
+             {:.1} us (quantize {q} at {:.1} GB/s, accumulate {a} at {:.1} GB/s, dequantize {d} \
+             at {:.1} GB/s, elements per rank); predicted {}",
             self.shape,
             self.count * self.elem,
             self.nranks,

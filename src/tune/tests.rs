@@ -303,6 +303,8 @@ fn int8_price(
         elem: 4,
         exchanges,
         codec_us,
+        rate: crate::tune::CodecRate::of(crate::compress::Format::Int8),
+        chunks: 1,
         tiers,
     }
 }
@@ -370,6 +372,39 @@ fn compressed_price_counts_the_codec_work_and_the_exchanges() {
     }
     p.exchanges[1].us = None;
     assert_eq!(p.total_us(), None);
+}
+
+/// A pipelined call (several chunks): every chunk's exchanges and the codec overlap, so the
+/// price is the larger of the two plus one chunk's share of the codec; the log line says so.
+#[test]
+fn a_pipelined_compressed_price_overlaps_the_codec_and_the_wire() {
+    use crate::tune::Exchange;
+    let x = |us| Exchange {
+        coll: Collective::AllToAll,
+        bytes: 1024,
+        algo: Algorithm::Mesh,
+        us: Some(us),
+        level: None,
+    };
+    let p = crate::tune::CompressedPrice {
+        chunks: 4,
+        ..int8_price(vec![x(6.0), x(4.0)], 20.0, None)
+    };
+    // The wire 4 x 10 us, the codec 20 us: 40 + 20 / 4.
+    assert_eq!(p.total_us(), Some(45.0));
+    let slow = crate::tune::CompressedPrice {
+        codec_us: 80.0,
+        ..p.clone()
+    };
+    assert_eq!(slow.total_us(), Some(100.0));
+    assert!(
+        p.describe().contains("pipelined in 4 chunks"),
+        "{}",
+        p.describe()
+    );
+    let one = crate::tune::CompressedPrice { chunks: 1, ..p };
+    assert_eq!(one.total_us(), Some(30.0));
+    assert!(!one.describe().contains("pipelined"));
 }
 
 /// The inter-host-only composition: the codec works on a host's share of the data, a lane's

@@ -18,11 +18,18 @@
 //! and f16 data are converted to f32 exactly and the decoded result rounded back once.
 //!
 //! The call is one request of the engine's table: its running exchange is an executor there,
-//! as any collective's, and `step` does the codec's work and starts the next exchange when one
-//! finishes (`Engine::phased`). The exchanges' sequence numbers are taken when the call starts,
-//! so that calls started after it number alike on every rank. Their messages carry the
-//! caller's call's signature with the format and block size (`exec::Signature::compress`):
-//! ranks whose calls or compression settings differ fail with an error naming the difference.
+//! as any collective's (`Engine::phased`). A large call is cut into chunks (`flat`: the same
+//! whole blocks of every segment, about `FABRICOLL_COMPRESS_CHUNK` bytes each, the same cut on
+//! every rank) run as a pipeline (`pipe`): one exchange at a time, chunk k's ToOwners before
+//! chunk k - 1's Gather, while the engine's progress does the codec's work of the chunks
+//! around it in pieces of whole blocks between polls (`Phased::work`); `step` starts the next
+//! exchange when one finishes, after whatever of its codec work is left. Blocks are coded
+//! independently, so a pipelined call gives the bits of one chunk. Every exchange's sequence
+//! number is taken when the call starts, so that calls started after it number alike on every
+//! rank. Their messages carry the caller's call's signature with the format and block size
+//! (`exec::Signature::compress`): ranks whose calls or compression settings differ fail with
+//! an error naming the difference. The inter-host-only composition (`tiered`) runs as one
+//! chunk.
 //!
 //! Which algorithm runs an exchange: AllReduce, ReduceScatter and AllGather pad each rank's
 //! piece of codes to the largest (AllReduce's segments differ by at most a block; the others'
@@ -32,7 +39,8 @@
 //! that collective, else the cost model's choice, `Comm::choose`). The V collectives keep the
 //! varied exchanges (AllToAllV pairwise, AllGatherV direct): padding uneven counts to the
 //! largest could multiply the bytes. The price (`tune::CompressedPrice`: the exchanges at the
-//! codes' bytes plus the codec's work) is logged at info with the uncompressed call's.
+//! codes' bytes and the codec's work at the rates measured on this machine, overlapped where
+//! the call is pipelined) is logged at info with the uncompressed call's.
 //!
 //! Which calls: the communicator's setting (`FABRICOLL_COMPRESS`, `fabricoll_config.compress`)
 //! compresses the calls it applies to and leaves the others as they are; a per-call setting
@@ -47,24 +55,26 @@
 //! exchanges carry codes whichever algorithm runs them, shared memory included.
 use super::engine::{Engine, Planned};
 use super::{Call, Comm, Kind};
-use crate::algo::varied::{Spec, Varied};
+use crate::algo::varied::Varied;
 use crate::algo::Collective;
-use crate::compress::{owner, Codec};
+use crate::compress::Codec;
 use crate::config::Compression;
 use crate::error::{Error, Result};
-use crate::exec::{Args, BufPool, Exec, Job, Signature, Tags, COMPRESSED_ALGO};
+use crate::exec::{Args, BufPool, Exec, Job, Signature, Tags};
 use crate::reduce::{DataType, RedOp};
 use crate::transport::{Region, Scratch};
 use std::cell::Cell;
-use std::ops::Range;
 
 mod convert;
+mod flat;
+mod pipe;
 mod plan;
+mod rate;
 #[cfg(test)]
 mod tests;
 mod tiered;
 
-use convert::{decode_into, with_f32};
+use flat::Flat;
 
 thread_local! {
     /// The compression of the calls this thread starts inside `with_call_compression`.
@@ -117,108 +127,26 @@ impl Phased {
     /// The buffers, for the pool (done) or the graveyard (failed).
     pub(super) fn into_buffers(self) -> Vec<Scratch> {
         match self {
-            Phased::Flat(f) => f.into_buffers().into(),
+            Phased::Flat(f) => f.into_buffers(),
             Phased::Tiered(t) => t.into_buffers(),
         }
     }
-}
 
-/// A compressed call in progress that compresses every level alike: its arithmetic's layout
-/// and the buffers its exchanges run on, owned until the call ends (on failure they go to the
-/// graveyard with the executor's).
-pub(super) struct Flat {
-    what: What,
-    stage: Stage,
-    codec: Codec,
-    dtype: DataType,
-    avg: bool,
-    rank: usize,
-    nranks: usize,
-    /// Elements of each rank's segment: the owners' split (AllReduce), each rank's output
-    /// (ReduceScatter) or input (AllGather), as ranges of a vector of all of them.
-    segs: Vec<Range<usize>>,
-    /// Where each segment's codes lie in the exchanges' buffers: back to back (V collectives),
-    /// or at `r * stride` (`stride`).
-    wire: Vec<Range<usize>>,
-    /// The bytes of every rank's piece where the exchanges are uniform (each piece padded to
-    /// the largest): then they are plain AllToAll and AllGather collectives of bytes.
-    stride: Option<usize>,
-    /// The exchanges' plans, in the order they run.
-    plans: Vec<Planned>,
-    /// Where each segment lands in the caller's output, in elements.
-    out_at: Vec<usize>,
-    out: Region,
-    /// ToOwners' input (this rank's codes of every segment) and Gather's output (every
-    /// segment's codes).
-    all: Scratch,
-    /// ToOwners' output (every rank's codes of this rank's segment) and Gather's input (this
-    /// rank's segment's codes).
-    mine: Scratch,
-    /// The next exchange's sequence number.
-    seq: u32,
-    sig: Signature,
-}
-
-impl Flat {
-    /// The buffers, for the pool (done) or the graveyard (failed).
-    pub(super) fn into_buffers(self) -> [Scratch; 2] {
-        [self.all, self.mine]
-    }
-
-    /// How many exchanges a call of `what` runs.
-    fn exchanges(what: What) -> u32 {
-        if what == What::AllReduce {
-            2
-        } else {
-            1
+    /// The sequence numbers the call took (`Engine::check_room`).
+    pub(super) fn seqs(&self) -> usize {
+        match self {
+            Phased::Flat(f) => f.seqs,
+            Phased::Tiered(_) => 4,
         }
     }
 
-    /// Bytes of this rank's segment's codes.
-    fn own_wire(&self) -> usize {
-        self.wire[self.rank].len()
-    }
-
-    /// Bytes of each rank's piece in the exchanges: the stride, else this rank's codes.
-    fn slot(&self) -> usize {
-        self.stride.unwrap_or_else(|| self.own_wire())
-    }
-
-    /// Bytes of the buffer that holds every segment's codes.
-    fn total(&self) -> usize {
-        match self.stride {
-            Some(s) => s * self.nranks,
-            None => self.wire.last().map_or(0, |w| w.end),
+    /// One piece of the codec's work while the call's exchange runs (`pipe`); whether there
+    /// was one.
+    pub(super) fn work(&mut self, pool: &mut BufPool) -> Result<bool> {
+        match self {
+            Phased::Flat(f) => f.work(pool),
+            Phased::Tiered(_) => Ok(false),
         }
-    }
-
-    /// Which exchanges run, in order.
-    fn stages(&self) -> &'static [Stage] {
-        match self.what {
-            What::AllReduce => &[Stage::ToOwners, Stage::Gather],
-            What::ReduceScatter => &[Stage::ToOwners],
-            What::AllGather => &[Stage::Gather],
-        }
-    }
-
-    /// The owner's codes of its segment from every rank's codes of it.
-    fn reduce_own(&self) -> Result<Vec<u8>> {
-        let (n, w, slot) = (self.nranks, self.own_wire(), self.slot());
-        let got = &self.mine.bytes()[..n * slot];
-        let parts: Vec<&[u8]> = (0..n).map(|r| &got[r * slot..r * slot + w]).collect();
-        let len = self.segs[self.rank].len();
-        owner::reduce_segment(&self.codec, &parts, len, self.avg.then_some(n))
-    }
-
-    /// Decode segment `r`'s codes into the caller's output.
-    fn decode(&self, r: usize, codes: &[u8]) -> Result<()> {
-        decode_into(
-            &self.codec,
-            self.dtype,
-            self.out,
-            self.out_at[r]..self.out_at[r] + self.segs[r].len(),
-            codes,
-        )
     }
 }
 
@@ -303,22 +231,27 @@ impl Comm {
             let (x, t) = self.start_tiered(e, call, codec, lanes, id)?;
             return Ok((x, Box::new(Phased::Tiered(t))));
         }
-        let mut p = self.begin(call, codec, &mut e.pool)?;
+        let mut p = self.begin(call, codec)?;
+        p.init_work();
         let x = self.plan_exchanges(e, call, &mut p).and_then(|()| {
-            p.seq = e.take_seqs(Flat::exchanges(p.what));
+            p.seq = e.take_seqs(p.seqs as u32);
             log::debug!(
-                "collective #{}: {:?} count {} compressed as {} in blocks of {}, exchanges by {}",
+                "collective #{}: {:?} count {} compressed as {} in blocks of {}, {} chunk(s), exchanges by {}",
                 p.seq,
                 call.kind,
                 call.count,
                 codec.format,
                 codec.block,
-                p.plans
+                p.chunks.len(),
+                p.chunks[0]
+                    .plans
                     .iter()
                     .map(|x| x.schedule.algo.name())
                     .collect::<Vec<_>>()
                     .join(" then ")
             );
+            let (k, t) = (0, pipe::Task::Quantize);
+            p.finish(k, t, &mut e.pool)?;
             self.exchange(&mut p, id, &mut e.pool)
         });
         match x {
@@ -331,176 +264,6 @@ impl Comm {
                 Err(err)
             }
         }
-    }
-
-    /// The layout of a compressed `call`, its input quantized into the first exchange's buffer.
-    fn begin(&self, call: &Call, codec: Codec, pool: &mut BufPool) -> Result<Flat> {
-        let (n, rank, dtype) = (self.nranks, self.rank, call.dtype);
-        let (what, problem, counts, out_at, in_elems) = match call.kind {
-            Kind::Coll(coll) => {
-                let p = call.problem(coll, n)?;
-                let c = call.count;
-                match coll {
-                    Collective::AllReduce => {
-                        let segs = owner::segments(&codec, c, n);
-                        let counts = segs.iter().map(|s| s.len()).collect();
-                        let at = segs.iter().map(|s| s.start).collect();
-                        (What::AllReduce, p, counts, at, c)
-                    }
-                    Collective::ReduceScatter => {
-                        (What::ReduceScatter, p, vec![c; n], vec![0; n], c * n)
-                    }
-                    _ => (
-                        What::AllGather,
-                        p,
-                        vec![c; n],
-                        (0..n).map(|r| r * c).collect(),
-                        c,
-                    ),
-                }
-            }
-            Kind::Varied(l) => {
-                let spec = call.varied_spec(&l, n, rank)?;
-                let p = spec.problem(n);
-                let ins = spec.lens(rank, n).0;
-                match spec {
-                    Spec::AllGatherV { blocks } => {
-                        let (at, counts) = blocks.into_iter().unzip();
-                        (What::AllGather, p, counts, at, ins)
-                    }
-                    Spec::ReduceScatterV { counts } => {
-                        (What::ReduceScatter, p, counts, vec![0; n], ins)
-                    }
-                    _ => return Err(Error::Internal("not a compressed collective".into())),
-                }
-            }
-            _ => return Err(Error::Internal("not a compressed collective".into())),
-        };
-        let mut segs = Vec::with_capacity(n);
-        let mut at = 0usize;
-        for c in &counts {
-            segs.push(at..at + c);
-            at += c;
-        }
-        let el = dtype.size();
-        let inp = call.send.sub(0, in_elems * el).ok_or_else(|| {
-            Error::arg(
-                "sendbuff",
-                format!(
-                    "{} bytes, the collective reads {}",
-                    call.send.len(),
-                    in_elems * el
-                ),
-            )
-        })?;
-        let out_elems = match what {
-            What::ReduceScatter => counts[rank],
-            _ => (0..n).map(|r| out_at[r] + counts[r]).max().unwrap_or(0),
-        };
-        if call.recv.len() < out_elems * el {
-            return Err(Error::arg(
-                "recvbuff",
-                format!(
-                    "{} bytes, the collective writes {}",
-                    call.recv.len(),
-                    out_elems * el
-                ),
-            ));
-        }
-        let (wire, stride) = if matches!(call.kind, Kind::Coll(_)) {
-            let stride = segs
-                .iter()
-                .map(|s| codec.wire_len(s.len()))
-                .max()
-                .unwrap_or(0);
-            let wire = segs
-                .iter()
-                .enumerate()
-                .map(|(r, s)| r * stride..r * stride + codec.wire_len(s.len()))
-                .collect();
-            (wire, Some(stride))
-        } else {
-            (owner::wire_ranges(&codec, &segs), None)
-        };
-        let mut p = Flat {
-            what,
-            stage: Stage::Gather,
-            codec,
-            dtype,
-            avg: call.op == RedOp::Avg,
-            rank,
-            nranks: n,
-            segs,
-            wire,
-            stride,
-            plans: Vec::new(),
-            out_at,
-            out: call.recv,
-            all: Scratch::new(0),
-            mine: Scratch::new(0),
-            seq: 0,
-            sig: Signature::of(&problem, COMPRESSED_ALGO, dtype, call.op),
-        };
-        p.sig.compress = Some((codec.format, codec.block));
-        let (own, slot, total) = (p.own_wire(), p.slot(), p.total());
-        match what {
-            What::AllGather => {
-                p.mine = pool.take(slot);
-                p.all = pool.take(total);
-            }
-            _ => {
-                p.all = pool.take(total);
-                p.mine = pool.take(n * slot);
-                p.stage = Stage::ToOwners;
-            }
-        }
-        // The whole input is quantized before anything is written: in place is safe.
-        inp.with(|b| {
-            with_f32(dtype, b, |x| -> Result<()> {
-                match what {
-                    What::AllGather => {
-                        let b = p.mine.bytes_mut();
-                        codec.quantize(x, &mut b[..own])?;
-                        b[own..slot].fill(0);
-                        Ok(())
-                    }
-                    _ => {
-                        let b = p.all.bytes_mut();
-                        let mut end = 0;
-                        for (s, w) in p.segs.iter().zip(&p.wire) {
-                            // Padding between pieces goes over the wire: zeros, never decoded.
-                            b[end..w.start].fill(0);
-                            codec.quantize(&x[s.clone()], &mut b[w.clone()])?;
-                            end = w.end;
-                        }
-                        b[end..total].fill(0);
-                        Ok(())
-                    }
-                }
-            })
-        })?;
-        Ok(p)
-    }
-
-    /// The executor of `p`'s current exchange, as request `id`; takes its sequence number.
-    fn exchange(&self, p: &mut Flat, id: u32, pool: &mut BufPool) -> Result<Box<Exec>> {
-        let n = self.nranks;
-        let (slot, total) = (p.slot(), p.total());
-        let at = p.stages().iter().position(|s| *s == p.stage).unwrap_or(0);
-        let planned = p.plans.get(at).cloned().ok_or_else(|| {
-            Error::Internal(format!("compressed call: no plan for {:?}", p.stage))
-        })?;
-        // SAFETY: `p` owns both buffers until its call ends, and a failed call's buffers go to
-        // the communicator's graveyard with its executor's, so neither region outlives them.
-        let (all, mine) = unsafe { (p.all.region(), p.mine.region()) };
-        let sub = |r: Region, len: usize| r.sub(0, len).expect("buffers fit their layout");
-        let (inp, out) = match p.stage {
-            Stage::ToOwners => (sub(all, total), sub(mine, n * slot)),
-            Stage::Gather => (sub(mine, slot), sub(all, total)),
-        };
-        let seq = p.seq;
-        p.seq = p.seq.wrapping_add(1);
-        self.byte_exchange(planned, (inp, out), seq, p.sig, id, pool)
     }
 
     /// The executor, as request `id`, of the exchange `planned` of bytes from `io.0` into
@@ -548,33 +311,6 @@ impl Comm {
         match p {
             Phased::Flat(f) => self.step_flat(f, id, pool),
             Phased::Tiered(t) => self.step_tiered(t, id, pool),
-        }
-    }
-
-    /// `step` of a call that compresses every level.
-    fn step_flat(&self, p: &mut Flat, id: u32, pool: &mut BufPool) -> Result<Option<Box<Exec>>> {
-        match (p.stage, p.what) {
-            (Stage::ToOwners, What::AllReduce) => {
-                let codes = p.reduce_own()?;
-                let slot = p.slot();
-                let b = p.mine.bytes_mut();
-                b[..codes.len()].copy_from_slice(&codes);
-                b[codes.len()..slot].fill(0);
-                p.stage = Stage::Gather;
-                self.exchange(p, id, pool).map(Some)
-            }
-            (Stage::ToOwners, _) => {
-                let codes = p.reduce_own()?;
-                p.decode(p.rank, &codes)?;
-                Ok(None)
-            }
-            (Stage::Gather, _) => {
-                let all = p.all.bytes();
-                for (r, w) in p.wire.iter().enumerate() {
-                    p.decode(r, &all[w.clone()])?;
-                }
-                Ok(None)
-            }
         }
     }
 }

@@ -1,7 +1,8 @@
 //! A compressed call's exchanges: which algorithm runs each (the call's forced one where it
 //! implements the exchange's collective, else as an uncompressed exchange of those bytes would),
 //! their plans, and the call's price (`tune::CompressedPrice`), logged at info.
-use super::{Flat, Stage, What};
+use super::flat::{chunk_cut, chunk_parts, chunk_wire, Flat};
+use super::{Stage, What};
 use crate::algo::varied::{self, Spec};
 use crate::algo::{self, Collective, Problem};
 use crate::coll::call::algo_arg;
@@ -51,70 +52,82 @@ impl Comm {
                 "only uniform collectives have uniform exchanges",
             ));
         };
-        let (stride, colls): (usize, &[Collective]) = match own {
+        let (counts, colls): (Vec<usize>, &[Collective]) = match own {
             Collective::AllReduce => (
                 owner::segments(&codec, call.count, n)
                     .iter()
-                    .map(|s| codec.wire_len(s.len()))
-                    .max()
-                    .unwrap_or(0),
+                    .map(|s| s.len())
+                    .collect(),
                 &[Collective::AllToAll, Collective::AllGather],
             ),
-            Collective::ReduceScatter => (codec.wire_len(call.count), &[Collective::AllToAll]),
-            Collective::AllGather => (codec.wire_len(call.count), &[Collective::AllGather]),
+            Collective::ReduceScatter => (vec![call.count; n], &[Collective::AllToAll]),
+            Collective::AllGather => (vec![call.count; n], &[Collective::AllGather]),
             c => return Err(Error::arg("coll", format!("{c:?} is not compressed"))),
         };
+        // The first chunk's, the largest: every chunk's exchanges run alike.
+        let (per, _) = chunk_cut(&codec, &counts, call.dtype.size(), self.compress_chunk);
+        let (_, stride) = chunk_wire(&codec, &chunk_parts(&counts, per, 0), true);
+        let stride = stride.unwrap_or(0);
         colls
             .iter()
             .map(|&c| Ok((c, self.exchange_choice(own, c, stride, call.algo)?.1)))
             .collect()
     }
 
-    /// The plans of `p`'s exchanges (`p.plans`), and the call's price logged at info.
+    /// The plans of each chunk's exchanges (`Chunk::plans`), and the call's price logged at
+    /// info.
     pub(super) fn plan_exchanges(&self, e: &mut Engine, call: &Call, p: &mut Flat) -> Result<()> {
         let n = self.nranks;
         let mut exchanges = Vec::new();
-        for &stage in p.stages() {
-            let coll = match stage {
-                Stage::ToOwners => Collective::AllToAll,
-                Stage::Gather => Collective::AllGather,
-            };
-            let (planned, x) = match (p.stride, call.kind) {
-                (Some(stride), Kind::Coll(own)) => {
-                    let (prob, a, o) = self.exchange_choice(own, coll, stride, call.algo)?;
-                    let us = self.model.predict_on(a, &prob, 1, &o);
-                    let planned = self.schedule(e, prob, a, o, 1)?;
-                    (planned, (a, stride, us))
+        for k in 0..p.chunks.len() {
+            for &stage in p.stages() {
+                let coll = match stage {
+                    Stage::ToOwners => Collective::AllToAll,
+                    Stage::Gather => Collective::AllGather,
+                };
+                let c = &p.chunks[k];
+                let (planned, x) = match (c.stride, call.kind) {
+                    (Some(stride), Kind::Coll(own)) => {
+                        let (prob, a, o) = self.exchange_choice(own, coll, stride, call.algo)?;
+                        let us = (k == 0)
+                            .then(|| self.model.predict_on(a, &prob, 1, &o))
+                            .flatten();
+                        let planned = self.schedule(e, prob, a, o, 1)?;
+                        (planned, (a, stride, us))
+                    }
+                    _ => {
+                        let blocks: Vec<(usize, usize)> =
+                            c.wire.iter().map(|w| (w.start, w.len())).collect();
+                        let own = c.slot(p.rank);
+                        let spec = match stage {
+                            Stage::ToOwners => Spec::AllToAllV {
+                                send: blocks,
+                                recv: (0..n).map(|r| (r * own, own)).collect(),
+                            },
+                            Stage::Gather => Spec::AllGatherV { blocks },
+                        };
+                        let s = varied::schedule(n, &[(self.rank, &spec)]).map_err(algo_arg)?;
+                        let planned = self.planned(Arc::new(s), 1)?;
+                        // Priced as the uniform collective of the average piece.
+                        let a = planned.schedule.algo;
+                        let avg = c.total() / n.max(1);
+                        let us = (k == 0)
+                            .then(|| self.model.predict(a, &Problem::new(coll, n, avg), 1))
+                            .flatten();
+                        (planned, (a, avg, us))
+                    }
+                };
+                p.chunks[k].plans.push(planned);
+                if k == 0 {
+                    exchanges.push(Exchange {
+                        coll,
+                        bytes: x.1,
+                        algo: x.0,
+                        us: x.2,
+                        level: None,
+                    });
                 }
-                _ => {
-                    let blocks: Vec<(usize, usize)> =
-                        p.wire.iter().map(|w| (w.start, w.len())).collect();
-                    let own = p.slot();
-                    let spec = match stage {
-                        Stage::ToOwners => Spec::AllToAllV {
-                            send: blocks,
-                            recv: (0..n).map(|r| (r * own, own)).collect(),
-                        },
-                        Stage::Gather => Spec::AllGatherV { blocks },
-                    };
-                    let s = varied::schedule(n, &[(self.rank, &spec)]).map_err(algo_arg)?;
-                    let planned = self.planned(Arc::new(s), 1)?;
-                    // Priced as the uniform collective of the average piece.
-                    let a = planned.schedule.algo;
-                    let avg = p.total() / n.max(1);
-                    let prob = Problem::new(coll, n, avg);
-                    let us = self.model.predict(a, &prob, 1);
-                    (planned, (a, avg, us))
-                }
-            };
-            p.plans.push(planned);
-            exchanges.push(Exchange {
-                coll,
-                bytes: x.1,
-                algo: x.0,
-                us: x.2,
-                level: None,
-            });
+            }
         }
         if log::log_enabled!(log::Level::Info) {
             self.log_price(call, p, exchanges);
@@ -122,20 +135,17 @@ impl Comm {
         Ok(())
     }
 
-    /// Log the price of `p` (its `exchanges` and the codec) with the uncompressed call's.
+    /// Log the price of `p` (its first chunk's `exchanges`, every chunk alike, and the
+    /// codec) with the uncompressed call's.
     fn log_price(&self, call: &Call, p: &Flat, exchanges: Vec<Exchange>) {
         let n = self.nranks;
+        let all: usize = p.counts.iter().sum();
         let (shape, count) = match p.what {
-            What::AllReduce => (Shape::AllReduce, p.segs.last().map_or(0, |s| s.end)),
-            What::ReduceScatter => (
-                Shape::ReduceScatter,
-                p.segs.last().map_or(0, |s| s.end) / n.max(1),
-            ),
-            What::AllGather => (
-                Shape::AllGather,
-                p.segs.last().map_or(0, |s| s.end) / n.max(1),
-            ),
+            What::AllReduce => (Shape::AllReduce, all),
+            What::ReduceScatter => (Shape::ReduceScatter, all / n.max(1)),
+            What::AllGather => (Shape::AllGather, all / n.max(1)),
         };
+        let rate = super::rate::measured_rate(p.codec.format);
         let price = CompressedPrice {
             shape,
             format: p.codec.format,
@@ -143,8 +153,10 @@ impl Comm {
             nranks: n,
             count,
             elem: p.dtype.size(),
-            codec_us: tune::codec_us(p.codec.format, shape, n, count),
+            codec_us: rate.us(tune::codec_elements(shape, n, count)),
+            rate,
             exchanges,
+            chunks: p.chunks.len(),
             tiers: None,
         };
         self.model

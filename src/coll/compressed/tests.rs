@@ -81,3 +81,60 @@ fn an_error_of_the_writer_is_returned() {
     });
     assert!(err.is_err());
 }
+
+/// A call's cut: whole blocks of every segment, about the chunk's bytes of the call each, at
+/// most `MAX_CHUNKS`, its chunk count (the sequence numbers it takes) from its bytes alone;
+/// one chunk where the setting is 0 or the call small.
+#[test]
+fn chunks_are_whole_blocks_and_few() {
+    use super::flat::{chunk_cut, chunk_parts, MAX_CHUNKS};
+    use crate::compress::{Codec, Format};
+    let codec = Codec::new(Format::Int8, 256).unwrap();
+    let counts = vec![1 << 20; 4];
+    // 16 MiB of f32 in chunks of 4 MiB: 4 chunks of 256 Ki elements of each segment.
+    assert_eq!(chunk_cut(&codec, &counts, 4, 4 << 20), (1 << 18, 4));
+    assert_eq!(chunk_cut(&codec, &counts, 4, 0), (1 << 20, 1));
+    assert_eq!(chunk_cut(&codec, &[1000, 1000], 4, 4 << 20), (1024, 1));
+    assert_eq!(chunk_cut(&codec, &[0, 0], 4, 1).1, 1);
+    for (counts, el, chunk) in [
+        (vec![100_000, 99_999, 0], 2, 1),
+        (vec![5, 3_000_000], 4, 12_345),
+        (vec![1; 8], 4, 1),
+    ] {
+        let mut taken = Vec::new();
+        for block in [7, 16, 256] {
+            let codec = Codec::new(Format::Fp8E4m3, block).unwrap();
+            let (per, m) = chunk_cut(&codec, &counts, el, chunk);
+            taken.push(m);
+            assert!(per.is_multiple_of(block), "{per} {block}");
+            let longest = *counts.iter().max().unwrap();
+            let runs = longest.div_ceil(per).max(1);
+            assert!(runs <= m && m <= MAX_CHUNKS, "{runs} of {m} chunks");
+            // The chunks cover every segment once, in order.
+            for (r, &c) in counts.iter().enumerate() {
+                let mut at = 0;
+                for k in 0..runs {
+                    let p = &chunk_parts(&counts, per, k)[r];
+                    assert_eq!(p.start, at);
+                    at = p.end;
+                }
+                assert_eq!(at, c);
+            }
+        }
+        assert!(taken.iter().all(|&m| m == taken[0]), "{taken:?}");
+    }
+}
+
+/// The measured rates are positive and finite, and measured once (their speed is not
+/// asserted).
+#[test]
+fn codec_rates_are_measured_once() {
+    use super::rate::measured_rate;
+    for f in crate::compress::Format::CODED {
+        let r = measured_rate(f);
+        for g in [r.quantize_gbps, r.dequantize_gbps, r.accumulate_gbps] {
+            assert!(g.is_finite() && g > 0.0, "{f}: {r:?}");
+        }
+        assert_eq!(measured_rate(f), r, "{f}: measured once");
+    }
+}

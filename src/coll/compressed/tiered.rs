@@ -437,6 +437,7 @@ impl Comm {
                 _ => t.lay.in_elems() / n.max(1),
             };
             let sizes = t.lay.l.sizes();
+            let rate = super::rate::measured_rate(t.codec.format);
             let price = CompressedPrice {
                 shape,
                 format: t.codec.format,
@@ -444,7 +445,9 @@ impl Comm {
                 nranks: n,
                 count,
                 elem: el,
-                codec_us: tune::codec_us_tiered(t.codec.format, shape, &sizes, count),
+                codec_us: rate.us(tune::codec_elements_tiered(shape, &sizes, count)),
+                rate,
+                chunks: 1,
                 exchanges,
                 tiers: Some(sizes),
             };
