@@ -509,6 +509,42 @@ fn ranks_given_different_providers_all_fail_at_once_naming_the_rank() {
     }
 }
 
+/// Ranks whose compressed calls would run different exchanges (another chunk size, another
+/// choice of levels) fail at creation, every one naming the rank, the values and the variable.
+#[test]
+fn ranks_given_different_compression_layouts_all_fail_at_once_naming_the_variable() {
+    let test = "ranks_given_different_compression_layouts_all_fail_at_once_naming_the_variable";
+    let cases = [
+        (
+            ("FABRICOLL_COMPRESS_CHUNK", "1048576"),
+            "rank 1 cuts compressed calls into chunks of 1048576 bytes where rank 0 cuts them into chunks of 4194304 (FABRICOLL_COMPRESS_CHUNK",
+        ),
+        (
+            ("FABRICOLL_COMPRESS_LEVELS", "all"),
+            "rank 1 compresses every level where rank 0 compresses the inter-host level only (FABRICOLL_COMPRESS_LEVELS=all against inter)",
+        ),
+    ];
+    for (odd, want) in cases {
+        let envs = vec![
+            vec![("FABRICOLL_HOST", "a"), ("FABRICOLL_TIMEOUT_MS", "120000")],
+            vec![
+                ("FABRICOLL_HOST", "b"),
+                ("FABRICOLL_TIMEOUT_MS", "120000"),
+                odd,
+            ],
+        ];
+        let t0 = Instant::now();
+        let Some(outs) = run_ranks(test, "fail", &envs) else {
+            return;
+        };
+        assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
+        for o in &outs {
+            let e = field(o, "error");
+            assert!(e.contains(want), "{want:?} not in: {e}");
+        }
+    }
+}
+
 /// `FI_PROVIDER=tcp` and no provider of ours: libfabric hides shm, so the default intra-host
 /// provider cannot be had and the network serves every peer; an intra provider that was set
 /// and cannot be had stays an error naming its variable.

@@ -1,6 +1,7 @@
 //! What the ranks of a communicator must agree on, checked when it is made: each rank sends an
 //! envelope (its fabricoll version, the wire format of its messages and tags, the libfabric it
-//! runs, its providers between and within hosts, its host and its transport address) through
+//! runs, its providers between and within hosts, which levels compressed calls compress and how
+//! it cuts them into chunks, its host and its transport address) through
 //! the exchange of addresses, and every rank checks every envelope against rank 0's before it
 //! inserts any peer. All ranks see the same envelopes, so where one differs every rank fails
 //! at once with the same error, naming the rank and the value; none waits for a peer that
@@ -12,7 +13,7 @@ use crate::transport::Transport;
 /// The format of what ranks send each other: message tags (`exec::tags`), notices, the
 /// envelope itself. Raise it with any change there, so that builds that differ fail at
 /// creation instead of mismatching messages.
-pub const WIRE_VERSION: u32 = 1;
+pub const WIRE_VERSION: u32 = 2;
 
 /// What every envelope starts with.
 const MAGIC: &[u8; 4] = b"FCEV";
@@ -32,6 +33,12 @@ pub struct Envelope {
     pub inter: String,
     /// The provider within a host, or `SAME`.
     pub intra: String,
+    /// The bytes per chunk of a compressed call (`FABRICOLL_COMPRESS_CHUNK`, 0: one chunk):
+    /// ranks that cut a call differently would exchange pieces of different lengths.
+    pub compress_chunk: u64,
+    /// Whether compressed calls compress every level (`FABRICOLL_COMPRESS_LEVELS=all`) or the
+    /// inter-host level only: the two run different exchanges.
+    pub compress_all_levels: bool,
     /// The rank's host (`placement::host_key`).
     pub host: u64,
     /// The rank's transport address.
@@ -51,6 +58,8 @@ impl Envelope {
                 .intra
                 .as_ref()
                 .map_or_else(|| SAME.to_string(), |c| c.provider.clone()),
+            compress_chunk: cfg.compress_chunk.unwrap_or(crate::compress::DEFAULT_CHUNK) as u64,
+            compress_all_levels: cfg.compress_levels == crate::config::CompressLevels::All,
             host: super::placement::host_key(cfg),
             address: t.address(),
         }
@@ -63,6 +72,8 @@ impl Envelope {
         for s in [&self.version, &self.libfabric, &self.inter, &self.intra] {
             put(&mut b, s.as_bytes());
         }
+        b.extend_from_slice(&self.compress_chunk.to_le_bytes());
+        b.push(self.compress_all_levels as u8);
         b.extend_from_slice(&self.host.to_le_bytes());
         put(&mut b, &self.address);
         b
@@ -82,6 +93,12 @@ impl Envelope {
         let parsed = (|| {
             let mut text = || String::from_utf8(r.take()?.to_vec()).ok();
             let (version, libfabric, inter, intra) = (text()?, text()?, text()?, text()?);
+            let compress_chunk = u64::from_le_bytes(r.fixed::<8>()?);
+            let compress_all_levels = match r.fixed::<1>()? {
+                [0] => false,
+                [1] => true,
+                _ => return None,
+            };
             let host = u64::from_le_bytes(r.fixed::<8>()?);
             let address = r.take()?.to_vec();
             r.0.is_empty().then_some(Envelope {
@@ -90,6 +107,8 @@ impl Envelope {
                 libfabric,
                 inter,
                 intra,
+                compress_chunk,
+                compress_all_levels,
                 host,
                 address,
             })
@@ -171,6 +190,24 @@ fn compare(r: usize, e: &Envelope, first: &Envelope) -> Result<()> {
             "rank {r} uses provider {} within hosts where rank 0 uses {} (FABRICOLL_INTRA_PROVIDER; {SAME}: one provider for every peer)",
             e.intra, first.intra
         )
+    } else if e.compress_all_levels != first.compress_all_levels {
+        let what = |all: bool| {
+            if all {
+                ("every level", "all")
+            } else {
+                ("the inter-host level only", "inter")
+            }
+        };
+        let (theirs, first) = (what(e.compress_all_levels), what(first.compress_all_levels));
+        format!(
+            "rank {r} compresses {} where rank 0 compresses {} (FABRICOLL_COMPRESS_LEVELS={} against {})",
+            theirs.0, first.0, theirs.1, first.1
+        )
+    } else if e.compress_chunk != first.compress_chunk {
+        format!(
+            "rank {r} cuts compressed calls into chunks of {} bytes where rank 0 cuts them into chunks of {} (FABRICOLL_COMPRESS_CHUNK; 0: one chunk)",
+            e.compress_chunk, first.compress_chunk
+        )
     } else {
         return Ok(());
     };
@@ -192,6 +229,8 @@ mod tests {
             libfabric: "1.17".into(),
             inter: inter.into(),
             intra: intra.into(),
+            compress_chunk: 4 << 20,
+            compress_all_levels: false,
             host,
             address: vec![1, 2, 3, host as u8],
         }
@@ -238,6 +277,20 @@ mod tests {
                     ..base.clone()
                 },
                 "rank 2 runs libfabric 1.18 where rank 0 runs libfabric 1.17",
+            ),
+            (
+                Envelope {
+                    compress_all_levels: true,
+                    ..base.clone()
+                },
+                "(FABRICOLL_COMPRESS_LEVELS=all against inter)",
+            ),
+            (
+                Envelope {
+                    compress_chunk: 0,
+                    ..base.clone()
+                },
+                "rank 2 cuts compressed calls into chunks of 0 bytes where rank 0 cuts them into chunks of 4194304 (FABRICOLL_COMPRESS_CHUNK",
             ),
             (
                 Envelope {
