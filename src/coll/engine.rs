@@ -197,13 +197,48 @@ impl Comm {
         let id = match self.compression_for(call, compress)? {
             Some(codec) => self.insert_compressed(&mut e, call, codec)?,
             None => {
-                let (exec, id, _) = self.prepare(call, &mut e)?;
+                let (exec, id, _) = self.prepare(call, &mut e, None)?;
                 e.execs.insert(id, ReqState::Running(exec));
                 id
             }
         };
         self.progress(&mut e)?;
         Ok(id as RequestId)
+    }
+
+    /// Starts `call`, whose buffers are device memory that `device` registered, uncompressed
+    /// (the direct device calls, `coll::device`); its schedule only moves bytes
+    /// (`moves_on_device`).
+    pub(crate) fn start_device(
+        &self,
+        call: &Call,
+        device: Arc<dyn crate::exec::DeviceMem>,
+    ) -> Result<RequestId> {
+        self.check_alive()?;
+        let mut e = self.engine.lock();
+        let (exec, id, _) = self.prepare(call, &mut e, Some(device))?;
+        e.execs.insert(id, ReqState::Running(exec));
+        self.progress(&mut e)?;
+        Ok(id as RequestId)
+    }
+
+    /// Whether `call`'s schedule (every rank's steps, with the algorithm it would run) only
+    /// moves bytes, so that it can run on device memory (`exec::moves_only`): the same answer
+    /// on every rank. Point-to-point transfers do; varied collectives are the caller's to
+    /// judge (their schedules are built per rank).
+    pub(crate) fn moves_on_device(&self, call: &Call) -> Result<bool> {
+        let Kind::Coll(coll) = call.kind else {
+            return Ok(matches!(
+                call.kind,
+                Kind::Send { .. } | Kind::Recv { .. } | Kind::Tagged { .. }
+            ));
+        };
+        let elem = call.dtype.size();
+        let p = call.problem(coll, self.nranks)?;
+        let mut e = self.engine.lock();
+        let (a, o) = self.choose(&p, elem, call.algo)?;
+        let planned = self.schedule(&mut e, p, a, o, elem)?;
+        Ok(crate::exec::moves_only(&planned.schedule))
     }
 
     /// Start a compressed call and put it in the table; its request id.
@@ -223,7 +258,12 @@ impl Comm {
 
     /// Check a call and make its `Exec`, with its request id and whether it may run over the
     /// direct channel (`Planned::direct`; never for point-to-point calls).
-    fn prepare(&self, call: &Call, e: &mut Engine) -> Result<(Box<Exec>, u32, bool)> {
+    fn prepare(
+        &self,
+        call: &Call,
+        e: &mut Engine,
+        device: Option<Arc<dyn crate::exec::DeviceMem>>,
+    ) -> Result<(Box<Exec>, u32, bool)> {
         let elem = call.dtype.size();
         if !matches!(
             call.kind,
@@ -295,6 +335,7 @@ impl Comm {
                     sends_first: self.sends_first(),
                     restore: self.restore,
                     signature: None,
+                    device,
                 };
                 match prep {
                     Prep::Spare(mut x) => {
@@ -345,6 +386,7 @@ impl Comm {
                     self.timeout,
                     id,
                     &mut e.pool,
+                    device,
                 )?
             }
         };
@@ -571,7 +613,7 @@ impl Comm {
             drop(e);
             return self.wait(id as RequestId);
         }
-        let (exec, id, direct) = self.prepare(call, &mut e)?;
+        let (exec, id, direct) = self.prepare(call, &mut e, None)?;
         if direct && e.execs.is_empty() {
             // The direct path reads no completion: every `LATE_POLL_EVERY` runs, read them
             // first, for late notices (a poll on every run would cost the smallest calls a

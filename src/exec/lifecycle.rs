@@ -24,6 +24,7 @@ impl Exec {
             inp: Region::empty(),
             out: Region::empty(),
             tmp,
+            dev_tmp: Region::empty(),
             backup: None,
             partial: None,
             inb: Region::empty(),
@@ -110,6 +111,18 @@ impl Exec {
             && (inp.addr() < out.addr()
                 || plan.overwrites_input(inp.addr() - out.addr(), inp.len()));
         debug_assert!(self.backup.is_none(), "new and retire leave no backup");
+        self.dev_tmp = Region::empty();
+        if let Some(d) = &self.job.args.device {
+            if overwritten {
+                return Err(Error::Internal(
+                    "a call on device memory whose steps write over its input".into(),
+                ));
+            }
+            let len = self.job.schedule.tmp_len[self.job.rank] * self.elem;
+            if len > 0 {
+                self.dev_tmp = d.tmp(len)?;
+            }
+        }
         self.partial = None;
         self.inb = Region::empty();
         self.undefined_on_failure = overwritten && !self.job.args.restore;
@@ -236,6 +249,7 @@ impl Exec {
         timeout: Timeout,
         id: u32,
         pool: &mut BufPool,
+        device: Option<Arc<dyn super::DeviceMem>>,
     ) -> Result<Box<Exec>> {
         use crate::algo::{Algorithm, Builder, Problem};
         let mut b = Builder::new(nranks);
@@ -265,6 +279,7 @@ impl Exec {
                     sends_first: false,
                     restore: true,
                     signature: None,
+                    device,
                 },
             },
             plan,
@@ -278,6 +293,8 @@ impl Exec {
     /// nothing reads before `rearm` replaces them.
     pub fn retire(&mut self, pool: &mut BufPool) {
         debug_assert!(self.finished && self.staging.iter().all(Option::is_none));
+        // A direct device call's registrations and device memory go with its call.
+        self.job.args.device = None;
         if let Some(b) = self.backup.take() {
             pool.put(b);
         }

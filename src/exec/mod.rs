@@ -21,6 +21,7 @@
 //! This file holds the executor's state and the step work both executors share.
 #![deny(unsafe_code)]
 
+mod device;
 mod direct;
 mod gone;
 mod idle;
@@ -36,6 +37,7 @@ mod recorder;
 mod signature;
 mod tags;
 
+pub use device::{moves_only, DeviceMem};
 pub use gone::is_gone_notice;
 pub use idle::Idle;
 pub use notice::{is_notice, late_notice_of, late_watch};
@@ -93,6 +95,9 @@ pub struct Args {
     /// of a compressed collective run byte exchanges on behalf of the caller's call
     /// (`coll` compressed), whose signature they carry.
     pub signature: Option<Signature>,
+    /// The caller's buffers are device memory (`device`): their registrations, and the copies
+    /// on the device. None: host memory.
+    pub device: Option<Arc<dyn DeviceMem>>,
 }
 
 /// One rank's collective in progress.
@@ -102,6 +107,8 @@ pub struct Exec {
     inp: Region,
     out: Region,
     tmp: Scratch,
+    /// Tmp memory on the device, where the call's buffers are device memory (`DeviceMem::tmp`).
+    dev_tmp: Region,
     /// The input's copy when in place: all of it when restoring (`inp` then points into it),
     /// else the part `partial` says (`inb` points into it).
     backup: Option<Scratch>,
@@ -176,6 +183,7 @@ impl Exec {
                 _ => self.inp,
             },
             Buf::Out => self.out,
+            Buf::Tmp if self.job.args.device.is_some() => self.dev_tmp,
             Buf::Tmp => owned(&self.tmp, self.tmp.len()),
         };
         let (off, len) = bytes(self.elem, s);
@@ -233,8 +241,16 @@ impl Exec {
                 let (s, d) = (self.region(i, &src), self.region(i, &dst));
                 // In place without a backup, the own chunk's copy is onto itself.
                 if s.addr() != d.addr() {
-                    s.with(|a| d.with_mut(|b| reduce::copy(b, a)));
+                    match &self.job.args.device {
+                        Some(dev) => dev.copy(d, s)?,
+                        None => s.with(|a| d.with_mut(|b| reduce::copy(b, a))),
+                    }
                 }
+            }
+            Op::Reduce { .. } if self.job.args.device.is_some() => {
+                return Err(Error::Internal(format!(
+                    "step {i} reduces, and the call's buffers are device memory"
+                )));
             }
             Op::Reduce { a, b, dst } => {
                 self.reduce_into(self.region(i, &a), self.region(i, &b), self.region(i, &dst))?;

@@ -101,7 +101,9 @@ impl Exec {
             Op::Nop | Op::Copy { .. } | Op::Reduce { .. } => self.run_local(i)?,
             Op::Send { peer, src } => {
                 let tag = self.tag(self.job.rank, i);
-                match t.send(peers[peer], tag, self.region(i, &src), None, self.op_id(i))? {
+                let r = self.region(i, &src);
+                let mr = self.job.args.device.as_ref().and_then(|d| d.mr(r));
+                match t.send(peers[peer], tag, r, mr, self.op_id(i))? {
                     Posted::Queued => self.state[i] = St::Posted,
                     Posted::Busy => {
                         deferred.push_back(i);
@@ -111,12 +113,14 @@ impl Exec {
             }
             Op::Recv { peer, dst } => {
                 let tag = self.tag(peer, i);
+                let r = self.region(i, &dst);
+                let mr = self.job.args.device.as_ref().and_then(|d| d.mr(r));
                 match t.recv_from(
                     peers[peer],
                     tag,
                     self.recv_ignored(t, peers[peer]),
-                    self.region(i, &dst),
-                    None,
+                    r,
+                    mr,
                     self.op_id(i),
                 )? {
                     Posted::Queued => {
