@@ -8,6 +8,7 @@
 //! The device is the calling thread's (`installed`): the device of its current CUDA context,
 //! or the emulated device a test installs (`install`). Without either, every pointer is host
 //! memory and nothing here runs: the host path is unchanged.
+mod direct;
 mod inflight;
 mod pool;
 mod slices;

@@ -23,6 +23,7 @@
 //! device kernel would need every received contribution copied back to the device first (one
 //! more crossing of the bus per contribution). A pageable host buffer of a mixed call is copied
 //! to and from its slot by the host.
+use super::direct::Direct;
 use super::pool::{Pool, Slot, SLICE_BYTES, SLOTS, SLOT_BYTES};
 use super::slices::{self, Piece, Slice};
 use super::DevCall;
@@ -33,6 +34,7 @@ use crate::device::{Device, Event, HostBuffer, PtrKind, Span, Stream};
 use crate::error::{Error, Result};
 use crate::transport::Region;
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// One side of the call (its input or its output) as the copies see it.
 enum Side {
@@ -120,12 +122,20 @@ pub(super) struct Pipeline {
     done: usize,
     /// A stream-ordered call's schedule (None: the worker copies, on the pool's streams).
     on_stream: Option<OnStream>,
+    /// The call on the direct path (`direct`): one slice, no slot, no copies.
+    direct: Option<Direct>,
 }
 
 impl Pipeline {
     /// The slices of `call` on `comm`, `nslices` of them where the ranks agreed on the number
-    /// at run time (AllToAllV; None: from the blocks, which every rank shares).
-    pub fn new(comm: &Comm, call: DevCall, nslices: Option<usize>) -> Result<Pipeline> {
+    /// at run time (AllToAllV; None: from the blocks, which every rank shares); or the call
+    /// whole on the direct path, where `direct` (its copy stream) is given and it can take it.
+    pub fn new(
+        comm: &Comm,
+        call: DevCall,
+        nslices: Option<usize>,
+        direct: Option<Arc<Stream>>,
+    ) -> Result<Pipeline> {
         let elem = call.dtype.size();
         let blocks = match &call.blocks {
             Some(b) => b.clone(),
@@ -160,9 +170,17 @@ impl Pipeline {
             )));
         }
         let compress = comm.settled_compression(call.kind, call.dtype, call.op, call.compress)?;
+        let (direct, list, need) = match direct {
+            Some(st) => match Direct::new(comm, &call, &blocks, compress, st)? {
+                Some((d, whole)) => (Some(d), vec![whole], (0, 0)),
+                None => (None, list, need),
+            },
+            None => (None, list, need),
+        };
         Ok(Pipeline {
             call,
             compress,
+            direct,
             list,
             input,
             output,
@@ -295,6 +313,11 @@ impl Pipeline {
         &self.call
     }
 
+    /// Whether the call takes the direct path (it needs no slot).
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
     /// Bytes of a slot that one slice needs.
     pub fn need(&self) -> (usize, usize) {
         self.need
@@ -358,6 +381,20 @@ impl Pipeline {
     ) -> Result<bool> {
         if self.on_stream.is_some() {
             return self.step_stream(comm, pool, may_start);
+        }
+        if let Some(d) = self.direct.as_mut() {
+            if self.next_start == 0 {
+                if may_start {
+                    d.start(comm, &self.call, &self.list[0])?;
+                    self.next_start = 1;
+                }
+                return Ok(may_start);
+            }
+            if self.done == 0 && d.test(comm)? {
+                self.done = 1;
+                return Ok(true);
+            }
+            return Ok(false);
         }
         let Some(own) = self.own else {
             return Ok(false);
@@ -605,14 +642,31 @@ fn counts(v: &[usize]) -> Region {
 
 /// The host call of slice `s` on the slot's buffers.
 fn slot_call(call: &DevCall, slot: &Slot, s: &Slice, input: &Side, output: &Side) -> Call {
+    let base = |buf: Option<&HostBuffer>, side: &Side| match (buf, side) {
+        (Some(b), Side::Host(_) | Side::Pinned(_) | Side::Stream(_)) => Some(b.as_ptr() as u64),
+        _ => None,
+    };
+    slice_call(
+        call,
+        s,
+        base(slot.input.as_ref(), input),
+        base(slot.output.as_ref(), output),
+    )
+}
+
+/// The host call of slice `s` on buffers that hold its blocks back to back from `send` and
+/// `recv` (None or 0: the side is absent): a staging slot's, or the caller's device buffers
+/// on the direct path.
+pub(super) fn slice_call(call: &DevCall, s: &Slice, send: Option<u64>, recv: Option<u64>) -> Call {
     let elem = call.dtype.size();
-    let region = |buf: Option<&HostBuffer>, side: &Side, lens: &[usize]| -> Region {
+    let region = |base: Option<u64>, lens: &[usize]| -> Region {
         let bytes = lens.iter().sum::<usize>() * elem;
-        match (buf, side) {
-            (Some(b), Side::Host(_) | Side::Pinned(_) | Side::Stream(_)) if bytes > 0 => {
-                // SAFETY: the slot buffer outlives the collective: the pool keeps the slots
-                // until the communicator is destroyed, and leaks those of a failed call.
-                unsafe { Region::from_raw(b.as_ptr(), bytes) }
+        match base {
+            Some(a) if a != 0 && bytes > 0 => {
+                // SAFETY: the buffer outlives the collective: the pool keeps the slots until
+                // the communicator is destroyed (and leaks those of a failed call), and the
+                // caller's buffers are valid until the call completes (`DevCall::classify`).
+                unsafe { Region::from_raw(a as *mut u8, bytes) }
             }
             _ => Region::empty(),
         }
@@ -642,8 +696,8 @@ fn slot_call(call: &DevCall, slot: &Slot, s: &Slice, input: &Side, output: &Side
     };
     Call {
         kind,
-        send: region(slot.input.as_ref(), input, &s.in_lens),
-        recv: region(slot.output.as_ref(), output, &s.out_lens),
+        send: region(send, &s.in_lens),
+        recv: region(recv, &s.out_lens),
         count,
         dtype: call.dtype,
         op: call.op,

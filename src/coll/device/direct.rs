@@ -1,0 +1,271 @@
+//! The direct path of a device call: where the communicator's transport registers device
+//! memory (FI_HMEM, and a real registration of it worked: `decide`, once per communicator and
+//! device), a call whose schedule only moves bytes runs as one host-engine call on the
+//! caller's device buffers themselves (`Direct`): the transport sends from and receives into
+//! their registrations, and the executor's local copies run on the device (`DevMem`), the
+//! host waiting for each to the communicator's deadline; a schedule's Tmp memory is device
+//! memory, registered too. The host never touches the bytes. An
+//! in-place call's input is first copied aside on the device, so that no step writes over what
+//! another still reads. Every other call is staged (`staged`); docs/device-calls.md says which.
+//!
+//! Ranks must decide alike for a collective (one call direct, sliced calls staged): they do
+//! where their transports are alike, and otherwise the calls' signatures differ, which the
+//! engine reports as calls that differ rather than hanging.
+use super::slices::{Blocks, Slice};
+use super::DevCall;
+use crate::algo::varied::Varied;
+use crate::coll::{Comm, Kind, RequestId};
+use crate::config::{Compression, Timeout};
+use crate::device::{Device, DeviceBuffer, PtrKind, Span, Stream};
+use crate::error::{Error, Result};
+use crate::exec::DeviceMem;
+use crate::transport::{Mr, Region, Transport};
+use std::sync::{Arc, OnceLock};
+
+/// Bytes of device memory the probe registers.
+const PROBE_BYTES: usize = 4096;
+
+/// Whether `comm`'s device calls on `dev` go direct: the copy stream they use where they do
+/// (None: staged). Logged once, at info, with the reason.
+pub(super) fn decide(comm: &Comm, dev: &Device) -> Option<Arc<Stream>> {
+    let provider = &comm.transport().caps().provider;
+    let why = probe(comm, dev);
+    match why {
+        Ok(s) => {
+            log::info!(
+                "rank {}: device calls on device {} go direct: provider {provider} registers \
+                 device memory (FI_HMEM), so calls whose schedules only move bytes need no host \
+                 copy; reductions and the other calls are staged through page-locked host memory",
+                comm.rank,
+                dev.ordinal()
+            );
+            Some(Arc::new(s))
+        }
+        Err(reason) => {
+            log::info!(
+                "rank {}: device calls on device {} are staged through page-locked host \
+                 memory: {reason}",
+                comm.rank,
+                dev.ordinal()
+            );
+            None
+        }
+    }
+}
+
+/// The copy stream of the direct path, or why it is not taken.
+fn probe(comm: &Comm, dev: &Device) -> std::result::Result<Stream, String> {
+    let t = comm.transport();
+    let provider = &t.caps().provider;
+    if !comm.device_direct {
+        return Err("FABRICOLL_DEVICE_DIRECT=off".into());
+    }
+    if !t.caps().hmem {
+        return Err(format!("provider {provider} does not offer FI_HMEM"));
+    }
+    let fail = |e: Error| format!("registering device memory with provider {provider} failed: {e}");
+    dev.make_current().map_err(fail)?;
+    let buf = dev.alloc(PROBE_BYTES).map_err(fail)?;
+    // SAFETY: the buffer is device memory of PROBE_BYTES, alive until after the registration
+    // is dropped below; nothing reads or writes it.
+    let region = unsafe { Region::from_raw(buf.addr() as *mut u8, buf.len()) };
+    let mr = t.register_device(region, dev.ordinal()).map_err(fail)?;
+    drop(mr);
+    drop(buf);
+    dev.create_stream().map_err(fail)
+}
+
+/// A call on the direct path: its one host-engine call, made when it may start.
+pub(super) struct Direct {
+    input: Option<Span>,
+    output: Option<Span>,
+    stream: Arc<Stream>,
+    req: Option<RequestId>,
+}
+
+impl Direct {
+    /// `call` on the direct path, where it can take it: its buffers are device memory (a
+    /// missing side aside), it is uncompressed, its schedule only moves bytes, and its buffers
+    /// hold its blocks back to back (as the host call's layout has them). None: staged.
+    pub fn new(
+        comm: &Comm,
+        call: &DevCall,
+        blocks: &Blocks,
+        compress: Compression,
+        stream: Arc<Stream>,
+    ) -> Result<Option<(Direct, Slice)>> {
+        let elem = call.dtype.size();
+        let (ie, oe) = blocks.extent();
+        let side = |addr: u64, kind: Option<PtrKind>, len: usize, name: &str| match kind {
+            None => Ok(Some(None)),
+            Some(_) if len == 0 => Ok(Some(None)),
+            // SAFETY: `DevCall::classify`'s caller promised the buffer valid for the call's
+            // length until it completes.
+            Some(PtrKind::Device { .. }) => unsafe {
+                Span::from_raw(call.device(), addr, len * elem, name).map(|s| Some(Some(s)))
+            },
+            Some(_) => Ok(None),
+        };
+        let (Some(input), Some(output)) = (
+            side(call.send, call.kinds[0], ie, "sendbuf")?,
+            side(call.recv, call.kinds[1], oe, "recvbuf")?,
+        ) else {
+            return Ok(None);
+        };
+        if compress.codec().is_some() {
+            return Ok(None);
+        }
+        let per = blocks.longest().max(1);
+        let Some(slice) = super::slices::slices(blocks, elem, per, 1).pop() else {
+            return Ok(None);
+        };
+        let packed = slice
+            .input
+            .iter()
+            .chain(&slice.output)
+            .all(|p| p.user == p.slot);
+        let covered = match call.kind {
+            Kind::Varied(l) => matches!(
+                l.coll,
+                Varied::Gather | Varied::Scatter | Varied::AllGatherV
+            ),
+            _ => {
+                let whole =
+                    super::staged::slice_call(call, &slice, Some(call.send), Some(call.recv));
+                comm.moves_on_device(&whole)?
+            }
+        };
+        if !packed || !covered {
+            return Ok(None);
+        }
+        let d = Direct {
+            input,
+            output,
+            stream,
+            req: None,
+        };
+        Ok(Some((d, slice)))
+    }
+
+    /// Starts the call's host-engine call on `slice` (the call whole), the first time it is
+    /// stepped; then whether that call has finished.
+    pub fn start(&mut self, comm: &Comm, call: &DevCall, slice: &Slice) -> Result<()> {
+        let mem = DevMem::new(comm, call.device(), &self.input, &self.output, &self.stream)?;
+        let send = mem.input.as_ref().map(|s| s.addr());
+        let recv = self.output.as_ref().map(|s| s.addr());
+        let c = super::staged::slice_call(call, slice, send, recv);
+        self.req = Some(comm.start_device(&c, Arc::new(mem))?);
+        Ok(())
+    }
+
+    /// Whether the started call has finished.
+    pub fn test(&mut self, comm: &Comm) -> Result<bool> {
+        match self.req {
+            Some(r) if comm.test(r)? => {
+                self.req = None;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}
+
+/// One direct call's device memory as the executor sees it: the registrations of its buffers
+/// (an in-place input's copy aside in place of the input), and the copy stream.
+struct DevMem {
+    dev: Device,
+    transport: Arc<dyn Transport>,
+    stream: Arc<Stream>,
+    timeout: Timeout,
+    mrs: Vec<Mr>,
+    /// The input the call reads (the caller's, or its copy aside).
+    input: Option<Span>,
+    /// The copy aside of an in-place input, held until the call's executor lets go.
+    _aside: Option<DeviceBuffer>,
+    /// The schedule's Tmp memory on the device, and its registration (`DeviceMem::tmp`).
+    tmp: OnceLock<(DeviceBuffer, Mr)>,
+}
+
+impl DevMem {
+    fn new(
+        comm: &Comm,
+        dev: &Device,
+        input: &Option<Span>,
+        output: &Option<Span>,
+        stream: &Arc<Stream>,
+    ) -> Result<DevMem> {
+        dev.make_current()?;
+        let overlap = match (input, output) {
+            (Some(i), Some(o)) => {
+                i.addr() < o.addr() + o.len() as u64 && o.addr() < i.addr() + i.len() as u64
+            }
+            _ => false,
+        };
+        let (input, aside) = match input {
+            Some(i) if overlap => {
+                let b = dev.alloc(i.len())?;
+                stream.copy(&b.span(), i)?;
+                stream.synchronize(comm.timeout)?;
+                (Some(b.span()), Some(b))
+            }
+            i => (i.clone(), None),
+        };
+        let t = comm.transport();
+        let mrs = input
+            .iter()
+            .chain(output)
+            .map(|s| {
+                // SAFETY: the span is device memory (the caller's, valid until the call
+                // completes, or the copy aside, held with the registration).
+                let r = unsafe { Region::from_raw(s.addr() as *mut u8, s.len()) };
+                t.register_device(r, dev.ordinal())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(DevMem {
+            dev: dev.clone(),
+            transport: t.clone(),
+            stream: stream.clone(),
+            timeout: comm.timeout,
+            mrs,
+            input,
+            _aside: aside,
+            tmp: OnceLock::new(),
+        })
+    }
+
+    fn span(&self, r: Region, name: &str) -> Result<Span> {
+        // SAFETY: the executor's regions lie in the call's buffers (device memory registered
+        // here), valid until the call completes.
+        unsafe { Span::from_raw(&self.dev, r.addr() as u64, r.len(), name) }
+    }
+}
+
+impl DeviceMem for DevMem {
+    fn mr(&self, r: Region) -> Option<&Mr> {
+        let (a, n) = (r.addr(), r.len());
+        self.mrs
+            .iter()
+            .chain(self.tmp.get().map(|(_, m)| m))
+            .find(|m| a >= m.region.addr() && a + n <= m.region.addr() + m.region.len())
+    }
+
+    fn tmp(&self, len: usize) -> Result<Region> {
+        if let Some((_, m)) = self.tmp.get() {
+            return Ok(m.region);
+        }
+        self.dev.make_current()?;
+        let b = self.dev.alloc(len)?;
+        // SAFETY: device memory of `len` bytes, held with its registration in `self.tmp`
+        // until the call's executor lets go of this value.
+        let r = unsafe { Region::from_raw(b.addr() as *mut u8, len) };
+        let m = self.transport.register_device(r, self.dev.ordinal())?;
+        Ok(self.tmp.get_or_init(|| (b, m)).1.region)
+    }
+
+    fn copy(&self, dst: Region, src: Region) -> Result<()> {
+        self.dev.make_current()?;
+        let (d, s) = (self.span(dst, "recvbuf")?, self.span(src, "sendbuf")?);
+        self.stream.copy(&d, &s)?;
+        self.stream.synchronize(self.timeout)
+    }
+}
