@@ -2,12 +2,13 @@
 //! whose device memory the host cannot touch (PROT_NONE: a host read or write faults), ranks
 //! as threads over the loopback transport made to offer "FI_HMEM" for it: it moves device bytes
 //! with the device's copies, as libfabric's shm provider moves FI_HMEM_CUDA bytes with CUDA
-//! copies. Every call that goes direct (send/recv, tagged, Broadcast, AllGather, AllToAll,
-//! Gather, Scatter, AllGatherV), blocking, non-blocking and grouped, in place and out of place,
-//! on 2, 3 and 4 ranks, gives the results the host path gives (the same expected bytes, checked
-//! on host buffers too), and is counted as direct; reductions and stream-ordered calls stay
-//! staged; a transport without FI_HMEM, or whose registration of device memory fails, stages
-//! every call.
+//! copies. Every call on device buffers (the collectives, reductions included, send/recv,
+//! tagged, gather, scatter, allgatherv, reducescatterv), blocking, non-blocking and grouped, on
+//! 2, 3 and 4 ranks, and in place, goes direct (counted) and gives the results the host path
+//! gives (the same expected bytes, checked on host buffers too; Avg against the host call's
+//! bits); stream-ordered and mixed host and device calls stay staged; a transport without
+//! FI_HMEM, or whose registration of device memory fails, stages every call.
+use capi::{comm, last_error};
 use device::direct::*;
 use device::*;
 use nccl_net_fabricoll::coll::Comm;
@@ -17,6 +18,8 @@ use nccl_net_fabricoll::ffi::api::*;
 use nccl_net_fabricoll::transport::loopback::LoopbackFabric;
 use nccl_net_fabricoll::transport::Transport;
 use std::sync::Arc;
+
+use fabricoll_status::*;
 
 mod capi;
 mod device;
@@ -61,55 +64,40 @@ fn comms(d: &Device, n: usize, hmem: Hmem) -> Vec<usize> {
 }
 
 #[test]
-fn covered_calls_go_direct_and_give_the_host_paths_results() {
+fn every_call_on_device_buffers_goes_direct_and_gives_the_host_paths_results() {
     let _serial = serial();
     let d = dev();
+    let types = [(Ty::F32, Op::Sum), (Ty::I32, Op::Max), (Ty::F64, Op::Min)];
     for n in [2, 3, 4] {
         let cs = comms(&d, n, Hmem::Registers);
         for (coll, calls) in DIRECT {
             for mode in [Mode::Blocking, Mode::NonBlocking, Mode::Grouped] {
-                for (ty, count) in [(Ty::F32, 1), (Ty::I32, 1000), (Ty::F64, 3)] {
-                    case(&d, &cs, coll, ty, count, mode, calls);
+                for (k, count) in [1, 1000, 3].into_iter().enumerate() {
+                    case(&d, &cs, coll, types[k], count, mode, calls);
                 }
             }
             // More than the staged path's slice (1 MiB per block): one call all the same.
-            case(&d, &cs, coll, Ty::F32, 300_001, Mode::Blocking, calls);
+            case(&d, &cs, coll, types[0], 300_001, Mode::Blocking, calls);
         }
         destroy(&cs);
     }
 }
 
 #[test]
-fn reductions_and_stream_ordered_calls_stay_staged() {
+fn stream_ordered_and_mixed_calls_stay_staged() {
     let _serial = serial();
     let d = dev();
     let cs = comms(&d, 3, Hmem::Registers);
-    for coll in [
-        Coll::AllReduce,
-        Coll::ReduceScatter,
-        Coll::Reduce,
-        Coll::ReduceScatterV,
-    ] {
-        case(&d, &cs, coll, Ty::F32, 1000, Mode::Blocking, 0);
-        case(&d, &cs, coll, Ty::I32, 1000, Mode::NonBlocking, 0);
-    }
     for (coll, _) in DIRECT {
-        case(&d, &cs, coll, Ty::F32, 1000, Mode::Stream, 0);
+        case(&d, &cs, coll, (Ty::F32, Op::Sum), 1000, Mode::Stream, 0);
     }
-    // A call on host and device buffers together is staged too.
+    // A call on host and device buffers together is staged.
     let before = direct(&cs);
     let mixed = (Place::Host, Place::Device);
     let ds = std::slice::from_ref(&d);
-    run_case(
-        ds,
-        &cs,
-        Coll::AllGather,
-        Ty::F32,
-        Op::Sum,
-        1000,
-        mixed,
-        Mode::Blocking,
-    );
+    for coll in [Coll::AllGather, Coll::AllReduce] {
+        run_case(ds, &cs, coll, Ty::F32, Op::Sum, 1000, mixed, Mode::Blocking);
+    }
     assert_eq!(direct(&cs), before, "a mixed call went direct");
     destroy(&cs);
 }
@@ -121,8 +109,16 @@ fn without_fi_hmem_or_with_a_failing_registration_every_call_is_staged() {
     for hmem in [Hmem::None, Hmem::Refuses] {
         let cs = comms(&d, 2, hmem);
         for (coll, _) in DIRECT {
-            case(&d, &cs, coll, Ty::F32, 1000, Mode::Blocking, 0);
-            case(&d, &cs, coll, Ty::I32, 300_001, Mode::NonBlocking, 0);
+            case(&d, &cs, coll, (Ty::F32, Op::Sum), 1000, Mode::Blocking, 0);
+            case(
+                &d,
+                &cs,
+                coll,
+                (Ty::I32, Op::Max),
+                300_001,
+                Mode::NonBlocking,
+                0,
+            );
         }
         destroy(&cs);
     }
@@ -134,12 +130,50 @@ fn in_place_calls_go_direct_on_a_copy_of_their_input() {
     let d = dev();
     for n in [2, 3] {
         let cs = comms(&d, n, Hmem::Registers);
-        for coll in [Coll::AllGather, Coll::Broadcast, Coll::AllToAll] {
+        for coll in [
+            Coll::AllGather,
+            Coll::Broadcast,
+            Coll::AllToAll,
+            Coll::AllReduce,
+            Coll::ReduceScatter,
+        ] {
             for count in [1, 1000, 300_001] {
                 in_place(&d, &cs, coll, count, 1);
             }
         }
-        in_place(&d, &cs, Coll::AllReduce, 1000, 0);
         destroy(&cs);
     }
+}
+
+/// AllReduce with Avg on device buffers, direct (its division on the device), gives the host
+/// call's bits, for a float and an integer type (which divides truncating).
+#[test]
+fn avg_on_device_buffers_gives_the_host_calls_bits() {
+    let _serial = serial();
+    let d = dev();
+    let n = 3;
+    let cs = comms(&d, n, Hmem::Registers);
+    let avg = fabricoll_redop::FABRICOLL_AVG as std::os::raw::c_int;
+    for ty in [Ty::F32, Ty::I32] {
+        let count = 1001;
+        let before = direct(&cs);
+        each_rank(&d, &cs, |me, c, s| {
+            let d = s.device();
+            let input = ty.encode(&(0..count).map(|i| value(me, i) * 3 + 1).collect::<Vec<_>>());
+            let bytes = input.len();
+            let mut host = input.clone();
+            let p = host.as_mut_ptr().cast();
+            let st = fabricoll_allreduce(p, p, count, ty.c(), avg, comm(c));
+            assert_eq!(st, FABRICOLL_SUCCESS, "host avg: {}", last_error());
+            let mut dev_in = Buf::new(d, s, Place::Device, &input);
+            let mut dev_out = Buf::new(d, s, Place::Device, &vec![0u8; bytes]);
+            let (i, o) = (dev_in.ptr(), dev_out.ptr());
+            let st = fabricoll_allreduce(i, o, count, ty.c(), avg, comm(c));
+            assert_eq!(st, FABRICOLL_SUCCESS, "device avg: {}", last_error());
+            let got = dev_out.read(s, bytes);
+            assert!(got == host, "{ty:?} rank {me}: other bits");
+        });
+        counted(&cs, &before, 1, &format!("AllReduce Avg {ty:?}"));
+    }
+    destroy(&cs);
 }

@@ -207,8 +207,7 @@ impl Comm {
     }
 
     /// Starts `call`, whose buffers are device memory that `device` registered, uncompressed
-    /// (the direct device calls, `coll::device`); its schedule only moves bytes
-    /// (`moves_on_device`).
+    /// (the direct device calls, `coll::device`).
     pub(crate) fn start_device(
         &self,
         call: &Call,
@@ -220,25 +219,6 @@ impl Comm {
         e.execs.insert(id, ReqState::Running(exec));
         self.progress(&mut e)?;
         Ok(id as RequestId)
-    }
-
-    /// Whether `call`'s schedule (every rank's steps, with the algorithm it would run) only
-    /// moves bytes, so that it can run on device memory (`exec::moves_only`): the same answer
-    /// on every rank. Point-to-point transfers do; varied collectives are the caller's to
-    /// judge (their schedules are built per rank).
-    pub(crate) fn moves_on_device(&self, call: &Call) -> Result<bool> {
-        let Kind::Coll(coll) = call.kind else {
-            return Ok(matches!(
-                call.kind,
-                Kind::Send { .. } | Kind::Recv { .. } | Kind::Tagged { .. }
-            ));
-        };
-        let elem = call.dtype.size();
-        let p = call.problem(coll, self.nranks)?;
-        let mut e = self.engine.lock();
-        let (a, o) = self.choose(&p, elem, call.algo)?;
-        let planned = self.schedule(&mut e, p, a, o, elem)?;
-        Ok(crate::exec::moves_only(&planned.schedule))
     }
 
     /// Start a compressed call and put it in the table; its request id.

@@ -25,6 +25,8 @@ impl Exec {
             out: Region::empty(),
             tmp,
             dev_tmp: Region::empty(),
+            dev_stage: Region::empty(),
+            stage_off: Vec::new(),
             backup: None,
             partial: None,
             inb: Region::empty(),
@@ -112,15 +114,31 @@ impl Exec {
                 || plan.overwrites_input(inp.addr() - out.addr(), inp.len()));
         debug_assert!(self.backup.is_none(), "new and retire leave no backup");
         self.dev_tmp = Region::empty();
+        self.dev_stage = Region::empty();
         if let Some(d) = &self.job.args.device {
             if overwritten {
                 return Err(Error::Internal(
                     "a call on device memory whose steps write over its input".into(),
                 ));
             }
-            let len = self.job.schedule.tmp_len[self.job.rank] * self.elem;
-            if len > 0 {
-                self.dev_tmp = d.tmp(len)?;
+            // Tmp, then each receive-and-reduce step's staging, in one device allocation.
+            let tmp = self.job.schedule.tmp_len[self.job.rank] * self.elem;
+            self.stage_off.clear();
+            let mut stage = 0;
+            for s in &self.job.schedule.ranks[self.job.rank] {
+                self.stage_off.push(stage);
+                if let crate::algo::Op::RecvReduce { dst, .. } = &s.op {
+                    stage += dst.len * self.elem;
+                }
+            }
+            if tmp + stage > 0 {
+                let all = d.scratch(tmp + stage)?;
+                let part = |off, len| {
+                    all.sub(off, len)
+                        .ok_or_else(|| Error::Internal("device scratch too small".into()))
+                };
+                self.dev_tmp = part(0, tmp)?;
+                self.dev_stage = part(tmp, stage)?;
             }
         }
         self.partial = None;

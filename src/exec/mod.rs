@@ -37,7 +37,7 @@ mod recorder;
 mod signature;
 mod tags;
 
-pub use device::{moves_only, DeviceMem};
+pub use device::DeviceMem;
 pub use gone::is_gone_notice;
 pub use idle::Idle;
 pub use notice::{is_notice, late_notice_of, late_watch};
@@ -107,8 +107,12 @@ pub struct Exec {
     inp: Region,
     out: Region,
     tmp: Scratch,
-    /// Tmp memory on the device, where the call's buffers are device memory (`DeviceMem::tmp`).
+    /// Where the call's buffers are device memory: Tmp memory and the staging of
+    /// receive-and-reduce steps on the device (`DeviceMem::scratch`), and each step's offset
+    /// into that staging.
     dev_tmp: Region,
+    dev_stage: Region,
+    stage_off: Vec<usize>,
     /// The input's copy when in place: all of it when restoring (`inp` then points into it),
     /// else the part `partial` says (`inb` points into it).
     backup: Option<Scratch>,
@@ -224,6 +228,11 @@ impl Exec {
 
     fn reduce_into(&self, a: Region, b: Region, dst: Region) -> Result<()> {
         let (dt, op) = (self.job.args.dtype, self.job.args.op);
+        if let Some(d) = &self.job.args.device {
+            // The operations are commutative: dst = dst ⊕ other where dst is one of them.
+            let (x, y) = if dst == b { (b, a) } else { (a, b) };
+            return d.reduce(dt, op, dst, x, y);
+        }
         let r = if dst == a {
             b.with(|bb| dst.with_mut(|d| reduce::reduce_inplace(dt, op, d, bb)))
         } else if dst == b {
@@ -247,11 +256,6 @@ impl Exec {
                     }
                 }
             }
-            Op::Reduce { .. } if self.job.args.device.is_some() => {
-                return Err(Error::Internal(format!(
-                    "step {i} reduces, and the call's buffers are device memory"
-                )));
-            }
             Op::Reduce { a, b, dst } => {
                 self.reduce_into(self.region(i, &a), self.region(i, &b), self.region(i, &dst))?;
             }
@@ -270,9 +274,9 @@ impl Exec {
             .unwrap_or_else(|| Signature::of(&s.problem, s.algo, a.dtype, a.op))
     }
 
-    fn check_finished(&mut self) {
+    fn check_finished(&mut self) -> Result<()> {
         if self.finished || self.done < self.state.len() {
-            return;
+            return Ok(());
         }
         let p = self.job.schedule.problem;
         if self.job.args.op == RedOp::Avg
@@ -281,10 +285,14 @@ impl Exec {
         {
             let dt = self.job.args.dtype;
             let n = p.nranks;
-            self.out.with_mut(|o| {
-                let _ = reduce::scale_avg(dt, o, n);
-            });
+            match &self.job.args.device {
+                Some(d) => d.scale_avg(dt, self.out, n)?,
+                None => self.out.with_mut(|o| {
+                    let _ = reduce::scale_avg(dt, o, n);
+                }),
+            }
         }
         self.finished = true;
+        Ok(())
     }
 }

@@ -1,12 +1,13 @@
 //! The direct path of a device call: where the communicator's transport registers device
 //! memory (FI_HMEM, and a real registration of it worked: `decide`, once per communicator and
-//! device), a call whose schedule only moves bytes runs as one host-engine call on the
-//! caller's device buffers themselves (`Direct`): the transport sends from and receives into
-//! their registrations, and the executor's local copies run on the device (`DevMem`), the
-//! host waiting for each to the communicator's deadline; a schedule's Tmp memory is device
-//! memory, registered too. The host never touches the bytes. An
-//! in-place call's input is first copied aside on the device, so that no step writes over what
-//! another still reads. Every other call is staged (`staged`); docs/device-calls.md says which.
+//! device), a call on device buffers runs as one host-engine call on the caller's buffers
+//! themselves (`Direct`): the transport sends from and receives into their registrations, and
+//! what the executor does with bytes runs on the device (`DevMem`): copies, reductions with the
+//! seam's kernels (the host reducers' bits) and Avg's division, the host waiting for each to the
+//! communicator's deadline; a schedule's Tmp memory and its receive-and-reduce staging are
+//! device memory, registered too. The host never touches the bytes. An in-place call's input is
+//! first copied aside on the device, so that no step writes over what another still reads.
+//! Every other call is staged (`staged`); docs/device-calls.md says which.
 //!
 //! Ranks must decide alike for a collective (one call direct, sliced calls staged): they do
 //! where their transports are alike, and otherwise the calls' signatures differ, which the
@@ -19,6 +20,7 @@ use crate::config::{Compression, Timeout};
 use crate::device::{Device, DeviceBuffer, PtrKind, Span, Stream};
 use crate::error::{Error, Result};
 use crate::exec::DeviceMem;
+use crate::reduce::{DataType, RedOp};
 use crate::transport::{Mr, Region, Transport};
 use std::sync::{Arc, OnceLock};
 
@@ -34,8 +36,9 @@ pub(super) fn decide(comm: &Comm, dev: &Device) -> Option<Arc<Stream>> {
         Ok(s) => {
             log::info!(
                 "rank {}: device calls on device {} go direct: provider {provider} registers \
-                 device memory (FI_HMEM), so calls whose schedules only move bytes need no host \
-                 copy; reductions and the other calls are staged through page-locked host memory",
+                 device memory (FI_HMEM), so calls on device buffers alone need no host copy \
+                 (reductions run on the device); stream-ordered, compressed and mixed host and \
+                 device calls are staged through page-locked host memory",
                 comm.rank,
                 dev.ordinal()
             );
@@ -85,10 +88,9 @@ pub(super) struct Direct {
 
 impl Direct {
     /// `call` on the direct path, where it can take it: its buffers are device memory (a
-    /// missing side aside), it is uncompressed, its schedule only moves bytes, and its buffers
-    /// hold its blocks back to back (as the host call's layout has them). None: staged.
+    /// missing side aside), it is uncompressed, and its buffers hold its blocks back to back
+    /// (as the host call's layout has them). None: staged.
     pub fn new(
-        comm: &Comm,
         call: &DevCall,
         blocks: &Blocks,
         compress: Compression,
@@ -124,17 +126,12 @@ impl Direct {
             .iter()
             .chain(&slice.output)
             .all(|p| p.user == p.slot);
-        let covered = match call.kind {
-            Kind::Varied(l) => matches!(
-                l.coll,
-                Varied::Gather | Varied::Scatter | Varied::AllGatherV
-            ),
-            _ => {
-                let whole =
-                    super::staged::slice_call(call, &slice, Some(call.send), Some(call.recv));
-                comm.moves_on_device(&whole)?
-            }
-        };
+        // Every collective's schedule runs on device memory but AllToAllV's (refused here, its
+        // slices would need every rank's counts: `DevCall::with_spec`) and Barrier's (no data).
+        let covered = !matches!(
+            call.kind,
+            Kind::Varied(l) if matches!(l.coll, Varied::AllToAllV | Varied::Barrier)
+        );
         if !packed || !covered {
             return Ok(None);
         }
@@ -182,8 +179,9 @@ struct DevMem {
     input: Option<Span>,
     /// The copy aside of an in-place input, held until the call's executor lets go.
     _aside: Option<DeviceBuffer>,
-    /// The schedule's Tmp memory on the device, and its registration (`DeviceMem::tmp`).
-    tmp: OnceLock<(DeviceBuffer, Mr)>,
+    /// The schedule's Tmp memory and staging on the device, and its registration
+    /// (`DeviceMem::scratch`).
+    scratch: OnceLock<(DeviceBuffer, Mr)>,
 }
 
 impl DevMem {
@@ -229,7 +227,7 @@ impl DevMem {
             mrs,
             input,
             _aside: aside,
-            tmp: OnceLock::new(),
+            scratch: OnceLock::new(),
         })
     }
 
@@ -245,27 +243,53 @@ impl DeviceMem for DevMem {
         let (a, n) = (r.addr(), r.len());
         self.mrs
             .iter()
-            .chain(self.tmp.get().map(|(_, m)| m))
+            .chain(self.scratch.get().map(|(_, m)| m))
             .find(|m| a >= m.region.addr() && a + n <= m.region.addr() + m.region.len())
     }
 
-    fn tmp(&self, len: usize) -> Result<Region> {
-        if let Some((_, m)) = self.tmp.get() {
+    fn scratch(&self, len: usize) -> Result<Region> {
+        if let Some((_, m)) = self.scratch.get() {
             return Ok(m.region);
         }
         self.dev.make_current()?;
         let b = self.dev.alloc(len)?;
-        // SAFETY: device memory of `len` bytes, held with its registration in `self.tmp`
+        // SAFETY: device memory of `len` bytes, held with its registration in `self.scratch`
         // until the call's executor lets go of this value.
         let r = unsafe { Region::from_raw(b.addr() as *mut u8, len) };
         let m = self.transport.register_device(r, self.dev.ordinal())?;
-        Ok(self.tmp.get_or_init(|| (b, m)).1.region)
+        Ok(self.scratch.get_or_init(|| (b, m)).1.region)
     }
 
     fn copy(&self, dst: Region, src: Region) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
         self.dev.make_current()?;
-        let (d, s) = (self.span(dst, "recvbuf")?, self.span(src, "sendbuf")?);
+        let (d, s) = (self.span(dst, "dst")?, self.span(src, "src")?);
         self.stream.copy(&d, &s)?;
+        self.stream.synchronize(self.timeout)
+    }
+
+    fn reduce(&self, dt: DataType, op: RedOp, dst: Region, a: Region, b: Region) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.dev.make_current()?;
+        let (d, a, b) = (
+            self.span(dst, "dst")?,
+            self.span(a, "a")?,
+            self.span(b, "b")?,
+        );
+        self.stream.reduce2(dt, op, &d, &a, &b)?;
+        self.stream.synchronize(self.timeout)
+    }
+
+    fn scale_avg(&self, dt: DataType, dst: Region, n: usize) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.dev.make_current()?;
+        self.stream.scale_avg(dt, &self.span(dst, "dst")?, n)?;
         self.stream.synchronize(self.timeout)
     }
 }

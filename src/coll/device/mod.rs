@@ -1,6 +1,7 @@
-//! Calls on device buffers: which calls need the device (`DevCall::classify`), how their data
-//! is staged through page-locked host slots (`pool`) around the host engine, one slice at a
-//! time (`staged`, cut by `slices`), how the calls in flight advance together in call order
+//! Calls on device buffers: which calls need the device (`DevCall::classify`), how a call runs
+//! on the device buffers themselves where the provider registers device memory (`direct`), or
+//! else how its data is staged through page-locked host slots (`pool`) around the host engine,
+//! one slice at a time (`staged`, cut by `slices`), how the calls in flight advance together in call order
 //! (`inflight`), and the calls as the C API makes them, blocking, non-blocking, grouped and
 //! stream-ordered, with the worker thread that advances them in the background (`stream`).
 //! docs/device-calls.md has the model.

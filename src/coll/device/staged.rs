@@ -171,7 +171,7 @@ impl Pipeline {
         }
         let compress = comm.settled_compression(call.kind, call.dtype, call.op, call.compress)?;
         let (direct, list, need) = match direct {
-            Some(st) => match Direct::new(comm, &call, &blocks, compress, st)? {
+            Some(st) => match Direct::new(&call, &blocks, compress, st)? {
                 Some((d, whole)) => (Some(d), vec![whole], (0, 0)),
                 None => (None, list, need),
             },
