@@ -22,14 +22,63 @@ use crate::error::{Error, Result};
 use crate::exec::DeviceMem;
 use crate::reduce::{DataType, RedOp};
 use crate::transport::{Mr, Region, Transport};
+use parking_lot::Mutex;
 use std::sync::{Arc, OnceLock};
 
 /// Bytes of device memory the probe registers.
 const PROBE_BYTES: usize = 4096;
 
-/// Whether `comm`'s device calls on `dev` go direct: the copy stream they use where they do
-/// (None: staged). Logged once, at info, with the reason.
-pub(super) fn decide(comm: &Comm, dev: &Device) -> Option<Arc<Stream>> {
+/// Most spare device buffers a communicator keeps for its direct calls (`Ctx`).
+const SPARES: usize = 8;
+
+/// What a communicator's direct calls on one device share: the copy stream, and device buffers
+/// registered with the transport for their scratch (Tmp and receive-and-reduce staging) and an
+/// in-place input's copy aside, kept between calls. A call takes them and gives them back;
+/// they are freed with the communicator (up to `SPARES` of them): freeing device memory waits
+/// for every stream of the device on CUDA, which a call must not do while a peer's stream may
+/// wait for it (the staging slots are kept for the same reason, docs/device-calls.md).
+pub(super) struct Ctx {
+    stream: Stream,
+    spare: Mutex<Vec<Held>>,
+}
+
+/// A device buffer and its registration.
+struct Held {
+    buf: DeviceBuffer,
+    mr: Mr,
+}
+
+impl Ctx {
+    /// A registered device buffer of at least `len` bytes: a spare one, else a new one.
+    fn take(&self, t: &dyn Transport, dev: &Device, len: usize) -> Result<Held> {
+        let mut spare = self.spare.lock();
+        if let Some(i) = spare.iter().position(|h| h.buf.len() >= len) {
+            return Ok(spare.swap_remove(i));
+        }
+        drop(spare);
+        dev.make_current()?;
+        let buf = dev.alloc(len)?;
+        // SAFETY: device memory of `buf.len()` bytes, held with its registration in `Held`.
+        let r = unsafe { Region::from_raw(buf.addr() as *mut u8, buf.len()) };
+        let mr = t.register_device(r, dev.ordinal())?;
+        Ok(Held { buf, mr })
+    }
+
+    /// Gives `h` back for later calls (beyond `SPARES`, the smallest goes).
+    fn give(&self, h: Held) {
+        let mut spare = self.spare.lock();
+        spare.push(h);
+        if spare.len() > SPARES {
+            if let Some(i) = (0..spare.len()).min_by_key(|&i| spare[i].buf.len()) {
+                spare.swap_remove(i);
+            }
+        }
+    }
+}
+
+/// Whether `comm`'s device calls on `dev` go direct: what they share where they do (None:
+/// staged). Logged once, at info, with the reason.
+pub(super) fn decide(comm: &Comm, dev: &Device) -> Option<Arc<Ctx>> {
     let provider = &comm.transport().caps().provider;
     let why = probe(comm, dev);
     match why {
@@ -42,7 +91,10 @@ pub(super) fn decide(comm: &Comm, dev: &Device) -> Option<Arc<Stream>> {
                 comm.rank,
                 dev.ordinal()
             );
-            Some(Arc::new(s))
+            Some(Arc::new(Ctx {
+                stream: s,
+                spare: Mutex::new(Vec::new()),
+            }))
         }
         Err(reason) => {
             log::info!(
@@ -82,7 +134,7 @@ fn probe(comm: &Comm, dev: &Device) -> std::result::Result<Stream, String> {
 pub(super) struct Direct {
     input: Option<Span>,
     output: Option<Span>,
-    stream: Arc<Stream>,
+    ctx: Arc<Ctx>,
     req: Option<RequestId>,
 }
 
@@ -94,7 +146,7 @@ impl Direct {
         call: &DevCall,
         blocks: &Blocks,
         compress: Compression,
-        stream: Arc<Stream>,
+        ctx: Arc<Ctx>,
     ) -> Result<Option<(Direct, Slice)>> {
         let elem = call.dtype.size();
         let (ie, oe) = blocks.extent();
@@ -138,7 +190,7 @@ impl Direct {
         let d = Direct {
             input,
             output,
-            stream,
+            ctx,
             req: None,
         };
         Ok(Some((d, slice)))
@@ -147,7 +199,7 @@ impl Direct {
     /// Starts the call's host-engine call on `slice` (the call whole), the first time it is
     /// stepped; then whether that call has finished.
     pub fn start(&mut self, comm: &Comm, call: &DevCall, slice: &Slice) -> Result<()> {
-        let mem = DevMem::new(comm, call.device(), &self.input, &self.output, &self.stream)?;
+        let mem = DevMem::new(comm, call.device(), &self.input, &self.output, &self.ctx)?;
         let send = mem.input.as_ref().map(|s| s.addr());
         let recv = self.output.as_ref().map(|s| s.addr());
         let c = super::staged::slice_call(call, slice, send, recv);
@@ -168,20 +220,20 @@ impl Direct {
 }
 
 /// One direct call's device memory as the executor sees it: the registrations of its buffers
-/// (an in-place input's copy aside in place of the input), and the copy stream.
+/// (an in-place input's copy aside in place of the input), and the communicator's copy stream
+/// and spare buffers.
 struct DevMem {
     dev: Device,
     transport: Arc<dyn Transport>,
-    stream: Arc<Stream>,
+    ctx: Arc<Ctx>,
     timeout: Timeout,
     mrs: Vec<Mr>,
     /// The input the call reads (the caller's, or its copy aside).
     input: Option<Span>,
     /// The copy aside of an in-place input, held until the call's executor lets go.
-    _aside: Option<DeviceBuffer>,
-    /// The schedule's Tmp memory and staging on the device, and its registration
-    /// (`DeviceMem::scratch`).
-    scratch: OnceLock<(DeviceBuffer, Mr)>,
+    aside: Option<Held>,
+    /// The schedule's Tmp memory and staging on the device (`DeviceMem::scratch`).
+    scratch: OnceLock<Held>,
 }
 
 impl DevMem {
@@ -190,45 +242,43 @@ impl DevMem {
         dev: &Device,
         input: &Option<Span>,
         output: &Option<Span>,
-        stream: &Arc<Stream>,
+        ctx: &Arc<Ctx>,
     ) -> Result<DevMem> {
         dev.make_current()?;
+        let t = comm.transport();
         let overlap = match (input, output) {
             (Some(i), Some(o)) => {
                 i.addr() < o.addr() + o.len() as u64 && o.addr() < i.addr() + i.len() as u64
             }
             _ => false,
         };
-        let (input, aside) = match input {
-            Some(i) if overlap => {
-                let b = dev.alloc(i.len())?;
-                stream.copy(&b.span(), i)?;
-                stream.synchronize(comm.timeout)?;
-                (Some(b.span()), Some(b))
-            }
-            i => (i.clone(), None),
-        };
-        let t = comm.transport();
-        let mrs = input
-            .iter()
-            .chain(output)
-            .map(|s| {
-                // SAFETY: the span is device memory (the caller's, valid until the call
-                // completes, or the copy aside, held with the registration).
-                let r = unsafe { Region::from_raw(s.addr() as *mut u8, s.len()) };
-                t.register_device(r, dev.ordinal())
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(DevMem {
+        let mut mem = DevMem {
             dev: dev.clone(),
             transport: t.clone(),
-            stream: stream.clone(),
+            ctx: ctx.clone(),
             timeout: comm.timeout,
-            mrs,
-            input,
-            _aside: aside,
+            mrs: Vec::new(),
+            input: input.clone(),
+            aside: None,
             scratch: OnceLock::new(),
-        })
+        };
+        if let (Some(i), true) = (input, overlap) {
+            let h = ctx.take(&**t, dev, i.len())?;
+            let copy = h.buf.slice(0..i.len())?;
+            // Held by `mem` from here, so given back however this ends.
+            mem.aside = Some(h);
+            ctx.stream.copy(&copy, i)?;
+            ctx.stream.synchronize(comm.timeout)?;
+            mem.input = Some(copy);
+        }
+        // The caller's buffers: the input too, unless the call reads its copy aside.
+        let input = if mem.aside.is_some() { &None } else { input };
+        for s in input.iter().chain(output) {
+            // SAFETY: the span is the caller's device memory, valid until the call completes.
+            let r = unsafe { Region::from_raw(s.addr() as *mut u8, s.len()) };
+            mem.mrs.push(t.register_device(r, dev.ordinal())?);
+        }
+        Ok(mem)
     }
 
     fn span(&self, r: Region, name: &str) -> Result<Span> {
@@ -241,23 +291,22 @@ impl DevMem {
 impl DeviceMem for DevMem {
     fn mr(&self, r: Region) -> Option<&Mr> {
         let (a, n) = (r.addr(), r.len());
+        let held = self.scratch.get().into_iter().chain(&self.aside);
         self.mrs
             .iter()
-            .chain(self.scratch.get().map(|(_, m)| m))
+            .chain(held.map(|h| &h.mr))
             .find(|m| a >= m.region.addr() && a + n <= m.region.addr() + m.region.len())
     }
 
     fn scratch(&self, len: usize) -> Result<Region> {
-        if let Some((_, m)) = self.scratch.get() {
-            return Ok(m.region);
+        if let Some(h) = self.scratch.get() {
+            return Ok(h.mr.region);
         }
-        self.dev.make_current()?;
-        let b = self.dev.alloc(len)?;
-        // SAFETY: device memory of `len` bytes, held with its registration in `self.scratch`
-        // until the call's executor lets go of this value.
-        let r = unsafe { Region::from_raw(b.addr() as *mut u8, len) };
-        let m = self.transport.register_device(r, self.dev.ordinal())?;
-        Ok(self.scratch.get_or_init(|| (b, m)).1.region)
+        let h = self.ctx.take(&*self.transport, &self.dev, len)?;
+        if let Err(h) = self.scratch.set(h) {
+            self.ctx.give(h);
+        }
+        Ok(self.scratch.get().expect("set above").mr.region)
     }
 
     fn copy(&self, dst: Region, src: Region) -> Result<()> {
@@ -266,8 +315,8 @@ impl DeviceMem for DevMem {
         }
         self.dev.make_current()?;
         let (d, s) = (self.span(dst, "dst")?, self.span(src, "src")?);
-        self.stream.copy(&d, &s)?;
-        self.stream.synchronize(self.timeout)
+        self.ctx.stream.copy(&d, &s)?;
+        self.ctx.stream.synchronize(self.timeout)
     }
 
     fn reduce(&self, dt: DataType, op: RedOp, dst: Region, a: Region, b: Region) -> Result<()> {
@@ -280,8 +329,8 @@ impl DeviceMem for DevMem {
             self.span(a, "a")?,
             self.span(b, "b")?,
         );
-        self.stream.reduce2(dt, op, &d, &a, &b)?;
-        self.stream.synchronize(self.timeout)
+        self.ctx.stream.reduce2(dt, op, &d, &a, &b)?;
+        self.ctx.stream.synchronize(self.timeout)
     }
 
     fn scale_avg(&self, dt: DataType, dst: Region, n: usize) -> Result<()> {
@@ -289,7 +338,15 @@ impl DeviceMem for DevMem {
             return Ok(());
         }
         self.dev.make_current()?;
-        self.stream.scale_avg(dt, &self.span(dst, "dst")?, n)?;
-        self.stream.synchronize(self.timeout)
+        self.ctx.stream.scale_avg(dt, &self.span(dst, "dst")?, n)?;
+        self.ctx.stream.synchronize(self.timeout)
+    }
+}
+
+impl Drop for DevMem {
+    fn drop(&mut self) {
+        for h in self.aside.take().into_iter().chain(self.scratch.take()) {
+            self.ctx.give(h);
+        }
     }
 }

@@ -129,12 +129,13 @@ pub(super) struct Pipeline {
 impl Pipeline {
     /// The slices of `call` on `comm`, `nslices` of them where the ranks agreed on the number
     /// at run time (AllToAllV; None: from the blocks, which every rank shares); or the call
-    /// whole on the direct path, where `direct` (its copy stream) is given and it can take it.
+    /// whole on the direct path, where `direct` (what direct calls share) is given and it can
+    /// take it.
     pub fn new(
         comm: &Comm,
         call: DevCall,
         nslices: Option<usize>,
-        direct: Option<Arc<Stream>>,
+        direct: Option<Arc<super::direct::Ctx>>,
     ) -> Result<Pipeline> {
         let elem = call.dtype.size();
         let blocks = match &call.blocks {

@@ -44,10 +44,10 @@ const PARK: Duration = Duration::from_secs(1);
 pub struct Streams {
     inner: Arc<Inner>,
     worker: Mutex<Option<JoinHandle<()>>>,
-    /// Per device ordinal, whether calls go direct: the direct path's copy stream, or None
-    /// (staged). Decided at the first blocking, non-blocking or grouped call on the device
+    /// Per device ordinal, whether calls go direct: what the direct calls share, or None
+    /// (staged). Decided at the first device call on the device, before its staging is made
     /// (`direct::decide`).
-    direct: Mutex<Vec<(i32, Option<Arc<Stream>>)>>,
+    direct: Mutex<Vec<(i32, Option<Arc<super::direct::Ctx>>)>>,
     /// How many calls took the direct path (`direct_calls`).
     direct_calls: std::sync::atomic::AtomicU64,
 }
@@ -81,8 +81,9 @@ impl Streams {
     /// else one allocated in this thread (see `inflight`'s doc).
     fn add(&self, comm: &Arc<Comm>, call: DevCall) -> Result<u64> {
         let dev = call.device().clone();
+        let direct = self.direct(comm, &dev);
         self.prepare(&dev, true)?;
-        let mut pipe = Pipeline::new(comm, call, None, self.direct(comm, &dev))?;
+        let mut pipe = Pipeline::new(comm, call, None, direct)?;
         let need = pipe.need();
         let mut c = self.inner.calls.lock();
         if pipe.is_direct() {
@@ -130,9 +131,11 @@ impl Streams {
         self.direct_calls.load(Ordering::Relaxed)
     }
 
-    /// Whether `comm`'s calls on `dev` go direct (`direct::decide`, once per device): the
-    /// direct path's copy stream, or None.
-    fn direct(&self, comm: &Comm, dev: &Device) -> Option<Arc<Stream>> {
+    /// Whether `comm`'s calls on `dev` go direct (`direct::decide`, once per device): what the
+    /// direct calls share, or None. The first device call decides, even a stream-ordered one
+    /// (`join`): the probe allocates device memory and a stream, which it must do before any
+    /// stream of the device waits for this rank's calls.
+    fn direct(&self, comm: &Comm, dev: &Device) -> Option<Arc<super::direct::Ctx>> {
         let mut d = self.direct.lock();
         if let Some((_, s)) = d.iter().find(|(o, _)| *o == dev.ordinal()) {
             return s.clone();
@@ -286,6 +289,7 @@ impl Streams {
     /// made its staging). The barrier is a host call: device calls in flight ahead of it start
     /// first (`settle`).
     fn join(&self, comm: &Arc<Comm>, dev: &Device) -> Result<()> {
+        self.direct(comm, dev);
         self.prepare(dev, false)?;
         self.settle(comm, &Kind::Coll(Collective::AllReduce))?;
         barrier(comm)?;
