@@ -7,7 +7,8 @@
 //! 2, 3 and 4 ranks, and in place, goes direct (counted) and gives the results the host path
 //! gives (the same expected bytes, checked on host buffers too; Avg against the host call's
 //! bits); stream-ordered and mixed host and device calls stay staged; a transport without
-//! FI_HMEM, or whose registration of device memory fails, stages every call.
+//! FI_HMEM, or whose registration of device memory fails, stages every call; a direct call
+//! that gets nothing fails at the deadline.
 use capi::{comm, last_error};
 use device::direct::*;
 use device::*;
@@ -37,12 +38,17 @@ enum Hmem {
 
 /// `n` C API communicators (handles) over one loopback fabric, ranks as threads.
 fn comms(d: &Device, n: usize, hmem: Hmem) -> Vec<usize> {
+    comms_with(d, n, hmem, "20000")
+}
+
+/// `comms` with the deadline `timeout_ms`.
+fn comms_with(d: &Device, n: usize, hmem: Hmem, timeout_ms: &str) -> Vec<usize> {
     let f = match hmem {
         Hmem::Registers => LoopbackFabric::with_device(d.clone(), true),
         Hmem::Refuses => LoopbackFabric::with_device(d.clone(), false),
         Hmem::None => LoopbackFabric::new(),
     };
-    let cfg = Config::from_lookup(|k| (k == "FABRICOLL_TIMEOUT_MS").then(|| "20000".into()))
+    let cfg = Config::from_lookup(|k| (k == "FABRICOLL_TIMEOUT_MS").then(|| timeout_ms.into()))
         .expect("config");
     let eps: Vec<Arc<dyn Transport>> = (0..n)
         .map(|_| Arc::new(f.endpoint()) as Arc<dyn Transport>)
@@ -175,5 +181,24 @@ fn avg_on_device_buffers_gives_the_host_calls_bits() {
         });
         counted(&cs, &before, 1, &format!("AllReduce Avg {ty:?}"));
     }
+    destroy(&cs);
+}
+
+/// A direct receive whose sender never sends fails with FABRICOLL_TIMEOUT at the deadline (what
+/// this test is about, so the deadline is short) rather than hanging; the communicator is then
+/// destroyed cleanly, with the failed call's device memory given up.
+#[test]
+fn a_direct_call_that_gets_nothing_fails_at_the_deadline() {
+    let _serial = serial();
+    let d = dev();
+    let cs = comms_with(&d, 2, Hmem::Registers, "300");
+    each_rank(&d, &cs, |me, c, s| {
+        if me == 0 {
+            let mut buf = Buf::new(s.device(), s, Place::Device, &[0u8; 4096]);
+            let st = fabricoll_recv(buf.ptr(), 1024, Ty::F32.c(), 1, comm(c));
+            assert_eq!(st, FABRICOLL_TIMEOUT, "{}", last_error());
+        }
+    });
+    assert_eq!(direct(&cs), [1, 0], "the receive went direct");
     destroy(&cs);
 }

@@ -23,6 +23,7 @@ use crate::exec::DeviceMem;
 use crate::reduce::{DataType, RedOp};
 use crate::transport::{Mr, Region, Transport};
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// Bytes of device memory the probe registers.
@@ -136,6 +137,8 @@ pub(super) struct Direct {
     output: Option<Span>,
     ctx: Arc<Ctx>,
     req: Option<RequestId>,
+    /// The started call's device memory, shared with its executor.
+    mem: Option<Arc<DevMem>>,
 }
 
 impl Direct {
@@ -192,6 +195,7 @@ impl Direct {
             output,
             ctx,
             req: None,
+            mem: None,
         };
         Ok(Some((d, slice)))
     }
@@ -203,7 +207,9 @@ impl Direct {
         let send = mem.input.as_ref().map(|s| s.addr());
         let recv = self.output.as_ref().map(|s| s.addr());
         let c = super::staged::slice_call(call, slice, send, recv);
-        self.req = Some(comm.start_device(&c, Arc::new(mem))?);
+        let mem = Arc::new(mem);
+        self.mem = Some(mem.clone());
+        self.req = Some(comm.start_device(&c, mem)?);
         Ok(())
     }
 
@@ -212,9 +218,20 @@ impl Direct {
         match self.req {
             Some(r) if comm.test(r)? => {
                 self.req = None;
+                self.mem = None;
                 Ok(true)
             }
             _ => Ok(false),
+        }
+    }
+}
+
+impl Drop for Direct {
+    /// A call dropped before it finished failed: the transport may still write its device
+    /// memory, which is then never given back (as a failed staged call's slots).
+    fn drop(&mut self) {
+        if let (Some(_), Some(m)) = (self.req, &self.mem) {
+            m.failed.store(true, Ordering::Relaxed);
         }
     }
 }
@@ -234,6 +251,8 @@ struct DevMem {
     aside: Option<Held>,
     /// The schedule's Tmp memory and staging on the device (`DeviceMem::scratch`).
     scratch: OnceLock<Held>,
+    /// The call failed: its buffers are leaked, not given back.
+    failed: AtomicBool,
 }
 
 impl DevMem {
@@ -261,6 +280,7 @@ impl DevMem {
             input: input.clone(),
             aside: None,
             scratch: OnceLock::new(),
+            failed: AtomicBool::new(false),
         };
         if let (Some(i), true) = (input, overlap) {
             let h = ctx.take(&**t, dev, i.len())?;
@@ -346,7 +366,11 @@ impl DeviceMem for DevMem {
 impl Drop for DevMem {
     fn drop(&mut self) {
         for h in self.aside.take().into_iter().chain(self.scratch.take()) {
-            self.ctx.give(h);
+            if self.failed.load(Ordering::Relaxed) {
+                std::mem::forget(h);
+            } else {
+                self.ctx.give(h);
+            }
         }
     }
 }
