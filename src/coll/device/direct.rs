@@ -206,7 +206,7 @@ impl Direct {
         let mem = DevMem::new(comm, call.device(), &self.input, &self.output, &self.ctx)?;
         let send = mem.input.as_ref().map(|s| s.addr());
         let recv = self.output.as_ref().map(|s| s.addr());
-        let c = super::staged::slice_call(call, slice, send, recv);
+        let c = super::slices::call(call, slice, send, recv);
         let mem = Arc::new(mem);
         self.mem = Some(mem.clone());
         self.req = Some(comm.start_device(&c, mem)?);

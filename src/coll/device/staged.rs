@@ -27,12 +27,10 @@ use super::direct::Direct;
 use super::pool::{Pool, Slot, SLICE_BYTES, SLOTS, SLOT_BYTES};
 use super::slices::{self, Piece, Slice};
 use super::DevCall;
-use crate::algo::varied::Varied;
-use crate::coll::{Call, Comm, Kind, Layout, RequestId};
+use crate::coll::{Call, Comm, Kind, RequestId};
 use crate::config::Compression;
 use crate::device::{Device, Event, HostBuffer, PtrKind, Span, Stream};
 use crate::error::{Error, Result};
-use crate::transport::Region;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -634,75 +632,16 @@ fn host_copy(buf: Option<&HostBuffer>, pieces: &[Piece], addr: u64, inward: bool
     }
 }
 
-/// A region over `v` (a slice's per-block counts, read by `Comm::start`).
-fn counts(v: &[usize]) -> Region {
-    // SAFETY: the slice outlives the call's start, the only time its counts are read
-    // (`Layout`'s contract); the engine reads them, never writes.
-    unsafe { Region::from_raw(v.as_ptr() as *mut u8, std::mem::size_of_val(v)) }
-}
-
 /// The host call of slice `s` on the slot's buffers.
 fn slot_call(call: &DevCall, slot: &Slot, s: &Slice, input: &Side, output: &Side) -> Call {
     let base = |buf: Option<&HostBuffer>, side: &Side| match (buf, side) {
         (Some(b), Side::Host(_) | Side::Pinned(_) | Side::Stream(_)) => Some(b.as_ptr() as u64),
         _ => None,
     };
-    slice_call(
+    slices::call(
         call,
         s,
         base(slot.input.as_ref(), input),
         base(slot.output.as_ref(), output),
     )
-}
-
-/// The host call of slice `s` on buffers that hold its blocks back to back from `send` and
-/// `recv` (None or 0: the side is absent): a staging slot's, or the caller's device buffers
-/// on the direct path.
-pub(super) fn slice_call(call: &DevCall, s: &Slice, send: Option<u64>, recv: Option<u64>) -> Call {
-    let elem = call.dtype.size();
-    let region = |base: Option<u64>, lens: &[usize]| -> Region {
-        let bytes = lens.iter().sum::<usize>() * elem;
-        match base {
-            Some(a) if a != 0 && bytes > 0 => {
-                // SAFETY: the buffer outlives the collective: the pool keeps the slots until
-                // the communicator is destroyed (and leaks those of a failed call), and the
-                // caller's buffers are valid until the call completes (`DevCall::classify`).
-                unsafe { Region::from_raw(a as *mut u8, bytes) }
-            }
-            _ => Region::empty(),
-        }
-    };
-    let (kind, count) = match call.kind {
-        Kind::Varied(l) => {
-            let mut layout = Layout::new(l.coll);
-            let count = match l.coll {
-                Varied::AllGatherV => {
-                    layout.counts = counts(&s.out_lens);
-                    s.in_lens.first().copied().unwrap_or(0)
-                }
-                Varied::ReduceScatterV => {
-                    layout.counts = counts(&s.in_lens);
-                    0
-                }
-                Varied::AllToAllV => {
-                    layout.counts = counts(&s.in_lens);
-                    layout.recv_counts = counts(&s.out_lens);
-                    0
-                }
-                _ => s.count,
-            };
-            (Kind::Varied(layout), count)
-        }
-        k => (k, s.count),
-    };
-    Call {
-        kind,
-        send: region(send, &s.in_lens),
-        recv: region(recv, &s.out_lens),
-        count,
-        dtype: call.dtype,
-        op: call.op,
-        root: call.root,
-        algo: call.algo,
-    }
 }
