@@ -13,8 +13,8 @@
 #      tests/device_capi_gpu.rs, tests/device_capi_killed.rs and tests/plugin_gpu.rs), with --include-ignored (their GPU tests are ignored elsewhere;
 #      --ignored alone would skip cuda_probe's, which are not): the probe and the device seam on a
 #      real driver, the reduction kernels against the host reducers and their bandwidth, the C API
-#      on device buffers (blocking, stream-ordered, non-blocking, grouped; a killed peer) and its
-#      timing table, the net
+#      on device buffers (blocking, stream-ordered, non-blocking, grouped; the direct path, device
+#      buffers registered with shm; a killed peer) and its timing table, the net
 #      plugin on device memory over shm (libfabric 2.1 with CUDA); then compute-sanitizer's
 #      memcheck over one kernel test (device_gpu's gpu_kernel_small); fabricoll-perf --device cuda,
 #      blocking and --stream (GPU_PERF=0 skips it);

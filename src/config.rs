@@ -35,6 +35,9 @@ pub struct Config {
     /// `FABRICOLL_INPLACE_RESTORE`: a failed in-place collective restores its input (at the
     /// cost of a copy of it per call); off by default, as MPI and NCCL (`exec::Args::restore`).
     pub inplace_restore: bool,
+    /// `FABRICOLL_DEVICE_DIRECT`: the C API's device calls move device memory without a host
+    /// copy where the provider registers it (`coll::device`); false: always staged.
+    pub device_direct: bool,
     /// `FABRICOLL_NET_STREAMS`: endpoints per net plugin comm; None: the provider's default
     /// (`transport::Caps::net_streams`).
     pub net_streams: Option<usize>,
@@ -214,6 +217,14 @@ impl Config {
             Some("1") => true,
             Some(v) => return Err(bad("FABRICOLL_INPLACE_RESTORE", v)),
         };
+        let device_direct = match nonempty("FABRICOLL_DEVICE_DIRECT")
+            .as_deref()
+            .map(str::trim)
+        {
+            None | Some("auto") => true,
+            Some("off") => false,
+            Some(v) => return Err(bad("FABRICOLL_DEVICE_DIRECT", v)),
+        };
         let net_streams = match nonempty("FABRICOLL_NET_STREAMS") {
             None => None,
             Some(v) => Some(int("FABRICOLL_NET_STREAMS", &v, 1, 8)? as usize),
@@ -319,6 +330,7 @@ impl Config {
             shm_fastbox,
             tuner,
             inplace_restore,
+            device_direct,
             net_streams,
             calibration_dir,
         })

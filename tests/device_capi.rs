@@ -7,48 +7,19 @@
 //! staging slots after a stream-ordered one; 1,000 stream-ordered calls between kernels with
 //! no host synchronisation; abort and a destroyed peer during a stream-ordered call (a killed
 //! peer process: `device_capi_killed`); compressed calls on device buffers; and the misuse
-//! errors. Not tested here: the direct path (no build registers device memory yet).
+//! errors. Shm on Debian's libfabric registers no device memory, so every call here is staged;
+//! the direct path is `device_direct`'s.
 use capi::{comm, last_error, ranks};
 use device::*;
-use nccl_net_fabricoll::coll::device::install;
-use nccl_net_fabricoll::device::{Device, EmuConfig};
 use nccl_net_fabricoll::ffi::api::*;
 use std::os::raw::c_void;
 use std::ptr::null;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use fabricoll_status::*;
 
 mod capi;
 mod device;
-
-/// The tests share the device, and page-locked allocations and frees wait for every stream of
-/// it (as on the CUDA driver): a test allocating while another's stream waits for a flag
-/// would wait for that test. So they run one at a time.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The emulated device, installed once for the process. Its ranks are threads sharing its
-/// context, whose streams all share its hardware queues: 32 of them, as scripts/gpu-tests.sh
-/// sets CUDA_DEVICE_MAX_CONNECTIONS for ranks as threads (docs/device-calls.md, "Hardware
-/// queues").
-fn dev() -> Device {
-    static DEV: OnceLock<Device> = OnceLock::new();
-    DEV.get_or_init(|| {
-        let d = Device::emulated(EmuConfig {
-            max_delay: Duration::from_micros(50),
-            queues: 32,
-            ..EmuConfig::default()
-        })
-        .expect("emulated device");
-        install(d.clone());
-        d
-    })
-    .clone()
-}
 
 #[test]
 fn every_call_on_device_host_and_mixed_buffers_two_ranks() {

@@ -2,7 +2,8 @@
 //! matrices as `device_capi` with ranks as threads sharing the GPU (blocking, stream-ordered,
 //! non-blocking and grouped, every call, 2 to 5 ranks), stream-ordered sends and receives on
 //! two streams, host calls after non-blocking device calls, compressed calls on device
-//! buffers (the communicator's format and a call's own), and a timing table of the
+//! buffers (the communicator's format and a call's own), the direct path (device buffers
+//! registered with shm, no host copy), and a timing table of the
 //! 2-rank stream-ordered device allreduce against the caller copying to the host and calling
 //! the host API. Run by scripts/gpu-tests.sh (`--ignored`).
 use capi::{comm, last_error, ranks};
@@ -119,6 +120,39 @@ fn gpu_host_calls_after_nonblocking_device_calls_keep_the_call_order() {
     let _serial = serial();
     let test = "gpu_host_calls_after_nonblocking_device_calls_keep_the_call_order";
     host_after_nonblocking(&gpu(), test);
+}
+
+/// The direct path on the GPU over shm (libfabric 2.1 with CUDA, whose shm takes
+/// FI_HMEM_CUDA registrations, as `plugin_gpu` checks): every call on device buffers,
+/// blocking and non-blocking, out of place on 2 and 3 ranks and in place on 2, moves them
+/// without a host copy (each counted as direct; reductions by the kernels) and gives the
+/// expected bytes. With FABRICOLL_LOG=info the log says which path the calls take and why.
+#[test]
+#[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
+fn gpu_device_calls_go_direct_where_shm_registers_device_memory() {
+    use device::direct::{case, in_place, DIRECT};
+    let _serial = serial();
+    let d = gpu();
+    let test = "gpu_device_calls_go_direct_where_shm_registers_device_memory";
+    let types = [(Ty::F32, Op::Sum), (Ty::I32, Op::Max)];
+    for n in [2, 3] {
+        let Some(cs) = ranks(test, &config(), n) else {
+            return;
+        };
+        for (coll, calls) in DIRECT {
+            for mode in [Mode::Blocking, Mode::NonBlocking] {
+                for (k, count) in [1000, 300_001].into_iter().enumerate() {
+                    case(&d, &cs, coll, types[k], count, mode, calls);
+                }
+            }
+        }
+        if n == 2 {
+            for coll in [Coll::AllGather, Coll::AllReduce, Coll::ReduceScatter] {
+                in_place(&d, &cs, coll, 300_001, 1);
+            }
+        }
+        destroy(&cs);
+    }
 }
 
 /// Median seconds of `iters` runs of `f` on both ranks at once (each run starts together).

@@ -203,11 +203,26 @@ impl Comm {
         let id = match self.compression_for(call, compress)? {
             Some(codec) => self.insert_compressed(&mut e, call, codec)?,
             None => {
-                let (exec, id, _) = self.prepare(call, &mut e)?;
+                let (exec, id, _) = self.prepare(call, &mut e, None)?;
                 e.execs.insert(id, ReqState::Running(exec));
                 id
             }
         };
+        self.progress(&mut e)?;
+        Ok(id as RequestId)
+    }
+
+    /// Starts `call`, whose buffers are device memory that `device` registered, uncompressed
+    /// (the direct device calls, `coll::device`).
+    pub(crate) fn start_device(
+        &self,
+        call: &Call,
+        device: Arc<dyn crate::exec::DeviceMem>,
+    ) -> Result<RequestId> {
+        self.check_alive()?;
+        let mut e = self.engine.lock();
+        let (exec, id, _) = self.prepare(call, &mut e, Some(device))?;
+        e.execs.insert(id, ReqState::Running(exec));
         self.progress(&mut e)?;
         Ok(id as RequestId)
     }
@@ -229,7 +244,12 @@ impl Comm {
 
     /// Check a call and make its `Exec`, with its request id and whether it may run over the
     /// direct channel (`Planned::direct`; never for point-to-point calls).
-    fn prepare(&self, call: &Call, e: &mut Engine) -> Result<(Box<Exec>, u32, bool)> {
+    fn prepare(
+        &self,
+        call: &Call,
+        e: &mut Engine,
+        device: Option<Arc<dyn crate::exec::DeviceMem>>,
+    ) -> Result<(Box<Exec>, u32, bool)> {
         let elem = call.dtype.size();
         if !matches!(
             call.kind,
@@ -301,6 +321,7 @@ impl Comm {
                     sends_first: self.sends_first(),
                     restore: self.restore,
                     signature: None,
+                    device,
                 };
                 match prep {
                     Prep::Spare(mut x) => {
@@ -351,6 +372,7 @@ impl Comm {
                     self.timeout,
                     id,
                     &mut e.pool,
+                    device,
                 )?
             }
         };
@@ -597,7 +619,7 @@ impl Comm {
             drop(e);
             return self.wait(id as RequestId);
         }
-        let (exec, id, direct) = self.prepare(call, &mut e)?;
+        let (exec, id, direct) = self.prepare(call, &mut e, None)?;
         if direct && e.execs.is_empty() {
             // The direct path reads no completion: every `LATE_POLL_EVERY` runs, read them
             // first, for late notices (a poll on every run would cost the smallest calls a

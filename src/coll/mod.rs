@@ -16,8 +16,8 @@
 //! - `bootstrap`: the TCP exchange of endpoint addresses behind a unique id;
 //! - `placement`: which machine, host and CPUs each rank runs on;
 //! - `agree`: what every rank must agree on when a communicator is made;
-//! - `device`: calls on device buffers (staged through page-locked host slices) and the
-//!   stream-ordered calls.
+//! - `device`: calls on device buffers (direct where the provider registers device memory,
+//!   else staged through page-locked host slices) and the stream-ordered calls.
 pub mod agree;
 pub mod bootstrap;
 mod calibrate;

@@ -146,6 +146,12 @@ pub const VARS: &[Var] = &[
         meaning: "1: a failed in-place collective restores the caller's input (one extra copy of it per call); 0: the buffer is undefined after a failure, as with MPI and NCCL (fabricoll_config.inplace overrides)",
     },
     Var {
+        name: "FABRICOLL_DEVICE_DIRECT",
+        accepted: "auto, off",
+        default: "auto",
+        meaning: "C API on CUDA buffers: auto moves them without a host copy where the provider registers device memory (FI_HMEM, probed), else stages them through page-locked host memory; off: always staged (docs/device-calls.md)",
+    },
+    Var {
         name: "FABRICOLL_COMPRESS",
         accepted: "off, bf16, fp16, fp8e4m3, fp8e5m2, int8, int4",
         default: "off",

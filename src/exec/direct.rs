@@ -92,7 +92,7 @@ impl Exec {
                     k += 1;
                 }
             }
-            self.check_finished();
+            self.check_finished()?;
             if self.finished {
                 return Ok(());
             }

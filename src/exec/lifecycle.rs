@@ -24,6 +24,9 @@ impl Exec {
             inp: Region::empty(),
             out: Region::empty(),
             tmp,
+            dev_tmp: Region::empty(),
+            dev_stage: Region::empty(),
+            stage_off: Vec::new(),
             backup: None,
             partial: None,
             inb: Region::empty(),
@@ -110,6 +113,34 @@ impl Exec {
             && (inp.addr() < out.addr()
                 || plan.overwrites_input(inp.addr() - out.addr(), inp.len()));
         debug_assert!(self.backup.is_none(), "new and retire leave no backup");
+        self.dev_tmp = Region::empty();
+        self.dev_stage = Region::empty();
+        if let Some(d) = &self.job.args.device {
+            if overwritten {
+                return Err(Error::Internal(
+                    "a call on device memory whose steps write over its input".into(),
+                ));
+            }
+            // Tmp, then each receive-and-reduce step's staging, in one device allocation.
+            let tmp = self.job.schedule.tmp_len[self.job.rank] * self.elem;
+            self.stage_off.clear();
+            let mut stage = 0;
+            for s in &self.job.schedule.ranks[self.job.rank] {
+                self.stage_off.push(stage);
+                if let crate::algo::Op::RecvReduce { dst, .. } = &s.op {
+                    stage += dst.len * self.elem;
+                }
+            }
+            if tmp + stage > 0 {
+                let all = d.scratch(tmp + stage)?;
+                let part = |off, len| {
+                    all.sub(off, len)
+                        .ok_or_else(|| Error::Internal("device scratch too small".into()))
+                };
+                self.dev_tmp = part(0, tmp)?;
+                self.dev_stage = part(tmp, stage)?;
+            }
+        }
         self.partial = None;
         self.inb = Region::empty();
         self.undefined_on_failure = overwritten && !self.job.args.restore;
@@ -236,6 +267,7 @@ impl Exec {
         timeout: Timeout,
         id: u32,
         pool: &mut BufPool,
+        device: Option<Arc<dyn super::DeviceMem>>,
     ) -> Result<Box<Exec>> {
         use crate::algo::{Algorithm, Builder, Problem};
         let mut b = Builder::new(nranks);
@@ -265,6 +297,7 @@ impl Exec {
                     sends_first: false,
                     restore: true,
                     signature: None,
+                    device,
                 },
             },
             plan,
@@ -278,6 +311,8 @@ impl Exec {
     /// nothing reads before `rearm` replaces them.
     pub fn retire(&mut self, pool: &mut BufPool) {
         debug_assert!(self.finished && self.staging.iter().all(Option::is_none));
+        // A direct device call's registrations and device memory go with its call.
+        self.job.args.device = None;
         if let Some(b) = self.backup.take() {
             pool.put(b);
         }

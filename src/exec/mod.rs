@@ -21,6 +21,7 @@
 //! This file holds the executor's state and the step work both executors share.
 #![deny(unsafe_code)]
 
+mod device;
 mod direct;
 mod gone;
 mod idle;
@@ -36,6 +37,7 @@ mod recorder;
 mod signature;
 mod tags;
 
+pub use device::DeviceMem;
 pub use gone::is_gone_notice;
 pub use idle::Idle;
 pub use notice::{is_notice, late_notice_of, late_watch};
@@ -93,6 +95,9 @@ pub struct Args {
     /// of a compressed collective run byte exchanges on behalf of the caller's call
     /// (`coll` compressed), whose signature they carry.
     pub signature: Option<Signature>,
+    /// The caller's buffers are device memory (`device`): their registrations, and the copies
+    /// on the device. None: host memory.
+    pub device: Option<Arc<dyn DeviceMem>>,
 }
 
 /// One rank's collective in progress.
@@ -102,6 +107,12 @@ pub struct Exec {
     inp: Region,
     out: Region,
     tmp: Scratch,
+    /// Where the call's buffers are device memory: Tmp memory and the staging of
+    /// receive-and-reduce steps on the device (`DeviceMem::scratch`), and each step's offset
+    /// into that staging.
+    dev_tmp: Region,
+    dev_stage: Region,
+    stage_off: Vec<usize>,
     /// The input's copy when in place: all of it when restoring (`inp` then points into it),
     /// else the part `partial` says (`inb` points into it).
     backup: Option<Scratch>,
@@ -176,6 +187,7 @@ impl Exec {
                 _ => self.inp,
             },
             Buf::Out => self.out,
+            Buf::Tmp if self.job.args.device.is_some() => self.dev_tmp,
             Buf::Tmp => owned(&self.tmp, self.tmp.len()),
         };
         let (off, len) = bytes(self.elem, s);
@@ -216,6 +228,11 @@ impl Exec {
 
     fn reduce_into(&self, a: Region, b: Region, dst: Region) -> Result<()> {
         let (dt, op) = (self.job.args.dtype, self.job.args.op);
+        if let Some(d) = &self.job.args.device {
+            // The operations are commutative: dst = dst ⊕ other where dst is one of them.
+            let (x, y) = if dst == b { (b, a) } else { (a, b) };
+            return d.reduce(dt, op, dst, x, y);
+        }
         let r = if dst == a {
             b.with(|bb| dst.with_mut(|d| reduce::reduce_inplace(dt, op, d, bb)))
         } else if dst == b {
@@ -233,7 +250,10 @@ impl Exec {
                 let (s, d) = (self.region(i, &src), self.region(i, &dst));
                 // In place without a backup, the own chunk's copy is onto itself.
                 if s.addr() != d.addr() {
-                    s.with(|a| d.with_mut(|b| reduce::copy(b, a)));
+                    match &self.job.args.device {
+                        Some(dev) => dev.copy(d, s)?,
+                        None => s.with(|a| d.with_mut(|b| reduce::copy(b, a))),
+                    }
                 }
             }
             Op::Reduce { a, b, dst } => {
@@ -254,9 +274,9 @@ impl Exec {
             .unwrap_or_else(|| Signature::of(&s.problem, s.algo, a.dtype, a.op))
     }
 
-    fn check_finished(&mut self) {
+    fn check_finished(&mut self) -> Result<()> {
         if self.finished || self.done < self.state.len() {
-            return;
+            return Ok(());
         }
         let p = self.job.schedule.problem;
         if self.job.args.op == RedOp::Avg
@@ -265,10 +285,14 @@ impl Exec {
         {
             let dt = self.job.args.dtype;
             let n = p.nranks;
-            self.out.with_mut(|o| {
-                let _ = reduce::scale_avg(dt, o, n);
-            });
+            match &self.job.args.device {
+                Some(d) => d.scale_avg(dt, self.out, n)?,
+                None => self.out.with_mut(|o| {
+                    let _ = reduce::scale_avg(dt, o, n);
+                }),
+            }
         }
         self.finished = true;
+        Ok(())
     }
 }

@@ -8,7 +8,7 @@ use super::pool::owned;
 use super::{wrong_size, BufPool, Exec, St, Tags, SIG_MASK, STAGING_LIMIT};
 use crate::algo::Op;
 use crate::error::{Error, Result};
-use crate::transport::{Completion, OpId, Peer, Posted, Transport};
+use crate::transport::{Completion, OpId, Peer, Posted, Region, Scratch, Transport};
 use std::collections::VecDeque;
 
 impl Exec {
@@ -56,7 +56,7 @@ impl Exec {
         self.batch = batch;
         r?;
         self.ready = deferred;
-        self.check_finished();
+        self.check_finished()?;
         self.tend_watch(t)?;
         self.look_for_foreign(t, peers)?;
         self.look_for_gone(t, peers)?;
@@ -101,7 +101,9 @@ impl Exec {
             Op::Nop | Op::Copy { .. } | Op::Reduce { .. } => self.run_local(i)?,
             Op::Send { peer, src } => {
                 let tag = self.tag(self.job.rank, i);
-                match t.send(peers[peer], tag, self.region(i, &src), None, self.op_id(i))? {
+                let r = self.region(i, &src);
+                let mr = self.job.args.device.as_ref().and_then(|d| d.mr(r));
+                match t.send(peers[peer], tag, r, mr, self.op_id(i))? {
                     Posted::Queued => self.state[i] = St::Posted,
                     Posted::Busy => {
                         deferred.push_back(i);
@@ -111,12 +113,14 @@ impl Exec {
             }
             Op::Recv { peer, dst } => {
                 let tag = self.tag(peer, i);
+                let r = self.region(i, &dst);
+                let mr = self.job.args.device.as_ref().and_then(|d| d.mr(r));
                 match t.recv_from(
                     peers[peer],
                     tag,
                     self.recv_ignored(t, peers[peer]),
-                    self.region(i, &dst),
-                    None,
+                    r,
+                    mr,
                     self.op_id(i),
                 )? {
                     Posted::Queued => {
@@ -131,19 +135,27 @@ impl Exec {
             }
             Op::RecvReduce { peer, dst, .. } => {
                 let need = dst.len * self.elem;
-                if self.staged > 0 && self.staged + need > STAGING_LIMIT {
+                let device = self.job.args.device.is_some();
+                // The device staging is made whole when the call is armed.
+                if !device && self.staged > 0 && self.staged + need > STAGING_LIMIT {
                     deferred.push_back(i);
                     return Ok(false);
                 }
-                let buf = pool.take(need);
+                let (buf, into) = if device {
+                    (Scratch::new(0), self.device_staging(i, need)?)
+                } else {
+                    let b = pool.take(need);
+                    let into = owned(&b, need);
+                    (b, into)
+                };
+                let mr = self.job.args.device.as_ref().and_then(|d| d.mr(into));
                 let tag = self.tag(peer, i);
-                let into = owned(&buf, need);
                 match t.recv_from(
                     peers[peer],
                     tag,
                     self.recv_ignored(t, peers[peer]),
                     into,
-                    None,
+                    mr,
                     self.op_id(i),
                 )? {
                     Posted::Queued => {
@@ -218,7 +230,10 @@ impl Exec {
                     pool.put(buf);
                     return Err(wrong_size(c.len, need));
                 }
-                let msg = owned(&buf, need);
+                let msg = match self.job.args.device {
+                    Some(_) => self.device_staging(i, need)?,
+                    None => owned(&buf, need),
+                };
                 let r = self.reduce_into(self.region(i, &src), msg, self.region(i, &dst));
                 pool.put(buf);
                 r?;
@@ -226,8 +241,15 @@ impl Exec {
             _ => return Err(Error::Internal("completion for a local step".into())),
         }
         self.complete(i);
-        self.check_finished();
+        self.check_finished()?;
         Ok(())
+    }
+
+    /// Step `i`'s staging of `need` bytes in the call's device staging (`Exec::dev_stage`).
+    fn device_staging(&self, i: usize, need: usize) -> Result<Region> {
+        self.dev_stage
+            .sub(self.stage_off[i], need)
+            .ok_or_else(|| Error::Internal(format!("step {i}'s staging lies outside the device's")))
     }
 
     /// The tag bits a receive ignores when matching: a collective's signature, which

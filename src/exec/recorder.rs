@@ -113,6 +113,7 @@ pub(super) fn rank0_job(
             sends_first,
             restore: true,
             signature: None,
+            device: None,
         },
     }
 }

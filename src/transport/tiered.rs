@@ -126,6 +126,8 @@ impl Tiered {
             wait_fd: i.wait_fd && e.wait_fd,
             direct_channel: i.direct_channel,
             mr_local: i.mr_local || e.mr_local,
+            // Device memory goes where both fabrics take it (`register_device` on each).
+            hmem: i.hmem && e.hmem,
             max_msg_size: i.max_msg_size.min(e.max_msg_size),
             close_loses: i.close_loses || e.close_loses,
             reads_local_peers: i.reads_local_peers || e.reads_local_peers,
@@ -315,6 +317,21 @@ impl Transport for Tiered {
             keep: Some(Box::new(pair)),
             key: None,
             device: None,
+        })
+    }
+
+    /// On both fabrics: a send or receive through it goes to one or the other by its peer.
+    fn register_device(&self, region: Region, ordinal: i32) -> Result<Mr> {
+        let pair = Pair {
+            intra: Some(self.intra.register_device(region, ordinal)?),
+            inter: Some(self.inter.register_device(region, ordinal)?),
+        };
+        Ok(Mr {
+            desc: 0,
+            region,
+            keep: Some(Box::new(pair)),
+            key: None,
+            device: Some(ordinal),
         })
     }
 

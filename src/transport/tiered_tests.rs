@@ -1,5 +1,5 @@
-//! Tests of `tiered`: the address format, routing by host, and receives without a sender,
-//! over two in-process fabrics (`loopback`).
+//! Tests of `tiered`: the address format, routing by host, receives without a sender and device
+//! memory, over two in-process fabrics (`loopback`).
 use super::*;
 use crate::transport::loopback::{LoopbackFabric, LoopbackTransport};
 
@@ -168,4 +168,58 @@ fn waiting_over_two_fabrics_returns_when_either_has_something() {
     assert!(t0.elapsed() < Duration::from_secs(60));
     a.t.recv_owned(1, 0, 1, 5).unwrap();
     assert_eq!(drain(&a.t).len(), 1);
+}
+
+/// Device memory over two fabrics that both take it: registered on both, each message moved
+/// by the fabric of its peer (the loopback fabrics move the emulated device's bytes with its
+/// copies); where one fabric does not take it, the tiered endpoint offers no FI_HMEM and
+/// refuses the registration.
+#[test]
+fn device_memory_goes_over_the_fabric_of_each_peer() {
+    use crate::device::{Device, EmuConfig};
+    let dev = Device::emulated(EmuConfig::default()).unwrap();
+    dev.bind().unwrap();
+    let (intra, inter) = (
+        LoopbackFabric::with_device(dev.clone(), true),
+        LoopbackFabric::with_device(dev.clone(), true),
+    );
+    let (a, b, c) = (
+        rank(1, &intra, &inter),
+        rank(1, &intra, &inter),
+        rank(2, &intra, &inter),
+    );
+    assert!(a.t.caps().hmem);
+    let s = dev.create_stream().unwrap();
+    let wait = std::time::Duration::from_secs(20);
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+    let src = dev.alloc(data.len()).unwrap();
+    s.upload(&src.span(), &data, wait).unwrap();
+    // SAFETY: device memory alive until the end of the test, after every operation on it.
+    let reg = |t: &Tiered, b: &crate::device::DeviceBuffer| unsafe {
+        t.register_device(
+            Region::from_raw(b.addr() as *mut u8, b.len()),
+            dev.ordinal(),
+        )
+    };
+    let mr = reg(&a.t, &src).unwrap();
+    assert_eq!(mr.device, Some(dev.ordinal()));
+    for (to, tag) in [(&b, 1u64), (&c, 2)] {
+        let dst = dev.alloc(data.len()).unwrap();
+        let dmr = reg(&to.t, &dst).unwrap();
+        let from = to.t.insert_peer(&a.t.address()).unwrap();
+        let peer = a.t.insert_peer(&to.t.address()).unwrap();
+        to.t.recv_from(from, tag, 0, dmr.region, Some(&dmr), 7)
+            .unwrap();
+        a.t.send(peer, tag, mr.region, Some(&mr), 8).unwrap();
+        let got = drain(&to.t);
+        assert!(got.iter().all(|c| c.status.is_ok()), "{got:?}");
+        assert_eq!(got.len(), 1, "one receive done");
+        let mut back = vec![0u8; data.len()];
+        s.download(&mut back, &dst.span(), wait).unwrap();
+        assert!(back == data, "tag {tag}: other bytes");
+        assert!(drain(&a.t).iter().all(|c| c.status.is_ok()));
+    }
+    let host_only = rank(1, &intra, &LoopbackFabric::new());
+    assert!(!host_only.t.caps().hmem);
+    assert!(reg(&host_only.t, &src).is_err());
 }

@@ -3,16 +3,17 @@
 //! of every collective and send/recv, and the matrix that runs them on `n` ranks.
 #![allow(dead_code)] // not every test binary uses each helper
 use crate::capi::{comm, last_error, ranks, shm_config};
-use nccl_net_fabricoll::coll::device::install_on_thread;
-use nccl_net_fabricoll::device::{Device, DeviceBuffer, HostBuffer, Stream};
+use nccl_net_fabricoll::coll::device::{install, install_on_thread};
+use nccl_net_fabricoll::device::{Device, DeviceBuffer, EmuConfig, HostBuffer, Stream};
 use nccl_net_fabricoll::ffi::api::*;
 use std::os::raw::{c_int, c_void};
-use std::sync::Barrier;
+use std::sync::{Barrier, OnceLock};
 use std::time::Duration;
 
 use fabricoll_status::*;
 
 pub mod compressed;
+pub mod direct;
 
 /// How long a test waits for a stream.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -201,6 +202,33 @@ impl Buf {
             Buf::Pinned(b) => b.as_mut_slice().expect("idle")[..len].to_vec(),
         }
     }
+}
+
+/// The tests share the device, and page-locked allocations and frees wait for every stream of
+/// it (as on the CUDA driver): a test allocating while another's stream waits for a flag
+/// would wait for that test. So they run one at a time.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The emulated device, installed once for the process. Its ranks are threads sharing its
+/// context, whose streams all share its hardware queues: 32 of them, as scripts/gpu-tests.sh
+/// sets CUDA_DEVICE_MAX_CONNECTIONS for ranks as threads (docs/device-calls.md, "Hardware
+/// queues").
+pub fn dev() -> Device {
+    static DEV: OnceLock<Device> = OnceLock::new();
+    DEV.get_or_init(|| {
+        let d = Device::emulated(EmuConfig {
+            max_delay: Duration::from_micros(50),
+            queues: 32,
+            ..EmuConfig::default()
+        })
+        .expect("emulated device");
+        install(d.clone());
+        d
+    })
+    .clone()
 }
 
 /// Element `i` of rank `r`'s input.

@@ -287,6 +287,7 @@ impl Comm {
             sends_first: self.sends_first(),
             restore: false,
             signature: Some(sig),
+            device: None,
         };
         Exec::new(
             Job {

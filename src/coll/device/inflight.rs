@@ -132,7 +132,7 @@ pub(super) struct Inflight {
 impl Inflight {
     /// Adds a call (made with `id` from `next_id`) behind the others.
     pub fn push(&mut self, e: Entry) {
-        if let Some(p) = self.pool.as_mut() {
+        if let Some(p) = self.pool.as_mut().filter(|_| !e.pipe.is_direct()) {
             let reduces = match e.pipe.call().kind {
                 Kind::Coll(c) => c.reduces(),
                 Kind::Varied(l) => l.coll == crate::algo::varied::Varied::ReduceScatterV,

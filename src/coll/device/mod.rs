@@ -1,6 +1,7 @@
-//! Calls on device buffers: which calls need the device (`DevCall::classify`), how their data
-//! is staged through page-locked host slots (`pool`) around the host engine, one slice at a
-//! time (`staged`, cut by `slices`), how the calls in flight advance together in call order
+//! Calls on device buffers: which calls need the device (`DevCall::classify`), how a call runs
+//! on the device buffers themselves where the provider registers device memory (`direct`), or
+//! else how its data is staged through page-locked host slots (`pool`) around the host engine,
+//! one slice at a time (`staged`, cut by `slices`), how the calls in flight advance together in call order
 //! (`inflight`), and the calls as the C API makes them, blocking, non-blocking, grouped and
 //! stream-ordered, with the worker thread that advances them in the background (`stream`).
 //! docs/device-calls.md has the model.
@@ -8,6 +9,7 @@
 //! The device is the calling thread's (`installed`): the device of its current CUDA context,
 //! or the emulated device a test installs (`install`). Without either, every pointer is host
 //! memory and nothing here runs: the host path is unchanged.
+mod direct;
 mod inflight;
 mod pool;
 mod slices;

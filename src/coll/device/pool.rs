@@ -186,8 +186,7 @@ impl Pool {
         }
         log::info!(
             "device buffers: staged through page-locked host slots ({SLOTS} slices of up to \
-             {SLICE_BYTES} bytes per block in flight), since this build registers no device \
-             memory with the provider{}",
+             {SLICE_BYTES} bytes per block in flight), where a call does not go direct{}",
             if reduces {
                 "; reductions on the host, on the staged slices (a device kernel would need each \
                  received contribution copied back to the device first)"

@@ -1,7 +1,8 @@
 //! How a call on device buffers is cut into slices that are staged through page-locked host
 //! memory: for each slice, the copies from the caller's buffers into the slot's input, the
-//! collective that runs on the slot, and the copies from the slot's output back. Pure: element
-//! and byte offsets only.
+//! collective that runs on the slot, and the copies from the slot's output back: element and
+//! byte offsets only; and the host call of a slice (`call`) on buffers that hold its blocks
+//! back to back: a slot's, or on the direct path the caller's device buffers, whole.
 //!
 //! A call's buffers are lists of blocks (`Blocks`): one block for AllReduce, Broadcast, Reduce
 //! and send/recv; `nranks` on the gathered side of AllGather (output), ReduceScatter (input),
@@ -17,9 +18,11 @@
 //! Every rank must cut a call into the same number of slices: it depends only on the longest
 //! block, which the ranks agree on for every call but AllToAllV (whose caller passes that
 //! number, agreed at run time).
-use super::super::Kind;
-use crate::algo::varied::{Block, Spec};
+use super::super::{Call, Kind, Layout};
+use super::DevCall;
+use crate::algo::varied::{Block, Spec, Varied};
 use crate::algo::Collective;
+use crate::transport::Region;
 
 /// One copy between a caller's buffer and a slot: `len` bytes at offset `user` of the buffer
 /// and `slot` of the slot.
@@ -193,6 +196,65 @@ pub fn slices(blocks: &Blocks, elem: usize, per: usize, n: usize) -> Vec<Slice> 
             }
         })
         .collect()
+}
+
+/// A region over `v` (a slice's per-block counts, read by `Comm::start`).
+fn counts(v: &[usize]) -> Region {
+    // SAFETY: the slice outlives the call's start, the only time its counts are read
+    // (`Layout`'s contract); the engine reads them, never writes.
+    unsafe { Region::from_raw(v.as_ptr() as *mut u8, std::mem::size_of_val(v)) }
+}
+
+/// The host call of slice `s` on buffers that hold its blocks back to back from `send` and
+/// `recv` (None or 0: the side is absent): a staging slot's, or the caller's device buffers
+/// on the direct path.
+pub(super) fn call(call: &DevCall, s: &Slice, send: Option<u64>, recv: Option<u64>) -> Call {
+    let elem = call.dtype.size();
+    let region = |base: Option<u64>, lens: &[usize]| -> Region {
+        let bytes = lens.iter().sum::<usize>() * elem;
+        match base {
+            Some(a) if a != 0 && bytes > 0 => {
+                // SAFETY: the buffer outlives the collective: the pool keeps the slots until
+                // the communicator is destroyed (and leaks those of a failed call), and the
+                // caller's buffers are valid until the call completes (`DevCall::classify`).
+                unsafe { Region::from_raw(a as *mut u8, bytes) }
+            }
+            _ => Region::empty(),
+        }
+    };
+    let (kind, count) = match call.kind {
+        Kind::Varied(l) => {
+            let mut layout = Layout::new(l.coll);
+            let count = match l.coll {
+                Varied::AllGatherV => {
+                    layout.counts = counts(&s.out_lens);
+                    s.in_lens.first().copied().unwrap_or(0)
+                }
+                Varied::ReduceScatterV => {
+                    layout.counts = counts(&s.in_lens);
+                    0
+                }
+                Varied::AllToAllV => {
+                    layout.counts = counts(&s.in_lens);
+                    layout.recv_counts = counts(&s.out_lens);
+                    0
+                }
+                _ => s.count,
+            };
+            (Kind::Varied(layout), count)
+        }
+        k => (k, s.count),
+    };
+    Call {
+        kind,
+        send: region(send, &s.in_lens),
+        recv: region(recv, &s.out_lens),
+        count,
+        dtype: call.dtype,
+        op: call.op,
+        root: call.root,
+        algo: call.algo,
+    }
 }
 
 #[cfg(test)]

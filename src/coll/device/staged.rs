@@ -23,16 +23,16 @@
 //! device kernel would need every received contribution copied back to the device first (one
 //! more crossing of the bus per contribution). A pageable host buffer of a mixed call is copied
 //! to and from its slot by the host.
+use super::direct::Direct;
 use super::pool::{Pool, Slot, SLICE_BYTES, SLOTS, SLOT_BYTES};
 use super::slices::{self, Piece, Slice};
 use super::DevCall;
-use crate::algo::varied::Varied;
-use crate::coll::{Call, Comm, Kind, Layout, RequestId};
+use crate::coll::{Call, Comm, Kind, RequestId};
 use crate::config::Compression;
 use crate::device::{Device, Event, HostBuffer, PtrKind, Span, Stream};
 use crate::error::{Error, Result};
-use crate::transport::Region;
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// One side of the call (its input or its output) as the copies see it.
 enum Side {
@@ -120,12 +120,21 @@ pub(super) struct Pipeline {
     done: usize,
     /// A stream-ordered call's schedule (None: the worker copies, on the pool's streams).
     on_stream: Option<OnStream>,
+    /// The call on the direct path (`direct`): one slice, no slot, no copies.
+    direct: Option<Direct>,
 }
 
 impl Pipeline {
     /// The slices of `call` on `comm`, `nslices` of them where the ranks agreed on the number
-    /// at run time (AllToAllV; None: from the blocks, which every rank shares).
-    pub fn new(comm: &Comm, call: DevCall, nslices: Option<usize>) -> Result<Pipeline> {
+    /// at run time (AllToAllV; None: from the blocks, which every rank shares); or the call
+    /// whole on the direct path, where `direct` (what direct calls share) is given and it can
+    /// take it.
+    pub fn new(
+        comm: &Comm,
+        call: DevCall,
+        nslices: Option<usize>,
+        direct: Option<Arc<super::direct::Ctx>>,
+    ) -> Result<Pipeline> {
         let elem = call.dtype.size();
         let blocks = match &call.blocks {
             Some(b) => b.clone(),
@@ -160,9 +169,17 @@ impl Pipeline {
             )));
         }
         let compress = comm.settled_compression(call.kind, call.dtype, call.op, call.compress)?;
+        let (direct, list, need) = match direct {
+            Some(st) => match Direct::new(&call, &blocks, compress, st)? {
+                Some((d, whole)) => (Some(d), vec![whole], (0, 0)),
+                None => (None, list, need),
+            },
+            None => (None, list, need),
+        };
         Ok(Pipeline {
             call,
             compress,
+            direct,
             list,
             input,
             output,
@@ -295,6 +312,11 @@ impl Pipeline {
         &self.call
     }
 
+    /// Whether the call takes the direct path (it needs no slot).
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
     /// Bytes of a slot that one slice needs.
     pub fn need(&self) -> (usize, usize) {
         self.need
@@ -358,6 +380,20 @@ impl Pipeline {
     ) -> Result<bool> {
         if self.on_stream.is_some() {
             return self.step_stream(comm, pool, may_start);
+        }
+        if let Some(d) = self.direct.as_mut() {
+            if self.next_start == 0 {
+                if may_start {
+                    d.start(comm, &self.call, &self.list[0])?;
+                    self.next_start = 1;
+                }
+                return Ok(may_start);
+            }
+            if self.done == 0 && d.test(comm)? {
+                self.done = 1;
+                return Ok(true);
+            }
+            return Ok(false);
         }
         let Some(own) = self.own else {
             return Ok(false);
@@ -596,58 +632,16 @@ fn host_copy(buf: Option<&HostBuffer>, pieces: &[Piece], addr: u64, inward: bool
     }
 }
 
-/// A region over `v` (a slice's per-block counts, read by `Comm::start`).
-fn counts(v: &[usize]) -> Region {
-    // SAFETY: the slice outlives the call's start, the only time its counts are read
-    // (`Layout`'s contract); the engine reads them, never writes.
-    unsafe { Region::from_raw(v.as_ptr() as *mut u8, std::mem::size_of_val(v)) }
-}
-
 /// The host call of slice `s` on the slot's buffers.
 fn slot_call(call: &DevCall, slot: &Slot, s: &Slice, input: &Side, output: &Side) -> Call {
-    let elem = call.dtype.size();
-    let region = |buf: Option<&HostBuffer>, side: &Side, lens: &[usize]| -> Region {
-        let bytes = lens.iter().sum::<usize>() * elem;
-        match (buf, side) {
-            (Some(b), Side::Host(_) | Side::Pinned(_) | Side::Stream(_)) if bytes > 0 => {
-                // SAFETY: the slot buffer outlives the collective: the pool keeps the slots
-                // until the communicator is destroyed, and leaks those of a failed call.
-                unsafe { Region::from_raw(b.as_ptr(), bytes) }
-            }
-            _ => Region::empty(),
-        }
+    let base = |buf: Option<&HostBuffer>, side: &Side| match (buf, side) {
+        (Some(b), Side::Host(_) | Side::Pinned(_) | Side::Stream(_)) => Some(b.as_ptr() as u64),
+        _ => None,
     };
-    let (kind, count) = match call.kind {
-        Kind::Varied(l) => {
-            let mut layout = Layout::new(l.coll);
-            let count = match l.coll {
-                Varied::AllGatherV => {
-                    layout.counts = counts(&s.out_lens);
-                    s.in_lens.first().copied().unwrap_or(0)
-                }
-                Varied::ReduceScatterV => {
-                    layout.counts = counts(&s.in_lens);
-                    0
-                }
-                Varied::AllToAllV => {
-                    layout.counts = counts(&s.in_lens);
-                    layout.recv_counts = counts(&s.out_lens);
-                    0
-                }
-                _ => s.count,
-            };
-            (Kind::Varied(layout), count)
-        }
-        k => (k, s.count),
-    };
-    Call {
-        kind,
-        send: region(slot.input.as_ref(), input, &s.in_lens),
-        recv: region(slot.output.as_ref(), output, &s.out_lens),
-        count,
-        dtype: call.dtype,
-        op: call.op,
-        root: call.root,
-        algo: call.algo,
-    }
+    slices::call(
+        call,
+        s,
+        base(slot.input.as_ref(), input),
+        base(slot.output.as_ref(), output),
+    )
 }

@@ -44,6 +44,12 @@ const PARK: Duration = Duration::from_secs(1);
 pub struct Streams {
     inner: Arc<Inner>,
     worker: Mutex<Option<JoinHandle<()>>>,
+    /// Per device ordinal, whether calls go direct: what the direct calls share, or None
+    /// (staged). Decided at the first device call on the device, before its staging is made
+    /// (`direct::decide`).
+    direct: Mutex<Vec<(i32, Option<Arc<super::direct::Ctx>>)>>,
+    /// How many calls took the direct path (`direct_calls`).
+    direct_calls: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]
@@ -75,10 +81,17 @@ impl Streams {
     /// else one allocated in this thread (see `inflight`'s doc).
     fn add(&self, comm: &Arc<Comm>, call: DevCall) -> Result<u64> {
         let dev = call.device().clone();
+        let direct = self.direct(comm, &dev);
         self.prepare(&dev, true)?;
-        let mut pipe = Pipeline::new(comm, call, None)?;
+        let mut pipe = Pipeline::new(comm, call, None, direct)?;
         let need = pipe.need();
         let mut c = self.inner.calls.lock();
+        if pipe.is_direct() {
+            self.direct_calls.fetch_add(1, Ordering::Relaxed);
+            let id = c.next_id();
+            c.push(Entry::new(id, pipe, End::Request(None)));
+            return Ok(id);
+        }
         let wait_first = c.wants_slot();
         let pool = staging(&mut c)?;
         let free = if wait_first { None } else { pool.take(need) };
@@ -112,6 +125,26 @@ impl Streams {
         Ok(id)
     }
 
+    /// How many of the communicator's device calls took the direct path so far (a test
+    /// tool: the direct and the staged path give the same results).
+    pub fn direct_calls(&self) -> u64 {
+        self.direct_calls.load(Ordering::Relaxed)
+    }
+
+    /// Whether `comm`'s calls on `dev` go direct (`direct::decide`, once per device): what the
+    /// direct calls share, or None. The first device call decides, even a stream-ordered one
+    /// (`join`): the probe allocates device memory and a stream, which it must do before any
+    /// stream of the device waits for this rank's calls.
+    fn direct(&self, comm: &Comm, dev: &Device) -> Option<Arc<super::direct::Ctx>> {
+        let mut d = self.direct.lock();
+        if let Some((_, s)) = d.iter().find(|(o, _)| *o == dev.ordinal()) {
+            return s.clone();
+        }
+        let s = super::direct::decide(comm, dev);
+        d.push((dev.ordinal(), s.clone()));
+        s
+    }
+
     /// Makes the communicator's staging on `dev` now, where no device call has made it: for a
     /// caller that must never allocate page-locked memory later (`start_preallocated`).
     pub fn prepare_staging(&self, dev: &Device) -> Result<()> {
@@ -125,7 +158,7 @@ impl Streams {
     /// staging must exist (`prepare_staging`).
     pub fn start_preallocated(&self, comm: &Arc<Comm>, call: DevCall) -> Result<u64> {
         let dev = call.device().clone();
-        let mut pipe = Pipeline::new(comm, call, None)?;
+        let mut pipe = Pipeline::new(comm, call, None, None)?;
         let (mut c, slots) = self.slots(comm, &dev, pipe.need(), 1)?;
         let Some(&own) = slots.first() else {
             return Err(Error::Internal("no staging slot was taken".into()));
@@ -162,7 +195,7 @@ impl Streams {
         if !joined {
             self.join(comm, &dev)?;
         }
-        let mut pipe = Pipeline::new(comm, call, None)?;
+        let mut pipe = Pipeline::new(comm, call, None, None)?;
         let n = pipe.len();
         // Its events, made before the calls' lock is taken.
         let staged = (0..n)
@@ -256,6 +289,7 @@ impl Streams {
     /// made its staging). The barrier is a host call: device calls in flight ahead of it start
     /// first (`settle`).
     fn join(&self, comm: &Arc<Comm>, dev: &Device) -> Result<()> {
+        self.direct(comm, dev);
         self.prepare(dev, false)?;
         self.settle(comm, &Kind::Coll(Collective::AllReduce))?;
         barrier(comm)?;

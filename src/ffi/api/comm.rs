@@ -195,3 +195,16 @@ pub extern "C" fn fabricoll_comm_set_algo(
         Ok(())
     })
 }
+
+/// A communicator made in Rust (on any transport: the loopback one in tests) as a C API
+/// handle, which `fabricoll_comm_destroy` frees: a test tool, reachable from Rust only (as
+/// `coll::device::install` is).
+pub fn comm_handle(c: Comm) -> *mut fabricoll_comm {
+    register_comm(c)
+}
+
+/// How many device calls of `comm` took the direct path (docs/device-calls.md): a test tool,
+/// reachable from Rust only.
+pub fn device_direct_calls(comm: *mut fabricoll_comm) -> Result<u64> {
+    Ok(comm_of(comm)?.streams.direct_calls())
+}

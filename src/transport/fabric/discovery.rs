@@ -456,12 +456,15 @@ fn discover_resolved(cfg: &Config, for_use: Use) -> Result<Discovery> {
     };
     let rma = domains_with(&chosen, sys::FI_RMA as u64);
     let hmem = domains_with(&chosen, sys::FI_HMEM);
-    // The plugin's endpoints may take device memory where CUDA is up in this process and the
-    // domain offers FI_HMEM: they are opened from its FI_HMEM entry, without which no CUDA
-    // registration can work (whether one does is probed by the plugin, `plugin::gpu`).
-    let hmem_list = (for_use == Use::Plugin && crate::cuda::probe().driver().is_some())
-        .then(|| getinfo_caps(Some(&chosen), sys::FI_HMEM).ok())
-        .flatten();
+    // The plugin's endpoints, and the engines' unless FABRICOLL_DEVICE_DIRECT=off, may take
+    // device memory where CUDA is up in this process and the domain offers FI_HMEM: they are
+    // opened from its FI_HMEM entry, without which no CUDA registration can work (whether one
+    // does is probed by the plugin, `plugin::gpu`, and by the C API's device calls,
+    // `coll::device`).
+    let hmem_list = ((for_use == Use::Plugin || cfg.device_direct)
+        && crate::cuda::probe().driver().is_some())
+    .then(|| getinfo_caps(Some(&chosen), sys::FI_HMEM).ok())
+    .flatten();
     for (dom, e) in order {
         let e = hmem_list
             .as_ref()

@@ -1,9 +1,10 @@
 //! In-process transport: endpoints are objects in one process (ranks as threads), with the
 //! semantics of a libfabric RDM endpoint: tagged messages matched in posted order, an
 //! unexpected-message queue, truncation errors, cancellation, and a waitable completion queue;
-//! and remote memory access between them (`rma`).
+//! and remote memory access between them (`rma`); device memory for tests (`hmem`).
 use super::{Caps, Completion, Mr, OpId, Peer, Posted, Region, Transport};
 
+mod hmem;
 mod rma;
 use crate::error::{Error, Result};
 use parking_lot::{Condvar, Mutex};
@@ -19,12 +20,16 @@ pub struct LoopbackFabric {
     next: AtomicU64,
     /// The last RMA key given out (`rma`), unique on the fabric.
     next_key: AtomicU64,
+    /// The device whose memory the fabric moves (`with_device`).
+    mover: Option<Arc<hmem::Mover>>,
 }
 
 struct PostedRecv {
     tag: u64,
     ignore: u64,
     region: Option<Region>,
+    /// The region is registered device memory: the mover writes it.
+    device: bool,
     len: usize,
     op: OpId,
 }
@@ -41,6 +46,7 @@ struct Endpoint {
     cv: Condvar,
     /// Registrations peers may write and read, by key (`rma`).
     mrs: Mutex<HashMap<u64, Region>>,
+    mover: Option<Arc<hmem::Mover>>,
 }
 
 impl Endpoint {
@@ -54,7 +60,7 @@ impl Endpoint {
         match pos {
             Some(i) => {
                 let r = st.posted.remove(i).expect("index from position");
-                let c = complete_recv(r, tag, data);
+                let c = complete_recv(r, tag, data, self.mover.as_deref());
                 st.done.push(c);
             }
             None => st.unexpected.push_back((tag, data)),
@@ -64,7 +70,12 @@ impl Endpoint {
     }
 }
 
-fn complete_recv(r: PostedRecv, tag: u64, data: Vec<u8>) -> Completion {
+fn complete_recv(
+    r: PostedRecv,
+    tag: u64,
+    data: Vec<u8>,
+    mover: Option<&hmem::Mover>,
+) -> Completion {
     if data.len() > r.len {
         return Completion {
             op: r.op,
@@ -79,12 +90,18 @@ fn complete_recv(r: PostedRecv, tag: u64, data: Vec<u8>) -> Completion {
         };
     }
     let len = data.len();
-    let data = match r.region {
-        Some(region) => {
+    let data = match (r.region, r.device, mover) {
+        (Some(region), true, Some(m)) => {
+            if let Err(e) = m.write(region, &data) {
+                return Completion::failed(r.op, tag, e);
+            }
+            None
+        }
+        (Some(region), _, _) => {
             region.write(&data);
             None
         }
-        None => Some(data),
+        (None, _, _) => Some(data),
     };
     Completion::done(r.op, len, tag, data)
 }
@@ -102,6 +119,16 @@ impl LoopbackFabric {
         Arc::new(LoopbackFabric::default())
     }
 
+    /// A fabric whose endpoints offer "FI_HMEM" for `dev` (`hmem`): device memory of it
+    /// registers where `registers` (else every registration of it fails, as a provider that
+    /// advertises FI_HMEM and refuses it does), and moves through the device's copies.
+    pub fn with_device(dev: crate::device::Device, registers: bool) -> Arc<LoopbackFabric> {
+        Arc::new(LoopbackFabric {
+            mover: Some(Arc::new(hmem::Mover::new(dev, registers))),
+            ..LoopbackFabric::default()
+        })
+    }
+
     /// A new endpoint on this fabric.
     pub fn endpoint(self: &Arc<Self>) -> LoopbackTransport {
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
@@ -109,6 +136,7 @@ impl LoopbackFabric {
             state: Mutex::new(State::default()),
             cv: Condvar::new(),
             mrs: Mutex::new(HashMap::new()),
+            mover: self.mover.clone(),
         });
         self.endpoints.lock().insert(id, Arc::downgrade(&ep));
         LoopbackTransport {
@@ -126,6 +154,7 @@ impl LoopbackFabric {
                 rx_size: 1024,
                 rma: true,
                 rma_caps: Some(rma::CAPS),
+                hmem: self.mover.is_some(),
                 ..Default::default()
             },
         }
@@ -176,7 +205,7 @@ impl LoopbackTransport {
         match pos {
             Some(i) => {
                 let (tag, data) = st.unexpected.remove(i).expect("index from position");
-                let c = complete_recv(r, tag, data);
+                let c = complete_recv(r, tag, data, self.ep.mover.as_deref());
                 st.done.push(c);
             }
             None => st.posted.push_back(r),
@@ -216,6 +245,15 @@ impl Transport for LoopbackTransport {
             key: None,
             device: None,
         })
+    }
+
+    fn register_device(&self, region: Region, ordinal: i32) -> Result<Mr> {
+        match &self.ep.mover {
+            Some(m) => m.register(&self.caps.provider, region, ordinal),
+            None => Err(Error::InvalidUsage(
+                "loopback: this fabric does not register device memory".into(),
+            )),
+        }
     }
 
     fn register_remote(&self, region: Region) -> Result<Mr> {
@@ -258,10 +296,14 @@ impl Transport for LoopbackTransport {
         peer: Peer,
         tag: u64,
         region: Region,
-        _mr: Option<&Mr>,
+        mr: Option<&Mr>,
         op: OpId,
     ) -> Result<Posted> {
-        self.send_bytes(peer, tag, region.to_vec(), op);
+        let data = match (&self.ep.mover, mr.is_some_and(|m| m.device.is_some())) {
+            (Some(m), true) => m.read(region)?,
+            _ => region.to_vec(),
+        };
+        self.send_bytes(peer, tag, data, op);
         Ok(Posted::Queued)
     }
 
@@ -270,13 +312,14 @@ impl Transport for LoopbackTransport {
         tag: u64,
         ignore: u64,
         region: Region,
-        _mr: Option<&Mr>,
+        mr: Option<&Mr>,
         op: OpId,
     ) -> Result<Posted> {
         self.post(PostedRecv {
             tag,
             ignore,
             region: Some(region),
+            device: mr.is_some_and(|m| m.device.is_some()),
             len: region.len(),
             op,
         });
@@ -293,6 +336,7 @@ impl Transport for LoopbackTransport {
             tag,
             ignore,
             region: None,
+            device: false,
             len,
             op,
         });
