@@ -43,10 +43,11 @@ pub(super) struct Ctx {
     spare: Mutex<Vec<Held>>,
 }
 
-/// A device buffer and its registration.
+/// A device buffer and its registration. The registration is declared first so that it is
+/// dropped (deregistered) before the memory under it is freed.
 struct Held {
-    buf: DeviceBuffer,
     mr: Mr,
+    buf: DeviceBuffer,
 }
 
 impl Ctx {
