@@ -1,19 +1,17 @@
 //! The request table of a communicator (`Engine`) and the per-call paths over it: prepare a
-//! call's executor (cached schedules and plans, the spare executor), start it, poll progress,
-//! test and wait, and run a blocking collective, over the direct channel where it fits.
+//! call's executor (cached schedules and plans, the spare executor), start it, test and wait,
+//! and run a blocking collective, over the direct channel where it fits. Polling progress is
+//! `progress.rs`.
 use super::call::{algo_arg, Call, Kind, RequestId};
 use super::choice::ChoiceKey;
 use super::compressed::Phased;
-use super::late::{self, Late};
+use super::late::Late;
 use super::notify::Notified;
 use super::Comm;
 use crate::algo::{self, Algorithm, Options, Problem, Schedule};
 use crate::config::Compression;
 use crate::error::{Error, Result};
-use crate::exec::{
-    is_gone_notice, is_notice, late_notice_of, p2p_key, Args, BufPool, Exec, Idle, Job, Plan, Tags,
-    MAX_TAG,
-};
+use crate::exec::{p2p_key, Args, BufPool, Exec, Idle, Job, Plan, Tags, MAX_TAG};
 use crate::transport::{Completion, Peer, Scratch, Transport};
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
@@ -49,7 +47,7 @@ pub(super) struct Engine {
     p2p_tagged: FxHashMap<(bool, usize, u32), u64>,
     /// Memory of failed collectives that operations may still touch.
     pub(super) graveyard: Vec<Scratch>,
-    scratch: Vec<Completion>,
+    pub(super) scratch: Vec<Completion>,
     /// Schedules and this rank's plan of them, per (problem, algorithm, options, element size).
     cache: FxHashMap<ScheduleKey, Planned>,
     /// Staging, Tmp and backup memory kept between calls.
@@ -58,7 +56,7 @@ pub(super) struct Engine {
     last: Option<(ChoiceKey, Algorithm, Planned)>,
     /// The executor of the last collective that finished, kept for the next call of the same
     /// plan (`park`, `Exec::rearm`).
-    spare: Option<Box<Exec>>,
+    pub(super) spare: Option<Box<Exec>>,
     /// Blocking collectives that ran over the direct channel (`run_direct`).
     pub(super) direct_runs: u64,
     /// Requests handed to `Comm::notify`, with their callbacks (`notify`).
@@ -383,163 +381,6 @@ impl Comm {
         Ok((exec, id, direct))
     }
 
-    /// Poll the transport, route completions, advance every running collective.
-    pub(super) fn progress(&self, e: &mut Engine) -> Result<bool> {
-        let t = &*self.transport;
-        let mut comps = std::mem::take(&mut e.scratch);
-        t.poll(&mut comps)?;
-        let mut moved = !comps.is_empty();
-        for c in comps.drain(..) {
-            if c.op == late::OP {
-                self.on_late_notice(e, &c);
-                continue;
-            }
-            if is_notice(c.op) {
-                e.late.sent_one();
-                continue;
-            }
-            let id = Exec::exec_of(c.op);
-            let r = match e.execs.get_mut(&id) {
-                Some(ReqState::Running(x)) => x.on_completion(c, &mut e.pool),
-                _ => Ok(()), // a failed or finished collective's late completion
-            };
-            if let Err(err) = r {
-                fail(e, t, &self.peers, id, err);
-            }
-        }
-        e.scratch = comps;
-        let mut failed = Vec::new();
-        let mut stepped = Vec::new();
-        let Engine {
-            execs,
-            pool,
-            spare,
-            phased,
-            late,
-            ..
-        } = &mut *e;
-        for (id, st) in execs.iter_mut() {
-            let ReqState::Running(x) = st else {
-                continue;
-            };
-            let r = x
-                .advance(t, &self.peers, pool)
-                .and_then(|m| x.check_deadline().map(|_| m));
-            match r {
-                Ok(m) => {
-                    moved |= m;
-                    if x.is_finished() {
-                        late.succeeded(x);
-                        if let ReqState::Running(mut x) = std::mem::replace(st, ReqState::Done) {
-                            // A compressed call's exchange: its plan is not reused.
-                            if phased.contains_key(id) {
-                                x.recycle(pool);
-                                stepped.push(*id);
-                            } else {
-                                park(spare, pool, x);
-                            }
-                        }
-                    }
-                }
-                Err(err) => failed.push((*id, err)),
-            }
-        }
-        for (id, err) in failed {
-            fail(e, t, &self.peers, id, err);
-        }
-        // The codec's work of pipelined compressed calls, a piece each, while their
-        // exchanges run (`compressed`).
-        let Engine {
-            execs,
-            pool,
-            phased,
-            ..
-        } = &mut *e;
-        let mut broke = Vec::new();
-        for (id, p) in phased.iter_mut() {
-            if matches!(execs.get(id), Some(ReqState::Running(_))) {
-                match p.work(pool) {
-                    Ok(w) => moved |= w,
-                    Err(err) => broke.push((*id, err)),
-                }
-            }
-        }
-        for (id, err) in broke {
-            fail(e, t, &self.peers, id, err);
-        }
-        for id in stepped {
-            let Some(mut p) = e.phased.remove(&id) else {
-                continue;
-            };
-            match self.step(&mut p, id, &mut e.pool) {
-                Ok(Some(x)) => {
-                    e.note_talked(&x);
-                    e.execs.insert(id, ReqState::Running(x));
-                    e.phased.insert(id, p);
-                    moved = true;
-                }
-                Ok(None) => p.into_buffers().into_iter().for_each(|b| e.pool.put(b)),
-                Err(err) => {
-                    p.into_buffers().into_iter().for_each(|b| e.pool.put(b));
-                    e.execs.insert(id, ReqState::Failed(err));
-                }
-            }
-        }
-        e.late.arm(t);
-        Ok(moved)
-    }
-
-    /// Before a failed call returns: progress until the notices this rank sent are out, for at
-    /// most `NOTICE_FLUSH` (`Late::sending`).
-    fn flush_notices(&self, e: &mut Engine) {
-        let until = std::time::Instant::now() + NOTICE_FLUSH;
-        while e.late.sending() && std::time::Instant::now() < until {
-            match self.progress(e) {
-                Ok(true) => {}
-                Ok(false) => {
-                    let _ = self.transport.wait(SLEEP_SLICE);
-                }
-                Err(_) => return,
-            }
-        }
-    }
-
-    /// A late notice (or the cancelled receive of them): fail the collective it is about where
-    /// it runs here, else keep it for the next report (`late`). One that a rank is gone fails
-    /// every collective running here (`exec::gone`), and is dropped where none runs.
-    fn on_late_notice(&self, e: &mut Engine, c: &Completion) {
-        e.late.disarm();
-        if c.status.is_err() {
-            return;
-        }
-        if let Some(body) = c.data.as_deref().filter(|b| is_gone_notice(b)) {
-            let told: Vec<(u32, Error)> = e
-                .execs
-                .iter_mut()
-                .filter_map(|(id, st)| match st {
-                    ReqState::Running(x) => x.told_gone(c.tag, body).map(|err| (*id, err)),
-                    _ => None,
-                })
-                .collect();
-            for (id, err) in told {
-                fail(e, &*self.transport, &self.peers, id, err);
-            }
-            return;
-        }
-        let (seq, from) = late_notice_of(c.tag);
-        let running = e.execs.iter().find_map(|(id, st)| match st {
-            ReqState::Running(x) if x.seq_bits() == Some(seq) => Some((*id, x.noticed(c.tag))),
-            _ => None,
-        });
-        match running {
-            Some((id, err)) => fail(e, &*self.transport, &self.peers, id, err),
-            None => {
-                let theirs = c.tag & crate::exec::SIG_MASK;
-                e.late.notice(seq, from, self.peers.len(), theirs);
-            }
-        }
-    }
-
     /// Is the request done? Done and failed requests are released when reported.
     pub fn test(&self, req: RequestId) -> Result<bool> {
         self.test_moved(req).map(|(done, _)| done)
@@ -670,10 +511,6 @@ impl Comm {
 /// notices reach a communicator whose calls all run there (`late`).
 const LATE_POLL_EVERY: u64 = 16;
 
-/// Longest a failed call makes progress for its notices before it returns (`flush_notices`):
-/// the notices are a few bytes each, and a peer that cannot take them is gone.
-const NOTICE_FLUSH: Duration = Duration::from_secs(1);
-
 /// Longest single sleep of a waiter on the completion queue, so that it re-checks its request
 /// and the deadline even when the queue's wait object never signals.
 pub(super) const SLEEP_SLICE: Duration = Duration::from_millis(1);
@@ -686,7 +523,7 @@ const SPARE_TMP_LIMIT: usize = 1 << 20;
 /// (`Exec::rearm`); the spare it replaces goes back to the pool. Point-to-point executors
 /// are not kept (each transfer makes its own one-step plan), nor ones with more than
 /// `SPARE_TMP_LIMIT` bytes of Tmp.
-fn park(spare: &mut Option<Box<Exec>>, pool: &mut BufPool, mut x: Box<Exec>) {
+pub(super) fn park(spare: &mut Option<Box<Exec>>, pool: &mut BufPool, mut x: Box<Exec>) {
     if !x.is_collective() || x.tmp_bytes() > SPARE_TMP_LIMIT {
         x.recycle(pool);
         return;
@@ -699,7 +536,7 @@ fn park(spare: &mut Option<Box<Exec>>, pool: &mut BufPool, mut x: Box<Exec>) {
 
 /// Fail request `id` with `err`, keeping its memory in the graveyard while operations may
 /// still touch it.
-fn fail(e: &mut Engine, t: &dyn Transport, peers: &[Peer], id: u32, mut err: Error) {
+pub(super) fn fail(e: &mut Engine, t: &dyn Transport, peers: &[Peer], id: u32, mut err: Error) {
     if let Some(ReqState::Running(x)) = e.execs.remove(&id) {
         e.late.failed(&x);
         err = x.explain(err);

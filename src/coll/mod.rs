@@ -33,6 +33,7 @@ mod late;
 pub mod launch;
 mod notify;
 pub mod placement;
+mod progress;
 #[cfg(test)]
 mod tests;
 
