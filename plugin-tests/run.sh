@@ -11,6 +11,10 @@
 #   FABRICOLL_LIB   the plugin (default: <repo>/target/release/libnccl-net-fabricoll.so)
 #   PROVIDERS       providers to run (default: "tcp shm net", net where fi_info finds it)
 #   BUILDS          builds to run: "normal asan" (default)
+#   ASAN_PROVIDERS  providers the ASan build runs over (default "tcp shm"): ASan instruments the
+#                   harness, whose code is the same over every provider, and net is TCP as tcp
+#                   is; the normal build runs every provider (CollNet's ASan-only rank counts
+#                   included where ASan does not run)
 #   HARNESS_ARGS    extra net_harness arguments, e.g. "--scenario xfer,group" or "--cycles 200"
 #   STRIPE_STREAMS  FABRICOLL_NET_STREAMS of one more pass of the data scenarios over tcp and net
 #                   (default 4; 0 skips it)
@@ -22,7 +26,7 @@
 #                   0: skip it
 #   COLLNET_ARGS    extra collnet_harness arguments, e.g. "--scenario allreduce --ranks 3"
 #   COLLNET_RANKS   rank counts of the normal CollNet runs (default "2,3,4"; 5 ranks run in the
-#                   ASan build on every provider)
+#                   ASan build, and in the normal one over providers ASan leaves out)
 #   COLLNET_ASAN_RANKS  rank counts of the ASan CollNet runs (default "2,5"; kill always runs
 #                   with 4)
 #   CAPI_RANKS      ranks of each C API example run (default 4)
@@ -52,7 +56,12 @@ if [ -z "${PROVIDERS:-}" ]; then
   case " $PROVIDERS " in *" net "*) ;; *) net_skip=$(net_absent) ;; esac
 fi
 BUILDS=${BUILDS:-"normal asan"}
+ASAN_PROVIDERS=${ASAN_PROVIDERS:-"tcp shm"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-1800}
+# skip_build BUILD PROV: true where BUILD does not run over PROV (ASan beyond ASAN_PROVIDERS)
+skip_build() {
+  [ "$1" = asan ] && case " $ASAN_PROVIDERS " in *" $2 "*) false ;; *) true ;; esac
+}
 CAPI=${CAPI:-1}
 COLLNET=${COLLNET:-1}
 CAPI_RANKS=${CAPI_RANKS:-4}
@@ -113,6 +122,7 @@ for build in $BUILDS; do
     *) echo "plugin-tests: unknown build '$build'" >&2; exit 2 ;;
   esac
   for prov in $PROVIDERS; do
+    skip_build "$build" "$prov" && continue
     log="$LOGDIR/$prov-$build.log"
     echo "== provider $prov, $build build ($exe) =="
     envs=(FABRICOLL_PROVIDER="$prov")
@@ -163,12 +173,17 @@ if [ "$COLLNET" = 1 ]; then
       asan) exe="$HERE/build/collnet_harness_asan" ;;
     esac
     for prov in $PROVIDERS; do
+      skip_build "$build" "$prov" && continue
       log="$LOGDIR/collnet-$prov-$build.log"
       echo "== CollNet harness, provider $prov, $build build ($exe) =="
       envs=(FABRICOLL_PROVIDER="$prov")
       is_ip "$prov" && envs+=(FABRICOLL_DOMAIN=lo)
-      # Every rank count runs on every provider across the two builds, each only once.
+      # Every rank count runs on every provider across the two builds, each only once (the
+      # normal build takes the ASan build's 5 ranks where ASan does not run).
       cn_ranks=(--ranks "${COLLNET_RANKS:-2,3,4}")
+      if [[ " $BUILDS " == *" asan "* ]] && skip_build asan "$prov"; then
+        cn_ranks=(--ranks "${COLLNET_RANKS:-2,3,4},5")
+      fi
       if [ "$build" = asan ]; then
         envs+=(ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:print_summary=1:quarantine_size_mb=4")
         cn_ranks=(--ranks "${COLLNET_ASAN_RANKS:-2,5}") # the ASan runs are slow: fewer rank counts
@@ -202,6 +217,7 @@ if [ "$CAPI" = 1 ]; then
     esac
     for prog in $progs; do
       for prov in $PROVIDERS; do
+        skip_build "$build" "$prov" && continue
         log="$LOGDIR/capi-$prog-$prov.log"
         echo "== C API example $prog, provider $prov, $CAPI_RANKS ranks =="
         envs=(FABRICOLL_PROVIDER="$prov")
