@@ -390,7 +390,7 @@ fn a_pipelined_compressed_price_overlaps_the_codec_and_the_wire() {
         chunks: 4,
         ..int8_price(vec![x(6.0), x(4.0)], 20.0, None)
     };
-    // The wire 4 x 10 us, the codec 20 us: 40 + 20 / 4.
+    // max(wire, codec) + codec / chunks: the wire 4 chunks of (6 + 4), the codec 20.
     assert_eq!(p.total_us(), Some(45.0));
     let slow = crate::tune::CompressedPrice {
         codec_us: 80.0,
