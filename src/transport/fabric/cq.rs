@@ -210,7 +210,11 @@ impl FabricTransport {
             return WaitObject::Yield;
         };
         let g = self.inner.lock();
-        if !g.ready.is_empty() || !g.backlog.is_empty() || !g.shm.hellos.is_empty() {
+        if !g.ready.is_empty()
+            || !g.backlog.is_empty()
+            || !g.shm.hellos.is_empty()
+            || g.tended_error.is_some()
+        {
             return WaitObject::Ready;
         }
         if g.shm.inbox.is_some() {

@@ -5,6 +5,7 @@ use super::discovery::runtime_version;
 use super::fid::{scopeguard, DomainFids, MrFid};
 use super::shm::matching::{Soft, POOL_BUFS};
 use super::shm::{fastbox, siblings, watch, ShmPath};
+use super::tender::Tender;
 use super::FI_ADDR_UNSPEC;
 use super::{check, claim, discovery::FabricDevice, strerror, sys, FabricTransport, Inner};
 use crate::error::{Error, Result};
@@ -131,7 +132,7 @@ impl FabricTransport {
             caps,
             addr: name,
             wait_fd,
-            inner: ManuallyDrop::new(Mutex::new(Inner {
+            inner: ManuallyDrop::new(Arc::new(Mutex::new(Inner {
                 ep,
                 tx_ep,
                 cq,
@@ -145,7 +146,9 @@ impl FabricTransport {
                 rma_order: VecDeque::new(),
                 shm: ShmPath::new(shm_name),
                 claims,
-            })),
+                tended_error: None,
+            }))),
+            tender: None,
         })
         .and_then(|mut t: FabricTransport| {
             if !t.caps.inject_ok {
@@ -171,6 +174,9 @@ impl FabricTransport {
                     t.caps.domain,
                     runtime_version()
                 );
+            }
+            if let (true, Some(fd)) = (t.inner.lock().claims.is_some(), t.wait_fd) {
+                t.tender = Tender::start(Arc::clone(&t.inner), &t.caps, fd);
             }
             Ok(t)
         })

@@ -21,6 +21,7 @@ mod rma;
 mod route;
 mod shm;
 pub mod sys;
+mod tender;
 #[cfg(test)]
 mod testutil;
 mod tuning;
@@ -162,6 +163,8 @@ struct Inner {
     /// Messages that stopped a connection of the native TCP endpoint, claimed (`claim`);
     /// None for other providers.
     claims: Option<claim::Claims>,
+    /// An error of the tender's progress (`tender`), for the owner's next poll.
+    tended_error: Option<Error>,
 }
 
 // SAFETY: every libfabric object here is used only with the transport's Mutex held
@@ -190,14 +193,22 @@ pub struct FabricTransport {
     addr: Vec<u8>,
     wait_fd: Option<c_int>,
     /// Taken out only when the transport drops (an shm endpoint may be parked:
-    /// `shm::siblings`).
-    inner: ManuallyDrop<Mutex<Inner>>,
+    /// `shm::siblings`); shared with the tender only.
+    inner: ManuallyDrop<Arc<Mutex<Inner>>>,
+    /// Progresses the endpoint while its owner does not (`tender`); native TCP only.
+    tender: Option<tender::Tender>,
 }
 
 impl Drop for FabricTransport {
     fn drop(&mut self) {
+        // The tender's thread ends first: it holds the other reference to `inner`.
+        self.tender = None;
         // SAFETY: `inner` is taken once, here, and the transport is not used afterwards.
-        let inner = unsafe { ManuallyDrop::take(&mut self.inner) }.into_inner();
+        let shared = unsafe { ManuallyDrop::take(&mut self.inner) };
+        let Ok(inner) = Arc::try_unwrap(shared) else {
+            unreachable!("only the tender, now stopped, shares the endpoint's state");
+        };
+        let inner = inner.into_inner();
         match inner.shm.name.clone() {
             Some(name) => shm::siblings::release(&name, Box::new(inner)),
             None => drop(inner),
@@ -526,7 +537,13 @@ impl Transport for FabricTransport {
     }
 
     fn poll(&self, out: &mut Vec<Completion>) -> Result<usize> {
+        if let Some(t) = &self.tender {
+            t.owner_polled();
+        }
         let mut g = self.inner.lock();
+        if let Some(e) = g.tended_error.take() {
+            return Err(e);
+        }
         let start = out.len();
         out.append(&mut g.ready);
         g.progress(&self.caps)?;
