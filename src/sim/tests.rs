@@ -341,11 +341,11 @@ fn the_trees_pipeline_fill_is_priced() {
 /// root's farthest children are subtrees that pass their slices up only once their CPU has
 /// reduced most of them, and the root then waits for them on its NIC. The model follows the
 /// slices through the subtrees (`tune::pipeline`); without that it priced the root's own
-/// reductions, well under the plan's time.
+/// reductions, well under the plan's time. One host of 64 ranks: the flat model's price.
 #[test]
 fn a_binomial_reduce_over_hosts_is_priced() {
     let slice = 1usize << 20;
-    for (hosts_n, per_host) in [(8usize, 8usize), (4, 8), (16, 4)] {
+    for (hosts_n, per_host) in [(8usize, 8usize), (4, 8), (16, 4), (1, 64)] {
         for gbit in [100.0, 400.0] {
             let mut m = Model::new(1.0, gbit / 8.0, 20.0).with_slice(slice);
             m.inter_o_us = Some(0.5);
