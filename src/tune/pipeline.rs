@@ -260,16 +260,18 @@ fn shared_ingress(sent: &[&[f64]], cost: &[f64]) -> Vec<Vec<f64>> {
     let mut next = vec![0usize; m];
     let mut left: Vec<f64> = cost.to_vec();
     let mut now: f64 = 0.0;
+    let mut active = Vec::with_capacity(m);
     loop {
-        let waiting = (0..m).filter(|&c| next[c] < sent[c].len());
-        let active: Vec<usize> = waiting
-            .clone()
-            .filter(|&c| sent[c][next[c]] <= now)
-            .collect();
-        let arrival = waiting
-            .filter(|&c| sent[c][next[c]] > now)
-            .map(|c| sent[c][next[c]])
-            .fold(f64::INFINITY, f64::min);
+        active.clear();
+        let mut arrival = f64::INFINITY;
+        for c in (0..m).filter(|&c| next[c] < sent[c].len()) {
+            let t = sent[c][next[c]];
+            if t <= now {
+                active.push(c);
+            } else {
+                arrival = arrival.min(t);
+            }
+        }
         if active.is_empty() {
             if arrival.is_infinite() {
                 return done;
