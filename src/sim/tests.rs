@@ -336,3 +336,44 @@ fn the_trees_pipeline_fill_is_priced() {
         }
     }
 }
+
+/// A sliced binomial Reduce over hosts whose network is slower than the reductions: the
+/// root's farthest children are subtrees that pass their slices up only once their CPU has
+/// reduced most of them, and the root then waits for them on its NIC. The model follows the
+/// slices through the subtrees (`tune::pipeline`); without that it priced the root's own
+/// reductions, well under the plan's time. One host of 64 ranks: the flat model's price.
+#[test]
+fn a_binomial_reduce_over_hosts_is_priced() {
+    let slice = 1usize << 20;
+    for (hosts_n, per_host) in [(8usize, 8usize), (4, 8), (16, 4), (1, 64)] {
+        for gbit in [100.0, 400.0] {
+            let mut m = Model::new(1.0, gbit / 8.0, 20.0).with_slice(slice);
+            m.inter_o_us = Some(0.5);
+            m.intra.alpha_us = 1.0;
+            m.intra.beta_us_per_byte = crate::tune::gbps_to_us_per_byte(50.0);
+            m.intra.o_us = 0.5;
+            let n = hosts_n * per_host;
+            let hosts = Hosts::blocks(n, per_host);
+            let params = Params {
+                contention: true,
+                ..Params::from_model(&m, hosts)
+            };
+            let opts = Options {
+                hosts,
+                slice: slice / 4,
+                ..Options::default()
+            };
+            for mib in [1usize, 8, 32] {
+                let p = Problem::new(Collective::Reduce, n, mib << 18);
+                let f = m.predict_on(Algorithm::Tree, &p, 4, &opts).unwrap();
+                let s = algo::build(p, Algorithm::Tree, &opts).unwrap();
+                let t = simulate(&s, 4, hosts, &params).unwrap().time_us;
+                assert!(
+                    (0.95..=1.05).contains(&(t / f)),
+                    "{hosts_n}x{per_host}, {gbit} Gbit/s, {mib} MiB: simulated {t:.1} us, \
+                     model {f:.1} us"
+                );
+            }
+        }
+    }
+}

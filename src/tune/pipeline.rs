@@ -132,8 +132,9 @@ pub(crate) struct Round {
 ///   that is `d a + d (d + 1) / 2 B b`: the root's sends share its link, then its children's.
 /// - Reduce: the slowest of the first slice's climb through every round (a whole-buffer hop
 ///   and reduction each when unsliced: `formula`'s figure), the root reducing `d` buffers
-///   after its nearest child's first slice is in, and the root's busiest link carrying its
-///   children's buffers before it reduces the last slice.
+///   after its nearest child's first slice is in, the root's busiest link carrying its
+///   children's buffers before it reduces the last slice, and the slices as the nodes pass
+///   them on (`binomial_reduce_streams`).
 pub(crate) fn binomial_piped(coll: Collective, rounds: &[Round], big: f64, s: f64, g: f64) -> f64 {
     let d = rounds.len();
     if d == 0 {
@@ -152,7 +153,10 @@ pub(crate) fn binomial_piped(coll: Collective, rounds: &[Round], big: f64, s: f6
             let first = rounds[0].alpha + rounds[0].slice;
             let cpu = first + d as f64 * big * g;
             let link = rounds[0].alpha + carried(false).max(carried(true)) + s * g;
-            climb.max(cpu).max(link)
+            climb
+                .max(cpu)
+                .max(link)
+                .max(binomial_reduce_streams(rounds, big, s, g))
         }
         _ => {
             let mut worst: f64 = 0.0;
@@ -164,6 +168,138 @@ pub(crate) fn binomial_piped(coll: Collective, rounds: &[Round], big: f64, s: f6
                 below += r.alpha + same as f64 * r.slice;
             }
             worst
+        }
+    }
+}
+
+/// Most slices `binomial_reduce_streams` follows one by one; a buffer of more is followed in
+/// this many equal pieces (the work grows with the slices and the square of the depth).
+const STREAMED_SLICES: usize = 128;
+
+/// A sliced binomial Reduce followed slice by slice, subtree by subtree. The subtree under a
+/// node whose lowest round is `j` is a binomial tree of rounds `0..j` (its children hang
+/// under it by rounds `0..j`), so one node of each order stands for all of them. A node
+/// reduces slice `k` of its children in round order (`algo::tree`: each child's partial into
+/// the accumulator after the previous child's) and sends it up once the last child's is in;
+/// its CPU takes its reductions in the order they became ready, as the executor (and the
+/// simulator) do, so a slice's chain waits behind the other slices' reductions that came in
+/// before it, and a node whose children keep its CPU busy passes its first slice up late and
+/// the rest in a burst. A node's children of one level share its one ingress of that level,
+/// each sending its slices in order (`shared_ingress`). What this adds to the root-bound
+/// price: the root's farthest children are subtrees that can only send once they have reduced
+/// most of their buffer, and their slices then queue for the root's link and CPU. The slices
+/// are taken as even pieces of the buffer; the receivers' handling is in the alphas.
+fn binomial_reduce_streams(rounds: &[Round], big: f64, s: f64, g: f64) -> f64 {
+    use std::cmp::Ordering;
+    use std::collections::BinaryHeap;
+    let finite = rounds
+        .iter()
+        .all(|r| r.alpha.is_finite() && r.slice.is_finite() && r.slice >= 0.0);
+    if rounds.is_empty() || !finite || !(big > 0.0 && s > 0.0 && g.is_finite()) {
+        return 0.0;
+    }
+    let k = ((big / s).ceil() as usize).clamp(1, STREAMED_SLICES);
+    let piece = big / k as f64;
+    let scale = piece / s;
+    // When a node of each order has each slice ready to send: a leaf has them all at once.
+    let mut sent: Vec<Vec<f64>> = vec![vec![0.0; k]];
+    // A reduction that is ready: (ready at, child's round, slice), oldest first.
+    #[derive(PartialEq)]
+    struct Ready(f64, usize, usize);
+    impl Eq for Ready {}
+    impl Ord for Ready {
+        fn cmp(&self, o: &Self) -> Ordering {
+            o.0.total_cmp(&self.0)
+                .then(o.1.cmp(&self.1))
+                .then(o.2.cmp(&self.2))
+        }
+    }
+    impl PartialOrd for Ready {
+        fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+            Some(self.cmp(o))
+        }
+    }
+    let reduce = piece * g;
+    let mut done = 0.0;
+    for j in 1..=rounds.len() {
+        // Arrivals of each child's slices over the node's ingress of the child's level.
+        let mut arrive = vec![vec![0.0; k]; j];
+        for inter in [false, true] {
+            let kids: Vec<usize> = (0..j).filter(|&i| rounds[i].inter == inter).collect();
+            let cost: Vec<f64> = kids.iter().map(|&i| rounds[i].slice * scale).collect();
+            let from: Vec<&[f64]> = kids.iter().map(|&i| sent[i].as_slice()).collect();
+            for (c, at) in kids.iter().zip(shared_ingress(&from, &cost)) {
+                arrive[*c] = at.iter().map(|t| t + rounds[*c].alpha).collect();
+            }
+        }
+        let mut heap: BinaryHeap<Ready> = (0..k).map(|x| Ready(arrive[0][x], 0, x)).collect();
+        let mut cpu: f64 = 0.0;
+        let mut out = vec![0.0; k];
+        while let Some(Ready(t, i, x)) = heap.pop() {
+            cpu = cpu.max(t) + reduce;
+            if i + 1 < j {
+                heap.push(Ready(cpu.max(arrive[i + 1][x]), i + 1, x));
+            } else {
+                out[x] = cpu;
+            }
+        }
+        done = cpu;
+        sent.push(out);
+    }
+    done
+}
+
+/// When each slice's last byte is in, for streams of slices that share one ingress fairly:
+/// stream `c` sends its slices in order, slice `x` from `sent[c][x]` on, each taking `cost[c]`
+/// of the link alone; the streams with a slice on the wire split the link evenly (the
+/// simulator's max-min sharing, `sim/share.rs`, where nothing else is in the way).
+fn shared_ingress(sent: &[&[f64]], cost: &[f64]) -> Vec<Vec<f64>> {
+    let m = sent.len();
+    let mut done: Vec<Vec<f64>> = sent.iter().map(|s| vec![0.0; s.len()]).collect();
+    // The next slice of each stream, and what is left of it (in time on the link alone).
+    let mut next = vec![0usize; m];
+    let mut left: Vec<f64> = cost.to_vec();
+    let mut now: f64 = 0.0;
+    let mut active = Vec::with_capacity(m);
+    loop {
+        active.clear();
+        let mut arrival = f64::INFINITY;
+        for c in (0..m).filter(|&c| next[c] < sent[c].len()) {
+            let t = sent[c][next[c]];
+            if t <= now {
+                active.push(c);
+            } else {
+                arrival = arrival.min(t);
+            }
+        }
+        if active.is_empty() {
+            if arrival.is_infinite() {
+                return done;
+            }
+            now = arrival;
+            continue;
+        }
+        let share = active.len() as f64;
+        let first = active
+            .iter()
+            .map(|&c| left[c])
+            .fold(f64::INFINITY, f64::min);
+        let step = (first * share).min(arrival - now);
+        for &c in &active {
+            left[c] -= step / share;
+        }
+        // Landing on the next slice's start exactly, so that it joins the next pass.
+        now = if step == arrival - now {
+            arrival
+        } else {
+            now + step
+        };
+        for &c in &active {
+            if left[c] <= 1e-12 * cost[c].max(1.0) {
+                done[c][next[c]] = now;
+                next[c] += 1;
+                left[c] = cost[c];
+            }
         }
     }
 }
