@@ -136,7 +136,7 @@ impl Phased {
     pub(super) fn seqs(&self) -> usize {
         match self {
             Phased::Flat(f) => f.seqs,
-            Phased::Tiered(_) => 4,
+            Phased::Tiered(t) => t.seqs,
         }
     }
 
@@ -145,7 +145,7 @@ impl Phased {
     pub(super) fn work(&mut self, pool: &mut BufPool) -> Result<bool> {
         match self {
             Phased::Flat(f) => f.work(pool),
-            Phased::Tiered(_) => Ok(false),
+            Phased::Tiered(t) => t.work(pool),
         }
     }
 }
