@@ -31,7 +31,10 @@
 //! So each element is quantized at most twice whatever the layout, every rank's result is the
 //! same bits (every rank decodes the same codes, or copies what was decoded), and NaN and
 //! infinities survive (a full-precision sum keeps them, and the codec marks their blocks).
-//! Every exchange is an ordinary executor of an `algo::lanes` schedule among its group (no
+//! A call of more than `FABRICOLL_COMPRESS_CHUNK` bytes is cut into chunks as `flat`'s (the
+//! same whole blocks of every segment, `flat::chunk_cut`), each the composition of its own
+//! elements, run as a pipeline (`work`); blocks are coded independently, so the bits are one
+//! chunk's. Every exchange is an ordinary executor of an `algo::lanes` schedule among its group (no
 //! message to the other ranks; an extra rank runs the lanes' stages as nothing to do), one
 //! request of the engine's table as any compressed call, so abort, destroy, deadlines and a
 //! peer's failure act on it as on any collective; no communicator is split. Its messages carry
