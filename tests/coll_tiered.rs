@@ -397,20 +397,22 @@ fn compressed_envs<'a>(
 /// int8's error of the exact result.
 #[test]
 fn compressed_over_shm_and_net() {
-    compressed_on("compressed_over_shm_and_net", &["a", "b", "a", "b"]);
+    compressed_on("compressed_over_shm_and_net", &["a", "b", "a", "b"], &[]);
 }
 
-/// The same on three interleaved hosts of 3, 2 and 1 ranks (one lane; ranks 2, 4 and 5 extra).
+/// The same on three interleaved hosts of 3, 2 and 1 ranks (one lane; ranks 2, 4 and 5 extra),
+/// the calls cut into as many chunks as they may be (`FABRICOLL_COMPRESS_CHUNK=1`, pipelined).
 #[test]
 fn compressed_on_uneven_hosts_over_shm_and_net() {
     compressed_on(
         "compressed_on_uneven_hosts_over_shm_and_net",
         &["a", "b", "a", "c", "a", "b"],
+        &[("FABRICOLL_COMPRESS_CHUNK", "1")],
     );
 }
 
-fn compressed_on(test: &str, hosts: &[&str]) {
-    let Some(outs) = run_ranks(test, "compress", &compressed_envs(hosts, &[])) else {
+fn compressed_on(test: &str, hosts: &[&str], more: &[(&str, &str)]) {
+    let Some(outs) = run_ranks(test, "compress", &compressed_envs(hosts, more)) else {
         return;
     };
     let n = hosts.len() as f64;

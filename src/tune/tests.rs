@@ -409,8 +409,8 @@ fn a_pipelined_compressed_price_overlaps_the_codec_and_the_wire() {
 
 /// The inter-host-only composition: the codec works on a host's share of the data, a lane's
 /// exchange of codes is priced on the network (its link shared by the host's lanes) and a
-/// host's exchange of full-precision data on shared memory, and the log line says which
-/// composition ran.
+/// host's exchange of full-precision data on shared memory, the log line says which
+/// composition ran, and a pipelined one overlaps the codec and the wire as every level's.
 #[test]
 fn tiered_compressed_price_prices_codes_on_the_network_only() {
     use crate::compress::Format;
@@ -495,6 +495,22 @@ fn tiered_compressed_price_prices_codes_on_the_network_only() {
     for w in [
         "inter-host level only (2 hosts x 2 ranks",
         "lane AllToAll of 1024 B",
+    ] {
+        assert!(text.contains(w), "{w}: {text}");
+    }
+    // Pipelined as every level's: the larger of the wire (4 chunks of 1) and the codec (8),
+    // plus one chunk's share of the codec.
+    let piped = crate::tune::CompressedPrice {
+        chunks: 4,
+        codec_us: 8.0,
+        ..p.clone()
+    };
+    assert_eq!(piped.total_us(), Some(10.0));
+    let text = piped.describe();
+    for w in [
+        "inter-host level only",
+        "pipelined in 4 chunks",
+        "codec 8.0 us",
     ] {
         assert!(text.contains(w), "{w}: {text}");
     }

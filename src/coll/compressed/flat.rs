@@ -108,11 +108,16 @@ impl Flat {
 
     /// Which exchanges a chunk runs, in order.
     pub(super) fn stages(&self) -> &'static [Stage] {
-        match self.what {
-            What::AllReduce => &[Stage::ToOwners, Stage::Gather],
-            What::ReduceScatter => &[Stage::ToOwners],
-            What::AllGather => &[Stage::Gather],
-        }
+        stages_of(self.what)
+    }
+}
+
+/// Which exchanges a chunk of `what` runs, in order.
+fn stages_of(what: What) -> &'static [Stage] {
+    match what {
+        What::AllReduce => &[Stage::ToOwners, Stage::Gather],
+        What::ReduceScatter => &[Stage::ToOwners],
+        What::AllGather => &[Stage::Gather],
     }
 }
 
@@ -276,22 +281,11 @@ impl Comm {
                 }
             })
             .collect();
-        let mut order = Vec::new();
-        for k in 0..m {
-            match what {
-                What::AllReduce => {
-                    order.push((k, Stage::ToOwners));
-                    if k > 0 {
-                        order.push((k - 1, Stage::Gather));
-                    }
-                }
-                What::ReduceScatter => order.push((k, Stage::ToOwners)),
-                What::AllGather => order.push((k, Stage::Gather)),
-            }
-        }
-        if what == What::AllReduce {
-            order.push((m - 1, Stage::Gather));
-        }
+        let stages = stages_of(what);
+        let order = super::pipe::wavefront(m, stages.len())
+            .into_iter()
+            .map(|(k, j)| (k, stages[j]))
+            .collect();
         // A chunk's output is written before later chunks' input is read: safe where the
         // buffers are apart or laid out as NCCL's in place (each output element on its own
         // input element, or AllGather's input its own block, apart from the others').

@@ -28,8 +28,8 @@
 //! number is taken when the call starts, so that calls started after it number alike on every
 //! rank. Their messages carry the caller's call's signature with the format and block size
 //! (`exec::Signature::compress`): ranks whose calls or compression settings differ fail with
-//! an error naming the difference. The inter-host-only composition (`tiered`) runs as one
-//! chunk.
+//! an error naming the difference. The inter-host-only composition (`tiered`) is cut and
+//! pipelined alike (`tiered/work.rs`; the order of both from `pipe::wavefront`).
 //!
 //! Which algorithm runs an exchange: AllReduce, ReduceScatter and AllGather pad each rank's
 //! piece of codes to the largest (AllReduce's segments differ by at most a block; the others'
@@ -136,7 +136,7 @@ impl Phased {
     pub(super) fn seqs(&self) -> usize {
         match self {
             Phased::Flat(f) => f.seqs,
-            Phased::Tiered(_) => 4,
+            Phased::Tiered(t) => t.seqs,
         }
     }
 
@@ -145,7 +145,7 @@ impl Phased {
     pub(super) fn work(&mut self, pool: &mut BufPool) -> Result<bool> {
         match self {
             Phased::Flat(f) => f.work(pool),
-            Phased::Tiered(_) => Ok(false),
+            Phased::Tiered(t) => t.work(pool),
         }
     }
 }

@@ -41,6 +41,21 @@ pub(super) struct Cursor {
     done: bool,
 }
 
+/// The order a pipelined call's exchanges run in, one at a time, for `m` chunks of `s`
+/// exchanges each: (chunk, exchange) by diagonals, chunk k's exchange j in diagonal k + j, each
+/// diagonal from its newest chunk (AllReduce: ToOwners of chunk k, then Gather of chunk
+/// k - 1). So between a chunk's two exchanges run others', while its codec work between them
+/// can be done.
+pub(super) fn wavefront(m: usize, s: usize) -> Vec<(usize, usize)> {
+    (0..(m + s).saturating_sub(1))
+        .flat_map(|d| {
+            (0..s)
+                .filter(move |&j| j <= d && d - j < m)
+                .map(move |j| (d - j, j))
+        })
+        .collect()
+}
+
 impl Flat {
     /// The segments task `t` works on.
     fn task_segs(&self, t: Task) -> Range<usize> {

@@ -138,3 +138,28 @@ fn codec_rates_are_measured_once() {
         assert_eq!(measured_rate(f), r, "{f}: measured once");
     }
 }
+
+/// The pipeline's order: every chunk's exchanges once, each after its chunk's previous one
+/// with another chunk's between them where there is one (AllReduce: ToOwners of chunk k, then
+/// Gather of chunk k - 1).
+#[test]
+fn the_pipeline_runs_each_exchange_once_in_its_chunks_order() {
+    assert_eq!(
+        super::pipe::wavefront(3, 2),
+        [(0, 0), (1, 0), (0, 1), (2, 0), (1, 1), (2, 1)]
+    );
+    assert_eq!(super::pipe::wavefront(2, 1), [(0, 0), (1, 0)]);
+    for (m, s) in [(1, 4), (5, 4), (32, 3), (2, 2)] {
+        let order = super::pipe::wavefront(m, s);
+        assert_eq!(order.len(), m * s);
+        for k in 0..m {
+            let at: Vec<usize> = (0..s)
+                .map(|j| order.iter().position(|&x| x == (k, j)).unwrap())
+                .collect();
+            assert!(at.windows(2).all(|w| w[0] < w[1]), "{m} x {s}: {at:?}");
+            if m > 1 {
+                assert!(at.windows(2).all(|w| w[1] > w[0] + 1), "{m} x {s}: {at:?}");
+            }
+        }
+    }
+}

@@ -31,21 +31,24 @@
 //! So each element is quantized at most twice whatever the layout, every rank's result is the
 //! same bits (every rank decodes the same codes, or copies what was decoded), and NaN and
 //! infinities survive (a full-precision sum keeps them, and the codec marks their blocks).
-//! Every exchange is an ordinary executor of an `algo::lanes` schedule among its group (no
+//! A call of more than `FABRICOLL_COMPRESS_CHUNK` bytes is cut into chunks as `flat`'s (the
+//! same whole blocks of every segment, `flat::chunk_cut`), each the composition of its own
+//! elements, run as a pipeline (`work`); blocks are coded independently, so the bits are one
+//! chunk's. Every exchange is an ordinary executor of an `algo::lanes` schedule among its group (no
 //! message to the other ranks; an extra rank runs the lanes' stages as nothing to do), one
 //! request of the engine's table as any compressed call, so abort, destroy, deadlines and a
 //! peer's failure act on it as on any collective; no communicator is split. Its messages carry
 //! the call's signature with the format and the algorithm `hier` (`TIERED_ALGO`): a rank that
 //! runs the call compressed on every level fails against one that runs this composition,
 //! naming the algorithm.
-use super::convert::{decode_into, with_f32};
-use super::What;
+use super::flat::chunk_cut;
+use super::{pipe, What};
 use crate::algo::lanes::{self, Lanes};
 use crate::algo::varied::{Spec, Varied};
 use crate::algo::{Algorithm, Collective};
 use crate::coll::engine::{Engine, Planned};
 use crate::coll::{Call, Comm, Kind};
-use crate::compress::{owner, Codec};
+use crate::compress::Codec;
 use crate::config::CompressLevels;
 use crate::error::{Error, Result};
 use crate::exec::{BufPool, Exec, Signature};
@@ -53,9 +56,11 @@ use crate::reduce::{DataType, RedOp};
 use crate::transport::{Region, Scratch};
 use crate::tune::{self, CompressedPrice, Exchange, Shape, Tier};
 use layout::Layout;
+use std::ops::Range;
 use std::sync::Arc;
 
 mod layout;
+mod work;
 
 /// The algorithm a tiered call's signature names.
 pub(super) const TIERED_ALGO: Algorithm = Algorithm::Hier;
@@ -136,72 +141,103 @@ pub(super) fn exchange_algos(call: &Call, lanes: &Lanes) -> Vec<(Collective, Alg
         .collect()
 }
 
-/// A tiered compressed call in progress: its layout, its exchanges' plans and regions, and
-/// the buffers they run on, owned until the call ends (on failure they go to the graveyard).
+/// A tiered compressed call in progress: its layout, cut into chunks (the same whole blocks of
+/// every segment, as `flat`'s), each with its exchanges' plans and its buffers, owned until the
+/// call ends (on failure they go to the graveyard), and where the pipeline stands (`work`).
 pub(in crate::coll) struct Tiered {
     codec: Codec,
     dtype: DataType,
     /// Avg's divisor: the communicator's rank count.
     avg: Option<usize>,
+    /// The whole call's layout.
     lay: Layout,
-    /// The exchanges in order, with their plans and (input, output) regions; `at` the next.
-    stages: Vec<(Stage, Planned, Region, Region)>,
-    at: usize,
+    /// The exchanges every chunk runs, in order.
+    stages: &'static [Stage],
+    chunks: Vec<Part>,
+    /// The exchanges in the order they run: (chunk, index in `stages`).
+    order: Vec<(usize, usize)>,
+    /// Exchanges of `order` started.
+    started: usize,
+    /// The caller's input (or `held`'s copy of it) and output, whole.
+    inp: Region,
     out: Region,
+    /// A copy of the input, where the output overlaps it otherwise than NCCL's in-place
+    /// layouts and the call runs in several chunks.
+    held: Option<Scratch>,
+    /// The first exchange's sequence number; exchange i of `order` takes `seq + i`.
+    seq: u32,
+    /// The sequence numbers the call takes (`flat::chunk_cut`'s chunks' exchanges).
+    pub(super) seqs: usize,
+    sig: Signature,
+}
+
+/// One chunk of a tiered call.
+struct Part {
+    lay: Layout,
+    /// Its exchanges' plans, in the order of `Tiered::stages`.
+    plans: Vec<Planned>,
     /// The host's pieces (HostReduce's output), the lane's codes of every segment (an extra
     /// rank's AllGather: its own), its host's segments' codes from every host (owners), and
-    /// the decoded segments it hands on to extra ranks.
+    /// the decoded segments it hands on to extra ranks; taken from its first task to its last.
     pieces: Scratch,
     codes: Scratch,
     got: Scratch,
     dec: Scratch,
-    seq: u32,
-    sig: Signature,
+    live: bool,
+    /// Its exchanges finished (they run in `stages`' order).
+    exchanged: usize,
+    /// Which of its codec tasks are done: task 0 before its first exchange, task i after
+    /// exchange i - 1 (`work`).
+    done: Vec<bool>,
 }
 
 impl Tiered {
     /// The buffers, for the pool (done) or the graveyard (failed).
     pub(in crate::coll) fn into_buffers(self) -> Vec<Scratch> {
-        vec![self.pieces, self.codes, self.got, self.dec]
-    }
-
-    /// The host's partial sum of this rank's lane: the host's pieces of `len` elements in
-    /// `pieces`, added in f32 in local rank order (the first piece, then each next).
-    fn host_sum(&self, len: usize) -> Vec<f32> {
-        let el = self.dtype.size();
-        let b = self.pieces.bytes();
-        let mut acc = vec![0f32; len];
-        for k in 0..self.lay.l.per_host() {
-            with_f32(self.dtype, &b[k * len * el..(k + 1) * len * el], |x| {
-                if k == 0 {
-                    acc.copy_from_slice(x);
-                } else {
-                    acc.iter_mut().zip(x).for_each(|(a, v)| *a += *v);
-                }
-            });
-        }
-        acc
-    }
-
-    /// The owner's codes of each of its segments from every host's codes of them (in `got`),
-    /// with the segments' indices in the lane.
-    fn reduce_own(&self) -> Result<Vec<(usize, Vec<u8>)>> {
-        let (k, g) = (self.lay.lane(), self.lay.l.at);
-        let w = self.lay.own_wire();
-        let base = self.lay.owned_wire(k, g).start;
-        let got = self.got.bytes();
-        self.lay
-            .owned(k, g)
-            .map(|i| {
-                let s = &self.lay.lanes[k][i];
-                let o = s.wire.start - base;
-                let parts: Vec<&[u8]> = (0..self.lay.l.hosts())
-                    .map(|h| &got[h * w + o..h * w + o + s.wire.len()])
-                    .collect();
-                owner::reduce_segment(&self.codec, &parts, s.data.len(), self.avg).map(|c| (i, c))
-            })
+        let held = self.held.into_iter();
+        let live = self.chunks.into_iter().filter(|c| c.live);
+        live.flat_map(|c| [c.pieces, c.codes, c.got, c.dec])
+            .chain(held)
             .collect()
     }
+
+    /// The input and output regions of chunk `k`'s exchange `stage`.
+    fn regions(&self, k: usize, stage: Stage) -> (Region, Region) {
+        let c = &self.chunks[k];
+        let [pieces_len, codes_len, got_len, dec_len] = c.lay.buffers();
+        // SAFETY: `self` owns the chunk's buffers until its last task, which runs after its
+        // exchanges finished, and a failed call's buffers go to the communicator's graveyard
+        // with its executor's, so no region outlives them.
+        let (pieces, codes, got, dec) = unsafe {
+            (
+                c.pieces.region(),
+                c.codes.region(),
+                c.got.region(),
+                c.dec.region(),
+            )
+        };
+        let sub = |r: Region, len: usize| r.sub(0, len).expect("buffers fit their layout");
+        let (pieces, codes, got, dec) = (
+            sub(pieces, pieces_len),
+            sub(codes, codes_len),
+            sub(got, got_len),
+            sub(dec, dec_len),
+        );
+        match (stage, self.lay.what) {
+            (Stage::HostReduce, _) => (self.inp, pieces),
+            (Stage::HostCodes, _) => (codes, codes),
+            (Stage::LaneToOwners, _) => (codes, got),
+            (Stage::LaneGather, What::AllReduce) => (got, codes),
+            (Stage::LaneGather, _) => (codes, codes),
+            (Stage::HostGather, What::ReduceScatter) => (dec, self.out),
+            (Stage::HostGather, _) => (self.out, self.out),
+        }
+    }
+}
+
+/// Whether byte ranges `a` and `b` overlap.
+fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
+    a.start < b.end && b.start < a.end
 }
 
 impl Comm {
@@ -230,7 +266,7 @@ impl Comm {
     }
 
     /// Start `call` compressed on the inter-host level only, as request `id`: its layout,
-    /// plans and first exchange.
+    /// plans, the first chunk's codec work and first exchange.
     pub(super) fn start_tiered(
         &self,
         e: &mut Engine,
@@ -241,18 +277,20 @@ impl Comm {
     ) -> Result<(Box<Exec>, Tiered)> {
         let mut t = self.begin_tiered(call, codec, lanes, &mut e.pool)?;
         let x = self.plan_tiered(call, &mut t).and_then(|()| {
-            t.seq = e.take_seqs(t.stages.len() as u32);
+            t.seq = e.take_seqs(t.seqs as u32);
             log::debug!(
                 "collective #{}: {:?} count {} compressed as {} in blocks of {} on the \
-                 inter-host level only (ranks per host {:?}, {} lanes)",
+                 inter-host level only (ranks per host {:?}, {} lanes), {} chunk(s)",
                 t.seq,
                 call.kind,
                 call.count,
                 codec.format,
                 codec.block,
                 t.lay.l.sizes(),
-                t.lay.l.width()
+                t.lay.l.width(),
+                t.chunks.len()
             );
+            t.prepare(&mut e.pool)?;
             self.tiered_exchange(&mut t, id, &mut e.pool)
         });
         match x {
@@ -267,7 +305,7 @@ impl Comm {
         }
     }
 
-    /// The layout of a tiered `call` and its buffers; AllGather's input quantized.
+    /// The layout of a tiered `call`, cut into chunks; no chunk's buffer taken yet.
     fn begin_tiered(
         &self,
         call: &Call,
@@ -325,89 +363,98 @@ impl Comm {
             What::AllReduce => Layout::all_reduce(&codec, lanes, c, el),
             _ => Layout::per_rank(what, &codec, lanes, &blocks, el),
         };
-        let [pieces, codes, got, dec] = lay.buffers();
+        let stages = Stage::of(what, lay.l.uneven());
+        let counts = lay.counts();
+        let (per, reserved) = chunk_cut(&codec, &counts, el, self.compress_chunk);
+        let longest = counts.iter().copied().max().unwrap_or(0);
+        let m = longest.div_ceil(per).max(1);
+        let chunks = (0..m)
+            .map(|k| Part {
+                lay: lay.chunk(&codec, per, k),
+                plans: Vec::new(),
+                pieces: Scratch::new(0),
+                codes: Scratch::new(0),
+                got: Scratch::new(0),
+                dec: Scratch::new(0),
+                live: false,
+                exchanged: 0,
+                done: vec![false; stages.len() + 1],
+            })
+            .collect();
+        let inp = call
+            .send
+            .sub(0, lay.in_elems() * el)
+            .expect("checked above");
+        let out = call
+            .recv
+            .sub(0, lay.out_elems() * el)
+            .expect("checked above");
+        // A chunk's output is written before later chunks' input is read: safe where the
+        // buffers are apart or laid out as NCCL's in place (each output element on its own
+        // input element, or AllGather's input its own segment of the output, apart from the
+        // others'); otherwise the input is copied first.
+        let (ins, outs) = (
+            inp.addr()..inp.addr() + inp.len(),
+            out.addr()..out.addr() + out.len(),
+        );
+        let own = lay.mine().map_or(0, |s| s.data.start) * el;
+        let in_place = match what {
+            What::AllReduce => ins.start == outs.start,
+            What::ReduceScatter => outs.start == ins.start + own,
+            // The others' segments lie apart from its own (`tiers`).
+            What::AllGather => ins.start == outs.start + own,
+        };
+        let held = (m > 1 && overlap(&ins, &outs) && !in_place).then(|| {
+            let mut h = pool.take(inp.len());
+            inp.with(|b| h.bytes_mut()[..b.len()].copy_from_slice(b));
+            h
+        });
+        let inp = match &held {
+            // SAFETY: `held` is owned by the call until it ends (the graveyard on failure).
+            Some(h) => unsafe { h.region() }
+                .sub(0, ins.len())
+                .expect("a copy of the input"),
+            None => inp,
+        };
         let mut sig = Signature::of(&problem, TIERED_ALGO, dtype, call.op);
         sig.compress = Some((codec.format, codec.block));
-        let mut t = Tiered {
+        Ok(Tiered {
             codec,
             dtype,
             avg: (call.op == RedOp::Avg).then_some(n),
             lay,
-            stages: Vec::new(),
-            at: 0,
-            out: call.recv,
-            pieces: pool.take(pieces),
-            codes: pool.take(codes),
-            got: pool.take(got),
-            dec: pool.take(dec),
+            stages,
+            chunks,
+            order: pipe::wavefront(m, stages.len()),
+            started: 0,
+            inp,
+            out,
+            held,
             seq: 0,
+            seqs: reserved * stages.len(),
             sig,
-        };
-        if what == What::AllGather {
-            // Its own segment's codes: where the lane's buffer holds them, or (extra) alone.
-            let k = t.lay.lane();
-            let s = t.lay.lanes[k].iter().find(|s| s.rank == rank);
-            let wire = match (s, t.lay.l.extra()) {
-                (Some(s), false) => s.wire.clone(),
-                (Some(s), true) => 0..s.wire.len(),
-                (None, _) => 0..0,
-            };
-            let len = s.map_or(0, |s| s.data.len());
-            let inp = call.send.sub(0, len * el).expect("checked above");
-            let codec = t.codec;
-            let own = &mut t.codes.bytes_mut()[wire];
-            inp.with(|b| with_f32(dtype, b, |v| codec.quantize(v, own)))?;
-        }
-        Ok(t)
+        })
     }
 
-    /// The plans and regions of `t`'s exchanges, and the call's price logged at info.
+    /// The plans of every chunk's exchanges, and the call's price logged at info.
     fn plan_tiered(&self, call: &Call, t: &mut Tiered) -> Result<()> {
         let (n, rank, el) = (self.nranks, self.rank, t.dtype.size());
-        let [pieces_len, codes_len, got_len, dec_len] = t.lay.buffers();
-        // SAFETY: `t` owns its buffers until its call ends, and a failed call's buffers go to
-        // the communicator's graveyard with its executor's, so no region outlives them.
-        let (pieces, codes, got, dec) = unsafe {
-            (
-                t.pieces.region(),
-                t.codes.region(),
-                t.got.region(),
-                t.dec.region(),
-            )
-        };
-        let sub = |r: Region, len: usize| r.sub(0, len).expect("buffers fit their layout");
-        let (pieces, codes, got, dec) = (
-            sub(pieces, pieces_len),
-            sub(codes, codes_len),
-            sub(got, got_len),
-            sub(dec, dec_len),
-        );
-        let out_len = t.lay.out_elems() * el;
-        let out = sub(t.out, out_len);
-        let inp = sub(call.send, t.lay.in_elems() * el);
-        let what = t.lay.what;
-        for &stage in Stage::of(what, t.lay.l.uneven()) {
-            let (i, o) = match (stage, what) {
-                (Stage::HostReduce, _) => (inp, pieces),
-                (Stage::HostCodes, _) => (codes, codes),
-                (Stage::LaneToOwners, _) => (codes, got),
-                (Stage::LaneGather, What::AllReduce) => (got, codes),
-                (Stage::LaneGather, _) => (codes, codes),
-                (Stage::HostGather, What::ReduceScatter) => (dec, out),
-                (Stage::HostGather, _) => (out, out),
-            };
-            let (group, p) = t.lay.pieces(stage);
-            let s = lanes::exchange(n, rank, &group, &p)
-                .map_err(|err| Error::Internal(format!("tiered {stage:?}: {err}")))?;
-            let planned = self.planned(Arc::new(s), 1)?;
-            t.stages.push((stage, planned, i, o));
+        for c in &mut t.chunks {
+            for &stage in t.stages {
+                let (group, p) = c.lay.pieces(stage);
+                let s = lanes::exchange(n, rank, &group, &p)
+                    .map_err(|err| Error::Internal(format!("tiered {stage:?}: {err}")))?;
+                c.plans.push(self.planned(Arc::new(s), 1)?);
+            }
         }
         if log::log_enabled!(log::Level::Info) {
+            // The first chunk's exchanges (the largest); every chunk runs them alike.
+            let first = &t.chunks[0].lay;
             let exchanges = t
                 .stages
                 .iter()
-                .map(|&(stage, ..)| {
-                    let (ranks, piece) = t.lay.priced(stage);
+                .map(|&stage| {
+                    let (ranks, piece) = first.priced(stage);
                     let us = self.model.tier_exchange_us(
                         stage.tier(),
                         stage.coll(),
@@ -425,6 +472,7 @@ impl Comm {
                     }
                 })
                 .collect();
+            let what = t.lay.what;
             let shape = match what {
                 What::AllReduce => Shape::AllReduce,
                 What::ReduceScatter => Shape::ReduceScatter,
@@ -447,7 +495,7 @@ impl Comm {
                 elem: el,
                 codec_us: rate.us(tune::codec_elements_tiered(shape, &sizes, count)),
                 rate,
-                chunks: 1,
+                chunks: t.chunks.len(),
                 exchanges,
                 tiers: Some(sizes),
             };
@@ -457,83 +505,37 @@ impl Comm {
         Ok(())
     }
 
-    /// The executor of `t`'s next exchange, as request `id`; takes its sequence number.
+    /// The executor of `t`'s next exchange (`Tiered::order`), as request `id`, with its
+    /// sequence number.
     fn tiered_exchange(&self, t: &mut Tiered, id: u32, pool: &mut BufPool) -> Result<Box<Exec>> {
-        let (_, planned, inp, out) = t.stages.get(t.at).cloned().ok_or_else(|| {
-            Error::Internal(format!("tiered compressed call: no exchange {}", t.at))
+        let i = t.started;
+        let (k, s) = t.order[i];
+        let planned = t.chunks[k].plans.get(s).cloned().ok_or_else(|| {
+            Error::Internal(format!(
+                "tiered compressed call: no exchange {s} of chunk {k}"
+            ))
         })?;
-        let seq = t.seq;
-        t.seq = t.seq.wrapping_add(1);
-        self.byte_exchange(planned, (inp, out), seq, t.sig, id, pool)
+        let io = t.regions(k, t.stages[s]);
+        t.started += 1;
+        let seq = t.seq.wrapping_add(i as u32);
+        self.byte_exchange(planned, io, seq, t.sig, id, pool)
     }
 
-    /// After `t`'s exchange finished: the codec's work, then the next exchange's executor, or
-    /// None when the call is done (its output written).
+    /// After `t`'s exchange finished: what the next exchange needs (the part of it not done
+    /// while the exchange ran), then its executor; or, after the last one, the rest of the
+    /// codec's work and None (the call is done, its output written).
     pub(super) fn step_tiered(
         &self,
         t: &mut Tiered,
         id: u32,
         pool: &mut BufPool,
     ) -> Result<Option<Box<Exec>>> {
-        let stage = t.stages[t.at].0;
-        let k = t.lay.lane();
-        // An extra rank's codec work is its quantizing at the start: the lanes do the rest.
-        match stage {
-            _ if t.lay.l.extra() => {}
-            Stage::HostReduce => {
-                let sum = t.host_sum(t.lay.total(k));
-                let b = t.codes.bytes_mut();
-                for s in &t.lay.lanes[k] {
-                    t.codec
-                        .quantize(&sum[s.pos.clone()], &mut b[s.wire.clone()])?;
-                }
-            }
-            Stage::HostCodes | Stage::HostGather => {}
-            Stage::LaneToOwners => {
-                let sums = t.reduce_own()?;
-                match t.lay.what {
-                    What::AllReduce => {
-                        let b = t.got.bytes_mut();
-                        let mut at = 0;
-                        for (_, c) in &sums {
-                            b[at..at + c.len()].copy_from_slice(c);
-                            at += c.len();
-                        }
-                    }
-                    _ => {
-                        // Its own segment into its output, an extra rank's to be handed on.
-                        // SAFETY: `t.dec` is owned by `t` and no exchange runs on it now.
-                        let dec = unsafe { t.dec.region() };
-                        let handed: Vec<_> = t.lay.handed().collect();
-                        for (i, c) in &sums {
-                            let len = t.lay.lanes[k][*i].data.len();
-                            match handed.iter().find(|h| h.1 == *i) {
-                                Some((_, _, at)) => {
-                                    decode_into(&t.codec, t.dtype, dec, at.clone(), c)?
-                                }
-                                None => decode_into(&t.codec, t.dtype, t.out, 0..len, c)?,
-                            }
-                        }
-                    }
-                }
-            }
-            Stage::LaneGather => {
-                let codes = t.codes.bytes();
-                for s in &t.lay.lanes[k] {
-                    decode_into(
-                        &t.codec,
-                        t.dtype,
-                        t.out,
-                        s.data.clone(),
-                        &codes[s.wire.clone()],
-                    )?;
-                }
-            }
-        }
-        t.at += 1;
-        if t.at == t.stages.len() {
+        t.exchange_done();
+        if t.started == t.order.len() {
+            while t.work(pool)? {}
             return Ok(None);
         }
+        t.prepare(pool)?;
         self.tiered_exchange(t, id, pool).map(Some)
     }
 }

@@ -10,6 +10,7 @@
 //! host's rank of that lane.
 use super::{Stage, What};
 use crate::algo::lanes::{Lanes, Pieces};
+use crate::coll::compressed::flat::chunk_parts;
 use crate::compress::{owner, Codec};
 use std::ops::Range;
 
@@ -28,6 +29,8 @@ pub(super) struct Seg {
     pub pos: Range<usize>,
     /// Where its codes lie in its lane's buffer of codes.
     pub wire: Range<usize>,
+    /// Its first element's place in the whole segment (a chunk's part of it, `Layout::chunk`).
+    pub from: usize,
 }
 
 /// Every lane's segments, and this rank's place among them.
@@ -62,6 +65,7 @@ impl Layout {
                         data: slice.start + s.start..slice.start + s.end,
                         pos: s,
                         wire,
+                        from: 0,
                     })
                     .collect()
             })
@@ -97,11 +101,56 @@ impl Layout {
                     data: at..at + c,
                     pos: *pos..*pos + c,
                     wire: *wire..*wire + len,
+                    from: 0,
                 });
                 (*pos, *wire) = (*pos + c, *wire + len);
             }
         }
         Layout { what, l, lanes, el }
+    }
+
+    /// Elements of every segment, lane by lane: what the call is cut into chunks by.
+    pub fn counts(&self) -> Vec<usize> {
+        let segs = self.lanes.iter().flatten();
+        segs.map(|s| s.data.len()).collect()
+    }
+
+    /// Chunk `k` of this layout, laid out as a call of its own: elements [k per, (k + 1) per)
+    /// of every segment (`flat::chunk_parts`), `per` whole blocks, so that the chunk's codes
+    /// are the bits of the same elements' codes in the whole call.
+    pub fn chunk(&self, codec: &Codec, per: usize, k: usize) -> Layout {
+        let lanes = self
+            .lanes
+            .iter()
+            .map(|segs| {
+                let counts: Vec<usize> = segs.iter().map(|s| s.data.len()).collect();
+                let parts = chunk_parts(&counts, per, k);
+                let wire = owner::wire_ranges(codec, &parts);
+                let mut pos = 0;
+                segs.iter()
+                    .zip(parts)
+                    .zip(wire)
+                    .map(|((s, p), wire)| {
+                        let seg = Seg {
+                            host: s.host,
+                            rank: s.rank,
+                            data: s.data.start + p.start..s.data.start + p.end,
+                            pos: pos..pos + p.len(),
+                            wire,
+                            from: s.from + p.start,
+                        };
+                        pos += p.len();
+                        seg
+                    })
+                    .collect()
+            })
+            .collect();
+        Layout {
+            what: self.what,
+            l: self.l.clone(),
+            lanes,
+            el: self.el,
+        }
     }
 
     /// Elements of the call's vector: AllReduce's count, ReduceScatter's input, AllGather's
@@ -112,7 +161,7 @@ impl Layout {
     }
 
     /// This rank's segment (ReduceScatter, AllGather).
-    fn mine(&self) -> Option<&Seg> {
+    pub fn mine(&self) -> Option<&Seg> {
         let me = self.l.host[self.l.local];
         self.lanes[self.lane()].iter().find(|s| s.rank == me)
     }
@@ -358,7 +407,8 @@ impl Layout {
             Stage::HostGather if self.what == What::ReduceScatter => {
                 let mut p = none(y);
                 if extra {
-                    p.recv[k] = vec![(0, self.out_elems() * el)];
+                    let at = self.mine().map_or(0, |s| s.from);
+                    p.recv[k] = vec![(at * el, self.out_elems() * el)];
                 } else {
                     for (r, _, d) in self.handed() {
                         let i = l.host.iter().position(|&x| x == r).unwrap_or(0);
@@ -481,5 +531,41 @@ mod tests {
         assert_eq!(all[0].priced(Stage::HostReduce), (3, 26 * 4));
         assert_eq!(all[0].priced(Stage::HostGather), (3, 10 * 4));
         assert_eq!(all[0].priced(Stage::LaneToOwners).0, 2);
+    }
+
+    /// The chunks of a layout hold whole blocks of every segment, cover each once and in
+    /// order, and lay each lane's parts out back to back as a call of its own.
+    #[test]
+    fn chunks_cover_every_segment_in_whole_blocks() {
+        let codec = Codec::new(Format::Int8, 4).unwrap();
+        for what in [What::AllReduce, What::ReduceScatter, What::AllGather] {
+            for labels in [&[0, 0, 1, 1][..], &[0, 0, 0, 1, 1]] {
+                let lay = &layouts(what, labels, 37)[0];
+                for per in [4, 8, 36] {
+                    let longest = lay.counts().into_iter().max().unwrap();
+                    let chunks: Vec<Layout> = (0..longest.div_ceil(per))
+                        .map(|k| lay.chunk(&codec, per, k))
+                        .collect();
+                    for (k, segs) in lay.lanes.iter().enumerate() {
+                        for (i, whole) in segs.iter().enumerate() {
+                            let mut at = whole.data.start;
+                            for c in &chunks {
+                                let s = &c.lanes[k][i];
+                                assert_eq!((s.data.start, s.from), (at, at - whole.data.start));
+                                assert!(s.data.len() % 4 == 0 || s.data.end == whole.data.end);
+                                assert_eq!(s.wire.len(), codec.wire_len(s.data.len()));
+                                at = s.data.end;
+                            }
+                            assert_eq!(at, whole.data.end, "{what:?} {labels:?} per {per}");
+                        }
+                        for c in &chunks {
+                            let l = &c.lanes[k];
+                            assert!(l.windows(2).all(|w| w[0].pos.end == w[1].pos.start
+                                && w[0].wire.end == w[1].wire.start));
+                        }
+                    }
+                }
+            }
+        }
     }
 }
