@@ -432,3 +432,39 @@ fn a_failed_stream_ordered_direct_call_releases_its_stream_and_reports_the_error
     });
     assert_eq!(calls, [2, 1], "the receive went direct");
 }
+
+/// A stream-ordered AllReduce with Avg in place, on 3 ranks, goes direct (its input copied
+/// aside on the device, its division on the device) and gives the host call's bits, for a
+/// float and an integer type.
+#[test]
+fn a_stream_ordered_avg_in_place_goes_direct_with_the_host_calls_bits() {
+    let _serial = serial();
+    let d = own_device();
+    let n = 3;
+    let cs = comms(&d, n, Hmem::Registers);
+    let avg = fabricoll_redop::FABRICOLL_AVG as std::os::raw::c_int;
+    on_streams(&d, &cs, |me, c, s, step| {
+        warm_up(me, c, s, step, n, 1);
+        for ty in [Ty::F32, Ty::I32] {
+            let count = 300_001;
+            let input = ty.encode(&(0..count).map(|i| value(me, i) * 3 + 1).collect::<Vec<_>>());
+            let mut host = input.clone();
+            let buf = on_device(s, &input);
+            step.wait();
+            let p = host.as_mut_ptr().cast();
+            let st = fabricoll_allreduce(p, p, count, ty.c(), avg, comm(c));
+            assert_eq!(st, FABRICOLL_SUCCESS, "host avg: {}", last_error());
+            let before = [device_direct_calls(comm(c)).expect("live communicator")];
+            let p = buf.addr() as *mut c_void;
+            let st = fabricoll_allreduce_stream(p, p, count, ty.c(), avg, comm(c), s.handle());
+            assert_eq!(st, FABRICOLL_SUCCESS, "device avg: {}", last_error());
+            let synced = s.synchronize(WAIT);
+            step.wait();
+            synced.expect("synchronize");
+            no_async_error(comm(c));
+            counted(&[c], &before, 1, &format!("AllReduce Avg {ty:?} in place"));
+            assert!(read(s, &buf) == host, "{ty:?} rank {me}: other bits");
+        }
+    });
+    destroy(&cs);
+}
