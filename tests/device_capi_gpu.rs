@@ -124,13 +124,15 @@ fn gpu_host_calls_after_nonblocking_device_calls_keep_the_call_order() {
 
 /// The direct path on the GPU over shm (libfabric 2.1 with CUDA, whose shm takes
 /// FI_HMEM_CUDA registrations, as `plugin_gpu` checks): every call on device buffers,
-/// blocking and non-blocking, out of place on 2 and 3 ranks and in place on 2, moves them
-/// without a host copy (each counted as direct; reductions by the kernels) and gives the
-/// expected bytes. With FABRICOLL_LOG=info the log says which path the calls take and why.
+/// blocking, non-blocking and stream-ordered, out of place on 2 and 3 ranks and in place on
+/// 2, moves them without a host copy (each counted as direct; reductions by the kernels) and
+/// gives the expected bytes. With FABRICOLL_LOG=info the log says which path the calls take
+/// and why (stream-ordered calls: once per communicator).
 #[test]
 #[ignore = "needs a GPU: scripts/gpu-tests.sh runs it"]
 fn gpu_device_calls_go_direct_where_shm_registers_device_memory() {
     use device::direct::{case, in_place, DIRECT};
+    use device::stream_ordered::{on_streams, Case};
     let _serial = serial();
     let d = gpu();
     let test = "gpu_device_calls_go_direct_where_shm_registers_device_memory";
@@ -139,6 +141,27 @@ fn gpu_device_calls_go_direct_where_shm_registers_device_memory() {
         let Some(cs) = ranks(test, &config(), n) else {
             return;
         };
+        // Stream-ordered first, each rank on one stream made before the communicator's own:
+        // while a call runs, its caller's stream waits for the call's flag, and holds back
+        // every stream behind it on its hardware queue, so the test's streams and the
+        // communicators' must be fewer than the queues (32, as scripts/gpu-tests.sh sets
+        // CUDA_DEVICE_MAX_CONNECTIONS) from the communicators' first device call on.
+        on_streams(&d, &cs, |me, c, s, step| {
+            for (coll, calls) in DIRECT {
+                for (k, count) in [1000, 300_001].into_iter().enumerate() {
+                    let (ty, op) = types[k];
+                    let places = device::direct::DD;
+                    let case = Case {
+                        coll,
+                        ty,
+                        op,
+                        count,
+                        places,
+                    };
+                    case.run(me, c, s, step, n, calls);
+                }
+            }
+        });
         for (coll, calls) in DIRECT {
             for mode in [Mode::Blocking, Mode::NonBlocking] {
                 for (k, count) in [1000, 300_001].into_iter().enumerate() {

@@ -14,6 +14,7 @@ use fabricoll_status::*;
 
 pub mod compressed;
 pub mod direct;
+pub mod stream_ordered;
 
 /// How long a test waits for a stream.
 pub const WAIT: Duration = Duration::from_secs(20);

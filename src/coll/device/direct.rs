@@ -7,7 +7,10 @@
 //! communicator's deadline; a schedule's Tmp memory and its receive-and-reduce staging are
 //! device memory, registered too. The host never touches the bytes. An in-place call's input is
 //! first copied aside on the device, so that no step writes over what another still reads.
-//! Every other call is staged (`staged`); docs/device-calls.md says which.
+//! A stream-ordered call goes direct too: its host-engine call starts once the caller's stream
+//! has reached it (an event), and the stream waits for a flag written once it has finished
+//! (`staged::Pipeline::enqueue`, with no copies). Every other call is staged (`staged`);
+//! docs/device-calls.md says which.
 //!
 //! Ranks must decide alike for a collective (one call direct, sliced calls staged): they do
 //! where their transports are alike, and otherwise the calls' signatures differ, which the
@@ -88,8 +91,8 @@ pub(super) fn decide(comm: &Comm, dev: &Device) -> Option<Arc<Ctx>> {
             log::info!(
                 "rank {}: device calls on device {} go direct: provider {provider} registers \
                  device memory (FI_HMEM), so calls on device buffers alone need no host copy \
-                 (reductions run on the device); stream-ordered, compressed and mixed host and \
-                 device calls are staged through page-locked host memory",
+                 (reductions run on the device), stream-ordered ones included; compressed and \
+                 mixed host and device calls are staged through page-locked host memory",
                 comm.rank,
                 dev.ordinal()
             );

@@ -400,7 +400,12 @@ impl Entry {
             )
         } else {
             format!(
-                "a staged device call made no progress within {timeout} ({})",
+                "a {} device call made no progress within {timeout} ({})",
+                if self.pipe.is_direct() {
+                    "direct"
+                } else {
+                    "staged"
+                },
                 self.pipe.progress()
             )
         }

@@ -2,7 +2,10 @@
 //! communicator's blocking, non-blocking and grouped device calls share (a stream-ordered call
 //! copies on the caller's stream only).
 //!
-//! `SLOTS` full-size slots are allocated at the communicator's first device use and kept. A
+//! `SLOTS` full-size slots are allocated once and kept (`fill`): at the communicator's first
+//! device use where its calls are staged, at its first stream-ordered call where they go direct
+//! (then with `FLAGS` flag slots, a flag without memory, for its stream-ordered direct calls;
+//! docs/device-calls.md says why then). A
 //! call in flight holds at least one slot for its whole life (its own slot, `take`), so that
 //! any number of outstanding calls (a group's sends and receives) all progress; it borrows
 //! free slots for more slices in flight while nobody waits for one. A non-blocking, grouped or
@@ -27,6 +30,11 @@ use crate::error::{Error, Result};
 /// Full-size slots allocated at the first device use: one copying in, one in its collective,
 /// one copying out, and one more so that a slow stage does not stall the other two.
 pub(super) const SLOTS: usize = 4;
+
+/// Flag slots (a flag and its events, no memory to stage in) made at the first stream-ordered
+/// call of a communicator whose calls go direct: each stream-ordered direct call in flight
+/// holds one, for its stream to wait on; one more waits at its submission for one to be freed.
+pub(super) const FLAGS: usize = 16;
 
 /// Bytes of a slice per block, at most (a slot holds one slice of each block of a side).
 pub(super) const SLICE_BYTES: usize = 1 << 20;
@@ -71,8 +79,19 @@ impl Slot {
     }
 
     fn fits(&self, need: (usize, usize)) -> bool {
+        let (i, o) = self.caps();
+        i >= need.0 && o >= need.1
+    }
+
+    /// Bytes of its input and output.
+    fn caps(&self) -> (usize, usize) {
         let cap = |b: &Option<HostBuffer>| b.as_ref().map_or(0, |b| b.len());
-        cap(&self.input) >= need.0 && cap(&self.output) >= need.1
+        (cap(&self.input), cap(&self.output))
+    }
+
+    fn bytes(&self) -> usize {
+        let (i, o) = self.caps();
+        i + o
     }
 }
 
@@ -85,23 +104,79 @@ pub(super) struct Pool {
     slots: Vec<Option<Slot>>,
     busy: Vec<bool>,
     logged: bool,
+    /// Whether the `SLOTS` full-size slots were made (`fill`).
+    full: bool,
+    /// Whether the `FLAGS` flag slots were made (`fill`).
+    flags: bool,
+}
+
+/// What `Pool::fill` makes: the full-size slots (for staged calls) and the flag slots (for
+/// stream-ordered direct calls).
+pub(super) struct Fill {
+    pub full: Vec<Slot>,
+    pub flags: Vec<Slot>,
+}
+
+impl Fill {
+    /// The slots lacking where a pool holds neither kind yet, made now (page-locked memory:
+    /// outside the communicator's locks, before any stream of the device waits for it):
+    /// `full`, `flags`: whether each kind is wanted.
+    pub fn make(dev: &Device, full: bool, flags: bool) -> Result<Fill> {
+        let n = |want: bool, k: usize| if want { k } else { 0 };
+        Ok(Fill {
+            full: (0..n(full, SLOTS))
+                .map(|_| Slot::new(dev, (SLOT_BYTES, SLOT_BYTES)))
+                .collect::<Result<_>>()?,
+            flags: (0..n(flags, FLAGS))
+                .map(|_| Slot::new(dev, (0, 0)))
+                .collect::<Result<_>>()?,
+        })
+    }
 }
 
 impl Pool {
-    /// Copy streams and `SLOTS` full-size slots, allocated now. Must not run while a stream
-    /// of the device may wait for a flag that the caller's side writes (the module's doc).
+    /// The copy streams, made now, and no slot yet (`fill`). Must not run while a stream of
+    /// the device may wait for a flag that the caller's side writes (the module's doc).
     pub fn new(dev: &Device) -> Result<Pool> {
-        let slots = (0..SLOTS)
-            .map(|_| Slot::new(dev, (SLOT_BYTES, SLOT_BYTES)).map(Some))
-            .collect::<Result<Vec<_>>>()?;
         Ok(Pool {
             dev: dev.clone(),
             inbound: dev.create_stream()?,
             outbound: dev.create_stream()?,
-            busy: vec![false; slots.len()],
-            slots,
+            busy: Vec::new(),
+            slots: Vec::new(),
             logged: false,
+            full: false,
+            flags: false,
         })
+    }
+
+    /// Which kinds of slots `fill` still lacks of those wanted: (full-size, flags).
+    pub fn lacks(&self, full: bool, flags: bool) -> (bool, bool) {
+        (full && !self.full, flags && !self.flags)
+    }
+
+    /// Adds the slots of `f` (free) where this pool lacks their kind; what it did not take
+    /// comes back, for the caller to free once it has let go of the communicator's locks.
+    pub fn fill(&mut self, f: Fill) -> Fill {
+        let mut back = Fill {
+            full: Vec::new(),
+            flags: Vec::new(),
+        };
+        for (have, slots, back) in [
+            (&mut self.full, f.full, &mut back.full),
+            (&mut self.flags, f.flags, &mut back.flags),
+        ] {
+            if *have || slots.is_empty() {
+                back.extend(slots);
+                continue;
+            }
+            *have = true;
+            for s in slots {
+                self.slots.push(Some(s));
+                self.busy.push(false);
+            }
+        }
+        back
     }
 
     pub fn device(&self) -> &Device {
@@ -116,10 +191,14 @@ impl Pool {
         self.slots[i].as_mut().expect("a slot in use is not leaked")
     }
 
-    /// A free slot of at least `need` bytes, now busy.
+    /// A free slot of at least `need` bytes, now busy: the smallest (a stream-ordered direct
+    /// call, which needs only a flag, takes a flag slot where one is free).
     pub fn take(&mut self, need: (usize, usize)) -> Option<usize> {
         let i = (0..self.slots.len())
-            .find(|&i| !self.busy[i] && self.slots[i].as_ref().is_some_and(|s| s.fits(need)))?;
+            .filter(|&i| !self.busy[i])
+            .filter_map(|i| Some((i, self.slots[i].as_ref().filter(|s| s.fits(need))?)))
+            .min_by_key(|(_, s)| s.bytes())
+            .map(|(i, _)| i)?;
         self.busy[i] = true;
         Some(i)
     }

@@ -378,22 +378,11 @@ impl Pipeline {
         may_start: bool,
         borrow: bool,
     ) -> Result<bool> {
+        if self.direct.is_some() {
+            return self.step_direct(comm, may_start);
+        }
         if self.on_stream.is_some() {
             return self.step_stream(comm, pool, may_start);
-        }
-        if let Some(d) = self.direct.as_mut() {
-            if self.next_start == 0 {
-                if may_start {
-                    d.start(comm, &self.call, &self.list[0])?;
-                    self.next_start = 1;
-                }
-                return Ok(may_start);
-            }
-            if self.done == 0 && d.test(comm)? {
-                self.done = 1;
-                return Ok(true);
-            }
-            return Ok(false);
         }
         let Some(own) = self.own else {
             return Ok(false);
@@ -462,6 +451,51 @@ impl Pipeline {
 }
 
 impl Pipeline {
+    /// `step` of a call on the direct path: starts its one host-engine call where `may_start`
+    /// (a stream-ordered call's: once its stream has reached it, its event, so that the work
+    /// enqueued on the stream before the call has written its input), then notes when it has
+    /// finished (a stream-ordered call's flag is then written, `release`, and the call ends
+    /// once the stream has passed it).
+    fn step_direct(&mut self, comm: &Comm, may_start: bool) -> Result<bool> {
+        let Some(d) = self.direct.as_mut() else {
+            return Ok(false);
+        };
+        if self.next_start == 0 {
+            let reached = match &self.on_stream {
+                Some(os) => may_start && os.staged[0].query()?,
+                None => may_start,
+            };
+            if reached {
+                d.start(comm, &self.call, &self.list[0])?;
+                self.next_start = 1;
+            }
+            return Ok(reached);
+        }
+        let mut moved = false;
+        if self.done == 0 && d.test(comm)? {
+            self.done = 1;
+            moved = true;
+        }
+        Ok(self.passed(comm)? || moved)
+    }
+
+    /// A stream-ordered call whose slices are all done: whether the stream has passed it
+    /// now (noted once).
+    fn passed(&mut self, comm: &Comm) -> Result<bool> {
+        let Some(os) = self.on_stream.as_mut() else {
+            return Ok(false);
+        };
+        if self.done < self.list.len() || os.passed_seen || !os.passed.query()? {
+            return Ok(false);
+        }
+        os.passed_seen = true;
+        log::debug!(
+            "rank {}: the stream passed the stream-ordered call",
+            comm.rank
+        );
+        Ok(true)
+    }
+
     /// `step` of a stream-ordered call: starts the collective of each slice the stream has
     /// staged, in order, where `may_start` and its slot is not in use by an earlier slice;
     /// counts the slices whose collectives finished, from the first; notes when the stream
@@ -531,15 +565,7 @@ impl Pipeline {
             self.stages.pop_front();
             self.done += 1;
         }
-        if self.done == self.list.len() && !os.passed_seen && os.passed.query()? {
-            os.passed_seen = true;
-            log::debug!(
-                "rank {}: the stream passed the stream-ordered call",
-                comm.rank
-            );
-            moved = true;
-        }
-        Ok(moved)
+        Ok(self.passed(comm)? || moved)
     }
 }
 

@@ -6,13 +6,16 @@
 //! A stream-ordered call returns at once, once it has a slot (`slots`): it enqueues its whole
 //! copy schedule on the caller's stream and no other (`staged`): per slice, the copy in, an
 //! event (staged), a wait for its slot's flag to reach the number of that use, the copy out.
+//! On the direct path (`direct`) it takes a flag slot and enqueues the same without the copies:
+//! the event (the stream has reached the call: its host-engine call may start), the flag wait
+//! (written once that call has finished), and the event after.
 //! A call that fails releases its stream the same way; its error is kept (`error`), and every later
 //! stream-ordered call on the communicator fails with it at once. The worker starts at the
 //! first call that returns before it ends (non-blocking, grouped, stream-ordered, notified)
 //! and stops when the communicator is destroyed (`shutdown`). docs/device-calls.md says why
 //! the stream waits on a flag.
 use super::inflight::{earlier, Channel, End, Entry, Finish, Inflight};
-use super::pool::{Pool, Slot};
+use super::pool::{Fill, Pool, Slot};
 use super::staged::Pipeline;
 use super::DevCall;
 use crate::algo::Collective;
@@ -50,6 +53,8 @@ pub struct Streams {
     direct: Mutex<Vec<(i32, Option<Arc<super::direct::Ctx>>)>>,
     /// How many calls took the direct path (`direct_calls`).
     direct_calls: std::sync::atomic::AtomicU64,
+    /// Whether the path of its stream-ordered calls was logged (`log_stream_path`).
+    stream_logged: AtomicBool,
 }
 
 #[derive(Default)]
@@ -82,7 +87,8 @@ impl Streams {
     fn add(&self, comm: &Arc<Comm>, call: DevCall) -> Result<u64> {
         let dev = call.device().clone();
         let direct = self.direct(comm, &dev);
-        self.prepare(&dev, true)?;
+        // Where calls go direct, a staged one allocates its slot as it needs it (below).
+        self.prepare(&dev, true, direct.is_none(), false)?;
         let mut pipe = Pipeline::new(comm, call, None, direct)?;
         let need = pipe.need();
         let mut c = self.inner.calls.lock();
@@ -148,7 +154,7 @@ impl Streams {
     /// Makes the communicator's staging on `dev` now, where no device call has made it: for a
     /// caller that must never allocate page-locked memory later (`start_preallocated`).
     pub fn prepare_staging(&self, dev: &Device) -> Result<()> {
-        self.prepare(dev, false)
+        self.prepare(dev, false, true, false)
     }
 
     /// `start` for a caller that must never allocate page-locked memory (NCCL's proxy thread,
@@ -195,7 +201,9 @@ impl Streams {
         if !joined {
             self.join(comm, &dev)?;
         }
-        let mut pipe = Pipeline::new(comm, call, None, None)?;
+        let direct = self.direct(comm, &dev);
+        self.log_stream_path(comm, &dev, direct.is_some());
+        let mut pipe = Pipeline::new(comm, call, None, direct)?;
         let n = pipe.len();
         // Its events, made before the calls' lock is taken.
         let staged = (0..n)
@@ -210,6 +218,7 @@ impl Streams {
         };
         let enqueued = pipe.enqueue(pool, &user, slots, staged, passed);
         let id = c.next_id();
+        let is_direct = pipe.is_direct();
         let entry = Entry::new(id, pipe, End::Stream { stream: Some(user) });
         if let Err(e) = enqueued {
             // Part of its schedule may be on the stream: released in order like any failure.
@@ -217,6 +226,9 @@ impl Streams {
             drop(c);
             finish(comm, fin);
             return Err(e);
+        }
+        if is_direct {
+            self.direct_calls.fetch_add(1, Ordering::Relaxed);
         }
         c.push(entry);
         drop(c);
@@ -289,23 +301,32 @@ impl Streams {
     /// made its staging). The barrier is a host call: device calls in flight ahead of it start
     /// first (`settle`).
     fn join(&self, comm: &Arc<Comm>, dev: &Device) -> Result<()> {
-        self.direct(comm, dev);
-        self.prepare(dev, false)?;
+        let direct = self.direct(comm, dev).is_some();
+        self.prepare(dev, false, true, direct)?;
         self.settle(comm, &Kind::Coll(Collective::AllReduce))?;
         barrier(comm)?;
         self.inner.calls.lock().joined = true;
         Ok(())
     }
 
-    /// Allocates the communicator's page-locked memory on its first device use (its staging
-    /// slots, each with the flag that releases stream-ordered copies out of it). `replace`: a call that may allocate renews
-    /// staging of another device while no call is in flight (the next stream-ordered call then
-    /// joins the ranks again); a stream-ordered call allocates nothing else.
-    fn prepare(&self, dev: &Device, replace: bool) -> Result<()> {
-        let fresh = {
+    /// Makes the communicator's staging on `dev` where no device call has made it: its copy
+    /// streams, then the page-locked slots wanted and not made yet (`full`: the `SLOTS`
+    /// full-size slots that staged calls share; `flags`: the flag slots of stream-ordered
+    /// direct calls), each slot with the flag that releases a stream-ordered call's stream.
+    /// `replace`: a call that may allocate renews staging of another device while no call is
+    /// in flight (the next stream-ordered call then joins the ranks again); a stream-ordered
+    /// call allocates nothing else.
+    ///
+    /// A communicator whose calls go direct makes no full-size slot before its first
+    /// stream-ordered call: its staged blocking, non-blocking and grouped calls allocate the
+    /// slot each needs; but a stream-ordered call that is staged (compressed, or on
+    /// page-locked host or managed memory) never allocates, so that first call (`join`) makes
+    /// them, before any stream waits for this rank.
+    fn prepare(&self, dev: &Device, replace: bool, full: bool, flags: bool) -> Result<()> {
+        let (fresh, lacks) = {
             let c = self.inner.calls.lock();
             match c.pool.as_ref() {
-                None => true,
+                None => (true, (full, flags)),
                 Some(p) if p.device().ordinal() != dev.ordinal() => {
                     if !replace || c.busy() {
                         return Err(Error::InvalidUsage(format!(
@@ -315,19 +336,54 @@ impl Streams {
                             dev.ordinal()
                         )));
                     }
-                    true
+                    (true, (full, flags))
                 }
-                Some(_) => false,
+                Some(p) => (false, p.lacks(full, flags)),
             }
         };
-        if fresh {
-            // Outside the lock, as in `add`.
-            let pool = Pool::new(dev)?;
-            let mut c = self.inner.calls.lock();
-            c.pool = Some(pool);
+        if !fresh && lacks == (false, false) {
+            return Ok(());
+        }
+        // Outside the lock, as in `add`.
+        let pool = if fresh { Some(Pool::new(dev)?) } else { None };
+        let fill = Fill::make(dev, lacks.0, lacks.1)?;
+        let mut c = self.inner.calls.lock();
+        if let Some(p) = pool {
+            c.pool = Some(p);
             c.joined = false;
         }
+        let spare = staging(&mut c)?.fill(fill);
+        // Made twice by two threads at once: freed outside the lock.
+        drop(c);
+        drop(spare);
         Ok(())
+    }
+
+    /// Logs once per communicator which path its stream-ordered calls take.
+    fn log_stream_path(&self, comm: &Comm, dev: &Device, direct: bool) {
+        if self.stream_logged.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        if direct {
+            log::info!(
+                "rank {}: stream-ordered calls on device {} go direct where their buffers are \
+                 all device memory and they are uncompressed: the engine starts once the \
+                 caller's stream has reached the call (an event), and the stream waits for a \
+                 flag that the host writes once the output is complete; stream-ordered calls \
+                 on page-locked host or managed memory, or compressed, are staged on the \
+                 caller's stream",
+                comm.rank,
+                dev.ordinal()
+            );
+        } else {
+            log::info!(
+                "rank {}: stream-ordered calls on device {} are staged through page-locked \
+                 host slots, copied on the caller's stream (this communicator's device calls \
+                 do not go direct)",
+                comm.rank,
+                dev.ordinal()
+            );
+        }
     }
 
     /// Starts the worker if it is not running, and wakes it.

@@ -3,7 +3,7 @@
 //! of a send or receive through a registration of it with that device's copies, as libfabric's
 //! shm provider moves `FI_HMEM_CUDA` bytes with CUDA copies. The host never reads or writes
 //! device memory itself.
-use crate::device::{Device, Span, Stream};
+use crate::device::{Device, HostBuffer, Span, Stream};
 use crate::error::{Error, Result};
 use crate::transport::{Mr, Region};
 use parking_lot::Mutex;
@@ -13,12 +13,16 @@ use std::time::Duration;
 /// the emulated device delays each by well under a millisecond.
 const COPY_LIMIT: Duration = Duration::from_secs(60);
 
+/// Bytes of the page-locked buffer that the moves stage through, a piece at a time.
+const BOUNCE: usize = 1 << 20;
+
 /// The device whose memory a fabric moves, and whether it registers it.
 pub(super) struct Mover {
     dev: Device,
     registers: bool,
-    /// The stream the moves run on, made at the first (the device must be current then).
-    stream: Mutex<Option<Stream>>,
+    /// The stream the moves run on and the page-locked buffer they stage through, made at the
+    /// first registration (the device must be current then).
+    stream: Mutex<Option<(Stream, HostBuffer)>>,
 }
 
 impl Mover {
@@ -47,6 +51,11 @@ impl Mover {
             ));
         }
         self.span(region)?;
+        // The moves' stream and buffer are made at the first registration (the probe's, at a
+        // communicator's first device call), not at the first move: creating a stream and
+        // allocating page-locked memory wait for every stream of the device, and by the first
+        // move a caller's stream may wait for a stream-ordered call that the move serves.
+        self.on_stream(|_, _| Ok(()))?;
         Ok(Mr {
             desc: 0,
             region,
@@ -63,24 +72,50 @@ impl Mover {
         unsafe { Span::from_raw(&self.dev, region.addr() as u64, region.len(), "region") }
     }
 
-    /// Runs `f` on the movers' stream, made here at the first use.
-    fn on_stream<T>(&self, f: impl FnOnce(&Stream) -> Result<T>) -> Result<T> {
+    /// Runs `f` on the moves' stream and buffer, made here at the first use.
+    fn on_stream<T>(&self, f: impl FnOnce(&Stream, &mut HostBuffer) -> Result<T>) -> Result<T> {
         self.dev.make_current()?;
         let mut s = self.stream.lock();
         if s.is_none() {
-            *s = Some(self.dev.create_stream()?);
+            *s = Some((self.dev.create_stream()?, self.dev.alloc_host(BOUNCE)?));
         }
-        f(s.as_ref().expect("made above"))
+        let (st, buf) = s.as_mut().expect("made above");
+        f(st, buf)
+    }
+
+    /// Copies between device memory `span` and `host` (as long), into `host` when `down`, by
+    /// the device, a piece at a time through the moves' page-locked buffer (a copy to or from
+    /// pageable memory would allocate such a buffer per copy, `Stream::upload`).
+    fn copy(&self, span: Span, host: &mut [u8], down: bool) -> Result<()> {
+        self.on_stream(|st, buf| {
+            for at in (0..host.len()).step_by(BOUNCE) {
+                let n = BOUNCE.min(host.len() - at);
+                let dev = span.slice(at..at + n)?;
+                if !down {
+                    buf.as_mut_slice()?[..n].copy_from_slice(&host[at..at + n]);
+                }
+                let stage = buf.slice(0..n)?;
+                if down {
+                    st.copy(&stage, &dev)?;
+                } else {
+                    st.copy(&dev, &stage)?;
+                }
+                drop((stage, dev));
+                st.synchronize(COPY_LIMIT)?;
+                if down {
+                    host[at..at + n].copy_from_slice(&buf.as_mut_slice()?[..n]);
+                }
+            }
+            Ok(())
+        })
     }
 
     /// The bytes of device memory `region`, copied by the device.
     pub fn read(&self, region: Region) -> Result<Vec<u8>> {
         let mut v = vec![0u8; region.len()];
-        if v.is_empty() {
-            return Ok(v);
+        if !v.is_empty() {
+            self.copy(self.span(region)?, &mut v, true)?;
         }
-        let span = self.span(region)?;
-        self.on_stream(|s| s.download(&mut v, &span, COPY_LIMIT))?;
         Ok(v)
     }
 
@@ -90,6 +125,6 @@ impl Mover {
             return Ok(());
         }
         let span = self.span(region)?.slice(0..data.len())?;
-        self.on_stream(|s| s.upload(&span, data, COPY_LIMIT))
+        self.copy(span, &mut data.to_vec(), false)
     }
 }
