@@ -107,6 +107,13 @@ for t in ${GPU_TEST_BINS:-cuda_probe device_gpu device_capi_gpu device_capi_kill
     failed=$((failed + 1))
   fi
 done
+# The direct path for stream-ordered calls is opt-in (FABRICOLL_DEVICE_DIRECT=streams): its test
+# again with it.
+bin=$(test_bin device_capi_gpu)
+if [ -n "$bin" ]; then
+  step device_capi_gpu-streams "${GPU_BIN_S:-120}" env FABRICOLL_DEVICE_DIRECT=streams FABRICOLL_TEST_TRACE=1 \
+    "$bin" --include-ignored --exact gpu_device_calls_go_direct_where_shm_registers_device_memory --nocapture
+fi
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 bin=$(test_bin device_gpu)
 if [ -x "$sanitizer" ] && [ -n "$bin" ]; then

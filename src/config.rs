@@ -38,6 +38,9 @@ pub struct Config {
     /// `FABRICOLL_DEVICE_DIRECT`: the C API's device calls move device memory without a host
     /// copy where the provider registers it (`coll::device`); false: always staged.
     pub device_direct: bool,
+    /// `FABRICOLL_DEVICE_DIRECT=streams`: stream-ordered device calls go direct as well
+    /// (`coll::device::stream`); otherwise they are staged.
+    pub device_direct_streams: bool,
     /// `FABRICOLL_NET_STREAMS`: endpoints per net plugin comm; None: the provider's default
     /// (`transport::Caps::net_streams`).
     pub net_streams: Option<usize>,
@@ -217,12 +220,13 @@ impl Config {
             Some("1") => true,
             Some(v) => return Err(bad("FABRICOLL_INPLACE_RESTORE", v)),
         };
-        let device_direct = match nonempty("FABRICOLL_DEVICE_DIRECT")
+        let (device_direct, device_direct_streams) = match nonempty("FABRICOLL_DEVICE_DIRECT")
             .as_deref()
             .map(str::trim)
         {
-            None | Some("auto") => true,
-            Some("off") => false,
+            None | Some("auto") => (true, false),
+            Some("streams") => (true, true),
+            Some("off") => (false, false),
             Some(v) => return Err(bad("FABRICOLL_DEVICE_DIRECT", v)),
         };
         let net_streams = match nonempty("FABRICOLL_NET_STREAMS") {
@@ -331,6 +335,7 @@ impl Config {
             tuner,
             inplace_restore,
             device_direct,
+            device_direct_streams,
             net_streams,
             calibration_dir,
         })

@@ -42,18 +42,22 @@ enum Hmem {
 
 /// `n` C API communicators (handles) over one loopback fabric, ranks as threads.
 fn comms(d: &Device, n: usize, hmem: Hmem) -> Vec<usize> {
-    comms_with(d, n, hmem, "20000")
+    comms_with(d, n, hmem, "20000", "streams")
 }
 
-/// `comms` with the deadline `timeout_ms`.
-fn comms_with(d: &Device, n: usize, hmem: Hmem, timeout_ms: &str) -> Vec<usize> {
+/// `comms` with the deadline `timeout_ms` and `FABRICOLL_DEVICE_DIRECT` set to `directness`.
+fn comms_with(d: &Device, n: usize, hmem: Hmem, timeout_ms: &str, directness: &str) -> Vec<usize> {
     let f = match hmem {
         Hmem::Registers => LoopbackFabric::with_device(d.clone(), true),
         Hmem::Refuses => LoopbackFabric::with_device(d.clone(), false),
         Hmem::None => LoopbackFabric::new(),
     };
-    let cfg = Config::from_lookup(|k| (k == "FABRICOLL_TIMEOUT_MS").then(|| timeout_ms.into()))
-        .expect("config");
+    let cfg = Config::from_lookup(|k| match k {
+        "FABRICOLL_TIMEOUT_MS" => Some(timeout_ms.into()),
+        "FABRICOLL_DEVICE_DIRECT" => Some(directness.into()),
+        _ => None,
+    })
+    .expect("config");
     let eps: Vec<Arc<dyn Transport>> = (0..n)
         .map(|_| Arc::new(f.endpoint()) as Arc<dyn Transport>)
         .collect();
@@ -120,6 +124,32 @@ fn stream_ordered_calls_go_direct_and_give_the_host_paths_results() {
         });
         destroy(&cs);
     }
+}
+
+/// With `FABRICOLL_DEVICE_DIRECT=auto` (the default) stream-ordered calls on device buffers are
+/// staged over a fabric where the other device calls go direct (the test above): every call on
+/// 2 ranks gives the expected bytes, and none counts as direct.
+#[test]
+fn by_default_stream_ordered_calls_are_staged() {
+    let _serial = serial();
+    let d = own_device();
+    let n = 2;
+    let cs = comms_with(&d, n, Hmem::Registers, "20000", "auto");
+    on_streams(&d, &cs, |me, c, s, step| {
+        for (coll, _) in DIRECT {
+            for count in [1000, 300_001] {
+                let case = Case {
+                    coll,
+                    ty: Ty::F32,
+                    op: Op::Sum,
+                    count,
+                    places: DD,
+                };
+                case.run(me, c, s, step, n, 0);
+            }
+        }
+    });
+    destroy(&cs);
 }
 
 /// On a communicator whose calls go direct, a call on host and device buffers together is
@@ -240,7 +270,7 @@ fn avg_on_device_buffers_gives_the_host_calls_bits() {
 fn a_direct_call_that_gets_nothing_fails_at_the_deadline() {
     let _serial = serial();
     let d = dev();
-    let cs = comms_with(&d, 2, Hmem::Registers, "300");
+    let cs = comms_with(&d, 2, Hmem::Registers, "300", "streams");
     each_rank(&d, &cs, |me, c, s| {
         if me == 0 {
             let mut buf = Buf::new(s.device(), s, Place::Device, &[0u8; 4096]);
@@ -307,7 +337,7 @@ struct Rank<'a> {
 /// direct calls then, once the communicators are destroyed.
 fn on_two_ranks(timeout_ms: &str, f: impl Fn(Rank) + Sync) -> Vec<u64> {
     let d = own_device();
-    let cs = comms_with(&d, 2, Hmem::Registers, timeout_ms);
+    let cs = comms_with(&d, 2, Hmem::Registers, timeout_ms, "streams");
     on_streams(&d, &cs, |me, c, s, step| {
         warm_up(me, c, s, step, 2, 1);
         f(Rank { me, c, s, step });

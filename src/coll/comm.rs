@@ -55,6 +55,8 @@ pub struct Comm {
     /// Device calls may go direct where the provider registers device memory
     /// (`Config::device_direct`, `device`).
     pub(crate) device_direct: bool,
+    /// Whether stream-ordered device calls go direct too (`Config::device_direct_streams`).
+    pub(crate) device_direct_streams: bool,
     /// The compressed collectives' setting (`Config::compress`; `compressed`).
     pub(super) compress: crate::config::Compression,
     /// Which levels compressed calls compress (`Config::compress_levels`; `compressed`).
@@ -178,6 +180,7 @@ impl Comm {
             notifier: Notifier::default(),
             restore: cfg.inplace_restore,
             device_direct: cfg.device_direct,
+            device_direct_streams: cfg.device_direct_streams,
             compress: cfg.compress,
             compress_levels: cfg.compress_levels,
             compress_chunk: cfg.compress_chunk.unwrap_or(crate::compress::DEFAULT_CHUNK),

@@ -147,9 +147,9 @@ pub const VARS: &[Var] = &[
     },
     Var {
         name: "FABRICOLL_DEVICE_DIRECT",
-        accepted: "auto, off",
+        accepted: "auto, streams, off",
         default: "auto",
-        meaning: "C API on CUDA buffers: auto moves them without a host copy where the provider registers device memory (FI_HMEM, probed), else stages them through page-locked host memory; off: always staged (docs/device-calls.md)",
+        meaning: "C API on CUDA buffers: auto moves them without a host copy where the provider registers device memory (FI_HMEM, probed), else stages them through page-locked host memory; streams: stream-ordered calls too (needs non-blocking streams); off: always staged (docs/device-calls.md)",
     },
     Var {
         name: "FABRICOLL_COMPRESS",

@@ -201,7 +201,7 @@ impl Streams {
         if !joined {
             self.join(comm, &dev)?;
         }
-        let direct = self.direct(comm, &dev);
+        let direct = self.stream_direct(comm, &dev);
         self.log_stream_path(comm, &dev, direct.is_some());
         let mut pipe = Pipeline::new(comm, call, None, direct)?;
         let n = pipe.len();
@@ -301,7 +301,7 @@ impl Streams {
     /// made its staging). The barrier is a host call: device calls in flight ahead of it start
     /// first (`settle`).
     fn join(&self, comm: &Arc<Comm>, dev: &Device) -> Result<()> {
-        let direct = self.direct(comm, dev).is_some();
+        let direct = self.stream_direct(comm, dev).is_some();
         self.prepare(dev, false, true, direct)?;
         self.settle(comm, &Kind::Coll(Collective::AllReduce))?;
         barrier(comm)?;
@@ -360,6 +360,20 @@ impl Streams {
     }
 
     /// Logs once per communicator which path its stream-ordered calls take.
+    /// Whether `comm`'s stream-ordered calls on `dev` go direct: only where
+    /// `FABRICOLL_DEVICE_DIRECT=streams` asks for it and the communicator's calls go direct.
+    /// While a direct call runs, the caller's stream waits on a flag and the call's device
+    /// work runs on other streams, the provider's CUDA copies among them: where those run on
+    /// the legacy default stream (libfabric's shm copies with cudaMemcpy) a caller's blocking
+    /// stream deadlocks with them, and where streams outnumber the device's hardware queues
+    /// one may sit behind the wait. The staged path keeps every copy on the caller's stream.
+    /// The communicator's decision is made here all the same (`direct`: before any stream
+    /// waits for this rank).
+    fn stream_direct(&self, comm: &Comm, dev: &Device) -> Option<Arc<super::direct::Ctx>> {
+        let direct = self.direct(comm, dev);
+        direct.filter(|_| comm.device_direct_streams)
+    }
+
     fn log_stream_path(&self, comm: &Comm, dev: &Device, direct: bool) {
         if self.stream_logged.swap(true, Ordering::Relaxed) {
             return;
@@ -378,8 +392,9 @@ impl Streams {
         } else {
             log::info!(
                 "rank {}: stream-ordered calls on device {} are staged through page-locked \
-                 host slots, copied on the caller's stream (this communicator's device calls \
-                 do not go direct)",
+                 host slots, copied on the caller's stream (direct stream-ordered calls: \
+                 FABRICOLL_DEVICE_DIRECT=streams, where the communicator's device calls go \
+                 direct and the callers' streams are non-blocking)",
                 comm.rank,
                 dev.ordinal()
             );
