@@ -7,7 +7,8 @@
 //! communicator's deadline; a schedule's Tmp memory and its receive-and-reduce staging are
 //! device memory, registered too. The host never touches the bytes. An in-place call's input is
 //! first copied aside on the device, so that no step writes over what another still reads.
-//! A stream-ordered call goes direct too: its host-engine call starts once the caller's stream
+//! With `FABRICOLL_DEVICE_DIRECT=streams` a stream-ordered call goes direct too (by default it
+//! is staged, `stream::Streams::stream_direct` says why): its host-engine call starts once the caller's stream
 //! has reached it (an event), and the stream waits for a flag written once it has finished
 //! (`staged::Pipeline::enqueue`, with no copies). Every other call is staged (`staged`);
 //! docs/device-calls.md says which.
@@ -91,8 +92,9 @@ pub(super) fn decide(comm: &Comm, dev: &Device) -> Option<Arc<Ctx>> {
             log::info!(
                 "rank {}: device calls on device {} go direct: provider {provider} registers \
                  device memory (FI_HMEM), so calls on device buffers alone need no host copy \
-                 (reductions run on the device), stream-ordered ones included; compressed and \
-                 mixed host and device calls are staged through page-locked host memory",
+                 (reductions run on the device), stream-ordered ones with \
+                 FABRICOLL_DEVICE_DIRECT=streams; compressed and mixed host and device calls \
+                 are staged through page-locked host memory",
                 comm.rank,
                 dev.ordinal()
             );

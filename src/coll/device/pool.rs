@@ -4,8 +4,8 @@
 //!
 //! `SLOTS` full-size slots are allocated once and kept (`fill`): at the communicator's first
 //! device use where its calls are staged, at its first stream-ordered call where they go direct
-//! (then with `FLAGS` flag slots, a flag without memory, for its stream-ordered direct calls;
-//! docs/device-calls.md says why then). A
+//! (with `FABRICOLL_DEVICE_DIRECT=streams`, then with `FLAGS` flag slots, a flag without
+//! memory, for its stream-ordered direct calls; docs/device-calls.md says why then). A
 //! call in flight holds at least one slot for its whole life (its own slot, `take`), so that
 //! any number of outstanding calls (a group's sends and receives) all progress; it borrows
 //! free slots for more slices in flight while nobody waits for one. A non-blocking, grouped or

@@ -359,7 +359,6 @@ impl Streams {
         Ok(())
     }
 
-    /// Logs once per communicator which path its stream-ordered calls take.
     /// Whether `comm`'s stream-ordered calls on `dev` go direct: only where
     /// `FABRICOLL_DEVICE_DIRECT=streams` asks for it and the communicator's calls go direct.
     /// While a direct call runs, the caller's stream waits on a flag and the call's device
@@ -374,6 +373,7 @@ impl Streams {
         direct.filter(|_| comm.device_direct_streams)
     }
 
+    /// Logs once per communicator which path its stream-ordered calls take.
     fn log_stream_path(&self, comm: &Comm, dev: &Device, direct: bool) {
         if self.stream_logged.swap(true, Ordering::Relaxed) {
             return;

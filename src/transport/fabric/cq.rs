@@ -221,12 +221,19 @@ impl FabricTransport {
             // A fastbox frame raises no completion: never sleep past one.
             return WaitObject::Yield;
         }
-        let mut fids = [g.cq as *mut sys::fid];
-        // SAFETY: fabric and cq are open; fids holds one valid fid.
-        let rc = unsafe { sys::fi_trywait(g.dom.fabric, fids.as_mut_ptr(), 1) };
-        if rc != 0 {
+        if !g.may_wait() {
             return WaitObject::Ready; // something is ready or needs progress: the caller polls
         }
         WaitObject::Fd(fd)
+    }
+}
+
+impl Inner {
+    /// Whether the completion queue's wait fd may be slept on now (`fi_trywait`): false when
+    /// something is ready or the provider needs progress first.
+    pub(super) fn may_wait(&self) -> bool {
+        let mut fids = [self.cq as *mut sys::fid];
+        // SAFETY: fabric and cq are open; fids holds one valid fid.
+        unsafe { sys::fi_trywait(self.dom.fabric, fids.as_mut_ptr(), 1) == 0 }
     }
 }

@@ -150,27 +150,25 @@ fn tend(inner: &Mutex<Inner>, caps: &Caps) -> bool {
         // SAFETY: cq is open while `inner` lives; signalling wakes a waiter on its wait fd.
         unsafe { sys::fi_cq_signal(g.cq) };
     }
-    let mut fids = [g.cq as *mut sys::fid];
-    // SAFETY: fabric and cq are open; fids holds one valid fid.
-    let rc = unsafe { sys::fi_trywait(g.dom.fabric, fids.as_mut_ptr(), 1) };
-    rc == 0
+    g.may_wait()
 }
 
 /// Sleep until one of `fds` is readable or `timeout` passes (at least a millisecond); true
 /// when the last of `fds`, the wake-up fd, fired: the tender is being stopped.
 fn sleep(fds: &[c_int], timeout: Duration) -> bool {
-    let mut p: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
+    let mut p = [libc::pollfd {
+        fd: -1,
+        events: libc::POLLIN,
+        revents: 0,
+    }; 2];
+    let n = fds.len().min(p.len());
+    for (slot, &fd) in p.iter_mut().zip(fds) {
+        slot.fd = fd;
+    }
     let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as c_int;
-    // SAFETY: p holds p.len() valid pollfds; the fds stay open while the tender runs.
-    unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
-    p.last().is_some_and(|x| x.revents != 0)
+    // SAFETY: p holds n valid pollfds; the fds stay open while the tender runs.
+    unsafe { libc::poll(p.as_mut_ptr(), n as libc::nfds_t, ms) };
+    n > 0 && p[n - 1].revents != 0
 }
 
 #[cfg(test)]
