@@ -50,41 +50,55 @@ fn lone_allreduce(cfg: &Config) -> String {
 
 #[test]
 fn the_engines_name_the_environment_or_the_config() {
-    let env = common::fixed_model(None, MS);
-    let e = lone_allreduce(&env);
-    assert!(e.contains(ENV), "{e}");
-    // The same deadline set as a communicator's option: the error names that option, not
-    // the variable the user never set.
-    let own = common::fixed_model(None, 600_000)
-        .with_overrides(&Overrides {
-            timeout_ms: Some(MS.into()),
-            ..Overrides::default()
-        })
-        .unwrap();
-    let e = lone_allreduce(&own);
-    assert!(e.contains(CONFIG), "{e}");
-    assert!(!e.contains("FABRICOLL_TIMEOUT_MS"), "{e}");
+    // The two wait out their deadlines side by side.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let env = common::fixed_model(None, MS);
+            let e = lone_allreduce(&env);
+            assert!(e.contains(ENV), "{e}");
+        });
+        // The same deadline set as a communicator's option: the error names that option, not
+        // the variable the user never set.
+        s.spawn(|| {
+            let own = common::fixed_model(None, 600_000)
+                .with_overrides(&Overrides {
+                    timeout_ms: Some(MS.into()),
+                    ..Overrides::default()
+                })
+                .unwrap();
+            let e = lone_allreduce(&own);
+            assert!(e.contains(CONFIG), "{e}");
+            assert!(!e.contains("FABRICOLL_TIMEOUT_MS"), "{e}");
+        });
+    });
 }
 
 #[test]
 fn the_bootstrap_names_the_environment_or_the_default() {
     // A rank of two whose peer never comes: the root refuses it when its timeout passes (or
     // the rank's own passes first); either error names the source.
-    let env = common::fixed_model(None, MS).timeout_setting();
-    let id = bootstrap::new_unique_id(LOCALHOST, env).unwrap();
-    let e = bootstrap::exchange(&id, 0, 2, b"x", env)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains(ENV), "{e}");
-    let default = Timeout::new(Duration::from_millis(MS.into()), TimeoutSource::Default);
-    let id = bootstrap::new_unique_id(LOCALHOST, default).unwrap();
-    let e = bootstrap::exchange(&id, 0, 2, b"x", default)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("3000 ms (the default, FABRICOLL_TIMEOUT_MS unset)"),
-        "{e}"
-    );
+    // The two wait out their deadlines side by side, each with its own root.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let env = common::fixed_model(None, MS).timeout_setting();
+            let id = bootstrap::new_unique_id(LOCALHOST, env).unwrap();
+            let e = bootstrap::exchange(&id, 0, 2, b"x", env)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(ENV), "{e}");
+        });
+        s.spawn(|| {
+            let default = Timeout::new(Duration::from_millis(MS.into()), TimeoutSource::Default);
+            let id = bootstrap::new_unique_id(LOCALHOST, default).unwrap();
+            let e = bootstrap::exchange(&id, 0, 2, b"x", default)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("3000 ms (the default, FABRICOLL_TIMEOUT_MS unset)"),
+                "{e}"
+            );
+        });
+    });
 }
 
 #[test]

@@ -44,13 +44,15 @@ impl Ty {
     }
 
     pub fn encode(self, v: &[i64]) -> Vec<u8> {
-        v.iter()
-            .flat_map(|&x| match self {
-                Ty::F32 => (x as f32).to_ne_bytes().to_vec(),
-                Ty::I32 => (x as i32).to_ne_bytes().to_vec(),
-                Ty::F64 => (x as f64).to_ne_bytes().to_vec(),
-            })
-            .collect()
+        let mut out = Vec::with_capacity(v.len() * self.size());
+        for &x in v {
+            match self {
+                Ty::F32 => out.extend_from_slice(&(x as f32).to_ne_bytes()),
+                Ty::I32 => out.extend_from_slice(&(x as i32).to_ne_bytes()),
+                Ty::F64 => out.extend_from_slice(&(x as f64).to_ne_bytes()),
+            }
+        }
+        out
     }
 }
 
