@@ -35,12 +35,9 @@ pub struct Config {
     /// `FABRICOLL_INPLACE_RESTORE`: a failed in-place collective restores its input (at the
     /// cost of a copy of it per call); off by default, as MPI and NCCL (`exec::Args::restore`).
     pub inplace_restore: bool,
-    /// `FABRICOLL_DEVICE_DIRECT`: the C API's device calls move device memory without a host
-    /// copy where the provider registers it (`coll::device`); false: always staged.
-    pub device_direct: bool,
-    /// `FABRICOLL_DEVICE_DIRECT=streams`: stream-ordered device calls go direct as well
-    /// (`coll::device::stream`); otherwise they are staged.
-    pub device_direct_streams: bool,
+    /// `FABRICOLL_DEVICE_DIRECT`: which of the C API's device calls move device memory without
+    /// a host copy where the provider registers it (`coll::device`).
+    pub device_direct: DeviceDirect,
     /// `FABRICOLL_NET_STREAMS`: endpoints per net plugin comm; None: the provider's default
     /// (`transport::Caps::net_streams`).
     pub net_streams: Option<usize>,
@@ -86,6 +83,18 @@ pub struct Config {
     /// provider between hosts serves every peer instead (`transport::open::engines`). One that
     /// was set and cannot be had is an error.
     pub intra_provider_default: bool,
+}
+
+/// `FABRICOLL_DEVICE_DIRECT`: which device calls may go direct (no host copy) where the
+/// provider registers device memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceDirect {
+    /// Every call is staged through page-locked host memory.
+    Off,
+    /// Blocking, non-blocking and grouped calls; stream-ordered ones are staged.
+    Auto,
+    /// Stream-ordered calls too (the callers' streams must be non-blocking).
+    Streams,
 }
 
 /// A communicator's own settings over the environment's (the C API's `fabricoll_config`):
@@ -220,13 +229,13 @@ impl Config {
             Some("1") => true,
             Some(v) => return Err(bad("FABRICOLL_INPLACE_RESTORE", v)),
         };
-        let (device_direct, device_direct_streams) = match nonempty("FABRICOLL_DEVICE_DIRECT")
+        let device_direct = match nonempty("FABRICOLL_DEVICE_DIRECT")
             .as_deref()
             .map(str::trim)
         {
-            None | Some("auto") => (true, false),
-            Some("streams") => (true, true),
-            Some("off") => (false, false),
+            None | Some("auto") => DeviceDirect::Auto,
+            Some("streams") => DeviceDirect::Streams,
+            Some("off") => DeviceDirect::Off,
             Some(v) => return Err(bad("FABRICOLL_DEVICE_DIRECT", v)),
         };
         let net_streams = match nonempty("FABRICOLL_NET_STREAMS") {
@@ -335,7 +344,6 @@ impl Config {
             tuner,
             inplace_restore,
             device_direct,
-            device_direct_streams,
             net_streams,
             calibration_dir,
         })

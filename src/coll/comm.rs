@@ -52,11 +52,9 @@ pub struct Comm {
     pub(super) notifier: Notifier,
     /// A failed in-place collective restores its input (`Config::inplace_restore`).
     pub(super) restore: bool,
-    /// Device calls may go direct where the provider registers device memory
+    /// Which device calls may go direct where the provider registers device memory
     /// (`Config::device_direct`, `device`).
-    pub(crate) device_direct: bool,
-    /// Whether stream-ordered device calls go direct too (`Config::device_direct_streams`).
-    pub(crate) device_direct_streams: bool,
+    pub(crate) device_direct: crate::config::DeviceDirect,
     /// The compressed collectives' setting (`Config::compress`; `compressed`).
     pub(super) compress: crate::config::Compression,
     /// Which levels compressed calls compress (`Config::compress_levels`; `compressed`).
@@ -180,7 +178,6 @@ impl Comm {
             notifier: Notifier::default(),
             restore: cfg.inplace_restore,
             device_direct: cfg.device_direct,
-            device_direct_streams: cfg.device_direct_streams,
             compress: cfg.compress,
             compress_levels: cfg.compress_levels,
             compress_chunk: cfg.compress_chunk.unwrap_or(crate::compress::DEFAULT_CHUNK),

@@ -176,8 +176,8 @@ pub(super) fn chunk_wire(
     }
 }
 
-/// Whether output ranges `b` overlap `a` (byte addresses).
-fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
+/// Whether byte ranges `a` and `b` overlap.
+pub(super) fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
     a.start < b.end && b.start < a.end
 }
 
@@ -323,7 +323,7 @@ impl Comm {
             started: 0,
             finished: 0,
             seq: 0,
-            seqs: reserved * if what == What::AllReduce { 2 } else { 1 },
+            seqs: reserved * stages_of(what).len(),
             sig,
         })
     }

@@ -41,7 +41,7 @@
 //! the call's signature with the format and the algorithm `hier` (`TIERED_ALGO`): a rank that
 //! runs the call compressed on every level fails against one that runs this composition,
 //! naming the algorithm.
-use super::flat::chunk_cut;
+use super::flat::{chunk_cut, overlap};
 use super::{pipe, What};
 use crate::algo::lanes::{self, Lanes};
 use crate::algo::varied::{Spec, Varied};
@@ -56,7 +56,6 @@ use crate::reduce::{DataType, RedOp};
 use crate::transport::{Region, Scratch};
 use crate::tune::{self, CompressedPrice, Exchange, Shape, Tier};
 use layout::Layout;
-use std::ops::Range;
 use std::sync::Arc;
 
 mod layout;
@@ -233,11 +232,6 @@ impl Tiered {
             (Stage::HostGather, _) => (self.out, self.out),
         }
     }
-}
-
-/// Whether byte ranges `a` and `b` overlap.
-fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
-    a.start < b.end && b.start < a.end
 }
 
 impl Comm {

@@ -20,7 +20,7 @@ use super::slices::{Blocks, Slice};
 use super::DevCall;
 use crate::algo::varied::Varied;
 use crate::coll::{Comm, Kind, RequestId};
-use crate::config::{Compression, Timeout};
+use crate::config::{Compression, DeviceDirect, Timeout};
 use crate::device::{Device, DeviceBuffer, PtrKind, Span, Stream};
 use crate::error::{Error, Result};
 use crate::exec::DeviceMem;
@@ -119,7 +119,7 @@ pub(super) fn decide(comm: &Comm, dev: &Device) -> Option<Arc<Ctx>> {
 fn probe(comm: &Comm, dev: &Device) -> std::result::Result<Stream, String> {
     let t = comm.transport();
     let provider = &t.caps().provider;
-    if !comm.device_direct {
+    if comm.device_direct == DeviceDirect::Off {
         return Err("FABRICOLL_DEVICE_DIRECT=off".into());
     }
     if !t.caps().hmem {

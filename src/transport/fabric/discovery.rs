@@ -461,7 +461,8 @@ fn discover_resolved(cfg: &Config, for_use: Use) -> Result<Discovery> {
     // opened from its FI_HMEM entry, without which no CUDA registration can work (whether one
     // does is probed by the plugin, `plugin::gpu`, and by the C API's device calls,
     // `coll::device`).
-    let hmem_list = ((for_use == Use::Plugin || cfg.device_direct)
+    let hmem_list = ((for_use == Use::Plugin
+        || cfg.device_direct != crate::config::DeviceDirect::Off)
         && crate::cuda::probe().driver().is_some())
     .then(|| getinfo_caps(Some(&chosen), sys::FI_HMEM).ok())
     .flatten();

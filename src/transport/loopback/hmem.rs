@@ -16,6 +16,21 @@ const COPY_LIMIT: Duration = Duration::from_secs(60);
 /// Bytes of the page-locked buffer that the moves stage through, a piece at a time.
 const BOUNCE: usize = 1 << 20;
 
+/// Which way `Mover::copy` moves bytes: from host memory to the device, or back into it.
+enum Dir<'a> {
+    Up(&'a [u8]),
+    Down(&'a mut [u8]),
+}
+
+impl Dir<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Dir::Up(b) => b.len(),
+            Dir::Down(b) => b.len(),
+        }
+    }
+}
+
 /// The device whose memory a fabric moves, and whether it registers it.
 pub(super) struct Mover {
     dev: Device,
@@ -83,27 +98,26 @@ impl Mover {
         f(st, buf)
     }
 
-    /// Copies between device memory `span` and `host` (as long), into `host` when `down`, by
-    /// the device, a piece at a time through the moves' page-locked buffer (a copy to or from
-    /// pageable memory would allocate such a buffer per copy, `Stream::upload`).
-    fn copy(&self, span: Span, host: &mut [u8], down: bool) -> Result<()> {
+    /// Copies between device memory `span` and host memory as long (`Dir`), by the device,
+    /// a piece at a time through the moves' page-locked buffer (a copy to or from pageable
+    /// memory would allocate such a buffer per copy, `Stream::upload`).
+    fn copy(&self, span: Span, mut host: Dir<'_>) -> Result<()> {
         self.on_stream(|st, buf| {
             for at in (0..host.len()).step_by(BOUNCE) {
                 let n = BOUNCE.min(host.len() - at);
                 let dev = span.slice(at..at + n)?;
-                if !down {
-                    buf.as_mut_slice()?[..n].copy_from_slice(&host[at..at + n]);
+                if let Dir::Up(from) = &host {
+                    buf.as_mut_slice()?[..n].copy_from_slice(&from[at..at + n]);
                 }
                 let stage = buf.slice(0..n)?;
-                if down {
-                    st.copy(&stage, &dev)?;
-                } else {
-                    st.copy(&dev, &stage)?;
+                match &host {
+                    Dir::Up(_) => st.copy(&dev, &stage)?,
+                    Dir::Down(_) => st.copy(&stage, &dev)?,
                 }
                 drop((stage, dev));
                 st.synchronize(COPY_LIMIT)?;
-                if down {
-                    host[at..at + n].copy_from_slice(&buf.as_mut_slice()?[..n]);
+                if let Dir::Down(to) = &mut host {
+                    to[at..at + n].copy_from_slice(&buf.as_mut_slice()?[..n]);
                 }
             }
             Ok(())
@@ -114,7 +128,7 @@ impl Mover {
     pub fn read(&self, region: Region) -> Result<Vec<u8>> {
         let mut v = vec![0u8; region.len()];
         if !v.is_empty() {
-            self.copy(self.span(region)?, &mut v, true)?;
+            self.copy(self.span(region)?, Dir::Down(&mut v))?;
         }
         Ok(v)
     }
@@ -125,6 +139,6 @@ impl Mover {
             return Ok(());
         }
         let span = self.span(region)?.slice(0..data.len())?;
-        self.copy(span, &mut data.to_vec(), false)
+        self.copy(span, Dir::Up(data))
     }
 }

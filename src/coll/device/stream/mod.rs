@@ -248,7 +248,7 @@ impl Streams {
     /// waits for this rank).
     fn stream_direct(&self, comm: &Comm, dev: &Device) -> Option<Arc<super::direct::Ctx>> {
         let direct = self.direct(comm, dev);
-        direct.filter(|_| comm.device_direct_streams)
+        direct.filter(|_| comm.device_direct == crate::config::DeviceDirect::Streams)
     }
 
     /// Logs once per communicator which path its stream-ordered calls take.

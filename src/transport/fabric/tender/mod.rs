@@ -11,7 +11,8 @@
 //! progress claims it.
 //!
 //! So an endpoint of that provider with a wait fd gets a tender. It does nothing while the
-//! owner polls: it looks every `TENDER_AFTER` whether the owner polled since it last looked.
+//! owner polls: it looks every `TENDER_AFTER` whether the owner polled since it last looked
+//! (a flag the owner's poll sets with a plain store, so that the poll pays no atomic update).
 //! Once the owner has not, it progresses the endpoint itself, with the owner's own code
 //! (`Inner::progress`): completions wait in `ready` for the owner's next poll, and the queue
 //! is signalled so that an owner asleep on the wait fd wakes up for them. Between rounds it
@@ -21,7 +22,7 @@
 use super::{sys, Caps, Inner};
 use parking_lot::Mutex;
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -38,8 +39,8 @@ const BUSY_PAUSE: Duration = Duration::from_millis(1);
 
 /// What the tender and the transport share.
 struct Shared {
-    /// The owner's polls so far (`FabricTransport::poll`).
-    polls: AtomicU64,
+    /// Set by each of the owner's polls (`FabricTransport::poll`), cleared by the tender.
+    polled: AtomicBool,
     stop: AtomicBool,
 }
 
@@ -66,7 +67,7 @@ impl Tender {
             return None;
         }
         let shared = Arc::new(Shared {
-            polls: AtomicU64::new(0),
+            polled: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         });
         let (sh, caps2) = (shared.clone(), caps.clone());
@@ -90,7 +91,7 @@ impl Tender {
 
     /// The owner polled: the tender stands aside.
     pub(super) fn owner_polled(&self) {
-        self.shared.polls.fetch_add(1, Ordering::Relaxed);
+        self.shared.polled.store(true, Ordering::Relaxed);
     }
 }
 
@@ -110,12 +111,9 @@ impl Drop for Tender {
 
 /// The tender's loop.
 fn run(inner: &Mutex<Inner>, caps: &Caps, sh: &Shared, wait_fd: c_int, wake: c_int) {
-    let mut seen = sh.polls.load(Ordering::Relaxed);
     while !sh.stop.load(Ordering::Acquire) {
-        let now = sh.polls.load(Ordering::Relaxed);
-        if now != seen {
+        if sh.polled.swap(false, Ordering::Relaxed) {
             // The owner is polling: look again later.
-            seen = now;
             sleep(&[wake], TENDER_AFTER);
             continue;
         }
@@ -126,7 +124,7 @@ fn run(inner: &Mutex<Inner>, caps: &Caps, sh: &Shared, wait_fd: c_int, wake: c_i
             sleep(&[wake], BUSY_PAUSE);
         }
         // The owner's polls during the sleep are not the owner returning: only those after.
-        seen = sh.polls.load(Ordering::Relaxed);
+        sh.polled.store(false, Ordering::Relaxed);
         if sh.stop.load(Ordering::Acquire) {
             break;
         }
