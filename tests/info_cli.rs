@@ -1,5 +1,5 @@
 //! fabricoll-info's arguments: `--core-rtt` measures, wrong arguments fail with a message
-//! (`--unique-id` is tested with the launchers, in tests/launchers.rs).
+//! (`--unique-id` is tested with the launchers, in tests/launchers_tool/mod.rs).
 use std::process::{Command, Output};
 
 fn info(args: &[&str]) -> Output {
