@@ -23,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 mod bound;
+mod calls;
 mod engine;
 mod goal;
 mod params;
@@ -31,6 +32,7 @@ pub mod share;
 mod tests;
 
 pub use bound::{lower_bound, simulate_unless_slower, Bounded};
+pub use calls::{back_to_back, per_call_us};
 pub use engine::{simulate, Outcome};
 pub use goal::write_goal;
 pub use params::{parse_calibration, Level, Params};
