@@ -218,7 +218,7 @@ fn mismatched_calls_fail_on_every_rank_over_two_fabrics() {
 /// leaf only sends, so its part is over before it could see the other call. Every rank learns
 /// that the calls differ, once: in that call, or (a rank whose call returned success) from the
 /// late notice, which a later call reports (the next that reads it: every call on the posted
-/// path reads notices, the direct channel every 16th, and over TCP a notice may wait behind a
+/// path reads notices, the direct channel every 64th, and over TCP a notice may wait behind a
 /// message of the other call until the endpoint looks for stopped connections). None times
 /// out, and every other call succeeds.
 fn broadcast_against_reduce(test: &str, transport: &str) {

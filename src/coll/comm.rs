@@ -28,6 +28,9 @@ pub struct Comm {
     pub(super) timeout: Timeout,
     pub(super) poll: Duration,
     pub(super) algo: Mutex<AlgoSetting>,
+    /// Bumped by every change of `algo`: a call repeating the last one reuses its choice only
+    /// under the same setting (`engine::Repeat`).
+    pub(super) algo_gen: std::sync::atomic::AtomicU64,
     /// The collectives (bit `Collective as usize`) that `FABRICOLL_ALGO`'s plain form does not
     /// implement and that were warned of, once each, as they fell back to `auto`.
     pub(super) algo_warned: std::sync::atomic::AtomicU8,
@@ -163,6 +166,7 @@ impl Comm {
             timeout: cfg.timeout_setting(),
             poll,
             algo: Mutex::new(cfg.algo),
+            algo_gen: std::sync::atomic::AtomicU64::new(0),
             algo_warned: Default::default(),
             model: Model::from_config(cfg)
                 .with_eager(eager)
@@ -255,6 +259,7 @@ impl Comm {
     /// The communicator's algorithm override for every collective (None: automatic).
     pub fn set_algo(&self, a: Option<Algorithm>) {
         *self.algo.lock() = AlgoSetting::everywhere(a);
+        self.algo_gen.fetch_add(1, Ordering::Release);
     }
 
     /// Abort: every collective in flight fails (restoring in-place inputs where `restore`);

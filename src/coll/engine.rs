@@ -3,7 +3,6 @@
 //! and run a blocking collective, over the direct channel where it fits. Polling progress is
 //! `progress.rs`.
 use super::call::{algo_arg, Call, Kind, RequestId};
-use super::choice::ChoiceKey;
 use super::compressed::Phased;
 use super::late::Late;
 use super::notify::Notified;
@@ -14,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::exec::{p2p_key, Args, BufPool, Exec, Idle, Job, Plan, Tags, MAX_TAG};
 use crate::transport::{Completion, Peer, Scratch, Transport};
 use rustc_hash::FxHashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,8 +52,9 @@ pub(super) struct Engine {
     cache: FxHashMap<ScheduleKey, Planned>,
     /// Staging, Tmp and backup memory kept between calls.
     pub(super) pool: BufPool,
-    /// The last collective's choice and schedule: a loop of the same call skips both lookups.
-    last: Option<(ChoiceKey, Algorithm, Planned)>,
+    /// The last collective's choice and schedule: a loop of the same call skips its checks
+    /// and both lookups.
+    last: Option<(Repeat, Algorithm, Planned)>,
     /// The executor of the last collective that finished, kept for the next call of the same
     /// plan (`park`, `Exec::rearm`).
     pub(super) spare: Option<Box<Exec>>,
@@ -142,6 +143,34 @@ impl Engine {
             )));
         }
         Ok(())
+    }
+}
+
+/// What makes a collective call the same as the last one: every argument but its buffers,
+/// and the communicator's algorithm setting when it was made (`Comm::algo_gen`). A call equal
+/// to the last passed the same checks and gets the same choice and schedule.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Repeat {
+    kind: Kind,
+    count: usize,
+    dtype: crate::reduce::DataType,
+    op: crate::reduce::RedOp,
+    root: usize,
+    algo: Option<Algorithm>,
+    setting: u64,
+}
+
+impl Repeat {
+    fn of(call: &Call, setting: u64) -> Repeat {
+        Repeat {
+            kind: call.kind,
+            count: call.count,
+            dtype: call.dtype,
+            op: call.op,
+            root: call.root,
+            algo: call.algo,
+            setting,
+        }
     }
 }
 
@@ -257,12 +286,12 @@ impl Comm {
         }
         let (schedule, rank) = match call.kind {
             Kind::Coll(coll) | Kind::Window { coll, .. } => {
-                let p = call.problem(coll, self.nranks)?;
-                let key = (p, elem, self.forced_for(p.coll, call.algo));
-                if !matches!(&e.last, Some((k, ..)) if *k == key) {
+                let again = Repeat::of(call, self.algo_gen.load(Ordering::Acquire));
+                if !matches!(&e.last, Some((k, ..)) if *k == again) {
+                    let p = call.problem(coll, self.nranks)?;
                     let (a, o) = self.choose(&p, elem, call.algo)?;
                     let planned = self.schedule(e, p, a, o, elem)?;
-                    e.last = Some((key, a, planned));
+                    e.last = Some((again, a, planned));
                 }
                 let (_, a, planned) = e.last.as_ref().expect("set above");
                 // The executor the last collective of this plan left: re-armed, it saves the
@@ -426,6 +455,7 @@ impl Comm {
     /// deadline still applies).
     pub fn wait(&self, req: RequestId) -> Result<()> {
         let mut idle = Idle::new(self.spin, self.poll);
+        let _waiting = Waiting::new(&*self.transport);
         loop {
             let (done, moved) = self.test_moved(req)?;
             if done {
@@ -507,9 +537,25 @@ impl Comm {
     }
 }
 
+/// A blocking wait on a transport, announced for as long as it lives (`Transport::owner_waits`).
+struct Waiting<'a>(&'a dyn Transport);
+
+impl<'a> Waiting<'a> {
+    fn new(t: &'a dyn Transport) -> Waiting<'a> {
+        t.owner_waits(true);
+        Waiting(t)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.owner_waits(false);
+    }
+}
+
 /// How often a blocking call on the direct path polls the transport first, so that late
 /// notices reach a communicator whose calls all run there (`late`).
-const LATE_POLL_EVERY: u64 = 16;
+const LATE_POLL_EVERY: u64 = 64;
 
 /// Longest single sleep of a waiter on the completion queue, so that it re-checks its request
 /// and the deadline even when the queue's wait object never signals.

@@ -16,7 +16,7 @@
 //!   the report differs.
 //!
 //! Notices are read whenever the communicator polls its transport: every call on the posted
-//! path, and every 16th blocking call on the direct channel, which otherwise reads none.
+//! path, and every 64th blocking call on the direct channel, which otherwise reads none.
 use crate::error::Error;
 use crate::exec::{late_watch, Exec, Signature};
 use crate::transport::{OpId, Transport};

@@ -412,6 +412,11 @@ pub trait Transport: Send + Sync {
     }
     /// Append finished operations to `out`; returns how many were added.
     fn poll(&self, out: &mut Vec<Completion>) -> Result<usize>;
+    /// The owner enters (`true`) or leaves (`false`) a blocking wait, in which it polls again
+    /// whenever it gets a CPU: a transport that progresses endpoints whose owner stopped
+    /// polling (the native TCP tender) leaves them alone meanwhile, however long the owner
+    /// goes without a CPU. Calls nest: every enter has its leave.
+    fn owner_waits(&self, _on: bool) {}
     /// Sleep until a completion may be ready, at most `timeout`.
     fn wait(&self, timeout: Duration) -> Result<()>;
 

@@ -394,6 +394,11 @@ impl Transport for Tiered {
         self.inter.cancel(op);
     }
 
+    fn owner_waits(&self, on: bool) {
+        self.intra.owner_waits(on);
+        self.inter.owner_waits(on);
+    }
+
     fn poll(&self, out: &mut Vec<Completion>) -> Result<usize> {
         let start = out.len();
         self.intra.poll(out)?;

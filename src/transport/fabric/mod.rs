@@ -536,6 +536,12 @@ impl Transport for FabricTransport {
         }
     }
 
+    fn owner_waits(&self, on: bool) {
+        if let Some(t) = &self.tender {
+            t.owner_waits(on);
+        }
+    }
+
     fn poll(&self, out: &mut Vec<Completion>) -> Result<usize> {
         if let Some(t) = &self.tender {
             t.owner_polled();

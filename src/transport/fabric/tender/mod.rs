@@ -12,7 +12,11 @@
 //!
 //! So an endpoint of that provider with a wait fd gets a tender. It does nothing while the
 //! owner polls: it looks every `TENDER_AFTER` whether the owner polled since it last looked
-//! (a flag the owner's poll sets with a plain store, so that the poll pays no atomic update).
+//! (a flag the owner's poll sets with a plain store, so that the poll pays no atomic update),
+//! or is inside a blocking wait (`Transport::owner_waits`: a communicator's `wait`), where it
+//! polls again as soon as it gets a CPU. Without that second look, ranks that outnumber the
+//! cores, each off its CPU for longer than `TENDER_AFTER` at a time, had their tenders step in
+//! mid-call, taking the endpoint's lock and the CPU from the ranks that had work.
 //! Once the owner has not, it progresses the endpoint itself, with the owner's own code
 //! (`Inner::progress`): completions wait in `ready` for the owner's next poll, and the queue
 //! is signalled so that an owner asleep on the wait fd wakes up for them. Between rounds it
@@ -22,7 +26,7 @@
 use super::{sys, Caps, Inner};
 use parking_lot::Mutex;
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -41,6 +45,8 @@ const BUSY_PAUSE: Duration = Duration::from_millis(1);
 struct Shared {
     /// Set by each of the owner's polls (`FabricTransport::poll`), cleared by the tender.
     polled: AtomicBool,
+    /// Blocking waits of the owner in progress (`Transport::owner_waits`).
+    waiting: AtomicUsize,
     stop: AtomicBool,
 }
 
@@ -68,6 +74,7 @@ impl Tender {
         }
         let shared = Arc::new(Shared {
             polled: AtomicBool::new(false),
+            waiting: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
         });
         let (sh, caps2) = (shared.clone(), caps.clone());
@@ -93,6 +100,15 @@ impl Tender {
     pub(super) fn owner_polled(&self) {
         self.shared.polled.store(true, Ordering::Relaxed);
     }
+
+    /// The owner enters or leaves a blocking wait (`Transport::owner_waits`).
+    pub(super) fn owner_waits(&self, on: bool) {
+        if on {
+            self.shared.waiting.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.shared.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Drop for Tender {
@@ -112,8 +128,8 @@ impl Drop for Tender {
 /// The tender's loop.
 fn run(inner: &Mutex<Inner>, caps: &Caps, sh: &Shared, wait_fd: c_int, wake: c_int) {
     while !sh.stop.load(Ordering::Acquire) {
-        if sh.polled.swap(false, Ordering::Relaxed) {
-            // The owner is polling: look again later.
+        if sh.polled.swap(false, Ordering::Relaxed) || sh.waiting.load(Ordering::Relaxed) > 0 {
+            // The owner is polling, or will as soon as it runs: look again later.
             sleep(&[wake], TENDER_AFTER);
             continue;
         }

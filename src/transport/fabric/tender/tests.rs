@@ -75,3 +75,57 @@ fn an_endpoint_whose_owner_does_not_poll_is_progressed() {
     );
     assert_eq!(got, small);
 }
+
+/// An owner inside a blocking wait (`Transport::owner_waits`) polls as soon as it gets a CPU,
+/// so the tender leaves its endpoint alone however long it goes without polling; once the wait
+/// is over, the tender steps in as before. A round of the tender that had already begun when
+/// the wait began may still read a message (it looked before the wait was announced), so the
+/// test allows three tries: a tender that ignores waits reads the message in every one.
+#[test]
+fn an_owner_inside_a_blocking_wait_is_left_alone() {
+    let Some((a, b)) = pair("net", Some("lo")) else {
+        return;
+    };
+    let to_a = b.insert_peer(&a.address()).expect("insert");
+    let mut got = vec![0u8; 64];
+    let mut first = vec![1u8; 64];
+    a.recv(1, 0, region(&mut got), None, 1).expect("recv");
+    let mut out = send(&a, &b, to_a, (1, 2), &mut first, true);
+    let start = Instant::now();
+    while out.is_empty() {
+        a.poll(&mut out).expect("poll");
+        assert!(start.elapsed() < Duration::from_secs(20), "first message");
+    }
+    let mut early = Vec::new();
+    for t in 0..3u64 {
+        a.owner_waits(true);
+        // A round of the tender begun before the wait ends first.
+        std::thread::sleep(super::TENDER_AFTER * 4);
+        let mut small: Vec<u8> = (0..200).map(|i| (i + t) as u8).collect();
+        let mut got = vec![0u8; 200];
+        a.recv(7 + t, 0, region(&mut got), None, 10 + t)
+            .expect("recv");
+        send(&a, &b, to_a, (7 + t, 20 + t), &mut small, false);
+        // Many times the tender's period: it would have read the message by now.
+        std::thread::sleep(super::TENDER_AFTER * 20);
+        let left_alone = a.inner.lock().ready.is_empty();
+        a.owner_waits(false);
+        let start = Instant::now();
+        while a.inner.lock().ready.is_empty() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the receive did not complete once its owner had left its wait"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut out = Vec::new();
+        a.poll(&mut out).expect("poll");
+        assert!(out.len() == 1 && out[0].op == 10 + t, "{out:?}");
+        assert_eq!(got, small);
+        if left_alone {
+            return;
+        }
+        early.push(t);
+    }
+    panic!("the tender progressed an endpoint whose owner was inside a blocking wait, in tries {early:?}");
+}
