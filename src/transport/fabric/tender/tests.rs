@@ -34,6 +34,21 @@ fn send(
     at_a
 }
 
+/// Wait (at most 30 s) for `a`'s tender to complete something, then poll it: what completed.
+fn tended(a: &FabricTransport, when: &str) -> Vec<Completion> {
+    let start = Instant::now();
+    while a.inner.lock().ready.is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the receive did not complete {when}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut out = Vec::new();
+    a.poll(&mut out).expect("poll");
+    out
+}
+
 /// A receive completes while its owner does not poll: the tender read it, and the owner's
 /// next poll returns it. Without the tender the message stayed in the socket (this test
 /// fails with `a.tender` taken away).
@@ -59,16 +74,7 @@ fn an_endpoint_whose_owner_does_not_poll_is_progressed() {
     let mut got = vec![0u8; 200];
     a.recv(7, 0, region(&mut got), None, 3).expect("recv");
     send(&a, &b, to_a, (7, 4), &mut small, false);
-    let start = Instant::now();
-    while a.inner.lock().ready.is_empty() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the receive did not complete while its owner was away"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let mut out = Vec::new();
-    a.poll(&mut out).expect("poll");
+    let out = tended(&a, "while its owner was away");
     assert!(
         out.len() == 1 && out[0].op == 3 && out[0].status.is_ok(),
         "{out:?}"
@@ -110,16 +116,7 @@ fn an_owner_inside_a_blocking_wait_is_left_alone() {
         std::thread::sleep(super::TENDER_AFTER * 20);
         let left_alone = a.inner.lock().ready.is_empty();
         a.owner_waits(false);
-        let start = Instant::now();
-        while a.inner.lock().ready.is_empty() {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "the receive did not complete once its owner had left its wait"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let mut out = Vec::new();
-        a.poll(&mut out).expect("poll");
+        let out = tended(&a, "once its owner had left its wait");
         assert!(out.len() == 1 && out[0].op == 10 + t, "{out:?}");
         assert_eq!(got, small);
         if left_alone {
