@@ -58,6 +58,12 @@ pub struct Args {
     #[arg(short = 't', long = "time", value_name = "SECONDS", value_parser = seconds,
           allow_negative_numbers = true)]
     pub time_target: Option<f64>,
+    /// A barrier before each timed iteration, which is timed alone, as OSU's benchmarks do: the
+    /// time of one call on links the last one left idle, which a simulation of one call
+    /// predicts. Without it the calls run back to back (nccl-tests), and a rank that has its
+    /// result starts the next one while others still finish the last.
+    #[arg(long)]
+    pub barrier: bool,
     /// Fewest timed iterations per size with -t.
     #[arg(short = 'm', long = "min_iters", default_value_t = 5)]
     pub min_iters: usize,

@@ -77,6 +77,11 @@ fn rows(
             ),
             None => format!("{} timed iterations", a.iters),
         };
+        let timed = if a.barrier {
+            format!("{timed}, each alone after a barrier")
+        } else {
+            timed
+        };
         println!(
             "# fabricoll-perf: {:?} on {n} ranks, algorithm {}, type {}, op {}, {} warm-up + {timed}, {}",
             a.coll,
@@ -307,16 +312,25 @@ fn rows(
             }
             None => a.iters,
         };
-        let t0 = Instant::now();
-        for _ in 0..iters {
-            run(compressed)?;
-        }
-        finish()?;
-        let us = ranks_time(
-            comm,
-            t0.elapsed().as_secs_f64() * 1e6 / iters as f64,
-            a.average,
-        )?;
+        let secs = if a.barrier {
+            let mut alone = 0.0;
+            for _ in 0..iters {
+                all(comm, 0.0, RedOp::Max)?;
+                let t0 = Instant::now();
+                run(compressed)?;
+                finish()?;
+                alone += t0.elapsed().as_secs_f64();
+            }
+            alone
+        } else {
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                run(compressed)?;
+            }
+            finish()?;
+            t0.elapsed().as_secs_f64()
+        };
+        let us = ranks_time(comm, secs * 1e6 / iters as f64, a.average)?;
         let all_wrong = all(comm, nwrong as f64, RedOp::Sum)? as usize;
         total_wrong += all_wrong;
         let size = total * el;
