@@ -67,6 +67,63 @@ fn bad_arguments_name_the_argument() {
     assert!(!ok && err.contains("--calibration"), "{err}");
 }
 
+/// The time of `algo` at `bytes` in fabricoll-sim's table run with `extra`.
+fn time_of(algo: &str, bytes: &str, extra: &[&str]) -> f64 {
+    let mut args = vec![
+        "--hosts",
+        "1,1,1,1",
+        "--gbit",
+        "1",
+        "--alpha-us",
+        "20",
+        "--no-bound",
+        "--algos",
+        algo,
+        "-b",
+        bytes,
+        "-e",
+        bytes,
+    ];
+    args.extend_from_slice(extra);
+    let (ok, out, err) = sim(&args);
+    assert!(ok, "{err}");
+    let row = out
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(bytes) && l.contains(algo))
+        .unwrap_or_else(|| panic!("no {algo} row:\n{out}"));
+    row.split_whitespace()
+        .nth(3)
+        .unwrap()
+        .parse()
+        .expect("time")
+}
+
+/// Shaped NICs pass a bucket at their peak after a pause: a tree's hops of 128 KiB, each
+/// after the link was idle, go faster with a bucket that holds a hop. `--calls` times a loop
+/// of calls back to back: a tree's calls do not overlap (each leaf waits for the last call's
+/// result), so without buckets its time per call is one call's. Both options name what they
+/// need.
+#[test]
+fn token_bucket_nics_and_calls_back_to_back() {
+    let plain = time_of("tree", "131072", &[]);
+    let shaped = time_of("tree", "131072", &["--burst", "128K", "--burst-gbps", "2"]);
+    assert!(
+        shaped < 0.8 * plain,
+        "with a bucket {shaped} us, without {plain} us"
+    );
+    let looped = time_of("tree", "131072", &["--calls", "4"]);
+    assert!(
+        (looped - plain).abs() <= 0.01 * plain,
+        "a loop {looped} us a call, one call {plain} us"
+    );
+    let (ok, _, err) = sim(&["--burst", "128K"]);
+    assert!(!ok && err.contains("--burst-gbps"), "{err}");
+    let (ok, _, err) = sim(&["--burst", "128K", "--burst-gbps", "0.05"]);
+    assert!(!ok && err.contains("burst peak"), "{err}");
+    let (ok, _, err) = sim(&["--calls", "0"]);
+    assert!(!ok && err.contains("--calls"), "{err}");
+}
+
 #[test]
 fn goal_writes_one_plan_and_wants_one_algorithm() {
     let path = std::env::temp_dir().join(format!("fabricoll-sim-{}.goal", std::process::id()));

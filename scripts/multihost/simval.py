@@ -4,7 +4,7 @@ time of each forced algorithm and size beside the time measured on the same layo
 delay, and the prediction error |sim - measured| / measured.
 
     simval.py --dir DIR [--sim target/release/fabricoll-sim] [--out FILE]
-              [--payload-fraction 0.9564] [--from 64K]
+              [--payload-fraction 0.9564] [--from 64K] [--no-burst] [--calls 4]
 
 DIR holds one folder per link rate (DIR/1gbit, DIR/10gbit), each a scripts/bench-multihost.sh
 run with --calibrate: samples.jsonl (the measured rows; tools algo:<name>) and
@@ -24,6 +24,17 @@ What fabricoll-sim is told, and where each figure comes from:
   --o-us          the calibration's inter o (the sender's CPU per message)
   --intra-*       the calibration's intra level: alpha, beta (GB/s), o
   --gamma-gbps    the calibration's gamma
+  --burst         tbf's bucket on each direction of every host link (scripts/netns-cluster.sh's
+                  tc_sizes: a millisecond of the rate, at least 128 KiB), times
+                  --payload-fraction: after a pause a link passes that much at once. A NIC's
+                  wire has no bucket; the emulated link has, and a tree's hops, which leave
+                  links idle between them, owe up to half their time to it. --no-burst leaves
+                  it out
+  --burst-gbps    the speed of those bytes: PEAK_GBPS, what an unshaped pair of emulated hosts
+                  carries
+  --calls         CALLS calls back to back, as fabricoll-perf's loop runs them: the time per
+                  call of the loop's steady state, where a call starts on links (and buckets)
+                  the last one left
 The calibration's own inter beta is not used: the rate is what was shaped. Everything but alpha
 is the median over the calibrations of the layout at the smallest delay measured at that rate
 (the delayer upsets the fit of o), alpha's the median at its own delay; either takes the lines
@@ -48,6 +59,14 @@ from bench import layout_of  # noqa: E402
 # timestamps) per 1514 (the frame with its Ethernet header).
 PAYLOAD_FRACTION = 1448 / 1514
 FROM_BYTES = 64 << 10
+# What the emulated hosts' links carry unshaped, GB/s: a 4 MiB ring AllReduce on two unshaped
+# emulated hosts took 2.1-2.4 ms, 1.8-2.0 GB/s each way (2026-11-29, the 2-core VM); the bytes
+# of a full tbf bucket pass at about that.
+PEAK_GBPS = 2.0
+# Calls simulated back to back (fabricoll-sim --calls): the measured loop's steady state.
+CALLS = 4
+# tbf's smallest bucket (scripts/netns-cluster.sh's tc_sizes): GSO packets must pass whole.
+MIN_BURST = 128 << 10
 # the targets the simulator is held to, from FROM_BYTES: geometric mean and worst error
 TARGET_GEOMEAN, TARGET_WORST = 0.10, 0.25
 FLOOR = 1e-4
@@ -112,7 +131,13 @@ def usable(records):
     return calm or list(records)
 
 
-def machine(records, delay, payload=PAYLOAD_FRACTION):
+def tbf_burst(gbit):
+    """The bucket netns-cluster.sh gives tbf at `gbit`: a millisecond of the rate, at least
+    MIN_BURST bytes."""
+    return max(gbit * 1e9 / 8 / 1000, MIN_BURST)
+
+
+def machine(records, delay, payload=PAYLOAD_FRACTION, burst=True):
     """fabricoll-sim's parameters for one layout and delay at one rate, from the calibration
     records of that layout at that rate ({"delay", "rate", "line", "disturbed"}): see the module
     doc for which comes from where ("calibrations": how many lines gave the CPU's figures,
@@ -139,7 +164,9 @@ def machine(records, delay, payload=PAYLOAD_FRACTION):
         return statistics.median(vals) if vals else None
 
     o = med(lambda c: c["inter"][2])
-    p = {"gbit": rate_gbit(rate.pop()) * payload, "delay_us": delay_us(delay),
+    gbit = rate_gbit(rate.pop())
+    p = {"gbit": gbit * payload, "delay_us": delay_us(delay),
+         "burst": tbf_burst(gbit) * payload if burst else None,
          "soft_us": soft, "alpha_us": delay_us(delay) + soft,
          "o_us": o if o is not None else (delay_us(delay) + soft) / 2,
          "gamma_gbps": med(lambda c: c["gamma"]), "calibrations": len(parsed), "here": len(here),
@@ -150,7 +177,7 @@ def machine(records, delay, payload=PAYLOAD_FRACTION):
     return p
 
 
-def sim_argv(sim, p, layout, coll, algos, sizes):
+def sim_argv(sim, p, layout, coll, algos, sizes, calls=CALLS):
     """fabricoll-sim's command line for machine `p` (machine()) and the measured `sizes`: one
     geometric run when they are, else None (then one run per size: sim_argv_one)."""
     # --no-bound: every forced algorithm is compared with its measurement, so none may be
@@ -158,6 +185,10 @@ def sim_argv(sim, p, layout, coll, algos, sizes):
     argv = [sim, "--hosts", layout_arg(layout), "--coll", coll, "--algos", ",".join(algos),
             "--no-bound", "--gbit", f"{p['gbit']:.6g}", "--alpha-us", f"{p['alpha_us']:.6g}",
             "--o-us", f"{p['o_us']:.6g}", "--gamma-gbps", f"{p['gamma_gbps']:.6g}"]
+    if calls > 1:
+        argv += ["--calls", str(calls)]
+    if p.get("burst"):
+        argv += ["--burst", str(int(p["burst"])), "--burst-gbps", f"{PEAK_GBPS:.6g}"]
     if p.get("intra"):
         a, b, o = p["intra"]
         argv += ["--intra-alpha-us", f"{a:.6g}", "--intra-gbps", f"{b:.6g}",
@@ -252,7 +283,7 @@ def run_sim(argvs, timeout=600):
     return out
 
 
-def validate(rate_dir, sim, payload=PAYLOAD_FRACTION):
+def validate(rate_dir, sim, payload=PAYLOAD_FRACTION, burst=True, calls=CALLS):
     """Every (layout, delay, coll) of one rate's bench directory: [{"rate", "layout", "delay",
     "coll", "machine", "points", "names", "missing", "argv"}] (or "error" instead of points)."""
     samples = load_jsonl(os.path.join(rate_dir, "samples.jsonl"))
@@ -263,11 +294,11 @@ def validate(rate_dir, sim, payload=PAYLOAD_FRACTION):
         g = {"layout": layout, "delay": delay, "coll": coll, "rate": os.path.basename(rate_dir)}
         try:
             recs = [r for r in cals if r["layout"] == layout]
-            p = machine(recs, delay, payload)
+            p = machine(recs, delay, payload, burst)
             g["rate"] = recs[0]["rate"]
             g["machine"] = p
             algos = sorted({a for _, a in meas})
-            g["argv"] = sim_argv(sim, p, layout, coll, algos, {z for z, _ in meas})
+            g["argv"] = sim_argv(sim, p, layout, coll, algos, {z for z, _ in meas}, calls)
             got = run_sim(g["argv"])
             g["points"], g["missing"] = compare(meas, got)
             g["names"] = {a: got[(z, a)][1] for a, z, _, _ in g["points"]}
@@ -309,9 +340,9 @@ def markdown(groups, from_bytes=FROM_BYTES):
     ok = [g for g in groups if "points" in g]
     out.append("**Parameters given to fabricoll-sim** (simval.py's docstring says where each "
                "comes from; us, GB/s for intra and gamma):\n")
-    out.append("| rate | layout | delay | NIC Gbit/s | alpha = delay + rest | inter o | "
+    out.append("| rate | layout | delay | NIC Gbit/s | bucket B | alpha = delay + rest | inter o | "
                "intra alpha / GB/s / o | gamma | lines: this delay, all |")
-    out.append("|---|---|---|---|---|---|---|---|---|")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
     seen = set()
     for g in ok:
         key = (g["rate"], g["layout"], g["delay"])
@@ -322,7 +353,8 @@ def markdown(groups, from_bytes=FROM_BYTES):
         intra = "/".join(f"{x:.2f}" for x in p["intra"]) if p.get("intra") else "-"
         cal = f"{p['here']}, {p['calibrations']}" + (
             f" ({p['disturbed']} disturbed)" if p["disturbed"] else "")
-        out.append(f"| {g['rate']} | {g['layout']} | {g['delay']} | {p['gbit']:.3f} | "
+        bucket = f"{p['burst']:.0f}" if p.get("burst") else "-"
+        out.append(f"| {g['rate']} | {g['layout']} | {g['delay']} | {p['gbit']:.3f} | {bucket} | "
                    f"{p['alpha_us']:.1f} = {p['delay_us']:.0f} + {p['soft_us']:.1f} | "
                    f"{p['o_us']:.2f} | {intra} | {p['gamma_gbps']:.2f} | {cal} |")
     fb = size_name(from_bytes)
@@ -381,7 +413,13 @@ def main(argv=None):
     p.add_argument("--out", help="also write the Markdown report here")
     p.add_argument("--payload-fraction", type=float, default=PAYLOAD_FRACTION)
     p.add_argument("--from", dest="from_bytes", type=int, default=FROM_BYTES)
+    p.add_argument("--no-burst", action="store_true",
+                   help="simulate links without tbf's bucket (a NIC's wire)")
+    p.add_argument("--calls", type=int, default=CALLS,
+                   help="calls simulated back to back (1: one call alone)")
     a = p.parse_args(argv)
+    if not 1 <= a.calls <= 64:
+        p.error(f"--calls: {a.calls} is not in 1..64")
     if not 0 < a.payload_fraction <= 1:
         p.error(f"--payload-fraction: {a.payload_fraction} is not in (0, 1]")
     if not os.access(a.sim, os.X_OK):
@@ -393,7 +431,8 @@ def main(argv=None):
         p.error(f"--dir: no {a.dir}/<rate>/samples.jsonl")
     groups = []
     for r in rates:
-        groups += validate(os.path.join(a.dir, r), a.sim, a.payload_fraction)
+        groups += validate(os.path.join(a.dir, r), a.sim, a.payload_fraction, not a.no_burst,
+                           a.calls)
     text = markdown(groups, a.from_bytes)
     print(text, end="")
     if a.out:

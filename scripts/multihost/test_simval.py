@@ -77,6 +77,21 @@ class Machine(unittest.TestCase):
         p = simval.machine(recs, "0", payload=1.0)
         self.assertEqual((p["gbit"], p["soft_us"], p["alpha_us"]), (1.0, 45.0, 45.0))
 
+    def test_the_emulated_links_bucket(self):
+        recs = [rec("0", "40.00")]
+        # tbf's bucket: at least 128 KiB, a millisecond of the rate above 1 Gbit/s; payload only
+        self.assertAlmostEqual(simval.machine(recs, "0")["burst"], 131072 * 1448 / 1514)
+        self.assertAlmostEqual(simval.machine([rec("0", "40.00", rate="10gbit")], "0",
+                                              payload=1.0)["burst"], 1.25e6)
+        p = simval.machine(recs, "0", burst=False)
+        self.assertIsNone(p["burst"])
+        self.assertNotIn("--burst", simval.sim_argv("sim", p, "4x1", "allreduce", ["ring"],
+                                                    {65536})[0])
+        (argv,) = simval.sim_argv("sim", dict(p, burst=125000.0), "4x1", "allreduce",
+                                  ["ring"], {65536})
+        self.assertEqual(argv[argv.index("--burst") + 1], "125000")
+        self.assertEqual(argv[argv.index("--burst-gbps") + 1], "2")
+
     def test_disturbed_only_when_nothing_else(self):
         p = simval.machine([rec("0", "30.00", disturbed=True)], "0")
         self.assertEqual((p["alpha_us"], p["disturbed"]), (30.0, 1))

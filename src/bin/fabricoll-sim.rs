@@ -5,7 +5,7 @@
 use clap::Parser;
 use nccl_net_fabricoll::algo::{self, Algorithm, Collective, Hosts, Options, Problem};
 use nccl_net_fabricoll::cli;
-use nccl_net_fabricoll::sim::{self, Bounded, Params};
+use nccl_net_fabricoll::sim::{self, Bounded, Burst, Params};
 use nccl_net_fabricoll::transport::DEFAULT_SLICE_BYTES;
 use nccl_net_fabricoll::tune::{gbps_to_us_per_byte, Model};
 use std::process::ExitCode;
@@ -67,6 +67,14 @@ struct Args {
     /// Core oversubscription (1: none).
     #[arg(long, default_value_t = 1.0)]
     taper: f64,
+    /// A token bucket of BYTES on each direction of every NIC, as Linux's tbf shapes the
+    /// emulated hosts' links (scripts/netns-cluster.sh): after a pause a NIC passes up to
+    /// BYTES at --burst-gbps (default none: a NIC's wire has no bucket).
+    #[arg(long, value_name = "BYTES", value_parser = cli::size)]
+    burst: Option<usize>,
+    /// The speed of a NIC's bucketed bytes (GB/s; with --burst).
+    #[arg(long, value_name = "GBPS", requires = "burst")]
+    burst_gbps: Option<f64>,
     /// Local copies' speed (GB/s; default free, as the closed-form model).
     #[arg(long)]
     copy_gbps: Option<f64>,
@@ -76,6 +84,12 @@ struct Args {
     /// Only these algorithms (comma-separated names); default every one that applies.
     #[arg(long, value_delimiter = ',', value_parser = cli::algorithm)]
     algos: Vec<Algorithm>,
+    /// Time per call in a loop of CALLS calls back to back, as fabricoll-perf and nccl-tests
+    /// time their loops: each rank starts its next call as soon as its part of the last is
+    /// done, and shaped NICs' buckets (--burst) carry over. The simulation of CALLS calls less
+    /// that of one, over CALLS - 1. Default 1: one call alone, every rank starting together.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    calls: u32,
     /// Skip a schedule estimated to have more steps than this (memory: about 100 B a step).
     #[arg(long, default_value_t = 20_000_000)]
     max_steps: usize,
@@ -211,6 +225,17 @@ fn run(args: &Args) -> Result<(), String> {
     params.mem_us_per_byte = args.mem_gbps.map(gbps_to_us_per_byte);
     params.taper = args.taper;
     params.copy_us_per_byte = args.copy_gbps.map_or(0.0, gbps_to_us_per_byte);
+    params.burst = match (args.burst, args.burst_gbps) {
+        (Some(bytes), Some(gbps)) => Some(Burst {
+            bytes: bytes as f64,
+            peak_us_per_byte: gbps_to_us_per_byte(gbps),
+        }),
+        (Some(_), None) => return Err("--burst: needs --burst-gbps, the bucket's speed".into()),
+        _ => None,
+    };
+    if params.burst.is_some() && !params.contention {
+        return Err("--burst: shapes the hosts' NICs, which --no-contention leaves out".into());
+    }
     params.validate()?;
     let per_host = sizes.iter().copied().max().unwrap_or(1);
     let algos: Vec<Algorithm> = if args.algos.is_empty() {
@@ -230,7 +255,7 @@ fn run(args: &Args) -> Result<(), String> {
     }
     println!(
         "# fabricoll-sim: {:?} on {n} ranks, {} hosts of {} ranks; {}; contention {}, taper {}, \
-         memory {}, slices of {} B",
+         memory {}, slices of {} B{}{}",
         args.coll,
         sizes.len(),
         if sizes.iter().all(|&s| s == sizes[0]) {
@@ -243,7 +268,17 @@ fn run(args: &Args) -> Result<(), String> {
         params.taper,
         args.mem_gbps
             .map_or("unlimited".into(), |g| format!("{g} GB/s")),
-        args.slice
+        args.slice,
+        params.burst.map_or(String::new(), |b| format!(
+            ", NICs shaped with buckets of {} B at {} GB/s",
+            b.bytes,
+            1e-3 / b.peak_us_per_byte
+        )),
+        if args.calls > 1 {
+            format!("; time per call of {} calls back to back", args.calls)
+        } else {
+            String::new()
+        }
     );
     println!(
         "# {:>12} {:>12}  {:<20} {:>12} {:>10} {:>10} {:>10} {:>8}  mark",
@@ -285,7 +320,8 @@ fn run(args: &Args) -> Result<(), String> {
         let mut best_us = f64::INFINITY;
         for &i in &order {
             let (a, opts, _) = cands[i];
-            let cutoff = if is_auto(&cands[i]) || args.no_bound {
+            // The lower bound prices the links at their rates: a bucket's bytes beat it.
+            let cutoff = if is_auto(&cands[i]) || args.no_bound || params.burst.is_some() {
                 f64::INFINITY
             } else {
                 best_us * (1.0 + BOUND_MARGIN)
@@ -495,6 +531,19 @@ fn simulate_one(
     }
     let s = algo::build(*p, a, &opts).map_err(|e| e.to_string())?;
     let secs = || t0.elapsed().as_secs_f64();
+    if args.calls > 1 {
+        // The loop's time per call: no bound applies (calls may overlap).
+        let one = sim::simulate(&s, args.elem, opts.hosts, params)?;
+        let k = args.calls as usize;
+        let all = sim::simulate(&sim::back_to_back(&s, k), args.elem, opts.hosts, params)?;
+        return Ok(Tried::Run(Run {
+            algo: a,
+            opts,
+            us: sim::per_call_us(one.time_us, all.time_us, k),
+            steps: one.steps,
+            secs: secs(),
+        }));
+    }
     Ok(
         match sim::simulate_unless_slower(&s, args.elem, opts.hosts, params, cutoff_us)? {
             Bounded::Simulated(out) => Tried::Run(Run {

@@ -105,6 +105,7 @@ mod tests {
             contention: false,
             mem_us_per_byte: None,
             taper: 1.0,
+            burst: None,
         }
     }
 

@@ -16,13 +16,16 @@
 //!   (`Params::contention` false) each rank has its own egress and ingress per level, as the
 //!   closed-form model assumes; with it, a host's ranks share its NIC (egress and ingress, full
 //!   duplex), its memory bandwidth (`mem_us_per_byte`) for the messages inside it, and
-//!   inter-host flows cross a core of `hosts x NIC / taper` capacity.
+//!   inter-host flows cross a core of `hosts x NIC / taper` capacity;
+//! - optionally, NICs shaped by a token bucket (`Params::burst`, `bucket`), as the emulated
+//!   hosts' links are: after a pause a NIC passes its bucket's bytes at a peak speed.
 //!
 //! Not modelled: rendezvous handshakes (messages are eager), the executor's polling and
 //! sleeping, and any transport's own slicing below the schedule's.
 #![forbid(unsafe_code)]
 
 mod bound;
+mod bucket;
 mod calls;
 mod engine;
 mod goal;
@@ -35,4 +38,4 @@ pub use bound::{lower_bound, simulate_unless_slower, Bounded};
 pub use calls::{back_to_back, per_call_us};
 pub use engine::{simulate, Outcome};
 pub use goal::write_goal;
-pub use params::{parse_calibration, Level, Params};
+pub use params::{parse_calibration, Burst, Level, Params};

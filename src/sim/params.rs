@@ -35,6 +35,17 @@ pub struct Params {
     /// Core oversubscription: the core carries `hosts / taper` NICs' worth (1: none). Only
     /// under contention.
     pub taper: f64,
+    /// A token bucket on each direction of every NIC (None: none, as a NIC's wire). Only under
+    /// contention.
+    pub burst: Option<Burst>,
+}
+
+/// A NIC direction shaped by a token bucket (`bucket`), as `tbf` shapes the emulated hosts'
+/// links: `bytes` of tokens, filling at the NIC's rate, each passing at `peak_us_per_byte`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Burst {
+    pub bytes: f64,
+    pub peak_us_per_byte: f64,
 }
 
 impl Params {
@@ -64,6 +75,7 @@ impl Params {
             contention: false,
             mem_us_per_byte: None,
             taper: 1.0,
+            burst: None,
         }
     }
 
@@ -107,6 +119,17 @@ impl Params {
         non_neg("copy", self.copy_us_per_byte)?;
         if let Some(m) = self.mem_us_per_byte {
             pos("memory bandwidth", m)?;
+        }
+        if let Some(b) = self.burst {
+            pos("burst", b.bytes)?;
+            pos("burst peak", b.peak_us_per_byte)?;
+            if b.peak_us_per_byte >= self.inter.beta_us_per_byte {
+                return Err(format!(
+                    "burst peak: must be faster than the link ({} GB/s), got {} GB/s",
+                    1e-3 / self.inter.beta_us_per_byte,
+                    1e-3 / b.peak_us_per_byte
+                ));
+            }
         }
         if !(self.taper.is_finite() && self.taper >= 1.0) {
             return Err(format!("taper: must be at least 1, got {}", self.taper));

@@ -119,9 +119,13 @@ impl<'a> Sim<'a> {
             self.rank_links.push([ie, ii, ee, ei]);
         }
         if p.contention {
+            let nic = |links: &mut Links| match p.burst {
+                Some(b) => links.add_shaped(rate(p.inter), 1.0 / b.peak_us_per_byte, b.bytes),
+                None => links.add(rate(p.inter)),
+            };
             for _ in 0..nhosts {
-                let e = self.links.add(rate(p.inter));
-                let i = self.links.add(rate(p.inter));
+                let e = nic(&mut self.links);
+                let i = nic(&mut self.links);
                 let m = p
                     .mem_us_per_byte
                     .map_or(LinkId::MAX, |m| self.links.add(1.0 / m));

@@ -17,6 +17,7 @@
 //! next finish finds the next flow to end.
 #![forbid(unsafe_code)]
 
+use super::bucket::Bucket;
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
@@ -90,6 +91,10 @@ impl PartialOrd for Key {
 #[derive(Debug, Default)]
 pub struct Links {
     cap: Vec<f64>,
+    /// The token bucket of each shaped link (`bucket`), whose capacity it sets.
+    buckets: Vec<Option<Bucket>>,
+    /// When shaped links' buckets run dry (link, bucket version), soonest first.
+    dry: BinaryHeap<Key>,
     classes: Vec<Class>,
     /// The class of each set of links that has flows.
     by_links: HashMap<[LinkId; MAX_HOPS], u32>,
@@ -124,12 +129,24 @@ impl Links {
     pub fn add(&mut self, bytes_per_us: f64) -> LinkId {
         debug_assert!(bytes_per_us > 0.0 && bytes_per_us.is_finite());
         self.cap.push(bytes_per_us);
+        self.buckets.push(None);
         self.left.push(0.0);
         self.count.push(0);
         self.through.push(Vec::new());
         self.on.push(Vec::new());
         self.seen_link.push(0);
         (self.cap.len() - 1) as LinkId
+    }
+
+    /// A link of `bytes_per_us` shaped by a token bucket of `burst` bytes, full at the start,
+    /// that passes up to `peak` bytes per us while it holds tokens (`bucket`; `peak` above
+    /// `bytes_per_us`, `burst` positive).
+    pub fn add_shaped(&mut self, bytes_per_us: f64, peak: f64, burst: f64) -> LinkId {
+        let l = self.add(bytes_per_us);
+        let b = Bucket::new(bytes_per_us, peak, burst);
+        self.cap[l as usize] = b.capacity();
+        self.buckets[l as usize] = Some(b);
+        l
     }
 
     /// The links added so far.
@@ -230,8 +247,29 @@ impl Links {
         self.now = self.now.max(t);
     }
 
-    /// When the next flow ends (None without flows).
+    /// When the next flow ends or a shaped link's bucket runs dry, whichever is first (None
+    /// without either).
     pub fn next_finish(&mut self) -> Option<f64> {
+        let flow = self.next_flow_finish();
+        match (flow, self.next_dry()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// When the next shaped link's bucket runs dry, its stale events dropped.
+    fn next_dry(&mut self) -> Option<f64> {
+        while let Some(&Key(t, l, v)) = self.dry.peek() {
+            if self.buckets[l as usize].is_some_and(|b| b.version == v) {
+                return Some(t);
+            }
+            self.dry.pop();
+        }
+        None
+    }
+
+    /// When the next flow ends (None without flows).
+    fn next_flow_finish(&mut self) -> Option<f64> {
         if !self.dirty.is_empty() {
             self.fill();
         }
@@ -262,7 +300,17 @@ impl Links {
         mut next: impl FnMut(u32) -> Option<(u32, f64)>,
     ) {
         let limit = t + TIME_EPS * t.abs().max(1.0);
-        while self.next_finish().is_some_and(|f| f <= limit) {
+        // Buckets that run dry by `t`: their links fall to their rates.
+        while let Some(when) = self.next_dry().filter(|&d| d <= limit) {
+            let Some(Key(_, l, _)) = self.dry.pop() else {
+                break;
+            };
+            let b = self.buckets[l as usize].as_mut().expect("a shaped link");
+            b.dry(when);
+            self.cap[l as usize] = b.capacity();
+            self.dirty.push(l);
+        }
+        while self.next_flow_finish().is_some_and(|f| f <= limit) {
             let Some(Key(_, c, _)) = self.finishes.pop() else {
                 break;
             };
@@ -356,8 +404,13 @@ impl Links {
             std::mem::take(&mut self.comp_links),
             std::mem::take(&mut self.comp_classes),
         );
+        let now = self.now;
         for &l in &links {
             let u = l as usize;
+            if let Some(b) = &mut self.buckets[u] {
+                b.advance(now);
+                self.cap[u] = b.capacity();
+            }
             self.left[u] = self.cap[u];
             self.count[u] = 0;
             self.through[u].clear();
@@ -417,6 +470,23 @@ impl Links {
             self.count[u] = 0;
         }
         self.heap_scratch = heap.into_vec();
+        // The shaped links' buckets from now at their new throughputs.
+        for &l in &links {
+            let u = l as usize;
+            let Some(b) = &mut self.buckets[u] else {
+                continue;
+            };
+            let thru: f64 = self.on[u]
+                .iter()
+                .map(|&c| {
+                    let k = &self.classes[c as usize];
+                    k.rate * f64::from(k.count())
+                })
+                .sum();
+            if let Some(t) = b.carry(thru, now) {
+                self.dry.push(Key(t, l, b.version));
+            }
+        }
         for &c in &classes {
             let k = &mut self.classes[c as usize];
             let Some(&Key(target, _, _)) = k.flows.peek() else {
@@ -450,134 +520,4 @@ impl Links {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rate(l: &mut Links, token: u32) -> f64 {
-        l.rates().into_iter().find(|r| r.0 == token).unwrap().1
-    }
-
-    fn close(a: f64, b: f64) -> bool {
-        (a - b).abs() <= 1e-12 * b.abs().max(1.0)
-    }
-
-    /// Two flows on one link of 10: 5 each; when one ends the other gets all 10.
-    #[test]
-    fn two_flows_one_link() {
-        let mut l = Links::new();
-        let a = l.add(10.0);
-        l.start(&[a], 50.0, 1);
-        l.start(&[a], 100.0, 2);
-        assert!(close(rate(&mut l, 1), 5.0) && close(rate(&mut l, 2), 5.0));
-        // Flow 1 ends at 10 us (50 bytes at 5); flow 2 has 50 left, then drains at 10.
-        let t = l.next_finish().unwrap();
-        assert!(close(t, 10.0), "{t}");
-        let mut done = Vec::new();
-        l.advance(t);
-        l.take_finished(t, &mut done);
-        assert_eq!(done, vec![1]);
-        assert!(close(rate(&mut l, 2), 10.0));
-        assert!(close(l.next_finish().unwrap(), 15.0));
-    }
-
-    /// Two flows on different bottlenecks: A crosses links x (cap 4) and y (cap 10), B only y.
-    /// x limits A to 4; B takes the remaining 6 of y (not the equal split of 5).
-    #[test]
-    fn two_flows_different_bottlenecks() {
-        let mut l = Links::new();
-        let x = l.add(4.0);
-        let y = l.add(10.0);
-        l.start(&[x, y], 1.0, 1);
-        l.start(&[y], 1.0, 2);
-        assert!(close(rate(&mut l, 1), 4.0));
-        assert!(close(rate(&mut l, 2), 6.0));
-    }
-
-    /// The textbook three-flow line: links p and q of capacity 1; flow 0 crosses both, flow 1
-    /// only p, flow 2 only q: each gets 1/2. With q of capacity 2: flow 0 and flow 1 share p at
-    /// 1/2 each, and flow 2 takes q's remaining 3/2.
-    #[test]
-    fn three_flows_line() {
-        let mut l = Links::new();
-        let p = l.add(1.0);
-        let q = l.add(1.0);
-        l.start(&[p, q], 1.0, 0);
-        l.start(&[p], 1.0, 1);
-        l.start(&[q], 1.0, 2);
-        for t in 0..3 {
-            assert!(close(rate(&mut l, t), 0.5));
-        }
-        let mut l = Links::new();
-        let p = l.add(1.0);
-        let q = l.add(2.0);
-        l.start(&[p, q], 1.0, 0);
-        l.start(&[p], 1.0, 1);
-        l.start(&[q], 1.0, 2);
-        assert!(close(rate(&mut l, 0), 0.5));
-        assert!(close(rate(&mut l, 1), 0.5));
-        assert!(close(rate(&mut l, 2), 1.5));
-    }
-
-    /// Three flows out of one sender's egress (cap 9) to three receivers whose ingress links
-    /// are 2, 9 and 9: the first is held to 2, the other two split the remaining 7.
-    #[test]
-    fn three_flows_egress_and_ingress() {
-        let mut l = Links::new();
-        let out = l.add(9.0);
-        let ins: Vec<LinkId> = [2.0, 9.0, 9.0].iter().map(|&c| l.add(c)).collect();
-        for (t, &i) in ins.iter().enumerate() {
-            l.start(&[out, i], 1.0, t as u32);
-        }
-        assert!(close(rate(&mut l, 0), 2.0));
-        assert!(close(rate(&mut l, 1), 3.5));
-        assert!(close(rate(&mut l, 2), 3.5));
-    }
-
-    /// Flows over the same links share one class: a flow that joins later, and smaller, ends
-    /// first, each at its own count of bytes. Link of 10; A 100 bytes from 0; at 5 (A has 50
-    /// left) B of 20 joins: 5 each, B ends at 9, A (30 left) at 12 alone at 10.
-    #[test]
-    fn flows_of_one_class_end_by_their_own_bytes() {
-        let mut l = Links::new();
-        let a = l.add(10.0);
-        l.start(&[a], 100.0, 1);
-        assert!(close(l.next_finish().unwrap(), 10.0));
-        l.advance(5.0);
-        l.start(&[a], 20.0, 2);
-        let mut done = Vec::new();
-        let t = l.next_finish().unwrap();
-        assert!(close(t, 9.0), "{t}");
-        l.advance(t);
-        l.take_finished(t, &mut done);
-        assert_eq!(done, vec![2]);
-        assert!(close(rate(&mut l, 1), 10.0));
-        let t = l.next_finish().unwrap();
-        assert!(close(t, 12.0), "{t}");
-        l.advance(t);
-        l.take_finished(t, &mut done);
-        assert_eq!(done, vec![2, 1]);
-        assert_eq!(l.active(), 0);
-        // The class is gone and comes back fresh.
-        l.start(&[a], 10.0, 3);
-        assert!(close(l.next_finish().unwrap(), 13.0));
-    }
-
-    /// Flows that end at one instant are taken together, and time advances the others.
-    #[test]
-    fn lockstep_flows_end_together() {
-        let mut l = Links::new();
-        let links: Vec<LinkId> = (0..4).map(|_| l.add(2.0)).collect();
-        for (t, &k) in links.iter().enumerate() {
-            l.start(&[k], 3.0, t as u32);
-        }
-        let t = l.next_finish().unwrap();
-        assert!(close(t, 1.5));
-        let mut done = Vec::new();
-        l.advance(t);
-        l.take_finished(t, &mut done);
-        done.sort_unstable();
-        assert_eq!(done, vec![0, 1, 2, 3]);
-        assert_eq!(l.active(), 0);
-        assert_eq!(l.next_finish(), None);
-    }
-}
+mod tests;
