@@ -252,7 +252,7 @@ fn binomial_reduce_streams(rounds: &[Round], big: f64, s: f64, g: f64) -> f64 {
 /// When each slice's last byte is in, for streams of slices that share one ingress fairly:
 /// stream `c` sends its slices in order, slice `x` from `sent[c][x]` on, each taking `cost[c]`
 /// of the link alone; the streams with a slice on the wire split the link evenly (the
-/// simulator's max-min sharing, `sim/share.rs`, where nothing else is in the way).
+/// simulator's max-min sharing, `sim/share/mod.rs`, where nothing else is in the way).
 fn shared_ingress(sent: &[&[f64]], cost: &[f64]) -> Vec<Vec<f64>> {
     let m = sent.len();
     let mut done: Vec<Vec<f64>> = sent.iter().map(|s| vec![0.0; s.len()]).collect();
