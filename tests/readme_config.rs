@@ -1,4 +1,4 @@
-//! The README's table of FABRICOLL_* variables matches the one in src/config.rs.
+//! The README's table of FABRICOLL_* variables matches the one in src/config/vars.rs.
 use nccl_net_fabricoll::config::VARS;
 
 #[test]
