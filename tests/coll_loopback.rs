@@ -675,8 +675,13 @@ fn fabricoll_algo_forms_run_allreduce() {
             );
         }
     }
-    // Forced on the communicator (the C API's fabricoll_comm_set_algo), it stays an error.
+    // Forced on the communicator (the C API's fabricoll_comm_set_algo), it stays an error,
+    // also for a call that repeats one made before the setting changed (whose choice the
+    // communicator keeps for the next equal call).
     let cs = comms(n, &cfg(&[]));
+    for (r, got) in allreduce_each(&cs).into_iter().enumerate() {
+        assert_eq!(got.as_ref().ok(), Some(&want), "auto, rank {r}: {got:?}");
+    }
     for c in &cs {
         c.set_algo(Some(Algorithm::Bruck));
     }
