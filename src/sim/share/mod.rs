@@ -12,9 +12,9 @@
 //! fill, so one recomputation costs O(classes x links per class x log links), whatever the
 //! number of flows in them.
 //!
-//! Rates are recomputed only when a flow starts or ends, only for the classes connected to it
-//! through shared links, and once for all the changes of one instant; a heap of each class's
-//! next finish finds the next flow to end.
+//! Rates are recomputed only when a flow starts or ends, or a shaped link's bucket runs dry
+//! (`bucket`), only for the classes connected to it through shared links, and once for all the
+//! changes of one instant; a heap of each class's next finish finds the next flow to end.
 #![forbid(unsafe_code)]
 
 use super::bucket::Bucket;
