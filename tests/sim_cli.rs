@@ -120,6 +120,8 @@ fn token_bucket_nics_and_calls_back_to_back() {
     assert!(!ok && err.contains("--burst-gbps"), "{err}");
     let (ok, _, err) = sim(&["--burst", "128K", "--burst-gbps", "0.05"]);
     assert!(!ok && err.contains("burst peak"), "{err}");
+    let (ok, _, err) = sim(&["--burst", "128K", "--burst-gbps", "2", "--no-contention"]);
+    assert!(!ok && err.contains("--no-contention"), "{err}");
     let (ok, _, err) = sim(&["--calls", "0"]);
     assert!(!ok && err.contains("--calls"), "{err}");
 }

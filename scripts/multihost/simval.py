@@ -59,9 +59,8 @@ from bench import layout_of  # noqa: E402
 # timestamps) per 1514 (the frame with its Ethernet header).
 PAYLOAD_FRACTION = 1448 / 1514
 FROM_BYTES = 64 << 10
-# What the emulated hosts' links carry unshaped, GB/s: a 4 MiB ring AllReduce on two unshaped
-# emulated hosts took 2.1-2.4 ms, 1.8-2.0 GB/s each way (2026-11-29, the 2-core VM); the bytes
-# of a full tbf bucket pass at about that.
+# What the emulated hosts' links carry unshaped, GB/s (docs/performance.md, "Run 7 again"): the
+# bytes of a full tbf bucket pass at about that.
 PEAK_GBPS = 2.0
 # Calls simulated back to back (fabricoll-sim --calls): the measured loop's steady state.
 CALLS = 4

@@ -86,7 +86,7 @@ mod tests {
     fn a_full_bucket_drains_at_the_excess_and_fills_at_the_spare_rate() {
         let mut b = Bucket::new(1.0, 5.0, 100.0);
         assert_eq!(b.capacity(), 5.0);
-        // At the peak the excess is 4 bytes per us: 100 bytes last 25 us.
+        // At the peak the bucket drains at the excess over the rate.
         assert_eq!(b.carry(5.0, 0.0), Some(25.0));
         b.dry(25.0);
         assert_eq!(b.capacity(), 1.0);
@@ -94,7 +94,7 @@ mod tests {
         assert_eq!(b.carry(1.0, 25.0), None);
         b.advance(1000.0);
         assert_eq!(b.capacity(), 1.0);
-        // Idle, it fills at the rate: 40 bytes after 40 us, full (100) after 100.
+        // Idle, it fills at the rate, up to its size.
         assert_eq!(b.carry(0.0, 1000.0), None);
         b.advance(1040.0);
         assert!((b.tokens - 40.0).abs() < 1e-9);

@@ -93,8 +93,7 @@ mod tests {
     fn a_trees_calls_do_not_overlap() {
         // NCCL's in-order tree on 4 ranks: 0 <- 2 <- {1, 3}. A leaf starts its next call only
         // once it has the last call's result, the end of the whole chain: calls in a row cost
-        // what one costs alone (the emulated hosts measured a tree's 128 KiB at half of that,
-        // which this does not explain; docs/performance.md, run 7).
+        // what one costs alone.
         let (one, all) = times(Algorithm::Tree, 4, 65536, 6);
         let per = per_call_us(one, all, 6);
         assert!(

@@ -18,7 +18,7 @@ fn two_flows_one_link() {
     l.start(&[a], 50.0, 1);
     l.start(&[a], 100.0, 2);
     assert!(close(rate(&mut l, 1), 5.0) && close(rate(&mut l, 2), 5.0));
-    // Flow 1 ends at 10 us (50 bytes at 5); flow 2 has 50 left, then drains at 10.
+    // Once flow 1 ends, flow 2 has the whole link.
     let t = l.next_finish().unwrap();
     assert!(close(t, 10.0), "{t}");
     let mut done = Vec::new();

@@ -34,6 +34,22 @@ fn send(
     at_a
 }
 
+/// `a` as `b`'s peer, connected: a first message from `b` with both ends polled (connecting
+/// needs the owner's progress).
+fn connect(a: &FabricTransport, b: &FabricTransport) -> Peer {
+    let to_a = b.insert_peer(&a.address()).expect("insert");
+    let mut got = vec![0u8; 64];
+    let mut first = vec![1u8; 64];
+    a.recv(1, 0, region(&mut got), None, 1).expect("recv");
+    let mut out = send(a, b, to_a, (1, 2), &mut first, true);
+    let start = Instant::now();
+    while out.is_empty() {
+        a.poll(&mut out).expect("poll");
+        assert!(start.elapsed() < Duration::from_secs(20), "first message");
+    }
+    to_a
+}
+
 /// Wait (at most 30 s) for `a`'s tender to complete something, then poll it: what completed.
 fn tended(a: &FabricTransport, when: &str) -> Vec<Completion> {
     let start = Instant::now();
@@ -58,17 +74,7 @@ fn an_endpoint_whose_owner_does_not_poll_is_progressed() {
         return;
     };
     assert!(a.tender.is_some(), "a native TCP endpoint has a tender");
-    let to_a = b.insert_peer(&a.address()).expect("insert");
-    // The connection is set up with both ends polled: connecting needs the owner's progress.
-    let mut got = vec![0u8; 64];
-    let mut first = vec![1u8; 64];
-    a.recv(1, 0, region(&mut got), None, 1).expect("recv");
-    let mut out = send(&a, &b, to_a, (1, 2), &mut first, true);
-    let start = Instant::now();
-    while out.is_empty() {
-        a.poll(&mut out).expect("poll");
-        assert!(start.elapsed() < Duration::from_secs(20), "first message");
-    }
+    let to_a = connect(&a, &b);
     // From here on `a` is not polled while the message travels.
     let mut small: Vec<u8> = (0..200).map(|i| i as u8).collect();
     let mut got = vec![0u8; 200];
@@ -92,16 +98,7 @@ fn an_owner_inside_a_blocking_wait_is_left_alone() {
     let Some((a, b)) = pair("net", Some("lo")) else {
         return;
     };
-    let to_a = b.insert_peer(&a.address()).expect("insert");
-    let mut got = vec![0u8; 64];
-    let mut first = vec![1u8; 64];
-    a.recv(1, 0, region(&mut got), None, 1).expect("recv");
-    let mut out = send(&a, &b, to_a, (1, 2), &mut first, true);
-    let start = Instant::now();
-    while out.is_empty() {
-        a.poll(&mut out).expect("poll");
-        assert!(start.elapsed() < Duration::from_secs(20), "first message");
-    }
+    let to_a = connect(&a, &b);
     let mut early = Vec::new();
     for t in 0..3u64 {
         a.owner_waits(true);
